@@ -1,0 +1,116 @@
+"""One Orbax CheckpointManager for the whole training state.
+
+A checkpoint holds two items: `state` (params, optimizer state, step, RNG key — arrays,
+restored straight into their target shardings) and `meta` (JSON: data-iterator position,
+step and the run's config, so a checkpoint directory describes itself). The config is also
+written once as `workdir/config.json`, beside the checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from bert_jax.errors import CheckpointError
+
+CONFIG_FILE = 'config.json'
+
+
+def checkpoint_dir(workdir: str) -> str:
+  return os.path.join(os.path.abspath(workdir), 'checkpoints')
+
+
+def read_config(workdir: str) -> dict[str, Any] | None:
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def write_config(workdir: str, config: dict[str, Any]) -> None:
+  """Writes workdir/config.json atomically (process 0)."""
+  if jax.process_index() != 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, CONFIG_FILE)
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(config, f, indent=2, sort_keys=True)
+  os.replace(path + '.tmp', path)
+
+
+class Checkpointer:
+  """Saves every `save_every` steps (asynchronously) and keeps the latest `keep`."""
+
+  def __init__(self, workdir: str, *, save_every: int = 1, keep: int = 3, read_only: bool = False):
+    options = ocp.CheckpointManagerOptions(
+        save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(max(1, save_every)),
+        preservation_policy=ocp.checkpoint_managers.LatestN(keep),
+        enable_async_checkpointing=True,
+        create=not read_only,
+        read_only=read_only,
+    )
+    self.directory = checkpoint_dir(workdir)
+    self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self.manager.all_steps())
+
+  def save(self, step: int, state: Any, *, data_position: int, config: dict[str, Any],
+           force: bool = False) -> bool:
+    """Starts an async save if the policy (or `force`) says so; returns whether it did."""
+    meta = {'step': int(step), 'data_position': int(data_position), 'config': config}
+    return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                           meta=ocp.args.JsonSave(meta)), force=force)
+
+  def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+    """Restores `step` (latest when None) into the shapes/shardings of `abstract_state`.
+
+    Raises:
+      CheckpointError: no such step, or a tensor's shape differs from the model's.
+    """
+    steps = self.all_steps()
+    if step is None:
+      step = self.latest_step()
+    if step is None or step not in steps:
+      raise CheckpointError(f'no checkpoint for step {step} in {self.directory}; available: {steps or "none"}')
+    self._check_shapes(step, abstract_state)
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    return restored['state'], restored['meta']
+
+  def _check_shapes(self, step: int, abstract_state: Any) -> None:
+    # Orbax's own error on a shape mismatch is long and unspecific; name the tensor instead.
+    try:
+      saved = self.manager.item_metadata(step)['state']
+    except Exception:  # pylint: disable=broad-except
+      return  # metadata unreadable: let restore report
+    saved_flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(
+        saved, is_leaf=lambda x: hasattr(x, 'shape'))[0]}
+    for path, want in jax.tree_util.tree_flatten_with_path(abstract_state)[0]:
+      key = jax.tree_util.keystr(path)
+      have = saved_flat.get(key)
+      if have is None:
+        alt = key.replace('[', '[\'').replace(']', '\']')  # int dict keys come back as strings
+        have = saved_flat.get(alt)
+      if have is None:
+        raise CheckpointError(f'checkpoint step {step} in {self.directory} has no tensor {key}: it was '
+                              'written by a different model')
+      if tuple(have.shape) != tuple(np.shape(want)):
+        raise CheckpointError(f'checkpoint step {step} tensor {key} has shape {tuple(have.shape)} but the '
+                              f'model expects {tuple(np.shape(want))}: the workdir holds another model')
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()

@@ -1,0 +1,177 @@
+"""Frozen configuration blocks: model presets, data, optimizer, training.
+
+The dataclasses here are the one source of truth for defaults. Experiment configs
+(`experiments/configs/*.py`) start from `PretrainConfig().to_dict()` as an
+ml_collections ConfigDict and turn the result back with `PretrainConfig.from_dict`,
+which rejects unknown keys with a message naming them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from bert_jax.errors import ConfigError
+
+# name: (num_layers, hidden_size, num_heads, intermediate_size)
+PRESETS: dict[str, tuple[int, int, int, int]] = {
+    'tiny': (2, 64, 2, 256),
+    'mini': (4, 256, 4, 1024),
+    'small': (4, 512, 8, 2048),
+    'medium': (8, 512, 8, 2048),
+    'base': (12, 768, 12, 3072),
+    'large': (24, 1024, 16, 4096),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """BERT architecture. `dtype` is the compute dtype; parameters stay float32."""
+
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  hidden_dropout: float = 0.1
+  attention_dropout: float = 0.1
+  initializer_range: float = 0.02
+  layer_norm_eps: float = 1e-12
+  dtype: str = 'float32'
+  # None lets jax pick; 'xla' or 'cudnn' force a kernel of jax.nn.dot_product_attention.
+  attention_impl: str = ''
+
+  def __post_init__(self):
+    if self.hidden_size % self.num_heads:
+      raise ConfigError(f'model.hidden_size={self.hidden_size} is not divisible by '
+                        f'model.num_heads={self.num_heads}')
+    if self.dtype not in ('float32', 'bfloat16'):
+      raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+    for name in ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
+                 'max_position_embeddings', 'type_vocab_size'):
+      if getattr(self, name) <= 0:
+        raise ConfigError(f'model.{name} must be positive, got {getattr(self, name)}')
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+  """Returns the ModelConfig of a named preset with `overrides` applied."""
+  if name not in PRESETS:
+    raise ConfigError(f'unknown model preset {name!r}; choose from {", ".join(PRESETS)}')
+  layers, hidden, heads, inter = PRESETS[name]
+  fields = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=inter)
+  fields.update(overrides)
+  return ModelConfig(**fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Pretraining corpus, tokenizer and example construction."""
+
+  # Comma-separated files, globs or directories.
+  train_files: str = 'data/wikitext-2-raw'
+  # Held-out files; when empty, `eval_fraction` of the documents are held out instead.
+  eval_files: str = ''
+  eval_fraction: float = 0.05
+  # SentencePiece model; when empty one is trained on the training documents.
+  tokenizer: str = ''
+  lower_case: bool = True
+  # Where pre-tokenised records (and a trained tokenizer) are cached, keyed by a fingerprint.
+  cache_dir: str = 'data/cache'
+  max_seq_length: int = 128
+  max_predictions_per_seq: int = 20
+  masked_lm_prob: float = 0.15
+  short_seq_prob: float = 0.1
+  # Passes over the documents when building NSP pairs (each pass pairs differently).
+  dupe_factor: int = 5
+  whole_word_masking: bool = False
+  num_shards: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """AdamW (BERT's settings) with linear warmup then linear decay."""
+
+  learning_rate: float = 1e-4
+  warmup_steps: int = 100
+  weight_decay: float = 0.01
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-6
+  clip_norm: float = 1.0
+  grad_accum_steps: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Device mesh sizes; -1 means 'all remaining devices'."""
+
+  data: int = -1
+  fsdp: int = 1
+  tensor: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+  """Everything a pretraining run needs."""
+
+  model: ModelConfig = dataclasses.field(default_factory=lambda: preset('mini', vocab_size=8000))
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  seed: int = 0
+  batch_size: int = 32  # global batch per optimizer step
+  num_train_steps: int = 1000
+  log_every: int = 50
+  eval_every: int = 500
+  eval_batch_size: int = 64
+  checkpoint_every: int = 500
+  keep_checkpoints: int = 3
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> 'PretrainConfig':
+    """Builds a config from a (nested) dict, naming any unknown key."""
+    return _from_dict(cls, dict(d), prefix='')
+
+
+def _from_dict(cls, d: dict[str, Any], prefix: str):
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(d) - set(fields))
+  if unknown:
+    raise ConfigError(f'unknown config key(s): {", ".join(prefix + k for k in unknown)}; '
+                      f'valid keys under {prefix or "the top level"}: {", ".join(fields)}')
+  kwargs = {}
+  for name, value in d.items():
+    sub = _DATACLASS_FIELDS.get((cls, name))
+    kwargs[name] = _from_dict(sub, dict(value), prefix + name + '.') if sub else value
+  try:
+    return cls(**kwargs)
+  except TypeError as e:
+    raise ConfigError(f'bad config under {prefix or "the top level"}: {e}') from None
+
+
+_DATACLASS_FIELDS = {
+    (PretrainConfig, 'model'): ModelConfig,
+    (PretrainConfig, 'data'): DataConfig,
+    (PretrainConfig, 'optim'): OptimConfig,
+    (PretrainConfig, 'mesh'): MeshConfig,
+}
+
+
+def diff_model_configs(saved: dict[str, Any], current: ModelConfig) -> list[str]:
+  """Lists 'field: saved -> current' for architecture fields that differ."""
+  out = []
+  for f in dataclasses.fields(ModelConfig):
+    if f.name in ('hidden_dropout', 'attention_dropout', 'dtype', 'attention_impl'):
+      continue  # do not change parameter shapes
+    if f.name in saved and saved[f.name] != getattr(current, f.name):
+      out.append(f'{f.name}: {saved[f.name]} (checkpoint) vs {getattr(current, f.name)} (config)')
+  return out

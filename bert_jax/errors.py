@@ -1,0 +1,21 @@
+"""The one exception type for bad user input (files, flags, configs, checkpoints).
+
+Entry points print its message as a single line and exit non-zero; anything else is a bug
+and keeps its traceback.
+"""
+
+
+class BertJaxError(Exception):
+  """Bad input: the message alone tells the user what to fix."""
+
+
+class ConfigError(BertJaxError, ValueError):
+  """A configuration value or key is invalid."""
+
+
+class DataError(BertJaxError, ValueError):
+  """A corpus, tokenizer or dataset file is missing, empty or unusable."""
+
+
+class CheckpointError(BertJaxError, ValueError):
+  """A workdir or checkpoint does not match the model being built."""

@@ -1,0 +1,89 @@
+"""Process-0 metric writers: a progress line on stdout, JSONL and TensorBoard event files.
+
+TensorBoard events are written with the `tensorboard` package's own event writer, so no
+TensorFlow is needed. On processes other than 0 every writer is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+
+
+def format_duration(seconds: float) -> str:
+  seconds = int(max(0, seconds))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f'{h}h{m:02d}m{s:02d}s' if h else f'{m}m{s:02d}s' if m else f'{s}s'
+
+
+def format_metrics(values: dict[str, Any]) -> str:
+  parts = []
+  for k, v in values.items():
+    if isinstance(v, float):
+      v = f'{v:.3e}' if k in ('learning_rate',) or (v != 0 and abs(v) < 1e-3) else f'{v:.4f}'
+    parts.append(f'{k} {v}')
+  return ' | '.join(parts)
+
+
+class MetricWriter:
+  """Writes scalars to `workdir/metrics.jsonl` and TensorBoard events under `workdir/tb/<name>`."""
+
+  def __init__(self, workdir: str, name: str = 'train'):
+    self.enabled = jax.process_index() == 0
+    self._jsonl = None
+    self._tb = None
+    if not self.enabled:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    self._jsonl = open(os.path.join(workdir, f'metrics_{name}.jsonl'), 'a', encoding='utf-8')
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter  # pylint: disable=g-import-not-at-top
+    self._tb = EventFileWriter(os.path.join(workdir, 'tb', name))
+
+  def write(self, step: int, values: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    from tensorboard.compat.proto.event_pb2 import Event  # pylint: disable=g-import-not-at-top
+    from tensorboard.compat.proto.summary_pb2 import Summary  # pylint: disable=g-import-not-at-top
+    clean = {k: float(v) for k, v in values.items()}
+    self._jsonl.write(json.dumps({'step': int(step), 'time': time.time(), **clean}) + '\n')
+    self._jsonl.flush()
+    summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in clean.items()
+                             if math.isfinite(v)])
+    self._tb.add_event(Event(wall_time=time.time(), step=int(step), summary=summary))
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self._jsonl:
+      self._jsonl.close()
+    if self._tb:
+      self._tb.close()
+
+
+class Progress:
+  """Step-rate bookkeeping for the progress line: tokens/s and ETA."""
+
+  def __init__(self, start_step: int, total_steps: int, tokens_per_step: int):
+    self.total_steps = total_steps
+    self.tokens_per_step = tokens_per_step
+    self._last_step, self._last_time = start_step, time.time()
+
+  def update(self, step: int) -> dict[str, float]:
+    now = time.time()
+    dt = max(now - self._last_time, 1e-9)
+    steps_per_s = (step - self._last_step) / dt
+    self._last_step, self._last_time = step, now
+    eta = (self.total_steps - step) / steps_per_s if steps_per_s > 0 else float('inf')
+    return {'steps_per_s': steps_per_s, 'tokens_per_s': steps_per_s * self.tokens_per_step, 'eta_s': eta}
+
+
+def log(message: str) -> None:
+  """Prints on process 0 only, flushed (progress must show even when stdout is a pipe)."""
+  if jax.process_index() == 0:
+    print(message, file=sys.stdout, flush=True)

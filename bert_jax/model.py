@@ -1,0 +1,97 @@
+"""BertEncoder (+ pooler) and the pretraining heads (masked LM + next-sentence prediction)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bert_jax.config import ModelConfig
+from bert_jax.layers import Dense, EncoderLayer, Embeddings, LayerNorm, compute_dtype
+
+
+def attention_mask_b11s(attention_mask_bs: jax.Array) -> jax.Array:
+  """Key-padding mask [B, 1, 1, S] (True = attend) from a [B, S] 0/1 mask."""
+  return attention_mask_bs.astype(bool)[:, None, None, :]
+
+
+class BertEncoder(nnx.Module):
+  """Embeddings, `num_layers` post-LN encoder layers and the [CLS] pooler (dense + tanh)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embeddings = Embeddings(cfg, rngs=rngs)
+    self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.pooler = Dense((cfg.hidden_size,), (cfg.hidden_size,), ('embed', 'mlp'),
+                        std=cfg.initializer_range, dtype=compute_dtype(cfg), rngs=rngs)
+
+  def __call__(self, input_ids_bt, token_type_ids_bt=None, attention_mask_bt=None, position_ids_bt=None,
+               *, deterministic: bool = True):
+    """Encodes a batch.
+
+    Args:
+      input_ids_bt: int [B, T] token ids.
+      token_type_ids_bt: int [B, T] segment ids (0 for A, 1 for B); zeros when None.
+      attention_mask_bt: int [B, T], 1 at real tokens; all ones when None.
+      position_ids_bt: int [B, T]; 0..T-1 when None.
+      deterministic: disables dropout.
+
+    Returns:
+      (sequence_output [B, T, D], pooled_output [B, D]) in the compute dtype.
+    """
+    if token_type_ids_bt is None:
+      token_type_ids_bt = jnp.zeros_like(input_ids_bt)
+    if attention_mask_bt is None:
+      attention_mask_bt = jnp.ones_like(input_ids_bt)
+    if position_ids_bt is None:
+      position_ids_bt = jnp.broadcast_to(jnp.arange(input_ids_bt.shape[1]), input_ids_bt.shape)
+    x_btd = self.embeddings(input_ids_bt, token_type_ids_bt, position_ids_bt, deterministic=deterministic)
+    mask_b11s = attention_mask_b11s(attention_mask_bt)
+    for layer in self.layers:
+      x_btd = layer(x_btd, mask_b11s, deterministic=deterministic)
+    pooled_bd = jnp.tanh(self.pooler(x_btd[:, 0]))
+    return x_btd, pooled_bd
+
+
+class MaskedLMHead(nnx.Module):
+  """dense + GELU + LayerNorm, then the tied word-embedding matrix plus a bias."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d = cfg.hidden_size
+    self.transform = Dense((d,), (d,), ('embed', 'mlp'), std=cfg.initializer_range,
+                           dtype=compute_dtype(cfg), rngs=rngs)
+    self.layer_norm = LayerNorm(d, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg))
+    self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.float32), logical_axes=('vocab',))
+
+  def __call__(self, h_bpd, word_embeddings) -> jax.Array:
+    h_bpd = self.layer_norm(jax.nn.gelu(self.transform(h_bpd), approximate=False))
+    return word_embeddings.attend(h_bpd) + self.bias[...]  # float32 logits
+
+
+class BertForPreTraining(nnx.Module):
+  """BERT with the MLM head (only at masked positions) and the NSP classifier."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.bert = BertEncoder(cfg, rngs=rngs)
+    self.mlm = MaskedLMHead(cfg, rngs=rngs)
+    self.nsp = Dense((cfg.hidden_size,), (2,), ('embed', None), std=cfg.initializer_range,
+                     dtype=compute_dtype(cfg), rngs=rngs)
+
+  def __call__(self, input_ids_bt, token_type_ids_bt, attention_mask_bt, masked_lm_positions_bp,
+               position_ids_bt=None, *, deterministic: bool = True):
+    """Returns (mlm_logits [B, P, V], nsp_logits [B, 2]), both float32.
+
+    The MLM head runs only on the P gathered masked positions, not on all T tokens.
+    """
+    seq_btd, pooled_bd = self.bert(input_ids_bt, token_type_ids_bt, attention_mask_bt, position_ids_bt,
+                                   deterministic=deterministic)
+    h_bpd = jnp.take_along_axis(seq_btd, masked_lm_positions_bp[..., None], axis=1)
+    mlm_logits_bpv = self.mlm(h_bpd, self.bert.embeddings.word_embeddings)
+    nsp_logits_b2 = self.nsp(pooled_bd).astype(jnp.float32)
+    return mlm_logits_bpv, nsp_logits_b2
+
+
+def count_params(params) -> int:
+  """Number of scalars in a parameter pytree."""
+  return sum(x.size for x in jax.tree.leaves(params))

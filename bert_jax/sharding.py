@@ -1,0 +1,96 @@
+"""Device mesh, the logical-axis rules table, and global-batch construction.
+
+Modules name parameter axes logically ('vocab', 'embed', 'heads', 'kv', 'mlp'); this file
+alone decides which mesh axis (data, fsdp, tensor) each name is split over. With the default
+mesh (data=-1, fsdp=1, tensor=1) parameters are replicated and the batch is split over all
+devices; FSDP and tensor parallelism are a matter of mesh sizes, not code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from flax import nnx
+
+from bert_jax.config import MeshConfig
+from bert_jax.errors import ConfigError
+
+MESH_AXES = ('data', 'fsdp', 'tensor')
+
+# logical axis name -> mesh axis (or axes); names not listed are replicated.
+LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
+    ('batch', ('data', 'fsdp')),
+    ('vocab', 'tensor'),
+    ('embed', 'fsdp'),
+    ('heads', 'tensor'),
+    ('mlp', 'tensor'),
+    ('kv', None),
+    ('length', None),
+)
+
+
+def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Builds the (data, fsdp, tensor) mesh; one size may be -1 to take the remaining devices."""
+  devices = list(devices if devices is not None else jax.devices())
+  sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+  if sizes.count(-1) > 1:
+    raise ConfigError(f'at most one mesh axis may be -1, got data={cfg.data} fsdp={cfg.fsdp} '
+                      f'tensor={cfg.tensor}')
+  known = int(np.prod([s for s in sizes if s != -1]))
+  if -1 in sizes:
+    if len(devices) % known:
+      raise ConfigError(f'{len(devices)} devices cannot be split into mesh {sizes}')
+    sizes[sizes.index(-1)] = len(devices) // known
+  if int(np.prod(sizes)) != len(devices):
+    raise ConfigError(f'mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} needs '
+                      f'{int(np.prod(sizes))} devices, but {len(devices)} are available')
+  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def logical_to_spec(axes: Sequence[str | None] | None) -> P:
+  """Maps logical axis names to a PartitionSpec through LOGICAL_AXIS_RULES."""
+  rules = dict(LOGICAL_AXIS_RULES)
+  if axes is None:
+    return P()
+  return P(*(rules.get(a) if a is not None else None for a in axes))
+
+
+def _drop_size_one_axes(spec: P, mesh: Mesh) -> P:
+  # Size-1 mesh axes shard nothing; dropping them keeps specs (and checkpoints) layout-free.
+  def keep(entry):
+    if entry is None:
+      return None
+    names = (entry,) if isinstance(entry, str) else tuple(entry)
+    names = tuple(n for n in names if mesh.shape[n] > 1)
+    return None if not names else names[0] if len(names) == 1 else names
+  return P(*(keep(e) for e in spec))
+
+
+def state_shardings(state: nnx.State, mesh: Mesh):
+  """NamedShardings for an (abstract) nnx state, from each Variable's `logical_axes`."""
+  def one(v):
+    spec = logical_to_spec(getattr(v, 'logical_axes', None))
+    return NamedSharding(mesh, _drop_size_one_axes(spec, mesh))
+  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) dimension split over data x fsdp; the rest replicated."""
+  return NamedSharding(mesh, _drop_size_one_axes(logical_to_spec(('batch',)), mesh))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def num_batch_shards(mesh: Mesh) -> int:
+  return mesh.shape['data'] * mesh.shape['fsdp']
+
+
+def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Assembles per-process numpy batches into global arrays sharded over the batch axes."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local_batch.items()}

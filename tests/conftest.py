@@ -1,0 +1,43 @@
+"""Test setup: 8 fake CPU devices (set before jax is imported) and shared small fixtures."""
+
+import os
+
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8').strip()
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.join(os.path.dirname(REPO), 'shared', 'data')
+WIKITEXT = os.path.join(REPO, 'data', 'wikitext-2-raw', 'wiki.valid.raw')
+
+
+def random_pretraining_batch(batch_size=16, seq_len=16, num_predictions=4, vocab_size=100, seed=0,
+                             num_pad=4):
+  """A synthetic batch in the input pipeline's format, with `num_pad` padded positions per row."""
+  rng = np.random.default_rng(seed)
+  mask = np.ones((batch_size, seq_len), np.int32)
+  if num_pad:
+    mask[:, -num_pad:] = 0
+  ids = rng.integers(5, vocab_size, (batch_size, seq_len)).astype(np.int32) * mask
+  return {
+      'input_ids': ids,
+      'token_type_ids': (np.arange(seq_len)[None] >= seq_len // 2).astype(np.int32).repeat(batch_size, 0) * mask,
+      'attention_mask': mask,
+      'masked_lm_positions': rng.integers(1, seq_len - num_pad, (batch_size, num_predictions)).astype(np.int32),
+      'masked_lm_ids': rng.integers(5, vocab_size, (batch_size, num_predictions)).astype(np.int32),
+      'masked_lm_weights': np.ones((batch_size, num_predictions), np.float32),
+      'next_sentence_labels': rng.integers(0, 2, (batch_size,)).astype(np.int32),
+      'nsp_weights': np.ones((batch_size,), np.float32),
+  }
+
+
+@pytest.fixture
+def small_corpus(tmp_path):
+  """The first 600 lines of the bundled WikiText-2 validation file (a few articles)."""
+  with open(WIKITEXT, encoding='utf-8') as f:
+    lines = f.readlines()[:600]
+  path = tmp_path / 'corpus.txt'
+  path.write_text(''.join(lines), encoding='utf-8')
+  return str(path)
