@@ -44,6 +44,10 @@ def write_config(workdir: str, config: dict[str, Any]) -> None:
   os.replace(path + '.tmp', path)
 
 
+def _path_name(path) -> str:
+  return '/'.join(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path)
+
+
 class Checkpointer:
   """Saves every `save_every` steps (asynchronously) and keeps the latest `keep`."""
 
@@ -56,7 +60,10 @@ class Checkpointer:
         read_only=read_only,
     )
     self.directory = checkpoint_dir(workdir)
-    self.manager = ocp.CheckpointManager(self.directory, options=options)
+    # Handlers named up front so metadata (for shape checks) is readable before any restore.
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -88,25 +95,27 @@ class Checkpointer:
     return restored['state'], restored['meta']
 
   def _check_shapes(self, step: int, abstract_state: Any) -> None:
-    # Orbax's own error on a shape mismatch is long and unspecific; name the tensor instead.
+    # Orbax's own error on a shape mismatch is long and unspecific: name the tensor instead.
+    # Parameters are nested dicts, so their paths compare as '/'-joined key names.
     try:
-      saved = self.manager.item_metadata(step)['state']
+      saved = self.manager.item_metadata(step)['state']['params']
     except Exception:  # pylint: disable=broad-except
-      return  # metadata unreadable: let restore report
-    saved_flat = {jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(
+      return  # no readable metadata: let restore report
+    saved_shapes = {_path_name(p): tuple(v.shape) for p, v in jax.tree_util.tree_flatten_with_path(
         saved, is_leaf=lambda x: hasattr(x, 'shape'))[0]}
-    for path, want in jax.tree_util.tree_flatten_with_path(abstract_state)[0]:
-      key = jax.tree_util.keystr(path)
-      have = saved_flat.get(key)
-      if have is None:
-        alt = key.replace('[', '[\'').replace(']', '\']')  # int dict keys come back as strings
-        have = saved_flat.get(alt)
-      if have is None:
-        raise CheckpointError(f'checkpoint step {step} in {self.directory} has no tensor {key}: it was '
+    for path, want in jax.tree_util.tree_flatten_with_path(abstract_state['params'])[0]:
+      name, want = _path_name(path), tuple(np.shape(want))
+      if name not in saved_shapes:
+        raise CheckpointError(f'checkpoint step {step} in {self.directory} has no parameter {name}: it was '
                               'written by a different model')
-      if tuple(have.shape) != tuple(np.shape(want)):
-        raise CheckpointError(f'checkpoint step {step} tensor {key} has shape {tuple(have.shape)} but the '
-                              f'model expects {tuple(np.shape(want))}: the workdir holds another model')
+      if saved_shapes[name] != want:
+        raise CheckpointError(f'checkpoint step {step} parameter {name} has shape {saved_shapes[name]} but '
+                              f'the model expects {want}: it was written by a different model')
+    extra = sorted(set(saved_shapes) - {_path_name(p) for p, _ in
+                                        jax.tree_util.tree_flatten_with_path(abstract_state['params'])[0]})
+    if extra:
+      raise CheckpointError(f'checkpoint step {step} has parameters the model lacks ({", ".join(extra[:3])}'
+                            f'{"..." if len(extra) > 3 else ""}): it was written by a different model')
 
   def wait(self) -> None:
     self.manager.wait_until_finished()

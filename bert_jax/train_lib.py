@@ -1,0 +1,216 @@
+"""Pretraining: the train_and_evaluate loop and checkpoint evaluation.
+
+Everything here is driven by a `PretrainConfig`; nothing reads flags. Order of work in
+`train_and_evaluate`: validate every input (config, corpus, tokenizer, workdir) before
+writing anything, build the sharded state (fresh, or restored from the workdir's latest
+checkpoint with its data position), then train with periodic logging, evaluation and
+asynchronous checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import input_pipeline, metrics as metrics_lib, optim, sharding as shd
+from bert_jax.checkpointing import Checkpointer, read_config, write_config
+from bert_jax.config import PretrainConfig, diff_model_configs
+from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.tokenization import SentencePieceTokenizer
+from bert_jax.train_state import PretrainingModel, summarize
+
+FINAL_METRICS_FILE = 'final_metrics.json'
+
+
+class TrainingDivergedError(BertJaxError, FloatingPointError):
+  """The loss became NaN or Inf."""
+
+
+def validate_config(cfg: PretrainConfig, mesh=None) -> None:
+  """Checks values that would otherwise fail deep inside jit or the data pipeline."""
+  m, d = cfg.model, cfg.data
+  if d.max_seq_length > m.max_position_embeddings:
+    raise ConfigError(f'data.max_seq_length={d.max_seq_length} exceeds model.max_position_embeddings='
+                      f'{m.max_position_embeddings}')
+  if d.max_seq_length < 8:
+    raise ConfigError(f'data.max_seq_length={d.max_seq_length} is too short for [CLS] A [SEP] B [SEP]')
+  if not 0 < d.max_predictions_per_seq <= d.max_seq_length:
+    raise ConfigError(f'data.max_predictions_per_seq={d.max_predictions_per_seq} must be in '
+                      f'(0, max_seq_length={d.max_seq_length}]')
+  for name in ('num_train_steps', 'batch_size', 'eval_batch_size', 'log_every', 'eval_every',
+               'checkpoint_every', 'keep_checkpoints'):
+    if getattr(cfg, name) <= 0:
+      raise ConfigError(f'{name} must be positive, got {getattr(cfg, name)}')
+  accum = cfg.optim.grad_accum_steps
+  if accum <= 0 or cfg.batch_size % accum:
+    raise ConfigError(f'batch_size={cfg.batch_size} must be a positive multiple of '
+                      f'optim.grad_accum_steps={accum}')
+  if mesh is not None:
+    shards = shd.num_batch_shards(mesh)
+    for name, size in (('batch_size', cfg.batch_size // accum), ('eval_batch_size', cfg.eval_batch_size)):
+      if size % shards or size % jax.process_count():
+        raise ConfigError(f'{name} (per micro-batch: {size}) must divide evenly over {shards} batch '
+                          f'shards (mesh data x fsdp) and {jax.process_count()} processes')
+
+
+def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
+  """Refuses a workdir whose checkpoints belong to a different model architecture."""
+  saved = read_config(workdir)
+  if saved is None:
+    return
+  diffs = diff_model_configs(saved.get('model', {}), cfg.model)
+  if diffs:
+    raise CheckpointError(f'workdir {workdir} holds checkpoints of another model ({"; ".join(diffs)}); '
+                          'use a new --workdir or the same model config')
+
+
+def _prepare(cfg: PretrainConfig):
+  prepared = input_pipeline.prepare_pretraining_data(cfg.data, vocab_size=cfg.model.vocab_size, seed=cfg.seed)
+  tokenizer = SentencePieceTokenizer(prepared.tokenizer_path)
+  word_starts = tokenizer.word_start_table() if cfg.data.whole_word_masking else None
+  return prepared, word_starts
+
+
+def _eval_iter(cfg: PretrainConfig, prepared, word_starts) -> Iterator[dict[str, np.ndarray]]:
+  dataset = input_pipeline.PretrainingDataset(prepared, 'eval')
+  return input_pipeline.eval_batches(
+      dataset, batch_size=cfg.eval_batch_size, seed=cfg.seed, cfg=cfg.data,
+      vocab_size=cfg.model.vocab_size, word_starts=word_starts,
+      process_index=jax.process_index(), process_count=jax.process_count())
+
+
+def evaluate(model: PretrainingModel, params, batches, baseline_token: int) -> dict[str, float]:
+  """Held-out MLM/NSP loss and accuracy over one pass of `batches`, plus the baselines."""
+  totals = None
+  for local in batches:
+    sums = model.eval_step(params, model.rest, model.global_batch(local), jnp.int32(baseline_token))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  if totals is None:
+    raise BertJaxError('the held-out split is empty')
+  totals = jax.device_get(totals)
+  out = {k: float(v) for k, v in summarize(totals).items()}
+  out['nsp_baseline_accuracy'] = 0.5
+  out['num_masked_tokens'] = int(totals['mlm_count'])
+  out['num_examples'] = int(totals['nsp_count'])
+  return out
+
+
+def _check_finite(step: int, host_metrics: list[dict[str, float]], last_good: int | None) -> None:
+  for m in host_metrics:
+    if not math.isfinite(m['loss']):
+      kept = f'the last good checkpoint (step {last_good}) is kept' if last_good else 'no checkpoint was written'
+      raise TrainingDivergedError(
+          f'loss became {m["loss"]} at or before step {step}; stopping, {kept}. Lower '
+          '--config.optim.learning_rate or raise --config.optim.warmup_steps')
+
+
+def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
+  """Pretrains (or resumes) in `workdir` and returns the final held-out metrics."""
+  mesh = shd.make_mesh(cfg.mesh)
+  validate_config(cfg, mesh)
+  check_workdir(workdir, cfg)
+  prepared, word_starts = _prepare(cfg)
+
+  schedule = optim.learning_rate_schedule(cfg.optim, cfg.num_train_steps)
+  model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
+                           seed=cfg.seed, grad_accum_steps=cfg.optim.grad_accum_steps, schedule=schedule)
+  ckpt = Checkpointer(workdir, save_every=cfg.checkpoint_every, keep=cfg.keep_checkpoints)
+  try:
+    if ckpt.latest_step() is not None:
+      state, meta = ckpt.restore(None, model.abstract_state)
+      data_position = int(meta['data_position'])
+      metrics_lib.log(f'resumed from {ckpt.directory} at step {int(state["step"])} '
+                      f'(data position {data_position})')
+    else:
+      state, data_position = model.init_state(), 0
+    write_config(workdir, cfg.to_dict())
+    return _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_starts)
+  finally:
+    ckpt.close()
+
+
+def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_starts):
+  start_step = int(jax.device_get(state['step']))
+  total = cfg.num_train_steps
+  config_dict = cfg.to_dict()
+  writer = metrics_lib.MetricWriter(workdir, 'train')
+  eval_writer = metrics_lib.MetricWriter(workdir, 'eval')
+  train_ds = input_pipeline.PretrainingDataset(prepared, 'train')
+  batches = input_pipeline.PretrainingBatches(
+      train_ds, global_batch_size=cfg.batch_size, seed=cfg.seed, cfg=cfg.data,
+      vocab_size=cfg.model.vocab_size, word_starts=word_starts, process_index=jax.process_index(),
+      process_count=jax.process_count(), start_position=data_position)
+  metrics_lib.log(f'training {total - start_step} steps ({start_step} done) on {len(train_ds)} examples; '
+                  f'{jax.device_count()} devices, mesh {dict(model.mesh.shape)}')
+  progress = metrics_lib.Progress(start_step, total, cfg.batch_size * cfg.data.max_seq_length)
+  pending: list[dict[str, jax.Array]] = []
+  last_good = ckpt.latest_step()
+  last_eval: dict[str, float] | None = None
+  step = start_step
+  try:
+    while step < total:
+      state, step_metrics = model.train_step(state, model.global_batch(next(batches)), model.rest)
+      pending.append(step_metrics)
+      step += 1
+      is_last = step == total
+      if step % cfg.log_every == 0 or is_last or ckpt.manager.should_save(step):
+        host = jax.device_get(pending)
+        pending = []
+        _check_finite(step, host, last_good)
+        if step % cfg.log_every == 0 or is_last:
+          means = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+          rate = progress.update(step)
+          writer.write(step, {**means, **{k: rate[k] for k in ('steps_per_s', 'tokens_per_s')}})
+          metrics_lib.log(f'step {step}/{total} | ' + metrics_lib.format_metrics(
+              {k: means[k] for k in ('loss', 'mlm_accuracy', 'nsp_accuracy', 'learning_rate', 'grad_norm')})
+              + f' | {rate["tokens_per_s"]:,.0f} tok/s | ETA {metrics_lib.format_duration(rate["eta_s"])}')
+      if step % cfg.eval_every == 0 or is_last:
+        last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts),
+                             prepared.most_frequent_token)
+        eval_writer.write(step, last_eval)
+        metrics_lib.log(f'eval step {step} | ' + metrics_lib.format_metrics(
+            {k: last_eval[k] for k in ('mlm_loss', 'mlm_accuracy', 'mlm_baseline_accuracy', 'nsp_loss',
+                                       'nsp_accuracy')}))
+      if ckpt.save(step, state, data_position=batches.position, config=config_dict, force=is_last):
+        last_good = step
+  finally:
+    batches.close()
+    writer.close()
+    eval_writer.close()
+  if last_eval is None:  # resumed a finished run: nothing trained, evaluate what is there
+    last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts),
+                         prepared.most_frequent_token)
+  result = {'step': step, **last_eval}
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, FINAL_METRICS_FILE), 'w', encoding='utf-8') as f:
+      json.dump(result, f, indent=2)
+  return result
+
+
+def evaluate_checkpoint(workdir: str, step: int | None = None) -> dict[str, Any]:
+  """Restores `step` (latest when None) from a pretraining workdir and evaluates it held-out."""
+  saved = read_config(workdir)
+  if saved is None:
+    raise CheckpointError(f'{workdir} is not a pretraining workdir (no config.json); run '
+                          'experiments/pretrain.py --workdir=... first')
+  cfg = PretrainConfig.from_dict(saved)
+  mesh = shd.make_mesh(cfg.mesh)
+  validate_config(cfg, mesh)
+  prepared, word_starts = _prepare(cfg)
+  model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
+                           seed=cfg.seed)
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    state, _ = ckpt.restore(step, model.abstract_state)
+  finally:
+    ckpt.close()
+  result = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts),
+                    prepared.most_frequent_token)
+  return {'step': int(jax.device_get(state['step'])), **result}

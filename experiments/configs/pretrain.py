@@ -1,0 +1,57 @@
+"""Pretraining configs: MLM + NSP from raw text.
+
+The main job (a mini BERT on the bundled WikiText-2, a few minutes on 2 CPU cores):
+  python experiments/pretrain.py --workdir=/tmp/bert_mini
+
+Variants, as `--config=experiments/configs/pretrain.py:VARIANT`:
+  mini    (default) L4/H256/A4, vocab 8000, seq 128, on data/wikitext-2-raw.
+  tiny    L2/H64/A2, vocab 1000, seq 64, a few steps: smoke tests.
+  base    BERT-base, vocab 30522, seq 128, batch 256, on ../shared/data/enwiki-2015
+          (wiki_48 and wiki_49 held out), 1M steps at lr 1e-4, as BERT phase 1.
+  base512 BERT-base phase 2: seq 512, 80 predictions per sequence.
+  large   BERT-large at seq 128.
+
+Any field can be overridden, e.g.
+  python experiments/pretrain.py --workdir=/tmp/b --config=experiments/configs/pretrain.py:base \
+    --config.optim.learning_rate=2e-4 --config.batch_size=128 --config.data.train_files=/my/corpus
+"""
+
+import dataclasses
+import os
+
+import ml_collections
+
+from bert_jax.config import PretrainConfig, preset
+
+# Paths are anchored at the repository so the commands work from any directory.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ENWIKI = os.path.join(os.path.dirname(REPO), 'shared', 'data', 'enwiki-2015')
+
+
+def get_config(arg: str = '') -> ml_collections.ConfigDict:
+  variant = arg or 'mini'
+  cfg = PretrainConfig().to_dict()
+  cfg['data'].update(train_files=os.path.join(REPO, 'data', 'wikitext-2-raw'),
+                     cache_dir=os.path.join(REPO, 'data', 'cache'))
+  if variant == 'mini':
+    cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000))
+    cfg.update(batch_size=32, num_train_steps=300, log_every=25, eval_every=150, checkpoint_every=100)
+    cfg['optim'].update(learning_rate=1e-3, warmup_steps=30)
+  elif variant == 'tiny':
+    cfg['model'] = dataclasses.asdict(preset('tiny', vocab_size=1000))
+    cfg['data'].update(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
+    cfg.update(batch_size=16, eval_batch_size=16, num_train_steps=8, log_every=2, eval_every=4,
+               checkpoint_every=4)
+    cfg['optim'].update(learning_rate=1e-3, warmup_steps=2)
+  elif variant in ('base', 'base512', 'large'):
+    cfg['model'] = dataclasses.asdict(preset('large' if variant == 'large' else 'base', vocab_size=30522))
+    cfg['data'].update(train_files=','.join(f'{ENWIKI}/wiki_{i:02d}' for i in range(48)),
+                       eval_files=f'{ENWIKI}/wiki_48,{ENWIKI}/wiki_49', lower_case=True, num_shards=64)
+    cfg.update(batch_size=256, num_train_steps=1_000_000, log_every=100, eval_every=10_000,
+               checkpoint_every=10_000)
+    cfg['optim'].update(learning_rate=1e-4, warmup_steps=10_000)
+    if variant == 'base512':
+      cfg['data'].update(max_seq_length=512, max_predictions_per_seq=80)
+  else:
+    raise ValueError(f'unknown pretrain config variant {variant!r}: mini, tiny, base, base512, large')
+  return ml_collections.ConfigDict(cfg)

@@ -1,0 +1,39 @@
+"""Pretrains BERT (masked LM + next-sentence prediction); re-running in the same workdir resumes.
+
+  python experiments/pretrain.py --workdir=/tmp/bert_mini
+  python experiments/pretrain.py --workdir=DIR --config=experiments/configs/pretrain.py:base \
+      --config.optim.learning_rate=2e-4
+
+Ends by printing one JSON line with the held-out metrics.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags  # pylint: disable=g-import-not-at-top
+from ml_collections import config_flags
+
+from bert_jax import cli, train_lib
+from bert_jax.config import PretrainConfig
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
+    'Experiment config file, optionally with :VARIANT.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and metrics go.', required=True)
+
+
+def main(_):
+  cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
+  result = train_lib.train_and_evaluate(cfg, _WORKDIR.value)
+  baseline = (f'held-out MLM accuracy {result["mlm_accuracy"]:.4f} (most-frequent-token baseline '
+              f'{result["mlm_baseline_accuracy"]:.4f}), NSP accuracy {result["nsp_accuracy"]:.4f} '
+              f'(baseline 0.5)')
+  print(baseline, flush=True)
+  print(json.dumps(result), flush=True)
+
+
+if __name__ == '__main__':
+  cli.run(main)

@@ -1,0 +1,335 @@
+"""Tests for bert_jax.input_pipeline: NSP pairs, the cache, batches, resume, sharding."""
+
+import dataclasses
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+
+from bert_jax import input_pipeline as ip
+from bert_jax.config import DataConfig
+from bert_jax.errors import ConfigError, DataError
+from bert_jax.tokenization import CLS_ID, MASK_ID, SEP_ID, SentencePieceTokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIKITEXT_VALID = os.path.join(REPO, 'data', 'wikitext-2-raw', 'wiki.valid.raw')
+VOCAB = 300
+
+
+# ----------------------------------------------------------------------------- NSP pairs
+
+
+def _coded_documents(num_docs=30, seed=0):
+  """Sentence j of document d is [code] * n with code = 5 + 100 d + j: pairs are checkable."""
+  rng = random.Random(seed)
+  return [[[5 + 100 * d + j] * rng.randint(2, 12) for j in range(rng.randint(40, 90))]
+          for d in range(num_docs)]
+
+
+def _doc_sentence(code):
+  return divmod(code - 5, 100)
+
+
+def test_nsp_pairs_follow_bert():
+  max_len = 32
+  instances = ip.create_nsp_instances(_coded_documents(), max_seq_length=max_len,
+                                      short_seq_prob=0.0, dupe_factor=10, rng=random.Random(1))
+  assert len(instances) > 5000
+  assert 0.47 < np.mean([r for _, _, r in instances]) < 0.56
+  untruncated_true_pairs = 0
+  for a, b, is_random_next in instances:
+    assert a and b and len(a) + len(b) <= max_len - 3
+    doc_a = {_doc_sentence(t)[0] for t in a}
+    doc_b = {_doc_sentence(t)[0] for t in b}
+    assert len(doc_a) == len(doc_b) == 1  # segments never mix documents
+    sents_a = sorted({_doc_sentence(t)[1] for t in a})
+    sents_b = sorted({_doc_sentence(t)[1] for t in b})
+    assert sents_a == list(range(sents_a[0], sents_a[-1] + 1))  # contiguous sentences
+    if is_random_next:
+      assert doc_a != doc_b
+    else:
+      assert doc_a == doc_b and sents_b[0] > sents_a[-1]
+      if len(a) + len(b) < max_len - 3:  # truncation (which stops at max_len - 3) did not run
+        assert sents_b[0] == sents_a[-1] + 1  # B follows A immediately
+        untruncated_true_pairs += 1
+  assert untruncated_true_pairs > 100
+
+
+def test_short_seq_prob_gives_shorter_pairs():
+  docs = _coded_documents()
+  lengths = {}
+  for p in (0.0, 0.5):
+    instances = ip.create_nsp_instances(docs, max_seq_length=64, short_seq_prob=p,
+                                        dupe_factor=2, rng=random.Random(0))
+    lengths[p] = np.mean([len(a) + len(b) for a, b, _ in instances])
+  assert lengths[0.5] < 0.85 * lengths[0.0]
+
+
+def test_nsp_needs_two_sentences_and_two_documents():
+  with pytest.raises(DataError, match='no document in my corpus has two sentences; NSP needs'):
+    ip.create_nsp_instances([[[5, 6]], [[7]]], max_seq_length=16, short_seq_prob=0.1,
+                            dupe_factor=1, rng=random.Random(0), name='my corpus')
+  with pytest.raises(DataError, match='single document'):
+    ip.create_nsp_instances([[[5, 6], [7]]], max_seq_length=16, short_seq_prob=0.1,
+                            dupe_factor=1, rng=random.Random(0))
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+def _config(tmp, **overrides):
+  with open(WIKITEXT_VALID, encoding='utf-8') as f:
+    lines = [next(f) for _ in range(700)]  # 12 articles
+  corpus_dir = os.path.join(tmp, 'corpus')
+  os.makedirs(corpus_dir, exist_ok=True)
+  with open(os.path.join(corpus_dir, 'wiki.raw'), 'w', encoding='utf-8') as f:
+    f.writelines(lines)
+  fields = dict(train_files=corpus_dir, cache_dir=os.path.join(tmp, 'cache'), eval_fraction=0.2,
+                max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, num_shards=3)
+  fields.update(overrides)
+  return DataConfig(**fields)
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+  cfg = _config(str(tmp_path_factory.mktemp('data')))
+  return cfg, ip.prepare_pretraining_data(cfg, vocab_size=VOCAB, seed=0)
+
+
+def test_prepare_writes_shards_and_meta(prepared):
+  cfg, data = prepared
+  files = sorted(os.listdir(data.dir))
+  assert files == ['eval-00000-of-00003.array_record', 'eval-00001-of-00003.array_record',
+                   'eval-00002-of-00003.array_record', 'meta.json', 'tokenizer.model',
+                   'train-00000-of-00003.array_record', 'train-00001-of-00003.array_record',
+                   'train-00002-of-00003.array_record']
+  assert os.path.dirname(data.dir) == cfg.cache_dir and len(os.path.basename(data.dir)) == 16
+  assert [p for p in os.listdir(cfg.cache_dir) if p.startswith('.tmp')] == []
+  num_docs = data.stats['documents']
+  assert data.stats['eval_documents'] == round(0.2 * num_docs) >= 2
+  assert data.stats['train_documents'] == num_docs - data.stats['eval_documents']
+  tokenizer = SentencePieceTokenizer(data.tokenizer_path)
+  assert tokenizer.vocab_size == VOCAB
+  train = ip.PretrainingDataset(data.dir, 'train')
+  counts = np.bincount(np.concatenate([train[i][0] for i in range(len(train))]), minlength=VOCAB)
+  assert data.most_frequent_token == np.argmax(counts[5:]) + 5
+  for split, num in (('train', data.num_train), ('eval', data.num_eval)):
+    dataset = ip.PretrainingDataset(data.dir, split)
+    assert len(dataset) == num > 0
+    for i in range(0, num, max(1, num // 50)):
+      tokens, len_a, is_random_next = dataset[i]
+      assert tokens.dtype == np.int32 and len(tokens) <= cfg.max_seq_length
+      assert tokens[0] == CLS_ID and tokens[len_a + 1] == SEP_ID and tokens[-1] == SEP_ID
+      assert len_a >= 1 and len(tokens) - len_a - 3 >= 1 and isinstance(is_random_next, bool)
+      body = np.delete(tokens, [0, len_a + 1, len(tokens) - 1])
+      assert np.all((body >= 5) | (body == 1)) and tokens.max() < VOCAB  # text and [UNK] only
+
+
+def test_prepare_reuses_cache(prepared, monkeypatch):
+  cfg, data = prepared
+  meta_mtime = os.path.getmtime(os.path.join(data.dir, 'meta.json'))
+
+  def no_rebuild(*args):
+    raise AssertionError('rebuilt a complete cache')
+
+  monkeypatch.setattr(ip, '_build', no_rebuild)
+  assert ip.prepare_pretraining_data(cfg, vocab_size=VOCAB, seed=0) == data
+  assert os.path.getmtime(os.path.join(data.dir, 'meta.json')) == meta_mtime
+  # A field that shapes the records, or the seed, keys another cache.
+  for other_cfg, seed in ((dataclasses.replace(cfg, dupe_factor=3), 0), (cfg, 1)):
+    with pytest.raises(AssertionError, match='rebuilt'):
+      ip.prepare_pretraining_data(other_cfg, vocab_size=VOCAB, seed=seed)
+  # Masking settings are applied per batch and share the cache.
+  masked_cfg = dataclasses.replace(cfg, masked_lm_prob=0.2, whole_word_masking=True)
+  assert ip.prepare_pretraining_data(masked_cfg, vocab_size=VOCAB, seed=0).dir == data.dir
+
+
+def test_prepare_with_given_tokenizer(prepared, tmp_path):
+  cfg, data = prepared
+  given = dataclasses.replace(cfg, tokenizer=data.tokenizer_path, cache_dir=str(tmp_path))
+  with pytest.raises(ConfigError, match=f'set --config.model.vocab_size={VOCAB}'):
+    ip.prepare_pretraining_data(given, vocab_size=VOCAB + 1, seed=0)
+  other = ip.prepare_pretraining_data(given, vocab_size=VOCAB, seed=0)
+  assert (other.num_train, other.num_eval) == (data.num_train, data.num_eval)
+  assert json.load(open(os.path.join(other.dir, 'meta.json')))['most_frequent_token'] == \
+      data.most_frequent_token
+
+
+def test_prepare_bad_config(tmp_path):
+  with pytest.raises(ConfigError, match='eval_fraction=0'):
+    ip.prepare_pretraining_data(_config(str(tmp_path), eval_fraction=0.0), vocab_size=VOCAB,
+                                seed=0)
+  with pytest.raises(DataError, match='does not exist'):
+    ip.prepare_pretraining_data(_config(str(tmp_path), train_files=str(tmp_path / 'nope')),
+                                vocab_size=VOCAB, seed=0)
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+class _SpyDataset:
+  """Wraps a dataset and records which indices were read."""
+
+  def __init__(self, dataset, fail_on_call=None):
+    self.dataset, self.read, self.calls, self.fail_on_call = dataset, [], 0, fail_on_call
+
+  def __len__(self):
+    return len(self.dataset)
+
+  def get_many(self, indices):
+    self.calls += 1
+    if self.calls == self.fail_on_call:
+      raise OSError('disk on fire')
+    self.read.extend(indices)
+    return self.dataset.get_many(indices)
+
+
+def _batches(prepared, split='train', fail_on_call=None, **kwargs):
+  cfg, data = prepared
+  args = dict(global_batch_size=8, seed=0, cfg=cfg, vocab_size=VOCAB, word_starts=None)
+  args.update(kwargs)
+  dataset = _SpyDataset(ip.PretrainingDataset(data.dir, split), fail_on_call)
+  return ip.PretrainingBatches(dataset, **args)
+
+
+def _take(batches, n):
+  with batches:
+    return [next(batches) for _ in range(n)]
+
+
+def _assert_same(a, b):
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_batch_layout(prepared):
+  cfg, data = prepared
+  dataset = ip.PretrainingDataset(data)  # a PreparedData or its directory
+  batches = _batches(prepared, prefetch=0)
+  batch = next(batches)
+  b, t, p = 8, cfg.max_seq_length, cfg.max_predictions_per_seq
+  expected = dict(input_ids=((b, t), np.int32), token_type_ids=((b, t), np.int32),
+                  attention_mask=((b, t), np.int32), masked_lm_positions=((b, p), np.int32),
+                  masked_lm_ids=((b, p), np.int32), masked_lm_weights=((b, p), np.float32),
+                  next_sentence_labels=((b,), np.int32), nsp_weights=((b,), np.float32))
+  assert {k: (v.shape, v.dtype) for k, v in batch.items()} == expected
+  perm = np.random.default_rng((0, 0)).permutation(len(dataset))
+  for row in range(b):
+    tokens, len_a, is_random_next = dataset[perm[row]]
+    n = len(tokens)
+    assert batch['attention_mask'][row].tolist() == [1] * n + [0] * (t - n)
+    assert batch['token_type_ids'][row].tolist() == [0] * (len_a + 2) + [1] * (n - len_a - 2) + \
+        [0] * (t - n)
+    assert batch['next_sentence_labels'][row] == int(is_random_next)
+    k = int(batch['masked_lm_weights'][row].sum())
+    assert k == min(p, round(n * cfg.masked_lm_prob))
+    pos = batch['masked_lm_positions'][row, :k]
+    np.testing.assert_array_equal(batch['masked_lm_ids'][row, :k], tokens[pos])
+    keep = np.setdiff1d(np.arange(n), pos)
+    np.testing.assert_array_equal(batch['input_ids'][row, keep], tokens[keep])
+    assert (batch['input_ids'][row, n:] == 0).all()
+  assert (batch['input_ids'] == MASK_ID).sum() > 0.6 * batch['masked_lm_weights'].sum()
+  assert batch['nsp_weights'].tolist() == [1.0] * b
+
+
+def test_batches_deterministic_and_prefetch_matches(prepared):
+  first = _take(_batches(prepared), 3)
+  for other in (_take(_batches(prepared), 3), _take(_batches(prepared, prefetch=0), 3)):
+    for a, b in zip(first, other):
+      _assert_same(a, b)
+  different = _take(_batches(prepared, seed=1), 1)[0]
+  assert not np.array_equal(first[0]['input_ids'], different['input_ids'])
+
+
+def test_resume_continues_the_stream(prepared):
+  full = _batches(prepared)
+  reference = _take(full, 6)
+  assert full.position == 6
+  resumed = _batches(prepared, start_position=4)
+  assert resumed.position == 4
+  for a, b in zip(reference[4:], _take(resumed, 2)):
+    _assert_same(a, b)
+  assert resumed.position == 6
+
+
+def test_processes_split_global_batches(prepared):
+  one = _batches(prepared)
+  procs = [_batches(prepared, process_index=p, process_count=2) for p in range(2)]
+  reference = _take(one, 3)
+  local = [_take(p, 3) for p in procs]
+  for k in range(3):
+    assert local[0][k]['input_ids'].shape[0] == 4
+    for key in reference[k]:
+      np.testing.assert_array_equal(
+          np.concatenate([local[0][k][key], local[1][k][key]]), reference[k][key])
+  reads = [p._dataset.read for p in procs]  # pylint: disable=protected-access
+  assert len(reads[0]) == len(reads[1]) >= 12 and not set(reads[0]) & set(reads[1])
+  with pytest.raises(ConfigError, match='multiple of the process count 3'):
+    _batches(prepared, process_count=3)
+
+
+def test_epochs_cover_every_record_with_new_masks(prepared):
+  cfg, data = prepared
+  n = data.num_eval  # a small split: several epochs are cheap
+  batches = _batches(prepared, split='eval', global_batch_size=1, prefetch=0)
+  stream = [batches.batch_at(s) for s in range(2 * n)]
+  reads = batches._dataset.read  # pylint: disable=protected-access
+  assert sorted(reads[:n]) == sorted(reads[n:]) == list(range(n))
+  assert reads[:n] != reads[n:]  # reshuffled each epoch
+  first_seen = {index: s for s, index in enumerate(reads[:n])}
+  same_masks = sum(np.array_equal(stream[first_seen[index]]['masked_lm_positions'],
+                                  stream[n + s]['masked_lm_positions'])
+                   for s, index in enumerate(reads[n:]))
+  assert same_masks < 0.2 * n
+
+
+def test_producer_errors_reach_the_consumer(prepared):
+  batches = _batches(prepared, fail_on_call=2)
+  next(batches)
+  with pytest.raises(OSError, match='disk on fire'):
+    next(batches)
+  with pytest.raises(OSError, match='disk on fire'):
+    next(batches)
+  batches.close()
+  batches.close()
+
+
+def test_whole_word_batches(prepared):
+  cfg, data = prepared
+  wwm_cfg = dataclasses.replace(cfg, whole_word_masking=True)
+  with pytest.raises(ConfigError, match='whole_word_masking'):
+    next(_batches(prepared, cfg=wwm_cfg, prefetch=0))
+  table = SentencePieceTokenizer(data.tokenizer_path).word_start_table()
+  batch = next(_batches(prepared, cfg=wwm_cfg, word_starts=table, prefetch=0))
+  assert batch['masked_lm_weights'].sum() > 0
+
+
+def test_eval_batches_pad_the_last_batch(prepared):
+  cfg, data = prepared
+  dataset = ip.PretrainingDataset(data.dir, 'eval')
+  n = len(dataset)
+  size = 6 if n % 6 else 4
+  args = dict(batch_size=size, seed=0, cfg=cfg, vocab_size=VOCAB, word_starts=None)
+  batches = list(ip.eval_batches(dataset, **args))
+  assert len(batches) == -(-n // size) and n % size
+  weights = np.concatenate([b['nsp_weights'] for b in batches])
+  assert weights.tolist() == [1.0] * n + [0.0] * (len(weights) - n)
+  last = batches[-1]
+  pad = last['nsp_weights'] == 0
+  assert (last['masked_lm_weights'][pad] == 0).all() and (last['input_ids'][pad] == 0).all()
+  assert (last['attention_mask'][pad] == 0).all()
+  _assert_same(batches[0], next(ip.eval_batches(dataset, **args)))  # fixed masks
+  labels = [dataset[i][2] for i in range(n)]
+  assert np.concatenate([b['next_sentence_labels'] for b in batches])[:n].tolist() == labels
+  per_process = [list(ip.eval_batches(dataset, process_index=p, process_count=2, **args))
+                 for p in range(2)]
+  assert len(per_process[0]) == len(per_process[1]) == len(batches)
+  with pytest.raises(ConfigError, match='multiple of the process count 5'):
+    ip.eval_batches(dataset, process_index=0, process_count=5, **args)
+  for k, batch in enumerate(batches):
+    for key in batch:
+      np.testing.assert_array_equal(
+          np.concatenate([per_process[0][k][key], per_process[1][k][key]]), batch[key])
