@@ -65,6 +65,7 @@ def resolve_files(spec: str) -> list[str]:
   for part in (p.strip() for p in spec.split(',')):
     if not part:
       continue
+    where = '' if part == spec.strip() else f' (from {spec!r})'
     if os.path.isdir(part):
       found = _walk(part)
     elif any(c in part for c in '*?['):
@@ -72,10 +73,10 @@ def resolve_files(spec: str) -> list[str]:
     elif os.path.isfile(part):
       found = [part]
     else:
-      raise DataError(f'corpus file {part!r} (from {spec!r}) does not exist; '
-                      'check the path or the current directory')
+      raise DataError(f'corpus file {part!r}{where} does not exist; check the path or the '
+                      'current directory')
     if not found:
-      raise DataError(f'{part!r} (from {spec!r}) matches no files')
+      raise DataError(f'{part!r}{where} matches no files')
     files.extend(found)
   if not files:
     raise DataError(f'corpus spec {spec!r} names no files')

@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import input_pipeline, metrics as metrics_lib, optim, sharding as shd
+from bert_jax import input_pipeline, metrics as metrics_lib, optim, pretraining_data, sharding as shd
 from bert_jax.checkpointing import Checkpointer, read_config, write_config
 from bert_jax.config import PretrainConfig, diff_model_configs
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
@@ -72,7 +71,7 @@ def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
 
 
 def _prepare(cfg: PretrainConfig):
-  prepared = input_pipeline.prepare_pretraining_data(cfg.data, vocab_size=cfg.model.vocab_size, seed=cfg.seed)
+  prepared = pretraining_data.prepare_pretraining_data(cfg.data, vocab_size=cfg.model.vocab_size, seed=cfg.seed)
   tokenizer = SentencePieceTokenizer(prepared.tokenizer_path)
   word_starts = tokenizer.word_start_table() if cfg.data.whole_word_masking else None
   return prepared, word_starts
@@ -102,13 +101,21 @@ def evaluate(model: PretrainingModel, params, batches, baseline_token: int) -> d
   return out
 
 
+def _diverged(what: str, step: int, last_good: int | None) -> TrainingDivergedError:
+  kept = f'the last good checkpoint (step {last_good}) is kept' if last_good else 'no checkpoint was written'
+  return TrainingDivergedError(f'{what} at or before step {step}; stopping, {kept}. Lower '
+                               '--config.optim.learning_rate or raise --config.optim.warmup_steps')
+
+
 def _check_finite(step: int, host_metrics: list[dict[str, float]], last_good: int | None) -> None:
   for m in host_metrics:
     if not math.isfinite(m['loss']):
-      kept = f'the last good checkpoint (step {last_good}) is kept' if last_good else 'no checkpoint was written'
-      raise TrainingDivergedError(
-          f'loss became {m["loss"]} at or before step {step}; stopping, {kept}. Lower '
-          '--config.optim.learning_rate or raise --config.optim.warmup_steps')
+      raise _diverged(f'loss became {m["loss"]}', step, last_good)
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
@@ -178,8 +185,12 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_
         metrics_lib.log(f'eval step {step} | ' + metrics_lib.format_metrics(
             {k: last_eval[k] for k in ('mlm_loss', 'mlm_accuracy', 'mlm_baseline_accuracy', 'nsp_loss',
                                        'nsp_accuracy')}))
-      if ckpt.save(step, state, data_position=batches.position, config=config_dict, force=is_last):
-        last_good = step
+      if ckpt.manager.should_save(step) or is_last:
+        # The losses so far are finite; the parameters this step produced must be too.
+        if not bool(_all_finite(state['params'])):
+          raise _diverged('parameters became NaN or Inf', step, last_good)
+        if ckpt.save(step, state, data_position=batches.position, config=config_dict, force=True):
+          last_good = step
   finally:
     batches.close()
     writer.close()

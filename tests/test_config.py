@@ -1,0 +1,46 @@
+"""Config blocks: presets, round trip through dicts, unknown keys and bad values named clearly."""
+
+import dataclasses
+
+import pytest
+
+from bert_jax import config
+from bert_jax.errors import ConfigError
+
+
+def test_presets_match_the_issue():
+  assert dataclasses.astuple(config.preset('mini'))[1:5] == (256, 4, 4, 1024)
+  base = config.preset('base')
+  assert (base.num_layers, base.hidden_size, base.num_heads, base.intermediate_size) == (12, 768, 12, 3072)
+  large = config.preset('large')
+  assert (large.num_layers, large.hidden_size, large.num_heads, large.intermediate_size) == (24, 1024, 16, 4096)
+  small, medium = config.preset('small'), config.preset('medium')
+  assert (small.num_layers, small.hidden_size, small.num_heads) == (4, 512, 8)
+  assert (medium.num_layers, medium.hidden_size, medium.num_heads) == (8, 512, 8)
+  assert (base.max_position_embeddings, base.type_vocab_size, base.hidden_dropout) == (512, 2, 0.1)
+  assert base.layer_norm_eps == 1e-12
+
+
+def test_round_trip_and_unknown_keys():
+  cfg = config.PretrainConfig()
+  assert config.PretrainConfig.from_dict(cfg.to_dict()) == cfg
+  bad = cfg.to_dict()
+  bad['model']['hiden_size'] = 3
+  with pytest.raises(ConfigError, match='unknown config key.*model.hiden_size'):
+    config.PretrainConfig.from_dict(bad)
+
+
+def test_bad_values():
+  with pytest.raises(ConfigError, match='not divisible'):
+    config.preset('base', num_heads=7)
+  with pytest.raises(ConfigError, match='unknown model preset'):
+    config.preset('huge')
+  with pytest.raises(ConfigError, match='dtype'):
+    config.preset('tiny', dtype='float16')
+
+
+def test_model_diff_ignores_dropout_but_names_shape_changes():
+  saved = dataclasses.asdict(config.preset('tiny'))
+  assert config.diff_model_configs(saved, config.preset('tiny', hidden_dropout=0.0)) == []
+  assert config.diff_model_configs(saved, config.preset('tiny', num_layers=3)) == [
+      'num_layers: 2 (checkpoint) vs 3 (config)']

@@ -1,0 +1,138 @@
+"""The pretraining loop end to end: metrics and checkpoints written, evaluation restores,
+bitwise resume after kill -9, NaN stops without touching the last good checkpoint, and a
+workdir of another model is refused untouched."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import config, optim, sharding, train_lib
+from bert_jax.checkpointing import Checkpointer
+from bert_jax.errors import CheckpointError
+from bert_jax.train_state import PretrainingModel
+
+from conftest import REPO
+
+
+def tiny_config(corpus: str, cache_dir: str, **overrides) -> config.PretrainConfig:
+  cfg = config.PretrainConfig(
+      model=config.preset('tiny', vocab_size=1000),
+      data=config.DataConfig(train_files=corpus, cache_dir=cache_dir, max_seq_length=64,
+                             max_predictions_per_seq=10, dupe_factor=1, eval_fraction=0.1),
+      optim=config.OptimConfig(learning_rate=1e-3, warmup_steps=2),
+      batch_size=16, eval_batch_size=16, num_train_steps=6, log_every=2, eval_every=3,
+      checkpoint_every=2, keep_checkpoints=3)
+  return dataclasses.replace(cfg, **overrides)
+
+
+def _snapshot(workdir):
+  """Every file under workdir with its bytes (to prove nothing was changed)."""
+  out = {}
+  for root, _, files in os.walk(workdir):
+    for f in files:
+      with open(os.path.join(root, f), 'rb') as fh:
+        out[os.path.relpath(os.path.join(root, f), workdir)] = fh.read()
+  return out
+
+
+def _restore_params(workdir, cfg, step=None):
+  mesh = sharding.make_mesh(cfg.mesh)
+  model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh)
+  state, meta = Checkpointer(workdir, read_only=True).restore(step, model.abstract_state)
+  return jax.device_get(state), meta
+
+
+def test_train_evaluate_and_restore(small_corpus, tmp_path):
+  workdir = str(tmp_path / 'run')
+  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'))
+  result = train_lib.train_and_evaluate(cfg, workdir)
+  for key in ('step', 'mlm_accuracy', 'mlm_loss', 'nsp_accuracy', 'nsp_loss', 'mlm_baseline_accuracy'):
+    assert key in result
+  assert result['step'] == 6 and result['num_examples'] > 0
+  assert Checkpointer(workdir, read_only=True).all_steps() == [2, 4, 6]
+  lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics_train.jsonl'))]
+  assert [l['step'] for l in lines] == [2, 4, 6]
+  assert {'loss', 'mlm_accuracy', 'nsp_accuracy', 'learning_rate', 'grad_norm', 'tokens_per_s'} <= set(lines[0])
+  assert os.listdir(os.path.join(workdir, 'tb', 'train'))
+  # Restoring the final checkpoint reproduces the run's final evaluation exactly.
+  evaluated = train_lib.evaluate_checkpoint(workdir)
+  assert evaluated['step'] == 6
+  for key in ('mlm_accuracy', 'mlm_loss', 'nsp_accuracy', 'nsp_loss'):
+    assert evaluated[key] == pytest.approx(result[key], abs=1e-6)
+  assert train_lib.evaluate_checkpoint(workdir, step=2)['step'] == 2
+  # Re-running a finished workdir resumes at the end: no training, same metrics.
+  again = train_lib.train_and_evaluate(cfg, workdir)
+  assert again['mlm_loss'] == pytest.approx(result['mlm_loss'], abs=1e-6)
+
+
+def _pretrain_cmd(corpus, cache, workdir, steps, kill_at=None):
+  overrides = [f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
+               f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
+               '--config.eval_every=1000', '--config.data.eval_fraction=0.1']
+  argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny', *overrides]
+  # Kill -9 ourselves right after the save call of step `kill_at` (its async write in flight).
+  code = f'''
+import os, runpy, signal, sys
+sys.argv = {argv!r}
+from bert_jax import checkpointing
+save = checkpointing.Checkpointer.save
+def killing_save(self, step, *a, **k):
+  out = save(self, step, *a, **k)
+  if step == {kill_at!r}:
+    os.kill(os.getpid(), signal.SIGKILL)
+  return out
+checkpointing.Checkpointer.save = killing_save
+runpy.run_path('experiments/pretrain.py', run_name='__main__')
+'''
+  return [sys.executable, '-c', code]
+
+
+def test_resume_after_kill_9_is_bitwise(small_corpus, tmp_path):
+  cache = str(tmp_path / 'cache')
+  straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
+  run = lambda cmd: subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  r = run(_pretrain_cmd(small_corpus, cache, straight, 40))
+  assert r.returncode == 0, r.stderr[-2000:]
+  r = run(_pretrain_cmd(small_corpus, cache, resumed, 40, kill_at=30))
+  assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+  steps_at_kill = Checkpointer(resumed, read_only=True).all_steps()
+  assert steps_at_kill and max(steps_at_kill) in (10, 20, 30), steps_at_kill
+  r = run(_pretrain_cmd(small_corpus, cache, resumed, 40))
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert f'resumed from' in r.stdout
+  cfg = config.PretrainConfig.from_dict(json.load(open(os.path.join(straight, 'config.json'))))
+  a, meta_a = _restore_params(straight, cfg, 40)
+  b, meta_b = _restore_params(resumed, cfg, 40)
+  assert meta_a['data_position'] == meta_b['data_position'] == 40
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)  # bitwise: params, both Adam moments, step, rng
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(small_corpus, tmp_path):
+  workdir = str(tmp_path / 'run')
+  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), num_train_steps=4, eval_every=100)
+  train_lib.train_and_evaluate(cfg, workdir)
+  before = _snapshot(os.path.join(workdir, 'checkpoints'))
+  bad = dataclasses.replace(cfg, num_train_steps=10, optim=config.OptimConfig(learning_rate=1e30, warmup_steps=0))
+  with pytest.raises(train_lib.TrainingDivergedError, match='last good checkpoint \\(step 4\\) is kept'):
+    train_lib.train_and_evaluate(bad, workdir)
+  after = _snapshot(os.path.join(workdir, 'checkpoints'))
+  assert after == before
+
+
+def test_workdir_of_another_model_is_refused_untouched(small_corpus, tmp_path):
+  workdir = str(tmp_path / 'run')
+  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), num_train_steps=2, eval_every=100)
+  train_lib.train_and_evaluate(cfg, workdir)
+  before = _snapshot(workdir)
+  other = dataclasses.replace(cfg, model=config.preset('tiny', vocab_size=1000, hidden_size=32))
+  with pytest.raises(CheckpointError, match=r'hidden_size: 64 \(checkpoint\) vs 32 \(config\)'):
+    train_lib.train_and_evaluate(other, workdir)
+  assert _snapshot(workdir) == before
