@@ -33,6 +33,32 @@ def random_pretraining_batch(batch_size=16, seq_len=16, num_predictions=4, vocab
   }
 
 
+SMALL_VOCAB = 300
+
+
+def small_data_config(tmp, **overrides):
+  """A DataConfig over the first 700 lines (12 articles) of the bundled WikiText-2 validation file."""
+  from bert_jax.config import DataConfig  # pylint: disable=g-import-not-at-top
+  with open(WIKITEXT, encoding='utf-8') as f:
+    lines = [next(f) for _ in range(700)]
+  corpus_dir = os.path.join(tmp, 'corpus')
+  os.makedirs(corpus_dir, exist_ok=True)
+  with open(os.path.join(corpus_dir, 'wiki.raw'), 'w', encoding='utf-8') as f:
+    f.writelines(lines)
+  fields = dict(train_files=corpus_dir, cache_dir=os.path.join(tmp, 'cache'), eval_fraction=0.2,
+                max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, num_shards=3)
+  fields.update(overrides)
+  return DataConfig(**fields)
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+  """(config, PreparedData) of `small_data_config`, built once per test module."""
+  from bert_jax import pretraining_data  # pylint: disable=g-import-not-at-top
+  cfg = small_data_config(str(tmp_path_factory.mktemp('data')))
+  return cfg, pretraining_data.prepare_pretraining_data(cfg, vocab_size=SMALL_VOCAB, seed=0)
+
+
 @pytest.fixture
 def small_corpus(tmp_path):
   """The first 600 lines of the bundled WikiText-2 validation file (a few articles)."""

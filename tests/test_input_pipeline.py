@@ -1,42 +1,20 @@
 """Tests for bert_jax.input_pipeline: batches, resume, sharding, eval batches."""
 
 import dataclasses
-import os
 
 import numpy as np
 import pytest
 
 from bert_jax import input_pipeline as ip
-from bert_jax import pretraining_data
-from bert_jax.config import DataConfig
 from bert_jax.errors import ConfigError
 from bert_jax.tokenization import MASK_ID, SentencePieceTokenizer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WIKITEXT_VALID = os.path.join(REPO, 'data', 'wikitext-2-raw', 'wiki.valid.raw')
-VOCAB = 300
+from conftest import SMALL_VOCAB as VOCAB
 
 
 # ----------------------------------------------------------------------------- setup
 
 
-def _config(tmp, **overrides):
-  with open(WIKITEXT_VALID, encoding='utf-8') as f:
-    lines = [next(f) for _ in range(700)]  # 12 articles
-  corpus_dir = os.path.join(tmp, 'corpus')
-  os.makedirs(corpus_dir, exist_ok=True)
-  with open(os.path.join(corpus_dir, 'wiki.raw'), 'w', encoding='utf-8') as f:
-    f.writelines(lines)
-  fields = dict(train_files=corpus_dir, cache_dir=os.path.join(tmp, 'cache'), eval_fraction=0.2,
-                max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, num_shards=3)
-  fields.update(overrides)
-  return DataConfig(**fields)
-
-
-@pytest.fixture(scope='module')
-def prepared(tmp_path_factory):
-  cfg = _config(str(tmp_path_factory.mktemp('data')))
-  return cfg, pretraining_data.prepare_pretraining_data(cfg, vocab_size=VOCAB, seed=0)
 
 
 # ----------------------------------------------------------------------------- batches

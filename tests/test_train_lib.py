@@ -106,7 +106,7 @@ def test_resume_after_kill_9_is_bitwise(small_corpus, tmp_path):
   assert steps_at_kill and max(steps_at_kill) in (10, 20, 30), steps_at_kill
   r = run(_pretrain_cmd(small_corpus, cache, resumed, 40))
   assert r.returncode == 0, r.stderr[-2000:]
-  assert f'resumed from' in r.stdout
+  assert 'resumed from' in r.stdout
   cfg = config.PretrainConfig.from_dict(json.load(open(os.path.join(straight, 'config.json'))))
   a, meta_a = _restore_params(straight, cfg, 40)
   b, meta_b = _restore_params(resumed, cfg, 40)
