@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from typing import Any, Iterator
 
 import jax
@@ -118,6 +119,14 @@ def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
+def _copy_tokenizer(tokenizer_path: str, workdir: str) -> None:
+  # A workdir carries its tokenizer, so fill-mask/embed/export need nothing else.
+  target = os.path.join(workdir, 'tokenizer.model')
+  if jax.process_index() == 0 and not os.path.exists(target):
+    shutil.copyfile(tokenizer_path, target + '.tmp')
+    os.replace(target + '.tmp', target)
+
+
 def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
   """Pretrains (or resumes) in `workdir` and returns the final held-out metrics."""
   mesh = shd.make_mesh(cfg.mesh)
@@ -138,6 +147,7 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
     else:
       state, data_position = model.init_state(), 0
     write_config(workdir, cfg.to_dict())
+    _copy_tokenizer(prepared.tokenizer_path, workdir)
     return _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_starts)
   finally:
     ckpt.close()

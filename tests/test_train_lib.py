@@ -61,6 +61,7 @@ def test_train_evaluate_and_restore(small_corpus, tmp_path):
   assert [l['step'] for l in lines] == [2, 4, 6]
   assert {'loss', 'mlm_accuracy', 'nsp_accuracy', 'learning_rate', 'grad_norm', 'tokens_per_s'} <= set(lines[0])
   assert os.listdir(os.path.join(workdir, 'tb', 'train'))
+  assert os.path.exists(os.path.join(workdir, 'tokenizer.model'))  # a workdir is self-contained
   # Restoring the final checkpoint reproduces the run's final evaluation exactly.
   evaluated = train_lib.evaluate_checkpoint(workdir)
   assert evaluated['step'] == 6
