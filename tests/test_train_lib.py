@@ -18,18 +18,7 @@ from bert_jax.checkpointing import Checkpointer
 from bert_jax.errors import CheckpointError
 from bert_jax.train_state import PretrainingModel
 
-from conftest import REPO
-
-
-def tiny_config(corpus: str, cache_dir: str, **overrides) -> config.PretrainConfig:
-  cfg = config.PretrainConfig(
-      model=config.preset('tiny', vocab_size=1000),
-      data=config.DataConfig(train_files=corpus, cache_dir=cache_dir, max_seq_length=64,
-                             max_predictions_per_seq=10, dupe_factor=1, eval_fraction=0.1),
-      optim=config.OptimConfig(learning_rate=1e-3, warmup_steps=2),
-      batch_size=16, eval_batch_size=16, num_train_steps=6, log_every=2, eval_every=3,
-      checkpoint_every=2, keep_checkpoints=3)
-  return dataclasses.replace(cfg, **overrides)
+from conftest import REPO, tiny_pretrain_config as tiny_config
 
 
 def _snapshot(workdir):

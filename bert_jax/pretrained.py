@@ -1,0 +1,100 @@
+"""Loading any BERT checkpoint for inference: a Hugging Face directory or a bert_jax workdir.
+
+`load_pretrained(path)` returns the model config, the parameters (our pure-dict layout of
+`BertForPreTraining`; the 'mlm' / 'nsp' subtrees are absent when the checkpoint has no such
+head) and the tokenizer that goes with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+from flax import nnx
+
+from bert_jax import optim, sharding as shd
+from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config
+from bert_jax.config import MeshConfig, ModelConfig, PretrainConfig
+from bert_jax.errors import CheckpointError
+from bert_jax.model import BertEncoder, BertForPreTraining
+from bert_jax.tokenization import SentencePieceTokenizer, WordPieceTokenizer
+
+TOKENIZER_FILE = 'tokenizer.model'  # a pretraining workdir's SentencePiece model
+
+
+@dataclasses.dataclass
+class PretrainedBert:
+  """A loaded checkpoint: config, parameters and tokenizer."""
+
+  config: ModelConfig
+  params: dict[str, Any]
+  tokenizer: SentencePieceTokenizer | WordPieceTokenizer
+  source: str  # 'hf' or 'bert_jax'
+  path: str
+  step: int | None = None
+
+  @property
+  def has_mlm_head(self) -> bool:
+    return 'mlm' in self.params
+
+  def encoder(self) -> BertEncoder:
+    """The encoder (+ pooler) as an nnx module holding these parameters."""
+    model = BertEncoder(self.config, rngs=nnx.Rngs(0))
+    nnx.update(model, self.params['bert'])
+    return model
+
+  def pretraining_model(self) -> BertForPreTraining:
+    """Encoder with the MLM and NSP heads (the checkpoint must have the MLM head)."""
+    if not self.has_mlm_head:
+      raise CheckpointError(f'{self.path} has no masked-LM head (it is an encoder-only checkpoint, '
+                            'e.g. BertModel); use a BertForMaskedLM / BertForPreTraining checkpoint or a '
+                            'bert_jax pretraining workdir')
+    model = BertForPreTraining(self.config, rngs=nnx.Rngs(0))
+    # A BertForMaskedLM checkpoint has no NSP head: the fresh one stays (fill-mask does not use it).
+    nnx.update(model, {k: v for k, v in self.params.items() if k in ('bert', 'mlm', 'nsp')})
+    return model
+
+
+def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
+  """Loads an HF directory (config.json + model.safetensors) or a bert_jax pretraining workdir.
+
+  Args:
+    path: the directory.
+    step: for a bert_jax workdir, the checkpoint step (default: latest).
+
+  Raises:
+    CheckpointError: the directory is neither, or is incomplete.
+  """
+  if not os.path.isdir(path):
+    raise CheckpointError(f'checkpoint directory {path} does not exist')
+  if os.path.isdir(os.path.join(path, 'checkpoints')):
+    return _load_workdir(path, step)
+  if os.path.exists(os.path.join(path, CONFIG_FILE)):
+    from bert_jax import hf  # pylint: disable=g-import-not-at-top
+    cfg, params, _, _ = hf.load_hf_checkpoint(path)
+    return PretrainedBert(cfg, params, hf.load_hf_tokenizer(path), 'hf', path)
+  raise CheckpointError(f'{path} is neither a Hugging Face checkpoint (config.json + model.safetensors) '
+                        'nor a bert_jax workdir (config.json + checkpoints/)')
+
+
+def _load_workdir(path: str, step: int | None) -> PretrainedBert:
+  saved = read_config(path)
+  if saved is None:
+    raise CheckpointError(f'{path}/checkpoints exists but {CONFIG_FILE} is missing: not a complete workdir')
+  cfg = PretrainConfig.from_dict(saved)
+  tokenizer_path = os.path.join(path, TOKENIZER_FILE)
+  if not os.path.exists(tokenizer_path):
+    raise CheckpointError(f'{path} has no {TOKENIZER_FILE}; it was written by an older bert_jax — copy the '
+                          'tokenizer.model from its data cache into the workdir')
+  mesh = shd.make_mesh(MeshConfig(), jax.devices()[:1])  # inference: one device
+  from bert_jax.train_state import PretrainingModel  # pylint: disable=g-import-not-at-top
+  model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh)
+  ckpt = Checkpointer(path, read_only=True)
+  try:
+    state, meta = ckpt.restore(step, model.abstract_state)
+  finally:
+    ckpt.close()
+  return PretrainedBert(cfg.model, jax.device_get(state['params']), SentencePieceTokenizer(tokenizer_path),
+                        'bert_jax', path, step=int(meta['step']))

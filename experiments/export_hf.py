@@ -1,0 +1,36 @@
+"""Exports a bert_jax workdir (or re-exports an HF directory) as a Hugging Face BERT directory.
+
+  python experiments/export_hf.py --checkpoint=/tmp/bert_mini --output=/tmp/bert_mini_hf [--step=N]
+
+The result holds config.json, model.safetensors and the tokenizer files; transformers loads it
+as BertModel / BertForPreTraining, and `load_pretrained` reads it back bit-exactly. Ends with
+one JSON line.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags  # pylint: disable=g-import-not-at-top
+
+from bert_jax import cli, hf
+from bert_jax.pretrained import load_pretrained
+
+_CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'A bert_jax workdir or an HF directory.', required=True)
+_OUTPUT = flags.DEFINE_string('output', None, 'Directory to write (must be empty or absent).', required=True)
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step of a workdir (default: latest).')
+_OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace the files in a non-empty --output.')
+
+
+def main(_):
+  pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value)
+  hf.save_hf_checkpoint(_OUTPUT.value, pretrained.config, pretrained.params, pretrained.tokenizer,
+                        overwrite=_OVERWRITE.value)
+  print(json.dumps({'output': _OUTPUT.value, 'source': pretrained.source, 'step': pretrained.step,
+                    'heads': sorted(set(pretrained.params) - {'bert'})}), flush=True)
+
+
+if __name__ == '__main__':
+  cli.run(main)
