@@ -156,10 +156,14 @@ class EncoderLayer(nnx.Module):
     self.output_norm = LayerNorm(d, eps=cfg.layer_norm_eps, dtype=dtype)
     self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
 
-  def __call__(self, x_btd, mask_b11s, *, deterministic: bool):
-    a_btd = self.dropout(self.attention(x_btd, mask_b11s, deterministic=deterministic),
-                         deterministic=deterministic)
+  def __call__(self, x_btd, mask_b11s, *, deterministic: bool, return_probs: bool = False):
+    """Returns y [B, T, D], or (y, attention probabilities [B, N, T, S]) when `return_probs`."""
+    a_btd = self.attention(x_btd, mask_b11s, deterministic=deterministic, return_probs=return_probs)
+    if return_probs:
+      a_btd, probs_bnts = a_btd
+    a_btd = self.dropout(a_btd, deterministic=deterministic)
     x_btd = self.attention_norm(x_btd + a_btd)
     h_bti = jax.nn.gelu(self.intermediate(x_btd), approximate=False)
     h_btd = self.dropout(self.output(h_bti), deterministic=deterministic)
-    return self.output_norm(x_btd + h_btd)
+    y_btd = self.output_norm(x_btd + h_btd)
+    return (y_btd, probs_bnts) if return_probs else y_btd

@@ -26,7 +26,7 @@ class BertEncoder(nnx.Module):
                         std=cfg.initializer_range, dtype=compute_dtype(cfg), rngs=rngs)
 
   def __call__(self, input_ids_bt, token_type_ids_bt=None, attention_mask_bt=None, position_ids_bt=None,
-               *, deterministic: bool = True):
+               *, deterministic: bool = True, return_attention: bool = False):
     """Encodes a batch.
 
     Args:
@@ -35,9 +35,13 @@ class BertEncoder(nnx.Module):
       attention_mask_bt: int [B, T], 1 at real tokens; all ones when None.
       position_ids_bt: int [B, T]; 0..T-1 when None.
       deterministic: disables dropout.
+      return_attention: also return every layer's attention probabilities, computed by the
+        explicit (XLA einsum) attention path whatever kernel `attention_impl` selects.
 
     Returns:
-      (sequence_output [B, T, D], pooled_output [B, D]) in the compute dtype.
+      (sequence_output [B, T, D], pooled_output [B, D]) in the compute dtype; with
+      `return_attention`, a third element: float32 probabilities [L, B, N, T, T] (zero at
+      padded keys).
     """
     if token_type_ids_bt is None:
       token_type_ids_bt = jnp.zeros_like(input_ids_bt)
@@ -47,9 +51,15 @@ class BertEncoder(nnx.Module):
       position_ids_bt = jnp.broadcast_to(jnp.arange(input_ids_bt.shape[1]), input_ids_bt.shape)
     x_btd = self.embeddings(input_ids_bt, token_type_ids_bt, position_ids_bt, deterministic=deterministic)
     mask_b11s = attention_mask_b11s(attention_mask_bt)
+    probs = []
     for layer in self.layers:
-      x_btd = layer(x_btd, mask_b11s, deterministic=deterministic)
+      x_btd = layer(x_btd, mask_b11s, deterministic=deterministic, return_probs=return_attention)
+      if return_attention:
+        x_btd, probs_bnts = x_btd
+        probs.append(probs_bnts)
     pooled_bd = jnp.tanh(self.pooler(x_btd[:, 0]))
+    if return_attention:
+      return x_btd, pooled_bd, jnp.stack(probs)
     return x_btd, pooled_bd
 
 

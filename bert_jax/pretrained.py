@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from bert_jax import optim, sharding as shd
@@ -41,9 +42,7 @@ class PretrainedBert:
 
   def encoder(self) -> BertEncoder:
     """The encoder (+ pooler) as an nnx module holding these parameters."""
-    model = BertEncoder(self.config, rngs=nnx.Rngs(0))
-    nnx.update(model, self.params['bert'])
-    return model
+    return _build(BertEncoder, self.config, self.params['bert'])
 
   def pretraining_model(self) -> BertForPreTraining:
     """Encoder with the MLM and NSP heads (the checkpoint must have the MLM head)."""
@@ -51,10 +50,29 @@ class PretrainedBert:
       raise CheckpointError(f'{self.path} has no masked-LM head (it is an encoder-only checkpoint, '
                             'e.g. BertModel); use a BertForMaskedLM / BertForPreTraining checkpoint or a '
                             'bert_jax pretraining workdir')
-    model = BertForPreTraining(self.config, rngs=nnx.Rngs(0))
-    # A BertForMaskedLM checkpoint has no NSP head: the fresh one stays (fill-mask does not use it).
-    nnx.update(model, {k: v for k, v in self.params.items() if k in ('bert', 'mlm', 'nsp')})
-    return model
+    return _build(BertForPreTraining, self.config, self.params)
+
+
+def _build(cls, cfg: ModelConfig, params: dict[str, Any]):
+  """`cls(cfg)` holding `params`, built abstractly (no random init, no per-shape compiles).
+
+  Parameters the checkpoint lacks (the NSP head of a BertForMaskedLM, which fill-mask does
+  not use) are zeros; dropout RNG keys get a fixed key (inference is deterministic).
+  """
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
+
+  def fill(path, leaf):
+    node = params
+    for k in path:
+      node = node.get(k.key) if isinstance(node, dict) else None
+    if node is not None:
+      return jnp.asarray(node)
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      return jax.random.key(0)
+    return jnp.zeros(leaf.shape, leaf.dtype)
+
+  nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(fill, nnx.to_pure_dict(state)))
+  return nnx.merge(graphdef, state)
 
 
 def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:

@@ -1,0 +1,282 @@
+"""Inference with a loaded checkpoint: sentence embeddings, fill-mask and attention maps.
+
+All three take a `pretrained.PretrainedBert` (a Hugging Face directory or a bert_jax workdir,
+see `pretrained.load_pretrained`) and plain text; tokenisation, padding and batching happen here.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from bert_jax import metrics
+from bert_jax.errors import ConfigError, DataError
+from bert_jax.pretrained import PretrainedBert
+
+POOLINGS = ('mean', 'cls')
+# Padded lengths are rounded up to a multiple of this, so the encoder compiles once per bucket
+# rather than once per distinct text length.
+LENGTH_BUCKET = 16
+# Without an explicit `progress`, a progress line is printed when there are at least this many batches.
+_AUTO_PROGRESS_BATCHES = 20
+_PROGRESS_LINES = 20  # about this many lines over the whole run
+
+
+def _check_max_length(pretrained: PretrainedBert, max_length: int) -> None:
+  limit = pretrained.config.max_position_embeddings
+  if max_length > limit:
+    raise ConfigError(f'max_length={max_length} exceeds the model\'s max_position_embeddings={limit}')
+
+
+def _tokenize(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], max_length: int):
+  """(ids, types) per text; one warning for all truncated texts."""
+  ids, types, num_truncated = [], [], 0
+  for text_a, text_b in texts:
+    input_ids, token_type_ids, truncated = pretrained.tokenizer.encode_inputs(
+        text_a, text_b, max_length=max_length)
+    ids.append(input_ids)
+    types.append(token_type_ids)
+    num_truncated += bool(truncated)
+  if num_truncated:
+    logging.warning('%d of %d texts were longer than max_length=%d tokens and were truncated',
+                    num_truncated, len(texts), max_length)
+  return ids, types
+
+
+def _bucket_length(length: int, limit: int) -> int:
+  # Capped at the position table: positions past it do not exist (even at padding).
+  return min(-(-length // LENGTH_BUCKET) * LENGTH_BUCKET, limit)
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'pooling', 'normalize'))
+def _encode(graphdef, state, input_ids_bt, token_type_ids_bt, attention_mask_bt, *, pooling: str,
+            normalize: bool):
+  """Encoder + pooling; jitted once per (model, padded shape, pooling)."""
+  encoder = nnx.merge(graphdef, state)
+  seq_btd, pooled_bd = encoder(input_ids_bt, token_type_ids_bt, attention_mask_bt, deterministic=True)
+  seq_btd, pooled_bd = seq_btd.astype(jnp.float32), pooled_bd.astype(jnp.float32)
+  mask_bt1 = attention_mask_bt[..., None].astype(jnp.float32)
+  seq_btd = seq_btd * mask_bt1  # padded positions are zero in the output
+  if pooling == 'mean':
+    # sentence-transformers: the mean over every real token, [CLS] and [SEP] included.
+    emb_bd = seq_btd.sum(1) / jnp.maximum(mask_bt1.sum(1), 1.0)
+  else:
+    emb_bd = seq_btd[:, 0]
+  if normalize:
+    # torch.nn.functional.normalize's eps, as in sentence-transformers' Normalize module.
+    emb_bd = emb_bd / jnp.maximum(jnp.linalg.norm(emb_bd, axis=-1, keepdims=True), 1e-12)
+  return seq_btd, pooled_bd, emb_bd
+
+
+def embed(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], *, max_length: int = 128,
+          batch_size: int = 32, pooling: str = 'mean', normalize: bool = True,
+          progress: bool | None = None) -> dict[str, np.ndarray]:
+  """Encodes texts (or text pairs) and pools one embedding per text.
+
+  Texts are sorted by length and batched so that each batch is padded only to its own
+  (bucketed) length; results come back in input order.
+
+  Args:
+    pretrained: the loaded checkpoint.
+    texts: (text_a, text_b or None) per row; text_b gets token_type 1.
+    max_length: tokens per row including [CLS]/[SEP]; longer texts are truncated (one warning).
+    batch_size: rows per encoder call.
+    pooling: 'mean' (over real tokens, [CLS]/[SEP] included: sentence-transformers) or 'cls'.
+    normalize: L2-normalise `sentence_embedding`.
+    progress: print progress lines with ETA on process 0; None does so for long inputs.
+
+  Returns:
+    input_ids, token_type_ids, attention_mask: int32 [N, T] with T the longest row;
+    last_hidden_state: float32 [N, T, D], zero at padding; pooler_output: float32 [N, D];
+    sentence_embedding: float32 [N, D].
+
+  Raises:
+    ConfigError: bad max_length, batch_size or pooling.
+    DataError: no texts.
+  """
+  _check_max_length(pretrained, max_length)
+  if pooling not in POOLINGS:
+    raise ConfigError(f'pooling must be one of {", ".join(POOLINGS)}, got {pooling!r}')
+  if batch_size < 1:
+    raise ConfigError(f'batch_size must be positive, got {batch_size}')
+  if not texts:
+    raise DataError('no texts to embed')
+  ids, types = _tokenize(pretrained, texts, max_length)
+  lengths_n = np.array([len(x) for x in ids])
+  num, width, dim = len(ids), int(lengths_n.max()), pretrained.config.hidden_size
+  out = {
+      'input_ids': np.full((num, width), pretrained.tokenizer.pad_id, np.int32),
+      'token_type_ids': np.zeros((num, width), np.int32),
+      'attention_mask': np.zeros((num, width), np.int32),
+  }
+  for i, (row_ids, row_types) in enumerate(zip(ids, types)):
+    out['input_ids'][i, :len(row_ids)] = row_ids
+    out['token_type_ids'][i, :len(row_types)] = row_types
+    out['attention_mask'][i, :len(row_ids)] = 1
+  hidden_ntd = np.zeros((num, width, dim), np.float32)
+  pooled_nd = np.zeros((num, dim), np.float32)
+  emb_nd = np.zeros((num, dim), np.float32)
+
+  graphdef, state = nnx.split(pretrained.encoder())
+  state = jax.device_put(state)  # once, not per batch
+  order = np.argsort(-lengths_n, kind='stable')  # longest first: a memory problem shows at once
+  batches = [order[i:i + batch_size] for i in range(0, num, batch_size)]
+  show = progress if progress is not None else len(batches) >= _AUTO_PROGRESS_BATCHES
+  every = max(1, len(batches) // _PROGRESS_LINES)
+  start, pending, done = time.time(), None, 0
+  for b, rows in enumerate(batches):
+    seq_len = _bucket_length(int(lengths_n[rows].max()), pretrained.config.max_position_embeddings)
+    # The last batch is padded to batch_size too, so it reuses the compiled full-batch shape.
+    feed = {k: np.zeros((batch_size, seq_len), np.int32) for k in out}
+    feed['input_ids'][:] = pretrained.tokenizer.pad_id
+    cols = min(seq_len, width)  # every real token of these rows lies within both
+    for k in out:
+      feed[k][:len(rows), :cols] = out[k][rows, :cols]
+    feed['attention_mask'][len(rows):, 0] = 1  # filler rows: keep every softmax row non-empty
+    result = _encode(graphdef, state, feed['input_ids'], feed['token_type_ids'], feed['attention_mask'],
+                     pooling=pooling, normalize=normalize)
+    # Fetch the previous batch only after dispatching this one, so the host copy overlaps compute.
+    if pending is not None:
+      _store(pending, hidden_ntd, pooled_nd, emb_nd, width)
+    pending, done = (rows, result), done + len(rows)
+    if show and ((b + 1) % every == 0 or b + 1 == len(batches)):
+      elapsed = time.time() - start
+      eta = elapsed / (b + 1) * (len(batches) - b - 1)
+      metrics.log(f'embed: batch {b + 1}/{len(batches)} | {done / elapsed:.1f} texts/s '
+                  f'| elapsed {metrics.format_duration(elapsed)} | ETA {metrics.format_duration(eta)}')
+  _store(pending, hidden_ntd, pooled_nd, emb_nd, width)
+  return {**out, 'last_hidden_state': hidden_ntd, 'pooler_output': pooled_nd, 'sentence_embedding': emb_nd}
+
+
+def _store(pending, hidden_ntd, pooled_nd, emb_nd, width: int) -> None:
+  rows, (seq_btd, pooled_bd, emb_bd) = pending
+  seq_btd, pooled_bd, emb_bd = jax.device_get((seq_btd, pooled_bd, emb_bd))
+  n, t = len(rows), min(seq_btd.shape[1], width)
+  hidden_ntd[rows, :t] = seq_btd[:n, :t]
+  pooled_nd[rows] = pooled_bd[:n]
+  emb_nd[rows] = emb_bd[:n]
+
+
+def _encode_one(pretrained: PretrainedBert, text_a: str, text_b: str | None, max_length: int):
+  ids, types = _tokenize(pretrained, [(text_a, text_b)], max_length)
+  return np.array(ids, np.int32), np.array(types, np.int32)  # [1, T]
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef',))
+def _mlm_probs(graphdef, state, input_ids_bt, token_type_ids_bt, positions_bp):
+  """Softmax over the vocabulary at the masked positions: float32 [B, P, V]."""
+  model = nnx.merge(graphdef, state)
+  logits_bpv, _ = model(input_ids_bt, token_type_ids_bt, jnp.ones_like(input_ids_bt), positions_bp,
+                        deterministic=True)
+  return jax.nn.softmax(logits_bpv.astype(jnp.float32), axis=-1)
+
+
+def fill_mask(pretrained: PretrainedBert, text: str, *, top_k: int = 5) -> list[list[tuple[str, float]]]:
+  """Predicts the token at every [MASK] in `text` with the masked-LM head.
+
+  Args:
+    pretrained: a checkpoint with an MLM head (bert_jax workdir, HF BertForMaskedLM/BertForPreTraining).
+    text: text containing one or more literal '[MASK]'.
+    top_k: predictions per mask.
+
+  Returns:
+    Per [MASK], in text order, the top_k (token, probability) pairs, most probable first; the
+    probabilities are a softmax over the whole vocabulary.
+
+  Raises:
+    CheckpointError: the checkpoint has no MLM head.
+    DataError: the text has no [MASK].
+    ConfigError: top_k < 1.
+  """
+  if top_k < 1:
+    raise ConfigError(f'top_k must be positive, got {top_k}')
+  tokenizer = pretrained.tokenizer
+  ids_1t, types_1t = _encode_one(pretrained, text, None, pretrained.config.max_position_embeddings)
+  positions_1p = np.flatnonzero(ids_1t[0] == tokenizer.mask_id)[None].astype(np.int32)
+  if not positions_1p.size:
+    raise DataError(f'the text has no [MASK] token to fill: {text!r}')
+  graphdef, state = nnx.split(pretrained.pretraining_model())  # CheckpointError without an MLM head
+  probs_pv = np.asarray(_mlm_probs(graphdef, state, ids_1t, types_1t, positions_1p)[0])
+  k = min(top_k, probs_pv.shape[-1])
+  results = []
+  for probs_v in probs_pv:
+    top = np.argsort(-probs_v, kind='stable')[:k]
+    results.append([(tokenizer.id_to_token(int(i)), float(probs_v[i])) for i in top])
+  return results
+
+
+def attention_maps(pretrained: PretrainedBert, text_a: str, text_b: str | None = None, *,
+                   max_length: int = 128) -> tuple[list[str], np.ndarray]:
+  """Attention probabilities of every layer and head for one text (or pair).
+
+  They come from the explicit softmax path of `SelfAttention`, whatever fused kernel the
+  model's `attention_impl` would otherwise pick.
+
+  Args:
+    pretrained: the loaded checkpoint.
+    text_a: the text.
+    text_b: optional second segment.
+    max_length: truncation length, [CLS]/[SEP] included.
+
+  Returns:
+    (tokens [T] including [CLS]/[SEP], float32 probs [layers, heads, T, T]); probs[l, n, t]
+    is the distribution of query token t over the keys.
+  """
+  _check_max_length(pretrained, max_length)
+  ids_1t, types_1t = _encode_one(pretrained, text_a, text_b, max_length)
+  graphdef, state = nnx.split(pretrained.encoder())
+  probs_lbnts = _attention_probs(graphdef, state, ids_1t, types_1t)
+  tokens = [pretrained.tokenizer.id_to_token(int(i)) for i in ids_1t[0]]
+  return tokens, np.asarray(probs_lbnts[:, 0], np.float32)
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef',))
+def _attention_probs(graphdef, state, input_ids_bt, token_type_ids_bt):
+  """float32 [L, B, N, T, T] through the explicit softmax path."""
+  _, _, probs_lbnts = nnx.merge(graphdef, state)(input_ids_bt, token_type_ids_bt, jnp.ones_like(input_ids_bt),
+                                                 deterministic=True, return_attention=True)
+  return probs_lbnts.astype(jnp.float32)
+
+
+def read_texts(path: str) -> list[tuple[str, str | None]]:
+  """Reads an embedding input file: one text per line, or two tab-separated texts for a pair.
+
+  Row i is line i: blank lines inside the file are kept (as empty texts) so rows stay aligned.
+
+  Raises:
+    DataError: the file is missing, has no text, or a line has more than one tab.
+  """
+  try:
+    with open(path, 'rb') as f:
+      data = f.read()
+  except FileNotFoundError:
+    raise DataError(f'input file {path} does not exist') from None
+  except IsADirectoryError:
+    raise DataError(f'input file {path} is a directory') from None
+  try:
+    text = data.decode('utf-8')
+  except UnicodeDecodeError:
+    text = data.decode('utf-8', errors='replace')
+    logging.warning('%s is not valid UTF-8: %d undecodable byte sequences were replaced by U+FFFD', path,
+                    text.count('\ufffd'))
+  # Only '\n' ends a line (str.splitlines would also split at form feeds, U+2028, ...).
+  lines = [line.removesuffix('\r') for line in text.split('\n')]
+  while lines and not lines[-1].strip():
+    lines.pop()
+  if not lines:
+    raise DataError(f'input file {path} has no text')
+  texts = []
+  for i, line in enumerate(lines, 1):
+    fields = line.split('\t')
+    if len(fields) > 2:
+      raise DataError(f'{path} line {i} has {len(fields)} tab-separated fields; expected one text or two '
+                      '(a pair)')
+    texts.append((fields[0], fields[1] if len(fields) == 2 else None))
+  return texts

@@ -1,0 +1,52 @@
+"""Sentence embeddings of every line of a text file, saved as one .npz.
+
+  python experiments/embed.py --checkpoint=PATH --input=texts.txt --output=/tmp/emb.npz
+  python experiments/embed.py --checkpoint=PATH --input=pairs.tsv --output=OUT.npz --pooling=cls \
+      --normalize=false --max_length=256
+
+PATH is a Hugging Face directory or a bert_jax pretraining workdir. The input has one text per
+line, or two tab-separated texts for a sentence pair; row i of every array is line i. OUT.npz
+holds input_ids, token_type_ids, attention_mask, last_hidden_state, pooler_output and
+sentence_embedding (see `bert_jax.inference.embed`). Ends by printing one JSON line.
+"""
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import flags  # pylint: disable=g-import-not-at-top
+import numpy as np
+
+from bert_jax import cli, inference, pretrained
+
+_CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'HF directory or bert_jax workdir.', required=True)
+_INPUT = flags.DEFINE_string('input', None, 'Text file: one text, or two tab-separated texts, per line.',
+                             required=True)
+_OUTPUT = flags.DEFINE_string('output', None, 'The .npz to write.', required=True)
+_MAX_LENGTH = flags.DEFINE_integer('max_length', 128, 'Tokens per text ([CLS]/[SEP] included); longer '
+                                   'texts are truncated with a warning.')
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Texts per encoder call.')
+_POOLING = flags.DEFINE_enum('pooling', 'mean', inference.POOLINGS, 'mean: over real tokens; cls: [CLS].')
+_NORMALIZE = flags.DEFINE_boolean('normalize', True, 'L2-normalise sentence_embedding.')
+
+
+def main(_):
+  start = time.time()
+  texts = inference.read_texts(_INPUT.value)  # bad input fails before the (slow) checkpoint load
+  model = pretrained.load_pretrained(_CHECKPOINT.value)
+  result = inference.embed(model, texts, max_length=_MAX_LENGTH.value, batch_size=_BATCH_SIZE.value,
+                           pooling=_POOLING.value, normalize=_NORMALIZE.value)
+  os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
+  with open(_OUTPUT.value, 'wb') as f:  # a file object: np.savez would otherwise append '.npz'
+    np.savez(f, **result)
+  print(json.dumps({'output': _OUTPUT.value, 'num_texts': len(texts),
+                    'shape': list(result['sentence_embedding'].shape),
+                    'max_tokens': int(result['attention_mask'].sum(1).max()),
+                    'seconds': round(time.time() - start, 2)}), flush=True)
+
+
+if __name__ == '__main__':
+  cli.run(main)
