@@ -124,6 +124,13 @@ def main():
   out['trunc_b'] = np.array([b or '' for _, b in TRUNC_CASES])
   out['trunc_is_pair'] = np.array([b is not None for _, b in TRUNC_CASES])
   out['trunc_max_length'] = np.int32(TRUNC_MAX_LENGTH)
+  # The same vocabulary read as a *cased* tokenizer (no lower-casing, no accent stripping).
+  # (transformers 5 ignores `vocab_file=` here and builds an empty vocab: pass the dict.)
+  with open(os.path.join(args.model_dir, 'vocab.txt'), encoding='utf-8') as f:
+    vocab = {line.rstrip('\n'): i for i, line in enumerate(f)}
+  cased = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=False)
+  batch = _pad(cased, [cased(a, b) if b is not None else cased(a) for a, b in rows], padding='longest')
+  out.update({'cased_' + k: v for k, v in batch.items()})
   out['versions'] = np.array([f'torch {torch.__version__}', f'transformers {transformers.__version__}',
                               f'sentence-transformers {sentence_transformers.__version__}'])
 

@@ -167,6 +167,21 @@ def test_wordpiece_ids_equal_hugging_face(ref, source, tmp_path):
   assert tokenizer.token_to_id('no-such-token') == tokenizer.unk_id
 
 
+@needs_minilm
+def test_cased_wordpiece_ids_equal_hugging_face(ref, tmp_path):
+  # MiniLM's vocabulary read with do_lower_case=false: case and accents are kept, as HF does.
+  shutil.copy(os.path.join(MINILM, 'vocab.txt'), tmp_path)
+  (tmp_path / 'tokenizer_config.json').write_text('{"do_lower_case": false}')
+  tokenizer = tk.WordPieceTokenizer.from_directory(str(tmp_path))
+  assert not tokenizer.do_lower_case
+  for i, (a, b, is_pair) in enumerate(zip(ref['texts_a'], ref['texts_b'], ref['is_pair'])):
+    real = ref['cased_attention_mask'][i] == 1
+    ids, types, _ = tokenizer.encode_inputs(str(a), str(b) if is_pair else None, max_length=128)
+    assert ids == ref['cased_input_ids'][i][real].tolist(), a
+    assert types == ref['cased_token_type_ids'][i][real].tolist()
+  assert ref['cased_input_ids'].tolist() != ref['input_ids'].tolist()  # casing really differs
+
+
 def test_sentencepiece_truncation_rule_equals_tokenizers(tmp_path):
   """assemble_inputs (our SentencePiece path) cuts pairs exactly like the tokenizers library."""
   words = [f'w{i}' for i in range(12)]
