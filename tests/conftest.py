@@ -60,14 +60,34 @@ def prepared(tmp_path_factory):
   return cfg, pretraining_data.prepare_pretraining_data(cfg, vocab_size=SMALL_VOCAB, seed=0)
 
 
-@pytest.fixture
-def small_corpus(tmp_path):
-  """The first 600 lines of the bundled WikiText-2 validation file (a few articles)."""
+def write_small_corpus(directory) -> str:
+  """Writes the first 600 lines of the bundled WikiText-2 validation file (a few articles)."""
   with open(WIKITEXT, encoding='utf-8') as f:
     lines = f.readlines()[:600]
-  path = tmp_path / 'corpus.txt'
-  path.write_text(''.join(lines), encoding='utf-8')
-  return str(path)
+  path = os.path.join(str(directory), 'corpus.txt')
+  with open(path, 'w', encoding='utf-8') as f:
+    f.writelines(lines)
+  return path
+
+
+@pytest.fixture
+def small_corpus(tmp_path):
+  return write_small_corpus(tmp_path)
+
+
+def run_experiment(script, *args, timeout=600):
+  """Runs experiments/<script> in a subprocess from the repository root."""
+  import subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
+  return subprocess.run([sys.executable, os.path.join('experiments', script), *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(result, pattern):
+  """Exit code 1, exactly one 'error:' line containing `pattern`, no traceback."""
+  assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+  assert len(errors) == 1 and pattern in errors[0], result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr
 
 
 def tiny_pretrain_config(corpus: str, cache_dir: str, **overrides):

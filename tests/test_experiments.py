@@ -2,17 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import assert_one_line_error, run_experiment as run, write_small_corpus
 
 
-def run(script, *args, timeout=600):
-  return subprocess.run([sys.executable, os.path.join('experiments', script), *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=timeout)
 
 
 def tiny_args(corpus, cache, workdir, *extra):
@@ -25,20 +20,13 @@ def last_json(stdout):
   return json.loads(stdout.strip().splitlines()[-1])
 
 
-def assert_one_line_error(result, pattern):
-  assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
-  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
-  assert len(errors) == 1 and pattern in errors[0], result.stderr[-3000:]
-  assert 'Traceback' not in result.stderr
 
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
   """One tiny pretraining run through the CLI, shared by the tests below."""
-  from conftest import WIKITEXT  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp('cli')
-  corpus = root / 'corpus.txt'
-  corpus.write_text(''.join(open(WIKITEXT, encoding='utf-8').readlines()[:600]), encoding='utf-8')
+  corpus = write_small_corpus(root)
   workdir, cache = root / 'run', root / 'cache'
   result = run('pretrain.py', *tiny_args(corpus, cache, workdir))
   assert result.returncode == 0, result.stderr[-3000:]

@@ -1,21 +1,16 @@
 """embed.py, fill_mask.py, attention.py smoke-run on a tiny pretrained workdir; bad input: one error line."""
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO, WIKITEXT, minilm_dir, tiny_pretrain_config
+from conftest import (assert_one_line_error, minilm_dir, run_experiment as run, tiny_pretrain_config,
+                      write_small_corpus)
 
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 
 
-def run(script, *args, timeout=600):
-  return subprocess.run([sys.executable, os.path.join('experiments', script), *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=timeout)
 
 
 def last_json(result):
@@ -23,11 +18,6 @@ def last_json(result):
   return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def assert_one_line_error(result, pattern):
-  assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
-  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
-  assert len(errors) == 1 and pattern in errors[0], result.stderr[-3000:]
-  assert 'Traceback' not in result.stderr
 
 
 @pytest.fixture(scope='module')
@@ -35,9 +25,7 @@ def workdir(tmp_path_factory):
   """A tiny pretraining workdir (checkpoints, config.json, tokenizer.model)."""
   from bert_jax import train_lib  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp('inference_cli')
-  corpus = root / 'corpus.txt'
-  with open(WIKITEXT, encoding='utf-8') as f:
-    corpus.write_text(''.join(f.readlines()[:600]), encoding='utf-8')
+  corpus = write_small_corpus(root)
   train_lib.train_and_evaluate(tiny_pretrain_config(str(corpus), str(root / 'cache')), str(root / 'run'))
   return str(root / 'run')
 

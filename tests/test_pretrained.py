@@ -12,15 +12,13 @@ from bert_jax.errors import CheckpointError
 from bert_jax.pretrained import load_pretrained
 from bert_jax.tokenization import SentencePieceTokenizer
 
-from conftest import tiny_pretrain_config
+from conftest import tiny_pretrain_config, write_small_corpus
 
 
 @pytest.fixture(scope='module')
 def workdir(tmp_path_factory):
-  from conftest import WIKITEXT  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp('pretrained')
-  corpus = root / 'corpus.txt'
-  corpus.write_text(''.join(open(WIKITEXT, encoding='utf-8').readlines()[:600]), encoding='utf-8')
+  corpus = write_small_corpus(root)
   workdir = str(root / 'run')
   train_lib.train_and_evaluate(tiny_pretrain_config(str(corpus), str(root / 'cache'), eval_every=100), workdir)
   return workdir
