@@ -103,16 +103,16 @@ class Checkpointer:
       return  # no readable metadata: let restore report
     saved_shapes = {_path_name(p): tuple(v.shape) for p, v in jax.tree_util.tree_flatten_with_path(
         saved, is_leaf=lambda x: hasattr(x, 'shape'))[0]}
-    for path, want in jax.tree_util.tree_flatten_with_path(abstract_state['params'])[0]:
-      name, want = _path_name(path), tuple(np.shape(want))
+    wanted = {_path_name(p): tuple(np.shape(v)) for p, v in
+              jax.tree_util.tree_flatten_with_path(abstract_state['params'])[0]}
+    for name, want in wanted.items():
       if name not in saved_shapes:
         raise CheckpointError(f'checkpoint step {step} in {self.directory} has no parameter {name}: it was '
                               'written by a different model')
       if saved_shapes[name] != want:
         raise CheckpointError(f'checkpoint step {step} parameter {name} has shape {saved_shapes[name]} but '
                               f'the model expects {want}: it was written by a different model')
-    extra = sorted(set(saved_shapes) - {_path_name(p) for p, _ in
-                                        jax.tree_util.tree_flatten_with_path(abstract_state['params'])[0]})
+    extra = sorted(set(saved_shapes) - set(wanted))
     if extra:
       raise CheckpointError(f'checkpoint step {step} has parameters the model lacks ({", ".join(extra[:3])}'
                             f'{"..." if len(extra) > 3 else ""}): it was written by a different model')

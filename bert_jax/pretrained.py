@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax import optim, sharding as shd
-from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config
-from bert_jax.config import MeshConfig, ModelConfig, PretrainConfig
+from bert_jax import sharding as shd
+from bert_jax.checkpointing import CONFIG_FILE, read_config
+from bert_jax.config import MeshConfig, ModelConfig
 from bert_jax.errors import CheckpointError
 from bert_jax.model import BertEncoder, BertForPreTraining
 from bert_jax.tokenization import SentencePieceTokenizer, WordPieceTokenizer
@@ -98,21 +98,12 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
 
 
 def _load_workdir(path: str, step: int | None) -> PretrainedBert:
-  saved = read_config(path)
-  if saved is None:
-    raise CheckpointError(f'{path}/checkpoints exists but {CONFIG_FILE} is missing: not a complete workdir')
-  cfg = PretrainConfig.from_dict(saved)
   tokenizer_path = os.path.join(path, TOKENIZER_FILE)
-  if not os.path.exists(tokenizer_path):
+  if read_config(path) is not None and not os.path.exists(tokenizer_path):
     raise CheckpointError(f'{path} has no {TOKENIZER_FILE}; it was written by an older bert_jax — copy the '
                           'tokenizer.model from its data cache into the workdir')
+  from bert_jax import train_lib  # pylint: disable=g-import-not-at-top
   mesh = shd.make_mesh(MeshConfig(), jax.devices()[:1])  # inference: one device
-  from bert_jax.train_state import PretrainingModel  # pylint: disable=g-import-not-at-top
-  model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh)
-  ckpt = Checkpointer(path, read_only=True)
-  try:
-    state, meta = ckpt.restore(step, model.abstract_state)
-  finally:
-    ckpt.close()
+  cfg, _, state, meta = train_lib.restore_workdir(path, step, mesh)
   return PretrainedBert(cfg.model, jax.device_get(state['params']), SentencePieceTokenizer(tokenizer_path),
                         'bert_jax', path, step=int(meta['step']))

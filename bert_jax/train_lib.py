@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import input_pipeline, metrics as metrics_lib, optim, pretraining_data, sharding as shd
-from bert_jax.checkpointing import Checkpointer, read_config, write_config
+from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config, write_config
 from bert_jax.config import PretrainConfig, diff_model_configs
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.tokenization import SentencePieceTokenizer
@@ -215,23 +215,38 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_
   return result
 
 
-def evaluate_checkpoint(workdir: str, step: int | None = None) -> dict[str, Any]:
-  """Restores `step` (latest when None) from a pretraining workdir and evaluates it held-out."""
+def restore_workdir(workdir: str, step: int | None = None, mesh=None):
+  """Rebuilds a pretraining workdir's model from its config.json and restores `step` (latest when None).
+
+  Args:
+    workdir: a pretraining workdir.
+    step: checkpoint step; latest when None.
+    mesh: where to restore; the workdir's own mesh config when None.
+
+  Returns:
+    (config, PretrainingModel, state, checkpoint meta).
+  """
   saved = read_config(workdir)
   if saved is None:
-    raise CheckpointError(f'{workdir} is not a pretraining workdir (no config.json); run '
-                          'experiments/pretrain.py --workdir=... first')
+    raise CheckpointError(f'{os.path.join(workdir, CONFIG_FILE)} is missing: not a complete pretraining '
+                          'workdir (run experiments/pretrain.py --workdir=... first)')
   cfg = PretrainConfig.from_dict(saved)
-  mesh = shd.make_mesh(cfg.mesh)
-  validate_config(cfg, mesh)
-  prepared, word_starts = _prepare(cfg)
+  mesh = mesh or shd.make_mesh(cfg.mesh)
   model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
                            seed=cfg.seed)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
-    state, _ = ckpt.restore(step, model.abstract_state)
+    state, meta = ckpt.restore(step, model.abstract_state)
   finally:
     ckpt.close()
+  return cfg, model, state, meta
+
+
+def evaluate_checkpoint(workdir: str, step: int | None = None) -> dict[str, Any]:
+  """Restores `step` (latest when None) from a pretraining workdir and evaluates it held-out."""
+  cfg, model, state, meta = restore_workdir(workdir, step)
+  validate_config(cfg, model.mesh)
+  prepared, word_starts = _prepare(cfg)
   result = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts),
                     prepared.most_frequent_token)
-  return {'step': int(jax.device_get(state['step'])), **result}
+  return {'step': int(meta['step']), **result}
