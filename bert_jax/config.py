@@ -142,6 +142,59 @@ class PretrainConfig:
     return _from_dict(cls, dict(d), prefix='')
 
 
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig:
+  """A fine-tuning run: task, starting checkpoint, data, budget and evaluation."""
+
+  task: str = 'sst2'  # a GLUE task name, 'conll2003', 'squad' or 'squad_v2'
+  # A Hugging Face directory or a bert_jax pretraining workdir (never written to).
+  init_checkpoint: str = ''
+  init_checkpoint_step: int = -1  # for a bert_jax workdir: -1 = latest
+  data_dir: str = ''
+  train_file: str = ''  # overrides the task's file in data_dir
+  eval_file: str = ''
+  max_seq_length: int = 128
+  batch_size: int = 32
+  eval_batch_size: int = 64
+  learning_rate: float = 5e-5
+  num_train_epochs: float = 3.0
+  max_steps: int = 0  # > 0 overrides num_train_epochs
+  max_train_samples: int = 0  # > 0: the first N training examples in file order
+  warmup_ratio: float = 0.1  # warmup steps = ceil(ratio * total steps)
+  weight_decay: float = 0.01
+  adam_eps: float = 1e-8
+  clip_norm: float = 1.0
+  seed: int = 0
+  num_seeds: int = 1  # runs seeds seed .. seed + num_seeds - 1, reports each and mean +- std
+  shuffle: bool = True  # reshuffle the training set every epoch
+  # Packs several examples into each row (per-example attention, restarted positions);
+  # the same function as padding each one, with no compute spent on padding.
+  pack: bool = True
+  dtype: str = 'float32'
+  eval_only: bool = False
+  eval_step: int = -1  # with eval_only: -1 = latest checkpoint
+  log_every: int = 25
+  checkpoint_every: int = 0  # 0 = only at the end
+  keep_checkpoints: int = 1
+  # SQuAD
+  doc_stride: int = 128  # overlap in tokens between consecutive windows (HF run_qa convention)
+  max_query_length: int = 64
+  n_best_size: int = 20
+  max_answer_length: int = 30
+  null_score_diff_threshold: float = 0.0  # SQuAD 2.0: predict no answer above this
+  tune_null_threshold: bool = True  # SQuAD 2.0: also report the best threshold on the eval set
+  train_articles: int = 40  # without a train file: the first N articles of dev-v1.1.json train
+  eval_articles: int = 8  # ... and the last N evaluate
+  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, d: dict[str, Any]) -> 'FinetuneConfig':
+    return _from_dict(cls, dict(d), prefix='')
+
+
 def _from_dict(cls, d: dict[str, Any], prefix: str):
   fields = {f.name: f for f in dataclasses.fields(cls)}
   unknown = sorted(set(d) - set(fields))
@@ -163,6 +216,7 @@ _DATACLASS_FIELDS = {
     (PretrainConfig, 'data'): DataConfig,
     (PretrainConfig, 'optim'): OptimConfig,
     (PretrainConfig, 'mesh'): MeshConfig,
+    (FinetuneConfig, 'mesh'): MeshConfig,
 }
 
 

@@ -15,6 +15,12 @@ def attention_mask_b11s(attention_mask_bs: jax.Array) -> jax.Array:
   return attention_mask_bs.astype(bool)[:, None, None, :]
 
 
+def segment_mask_b1ts(segment_ids_bt: jax.Array) -> jax.Array:
+  """Block-diagonal mask [B, 1, T, S] for packed rows: attend within the same segment id > 0."""
+  same_bts = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
+  return (same_bts & (segment_ids_bt[:, None, :] > 0))[:, None]
+
+
 class BertEncoder(nnx.Module):
   """Embeddings, `num_layers` post-LN encoder layers and the [CLS] pooler (dense + tanh)."""
 
@@ -26,7 +32,7 @@ class BertEncoder(nnx.Module):
                         std=cfg.initializer_range, dtype=compute_dtype(cfg), rngs=rngs)
 
   def __call__(self, input_ids_bt, token_type_ids_bt=None, attention_mask_bt=None, position_ids_bt=None,
-               *, deterministic: bool = True, return_attention: bool = False):
+               *, segment_ids_bt=None, deterministic: bool = True, return_attention: bool = False):
     """Encodes a batch.
 
     Args:
@@ -34,6 +40,8 @@ class BertEncoder(nnx.Module):
       token_type_ids_bt: int [B, T] segment ids (0 for A, 1 for B); zeros when None.
       attention_mask_bt: int [B, T], 1 at real tokens; all ones when None.
       position_ids_bt: int [B, T]; 0..T-1 when None.
+      segment_ids_bt: int [B, T] for packed rows (several examples per row): tokens attend only
+        to tokens of the same segment id, 0 = padding; replaces `attention_mask_bt` when given.
       deterministic: disables dropout.
       return_attention: also return every layer's attention probabilities, computed by the
         explicit (XLA einsum) attention path whatever kernel `attention_impl` selects.
@@ -50,7 +58,10 @@ class BertEncoder(nnx.Module):
     if position_ids_bt is None:
       position_ids_bt = jnp.broadcast_to(jnp.arange(input_ids_bt.shape[1]), input_ids_bt.shape)
     x_btd = self.embeddings(input_ids_bt, token_type_ids_bt, position_ids_bt, deterministic=deterministic)
-    mask_b11s = attention_mask_b11s(attention_mask_bt)
+    if segment_ids_bt is not None:
+      mask_b11s = segment_mask_b1ts(segment_ids_bt)
+    else:
+      mask_b11s = attention_mask_b11s(attention_mask_bt)
     probs = []
     for layer in self.layers:
       x_btd = layer(x_btd, mask_b11s, deterministic=deterministic, return_probs=return_attention)

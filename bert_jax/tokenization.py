@@ -114,6 +114,25 @@ class SentencePieceTokenizer:
     """Token ids of each text (sentencepiece's multi-threaded batch path)."""
     return self._sp.encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
 
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of `text` (no specials) and each token's (start, end) character span in it."""
+    proto = self._sp.encode(text, return_type='proto')
+    char_at_byte = np.zeros(len(text.encode('utf-8')) + 1, np.int64)
+    pos = 0
+    for i, ch in enumerate(text):
+      n = len(ch.encode('utf-8'))
+      char_at_byte[pos:pos + n] = i
+      pos += n
+    char_at_byte[pos] = len(text)
+    ids, offsets = [], []
+    for piece in proto.pieces:
+      ids.append(piece.id)
+      start, end = int(char_at_byte[piece.begin]), int(char_at_byte[piece.end])
+      while start < end and text[start].isspace():  # the word-start marker covers the space
+        start += 1
+      offsets.append((start, end))
+    return ids, offsets
+
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids`; control tokens ([CLS], [SEP], [MASK], [PAD]) decode to ''."""
     return self._sp.decode([int(i) for i in ids])
@@ -302,6 +321,11 @@ class WordPieceTokenizer:
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, without [CLS]/[SEP]."""
     return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of `text` (no specials) and each token's (start, end) character span in it."""
+    enc = self._tok.encode(text, add_special_tokens=False)
+    return enc.ids, [tuple(o) for o in enc.offsets]
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of each text (the library's multi-threaded batch path)."""

@@ -1,0 +1,100 @@
+"""Fine-tuning heads on the shared encoder: sequence classification/regression, token
+classification and span (start/end) question answering — Hugging Face's BertFor* layouts.
+
+Every head model has a `bert` encoder (the pretrained parameters go there) and new head
+parameters initialised like BERT's (truncated normal, std `initializer_range`, zero bias).
+Logits are float32 whatever the compute dtype.
+
+Inputs may be packed (`packing.py`): several examples per row, told apart by `segment_ids`
+(attention stays inside a segment) with positions restarting at each example. The sequence
+classifier then pools each example's own [CLS], found at (`example_row`, `example_offset`).
+Unpacked inputs are the special case of one example per row: segment_ids = attention mask.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from bert_jax.config import ModelConfig
+from bert_jax.layers import Dense, compute_dtype
+from bert_jax.model import BertEncoder
+
+# head kind -> what the logits mean
+HEAD_KINDS = ('classification', 'regression', 'token', 'span')
+
+
+def _encode(bert: BertEncoder, input_ids_bt, token_type_ids_bt, segment_ids_bt, position_ids_bt,
+            deterministic: bool) -> jax.Array:
+  if segment_ids_bt is None:
+    segment_ids_bt = jnp.ones_like(input_ids_bt)
+  seq_btd, _ = bert(input_ids_bt, token_type_ids_bt, None, position_ids_bt, segment_ids_bt=segment_ids_bt,
+                    deterministic=deterministic)
+  return seq_btd
+
+
+class BertForSequenceClassification(nnx.Module):
+  """dropout + dense on the pooled [CLS] output; `num_labels=1` is regression (STS-B)."""
+
+  def __init__(self, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs):
+    self.bert = BertEncoder(cfg, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
+    self.classifier = Dense((cfg.hidden_size,), (num_labels,), ('embed', None), std=cfg.initializer_range,
+                            dtype=compute_dtype(cfg), rngs=rngs)
+
+  def __call__(self, input_ids_bt, token_type_ids_bt=None, segment_ids_bt=None, position_ids_bt=None,
+               example_row_e=None, example_offset_e=None, *, deterministic: bool = True) -> jax.Array:
+    """Returns logits [E, num_labels], one row per example (E = B when unpacked)."""
+    seq_btd = _encode(self.bert, input_ids_bt, token_type_ids_bt, segment_ids_bt, position_ids_bt, deterministic)
+    if example_row_e is None:
+      cls_ed = seq_btd[:, 0]
+    else:
+      cls_ed = seq_btd[example_row_e, example_offset_e]
+    pooled_ed = jnp.tanh(self.bert.pooler(cls_ed))
+    return self.classifier(self.dropout(pooled_ed, deterministic=deterministic)).astype(jnp.float32)
+
+
+class BertForTokenClassification(nnx.Module):
+  """dropout + dense on every token's final hidden state (NER)."""
+
+  def __init__(self, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs):
+    self.bert = BertEncoder(cfg, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
+    self.classifier = Dense((cfg.hidden_size,), (num_labels,), ('embed', None), std=cfg.initializer_range,
+                            dtype=compute_dtype(cfg), rngs=rngs)
+
+  def __call__(self, input_ids_bt, token_type_ids_bt=None, segment_ids_bt=None, position_ids_bt=None,
+               example_row_e=None, example_offset_e=None, *, deterministic: bool = True) -> jax.Array:
+    """Returns logits [B, T, num_labels] (per row; examples are cut out by the caller)."""
+    del example_row_e, example_offset_e
+    seq_btd = _encode(self.bert, input_ids_bt, token_type_ids_bt, segment_ids_bt, position_ids_bt, deterministic)
+    return self.classifier(self.dropout(seq_btd, deterministic=deterministic)).astype(jnp.float32)
+
+
+class BertForQuestionAnswering(nnx.Module):
+  """A dense layer to (start, end) logits on every token (no dropout, as BERT's SQuAD head)."""
+
+  def __init__(self, cfg: ModelConfig, num_labels: int = 2, *, rngs: nnx.Rngs):
+    del num_labels  # always start and end
+    self.bert = BertEncoder(cfg, rngs=rngs)
+    self.qa_outputs = Dense((cfg.hidden_size,), (2,), ('embed', None), std=cfg.initializer_range,
+                            dtype=compute_dtype(cfg), rngs=rngs)
+
+  def __call__(self, input_ids_bt, token_type_ids_bt=None, segment_ids_bt=None, position_ids_bt=None,
+               example_row_e=None, example_offset_e=None, *, deterministic: bool = True) -> jax.Array:
+    """Returns logits [B, T, 2]: start at [..., 0], end at [..., 1] (per row)."""
+    del example_row_e, example_offset_e
+    seq_btd = _encode(self.bert, input_ids_bt, token_type_ids_bt, segment_ids_bt, position_ids_bt, deterministic)
+    return self.qa_outputs(seq_btd).astype(jnp.float32)
+
+
+def head_model(kind: str, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs) -> nnx.Module:
+  """The model for a head kind (one of HEAD_KINDS)."""
+  if kind in ('classification', 'regression'):
+    return BertForSequenceClassification(cfg, num_labels, rngs=rngs)
+  if kind == 'token':
+    return BertForTokenClassification(cfg, num_labels, rngs=rngs)
+  if kind == 'span':
+    return BertForQuestionAnswering(cfg, rngs=rngs)
+  raise ValueError(f'unknown head kind {kind!r}; choose from {", ".join(HEAD_KINDS)}')
