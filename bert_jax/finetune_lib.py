@@ -1,0 +1,271 @@
+"""Fine-tuning: one loop for every task (GLUE, CoNLL-2003, SQuAD), driven by a FinetuneConfig.
+
+`finetune(cfg, workdir)` loads the starting checkpoint (read only), featurises the task once,
+then for each seed trains in `workdir/seed_<n>/` (resuming from its latest checkpoint, or
+skipping training when it is complete), evaluates, and writes `final_metrics.json` there and,
+over all seeds, in `workdir` (each metric's per-seed values, mean and sample std).
+
+A step's batch is a pure function of (seed, step): the order is a per-epoch permutation, so
+resuming needs only the step. Batches are packed (`packing.py`) unless `pack=False`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from bert_jax import metrics as metrics_lib, optim, packing, sharding as shd
+from bert_jax.checkpointing import Checkpointer, write_config
+from bert_jax.config import FinetuneConfig, OptimConfig
+from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.finetune_state import FinetuneModel
+from bert_jax.pretrained import PretrainedBert, load_pretrained
+from bert_jax.tasks import conll, glue, squad
+from bert_jax.tasks.base import EvalSet, Feature, Task
+
+FINAL_METRICS_FILE = 'final_metrics.json'
+
+
+def get_task(name: str) -> Task:
+  tasks: dict[str, Task] = {**glue.TASKS, 'conll2003': conll.Conll2003(), 'squad': squad.Squad(False),
+                            'squad_v2': squad.Squad(True)}
+  if name not in tasks:
+    raise ConfigError(f'unknown task {name!r}; choose from {", ".join(tasks)}')
+  return tasks[name]
+
+
+def validate_config(cfg: FinetuneConfig, pretrained: PretrainedBert, mesh) -> None:
+  """Checks values that would otherwise fail deep inside featurisation or jit."""
+  positions = pretrained.config.max_position_embeddings
+  if cfg.max_seq_length > positions:
+    raise ConfigError(f'max_seq_length={cfg.max_seq_length} exceeds the checkpoint\'s '
+                      f'max_position_embeddings={positions} ({cfg.init_checkpoint})')
+  if cfg.max_seq_length < 8:
+    raise ConfigError(f'max_seq_length={cfg.max_seq_length} is too short')
+  for name in ('batch_size', 'eval_batch_size', 'num_seeds', 'log_every', 'keep_checkpoints'):
+    if getattr(cfg, name) <= 0:
+      raise ConfigError(f'{name} must be positive, got {getattr(cfg, name)}')
+  if cfg.max_steps <= 0 and cfg.num_train_epochs <= 0:
+    raise ConfigError('set num_train_epochs > 0 or max_steps > 0')
+  if not 0 <= cfg.warmup_ratio <= 1:
+    raise ConfigError(f'warmup_ratio must be in [0, 1], got {cfg.warmup_ratio}')
+  if cfg.dtype not in ('float32', 'bfloat16'):
+    raise ConfigError(f"dtype must be 'float32' or 'bfloat16', got {cfg.dtype!r}")
+  shards = shd.num_batch_shards(mesh)
+  for name in ('batch_size', 'eval_batch_size'):
+    if getattr(cfg, name) % jax.process_count():
+      raise ConfigError(f'{name}={getattr(cfg, name)} must divide over {jax.process_count()} processes')
+  del shards
+  vocab = pretrained.tokenizer.vocab_size
+  if vocab > pretrained.config.vocab_size:
+    raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {vocab} tokens but the model only '
+                      f'{pretrained.config.vocab_size} embeddings')
+
+
+def total_steps(cfg: FinetuneConfig, num_train: int) -> int:
+  if cfg.max_steps > 0:
+    return cfg.max_steps
+  return max(1, math.ceil(cfg.num_train_epochs * math.ceil(num_train / cfg.batch_size)))
+
+
+def batch_indices(cfg: FinetuneConfig, seed: int, step: int, num_train: int) -> np.ndarray:
+  """The training-set indices of step `step`'s batch: a fresh permutation every epoch."""
+  per_epoch = math.ceil(num_train / cfg.batch_size)
+  epoch, i = divmod(step, per_epoch)
+  order = (np.random.default_rng([seed, epoch]).permutation(num_train) if cfg.shuffle
+           else np.arange(num_train))
+  return order[i * cfg.batch_size:(i + 1) * cfg.batch_size]
+
+
+@dataclasses.dataclass
+class _Run:
+  cfg: FinetuneConfig
+  task: Task
+  pretrained: PretrainedBert
+  model: FinetuneModel
+  train: list[Feature]
+  evals: list[EvalSet]
+  total: int
+  rows_multiple: int
+
+  def batch(self, features: list[Feature], batch_size: int) -> dict[str, jax.Array]:
+    local = packing.make_batch(features, self.task.kind, batch_size=batch_size, row_length=self.cfg.max_seq_length,
+                               pack=self.cfg.pack, rows_multiple=self.rows_multiple)
+    return self.model.global_batch(local), local
+
+
+def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
+  """Trains (or, with eval_only, restores) every seed and returns the metrics over all seeds."""
+  task = get_task(cfg.task)
+  if not cfg.init_checkpoint:
+    raise ConfigError('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir')
+  init = os.path.abspath(cfg.init_checkpoint)
+  work = os.path.abspath(workdir)
+  if work == init or work.startswith(init + os.sep):
+    raise ConfigError(f'workdir {workdir} is inside the starting checkpoint {cfg.init_checkpoint}; '
+                      'fine-tuning never writes there: choose another --workdir')
+  pretrained = load_pretrained(cfg.init_checkpoint, None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
+  mesh = shd.make_mesh(cfg.mesh)
+  validate_config(cfg, pretrained, mesh)
+  t0 = time.time()
+  train = [] if cfg.eval_only else task.train_features(cfg, pretrained.tokenizer)
+  evals = task.eval_sets(cfg, pretrained.tokenizer)
+  metrics_lib.log(f'{task.name}: {len(train)} training features, eval '
+                  + ', '.join(f'{e.name} {len(e.features)}' for e in evals)
+                  + f' (featurised in {time.time() - t0:.1f}s)')
+  if not cfg.eval_only and not train:
+    raise BertJaxError(f'{task.name}: no training examples')
+  total = total_steps(cfg, len(train)) if train else 0
+  warmup = math.ceil(cfg.warmup_ratio * total)
+  ocfg = OptimConfig(learning_rate=cfg.learning_rate, warmup_steps=warmup, weight_decay=cfg.weight_decay,
+                     eps=cfg.adam_eps, clip_norm=cfg.clip_norm)
+  model_cfg = dataclasses.replace(pretrained.config, dtype=cfg.dtype)
+  model = FinetuneModel(model_cfg, task.kind, task.num_labels, optim.make_optimizer(ocfg, max(total, 1)), mesh)
+  run = _Run(cfg, task, pretrained, model, train, evals, total, rows_multiple=2 * shd.num_batch_shards(mesh))
+  write_config(workdir, {'finetune': cfg.to_dict(), 'model': dataclasses.asdict(model_cfg),
+                         'task': {'name': task.name, 'kind': task.kind, 'num_labels': task.num_labels}})
+  per_seed = []
+  for seed in range(cfg.seed, cfg.seed + cfg.num_seeds):
+    seed_dir = os.path.join(workdir, f'seed_{seed}')
+    result = _run_seed(run, seed, seed_dir)
+    _write_json(os.path.join(seed_dir, FINAL_METRICS_FILE), result)
+    per_seed.append(result)
+  summary = summarize_seeds(per_seed, main_metric=f'{evals[0].name}_{task.main_metric}')
+  summary = {'task': task.name, 'init_checkpoint': cfg.init_checkpoint, **summary}
+  _write_json(os.path.join(workdir, FINAL_METRICS_FILE), summary)
+  return summary
+
+
+def summarize_seeds(per_seed: list[dict[str, Any]], main_metric: str) -> dict[str, Any]:
+  """One seed: its metrics. Several: `<name>_mean`, `<name>_std` (sample std) and the per-seed values."""
+  if len(per_seed) == 1:
+    return {'main_metric': main_metric, **per_seed[0]}
+  out: dict[str, Any] = {'main_metric': f'{main_metric}_mean', 'seeds': [r['seed'] for r in per_seed]}
+  for name, value in per_seed[0].items():
+    if name == 'seed' or isinstance(value, (dict, list, str, bool)):
+      continue
+    values = [float(r[name]) for r in per_seed]
+    out[f'{name}_mean'] = float(np.mean(values))
+    out[f'{name}_std'] = float(np.std(values, ddof=1))
+    out[f'{name}_per_seed'] = values
+  out['per_seed'] = per_seed
+  return out
+
+
+def _write_json(path: str, obj: Any) -> None:
+  if jax.process_index() != 0:
+    return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + '.tmp', 'w', encoding='utf-8') as f:
+    json.dump(obj, f, indent=2)
+  os.replace(path + '.tmp', path)
+
+
+def _run_seed(run: _Run, seed: int, seed_dir: str) -> dict[str, Any]:
+  cfg, model = run.cfg, run.model
+  ckpt = Checkpointer(seed_dir, save_every=cfg.checkpoint_every or max(run.total, 1), keep=cfg.keep_checkpoints,
+                      read_only=cfg.eval_only)
+  try:
+    if cfg.eval_only:
+      if ckpt.latest_step() is None:
+        raise CheckpointError(f'eval_only: no checkpoint in {ckpt.directory}; train first')
+      state, _ = ckpt.restore(None if cfg.eval_step < 0 else cfg.eval_step, model.abstract_state)
+      train_stats = {}
+    else:
+      if ckpt.latest_step() is not None:
+        state, _ = ckpt.restore(None, model.abstract_state)
+        metrics_lib.log(f'seed {seed}: resumed from {ckpt.directory} at step {int(state["step"])}')
+      else:
+        state = model.init_state(run.pretrained.params['bert'], seed)
+      state, train_stats = _train(run, seed, seed_dir, state, ckpt)
+    step = int(jax.device_get(state['step']))
+    result = {'seed': seed, 'step': step, **train_stats}
+    t0 = time.time()
+    for eval_set in run.evals:
+      logits = predict(run, state['params'], eval_set.features)
+      scores = run.task.evaluate(eval_set, logits, seed_dir)
+      result.update({f'{eval_set.name}_{k}': v for k, v in scores.items()})
+    result['eval_wall_s'] = time.time() - t0
+    main = f'{run.evals[0].name}_{run.task.main_metric}'
+    metrics_lib.log(f'seed {seed} step {step}: {main} {result[main]:.4f} '
+                    f'(eval {metrics_lib.format_duration(result["eval_wall_s"])})')
+    return result
+  finally:
+    ckpt.close()
+
+
+def _train(run: _Run, seed: int, seed_dir: str, state, ckpt: Checkpointer):
+  cfg, model = run.cfg, run.model
+  start = int(jax.device_get(state['step']))
+  writer = metrics_lib.MetricWriter(seed_dir, 'train')
+  progress = metrics_lib.Progress(start, run.total, cfg.batch_size)
+  config_dict = cfg.to_dict()
+  metrics_lib.log(f'seed {seed}: training {run.total - start} of {run.total} steps, batch {cfg.batch_size}, '
+                  f'{len(run.train)} features, {"packed" if cfg.pack else "padded"} rows')
+  pending, real_tokens, row_tokens = [], 0, 0
+  t0 = time.time()
+  try:
+    for step in range(start, run.total):
+      features = [run.train[i] for i in batch_indices(cfg, seed, step, len(run.train))]
+      batch, local = run.batch(features, cfg.batch_size)
+      real_tokens += sum(len(f) for f in features)
+      row_tokens += local['input_ids'].size
+      state, step_metrics = model.train_step(state, batch, model.rest)
+      pending.append(step_metrics)
+      done = step + 1
+      if done % cfg.log_every == 0 or done == run.total:
+        host = jax.device_get(pending)
+        pending = []
+        loss = float(np.mean([m['loss'] for m in host]))
+        if not math.isfinite(loss):
+          raise BertJaxError(f'seed {seed}: loss became {loss} at or before step {done}; lower the learning rate')
+        rate = progress.update(done)
+        writer.write(done, {'loss': loss, 'grad_norm': float(np.mean([m['grad_norm'] for m in host])),
+                            'examples_per_s': rate['tokens_per_s']})
+        metrics_lib.log(f'seed {seed} step {done}/{run.total} | loss {loss:.4f} | '
+                        f'{rate["tokens_per_s"]:.1f} ex/s | elapsed {metrics_lib.format_duration(time.time() - t0)}'
+                        f' | ETA {metrics_lib.format_duration(rate["eta_s"])}')
+      if ckpt.manager.should_save(done) or done == run.total:
+        ckpt.save(done, state, data_position=done, config=config_dict, force=True)
+    jax.block_until_ready(state)
+  finally:
+    writer.close()
+  wall = time.time() - t0
+  stats = {'train_steps': run.total - start, 'train_wall_s': wall}
+  if row_tokens:
+    stats['train_padding_fraction'] = 1 - real_tokens / row_tokens
+  return state, stats
+
+
+def predict(run: _Run, params, features: list[Feature]) -> list[np.ndarray]:
+  """Logits for each feature, in order (see tasks.base for the shapes)."""
+  out: list[np.ndarray] = []
+  size = run.cfg.eval_batch_size
+  for i in range(0, len(features), size):
+    chunk = features[i:i + size]
+    batch, local = run.batch(chunk, size)
+    logits = np.asarray(jax.device_get(run.model.predict_step(params, run.model.rest, batch)))
+    if run.task.kind in ('classification', 'regression'):
+      out.extend(logits[:len(chunk)])
+    else:
+      out.extend(packing.rows_of_examples(logits, local, len(chunk)))
+  return out
+
+
+def print_summary(result: dict[str, Any]) -> None:
+  """The run's main metric in words, then the whole result as one JSON line (without per-seed copies)."""
+  main = result['main_metric']
+  line = f'{result["task"]}: {main} {result[main]:.4f}'
+  if main.endswith('_mean'):
+    std = result[main[:-len('_mean')] + '_std']
+    values = ', '.join(f'{v:.4f}' for v in result[main[:-len('_mean')] + '_per_seed'])
+    line += f' ± {std:.4f} over seeds {result["seeds"]} ({values})'
+  print(line, flush=True)
+  print(json.dumps({k: v for k, v in result.items() if k != 'per_seed'}), flush=True)
