@@ -13,12 +13,17 @@ from absl import app, logging
 from bert_jax.errors import BertJaxError
 
 
-def run(main: Callable[[list[str]], None]) -> None:
-  """`absl.app.run(main)`, turning a BertJaxError into 'error: ...' on stderr and exit code 1."""
+def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
+  """`absl.app.run(main)`, turning a BertJaxError into 'error: ...' on stderr and exit code 1.
+
+  Args:
+    main: gets absl's argv (program name, then any non-flag arguments).
+    allow_args: pass non-flag arguments on to `main` instead of rejecting them as a usage error.
+  """
 
   def wrapped(argv):
     logging.set_verbosity(logging.WARNING)  # progress goes to stdout; absl INFO is noise here
-    if len(argv) > 1:
+    if len(argv) > 1 and not allow_args:
       raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
     try:
       main(argv)
