@@ -58,11 +58,12 @@ def validate_config(cfg: FinetuneConfig, pretrained: PretrainedBert, mesh) -> No
     raise ConfigError(f'warmup_ratio must be in [0, 1], got {cfg.warmup_ratio}')
   if cfg.dtype not in ('float32', 'bfloat16'):
     raise ConfigError(f"dtype must be 'float32' or 'bfloat16', got {cfg.dtype!r}")
-  shards = shd.num_batch_shards(mesh)
+  # Packed batches round their row count to the batch shards; padded ones have a row per example.
+  shards = 1 if cfg.pack else shd.num_batch_shards(mesh)
   for name in ('batch_size', 'eval_batch_size'):
-    if getattr(cfg, name) % jax.process_count():
-      raise ConfigError(f'{name}={getattr(cfg, name)} must divide over {jax.process_count()} processes')
-  del shards
+    if getattr(cfg, name) % (shards * jax.process_count()):
+      raise ConfigError(f'{name}={getattr(cfg, name)} must divide evenly over {shards} batch shards '
+                        f'and {jax.process_count()} processes')
   vocab = pretrained.tokenizer.vocab_size
   if vocab > pretrained.config.vocab_size:
     raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {vocab} tokens but the model only '
@@ -147,9 +148,10 @@ def summarize_seeds(per_seed: list[dict[str, Any]], main_metric: str) -> dict[st
   """One seed: its metrics. Several: `<name>_mean`, `<name>_std` (sample std) and the per-seed values."""
   if len(per_seed) == 1:
     return {'main_metric': main_metric, **per_seed[0]}
-  out: dict[str, Any] = {'main_metric': f'{main_metric}_mean', 'seeds': [r['seed'] for r in per_seed]}
+  out: dict[str, Any] = {'main_metric': f'{main_metric}_mean', 'seeds': [r['seed'] for r in per_seed],
+                         'step': per_seed[0]['step']}
   for name, value in per_seed[0].items():
-    if name == 'seed' or isinstance(value, (dict, list, str, bool)):
+    if name in ('seed', 'step', 'train_steps') or isinstance(value, (dict, list, str, bool)):
       continue
     values = [float(r[name]) for r in per_seed]
     out[f'{name}_mean'] = float(np.mean(values))

@@ -1,7 +1,6 @@
 """Fine-tuning heads and steps: packed rows compute what padded rows compute; training lowers the loss."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from bert_jax import optim, packing, sharding as shd
 from bert_jax.config import MeshConfig, OptimConfig, preset
 from bert_jax.finetune_state import FinetuneModel, task_loss
-from tests.test_packing import _features
+from test_packing import _features
 
 CFG = preset('tiny', vocab_size=100, hidden_dropout=0.0, attention_dropout=0.0)
 KINDS = ['classification', 'regression', 'token', 'span']

@@ -209,7 +209,7 @@ def test_sweep_runs_tabulates_and_resumes(tmp_path):
   assert _calls(tmp_path) == [str(tmp_path / 'runs' / n) for n in names]
   headers = [l for l in result.stdout.splitlines() if l.startswith('[sweep ')]
   assert [h.split(':')[0] for h in headers] == [f'[sweep {i}/4] {n}' for i, n in enumerate(names, 1)]
-  assert headers[0].endswith(f'--config.learning_rate=1e-4 --config.num_train_epochs=2')
+  assert headers[0].endswith('--config.learning_rate=1e-4 --config.num_train_epochs=2')
   assert result.stdout.count('fake run') == 4  # the runs' output streams through
 
   out = tmp_path / 'runs'  # default: the common parent of the workdirs
