@@ -95,8 +95,9 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-  """AdamW (BERT's settings) with linear warmup then linear decay."""
+  """AdamW (BERT's settings) or LAMB, with linear warmup then linear decay."""
 
+  name: str = 'adamw'  # or 'lamb' (layer-wise trust ratio, for large-batch pretraining)
   learning_rate: float = 1e-4
   warmup_steps: int = 100
   weight_decay: float = 0.01

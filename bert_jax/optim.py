@@ -10,6 +10,7 @@ import jax
 import optax
 
 from bert_jax.config import OptimConfig
+from bert_jax.errors import ConfigError
 
 
 def learning_rate_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
@@ -29,11 +30,30 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(keep, params)
 
 
+def lamb(learning_rate, *, b1: float, b2: float, eps: float, weight_decay: float) -> optax.GradientTransformation:
+  """LAMB (You et al. 2019) as BERT uses it: Adam direction plus decoupled weight decay, then each
+  tensor's step scaled by the trust ratio ||w|| / ||step||; biases and LayerNorm parameters get
+  neither decay nor the trust ratio (excluded from layer adaptation, as in the reference code).
+  """
+  return optax.chain(
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.add_decayed_weights(weight_decay, mask=decay_mask),
+      optax.masked(optax.scale_by_trust_ratio(), decay_mask),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+
+
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
-  """Global-norm clipping then AdamW (beta 0.9/0.999, eps 1e-6, decay 0.01 off for biases/LayerNorm)."""
+  """Global-norm clipping then AdamW (beta 0.9/0.999, eps 1e-6, decay 0.01 off for biases/LayerNorm) or LAMB."""
   parts = []
   if cfg.clip_norm > 0:
     parts.append(optax.clip_by_global_norm(cfg.clip_norm))
-  parts.append(optax.adamw(learning_rate_schedule(cfg, total_steps), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                           weight_decay=cfg.weight_decay, mask=decay_mask))
+  schedule = learning_rate_schedule(cfg, total_steps)
+  if cfg.name == 'adamw':
+    parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                             mask=decay_mask))
+  elif cfg.name == 'lamb':
+    parts.append(lamb(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay))
+  else:
+    raise ConfigError(f"optim.name must be 'adamw' or 'lamb', got {cfg.name!r}")
   return optax.chain(*parts)

@@ -1,5 +1,6 @@
 """Optimizer: warmup + linear decay, BERT's weight-decay mask, clipping, AdamW constants."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -40,3 +41,28 @@ def test_adamw_applies_decay_only_where_masked_and_clips():
 def test_bert_adam_constants():
   cfg = OptimConfig()
   assert (cfg.b1, cfg.b2, cfg.eps, cfg.weight_decay, cfg.clip_norm) == (0.9, 0.999, 1e-6, 0.01, 1.0)
+
+
+def test_lamb_scales_each_tensor_by_its_trust_ratio_except_bias_and_layernorm():
+  cfg = OptimConfig(name='lamb', learning_rate=0.1, warmup_steps=0, weight_decay=0.01, clip_norm=0.0, eps=1e-6)
+  tx = optim.make_optimizer(cfg, 100)
+  rng = np.random.default_rng(0)
+  params = {'w': {'kernel': jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+                  'bias': jnp.asarray(rng.normal(size=(4,)), jnp.float32)}}
+  grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  for name, decayed in (('kernel', True), ('bias', False)):
+    w, g = np.asarray(params['w'][name], np.float64), np.asarray(grads['w'][name], np.float64)
+    m, v = 0.1 * g / (1 - 0.9), 0.001 * g * g / (1 - 0.999)  # first Adam step, bias-corrected
+    step = m / (np.sqrt(v) + 1e-6)
+    if decayed:
+      step = step + 0.01 * w
+      step = step * np.linalg.norm(w) / np.linalg.norm(step)  # trust ratio
+    np.testing.assert_allclose(updates['w'][name], -0.1 * step, rtol=1e-4)  # lr at step 0 is the peak
+
+
+def test_unknown_optimizer_is_a_config_error():
+  import pytest  # pylint: disable=g-import-not-at-top
+  from bert_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match='adamw'):
+    optim.make_optimizer(OptimConfig(name='sgd'), 10)
