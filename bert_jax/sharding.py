@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+from absl import logging
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from flax import nnx
 
@@ -47,6 +48,9 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
   if int(np.prod(sizes)) != len(devices):
     raise ConfigError(f'mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} needs '
                       f'{int(np.prod(sizes))} devices, but {len(devices)} are available')
+  if sizes[1] > 1 and sizes[2] > 1:
+    logging.warning('mesh fsdp=%d with tensor=%d: on jax 0.10 (CPU) this layout gives the 1-device loss but '
+                    'different gradients (tests/test_layouts.py); use fsdp or tensor, not both', sizes[1], sizes[2])
   return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
