@@ -32,3 +32,21 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
       sys.exit(1)
 
   app.run(wrapped)
+
+
+def finetune_main(config_file: str) -> None:
+  """The whole main of experiments/finetune_*.py: --config (default `config_file`) and --workdir flags,
+  `finetune_lib.finetune`, then the summary line and one JSON line on stdout."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from bert_jax import finetune_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.config import FinetuneConfig  # pylint: disable=g-import-not-at-top
+
+  config = config_flags.DEFINE_config_file('config', config_file, 'Experiment config file with the task as :VARIANT.')
+  workdir = flags.DEFINE_string('workdir', None, 'Where checkpoints, predictions and metrics go.', required=True)
+
+  def main(_):
+    result = finetune_lib.finetune(FinetuneConfig.from_dict(config.value.to_dict()), workdir.value)
+    finetune_lib.print_summary(result)
+
+  run(main)

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from bert_jax import sharding as shd
 from bert_jax.config import ModelConfig
 from bert_jax.heads import head_model
-from bert_jax.train_state import _match_param_shardings
+from bert_jax.train_state import sharded_state_layout
 
 MODEL_INPUTS = ('input_ids', 'token_type_ids', 'segment_ids', 'position_ids', 'example_row', 'example_offset')
 
@@ -78,17 +78,9 @@ class FinetuneModel:
   def __post_init__(self):
     abstract = nnx.eval_shape(self._new_model)
     self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
-    self.param_shardings = nnx.to_pure_dict(shd.state_shardings(abs_params, self.mesh))
-    flat = jax.tree_util.tree_flatten_with_path(self.param_shardings)[0]
-    by_path = {jax.tree_util.keystr(p): s for p, s in flat}
-    abs_state = jax.eval_shape(self._init_state, None, 0)
+    self.param_shardings, self.state_shardings, self.abstract_state = sharded_state_layout(
+        abs_params, jax.eval_shape(self._init_state, None, 0), self.mesh)
     repl = shd.replicated(self.mesh)
-    self.state_shardings = {
-        'step': repl, 'rng': repl, 'params': self.param_shardings,
-        'opt_state': _match_param_shardings(abs_state['opt_state'], by_path, repl),
-    }
-    self.abstract_state = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state, self.state_shardings)
     self.rest = jax.jit(lambda: nnx.to_pure_dict(nnx.split(self._new_model(), nnx.Param, ...)[2]),
                         out_shardings=repl)()
     self.train_step = jax.jit(self._train_step, donate_argnums=(0,), out_shardings=(self.state_shardings, repl))

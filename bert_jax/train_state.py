@@ -53,6 +53,22 @@ def _match_param_shardings(tree, param_shardings: dict[str, NamedSharding], defa
   return jax.tree_util.tree_map_with_path(pick, tree)
 
 
+def sharded_state_layout(abs_params: nnx.State, abs_state: dict[str, Any], mesh: Mesh):
+  """(param shardings, state shardings, abstract sharded state) of a {'step', 'params', 'opt_state', 'rng'} state.
+
+  Parameters follow their logical axes; optimizer moments follow their parameters; the rest is replicated.
+  """
+  param_shardings = nnx.to_pure_dict(shd.state_shardings(abs_params, mesh))
+  flat = jax.tree_util.tree_flatten_with_path(param_shardings)[0]
+  by_path = {jax.tree_util.keystr(p): s for p, s in flat}
+  repl = shd.replicated(mesh)
+  state_shardings = {'step': repl, 'rng': repl, 'params': param_shardings,
+                     'opt_state': _match_param_shardings(abs_state['opt_state'], by_path, repl)}
+  abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state,
+                                state_shardings)
+  return param_shardings, state_shardings, abstract_state
+
+
 @dataclasses.dataclass
 class PretrainingModel:
   """Builds sharded train states and holds the jitted train/eval steps for one config."""
@@ -67,17 +83,9 @@ class PretrainingModel:
   def __post_init__(self):
     abstract = nnx.eval_shape(lambda: self._new_model())
     self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
-    self.param_shardings = nnx.to_pure_dict(shd.state_shardings(abs_params, self.mesh))
-    flat = jax.tree_util.tree_flatten_with_path(self.param_shardings)[0]
-    by_path = {jax.tree_util.keystr(p): s for p, s in flat}
-    abs_state = jax.eval_shape(self._init_state)
+    self.param_shardings, self.state_shardings, self.abstract_state = sharded_state_layout(
+        abs_params, jax.eval_shape(self._init_state), self.mesh)
     repl = shd.replicated(self.mesh)
-    self.state_shardings = {
-        'step': repl, 'rng': repl, 'params': self.param_shardings,
-        'opt_state': _match_param_shardings(abs_state['opt_state'], by_path, repl),
-    }
-    self.abstract_state = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state, self.state_shardings)
     # The dropout RNG streams the merged module needs; reseeded every step, so their values
     # never matter. Created under jit (cheap: the unused parameters are dead code).
     # Kept as a pure dict: merging fresh Variables inside jax.grad avoids nnx trace errors.

@@ -14,22 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import flags  # pylint: disable=g-import-not-at-top
-from ml_collections import config_flags
-
-from bert_jax import cli, finetune_lib
-from bert_jax.config import FinetuneConfig
-
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'finetune_glue.py'),
-    'Experiment config file with the task as :VARIANT.')
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, predictions and metrics go.', required=True)
-
-
-def main(_):
-  result = finetune_lib.finetune(FinetuneConfig.from_dict(_CONFIG.value.to_dict()), _WORKDIR.value)
-  finetune_lib.print_summary(result)
-
+from bert_jax import cli  # pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.finetune_main(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'finetune_glue.py'))
