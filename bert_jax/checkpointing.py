@@ -17,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bert_jax.errors import CheckpointError
+from bert_jax.files import write_json_atomic
 
 CONFIG_FILE = 'config.json'
 
@@ -35,13 +36,8 @@ def read_config(workdir: str) -> dict[str, Any] | None:
 
 def write_config(workdir: str, config: dict[str, Any]) -> None:
   """Writes workdir/config.json atomically (process 0)."""
-  if jax.process_index() != 0:
-    return
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, CONFIG_FILE)
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(config, f, indent=2, sort_keys=True)
-  os.replace(path + '.tmp', path)
+  if jax.process_index() == 0:
+    write_json_atomic(os.path.join(workdir, CONFIG_FILE), config, sort_keys=True)
 
 
 def _path_name(path) -> str:

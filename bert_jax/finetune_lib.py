@@ -25,6 +25,7 @@ from bert_jax import metrics as metrics_lib, optim, packing, sharding as shd
 from bert_jax.checkpointing import Checkpointer, write_config
 from bert_jax.config import FinetuneConfig, OptimConfig
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.files import write_json_atomic
 from bert_jax.finetune_state import FinetuneModel
 from bert_jax.pretrained import PretrainedBert, load_pretrained
 from bert_jax.tasks import conll, glue, squad
@@ -96,7 +97,8 @@ class _Run:
   total: int
   rows_multiple: int
 
-  def batch(self, features: list[Feature], batch_size: int) -> dict[str, jax.Array]:
+  def batch(self, features: list[Feature], batch_size: int) -> tuple[dict[str, jax.Array], dict[str, np.ndarray]]:
+    """(the global batch for the jitted steps, the host batch it came from)."""
     local = packing.make_batch(features, self.task.kind, batch_size=batch_size, row_length=self.cfg.max_seq_length,
                                pack=self.cfg.pack, rows_multiple=self.rows_multiple)
     return self.model.global_batch(local), local
@@ -130,8 +132,9 @@ def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
   model_cfg = dataclasses.replace(pretrained.config, dtype=cfg.dtype)
   model = FinetuneModel(model_cfg, task.kind, task.num_labels, optim.make_optimizer(ocfg, max(total, 1)), mesh)
   run = _Run(cfg, task, pretrained, model, train, evals, total, rows_multiple=2 * shd.num_batch_shards(mesh))
-  write_config(workdir, {'finetune': cfg.to_dict(), 'model': dataclasses.asdict(model_cfg),
-                         'task': {'name': task.name, 'kind': task.kind, 'num_labels': task.num_labels}})
+  if not cfg.eval_only:  # evaluation keeps the training run's config.json
+    write_config(workdir, {'finetune': cfg.to_dict(), 'model': dataclasses.asdict(model_cfg),
+                           'task': {'name': task.name, 'kind': task.kind, 'num_labels': task.num_labels}})
   per_seed = []
   for seed in range(cfg.seed, cfg.seed + cfg.num_seeds):
     seed_dir = os.path.join(workdir, f'seed_{seed}')
@@ -162,12 +165,8 @@ def summarize_seeds(per_seed: list[dict[str, Any]], main_metric: str) -> dict[st
 
 
 def _write_json(path: str, obj: Any) -> None:
-  if jax.process_index() != 0:
-    return
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    json.dump(obj, f, indent=2)
-  os.replace(path + '.tmp', path)
+  if jax.process_index() == 0:
+    write_json_atomic(path, obj)
 
 
 def _run_seed(run: _Run, seed: int, seed_dir: str) -> dict[str, Any]:

@@ -34,14 +34,18 @@ def _encode(bert: BertEncoder, input_ids_bt, token_type_ids_bt, segment_ids_bt, 
   return seq_btd
 
 
-class BertForSequenceClassification(nnx.Module):
-  """dropout + dense on the pooled [CLS] output; `num_labels=1` is regression (STS-B)."""
+class _DropoutClassifier(nnx.Module):
+  """The encoder, dropout and a `num_labels`-way dense layer (Hugging Face's `dropout` + `classifier`)."""
 
   def __init__(self, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs):
     self.bert = BertEncoder(cfg, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
     self.classifier = Dense((cfg.hidden_size,), (num_labels,), ('embed', None), std=cfg.initializer_range,
                             dtype=compute_dtype(cfg), rngs=rngs)
+
+
+class BertForSequenceClassification(_DropoutClassifier):
+  """dropout + dense on the pooled [CLS] output; `num_labels=1` is regression (STS-B)."""
 
   def __call__(self, input_ids_bt, token_type_ids_bt=None, segment_ids_bt=None, position_ids_bt=None,
                example_row_e=None, example_offset_e=None, *, deterministic: bool = True) -> jax.Array:
@@ -55,14 +59,8 @@ class BertForSequenceClassification(nnx.Module):
     return self.classifier(self.dropout(pooled_ed, deterministic=deterministic)).astype(jnp.float32)
 
 
-class BertForTokenClassification(nnx.Module):
+class BertForTokenClassification(_DropoutClassifier):
   """dropout + dense on every token's final hidden state (NER)."""
-
-  def __init__(self, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs):
-    self.bert = BertEncoder(cfg, rngs=rngs)
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
-    self.classifier = Dense((cfg.hidden_size,), (num_labels,), ('embed', None), std=cfg.initializer_range,
-                            dtype=compute_dtype(cfg), rngs=rngs)
 
   def __call__(self, input_ids_bt, token_type_ids_bt=None, segment_ids_bt=None, position_ids_bt=None,
                example_row_e=None, example_offset_e=None, *, deterministic: bool = True) -> jax.Array:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import itertools
 import json
 import math
@@ -28,6 +29,7 @@ import sys
 from typing import Any, Sequence
 
 from bert_jax.errors import ConfigError
+from bert_jax.files import write_text_atomic
 
 FINAL_METRICS_FILE = 'final_metrics.json'  # what the training scripts write last, atomically
 RESULTS_BASENAME = 'sweep_results'
@@ -356,12 +358,10 @@ def write_tables(rows: Sequence[dict[str, Any]], output_dir: str, metric: str | 
   os.makedirs(output_dir, exist_ok=True)
   csv_path = os.path.join(output_dir, RESULTS_BASENAME + '.csv')
   md_path = os.path.join(output_dir, RESULTS_BASENAME + '.md')
-  with open(csv_path + '.tmp', 'w', encoding='utf-8', newline='') as f:
-    writer = csv.writer(f)
-    writer.writerow(header)
-    writer.writerows(cells)
-  os.replace(csv_path + '.tmp', csv_path)
-  with open(md_path + '.tmp', 'w', encoding='utf-8') as f:
-    f.write(markdown(header, cells))
-  os.replace(md_path + '.tmp', md_path)
+  buffer = io.StringIO(newline='')
+  writer = csv.writer(buffer)
+  writer.writerow(header)
+  writer.writerows(cells)
+  write_text_atomic(csv_path, buffer.getvalue())
+  write_text_atomic(md_path, markdown(header, cells))
   return csv_path, md_path

