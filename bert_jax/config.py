@@ -24,9 +24,20 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
 }
 
 
+# model.attention_impl: '' chooses per call (layers.choose_attention); the others force a kernel.
+ATTENTION_IMPLS = ('', 'xla', 'cudnn', 'einsum')
+# model.remat_policy: what each encoder layer keeps for the backward pass (model.REMAT_POLICIES).
+REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """BERT architecture. `dtype` is the compute dtype; parameters stay float32."""
+  """BERT architecture and how it is computed.
+
+  `dtype` is the compute dtype; parameters stay float32. `attention_impl`, `remat_policy`
+  and `scan_layers` are speed switches: each computes the same function (tests/test_speed.py)
+  and none changes the parameter tree, so checkpoints move freely between settings.
+  """
 
   vocab_size: int = 30522
   hidden_size: int = 768
@@ -39,9 +50,26 @@ class ModelConfig:
   attention_dropout: float = 0.1
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12
+  # 'float32' or 'bfloat16': matmul dtype; LayerNorm, softmax, logits and losses stay float32.
   dtype: str = 'float32'
-  # None lets jax pick; 'xla' or 'cudnn' force a kernel of jax.nn.dot_product_attention.
+  # Attention kernel. '' = automatic, logged when a model is built: 'cudnn' (flash) on an NVIDIA
+  # GPU in bfloat16 with head_dim <= 128, else 'xla' (both jax.nn.dot_product_attention), and
+  # 'einsum' (explicit softmax, the only path with dropout on the probabilities) while training
+  # with attention_dropout > 0. 'xla'/'cudnn' force that kernel wherever no attention dropout is
+  # active; 'einsum' forces the explicit path everywhere.
   attention_impl: str = ''
+  # Rematerialisation of each encoder layer in the backward pass: 'none' keeps every activation;
+  # 'full' recomputes the layer (least memory); 'dots' keeps matmul outputs and recomputes the
+  # elementwise ops; 'dots_no_batch' keeps only matmuls without batch dimensions (the weight
+  # matmuls, not attention's QK^T and PV). Maps to jax.checkpoint_policies.
+  remat_policy: str = 'none'
+  # Dropout masks: 'hash' (a counter-based hash of each element's index, ~10x cheaper than threefry
+  # on CPU, where per-element threefry is half of a BERT-base step; bert_jax/dropout.py) or
+  # 'threefry' (jax.random.bernoulli, as flax's nnx.Dropout). Same rates, different masks.
+  dropout_impl: str = 'hash'
+  # Runs the encoder layers as one jax.lax.scan over their stacked parameters: compile time
+  # independent of depth. The parameter tree (layers/0, layers/1, ...) is unchanged.
+  scan_layers: bool = False
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -49,6 +77,14 @@ class ModelConfig:
                         f'model.num_heads={self.num_heads}')
     if self.dtype not in ('float32', 'bfloat16'):
       raise ConfigError(f"model.dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ConfigError(f'model.attention_impl must be one of {ATTENTION_IMPLS} (\'\' = automatic), '
+                        f'got {self.attention_impl!r}')
+    if self.dropout_impl not in ('hash', 'threefry'):
+      raise ConfigError(f"model.dropout_impl must be 'hash' or 'threefry', got {self.dropout_impl!r}")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ConfigError(f'model.remat_policy must be one of {", ".join(REMAT_POLICIES)}, '
+                        f'got {self.remat_policy!r}')
     for name in ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
                  'max_position_embeddings', 'type_vocab_size'):
       if getattr(self, name) <= 0:
@@ -91,6 +127,19 @@ class DataConfig:
   dupe_factor: int = 5
   whole_word_masking: bool = False
   num_shards: int = 4
+  # Training batches only: pack each global batch's examples (the same examples and masks as
+  # unpacked) several per row, with per-example attention, positions and [CLS] pooling — the same
+  # function on fewer rows. BERT pairs mostly fill max_seq_length, so the gain depends on the data
+  # (bundled corpus, batch 32, pack_rows_multiple=1: seq 128 31.3 rows instead of 32; seq 512 26.8).
+  pack: bool = False
+  # Packed rows are rounded up to a multiple of this (few shapes to compile, but fewer rows saved:
+  # 8 saves nothing at seq 128 batch 32); times the process count it must be a multiple of
+  # optim.grad_accum_steps x the batch shards (mesh data x fsdp).
+  pack_rows_multiple: int = 8
+  # At most this many examples share a row (the width of the per-row NSP arrays). Rows hold as
+  # many masked-LM slots as any such examples can need (input_pipeline.packed_mlm_width: 21 at
+  # seq 128 with 20 predictions; 20 with 2 per row).
+  max_segments_per_row: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +274,8 @@ def diff_model_configs(saved: dict[str, Any], current: ModelConfig) -> list[str]
   """Lists 'field: saved -> current' for architecture fields that differ."""
   out = []
   for f in dataclasses.fields(ModelConfig):
-    if f.name in ('hidden_dropout', 'attention_dropout', 'dtype', 'attention_impl'):
+    if f.name in ('hidden_dropout', 'attention_dropout', 'dtype', 'attention_impl', 'remat_policy',
+                  'scan_layers', 'dropout_impl'):
       continue  # do not change parameter shapes
     if f.name in saved and saved[f.name] != getattr(current, f.name):
       out.append(f'{f.name}: {saved[f.name]} (checkpoint) vs {getattr(current, f.name)} (config)')

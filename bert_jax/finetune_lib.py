@@ -59,6 +59,10 @@ def validate_config(cfg: FinetuneConfig, pretrained: PretrainedBert, mesh) -> No
     raise ConfigError(f'warmup_ratio must be in [0, 1], got {cfg.warmup_ratio}')
   if cfg.dtype not in ('float32', 'bfloat16'):
     raise ConfigError(f"dtype must be 'float32' or 'bfloat16', got {cfg.dtype!r}")
+  if jax.process_count() > 1:
+    # Each process would feed whole batches as its own rows and read back predictions it does not hold.
+    raise ConfigError(f'fine-tuning runs in one process, not {jax.process_count()}; multi-host runs are '
+                      'for pretraining (experiments/pretrain.py)')
   # Packed batches round their row count to the batch shards; padded ones have a row per example.
   shards = 1 if cfg.pack else shd.num_batch_shards(mesh)
   for name in ('batch_size', 'eval_batch_size'):

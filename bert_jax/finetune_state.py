@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 from bert_jax import sharding as shd
 from bert_jax.config import ModelConfig
 from bert_jax.heads import head_model
+from bert_jax.layers import log_attention
 from bert_jax.train_state import sharded_state_layout
 
 MODEL_INPUTS = ('input_ids', 'token_type_ids', 'segment_ids', 'position_ids', 'example_row', 'example_offset')
@@ -76,6 +77,7 @@ class FinetuneModel:
   mesh: Mesh
 
   def __post_init__(self):
+    log_attention(self.cfg)
     abstract = nnx.eval_shape(self._new_model)
     self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
     self.param_shardings, self.state_shardings, self.abstract_state = sharded_state_layout(
@@ -83,8 +85,9 @@ class FinetuneModel:
     repl = shd.replicated(self.mesh)
     self.rest = jax.jit(lambda: nnx.to_pure_dict(nnx.split(self._new_model(), nnx.Param, ...)[2]),
                         out_shardings=repl)()
-    self.train_step = jax.jit(self._train_step, donate_argnums=(0,), out_shardings=(self.state_shardings, repl))
-    self.predict_step = jax.jit(self._predict_step)
+    self.train_step = jax.jit(shd.under_mesh(self.mesh, self._train_step), donate_argnums=(0,),
+                              out_shardings=(self.state_shardings, repl))
+    self.predict_step = jax.jit(shd.under_mesh(self.mesh, self._predict_step))
     self._init_jit = jax.jit(self._init_state, out_shardings=self.state_shardings)
 
   def _new_model(self, seed=0) -> nnx.Module:

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bert_jax.config import ModelConfig
-from bert_jax.layers import Dense, compute_dtype
+from bert_jax.dropout import Dropout
+from bert_jax.layers import Dense
 from bert_jax.model import BertEncoder
 
 # head kind -> what the logits mean
@@ -39,9 +40,10 @@ class _DropoutClassifier(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs):
     self.bert = BertEncoder(cfg, rngs=rngs)
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
+    self.dropout = Dropout(cfg.hidden_dropout, impl=cfg.dropout_impl, rngs=rngs)
+    # Logits in float32 (a [D, num_labels] matmul: nothing to save in bfloat16).
     self.classifier = Dense((cfg.hidden_size,), (num_labels,), ('embed', None), std=cfg.initializer_range,
-                            dtype=compute_dtype(cfg), rngs=rngs)
+                            dtype=jnp.float32, rngs=rngs)
 
 
 class BertForSequenceClassification(_DropoutClassifier):
@@ -77,7 +79,7 @@ class BertForQuestionAnswering(nnx.Module):
     del num_labels  # always start and end
     self.bert = BertEncoder(cfg, rngs=rngs)
     self.qa_outputs = Dense((cfg.hidden_size,), (2,), ('embed', None), std=cfg.initializer_range,
-                            dtype=compute_dtype(cfg), rngs=rngs)
+                            dtype=jnp.float32, rngs=rngs)
 
   def __call__(self, input_ids_bt, token_type_ids_bt=None, segment_ids_bt=None, position_ids_bt=None,
                example_row_e=None, example_offset_e=None, *, deterministic: bool = True) -> jax.Array:

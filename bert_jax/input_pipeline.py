@@ -11,10 +11,20 @@ Batch format (B local batch, T max_seq_length, P max_predictions_per_seq):
   input_ids int32[B,T] (0-padded), token_type_ids int32[B,T], attention_mask int32[B,T],
   masked_lm_positions int32[B,P], masked_lm_ids int32[B,P], masked_lm_weights float32[B,P],
   next_sentence_labels int32[B] (0 = B follows A, 1 = random), nsp_weights float32[B].
+
+Packed training batches (`data.pack`; `pack_batch`) hold the same examples and masks in R
+rows of up to K = data.max_segments_per_row examples each (first-fit decreasing):
+  input_ids, token_type_ids, attention_mask (= segment_ids > 0), position_ids (restart at 0
+  in every example), segment_ids (1..K per example, 0 = padding): int32[R,T];
+  masked_lm_positions (absolute in the row), masked_lm_ids int32[R,Pp], masked_lm_weights
+  float32[R,Pp] with Pp = `packed_mlm_width(cfg)`; cls_positions (the row offset of each
+  example's [CLS]), next_sentence_labels int32[R,K], nsp_weights float32[R,K] (0 = empty slot).
+Evaluation batches are never packed.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import queue
@@ -24,7 +34,7 @@ from typing import Iterator, Sequence
 from array_record.python import array_record_data_source
 import numpy as np
 
-from bert_jax import masking
+from bert_jax import masking, packing
 from bert_jax.config import DataConfig
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.pretraining_data import META_FILE, Example, PreparedData, decode_record, read_meta
@@ -113,6 +123,105 @@ def make_batch(examples: Sequence[Example | None], position_seeds: Sequence[tupl
   return batch
 
 
+# ----------------------------------------------------------------------------- packing
+
+
+@functools.lru_cache(maxsize=8)
+def packed_mlm_width(cfg: DataConfig) -> int:
+  """Pp, the masked-LM slots of a packed row: the most that any examples sharing one can need.
+
+  An example of L tokens ([CLS] A [SEP] B [SEP]) gets at most min(masking.num_predictions(L),
+  L - 3) predictions; the widest row is the best choice of up to K lengths summing to at most
+  T, found by a small dynamic programme (seq 128, P 20, K 4: 21 slots, where one full example
+  needs 19).
+  """
+  t, p, prob = cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.masked_lm_prob
+  n_l = np.array([0] + [min(masking.num_predictions(l, p, prob), max(l - 3, 0)) for l in range(1, t + 1)])
+  best_u = np.zeros(t + 1, np.int64)  # best_u[u]: most predictions of the examples so far in u tokens
+  for _ in range(cfg.max_segments_per_row):
+    best_u = np.array([np.max(best_u[u::-1] + n_l[:u + 1]) for u in range(t + 1)])
+  return int(best_u[t])
+
+
+def _placement(lengths: Sequence[int], cfg: DataConfig) -> tuple[list[tuple[int, int]], int]:
+  placed = packing.first_fit_decreasing(lengths, cfg.max_seq_length, cfg.max_segments_per_row)
+  return placed, max((r for r, _ in placed), default=-1) + 1
+
+
+def packed_num_rows(lengths_per_process: Sequence[Sequence[int]], cfg: DataConfig) -> int:
+  """Rows of every process's packed batch: the most any process needs, rounded up.
+
+  Every process must give the same number of rows. Rather than agreeing with a collective
+  (a host sync every step, and unsafe from the prefetch thread, which would interleave it
+  with the training step's collectives in a different order on each host), every process
+  packs the lengths of all processes' examples (reading the global batch's records) and so
+  computes the same answer; with one process this is just its own row count.
+
+  Args:
+    lengths_per_process: the token counts of each process's examples (0 = padding example).
+    cfg: max_seq_length, max_segments_per_row, pack_rows_multiple.
+  """
+  if cfg.pack_rows_multiple < 1 or cfg.max_segments_per_row < 1:
+    raise ConfigError(f'data.pack_rows_multiple={cfg.pack_rows_multiple} and data.max_segments_per_row='
+                      f'{cfg.max_segments_per_row} must be positive')
+  needed = max(_placement([n for n in lengths if n], cfg)[1] for lengths in lengths_per_process)
+  return -(-max(needed, 1) // cfg.pack_rows_multiple) * cfg.pack_rows_multiple
+
+
+def pack_batch(batch: dict, cfg: DataConfig, num_rows: int | None = None) -> dict:
+  """Packs a `make_batch` batch several examples per row (format in the module docstring).
+
+  The model computes the same per-example outputs on the packed rows (attention stays
+  inside an example, positions restart, NSP pools each example's [CLS]); padding examples
+  (zero nsp_weight) are dropped.
+
+  Args:
+    batch: unpacked rows from `make_batch`.
+    cfg: max_seq_length, max_segments_per_row, pack_rows_multiple, masking fields.
+    num_rows: rows to emit (`packed_num_rows`); by default this batch's own count.
+
+  Returns:
+    A dict of numpy arrays with num_rows rows.
+  """
+  lengths = batch['attention_mask'].sum(1)
+  real = np.flatnonzero(batch['nsp_weights'] > 0)
+  placed, needed = _placement(lengths[real].tolist(), cfg)
+  if num_rows is None:
+    num_rows = packed_num_rows([lengths[real].tolist()], cfg)
+  if num_rows < needed:
+    raise ValueError(f'{len(real)} examples need {needed} packed rows, got {num_rows}')
+  r, t, k, pp = num_rows, cfg.max_seq_length, cfg.max_segments_per_row, packed_mlm_width(cfg)
+  out = {name: np.zeros((r, t), np.int32) for name in
+         ('input_ids', 'token_type_ids', 'attention_mask', 'position_ids', 'segment_ids')}
+  out.update(masked_lm_positions=np.zeros((r, pp), np.int32), masked_lm_ids=np.zeros((r, pp), np.int32),
+             masked_lm_weights=np.zeros((r, pp), np.float32), cls_positions=np.zeros((r, k), np.int32),
+             next_sentence_labels=np.zeros((r, k), np.int32), nsp_weights=np.zeros((r, k), np.float32))
+  segments = np.zeros((r,), np.int64)
+  predictions = np.zeros((r,), np.int64)
+  for e, (row, offset) in zip(real.tolist(), placed):
+    n, s = int(lengths[e]), int(segments[row])
+    cols = slice(offset, offset + n)
+    segments[row] += 1
+    out['input_ids'][row, cols] = batch['input_ids'][e, :n]
+    out['token_type_ids'][row, cols] = batch['token_type_ids'][e, :n]
+    out['attention_mask'][row, cols] = 1
+    out['position_ids'][row, cols] = np.arange(n)
+    out['segment_ids'][row, cols] = s + 1
+    out['cls_positions'][row, s] = offset
+    out['next_sentence_labels'][row, s] = batch['next_sentence_labels'][e]
+    out['nsp_weights'][row, s] = batch['nsp_weights'][e]
+    slots = np.flatnonzero(batch['masked_lm_weights'][e])
+    j = int(predictions[row])
+    if j + len(slots) > pp:
+      raise DataError(f'a packed row needs more than {pp} masked-LM slots; packed_mlm_width no '
+                      'longer bounds masking.mask_tokens')
+    out['masked_lm_positions'][row, j:j + len(slots)] = batch['masked_lm_positions'][e, slots] + offset
+    out['masked_lm_ids'][row, j:j + len(slots)] = batch['masked_lm_ids'][e, slots]
+    out['masked_lm_weights'][row, j:j + len(slots)] = batch['masked_lm_weights'][e, slots]
+    predictions[row] += len(slots)
+  return out
+
+
 class _Failure:
 
   def __init__(self, error: BaseException):
@@ -127,7 +236,8 @@ class PretrainingBatches:
   masked with default_rng((seed, 1, s)): masks change every epoch yet depend only on
   (seed, s). Process p builds rows [p*B/P, (p+1)*B/P) of each global batch.
   `position` counts the global batches consumed; pass it back as `start_position`
-  to continue the identical stream.
+  to continue the identical stream. With `cfg.pack` each process packs its own rows
+  (`pack_batch`) into as many rows as the fullest process needs (`packed_num_rows`).
   """
 
   def __init__(self, dataset: PretrainingDataset, *, global_batch_size: int, seed: int,
@@ -162,6 +272,8 @@ class PretrainingBatches:
     self._row_offset = process_index * self._local_batch_size
     self._seed = seed
     self._make = dict(cfg=cfg, vocab_size=vocab_size, word_starts=word_starts)
+    self._cfg = cfg
+    self._process_count = process_count
     self._perms: dict[int, np.ndarray] = {}
     self.position = start_position
     self._error: BaseException | None = None
@@ -178,9 +290,21 @@ class PretrainingBatches:
     n = len(self._dataset)
     start = k * self._global_batch_size + self._row_offset
     stream_pos = range(start, start + self._local_batch_size)
-    indices = [self._permutation(s // n)[s % n] for s in stream_pos]
-    return make_batch(self._dataset.get_many(indices), [(self._seed, 1, s) for s in stream_pos],
-                      **self._make)
+    if self._cfg.pack and self._process_count > 1:
+      # Packing needs every process's example lengths (see packed_num_rows).
+      global_pos = range(k * self._global_batch_size, (k + 1) * self._global_batch_size)
+      every = self._dataset.get_many([self._permutation(s // n)[s % n] for s in global_pos])
+      lo = self._row_offset
+      examples = every[lo:lo + self._local_batch_size]
+    else:
+      every = examples = self._dataset.get_many([self._permutation(s // n)[s % n] for s in stream_pos])
+    batch = make_batch(examples, [(self._seed, 1, s) for s in stream_pos], **self._make)
+    if not self._cfg.pack:
+      return batch
+    local = self._local_batch_size
+    num_rows = packed_num_rows([[len(ex[0]) for ex in every[i:i + local]]
+                                for i in range(0, len(every), local)], self._cfg)
+    return pack_batch(batch, self._cfg, num_rows)
 
   def _permutation(self, epoch: int) -> np.ndarray:
     if epoch not in self._perms:

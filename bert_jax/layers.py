@@ -14,7 +14,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from bert_jax import metrics
 from bert_jax.config import ModelConfig
+from bert_jax.dropout import Dropout
+from bert_jax.errors import ConfigError
+from bert_jax.sharding import constrain
 
 
 def _truncated_normal(std: float):
@@ -24,6 +28,83 @@ def _truncated_normal(std: float):
 
 def compute_dtype(cfg: ModelConfig):
   return jnp.dtype(cfg.dtype)
+
+
+def current_platform() -> str:
+  """The default backend: 'gpu' (NVIDIA), 'rocm', 'tpu' or 'cpu'."""
+  backend = jax.default_backend()
+  if backend == 'gpu' and 'rocm' in str(getattr(jax.devices()[0].client, 'platform_version', '')).lower():
+    return 'rocm'
+  return backend
+
+
+def _cudnn_unsupported(cfg: ModelConfig, platform: str, training: bool, seq_len: int | None) -> str | None:
+  """Why cuDNN flash attention (via jax.nn.dot_product_attention) cannot run here, or None.
+
+  jax's cudnn path needs bf16/fp16 inputs and a head dim that is a multiple of 8 and at most 128
+  (256 from Hopper on; 128 is the portable bound); it turns our boolean mask into an additive
+  bias, and with a bias the backward pass needs even sequence lengths.
+  """
+  if platform != 'gpu':
+    return f'it needs an NVIDIA GPU (platform: {platform})'
+  if cfg.dtype != 'bfloat16':
+    return f'it needs model.dtype=bfloat16 (got {cfg.dtype})'
+  if cfg.head_dim > 128 or cfg.head_dim % 8:
+    return f'it needs a head dim <= 128 and a multiple of 8 (got {cfg.head_dim})'
+  if training and seq_len is not None and seq_len % 2:
+    return f'training with a mask needs an even sequence length (got {seq_len})'
+  return None
+
+
+def choose_attention(cfg: ModelConfig, platform: str, *, training: bool, seq_len: int | None = None) -> str:
+  """The attention kernel of one call: 'cudnn', 'xla' or 'einsum' (deterministic in its arguments).
+
+  'einsum' (explicit softmax with dropout on the probabilities) whenever training with
+  attention_dropout > 0: jax.nn.dot_product_attention has no attention dropout. Otherwise a
+  forced `cfg.attention_impl`, or automatically 'cudnn' (flash) where it runs, else 'xla'.
+
+  Args:
+    cfg: the model config (attention_impl, attention_dropout, dtype, head_dim).
+    platform: `current_platform()`.
+    training: dropout is active (deterministic=False).
+    seq_len: the sequence length when known (odd lengths rule cuDNN out while training).
+
+  Raises:
+    ConfigError: `attention_impl='cudnn'` is forced where cuDNN cannot run.
+  """
+  if cfg.attention_impl == 'einsum' or (training and cfg.attention_dropout > 0):
+    return 'einsum'
+  reason = _cudnn_unsupported(cfg, platform, training, seq_len)
+  if cfg.attention_impl == 'cudnn' and reason:
+    raise ConfigError(f"model.attention_impl='cudnn' cannot run: {reason}; use '' (automatic) or 'xla'")
+  if cfg.attention_impl:
+    return cfg.attention_impl
+  return 'xla' if reason else 'cudnn'
+
+
+_ATTENTION_NAMES = {'cudnn': 'cudnn (flash)', 'xla': 'xla (jax.nn.dot_product_attention)',
+                    'einsum': 'einsum (explicit softmax, attention dropout)'}
+
+
+def describe_attention(cfg: ModelConfig, platform: str | None = None) -> str:
+  """One line saying which attention kernel inference and training use, for the build log."""
+  platform = platform or current_platform()
+  infer = choose_attention(cfg, platform, training=False)
+  train = choose_attention(cfg, platform, training=True)
+  forced = f' [model.attention_impl={cfg.attention_impl}]' if cfg.attention_impl else ''
+  if infer == train:
+    line = f'attention: {_ATTENTION_NAMES[infer]} for inference and training{forced}'
+  else:
+    line = (f'attention: {_ATTENTION_NAMES[infer]} for inference; {_ATTENTION_NAMES[train]} while training '
+            f'(attention_dropout={cfg.attention_dropout}){forced}')
+  if train == 'cudnn':
+    line += '; odd sequence lengths train with xla'
+  return line
+
+
+def log_attention(cfg: ModelConfig) -> None:
+  """Prints `describe_attention` on process 0 (called once per model build)."""
+  metrics.log(describe_attention(cfg))
 
 
 class Dense(nnx.Module):
@@ -79,7 +160,10 @@ class Embed(nnx.Module):
                                logical_axes=axes)
 
   def __call__(self, ids: jax.Array) -> jax.Array:
-    return jnp.take(self.embedding[...], ids, axis=0)
+    # FSDP: gather the table's feature shards before the lookup (the rows stay split over
+    # 'vocab'), so the result can be batch-sharded without a full rematerialisation.
+    table = constrain(self.embedding[...], (self.embedding.logical_axes[0], None))
+    return jnp.take(table, ids, axis=0)
 
   def attend(self, x: jax.Array) -> jax.Array:
     return jnp.einsum('...d,vd->...v', x, self.embedding[...].astype(x.dtype),
@@ -97,21 +181,23 @@ class Embeddings(nnx.Module):
     self.token_type_embeddings = Embed(cfg.type_vocab_size, cfg.hidden_size, (None, 'embed'), std=std,
                                        rngs=rngs)
     self.layer_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg))
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
+    self.dropout = Dropout(cfg.hidden_dropout, impl=cfg.dropout_impl, rngs=rngs)
 
   def __call__(self, input_ids_bt, token_type_ids_bt, position_ids_bt, *, deterministic: bool):
     x_btd = (self.word_embeddings(input_ids_bt) + self.position_embeddings(position_ids_bt)
              + self.token_type_embeddings(token_type_ids_bt))
+    x_btd = constrain(x_btd, ('batch', 'length', None))
     return self.dropout(self.layer_norm(x_btd), deterministic=deterministic)
 
 
 class SelfAttention(nnx.Module):
-  """Multi-head self-attention with a key-padding mask.
+  """Multi-head self-attention under a boolean mask ([B, 1, 1, S] padding or [B, 1, T, S] segments).
 
-  Without attention dropout (inference, evaluation, or attention_dropout=0) this calls
-  `jax.nn.dot_product_attention`, which picks the fastest kernel (cuDNN flash on GPU for
-  bf16). That function has no dropout on the probabilities, so while training with BERT's
-  attention_probs_dropout the same math runs as explicit einsums (float32 softmax).
+  Each call picks its kernel with `choose_attention`: cuDNN flash or XLA through
+  `jax.nn.dot_product_attention`, or, while training with BERT's attention_probs_dropout
+  (which that function lacks), explicit einsums with dropout on the probabilities. All three
+  take the softmax in float32. A query row with no visible key (a padding token of a packed
+  row) attends uniformly to every key: finite, and ignored downstream.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -121,16 +207,22 @@ class SelfAttention(nnx.Module):
     self.key = Dense((d,), (n, h), ('embed', 'heads', 'kv'), std=std, dtype=dtype, rngs=rngs)
     self.value = Dense((d,), (n, h), ('embed', 'heads', 'kv'), std=std, dtype=dtype, rngs=rngs)
     self.output = Dense((n, h), (d,), ('heads', 'kv', 'embed'), std=std, dtype=dtype, rngs=rngs)
-    self.probs_dropout = nnx.Dropout(cfg.attention_dropout, rngs=rngs)
-    self.attention_impl = cfg.attention_impl or None
+    self.probs_dropout = Dropout(cfg.attention_dropout, impl=cfg.dropout_impl, rngs=rngs)
+    self.cfg = cfg
 
   def __call__(self, x_btd, mask_b11s, *, deterministic: bool, return_probs: bool = False):
     q_btnh, k_bsnh, v_bsnh = self.query(x_btd), self.key(x_btd), self.value(x_btd)
-    use_fused = not return_probs and (deterministic or self.probs_dropout.rate == 0.0)
-    if use_fused:
-      ctx_btnh = jax.nn.dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask=mask_b11s,
-                                              implementation=self.attention_impl)
-      probs_bnts = None
+    b, t, s = q_btnh.shape[0], q_btnh.shape[1], k_bsnh.shape[1]
+    impl = 'einsum' if return_probs else choose_attention(
+        self.cfg, current_platform(), training=not deterministic, seq_len=t)
+    probs_bnts = None
+    if impl == 'cudnn':
+      # jax turns a boolean mask into cuDNN's additive bias, which must be [B, N or 1, T, S]
+      # (a [B, 1, 1, S] mask fails its shape check: jax issue #28974).
+      mask_b1ts = jnp.broadcast_to(mask_b11s, (b, 1, t, s))
+      ctx_btnh = jax.nn.dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask=mask_b1ts, implementation='cudnn')
+    elif impl == 'xla':
+      ctx_btnh = jax.nn.dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask=mask_b11s, implementation='xla')
     else:
       scale = q_btnh.shape[-1] ** -0.5
       logits_bnts = jnp.einsum('btnh,bsnh->bnts', q_btnh, k_bsnh,
@@ -154,7 +246,7 @@ class EncoderLayer(nnx.Module):
     self.intermediate = Dense((d,), (i,), ('embed', 'mlp'), std=std, dtype=dtype, rngs=rngs)
     self.output = Dense((i,), (d,), ('mlp', 'embed'), std=std, dtype=dtype, rngs=rngs)
     self.output_norm = LayerNorm(d, eps=cfg.layer_norm_eps, dtype=dtype)
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, rngs=rngs)
+    self.dropout = Dropout(cfg.hidden_dropout, impl=cfg.dropout_impl, rngs=rngs)
 
   def __call__(self, x_btd, mask_b11s, *, deterministic: bool, return_probs: bool = False):
     """Returns y [B, T, D], or (y, attention probabilities [B, N, T, S]) when `return_probs`."""
@@ -163,7 +255,7 @@ class EncoderLayer(nnx.Module):
       a_btd, probs_bnts = a_btd
     a_btd = self.dropout(a_btd, deterministic=deterministic)
     x_btd = self.attention_norm(x_btd + a_btd)
-    h_bti = jax.nn.gelu(self.intermediate(x_btd), approximate=False)
+    h_bti = jax.nn.gelu(constrain(self.intermediate(x_btd), ('batch', 'length', 'mlp')), approximate=False)
     h_btd = self.dropout(self.output(h_bti), deterministic=deterministic)
-    y_btd = self.output_norm(x_btd + h_btd)
+    y_btd = constrain(self.output_norm(x_btd + h_btd), ('batch', 'length', None))
     return (y_btd, probs_bnts) if return_probs else y_btd

@@ -35,7 +35,7 @@ def mask_tokens(input_ids, rng: np.random.Generator, *, vocab_size: int, max_pre
   ids_l = np.asarray(input_ids, dtype=np.int32)
   # Never [PAD]/[CLS]/[SEP]/[MASK]; [UNK] stands for real text and is predicted like any token.
   candidates = np.flatnonzero((ids_l >= NUM_SPECIAL) | (ids_l == UNK_ID))
-  num_to_predict = min(max_predictions, max(1, int(round(len(ids_l) * masked_lm_prob))))
+  num_to_predict = num_predictions(len(ids_l), max_predictions, masked_lm_prob)
   if word_starts is None:
     positions = np.sort(rng.permutation(candidates)[:num_to_predict])
   else:
@@ -48,6 +48,11 @@ def mask_tokens(input_ids, rng: np.random.Generator, *, vocab_size: int, max_pre
   masked_l = ids_l.copy()
   masked_l[positions] = np.where(action < 0.8, MASK_ID, np.where(action < 0.9, labels, random_ids))
   return masked_l, positions, labels
+
+
+def num_predictions(length: int, max_predictions: int, masked_lm_prob: float) -> int:
+  """How many tokens `mask_tokens` tries to predict in a sequence of `length` (fewer if it lacks candidates)."""
+  return min(max_predictions, max(1, int(round(length * masked_lm_prob))))
 
 
 def _choose_whole_words(ids_l, candidates, word_starts, num_to_predict, rng):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bert_jax.config import ModelConfig
+from bert_jax.sharding import constrain
 from bert_jax.layers import Dense, EncoderLayer, Embeddings, LayerNorm, compute_dtype
 
 
@@ -19,6 +20,72 @@ def segment_mask_b1ts(segment_ids_bt: jax.Array) -> jax.Array:
   """Block-diagonal mask [B, 1, T, S] for packed rows: attend within the same segment id > 0."""
   same_bts = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
   return (same_bts & (segment_ids_bt[:, None, :] > 0))[:, None]
+
+
+# model.remat_policy -> what jax.checkpoint saves for the backward pass (None: no remat).
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.dots_saveable,
+    'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def run_layers(layers, x_btd, mask_b11s, *, deterministic: bool, remat_policy: str = 'none',
+               scan: bool = False) -> jax.Array:
+  """Applies `layers` in order as pure functions of their split state, under jax.checkpoint and/or lax.scan.
+
+  Each layer is split into (graphdef, params, rest); `rest` holds its dropout RNG streams, one
+  key per Dropout (`nnx.reseed` gives every stream its own), so rematerialised and scanned
+  layers draw exactly the dropout masks of the plain loop: the same function, not merely the
+  same distribution. With `scan`, the per-layer states are stacked along a new leading axis
+  inside the computation only (a copy under jit); the modules and the parameter tree keep one
+  entry per layer, so checkpoints, HF import/export and sharding rules are unchanged. Updated
+  RNG counters are written back, as the plain loop's calls would leave them.
+
+  Args:
+    layers: a sequence of structurally identical modules called as `layer(x, mask, deterministic=...)`.
+    x_btd: [B, T, D] input of the first layer.
+    mask_b11s: boolean attention mask, passed to every layer.
+    deterministic: disables dropout.
+    remat_policy: a key of REMAT_POLICIES.
+    scan: run the layers as one jax.lax.scan (compile once, not once per layer).
+
+  Returns:
+    The last layer's output [B, T, D].
+  """
+  splits = [nnx.split(layer, nnx.Param, ...) for layer in layers]
+  graphdef = splits[0][0]
+  if any(g != graphdef for g, _, _ in splits[1:]):
+    raise ValueError('run_layers needs structurally identical layers')
+
+  def apply(params, rest, x_btd, mask):
+    layer = nnx.merge(graphdef, params, rest)
+    y_btd = layer(x_btd, mask, deterministic=deterministic)
+    return y_btd, nnx.split(layer, nnx.Param, ...)[2]
+
+  policy = REMAT_POLICIES[remat_policy]
+  if remat_policy != 'none':
+    # Inside scan the loop already keeps XLA from merging the recomputation with the forward pass.
+    apply = jax.checkpoint(apply, policy=policy, prevent_cse=not scan)
+  if scan:
+    params_l = jax.tree.map(lambda *xs: jnp.stack(xs), *[p for _, p, _ in splits])
+    rest_l = jax.tree.map(lambda *xs: jnp.stack(xs), *[r for _, _, r in splits])
+
+    def body(x_btd, state):
+      return apply(*state, x_btd, mask_b11s)
+
+    x_btd, new_rest_l = jax.lax.scan(body, x_btd, (params_l, rest_l))
+    new_rests = [jax.tree.map(lambda a, i=i: a[i], new_rest_l) for i in range(len(splits))]
+  else:
+    new_rests = []
+    for _, params, rest in splits:
+      x_btd, new_rest = apply(params, rest, x_btd, mask_b11s)
+      new_rests.append(new_rest)
+  if not deterministic:  # dropout advanced the RNG counters
+    for layer, new_rest in zip(layers, new_rests):
+      nnx.update(layer, new_rest)
+  return x_btd
 
 
 class BertEncoder(nnx.Module):
@@ -44,7 +111,8 @@ class BertEncoder(nnx.Module):
         to tokens of the same segment id, 0 = padding; replaces `attention_mask_bt` when given.
       deterministic: disables dropout.
       return_attention: also return every layer's attention probabilities, computed by the
-        explicit (XLA einsum) attention path whatever kernel `attention_impl` selects.
+        explicit (XLA einsum) attention path whatever kernel `attention_impl` selects, in a
+        plain loop over the layers whatever `scan_layers` and `remat_policy` say.
 
     Returns:
       (sequence_output [B, T, D], pooled_output [B, D]) in the compute dtype; with
@@ -63,11 +131,15 @@ class BertEncoder(nnx.Module):
     else:
       mask_b11s = attention_mask_b11s(attention_mask_bt)
     probs = []
-    for layer in self.layers:
-      x_btd = layer(x_btd, mask_b11s, deterministic=deterministic, return_probs=return_attention)
-      if return_attention:
-        x_btd, probs_bnts = x_btd
-        probs.append(probs_bnts)
+    if not return_attention and (self.cfg.scan_layers or self.cfg.remat_policy != 'none'):
+      x_btd = run_layers(self.layers, x_btd, mask_b11s, deterministic=deterministic,
+                         remat_policy=self.cfg.remat_policy, scan=self.cfg.scan_layers)
+    else:
+      for layer in self.layers:
+        x_btd = layer(x_btd, mask_b11s, deterministic=deterministic, return_probs=return_attention)
+        if return_attention:
+          x_btd, probs_bnts = x_btd
+          probs.append(probs_bnts)
     pooled_bd = jnp.tanh(self.pooler(x_btd[:, 0]))
     if return_attention:
       return x_btd, pooled_bd, jnp.stack(probs)
@@ -85,7 +157,8 @@ class MaskedLMHead(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.float32), logical_axes=('vocab',))
 
   def __call__(self, h_bpd, word_embeddings) -> jax.Array:
-    h_bpd = self.layer_norm(jax.nn.gelu(self.transform(h_bpd), approximate=False))
+    h_bpd = constrain(self.transform(constrain(h_bpd, ('batch', None, None))), ('batch', None, None))
+    h_bpd = self.layer_norm(jax.nn.gelu(h_bpd, approximate=False))
     return word_embeddings.attend(h_bpd) + self.bias[...]  # float32 logits
 
 
@@ -96,17 +169,28 @@ class BertForPreTraining(nnx.Module):
     self.cfg = cfg
     self.bert = BertEncoder(cfg, rngs=rngs)
     self.mlm = MaskedLMHead(cfg, rngs=rngs)
+    # float32 logits computed in float32 (a [D, 2] matmul: nothing to save in bfloat16).
     self.nsp = Dense((cfg.hidden_size,), (2,), ('embed', None), std=cfg.initializer_range,
-                     dtype=compute_dtype(cfg), rngs=rngs)
+                     dtype=jnp.float32, rngs=rngs)
 
   def __call__(self, input_ids_bt, token_type_ids_bt, attention_mask_bt, masked_lm_positions_bp,
-               position_ids_bt=None, *, deterministic: bool = True):
+               position_ids_bt=None, *, segment_ids_bt=None, cls_positions_bk=None,
+               deterministic: bool = True):
     """Returns (mlm_logits [B, P, V], nsp_logits [B, 2]), both float32.
 
     The MLM head runs only on the P gathered masked positions, not on all T tokens.
+    Packed rows (`input_pipeline.pack_batch`) pass `segment_ids_bt` (attention stays inside
+    each example) and `cls_positions_bk` (each of K examples' [CLS] offset, pooled for NSP):
+    nsp_logits are then [B, K, 2].
     """
-    seq_btd, pooled_bd = self.bert(input_ids_bt, token_type_ids_bt, attention_mask_bt, position_ids_bt,
-                                   deterministic=deterministic)
+    if segment_ids_bt is None:
+      seq_btd, pooled_bd = self.bert(input_ids_bt, token_type_ids_bt, attention_mask_bt, position_ids_bt,
+                                     deterministic=deterministic)
+    else:
+      seq_btd, _ = self.bert(input_ids_bt, token_type_ids_bt, attention_mask_bt, position_ids_bt,
+                             segment_ids_bt=segment_ids_bt, deterministic=deterministic)
+      cls_bkd = jnp.take_along_axis(seq_btd, cls_positions_bk[..., None], axis=1)
+      pooled_bd = jnp.tanh(self.bert.pooler(cls_bkd))  # [B, K, D]: the pooler on every example's [CLS]
     h_bpd = jnp.take_along_axis(seq_btd, masked_lm_positions_bp[..., None], axis=1)
     mlm_logits_bpv = self.mlm(h_bpd, self.bert.embeddings.word_embeddings)
     nsp_logits_b2 = self.nsp(pooled_bd).astype(jnp.float32)

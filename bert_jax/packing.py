@@ -23,23 +23,30 @@ import numpy as np
 from bert_jax.tasks.base import IGNORE, Feature
 
 
-def first_fit_decreasing(lengths: Sequence[int], row_length: int) -> list[tuple[int, int]]:
-  """(row, offset) for each length, filling rows of `row_length` longest-first."""
+def first_fit_decreasing(lengths: Sequence[int], row_length: int,
+                         max_per_row: int | None = None) -> list[tuple[int, int]]:
+  """(row, offset) for each length, filling rows of `row_length` longest-first.
+
+  With `max_per_row`, a row takes at most that many lengths.
+  """
   order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
   free: list[int] = []  # room left in each row
+  count: list[int] = []  # lengths placed in each row
   placed = [(0, 0)] * len(lengths)
   for i in order:
     n = lengths[i]
     if n > row_length:
       raise ValueError(f'feature of length {n} does not fit rows of {row_length}')
     for r, room in enumerate(free):
-      if room >= n:
+      if room >= n and (max_per_row is None or count[r] < max_per_row):
         placed[i] = (r, row_length - room)
         free[r] -= n
+        count[r] += 1
         break
     else:
       placed[i] = (len(free), 0)
       free.append(row_length - n)
+      count.append(1)
   return placed
 
 

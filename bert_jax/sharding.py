@@ -12,7 +12,6 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from absl import logging
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from flax import nnx
 
@@ -48,10 +47,30 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
   if int(np.prod(sizes)) != len(devices):
     raise ConfigError(f'mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} needs '
                       f'{int(np.prod(sizes))} devices, but {len(devices)} are available')
-  if sizes[1] > 1 and sizes[2] > 1:
-    logging.warning('mesh fsdp=%d with tensor=%d: on jax 0.10 (CPU) this layout gives the 1-device loss but '
-                    'different gradients (tests/test_layouts.py); use fsdp or tensor, not both', sizes[1], sizes[2])
   return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+  """Pins an activation's sharding by logical axis names, under the mesh in context.
+
+  Inside the train/eval steps `under_mesh` puts the (data, fsdp, tensor) mesh in context; with
+  no mesh (single-device inference) this is a no-op. Pinning activations at layer boundaries
+  (batch over data x fsdp, features replicated or split over tensor) leaves the partitioner
+  nothing to guess: without it, jax 0.10's CPU SPMD partitioner computed wrong gradients
+  for fsdp x tensor meshes (tests/test_layouts.py).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1 or not set(MESH_AXES) <= set(mesh.axis_names):
+    return x
+  return jax.lax.with_sharding_constraint(x, _drop_size_one_axes(logical_to_spec(axes), mesh))
+
+
+def under_mesh(mesh: Mesh, fn):
+  """`fn` traced with `mesh` in context, so `constrain` inside it applies (use it inside jit)."""
+  def wrapped(*args, **kwargs):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      return fn(*args, **kwargs)
+  return wrapped
 
 
 def logical_to_spec(axes: Sequence[str | None] | None) -> P:
@@ -62,7 +81,7 @@ def logical_to_spec(axes: Sequence[str | None] | None) -> P:
   return P(*(rules.get(a) if a is not None else None for a in axes))
 
 
-def _drop_size_one_axes(spec: P, mesh: Mesh) -> P:
+def _drop_size_one_axes(spec: P, mesh) -> P:
   # Size-1 mesh axes shard nothing; dropping them keeps specs (and checkpoints) layout-free.
   def keep(entry):
     if entry is None:

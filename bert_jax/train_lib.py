@@ -9,6 +9,7 @@ asynchronous checkpoints.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -16,13 +17,14 @@ import shutil
 from typing import Any, Iterator
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import input_pipeline, metrics as metrics_lib, optim, pretraining_data, sharding as shd
+from bert_jax import distributed, input_pipeline, metrics as metrics_lib, optim, pretraining_data, sharding as shd
 from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config, write_config
 from bert_jax.config import PretrainConfig, diff_model_configs
-from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, DataError
 from bert_jax.tokenization import SentencePieceTokenizer
 from bert_jax.train_state import PretrainingModel, summarize
 
@@ -58,6 +60,23 @@ def validate_config(cfg: PretrainConfig, mesh=None) -> None:
       if size % shards or size % jax.process_count():
         raise ConfigError(f'{name} (per micro-batch: {size}) must divide evenly over {shards} batch '
                           f'shards (mesh data x fsdp) and {jax.process_count()} processes')
+  if d.pack:
+    _validate_packing(cfg, mesh)
+
+
+def _validate_packing(cfg: PretrainConfig, mesh) -> None:
+  d, accum = cfg.data, cfg.optim.grad_accum_steps
+  if d.pack_rows_multiple < 1 or d.max_segments_per_row < 1:
+    raise ConfigError(f'data.pack_rows_multiple={d.pack_rows_multiple} and data.max_segments_per_row='
+                      f'{d.max_segments_per_row} must be positive')
+  if mesh is not None:
+    # Every data block (process) emits a multiple of pack_rows_multiple rows; the global rows are
+    # split into grad_accum_steps micro-batches, each over all batch shards.
+    shards, blocks = shd.num_batch_shards(mesh), distributed.process_batch_block(mesh)[1]
+    if (d.pack_rows_multiple * blocks) % (accum * shards):
+      raise ConfigError(f'data.pack_rows_multiple={d.pack_rows_multiple} x {blocks} process(es) must be a '
+                        f'multiple of optim.grad_accum_steps={accum} x {shards} batch shards (mesh data x '
+                        'fsdp): packed rows are split over both')
 
 
 def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
@@ -72,18 +91,33 @@ def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
 
 
 def _prepare(cfg: PretrainConfig):
-  prepared = pretraining_data.prepare_pretraining_data(cfg.data, vocab_size=cfg.model.vocab_size, seed=cfg.seed)
+  build = functools.partial(pretraining_data.prepare_pretraining_data, cfg.data,
+                            vocab_size=cfg.model.vocab_size, seed=cfg.seed)
+  if jax.process_count() > 1:
+    # Process 0 builds the cache while the others wait, then they reuse it (shared filesystem)
+    # or build their identical copy (local disks) instead of all tokenizing the corpus at once.
+    error = None
+    if jax.process_index() == 0:
+      try:
+        build()
+      except BertJaxError as e:
+        error = e
+    # Process 0 comes to the barrier even when it failed, so no process waits for one that left.
+    if multihost_utils.broadcast_one_to_all(np.int32(error is not None)):
+      raise error or DataError('process 0 could not prepare the pretraining data; its error says why')
+  prepared = build()
   tokenizer = SentencePieceTokenizer(prepared.tokenizer_path)
   word_starts = tokenizer.word_start_table() if cfg.data.whole_word_masking else None
   return prepared, word_starts
 
 
-def _eval_iter(cfg: PretrainConfig, prepared, word_starts) -> Iterator[dict[str, np.ndarray]]:
+def _eval_iter(cfg: PretrainConfig, prepared, word_starts, mesh) -> Iterator[dict[str, np.ndarray]]:
   dataset = input_pipeline.PretrainingDataset(prepared, 'eval')
+  block, num_blocks = distributed.process_batch_block(mesh)
   return input_pipeline.eval_batches(
       dataset, batch_size=cfg.eval_batch_size, seed=cfg.seed, cfg=cfg.data,
       vocab_size=cfg.model.vocab_size, word_starts=word_starts,
-      process_index=jax.process_index(), process_count=jax.process_count())
+      process_index=block, process_count=num_blocks)
 
 
 def evaluate(model: PretrainingModel, params, batches, baseline_token: int) -> dict[str, float]:
@@ -160,20 +194,26 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_
   writer = metrics_lib.MetricWriter(workdir, 'train')
   eval_writer = metrics_lib.MetricWriter(workdir, 'eval')
   train_ds = input_pipeline.PretrainingDataset(prepared, 'train')
+  # This process's rows of each global batch: the block its devices hold in the batch sharding.
+  block, num_blocks = distributed.process_batch_block(model.mesh)
   batches = input_pipeline.PretrainingBatches(
       train_ds, global_batch_size=cfg.batch_size, seed=cfg.seed, cfg=cfg.data,
-      vocab_size=cfg.model.vocab_size, word_starts=word_starts, process_index=jax.process_index(),
-      process_count=jax.process_count(), start_position=data_position)
+      vocab_size=cfg.model.vocab_size, word_starts=word_starts, process_index=block,
+      process_count=num_blocks, start_position=data_position)
   metrics_lib.log(f'training {total - start_step} steps ({start_step} done) on {len(train_ds)} examples; '
                   f'{jax.device_count()} devices, mesh {dict(model.mesh.shape)}')
   progress = metrics_lib.Progress(start_step, total, cfg.batch_size * cfg.data.max_seq_length)
+  packed = _PackingStats(cfg, num_blocks) if cfg.data.pack else None
   pending: list[dict[str, jax.Array]] = []
   last_good = ckpt.latest_step()
   last_eval: dict[str, float] | None = None
   step = start_step
   try:
     while step < total:
-      state, step_metrics = model.train_step(state, model.global_batch(next(batches)), model.rest)
+      local_batch = next(batches)
+      if packed:
+        packed.add(local_batch)
+      state, step_metrics = model.train_step(state, model.global_batch(local_batch), model.rest)
       pending.append(step_metrics)
       step += 1
       is_last = step == total
@@ -184,12 +224,16 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_
         if step % cfg.log_every == 0 or is_last:
           means = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
           rate = progress.update(step)
-          writer.write(step, {**means, **{k: rate[k] for k in ('steps_per_s', 'tokens_per_s')}})
+          pack_means = packed.flush() if packed else {}
+          writer.write(step, {**means, **{k: rate[k] for k in ('steps_per_s', 'tokens_per_s')}, **pack_means})
           metrics_lib.log(f'step {step}/{total} | ' + metrics_lib.format_metrics(
               {k: means[k] for k in ('loss', 'mlm_accuracy', 'nsp_accuracy', 'learning_rate', 'grad_norm')})
-              + f' | {rate["tokens_per_s"]:,.0f} tok/s | ETA {metrics_lib.format_duration(rate["eta_s"])}')
+              + f' | {rate["tokens_per_s"]:,.0f} tok/s | ETA {metrics_lib.format_duration(rate["eta_s"])}'
+              + (f' | packed {pack_means["packed_rows"]:.1f}/{cfg.batch_size} rows, '
+                 f'{pack_means["packed_fill"]:.1%} real tokens (unpacked {pack_means["unpacked_fill"]:.1%})'
+                 if packed else ''))
       if step % cfg.eval_every == 0 or is_last:
-        last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts),
+        last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts, model.mesh),
                              prepared.most_frequent_token)
         eval_writer.write(step, last_eval)
         metrics_lib.log(f'eval step {step} | ' + metrics_lib.format_metrics(
@@ -206,13 +250,36 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_
     writer.close()
     eval_writer.close()
   if last_eval is None:  # resumed a finished run: nothing trained, evaluate what is there
-    last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts),
+    last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts, model.mesh),
                          prepared.most_frequent_token)
   result = {'step': step, **last_eval}
   if jax.process_index() == 0:
     with open(os.path.join(workdir, FINAL_METRICS_FILE), 'w', encoding='utf-8') as f:
       json.dump(result, f, indent=2)
   return result
+
+
+class _PackingStats:
+  """Packing efficiency of this process's rows since the last flush (data.pack)."""
+
+  def __init__(self, cfg: PretrainConfig, num_blocks: int):
+    self._blocks, self._local_examples = num_blocks, cfg.batch_size // num_blocks
+    self._t = cfg.data.max_seq_length
+    self._steps = self._rows = self._tokens = 0
+
+  def add(self, local_batch: dict[str, np.ndarray]) -> None:
+    self._steps += 1
+    self._rows += local_batch['segment_ids'].shape[0]
+    self._tokens += int(np.count_nonzero(local_batch['segment_ids']))
+
+  def flush(self) -> dict[str, float]:
+    """Mean global rows per batch and the fraction of real tokens, packed and unpacked."""
+    steps = max(self._steps, 1)
+    out = {'packed_rows': self._rows * self._blocks / steps,
+           'packed_fill': self._tokens / max(self._rows * self._t, 1),
+           'unpacked_fill': self._tokens / max(steps * self._local_examples * self._t, 1)}
+    self._steps = self._rows = self._tokens = 0
+    return out
 
 
 def restore_workdir(workdir: str, step: int | None = None, mesh=None):
@@ -247,6 +314,6 @@ def evaluate_checkpoint(workdir: str, step: int | None = None) -> dict[str, Any]
   cfg, model, state, meta = restore_workdir(workdir, step)
   validate_config(cfg, model.mesh)
   prepared, word_starts = _prepare(cfg)
-  result = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts),
+  result = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts, model.mesh),
                     prepared.most_frequent_token)
   return {'step': int(meta['step']), **result}

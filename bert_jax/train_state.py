@@ -19,12 +19,18 @@ from jax.sharding import Mesh, NamedSharding
 from bert_jax import sharding as shd
 from bert_jax.config import ModelConfig
 from bert_jax.model import BertForPreTraining
+from bert_jax.layers import log_attention
 
 MODEL_INPUTS = ('input_ids', 'token_type_ids', 'attention_mask', 'masked_lm_positions')
+# Only in packed batches (input_pipeline.pack_batch): keyword arguments of BertForPreTraining.
+PACKED_INPUTS = {'segment_ids': 'segment_ids_bt', 'cls_positions': 'cls_positions_bk'}
 
 
 def pretraining_sums(mlm_logits_bpv, nsp_logits_b2, batch) -> dict[str, jax.Array]:
-  """Summed losses, correct counts and weights for MLM and NSP (float32)."""
+  """Summed losses, correct counts and weights for MLM and NSP (float32).
+
+  Packed batches give NSP logits [R, K, 2] with labels and weights [R, K]: the same sums.
+  """
   w_bp = batch['masked_lm_weights'].astype(jnp.float32)
   labels_bp = batch['masked_lm_ids']
   mlm_xent_bp = optax.softmax_cross_entropy_with_integer_labels(mlm_logits_bpv, labels_bp)
@@ -81,6 +87,7 @@ class PretrainingModel:
   schedule: Callable[[Any], Any] | None = None
 
   def __post_init__(self):
+    log_attention(self.cfg)
     abstract = nnx.eval_shape(lambda: self._new_model())
     self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
     self.param_shardings, self.state_shardings, self.abstract_state = sharded_state_layout(
@@ -92,9 +99,9 @@ class PretrainingModel:
     self.rest = jax.jit(lambda: nnx.to_pure_dict(nnx.split(self._new_model(), nnx.Param, ...)[2]),
                         out_shardings=repl)()
     batch_sh = shd.batch_sharding(self.mesh)
-    self.train_step = jax.jit(self._train_step, donate_argnums=(0,),
+    self.train_step = jax.jit(shd.under_mesh(self.mesh, self._train_step), donate_argnums=(0,),
                               out_shardings=(self.state_shardings, repl))
-    self.eval_step = jax.jit(self._eval_step, out_shardings=repl)
+    self.eval_step = jax.jit(shd.under_mesh(self.mesh, self._eval_step), out_shardings=repl)
     self._batch_sharding = batch_sh
 
   def _new_model(self) -> BertForPreTraining:
@@ -112,7 +119,8 @@ class PretrainingModel:
   def apply(self, params, rest, batch, *, deterministic: bool = True):
     """Runs the model on a batch (dropout streams come from `rest`, see `reseed`)."""
     model = nnx.merge(self.graphdef, params, rest)
-    return model(*(batch[k] for k in MODEL_INPUTS), batch.get('position_ids'),
+    packed = {arg: batch[k] for k, arg in PACKED_INPUTS.items() if k in batch}
+    return model(*(batch[k] for k in MODEL_INPUTS), batch.get('position_ids'), **packed,
                  deterministic=deterministic)
 
   def reseed(self, params, rest, key):

@@ -11,14 +11,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # pylint: disable=g-import-not-at-top
 
-from bert_jax import cli, train_lib
+from bert_jax import cli, metrics, train_lib
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A pretraining workdir.', required=True)
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to restore (default: latest).')
 
 
 def main(_):
-  print(json.dumps(train_lib.evaluate_checkpoint(_WORKDIR.value, _STEP.value)), flush=True)
+  metrics.log(json.dumps(train_lib.evaluate_checkpoint(_WORKDIR.value, _STEP.value)))  # process 0 only
 
 
 if __name__ == '__main__':

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # pylint: disable=g-import-not-at-top
 from ml_collections import config_flags
 
-from bert_jax import cli, train_lib
+from bert_jax import cli, metrics, train_lib
 from bert_jax.config import PretrainConfig
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -31,8 +31,8 @@ def main(_):
   baseline = (f'held-out MLM accuracy {result["mlm_accuracy"]:.4f} (most-frequent-token baseline '
               f'{result["mlm_baseline_accuracy"]:.4f}), NSP accuracy {result["nsp_accuracy"]:.4f} '
               f'(baseline 0.5)')
-  print(baseline, flush=True)
-  print(json.dumps(result), flush=True)
+  metrics.log(baseline)  # process 0 only, like all progress output
+  metrics.log(json.dumps(result))
 
 
 if __name__ == '__main__':

@@ -41,13 +41,7 @@ def reference():
   return loss, grads
 
 
-# Known bug (issue 5): with fsdp > 1 and tensor > 1 together the loss matches but the gradients do not
-# (MLM head backward first; both the Shardy and the GSPMD partitioner, jax 0.10.2 CPU). make_mesh warns.
-_MIXED = pytest.mark.xfail(strict=True, reason='fsdp x tensor gradients differ from 1 device (issue 5)')
-
-
-@pytest.mark.parametrize('sizes', [pytest.param(s, marks=_MIXED) if s[1] > 1 and s[2] > 1 else s
-                                   for s in LAYOUTS])
+@pytest.mark.parametrize('sizes', LAYOUTS)
 def test_layout_computes_the_single_device_loss_and_gradients(sizes, reference):
   loss, grads, state = _step(_model(sizes))
   np.testing.assert_allclose(loss, reference[0], rtol=1e-5)
@@ -90,3 +84,23 @@ def test_checkpoint_saved_under_one_layout_restores_under_another(tmp_path):
   assert emb.sharding == other.param_shardings['bert']['embeddings']['word_embeddings']['embedding']
   for a, b in zip(jax.tree.leaves(jax.device_get(restored)), jax.tree.leaves(jax.device_get(state))):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('kind', ['classification', 'span'])
+def test_finetuning_heads_compute_the_single_device_gradients_under_2x2x2(kind):
+  from bert_jax import packing  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetune_state import FinetuneModel  # pylint: disable=g-import-not-at-top
+  from test_packing import _features  # pylint: disable=g-import-not-at-top
+  batch = packing.make_batch(_features([12, 3, 20, 7, 9, 30, 4, 16], seed=2), kind, batch_size=8,
+                             row_length=48, pack=True, rows_multiple=8)
+  out = []
+  for sizes, devices in (((1, 1, 1), jax.devices()[:1]), ((2, 2, 2), jax.devices())):
+    model = FinetuneModel(config.preset('tiny', vocab_size=100, hidden_dropout=0.0, attention_dropout=0.0),
+                          kind, 3, optax.sgd(1.0), sharding.make_mesh(config.MeshConfig(*sizes), devices))
+    state = model.init_state(None, 0)
+    before = jax.device_get(state['params'])
+    state, metrics = model.train_step(state, model.global_batch(batch), model.rest)
+    out.append((float(metrics['loss']), jax.tree.map(lambda b, a: b - a, before, jax.device_get(state['params']))))
+  np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(out[1][1]), jax.tree.leaves(out[0][1])):
+    np.testing.assert_allclose(a, b, atol=1e-5)

@@ -36,3 +36,13 @@ def test_fsdp_and_tensor_layouts_shard_parameters_by_configuration():
   mu = state['opt_state'][1][0].mu['bert']['embeddings']['word_embeddings']['embedding']
   assert mu.sharding == emb.sharding  # Adam moments follow their parameters
   assert jax.device_count() == 8
+
+
+def test_constrain_pins_activations_only_under_a_mesh():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  x = jnp.ones((8, 4))
+  assert sharding.constrain(x, ('batch', None)) is x  # no mesh in context: a no-op
+  mesh = sharding.make_mesh(config.MeshConfig(data=2, fsdp=2, tensor=2))
+  f = jax.jit(sharding.under_mesh(mesh, lambda x: sharding.constrain(x * 2, ('batch', 'mlp'))))
+  y = f(jax.device_put(x, sharding.replicated(mesh)))
+  assert y.sharding.spec == P(('data', 'fsdp'), 'tensor')

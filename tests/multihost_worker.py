@@ -1,0 +1,48 @@
+"""experiments/pretrain.py, recording the training rows this process reads (for test_multihost.py).
+
+Same flags and the same `main` as the real entry point. Each global batch this process builds is
+appended to `$BERT_JAX_READS_DIR/reads_<process>.jsonl` as {"k": batch position, "indices":
+training records read, "input_ids": the (masked) rows built from them}.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import jax  # pylint: disable=g-import-not-at-top
+
+from bert_jax import cli, input_pipeline  # pylint: disable=g-import-not-at-top
+
+_batch_at = input_pipeline.PretrainingBatches.batch_at
+
+
+def _recording_batch_at(self, k):
+  # The training dataset is read only here (in the prefetch thread): wrap its reads for this batch.
+  dataset, reads = self._dataset, []  # pylint: disable=protected-access
+  read = dataset.get_many
+
+  def get_many(indices):
+    reads.extend(int(i) for i in indices)
+    return read(indices)
+
+  dataset.get_many = get_many
+  try:
+    batch = _batch_at(self, k)
+  finally:
+    del dataset.get_many
+  path = os.path.join(os.environ['BERT_JAX_READS_DIR'], f'reads_{jax.process_index()}.jsonl')
+  with open(path, 'a', encoding='utf-8') as f:
+    f.write(json.dumps({'k': k, 'indices': reads, 'input_ids': batch['input_ids'].tolist()}) + '\n')
+  return batch
+
+
+if __name__ == '__main__':
+  input_pipeline.PretrainingBatches.batch_at = _recording_batch_at
+  spec = importlib.util.spec_from_file_location('pretrain', os.path.join(REPO, 'experiments', 'pretrain.py'))
+  pretrain = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(pretrain)  # defines --config and --workdir
+  cli.run(pretrain.main)

@@ -1,0 +1,237 @@
+"""Packed pretraining batches (data.pack): the same examples and masks, the same function.
+
+Packing puts several examples in a row with per-example attention, restarted positions and
+[CLS] pooling; per example the logits, and over the batch the losses and gradients, must
+equal the unpacked batch's. The packed rows must also train end to end and be validated.
+"""
+
+import dataclasses
+import itertools
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import config, input_pipeline as ip, masking, optim, sharding, train_lib
+from bert_jax.errors import ConfigError
+from bert_jax.tokenization import CLS_ID, SEP_ID
+from bert_jax.train_state import PretrainingModel, pretraining_sums
+
+from conftest import SMALL_VOCAB, small_data_config, tiny_pretrain_config
+
+
+@pytest.fixture(scope='module')
+def prepared(tmp_path_factory):
+  """conftest's small corpus as pairs of random length up to 256 tokens, which packing combines.
+
+  (At its 64 tokens nearly every pair is full: its sentences alone are ~60 pieces long.)
+  """
+  from bert_jax import pretraining_data  # pylint: disable=g-import-not-at-top
+  cfg = small_data_config(str(tmp_path_factory.mktemp('data')), short_seq_prob=1.0, max_seq_length=256)
+  return cfg, pretraining_data.prepare_pretraining_data(cfg, vocab_size=SMALL_VOCAB, seed=0)
+
+
+def _unpacked_examples(batch):
+  """Each real row of a make_batch batch as (ids, types, mlm positions, mlm ids, nsp label)."""
+  out = []
+  for e in np.flatnonzero(batch['nsp_weights'] > 0):
+    n = int(batch['attention_mask'][e].sum())
+    sel = batch['masked_lm_weights'][e] > 0
+    out.append((tuple(batch['input_ids'][e, :n]), tuple(batch['token_type_ids'][e, :n]),
+                tuple(batch['masked_lm_positions'][e, sel]), tuple(batch['masked_lm_ids'][e, sel]),
+                int(batch['next_sentence_labels'][e])))
+  return out
+
+
+def _packed_segments(batch):
+  """Cuts every example out of packed rows: [(row, slot, mlm slot mask, example tuple)]."""
+  out = []
+  r, k = batch['nsp_weights'].shape
+  for row in range(r):
+    segments = set(batch['segment_ids'][row].tolist()) - {0}
+    assert segments == set(range(1, int((batch['nsp_weights'][row] > 0).sum()) + 1))
+    for s in range(k):
+      if batch['nsp_weights'][row, s] == 0:
+        continue
+      cols = np.flatnonzero(batch['segment_ids'][row] == s + 1)
+      off, n = int(cols[0]), len(cols)
+      assert list(cols) == list(range(off, off + n)) and batch['cls_positions'][row, s] == off
+      assert batch['input_ids'][row, off] == CLS_ID
+      np.testing.assert_array_equal(batch['position_ids'][row, cols], np.arange(n))
+      pos = batch['masked_lm_positions'][row]
+      sel = (batch['masked_lm_weights'][row] > 0) & (pos >= off) & (pos < off + n)
+      out.append((row, s, sel, (tuple(batch['input_ids'][row, cols]), tuple(batch['token_type_ids'][row, cols]),
+                                tuple(pos[sel] - off), tuple(batch['masked_lm_ids'][row, sel]),
+                                int(batch['next_sentence_labels'][row, s]))))
+  np.testing.assert_array_equal(batch['attention_mask'], batch['segment_ids'] > 0)
+  return out
+
+
+def _assert_same_examples(unpacked, packed):
+  segments = _packed_segments(packed)
+  assert sorted(e for *_, e in segments) == sorted(_unpacked_examples(unpacked))
+  # Every masked-LM slot belongs to exactly one example.
+  assert sum(int(sel.sum()) for _, _, sel, _ in segments) == int(packed['masked_lm_weights'].sum())
+
+
+def _stream(prepared, pack, **kwargs):
+  cfg, data = prepared
+  cfg = dataclasses.replace(cfg, pack=pack, pack_rows_multiple=kwargs.pop('rows_multiple', 1))
+  args = dict(global_batch_size=16, seed=0, cfg=cfg, vocab_size=SMALL_VOCAB, word_starts=None, prefetch=0)
+  args.update(kwargs)
+  return ip.PretrainingBatches(ip.PretrainingDataset(data.dir, 'train'), **args)
+
+
+def test_packed_batches_hold_the_same_examples_and_masks(prepared):
+  cfg = prepared[0]
+  plain, packed = _stream(prepared, False), _stream(prepared, True)
+  rows = 0
+  for k in (0, 1, 5):
+    a, b = plain.batch_at(k), packed.batch_at(k)
+    _assert_same_examples(a, b)
+    assert b['masked_lm_positions'].shape[1] == ip.packed_mlm_width(cfg)
+    assert b['nsp_weights'].shape[1] == cfg.max_segments_per_row
+    rows += len(b['input_ids'])
+  assert rows < 3 * 16  # short pairs: packing saves rows
+  # Resuming: batch k of a packed stream is a pure function of (seed, k).
+  resumed = _stream(prepared, True, start_position=5)
+  for key, value in next(resumed).items():
+    np.testing.assert_array_equal(value, packed.batch_at(5)[key], err_msg=key)
+
+
+def test_processes_pack_their_rows_into_equal_counts(prepared):
+  whole = _stream(prepared, False).batch_at(2)
+  parts = [_stream(prepared, True, process_index=p, process_count=2).batch_at(2) for p in range(2)]
+  assert len(parts[0]['input_ids']) == len(parts[1]['input_ids'])
+  examples = sorted(e for part in parts for *_, e in _packed_segments(part))
+  assert examples == sorted(_unpacked_examples(whole))
+  with_multiple = _stream(prepared, True, rows_multiple=4).batch_at(2)
+  assert len(with_multiple['input_ids']) % 4 == 0
+
+
+@pytest.mark.parametrize('t, p, k, prob', [(32, 5, 3, 0.15), (40, 3, 4, 0.15), (24, 8, 2, 0.4)])
+def test_mlm_width_is_the_most_any_row_can_need(t, p, k, prob):
+  cfg = config.DataConfig(max_seq_length=t, max_predictions_per_seq=p, max_segments_per_row=k,
+                          masked_lm_prob=prob)
+  need = lambda n: min(masking.num_predictions(n, p, prob), n - 3)  # [CLS], [SEP], [SEP] are never masked
+  brute = max(sum(need(n) for n in lengths) for j in range(1, k + 1)
+              for lengths in itertools.combinations_with_replacement(range(5, t + 1), j) if sum(lengths) <= t)
+  assert ip.packed_mlm_width(cfg) == brute
+
+
+def test_short_examples_fill_the_mlm_width():
+  # Short examples get the most predictions per token (round(10 * 0.15) = 2).
+  cfg = config.DataConfig(max_seq_length=64, max_predictions_per_seq=10, max_segments_per_row=4, pack=True,
+                          pack_rows_multiple=1)
+  examples = [(np.array([CLS_ID] + [7] * 4 + [SEP_ID] + [8] * 3 + [SEP_ID], np.int32), 4, False)] * 8
+  batch = ip.make_batch(examples, [(0, i) for i in range(8)], cfg=cfg, vocab_size=50, word_starts=None)
+  packed = ip.pack_batch(batch, cfg)
+  assert len(packed['input_ids']) == 2  # 4 examples per row at most
+  np.testing.assert_array_equal(packed['masked_lm_weights'].sum(1), [8, 8])
+  assert packed['masked_lm_weights'].shape[1] == ip.packed_mlm_width(cfg) == 11  # one full row: 10
+  _assert_same_examples(batch, packed)
+
+
+# ----------------------------------------------------------------------------- the same function
+
+
+def _synthetic_batches(cfg, num=16, vocab=100, seed=0):
+  rng = np.random.default_rng(seed)
+  examples = []
+  for _ in range(num):
+    n = int(rng.integers(6, cfg.max_seq_length // 2 + 5))
+    len_a = int(rng.integers(1, n - 4))
+    tokens = rng.integers(5, vocab, n).astype(np.int32)
+    tokens[0], tokens[len_a + 1], tokens[n - 1] = CLS_ID, SEP_ID, SEP_ID
+    examples.append((tokens, len_a, bool(rng.integers(2))))
+  examples[3] = None  # a padding example is dropped by packing
+  unpacked = ip.make_batch(examples, [(seed, i) for i in range(num)], cfg=cfg, vocab_size=vocab,
+                           word_starts=None)
+  return unpacked, ip.pack_batch(unpacked, cfg)
+
+
+def _pretraining_model(devices, accum=1):
+  model_cfg = config.preset('tiny', vocab_size=100, hidden_dropout=0.0, attention_dropout=0.0)
+  opt = config.OptimConfig(learning_rate=1e-3, warmup_steps=1)
+  mesh = sharding.make_mesh(config.MeshConfig(data=len(devices)), devices)
+  return PretrainingModel(model_cfg, optim.make_optimizer(opt, 10), mesh, seed=0, grad_accum_steps=accum)
+
+
+def test_packed_rows_compute_the_same_logits_losses_and_gradients():
+  cfg = config.DataConfig(max_seq_length=64, max_predictions_per_seq=10, pack=True, pack_rows_multiple=8,
+                          max_segments_per_row=4)
+  unpacked, packed = _synthetic_batches(cfg)
+  assert len(packed['input_ids']) == 8 < len(unpacked['input_ids'])  # packed: fewer rows
+  model = _pretraining_model(jax.devices()[:1])
+  params = model.init_state()['params']
+
+  @jax.jit
+  def run(params, batch):  # logits, summed losses and gradients of the (global) mean losses
+    def loss(params):
+      logits = model.apply(params, model.rest, batch)
+      sums = pretraining_sums(*logits, batch)
+      return sums['mlm_loss_sum'] / sums['mlm_count'] + sums['nsp_loss_sum'] / sums['nsp_count'], (logits, sums)
+    return jax.value_and_grad(loss, has_aux=True)(params)
+
+  (loss_u, ((mlm_u, nsp_u), sums_u)), grads_u = jax.device_get(run(params, unpacked))
+  (loss_p, ((mlm_p, nsp_p), sums_p)), grads_p = jax.device_get(run(params, packed))
+  assert nsp_p.shape == (8, cfg.max_segments_per_row, 2)
+  index = {e: i for i, e in zip(np.flatnonzero(unpacked['nsp_weights'] > 0), _unpacked_examples(unpacked))}
+  segments = _packed_segments(packed)
+  assert len(segments) == len(index) == 15
+  for row, s, sel, example in segments:
+    e = index[example]
+    np.testing.assert_allclose(mlm_p[row, sel], mlm_u[e, unpacked['masked_lm_weights'][e] > 0], atol=1e-5)
+    np.testing.assert_allclose(nsp_p[row, s], nsp_u[e], atol=1e-5)
+  for key in sums_u:
+    np.testing.assert_allclose(sums_p[key], sums_u[key], rtol=1e-5, err_msg=key)
+  np.testing.assert_allclose(loss_p, loss_u, rtol=1e-6)
+  for gu, gp in zip(jax.tree.leaves(grads_u), jax.tree.leaves(grads_p)):
+    np.testing.assert_allclose(gp, gu, atol=1e-5)
+
+
+def test_packed_train_step_with_accumulation_on_8_devices_matches_unpacked():
+  cfg = config.DataConfig(max_seq_length=64, max_predictions_per_seq=10, pack=True, pack_rows_multiple=16,
+                          max_segments_per_row=4)
+  unpacked, packed = _synthetic_batches(cfg)
+  assert len(packed['input_ids']) == 16
+  model = _pretraining_model(jax.devices(), accum=2)  # micro-batches of 8 unpacked rows, 8 packed rows
+  metrics = [jax.device_get(model.train_step(model.init_state(), model.global_batch(batch), model.rest)[1])
+             for batch in (unpacked, packed)]
+  for key in ('loss', 'mlm_loss', 'nsp_loss', 'mlm_accuracy', 'grad_norm'):
+    np.testing.assert_allclose(metrics[1][key], metrics[0][key], rtol=1e-5, err_msg=key)
+
+
+# ----------------------------------------------------------------------------- the training loop
+
+
+def test_train_and_evaluate_with_packing(small_corpus, tmp_path):
+  # Pairs of random length up to 256 (short_seq_prob=1), as in a corpus of short documents.
+  cfg = tiny_pretrain_config(small_corpus, str(tmp_path / 'cache'), batch_size=32, num_train_steps=4,
+                             eval_every=4, checkpoint_every=4)
+  cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pack=True, short_seq_prob=1.0,
+                                                          max_seq_length=256))
+  result = train_lib.train_and_evaluate(cfg, str(tmp_path / 'run'))
+  assert result['step'] == 4 and np.isfinite(result['mlm_loss'])
+  lines = [json.loads(l) for l in open(os.path.join(tmp_path, 'run', 'metrics_train.jsonl'))]
+  for line in lines:
+    assert line['packed_rows'] < 32 and line['packed_rows'] % 8 == 0
+    assert line['unpacked_fill'] < line['packed_fill'] <= 1.0
+
+
+@pytest.mark.parametrize('data, optim_, pattern', [
+    (dict(pack_rows_multiple=4), {}, 'pack_rows_multiple=4'),
+    (dict(pack_rows_multiple=8), dict(grad_accum_steps=2), 'grad_accum_steps=2'),
+    (dict(max_segments_per_row=0), {}, 'max_segments_per_row=0'),
+    (dict(pack_rows_multiple=0), {}, 'pack_rows_multiple=0'),
+])
+def test_bad_packing_config_is_refused(tmp_path, data, optim_, pattern):
+  cfg = tiny_pretrain_config('corpus.txt', str(tmp_path))
+  cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pack=True, **data),
+                            optim=dataclasses.replace(cfg.optim, **optim_))
+  mesh = sharding.make_mesh(cfg.mesh)  # 8 batch shards
+  with pytest.raises(ConfigError, match=pattern):
+    train_lib.validate_config(cfg, mesh)
+  train_lib.validate_config(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pack=False)), mesh)
