@@ -1,8 +1,15 @@
-"""Times the full pretraining train step (MLM + NSP + AdamW) on synthetic data and prints a table.
+"""Times the full pretraining train step (MLM + NSP + AdamW) on synthetic data over a grid; prints a table.
 
   python experiments/benchmark.py --preset=base --batch_size=8 --seq_len=128 --dtype=float32
+  python experiments/benchmark.py --preset=base,large --dtype=bfloat16 --batch_size=8,32 --seq_len=128,512
+  /tmp/hfvenv/bin/python3 experiments/benchmark.py --preset=mini --steps=3 --compare_hf
+  python experiments/benchmark.py --preset=tiny --hlo_flops --cpu_devices=8
 
-Ends with one JSON line holding the measurements (`step_time_s` is the median).
+One row per preset x dtype x batch x seq_len: median step time, tokens/s, model TFLOP/s, MFU,
+peak device memory, compile time (`bert_jax.benchmarking`), then one JSON line per row.
+--compare_hf adds Hugging Face Flax BERT on the same batch (needs transformers 4.57.6: see
+bert_jax/hf_flax_baseline.py). --hlo_flops compiles instead of timing and prints the per-device
+FLOPs of the compiled step for each mesh layout.
 """
 
 import json
@@ -18,39 +25,61 @@ import jax
 from bert_jax import benchmarking, cli
 from bert_jax.config import preset
 
-_PRESET = flags.DEFINE_string('preset', 'base', 'Model preset: tiny, mini, small, medium, base, large.')
-_BATCH = flags.DEFINE_integer('batch_size', 8, 'Global batch size.')
-_SEQ = flags.DEFINE_integer('seq_len', 128, 'Sequence length.')
-_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
+_PRESET = flags.DEFINE_list('preset', ['base'], 'Model presets: tiny, mini, small, medium, base, large.')
+_BATCH = flags.DEFINE_list('batch_size', ['8'], 'Global batch sizes.')
+_SEQ = flags.DEFINE_list('seq_len', ['128'], 'Sequence lengths.')
+_DTYPE = flags.DEFINE_list('dtype', ['float32'], 'Compute dtypes: float32, bfloat16.')
 _VOCAB = flags.DEFINE_integer('vocab_size', 30522, 'Vocabulary size.')
 _PREDS = flags.DEFINE_integer('num_predictions', None, 'Masked positions per sequence (default 20 per 128).')
 _STEPS = flags.DEFINE_integer('steps', 10, 'Timed steps after compilation and one warm-up step.')
 _ATTN_DROPOUT = flags.DEFINE_float('attention_dropout', 0.1, 'Attention-probability dropout (0 allows '
                                    'the fused dot_product_attention path while training).')
+_ATTN_IMPL = flags.DEFINE_string('attention_impl', '', "model.attention_impl ('' = automatic).")
+_REMAT = flags.DEFINE_string('remat', 'none', 'model.remat_policy: none, full, dots, dots_no_batch.')
+_DROPOUT_IMPL = flags.DEFINE_enum('dropout_impl', 'hash', ['hash', 'threefry'],
+                                  "model.dropout_impl: hashed masks or jax.random.bernoulli (HF's).")
+_SCAN = flags.DEFINE_bool('scan_layers', False, 'model.scan_layers: one lax.scan over the encoder layers.')
+_PEAK = flags.DEFINE_float('peak_tflops', None, 'Peak TFLOP/s per device for MFU (overrides the table; '
+                           'needed on CPUs and unlisted accelerators).')
+_HF = flags.DEFINE_bool('compare_hf', False, 'Also time transformers 4.57.6 FlaxBertForPreTraining.')
+_HLO = flags.DEFINE_bool('hlo_flops', False, 'Print per-device compiled FLOPs per mesh layout instead of timing.')
+_CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'Number of CPU devices to expose (e.g. 8 for '
+                                    '--hlo_flops on a CPU machine); 0 leaves jax alone.')
 
 
 def main(_):
-  cfg = preset(_PRESET.value, vocab_size=_VOCAB.value, dtype=_DTYPE.value,
-               attention_dropout=_ATTN_DROPOUT.value)
-  preds = _PREDS.value or max(1, round(_SEQ.value * 20 / 128))
-  r = benchmarking.benchmark_train_step(cfg, batch_size=_BATCH.value, seq_len=_SEQ.value,
-                                        num_predictions=preds, steps=_STEPS.value)
+  if _CPU_DEVICES.value:
+    jax.config.update('jax_num_cpu_devices', _CPU_DEVICES.value)  # before any backend starts
+  configs = {f'{p}/{d}': preset(p, vocab_size=_VOCAB.value, dtype=d, attention_dropout=_ATTN_DROPOUT.value,
+                                attention_impl=_ATTN_IMPL.value, remat_policy=_REMAT.value,
+                                scan_layers=_SCAN.value, dropout_impl=_DROPOUT_IMPL.value)
+             for p in _PRESET.value for d in _DTYPE.value}
+  batch_sizes, seq_lens = [int(b) for b in _BATCH.value], [int(s) for s in _SEQ.value]
   device = jax.devices()[0]
-  machine = f'{device.platform} x{jax.device_count()} ({device.device_kind}); {platform.processor() or platform.machine()}, {os.cpu_count()} cores'
-  rows = [('machine', machine), ('preset / dtype', f'{_PRESET.value} / {_DTYPE.value}'),
-          ('batch x seq (preds)', f'{_BATCH.value} x {_SEQ.value} ({preds})'),
-          ('median step time', f'{r["step_time_s"]:.3f} s'), ('tokens/s', f'{r["tokens_per_s"]:,.0f}'),
-          ('model TFLOP/step', f'{r["model_tflops_per_step"]:.3f}'),
-          ('model TFLOP/s', f'{r["model_tflop_per_s"]:.3f}'), ('compile time', f'{r["compile_s"]:.1f} s'),
-          ('peak device memory', f'{r["peak_device_memory_gb"]:.2f} GiB' if r['peak_device_memory_gb'] else 'n/a'),
-          ('compiled step memory', f'{r["compiled_memory_gb"]:.2f} GiB' if r['compiled_memory_gb'] else 'n/a'),
-          ('host max RSS', f'{r["host_max_rss_gb"]:.2f} GiB')]
-  width = max(len(k) for k, _ in rows)
-  for k, v in rows:
-    print(f'{k:<{width}} | {v}')
-  r.update(preset=_PRESET.value, dtype=_DTYPE.value, batch_size=_BATCH.value, seq_len=_SEQ.value,
-           machine=machine)
-  print(json.dumps(r), flush=True)
+  print(f'machine: {device.platform} x{jax.device_count()} ({device.device_kind}); '
+        f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores')
+  if _HLO.value:
+    for name, cfg in configs.items():
+      for b in batch_sizes:
+        for s in seq_lens:
+          preds = _PREDS.value or benchmarking.default_num_predictions(s)
+          rows = benchmarking.hlo_flops_rows(cfg, b, s, preds)
+          analytic = benchmarking.pretraining_flops_per_step(cfg, b, s, preds)
+          print(f'\n{name}, batch {b} × seq {s} ({preds} predictions): compiled train-step FLOPs per device; '
+                f'1-device HLO / analytic model FLOPs = {rows[0]["flops_per_device"] / analytic:.3f}\n')
+          print(benchmarking.format_hlo_table(rows))
+          for r in rows:
+            print(json.dumps(dict(r, config=name, batch_size=b, seq_len=s, num_predictions=preds)), flush=True)
+    return
+  rows = benchmarking.benchmark_grid(configs, batch_sizes, seq_lens, num_predictions=_PREDS.value,
+                                     steps=_STEPS.value, peak_override=_PEAK.value, compare_hf=_HF.value)
+  for source in dict.fromkeys(r['peak_source'] for r in rows):
+    print(f'peak: {source}')
+  print(f'median of {_STEPS.value} steps after one warm-up; peak device memory is the process high-water '
+        f'mark (n/a on CPU)\n')
+  print(benchmarking.format_table(rows))
+  for r in rows:
+    print(json.dumps(r), flush=True)
 
 
 if __name__ == '__main__':
