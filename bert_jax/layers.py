@@ -8,6 +8,7 @@ logits run in float32.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import jax
@@ -126,9 +127,16 @@ class Dense(nnx.Module):
     self.dtype = dtype
 
   def __call__(self, x: jax.Array) -> jax.Array:
+    # One 2-D matmul over flattened views (free reshapes of contiguous axes). Contracting
+    # several axes at once, or keeping batch axes, makes XLA canonicalise the dot with
+    # physical transposes of the kernel (dx) and of the activations (dW) in the backward pass;
+    # the 2-D form needs none (BERT-base CPU train step: 424 -> 184 copy/transpose fusions,
+    # ~5% faster with the attention change below).
     kernel = self.kernel[...].astype(self.dtype)
-    contract = (tuple(range(x.ndim - self.num_in, x.ndim)), tuple(range(self.num_in)))
-    y = jax.lax.dot_general(x.astype(self.dtype), kernel, (contract, ((), ())))
+    in_shape, out_shape = kernel.shape[:self.num_in], kernel.shape[self.num_in:]
+    lead = x.shape[:x.ndim - self.num_in]
+    k = math.prod(in_shape)
+    y = jnp.dot(x.astype(self.dtype).reshape(-1, k), kernel.reshape(k, -1)).reshape(lead + out_shape)
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
     return y
@@ -166,8 +174,10 @@ class Embed(nnx.Module):
     return jnp.take(table, ids, axis=0)
 
   def attend(self, x: jax.Array) -> jax.Array:
-    return jnp.einsum('...d,vd->...v', x, self.embedding[...].astype(x.dtype),
-                      preferred_element_type=jnp.float32)
+    table = self.embedding[...].astype(x.dtype)
+    logits = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), table, (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)  # 2-D, as in Dense
+    return logits.reshape(x.shape[:-1] + table.shape[:1])
 
 
 class Embeddings(nnx.Module):
@@ -224,13 +234,16 @@ class SelfAttention(nnx.Module):
     elif impl == 'xla':
       ctx_btnh = jax.nn.dot_product_attention(q_btnh, k_bsnh, v_bsnh, mask=mask_b11s, implementation='xla')
     else:
+      # Heads-major copies first: batched matmuls over leading (b, n) axes need no further
+      # layout changes in either pass (~15% faster than einsums on [B, T, N, H] on CPU).
+      q_bnth, k_bnsh, v_bnsh = (a.transpose(0, 2, 1, 3) for a in (q_btnh, k_bsnh, v_bsnh))
       scale = q_btnh.shape[-1] ** -0.5
-      logits_bnts = jnp.einsum('btnh,bsnh->bnts', q_btnh, k_bsnh,
+      logits_bnts = jnp.einsum('bnth,bnsh->bnts', q_bnth, k_bnsh,
                                preferred_element_type=jnp.float32) * scale
       logits_bnts = jnp.where(mask_b11s, logits_bnts, jnp.finfo(jnp.float32).min)
       probs_bnts = jax.nn.softmax(logits_bnts, axis=-1)
       dropped = self.probs_dropout(probs_bnts, deterministic=deterministic)
-      ctx_btnh = jnp.einsum('bnts,bsnh->btnh', dropped.astype(v_bsnh.dtype), v_bsnh)
+      ctx_btnh = jnp.einsum('bnts,bnsh->bnth', dropped.astype(v_bnsh.dtype), v_bnsh).transpose(0, 2, 1, 3)
     out_btd = self.output(ctx_btnh)
     return (out_btd, probs_bnts) if return_probs else out_btd
 
