@@ -7,6 +7,13 @@ over all seeds, in `workdir` (each metric's per-seed values, mean and sample std
 
 A step's batch is a pure function of (seed, step): the order is a per-epoch permutation, so
 resuming needs only the step. Batches are packed (`packing.py`) unless `pack=False`.
+
+Several processes (jax.distributed, started by the entry points' multi-host flags) run the same
+loop: each featurises the whole task (fine-tuning sets are small, and this keeps every input
+decision local and identical), builds the same host batch and feeds only its block of it
+(`distributed.process_batch_block`). Predictions come back replicated, so every process scores
+them; process 0 alone prints and writes predictions, metrics and config.json, while all of them
+save and restore the Orbax checkpoints together.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax import metrics as metrics_lib, optim, packing, sharding as shd
+from bert_jax import distributed, metrics as metrics_lib, optim, packing, sharding as shd
 from bert_jax.checkpointing import Checkpointer, write_config
 from bert_jax.config import FinetuneConfig, OptimConfig
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
@@ -59,16 +66,15 @@ def validate_config(cfg: FinetuneConfig, pretrained: PretrainedBert, mesh) -> No
     raise ConfigError(f'warmup_ratio must be in [0, 1], got {cfg.warmup_ratio}')
   if cfg.dtype not in ('float32', 'bfloat16'):
     raise ConfigError(f"dtype must be 'float32' or 'bfloat16', got {cfg.dtype!r}")
-  if jax.process_count() > 1:
-    # Each process would feed whole batches as its own rows and read back predictions it does not hold.
-    raise ConfigError(f'fine-tuning runs in one process, not {jax.process_count()}; multi-host runs are '
-                      'for pretraining (experiments/pretrain.py)')
-  # Packed batches round their row count to the batch shards; padded ones have a row per example.
-  shards = 1 if cfg.pack else shd.num_batch_shards(mesh)
+  # A batch's per-example arrays (batch_size slots) and its rows (padded: one per slot; packed: rounded
+  # to rows_multiple, a multiple of the shards) are both split over the batch shards. Each process
+  # feeds one block of them, and the shards are a multiple of the blocks, so this covers processes too.
+  shards = shd.num_batch_shards(mesh)
   for name in ('batch_size', 'eval_batch_size'):
-    if getattr(cfg, name) % (shards * jax.process_count()):
-      raise ConfigError(f'{name}={getattr(cfg, name)} must divide evenly over {shards} batch shards '
-                        f'and {jax.process_count()} processes')
+    if getattr(cfg, name) % shards:
+      over = f' over {jax.process_count()} processes' if jax.process_count() > 1 else ''
+      raise ConfigError(f'{name}={getattr(cfg, name)} must be a multiple of the {shards} batch shards (mesh data '
+                        f'x fsdp{over}): every batch\'s examples and rows are split over them')
   vocab = pretrained.tokenizer.vocab_size
   if vocab > pretrained.config.vocab_size:
     raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {vocab} tokens but the model only '
@@ -100,12 +106,33 @@ class _Run:
   evals: list[EvalSet]
   total: int
   rows_multiple: int
+  block: tuple[int, int] = (0, 1)  # (index, count): the block of every batch this process feeds
 
   def batch(self, features: list[Feature], batch_size: int) -> tuple[dict[str, jax.Array], dict[str, np.ndarray]]:
-    """(the global batch for the jitted steps, the host batch it came from)."""
-    local = packing.make_batch(features, self.task.kind, batch_size=batch_size, row_length=self.cfg.max_seq_length,
-                               pack=self.cfg.pack, rows_multiple=self.rows_multiple)
-    return self.model.global_batch(local), local
+    """(the global batch for the jitted steps, the whole host batch it came from).
+
+    Every process builds the same host batch from the same features and feeds its block of it.
+    """
+    host = packing.make_batch(features, self.task.kind, batch_size=batch_size, row_length=self.cfg.max_seq_length,
+                              pack=self.cfg.pack, rows_multiple=self.rows_multiple)
+    return self.model.global_batch(process_block(host, *self.block)), host
+
+
+def process_block(host: dict[str, np.ndarray], index: int, count: int) -> dict[str, np.ndarray]:
+  """Block `index` of `count` of every array's leading axis (rows [R, ...] or example slots [E]).
+
+  The blocks of all processes, in order, are the whole host batch, as
+  `jax.make_array_from_process_local_data` assembles them.
+  """
+  if count == 1:
+    return host
+  out = {}
+  for k, v in host.items():
+    if len(v) % count:
+      raise ValueError(f'{k} has {len(v)} rows, which do not split into {count} process blocks')
+    size = len(v) // count
+    out[k] = v[index * size:(index + 1) * size]
+  return out
 
 
 def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
@@ -121,6 +148,7 @@ def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
   pretrained = load_pretrained(cfg.init_checkpoint, None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
   mesh = shd.make_mesh(cfg.mesh)
   validate_config(cfg, pretrained, mesh)
+  block = distributed.process_batch_block(mesh)
   t0 = time.time()
   train = [] if cfg.eval_only else task.train_features(cfg, pretrained.tokenizer)
   evals = task.eval_sets(cfg, pretrained.tokenizer)
@@ -135,7 +163,8 @@ def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
                      eps=cfg.adam_eps, clip_norm=cfg.clip_norm)
   model_cfg = dataclasses.replace(pretrained.config, dtype=cfg.dtype)
   model = FinetuneModel(model_cfg, task.kind, task.num_labels, optim.make_optimizer(ocfg, max(total, 1)), mesh)
-  run = _Run(cfg, task, pretrained, model, train, evals, total, rows_multiple=2 * shd.num_batch_shards(mesh))
+  run = _Run(cfg, task, pretrained, model, train, evals, total, rows_multiple=2 * shd.num_batch_shards(mesh),
+             block=block)
   if not cfg.eval_only:  # evaluation keeps the training run's config.json
     write_config(workdir, {'finetune': cfg.to_dict(), 'model': dataclasses.asdict(model_cfg),
                            'task': {'name': task.name, 'kind': task.kind, 'num_labels': task.num_labels}})
@@ -195,7 +224,8 @@ def _run_seed(run: _Run, seed: int, seed_dir: str) -> dict[str, Any]:
     t0 = time.time()
     for eval_set in run.evals:
       logits = predict(run, state['params'], eval_set.features)
-      scores = run.task.evaluate(eval_set, logits, seed_dir)
+      # Every process has all the logits and scores them; process 0 alone writes the predictions.
+      scores = run.task.evaluate(eval_set, logits, seed_dir if jax.process_index() == 0 else None)
       result.update({f'{eval_set.name}_{k}': v for k, v in scores.items()})
     result['eval_wall_s'] = time.time() - t0
     main = f'{run.evals[0].name}_{run.task.main_metric}'
@@ -219,9 +249,9 @@ def _train(run: _Run, seed: int, seed_dir: str, state, ckpt: Checkpointer):
   try:
     for step in range(start, run.total):
       features = [run.train[i] for i in batch_indices(cfg, seed, step, len(run.train))]
-      batch, local = run.batch(features, cfg.batch_size)
+      batch, host = run.batch(features, cfg.batch_size)
       real_tokens += sum(len(f) for f in features)
-      row_tokens += local['input_ids'].size
+      row_tokens += host['input_ids'].size
       state, step_metrics = model.train_step(state, batch, model.rest)
       pending.append(step_metrics)
       done = step + 1
@@ -250,22 +280,27 @@ def _train(run: _Run, seed: int, seed_dir: str, state, ckpt: Checkpointer):
 
 
 def predict(run: _Run, params, features: list[Feature]) -> list[np.ndarray]:
-  """Logits for each feature, in order (see tasks.base for the shapes)."""
+  """Logits for each feature, in order (see tasks.base for the shapes), on every process."""
   out: list[np.ndarray] = []
   size = run.cfg.eval_batch_size
   for i in range(0, len(features), size):
     chunk = features[i:i + size]
-    batch, local = run.batch(chunk, size)
+    batch, host = run.batch(chunk, size)
     logits = np.asarray(jax.device_get(run.model.predict_step(params, run.model.rest, batch)))
     if run.task.kind in ('classification', 'regression'):
       out.extend(logits[:len(chunk)])
     else:
-      out.extend(packing.rows_of_examples(logits, local, len(chunk)))
+      out.extend(packing.rows_of_examples(logits, host, len(chunk)))
   return out
 
 
 def print_summary(result: dict[str, Any]) -> None:
-  """The run's main metric in words, then the whole result as one JSON line (without per-seed copies)."""
+  """The run's main metric in words, then the whole result as one JSON line (without per-seed copies).
+
+  Process 0 prints; the others, which hold the same result, stay silent.
+  """
+  if jax.process_index() != 0:
+    return
   main = result['main_metric']
   line = f'{result["task"]}: {main} {result[main]:.4f}'
   if main.endswith('_mean'):

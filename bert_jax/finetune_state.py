@@ -87,7 +87,8 @@ class FinetuneModel:
                         out_shardings=repl)()
     self.train_step = jax.jit(shd.under_mesh(self.mesh, self._train_step), donate_argnums=(0,),
                               out_shardings=(self.state_shardings, repl))
-    self.predict_step = jax.jit(shd.under_mesh(self.mesh, self._predict_step))
+    # Logits come back replicated: every process, not only the one holding a shard, reads them all.
+    self.predict_step = jax.jit(shd.under_mesh(self.mesh, self._predict_step), out_shardings=repl)
     self._init_jit = jax.jit(self._init_state, out_shardings=self.state_shardings)
 
   def _new_model(self, seed=0) -> nnx.Module:

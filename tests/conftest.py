@@ -125,6 +125,32 @@ def minilm_dir_or_skip() -> str:
   return directory
 
 
+def shared_data_or_skip(name: str) -> str:
+  """SHARED_DATA/<name>, skipping the calling test when the shared data sets are absent."""
+  path = os.path.join(SHARED_DATA, name)
+  if not os.path.isdir(path):
+    pytest.skip(f'{path} is absent (the shared data sets live beside the repository)')
+  return path
+
+
+@pytest.fixture(scope='module')
+def tiny_checkpoint(tmp_path_factory):
+  """A 2-layer, hidden-32 BERT with MiniLM's WordPiece vocabulary, saved as a Hugging Face directory."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from bert_jax import hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.config import preset  # pylint: disable=g-import-not-at-top
+  from bert_jax.model import BertForPreTraining  # pylint: disable=g-import-not-at-top
+  from bert_jax.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  vocab = minilm_dir_or_skip()
+  cfg = preset('tiny', vocab_size=30522, hidden_size=32, num_heads=2, intermediate_size=64)
+  model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
+  params = jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
+  directory = str(tmp_path_factory.mktemp('tiny') / 'hf')
+  hf.save_hf_checkpoint(directory, cfg, {'bert': params['bert']}, WordPieceTokenizer.from_directory(vocab))
+  return directory
+
+
 @pytest.fixture(scope='session')
 def wordpiece():
   """all-MiniLM-L6-v2's WordPiece tokenizer; the test skips when the package is not installed."""

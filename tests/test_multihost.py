@@ -1,12 +1,14 @@
-"""Multi-host pretraining through jax.distributed: 2 CPU processes x 4 devices = 1 process x 8 devices.
+"""Multi-host pretraining and fine-tuning through jax.distributed: 2 CPU processes x 4 devices = 1 process x 8 devices.
 
-The processes run experiments/pretrain.py's main (tests/multihost_worker.py, which also records
-what each reads) on localhost; gloo carries the cross-process collectives.
+The pretraining processes run experiments/pretrain.py's main (tests/multihost_worker.py, which also
+records what each reads), the fine-tuning ones experiments/finetune_glue.py and finetune_squad.py
+themselves, on localhost; gloo carries the cross-process collectives.
 """
 
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import pytest
 
 from bert_jax import distributed
 from bert_jax.errors import ConfigError
-from conftest import REPO, assert_one_line_error, run_experiment, write_small_corpus
+from conftest import REPO, assert_one_line_error, run_experiment, shared_data_or_skip, write_small_corpus
 
 WORKER = os.path.join(REPO, 'tests', 'multihost_worker.py')
 STEPS, BATCH = 3, 16
@@ -29,11 +31,21 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(args, devices, reads_dir, *extra):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', BERT_JAX_READS_DIR=str(reads_dir),
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
-  return subprocess.Popen([sys.executable, WORKER, *args, *extra], cwd=REPO, env=env, text=True,
+def _launch(script, args, devices, **env):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}', **env)
+  return subprocess.Popen([sys.executable, script, *args], cwd=REPO, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _start(args, devices, reads_dir, *extra):
+  return _launch(WORKER, [*args, *extra], devices, BERT_JAX_READS_DIR=str(reads_dir))
+
+
+def _start_two(script, args):
+  """`script` as processes 0 and 1 of a 2-process run, 4 devices each."""
+  address = f'localhost:{_free_port()}'
+  return [_launch(script, [*args, f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}'], 4)
+          for i in range(2)]
 
 
 def _wait(procs) -> list[subprocess.CompletedProcess]:
@@ -113,10 +125,14 @@ def test_each_process_reads_its_own_half_of_every_batch(runs):
     assert p0[k]['input_ids'] + p1[k]['input_ids'] == ref[k]['input_ids']
 
 
+def _silent(stdout) -> bool:
+  # gloo's own connection messages aside.
+  return [line for line in stdout.splitlines() if not line.startswith('[Gloo]')] == []
+
+
 def test_only_process_0_prints(runs):
   assert f'step 1/{STEPS}' in runs['outs'][0] and '"mlm_loss"' in runs['outs'][0]
-  # gloo's own connection messages aside, process 1 is silent.
-  assert [line for line in runs['outs'][1].splitlines() if not line.startswith('[Gloo]')] == []
+  assert _silent(runs['outs'][1])
 
 
 def test_bad_input_stops_every_process_with_one_error_line(tmp_path):
@@ -130,8 +146,97 @@ def test_bad_input_stops_every_process_with_one_error_line(tmp_path):
   assert_one_line_error(results[1], 'process 0 could not prepare the pretraining data')
 
 
-def test_bad_flags_give_one_error_line(tmp_path):
-  result = run_experiment('pretrain.py', f'--workdir={tmp_path / "w"}', '--num_processes=2', timeout=120)
+GLUE = os.path.join(REPO, 'experiments', 'finetune_glue.py')
+SQUAD = os.path.join(REPO, 'experiments', 'finetune_squad.py')
+FT_STEPS = 4
+
+
+def _glue_args(checkpoint, workdir):
+  return ['--config=experiments/configs/finetune_glue.py:sst2', f'--workdir={workdir}',
+          f'--config.init_checkpoint={checkpoint}', f'--config.data_dir={shared_data_or_skip("sst2")}',
+          f'--config.max_steps={FT_STEPS}', '--config.max_train_samples=64', '--config.batch_size=16',
+          '--config.eval_batch_size=64', '--config.learning_rate=1e-3', '--config.log_every=1']
+
+
+def _squad_args(checkpoint, workdir):
+  return ['--config=experiments/configs/finetune_squad.py:squad', f'--workdir={workdir}',
+          f'--config.init_checkpoint={checkpoint}', f'--config.data_dir={shared_data_or_skip("squad-v1.1")}',
+          '--config.max_seq_length=128', '--config.doc_stride=32', '--config.train_articles=1',
+          '--config.eval_articles=1', '--config.max_train_samples=16', '--config.max_steps=2',
+          '--config.batch_size=8', '--config.eval_batch_size=32', '--config.log_every=1']
+
+
+@pytest.fixture(scope='module')
+def finetune_runs(tiny_checkpoint, tmp_path_factory):
+  """SST-2 trained by 2 processes and by 1; SQuAD trained by 1 process, then evaluated again by 2.
+
+  The three training runs share the cores at once. The 2-process SQuAD evaluation (eval_only)
+  restores the 1-process checkpoint onto its mesh and gathers span logits over packed rows.
+  """
+  root = tmp_path_factory.mktemp('finetune')
+  glue_outs = _succeed(_start_two(GLUE, _glue_args(tiny_checkpoint, root / 'glue_multi'))
+                       + [_launch(GLUE, _glue_args(tiny_checkpoint, root / 'glue_single'), 8),
+                          _launch(SQUAD, _squad_args(tiny_checkpoint, root / 'squad_single'), 8)])[:2]
+  shutil.copytree(root / 'squad_single', root / 'squad_multi')
+  for name in ('final_metrics.json', 'seed_0/final_metrics.json', 'seed_0/predictions_eval.json'):
+    (root / 'squad_multi' / name).unlink()  # the 2-process evaluation writes them again
+  squad_outs = _succeed(_start_two(SQUAD, [*_squad_args(tiny_checkpoint, root / 'squad_multi'),
+                                           '--config.eval_only=True']))
+  return dict(root=root, glue_outs=glue_outs, squad_outs=squad_outs)
+
+
+def _final(workdir):
+  return json.loads((workdir / 'final_metrics.json').read_text())
+
+
+def test_two_processes_finetune_like_one(finetune_runs):
+  root = finetune_runs['root']
+  logs = []
+  for name in ('glue_multi', 'glue_single'):
+    with open(root / name / 'seed_0' / 'metrics_train.jsonl', encoding='utf-8') as f:
+      logs.append(list(map(json.loads, f)))
+  multi, single = logs
+  assert [r['step'] for r in multi] == [r['step'] for r in single] == list(range(1, FT_STEPS + 1))
+  for name in ('loss', 'grad_norm'):
+    np.testing.assert_allclose([r[name] for r in multi], [r[name] for r in single], rtol=1e-5)
+  final = [_final(root / name) for name in ('glue_multi', 'glue_single')]
+  assert final[0]['step'] == final[1]['step'] == FT_STEPS
+  for name in ('dev_accuracy', 'train_padding_fraction'):
+    np.testing.assert_allclose(final[0][name], final[1][name], rtol=1e-5)
+  assert (root / 'glue_multi' / 'seed_0' / 'checkpoints' / str(FT_STEPS)).is_dir()
+  for name in ('config.json', 'seed_0/predictions_dev.tsv', 'seed_0/final_metrics.json'):
+    assert (root / 'glue_multi' / name).is_file(), name
+
+
+def test_two_processes_restore_and_evaluate_spans_like_one(finetune_runs):
+  root = finetune_runs['root']
+  multi, single = _final(root / 'squad_multi'), _final(root / 'squad_single')
+  assert multi['step'] == single['step'] == 2
+  for name in ('eval_exact_match', 'eval_f1', 'eval_num_examples'):
+    np.testing.assert_allclose(multi[name], single[name], rtol=1e-5)
+  predictions = [json.loads((root / name / 'seed_0' / 'predictions_eval.json').read_text())
+                 for name in ('squad_multi', 'squad_single')]
+  assert predictions[0] == predictions[1]
+
+
+def test_only_process_0_prints_when_fine_tuning(finetune_runs):
+  glue, squad = finetune_runs['glue_outs'], finetune_runs['squad_outs']
+  assert f'step 1/{FT_STEPS}' in glue[0] and '"dev_accuracy"' in glue[0] and '"eval_f1"' in squad[0]
+  assert _silent(glue[1]) and _silent(squad[1])
+
+
+def test_bad_fine_tuning_input_stops_every_process_with_one_error_line(tiny_checkpoint, tmp_path):
+  # Every process validates the same config: each stops with the same error, none waits for the other.
+  results = _wait(_start_two(GLUE, [*_glue_args(tiny_checkpoint, tmp_path / 'w'), '--config.batch_size=12']))
+  for result in results:
+    assert_one_line_error(result, 'batch_size=12 must be a multiple of the 8 batch shards (mesh data x fsdp over '
+                          '2 processes)')
+  assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('script', ['pretrain.py', 'finetune_glue.py'])
+def test_bad_flags_give_one_error_line(script, tmp_path):
+  result = run_experiment(script, f'--workdir={tmp_path / "w"}', '--num_processes=2', timeout=120)
   assert_one_line_error(result, 'needs all of --coordinator_address')
   assert not (tmp_path / 'w').exists()
 
