@@ -28,6 +28,8 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
 ATTENTION_IMPLS = ('', 'xla', 'cudnn', 'einsum')
 # model.remat_policy: what each encoder layer keeps for the backward pass (model.REMAT_POLICIES).
 REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
+# model.dropout_impl: hashed masks (bert_jax/dropout.py) or jax.random.bernoulli, as nnx.Dropout.
+DROPOUT_IMPLS = ('hash', 'threefry')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +82,8 @@ class ModelConfig:
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ConfigError(f'model.attention_impl must be one of {ATTENTION_IMPLS} (\'\' = automatic), '
                         f'got {self.attention_impl!r}')
-    if self.dropout_impl not in ('hash', 'threefry'):
-      raise ConfigError(f"model.dropout_impl must be 'hash' or 'threefry', got {self.dropout_impl!r}")
+    if self.dropout_impl not in DROPOUT_IMPLS:
+      raise ConfigError(f'model.dropout_impl must be one of {", ".join(DROPOUT_IMPLS)}, got {self.dropout_impl!r}')
     if self.remat_policy not in REMAT_POLICIES:
       raise ConfigError(f'model.remat_policy must be one of {", ".join(REMAT_POLICIES)}, '
                         f'got {self.remat_policy!r}')

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-DROPOUT_IMPLS = ('hash', 'threefry')
+from bert_jax.config import DROPOUT_IMPLS
 
 
 def _fmix32(x: jax.Array) -> jax.Array:

@@ -297,15 +297,13 @@ def predict(run: _Run, params, features: list[Feature]) -> list[np.ndarray]:
 def print_summary(result: dict[str, Any]) -> None:
   """The run's main metric in words, then the whole result as one JSON line (without per-seed copies).
 
-  Process 0 prints; the others, which hold the same result, stay silent.
+  Process 0 prints (`metrics.log`); the others, which hold the same result, stay silent.
   """
-  if jax.process_index() != 0:
-    return
   main = result['main_metric']
   line = f'{result["task"]}: {main} {result[main]:.4f}'
   if main.endswith('_mean'):
     std = result[main[:-len('_mean')] + '_std']
     values = ', '.join(f'{v:.4f}' for v in result[main[:-len('_mean')] + '_per_seed'])
     line += f' ± {std:.4f} over seeds {result["seeds"]} ({values})'
-  print(line, flush=True)
-  print(json.dumps({k: v for k, v in result.items() if k != 'per_seed'}), flush=True)
+  metrics_lib.log(line)
+  metrics_lib.log(json.dumps({k: v for k, v in result.items() if k != 'per_seed'}))

@@ -161,10 +161,11 @@ def packed_num_rows(lengths_per_process: Sequence[Sequence[int]], cfg: DataConfi
     lengths_per_process: the token counts of each process's examples (0 = padding example).
     cfg: max_seq_length, max_segments_per_row, pack_rows_multiple.
   """
-  if cfg.pack_rows_multiple < 1 or cfg.max_segments_per_row < 1:
-    raise ConfigError(f'data.pack_rows_multiple={cfg.pack_rows_multiple} and data.max_segments_per_row='
-                      f'{cfg.max_segments_per_row} must be positive')
-  needed = max(_placement([n for n in lengths if n], cfg)[1] for lengths in lengths_per_process)
+  return _rounded_rows(max(_placement([n for n in lengths if n], cfg)[1] for lengths in lengths_per_process), cfg)
+
+
+def _rounded_rows(needed: int, cfg: DataConfig) -> int:
+  # Positive pack_rows_multiple and max_segments_per_row: train_lib.validate_config.
   return -(-max(needed, 1) // cfg.pack_rows_multiple) * cfg.pack_rows_multiple
 
 
@@ -187,7 +188,7 @@ def pack_batch(batch: dict, cfg: DataConfig, num_rows: int | None = None) -> dic
   real = np.flatnonzero(batch['nsp_weights'] > 0)
   placed, needed = _placement(lengths[real].tolist(), cfg)
   if num_rows is None:
-    num_rows = packed_num_rows([lengths[real].tolist()], cfg)
+    num_rows = _rounded_rows(needed, cfg)
   if num_rows < needed:
     raise ValueError(f'{len(real)} examples need {needed} packed rows, got {num_rows}')
   r, t, k, pp = num_rows, cfg.max_seq_length, cfg.max_segments_per_row, packed_mlm_width(cfg)
@@ -290,21 +291,20 @@ class PretrainingBatches:
     n = len(self._dataset)
     start = k * self._global_batch_size + self._row_offset
     stream_pos = range(start, start + self._local_batch_size)
+    num_rows = None  # one process: as many rows as its own examples need
     if self._cfg.pack and self._process_count > 1:
-      # Packing needs every process's example lengths (see packed_num_rows).
+      # Every process must emit the same number of packed rows: read every process's examples
+      # for their lengths (see packed_num_rows) and keep this process's block.
       global_pos = range(k * self._global_batch_size, (k + 1) * self._global_batch_size)
       every = self._dataset.get_many([self._permutation(s // n)[s % n] for s in global_pos])
-      lo = self._row_offset
-      examples = every[lo:lo + self._local_batch_size]
+      local = self._local_batch_size
+      num_rows = packed_num_rows([[len(ex[0]) for ex in every[i:i + local]]
+                                  for i in range(0, len(every), local)], self._cfg)
+      examples = every[self._row_offset:self._row_offset + local]
     else:
-      every = examples = self._dataset.get_many([self._permutation(s // n)[s % n] for s in stream_pos])
+      examples = self._dataset.get_many([self._permutation(s // n)[s % n] for s in stream_pos])
     batch = make_batch(examples, [(self._seed, 1, s) for s in stream_pos], **self._make)
-    if not self._cfg.pack:
-      return batch
-    local = self._local_batch_size
-    num_rows = packed_num_rows([[len(ex[0]) for ex in every[i:i + local]]
-                                for i in range(0, len(every), local)], self._cfg)
-    return pack_batch(batch, self._cfg, num_rows)
+    return pack_batch(batch, self._cfg, num_rows) if self._cfg.pack else batch
 
   def _permutation(self, epoch: int) -> np.ndarray:
     if epoch not in self._perms:

@@ -23,7 +23,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 import jax
 
 from bert_jax import benchmarking, cli
-from bert_jax.config import preset
+from bert_jax.config import DROPOUT_IMPLS, preset
 
 _PRESET = flags.DEFINE_list('preset', ['base'], 'Model presets: tiny, mini, small, medium, base, large.')
 _BATCH = flags.DEFINE_list('batch_size', ['8'], 'Global batch sizes.')
@@ -36,7 +36,7 @@ _ATTN_DROPOUT = flags.DEFINE_float('attention_dropout', 0.1, 'Attention-probabil
                                    'the fused dot_product_attention path while training).')
 _ATTN_IMPL = flags.DEFINE_string('attention_impl', '', "model.attention_impl ('' = automatic).")
 _REMAT = flags.DEFINE_string('remat', 'none', 'model.remat_policy: none, full, dots, dots_no_batch.')
-_DROPOUT_IMPL = flags.DEFINE_enum('dropout_impl', 'hash', ['hash', 'threefry'],
+_DROPOUT_IMPL = flags.DEFINE_enum('dropout_impl', 'hash', DROPOUT_IMPLS,
                                   "model.dropout_impl: hashed masks or jax.random.bernoulli (HF's).")
 _SCAN = flags.DEFINE_bool('scan_layers', False, 'model.scan_layers: one lax.scan over the encoder layers.')
 _PEAK = flags.DEFINE_float('peak_tflops', None, 'Peak TFLOP/s per device for MFU (overrides the table; '

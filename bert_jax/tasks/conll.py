@@ -18,9 +18,9 @@ from absl import logging
 import numpy as np
 
 from bert_jax.errors import ConfigError, DataError
+from bert_jax.files import write_text_atomic
 from bert_jax.tasks import metrics
 from bert_jax.tasks.base import IGNORE, EvalSet, Feature
-from bert_jax.files import write_text_atomic
 
 LABELS = ['O', 'B-PER', 'I-PER', 'B-LOC', 'I-LOC', 'B-ORG', 'I-ORG', 'B-MISC', 'I-MISC']
 LABEL_INDEX = {label: i for i, label in enumerate(LABELS)}

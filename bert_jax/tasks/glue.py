@@ -14,9 +14,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bert_jax.files import write_text_atomic
-
 from bert_jax.errors import DataError
+from bert_jax.files import write_text_atomic
 from bert_jax.tasks import metrics
 from bert_jax.tasks.base import EvalSet, Feature
 
@@ -198,8 +197,6 @@ def get_task(name: str) -> GlueTask:
   if name not in TASKS:
     raise DataError(f'unknown GLUE task {name!r}; known: {", ".join(TASKS)}')
   return TASKS[name]
-
-
 
 
 def _read_lines(path: str) -> list[tuple[int, list[str]]]:

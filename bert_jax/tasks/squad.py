@@ -482,8 +482,6 @@ def squad_v2_metrics(examples: Sequence[SquadExample], predictions: dict[str, st
   return metrics
 
 
-
-
 # ----------------------------------------------------------------------------- task
 
 
