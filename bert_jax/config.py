@@ -139,7 +139,7 @@ class DataConfig:
   # optim.grad_accum_steps x the batch shards (mesh data x fsdp).
   pack_rows_multiple: int = 8
   # At most this many examples share a row (the width of the per-row NSP arrays). Rows hold as
-  # many masked-LM slots as any such examples can need (input_pipeline.packed_mlm_width: 21 at
+  # many masked-LM slots as any such examples can need (data.loader.packed_mlm_width: 21 at
   # seq 128 with 20 predictions; 20 with 2 per row).
   max_segments_per_row: int = 4
 

@@ -28,7 +28,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax import distributed, metrics as metrics_lib, optim, packing, sharding as shd
+from bert_jax import distributed, metrics as metrics_lib, optim, sharding as shd
+from bert_jax.data import packing
 from bert_jax.checkpointing import Checkpointer, write_config
 from bert_jax.config import FinetuneConfig, OptimConfig
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError

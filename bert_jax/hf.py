@@ -24,7 +24,7 @@ from flax import traverse_util
 from safetensors import SafetensorError
 from safetensors import numpy as st_numpy
 
-from bert_jax import tokenization
+from bert_jax.data import tokenization
 from bert_jax.config import ModelConfig
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
 from bert_jax.model import BertForPreTraining

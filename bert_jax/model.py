@@ -179,7 +179,7 @@ class BertForPreTraining(nnx.Module):
     """Returns (mlm_logits [B, P, V], nsp_logits [B, 2]), both float32.
 
     The MLM head runs only on the P gathered masked positions, not on all T tokens.
-    Packed rows (`input_pipeline.pack_batch`) pass `segment_ids_bt` (attention stays inside
+    Packed rows (`data.loader.pack_batch`) pass `segment_ids_bt` (attention stays inside
     each example) and `cls_positions_bk` (each of K examples' [CLS] offset, pooled for NSP):
     nsp_logits are then [B, K, 2].
     """

@@ -20,7 +20,7 @@ from bert_jax.checkpointing import CONFIG_FILE, read_config
 from bert_jax.config import MeshConfig, ModelConfig
 from bert_jax.errors import CheckpointError
 from bert_jax.model import BertEncoder, BertForPreTraining
-from bert_jax.tokenization import SentencePieceTokenizer, WordPieceTokenizer
+from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenizer
 
 TOKENIZER_FILE = 'tokenizer.model'  # a pretraining workdir's SentencePiece model
 

@@ -21,11 +21,12 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import distributed, input_pipeline, metrics as metrics_lib, optim, pretraining_data, sharding as shd
+from bert_jax import distributed, metrics as metrics_lib, optim, sharding as shd
+from bert_jax.data import loader as input_pipeline, prepare as pretraining_data
 from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config, write_config
 from bert_jax.config import PretrainConfig, diff_model_configs
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, DataError
-from bert_jax.tokenization import SentencePieceTokenizer
+from bert_jax.data.tokenization import SentencePieceTokenizer
 from bert_jax.train_state import PretrainingModel, summarize
 
 FINAL_METRICS_FILE = 'final_metrics.json'

@@ -22,7 +22,7 @@ from bert_jax.model import BertForPreTraining
 from bert_jax.layers import log_attention
 
 MODEL_INPUTS = ('input_ids', 'token_type_ids', 'attention_mask', 'masked_lm_positions')
-# Only in packed batches (input_pipeline.pack_batch): keyword arguments of BertForPreTraining.
+# Only in packed batches (data.loader.pack_batch): keyword arguments of BertForPreTraining.
 PACKED_INPUTS = {'segment_ids': 'segment_ids_bt', 'cls_positions': 'cls_positions_bk'}
 
 

@@ -55,7 +55,7 @@ def small_data_config(tmp, **overrides):
 @pytest.fixture(scope='module')
 def prepared(tmp_path_factory):
   """(config, PreparedData) of `small_data_config`, built once per test module."""
-  from bert_jax import pretraining_data  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import prepare as pretraining_data  # pylint: disable=g-import-not-at-top
   cfg = small_data_config(str(tmp_path_factory.mktemp('data')))
   return cfg, pretraining_data.prepare_pretraining_data(cfg, vocab_size=SMALL_VOCAB, seed=0)
 
@@ -141,7 +141,7 @@ def tiny_checkpoint(tmp_path_factory):
   from bert_jax import hf  # pylint: disable=g-import-not-at-top
   from bert_jax.config import preset  # pylint: disable=g-import-not-at-top
   from bert_jax.model import BertForPreTraining  # pylint: disable=g-import-not-at-top
-  from bert_jax.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  from bert_jax.data.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
   vocab = minilm_dir_or_skip()
   cfg = preset('tiny', vocab_size=30522, hidden_size=32, num_heads=2, intermediate_size=64)
   model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
@@ -154,5 +154,5 @@ def tiny_checkpoint(tmp_path_factory):
 @pytest.fixture(scope='session')
 def wordpiece():
   """all-MiniLM-L6-v2's WordPiece tokenizer; the test skips when the package is not installed."""
-  from bert_jax.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  from bert_jax.data.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
   return WordPieceTokenizer.from_directory(minilm_dir_or_skip())

@@ -15,7 +15,8 @@ sys.path.insert(0, REPO)
 
 import jax  # pylint: disable=g-import-not-at-top
 
-from bert_jax import cli, input_pipeline  # pylint: disable=g-import-not-at-top
+from bert_jax import cli  # pylint: disable=g-import-not-at-top
+from bert_jax.data import loader as input_pipeline  # pylint: disable=g-import-not-at-top
 
 _batch_at = input_pipeline.PretrainingBatches.batch_at
 

@@ -5,7 +5,8 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import finetune_lib, optim, packing, sharding as shd
+from bert_jax import finetune_lib, optim, sharding as shd
+from bert_jax.data import packing
 from bert_jax.config import MeshConfig, OptimConfig, preset
 from bert_jax.finetune_state import FinetuneModel, task_loss
 from test_packing import _features

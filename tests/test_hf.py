@@ -18,7 +18,7 @@ from flax import traverse_util
 from safetensors import numpy as st_numpy
 
 from bert_jax import config, hf, model
-from bert_jax import tokenization as tk
+from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError, ConfigError, DataError
 
 from conftest import minilm_dir

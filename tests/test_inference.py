@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from bert_jax import config, inference, model, tokenization
+from bert_jax import config, inference, model
+from bert_jax.data import tokenization
 from bert_jax.errors import CheckpointError, ConfigError, DataError
 from bert_jax.pretrained import PretrainedBert
 from conftest import REPO, WIKITEXT, minilm_dir_or_skip

@@ -88,7 +88,7 @@ def test_checkpoint_saved_under_one_layout_restores_under_another(tmp_path):
 
 @pytest.mark.parametrize('kind', ['classification', 'span'])
 def test_finetuning_heads_compute_the_single_device_gradients_under_2x2x2(kind):
-  from bert_jax import packing  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import packing  # pylint: disable=g-import-not-at-top
   from bert_jax.finetune_state import FinetuneModel  # pylint: disable=g-import-not-at-top
   from test_packing import _features  # pylint: disable=g-import-not-at-top
   batch = packing.make_batch(_features([12, 3, 20, 7, 9, 30, 4, 16], seed=2), kind, batch_size=8,

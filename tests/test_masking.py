@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from bert_jax import masking
-from bert_jax.tokenization import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, UNK_ID
+from bert_jax.data import masking
+from bert_jax.data.tokenization import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID, UNK_ID
 
 VOCAB = 1000
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bert_jax import packing
+from bert_jax.data import packing
 from bert_jax.tasks.base import IGNORE, Feature
 
 

@@ -10,7 +10,7 @@ import pytest
 from bert_jax import train_lib
 from bert_jax.errors import CheckpointError
 from bert_jax.pretrained import load_pretrained
-from bert_jax.tokenization import SentencePieceTokenizer
+from bert_jax.data.tokenization import SentencePieceTokenizer
 
 from conftest import tiny_pretrain_config, write_small_corpus
 

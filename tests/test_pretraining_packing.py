@@ -14,9 +14,10 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import config, input_pipeline as ip, masking, optim, sharding, train_lib
+from bert_jax import config, optim, sharding, train_lib
+from bert_jax.data import loader as ip, masking
 from bert_jax.errors import ConfigError
-from bert_jax.tokenization import CLS_ID, SEP_ID
+from bert_jax.data.tokenization import CLS_ID, SEP_ID
 from bert_jax.train_state import PretrainingModel, pretraining_sums
 
 from conftest import SMALL_VOCAB, small_data_config, tiny_pretrain_config
@@ -28,7 +29,7 @@ def prepared(tmp_path_factory):
 
   (At its 64 tokens nearly every pair is full: its sentences alone are ~60 pieces long.)
   """
-  from bert_jax import pretraining_data  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import prepare as pretraining_data  # pylint: disable=g-import-not-at-top
   cfg = small_data_config(str(tmp_path_factory.mktemp('data')), short_seq_prob=1.0, max_seq_length=256)
   return cfg, pretraining_data.prepare_pretraining_data(cfg, vocab_size=SMALL_VOCAB, seed=0)
 

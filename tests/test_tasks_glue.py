@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax import tokenization as tk
+from bert_jax.data import tokenization as tk
 from bert_jax.config import FinetuneConfig
 from bert_jax.errors import DataError
 from bert_jax.tasks import glue, metrics

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from bert_jax import corpus
-from bert_jax import tokenization as tk
+from bert_jax.data import readers as corpus
+from bert_jax.data import tokenization as tk
 from bert_jax.errors import ConfigError, DataError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from bert_jax import corpus
+from bert_jax.data import readers as corpus
 from bert_jax.errors import DataError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

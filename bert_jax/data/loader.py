@@ -34,10 +34,10 @@ from typing import Iterator, Sequence
 from array_record.python import array_record_data_source
 import numpy as np
 
-from bert_jax import masking, packing
+from bert_jax.data import masking, packing
 from bert_jax.config import DataConfig
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.pretraining_data import META_FILE, Example, PreparedData, decode_record, read_meta
+from bert_jax.data.prepare import META_FILE, Example, PreparedData, decode_record, read_meta
 
 
 # ----------------------------------------------------------------------------- the dataset

@@ -25,11 +25,11 @@ from absl import logging
 from array_record.python import array_record_module
 import numpy as np
 
-from bert_jax import corpus
-from bert_jax import tokenization
+from bert_jax.data import readers as corpus
+from bert_jax.data import tokenization
 from bert_jax.config import DataConfig
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.tokenization import CLS_ID, NUM_SPECIAL, SEP_ID
+from bert_jax.data.tokenization import CLS_ID, NUM_SPECIAL, SEP_ID
 
 # Bump when records would change (layout, NSP algorithm, corpus parsing, tokenizer
 # training): code is not part of the cache fingerprint, this constant is.

@@ -5,9 +5,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bert_jax import input_pipeline as ip
+from bert_jax.data import loader as ip
 from bert_jax.errors import ConfigError
-from bert_jax.tokenization import MASK_ID, SentencePieceTokenizer
+from bert_jax.data.tokenization import MASK_ID, SentencePieceTokenizer
 
 from conftest import SMALL_VOCAB as VOCAB
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bert_jax.tokenization import MASK_ID, NUM_SPECIAL, UNK_ID
+from bert_jax.data.tokenization import MASK_ID, NUM_SPECIAL, UNK_ID
 
 
 def mask_tokens(input_ids, rng: np.random.Generator, *, vocab_size: int, max_predictions: int,

@@ -8,10 +8,10 @@ import random
 import numpy as np
 import pytest
 
-from bert_jax import input_pipeline as ip
-from bert_jax import pretraining_data
+from bert_jax.data import loader as ip
+from bert_jax.data import prepare as pretraining_data
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.tokenization import CLS_ID, SEP_ID, SentencePieceTokenizer
+from bert_jax.data.tokenization import CLS_ID, SEP_ID, SentencePieceTokenizer
 
 from conftest import SMALL_VOCAB as VOCAB, small_data_config
 

@@ -1,0 +1,12 @@
+"""The pretraining data pipeline, in the order it runs.
+
+  readers      corpus files (WikiText, WikiExtractor, plain, jsonl; gzip/bz2/xz) -> documents
+               of sentences, streamed per work unit
+  tokenization SentencePiece (trained on a sample, or given) and Hugging Face WordPiece
+  nsp          documents -> BERT's sentence pairs (next-sentence prediction)
+  prepare      the parallel, resumable build: units -> ArrayRecord shards + manifest
+  records      the record layout and the prepared cache's description
+  masking      dynamic masked-LM corruption, vectorised over a batch
+  packing      first-fit packing of examples into rows (pretraining and fine-tuning)
+  loader       prepared records -> masked, resumable per-process batches
+"""
