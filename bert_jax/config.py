@@ -109,18 +109,32 @@ def preset(name: str, **overrides: Any) -> ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """Pretraining corpus, tokenizer and example construction."""
+  """Pretraining corpus, its preparation (bert_jax/data/prepare.py) and example construction."""
 
-  # Comma-separated files, globs or directories.
+  # Comma-separated files, globs or directories; gzip/bz2/xz files are read as they are.
   train_files: str = 'data/wikitext-2-raw'
-  # Held-out files; when empty, `eval_fraction` of the documents are held out instead.
+  # Held-out files; when empty, documents are held out by a keyed hash of their text with
+  # probability `eval_fraction`.
   eval_files: str = ''
   eval_fraction: float = 0.05
-  # SentencePiece model; when empty one is trained on the training documents.
+  # Corpus format (readers.FORMATS): 'auto' detects wikiextractor, jsonl, wikitext or plain per file.
+  format: str = 'auto'
+  text_field: str = 'text'  # jsonl: the field that holds a document's text
+  # Plain/jsonl text wrapped at a fixed width: a paragraph is the lines up to a blank line (and
+  # in plain files a document ends at two blank lines) instead of one line each.
+  hard_wrapped: bool = False
+  # A SentencePiece .model, or a Hugging Face WordPiece tokenizer (a checkpoint directory, its
+  # tokenizer.json or vocab.txt: the ids of that checkpoint's own tokenizer). Empty: train a
+  # SentencePiece model (vocab = model.vocab_size) on a sample of the training sentences.
   tokenizer: str = ''
-  lower_case: bool = True
-  # Where pre-tokenised records (and a trained tokenizer) are cached, keyed by a fingerprint.
+  tokenizer_sample_sentences: int = 1_000_000
+  lower_case: bool = True  # for a trained tokenizer; a given one keeps its own normalisation
+  # Where prepared records (and a trained tokenizer) are cached, keyed by a fingerprint.
   cache_dir: str = 'data/cache'
+  # Preparation works on units of whole documents of about this many MB of input, one worker
+  # process each: memory grows with unit_mb x num_workers, not with the corpus.
+  unit_mb: int = 16
+  num_workers: int = 0  # preparation worker processes per host; 0 = every local core
   max_seq_length: int = 128
   max_predictions_per_seq: int = 20
   masked_lm_prob: float = 0.15
@@ -128,7 +142,10 @@ class DataConfig:
   # Passes over the documents when building NSP pairs (each pass pairs differently).
   dupe_factor: int = 5
   whole_word_masking: bool = False
-  num_shards: int = 4
+  # Processes that build training batches beside the training loop (grain's multiprocessing
+  # prefetch); 0 builds them in a thread of the training process; -1 = automatic: none on a
+  # CPU backend (its cores train), else one per local accelerator, at most half the cores.
+  loader_workers: int = -1
   # Training batches only: pack each global batch's examples (the same examples and masks as
   # unpacked) several per row, with per-example attention, positions and [CLS] pooling — the same
   # function on fewer rows. BERT pairs mostly fill max_seq_length, so the gain depends on the data

@@ -20,9 +20,10 @@ from bert_jax.checkpointing import CONFIG_FILE, read_config
 from bert_jax.config import MeshConfig, ModelConfig
 from bert_jax.errors import CheckpointError
 from bert_jax.model import BertEncoder, BertForPreTraining
-from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenizer
+from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
 
-TOKENIZER_FILE = 'tokenizer.model'  # a pretraining workdir's SentencePiece model
+# A pretraining workdir's tokenizer: SentencePiece, or WordPiece when its data used a Hugging Face one.
+TOKENIZER_FILES = ('tokenizer.model', 'tokenizer.json')
 
 
 @dataclasses.dataclass
@@ -98,12 +99,11 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
 
 
 def _load_workdir(path: str, step: int | None) -> PretrainedBert:
-  tokenizer_path = os.path.join(path, TOKENIZER_FILE)
-  if read_config(path) is not None and not os.path.exists(tokenizer_path):
-    raise CheckpointError(f'{path} has no {TOKENIZER_FILE}; it was written by an older bert_jax — copy the '
-                          'tokenizer.model from its data cache into the workdir')
+  if read_config(path) is not None and not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
+    raise CheckpointError(f'{path} has no tokenizer ({" or ".join(TOKENIZER_FILES)}); it was written by an older '
+                          'bert_jax — copy the tokenizer from its data cache into the workdir')
   from bert_jax import train_lib  # pylint: disable=g-import-not-at-top
   mesh = shd.make_mesh(MeshConfig(), jax.devices()[:1])  # inference: one device
   cfg, _, state, meta = train_lib.restore_workdir(path, step, mesh)
-  return PretrainedBert(cfg.model, jax.device_get(state['params']), SentencePieceTokenizer(tokenizer_path),
+  return PretrainedBert(cfg.model, jax.device_get(state['params']), load_tokenizer(path),
                         'bert_jax', path, step=int(meta['step']))

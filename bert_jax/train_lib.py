@@ -9,11 +9,10 @@ asynchronous checkpoints.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
-import shutil
+import time
 from typing import Any, Iterator
 
 import jax
@@ -22,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import distributed, metrics as metrics_lib, optim, sharding as shd
-from bert_jax.data import loader as input_pipeline, prepare as pretraining_data
+from bert_jax.data import loader as input_pipeline, prepare as pretraining_data, tokenization
+from bert_jax.data.records import PreparedData
 from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config, write_config
 from bert_jax.config import PretrainConfig, diff_model_configs
-from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, DataError
-from bert_jax.data.tokenization import SentencePieceTokenizer
+from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.train_state import PretrainingModel, summarize
 
 FINAL_METRICS_FILE = 'final_metrics.json'
@@ -91,34 +90,41 @@ def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
                           'use a new --workdir or the same model config')
 
 
-def _prepare(cfg: PretrainConfig):
-  build = functools.partial(pretraining_data.prepare_pretraining_data, cfg.data,
-                            vocab_size=cfg.model.vocab_size, seed=cfg.seed)
-  if jax.process_count() > 1:
-    # Process 0 builds the cache while the others wait, then they reuse it (shared filesystem)
-    # or build their identical copy (local disks) instead of all tokenizing the corpus at once.
-    error = None
-    if jax.process_index() == 0:
-      try:
-        build()
-      except BertJaxError as e:
-        error = e
-    # Process 0 comes to the barrier even when it failed, so no process waits for one that left.
-    if multihost_utils.broadcast_one_to_all(np.int32(error is not None)):
-      raise error or DataError('process 0 could not prepare the pretraining data; its error says why')
-  prepared = build()
-  tokenizer = SentencePieceTokenizer(prepared.tokenizer_path)
-  word_starts = tokenizer.word_start_table() if cfg.data.whole_word_masking else None
-  return prepared, word_starts
+def prepare_data(cfg: PretrainConfig) -> tuple[PreparedData, input_pipeline.Vocab]:
+  """Prepares (or reuses) the run's data, every process building its share of the units.
+
+  Returns:
+    The prepared cache and what masking needs of its tokenizer.
+  """
+
+  def sync(failed: bool) -> bool:  # a barrier that also tells whether any process failed
+    if jax.process_count() == 1:
+      return failed
+    return bool(np.any(multihost_utils.process_allgather(np.int32(failed))))
+
+  prepared = pretraining_data.prepare_pretraining_data(
+      cfg.data, vocab_size=cfg.model.vocab_size, seed=cfg.seed, process_index=jax.process_index(),
+      process_count=jax.process_count(), sync=sync, log=metrics_lib.log)
+  tokenizer = tokenization.load_tokenizer(prepared.tokenizer_path)
+  return prepared, input_pipeline.Vocab.from_tokenizer(tokenizer, prepared.special_ids,
+                                                       cfg.data.whole_word_masking)
 
 
-def _eval_iter(cfg: PretrainConfig, prepared, word_starts, mesh) -> Iterator[dict[str, np.ndarray]]:
+def _eval_iter(cfg: PretrainConfig, prepared, vocab, mesh) -> Iterator[dict[str, np.ndarray]]:
   dataset = input_pipeline.PretrainingDataset(prepared, 'eval')
   block, num_blocks = distributed.process_batch_block(mesh)
-  return input_pipeline.eval_batches(
-      dataset, batch_size=cfg.eval_batch_size, seed=cfg.seed, cfg=cfg.data,
-      vocab_size=cfg.model.vocab_size, word_starts=word_starts,
-      process_index=block, process_count=num_blocks)
+  return input_pipeline.eval_batches(dataset, batch_size=cfg.eval_batch_size, seed=cfg.seed, cfg=cfg.data,
+                                     vocab=vocab, process_index=block, process_count=num_blocks)
+
+
+def loader_workers(cfg: PretrainConfig) -> int:
+  """data.loader_workers, with -1 resolved: none on CPU (its cores train), else one per local
+  accelerator up to half the host's cores."""
+  if cfg.data.loader_workers >= 0:
+    return cfg.data.loader_workers
+  if jax.default_backend() == 'cpu':
+    return 0
+  return max(1, min(jax.local_device_count(), (os.cpu_count() or 2) // 2))
 
 
 def evaluate(model: PretrainingModel, params, batches, baseline_token: int) -> dict[str, float]:
@@ -156,10 +162,8 @@ def _all_finite(tree) -> jax.Array:
 
 def _copy_tokenizer(tokenizer_path: str, workdir: str) -> None:
   # A workdir carries its tokenizer, so fill-mask/embed/export need nothing else.
-  target = os.path.join(workdir, 'tokenizer.model')
-  if jax.process_index() == 0 and not os.path.exists(target):
-    shutil.copyfile(tokenizer_path, target + '.tmp')
-    os.replace(target + '.tmp', target)
+  if jax.process_index() == 0:
+    tokenization.save_tokenizer(tokenization.load_tokenizer(tokenizer_path), workdir)
 
 
 def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
@@ -167,7 +171,7 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
   mesh = shd.make_mesh(cfg.mesh)
   validate_config(cfg, mesh)
   check_workdir(workdir, cfg)
-  prepared, word_starts = _prepare(cfg)
+  prepared, vocab = prepare_data(cfg)
 
   schedule = optim.learning_rate_schedule(cfg.optim, cfg.num_train_steps)
   model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
@@ -183,12 +187,12 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
       state, data_position = model.init_state(), 0
     write_config(workdir, cfg.to_dict())
     _copy_tokenizer(prepared.tokenizer_path, workdir)
-    return _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_starts)
+    return _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab)
   finally:
     ckpt.close()
 
 
-def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_starts):
+def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab):
   start_step = int(jax.device_get(state['step']))
   total = cfg.num_train_steps
   config_dict = cfg.to_dict()
@@ -197,21 +201,25 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_
   train_ds = input_pipeline.PretrainingDataset(prepared, 'train')
   # This process's rows of each global batch: the block its devices hold in the batch sharding.
   block, num_blocks = distributed.process_batch_block(model.mesh)
+  workers = loader_workers(cfg)
   batches = input_pipeline.PretrainingBatches(
-      train_ds, global_batch_size=cfg.batch_size, seed=cfg.seed, cfg=cfg.data,
-      vocab_size=cfg.model.vocab_size, word_starts=word_starts, process_index=block,
-      process_count=num_blocks, start_position=data_position)
+      train_ds, global_batch_size=cfg.batch_size, seed=cfg.seed, cfg=cfg.data, vocab=vocab,
+      process_index=block, process_count=num_blocks, start_position=data_position, workers=workers)
   metrics_lib.log(f'training {total - start_step} steps ({start_step} done) on {len(train_ds)} examples; '
-                  f'{jax.device_count()} devices, mesh {dict(model.mesh.shape)}')
+                  f'{jax.device_count()} devices, mesh {dict(model.mesh.shape)}; input: '
+                  + (f'{workers} loader process(es)' if workers else 'a loader thread'))
   progress = metrics_lib.Progress(start_step, total, cfg.batch_size * cfg.data.max_seq_length)
   packed = _PackingStats(cfg, num_blocks) if cfg.data.pack else None
   pending: list[dict[str, jax.Array]] = []
   last_good = ckpt.latest_step()
   last_eval: dict[str, float] | None = None
   step = start_step
+  waited, since = 0.0, time.perf_counter()
   try:
     while step < total:
+      t_wait = time.perf_counter()
       local_batch = next(batches)
+      waited += time.perf_counter() - t_wait
       if packed:
         packed.add(local_batch)
       state, step_metrics = model.train_step(state, model.global_batch(local_batch), model.rest)
@@ -225,16 +233,21 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_
         if step % cfg.log_every == 0 or is_last:
           means = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
           rate = progress.update(step)
+          # The share of the wall time since the last log line spent waiting for a batch.
+          now = time.perf_counter()
+          input_wait, waited, since = waited / max(now - since, 1e-9), 0.0, now
           pack_means = packed.flush() if packed else {}
-          writer.write(step, {**means, **{k: rate[k] for k in ('steps_per_s', 'tokens_per_s')}, **pack_means})
+          writer.write(step, {**means, **{k: rate[k] for k in ('steps_per_s', 'tokens_per_s')},
+                              'input_wait': input_wait, **pack_means})
           metrics_lib.log(f'step {step}/{total} | ' + metrics_lib.format_metrics(
               {k: means[k] for k in ('loss', 'mlm_accuracy', 'nsp_accuracy', 'learning_rate', 'grad_norm')})
-              + f' | {rate["tokens_per_s"]:,.0f} tok/s | ETA {metrics_lib.format_duration(rate["eta_s"])}'
+              + f' | {rate["tokens_per_s"]:,.0f} tok/s | input wait {input_wait:.1%}'
+              + f' | ETA {metrics_lib.format_duration(rate["eta_s"])}'
               + (f' | packed {pack_means["packed_rows"]:.1f}/{cfg.batch_size} rows, '
                  f'{pack_means["packed_fill"]:.1%} real tokens (unpacked {pack_means["unpacked_fill"]:.1%})'
                  if packed else ''))
       if step % cfg.eval_every == 0 or is_last:
-        last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts, model.mesh),
+        last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
                              prepared.most_frequent_token)
         eval_writer.write(step, last_eval)
         metrics_lib.log(f'eval step {step} | ' + metrics_lib.format_metrics(
@@ -251,7 +264,7 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, word_
     writer.close()
     eval_writer.close()
   if last_eval is None:  # resumed a finished run: nothing trained, evaluate what is there
-    last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts, model.mesh),
+    last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
                          prepared.most_frequent_token)
   result = {'step': step, **last_eval}
   if jax.process_index() == 0:
@@ -314,7 +327,7 @@ def evaluate_checkpoint(workdir: str, step: int | None = None) -> dict[str, Any]
   """Restores `step` (latest when None) from a pretraining workdir and evaluates it held-out."""
   cfg, model, state, meta = restore_workdir(workdir, step)
   validate_config(cfg, model.mesh)
-  prepared, word_starts = _prepare(cfg)
-  result = evaluate(model, state['params'], _eval_iter(cfg, prepared, word_starts, model.mesh),
+  prepared, vocab = prepare_data(cfg)
+  result = evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
                     prepared.most_frequent_token)
   return {'step': int(meta['step']), **result}

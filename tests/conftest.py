@@ -46,8 +46,8 @@ def small_data_config(tmp, **overrides):
   os.makedirs(corpus_dir, exist_ok=True)
   with open(os.path.join(corpus_dir, 'wiki.raw'), 'w', encoding='utf-8') as f:
     f.writelines(lines)
-  fields = dict(train_files=corpus_dir, cache_dir=os.path.join(tmp, 'cache'), eval_fraction=0.2,
-                max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, num_shards=3)
+  fields = dict(train_files=corpus_dir, cache_dir=os.path.join(tmp, 'cache'), eval_fraction=0.3,
+                max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, unit_mb=1)
   fields.update(overrides)
   return DataConfig(**fields)
 
@@ -96,7 +96,7 @@ def tiny_pretrain_config(corpus: str, cache_dir: str, **overrides):
   cfg = config.PretrainConfig(
       model=config.preset('tiny', vocab_size=1000),
       data=config.DataConfig(train_files=corpus, cache_dir=cache_dir, max_seq_length=64,
-                             max_predictions_per_seq=10, dupe_factor=1, eval_fraction=0.1),
+                             max_predictions_per_seq=10, dupe_factor=1, eval_fraction=0.4),
       optim=config.OptimConfig(learning_rate=1e-3, warmup_steps=2),
       batch_size=16, eval_batch_size=16, num_train_steps=6, log_every=2, eval_every=3,
       checkpoint_every=2, keep_checkpoints=3)

@@ -13,7 +13,7 @@ from conftest import assert_one_line_error, run_experiment as run, write_small_c
 def tiny_args(corpus, cache, workdir, *extra):
   return [f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
           f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
-          '--config.data.eval_fraction=0.1', *extra]
+          '--config.data.eval_fraction=0.4', *extra]
 
 
 def last_json(stdout):

@@ -83,7 +83,7 @@ def _reads(reads_dir, process):
 def _pretrain_args(root, workdir):
   return [f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
           f'--config.data.train_files={root / "corpus.txt"}', f'--config.data.cache_dir={root / "cache"}',
-          '--config.data.eval_fraction=0.1', f'--config.num_train_steps={STEPS}', f'--config.batch_size={BATCH}',
+          '--config.data.eval_fraction=0.4', f'--config.num_train_steps={STEPS}', f'--config.batch_size={BATCH}',
           '--config.log_every=1', f'--config.eval_every={STEPS}', f'--config.checkpoint_every={STEPS}']
 
 

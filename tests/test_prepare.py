@@ -1,128 +1,75 @@
-"""Tests for bert_jax.pretraining_data: NSP pairs, records, the cache."""
+"""Tests for bert_jax.data.prepare: the streamed, parallel, resumable build and its cache."""
 
+import bz2
 import dataclasses
+import glob
+import gzip
+import hashlib
 import json
 import os
-import random
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
+from bert_jax.config import DataConfig
 from bert_jax.data import loader as ip
-from bert_jax.data import prepare as pretraining_data
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.data import prepare, readers, tokenization
+from bert_jax.data.records import decode_record
 from bert_jax.data.tokenization import CLS_ID, SEP_ID, SentencePieceTokenizer
+from bert_jax.errors import ConfigError, DataError
+from conftest import REPO, SMALL_VOCAB as VOCAB, WIKITEXT, assert_one_line_error, minilm_dir_or_skip, small_data_config
 
-from conftest import SMALL_VOCAB as VOCAB, small_data_config
-
-
-# ----------------------------------------------------------------------------- NSP pairs
-
-
-def _coded_documents(num_docs=30, seed=0):
-  """Sentence j of document d is [code] * n with code = 5 + 100 d + j: pairs are checkable."""
-  rng = random.Random(seed)
-  return [[[5 + 100 * d + j] * rng.randint(2, 12) for j in range(rng.randint(40, 90))]
-          for d in range(num_docs)]
+BUNDLED = os.path.join(REPO, 'data', 'wikitext-2-raw')
 
 
-def _doc_sentence(code):
-  return divmod(code - 5, 100)
+def _cache_digest(directory: str) -> dict[str, str]:
+  """sha256 of every file of a complete cache but build.json (timings, worker count)."""
+  return {name: hashlib.sha256(open(os.path.join(directory, name), 'rb').read()).hexdigest()
+          for name in sorted(os.listdir(directory)) if name != 'build.json'}
 
 
-def test_nsp_pairs_follow_bert():
-  max_len = 32
-  instances = pretraining_data.create_nsp_instances(_coded_documents(), max_seq_length=max_len,
-                                      short_seq_prob=0.0, dupe_factor=10, rng=random.Random(1))
-  assert len(instances) > 5000
-  assert 0.47 < np.mean([r for _, _, r in instances]) < 0.53
-  untruncated_true_pairs = 0
-  for a, b, is_random_next in instances:
-    assert a and b and len(a) + len(b) <= max_len - 3
-    doc_a = {_doc_sentence(t)[0] for t in a}
-    doc_b = {_doc_sentence(t)[0] for t in b}
-    assert len(doc_a) == len(doc_b) == 1  # segments never mix documents
-    sents_a = sorted({_doc_sentence(t)[1] for t in a})
-    sents_b = sorted({_doc_sentence(t)[1] for t in b})
-    assert sents_a == list(range(sents_a[0], sents_a[-1] + 1))  # contiguous sentences
-    if is_random_next:
-      assert doc_a != doc_b
-    else:
-      assert doc_a == doc_b and sents_b[0] > sents_a[-1]
-      if len(a) + len(b) < max_len - 3:  # truncation (which stops at max_len - 3) did not run
-        assert sents_b[0] == sents_a[-1] + 1  # B follows A immediately
-        untruncated_true_pairs += 1
-  assert untruncated_true_pairs > 100
+def _bundled_cfg(cache_dir, **overrides) -> DataConfig:
+  # 2.4 MB in 1 MB units: 4 units, so workers and processes really split the work.
+  fields = dict(train_files=BUNDLED, cache_dir=str(cache_dir), unit_mb=1, max_seq_length=64,
+                max_predictions_per_seq=10, dupe_factor=1, eval_fraction=0.1)
+  fields.update(overrides)
+  return DataConfig(**fields)
 
 
-def test_nsp_labels_stay_balanced_when_sentences_are_long():
-  # Sentences longer than the target length make every chunk one sentence; original BERT
-  # then labels every pair random-next. Ours pairs such a sentence with its successor half the time.
-  rng = random.Random(0)
-  docs = [[[5 + 100 * d + j] * rng.randint(30, 60) for j in range(20)] for d in range(20)]
-  instances = pretraining_data.create_nsp_instances(docs, max_seq_length=32, short_seq_prob=0.1,
-                                                    dupe_factor=5, rng=random.Random(2))
-  assert 0.46 < np.mean([r for _, _, r in instances]) < 0.54
-  for a, b, is_random_next in instances:
-    doc_a, sent_a = _doc_sentence(a[0])
-    doc_b, sent_b = _doc_sentence(b[0])
-    assert (doc_a != doc_b) if is_random_next else (doc_a == doc_b and sent_b == sent_a + 1)
-
-
-def test_short_seq_prob_gives_shorter_pairs():
-  docs = _coded_documents()
-  lengths = {}
-  for p in (0.0, 0.5):
-    instances = pretraining_data.create_nsp_instances(docs, max_seq_length=64, short_seq_prob=p,
-                                        dupe_factor=2, rng=random.Random(0))
-    lengths[p] = np.mean([len(a) + len(b) for a, b, _ in instances])
-  assert lengths[0.5] < 0.85 * lengths[0.0]
-
-
-def test_nsp_needs_two_sentences_and_two_documents():
-  with pytest.raises(DataError, match='no document in my corpus has two sentences; NSP needs'):
-    pretraining_data.create_nsp_instances([[[5, 6]], [[7]]], max_seq_length=16, short_seq_prob=0.1,
-                            dupe_factor=1, rng=random.Random(0), name='my corpus')
-  with pytest.raises(DataError, match='single document'):
-    pretraining_data.create_nsp_instances([[[5, 6], [7]]], max_seq_length=16, short_seq_prob=0.1,
-                            dupe_factor=1, rng=random.Random(0))
-
-
-# ----------------------------------------------------------------------------- records
-
-
-def test_record_round_trip():
-  tokens, len_a, is_random_next = pretraining_data.decode_record(pretraining_data.encode_record([7, 8, 9], [10, 11], True))
-  assert tokens.dtype == np.int32
-  assert tokens.tolist() == [CLS_ID, 7, 8, 9, SEP_ID, 10, 11, SEP_ID]
-  assert (len_a, is_random_next) == (3, True)
+def _no_cache_left(cache_dir) -> bool:
+  return not os.path.isdir(cache_dir) or os.listdir(cache_dir) == []
 
 
 # ----------------------------------------------------------------------------- the cache
 
 
-
-
 def test_prepare_writes_shards_and_meta(prepared):
   cfg, data = prepared
   files = sorted(os.listdir(data.dir))
-  assert files == ['eval-00000-of-00003.array_record', 'eval-00001-of-00003.array_record',
-                   'eval-00002-of-00003.array_record', 'meta.json', 'tokenizer.model',
-                   'train-00000-of-00003.array_record', 'train-00001-of-00003.array_record',
-                   'train-00002-of-00003.array_record']
+  assert files == ['build.json', 'eval-00000.array_record', 'eval.lengths.npy', 'meta.json', 'tokenizer.model',
+                   'train-00000.array_record', 'train.lengths.npy']
   assert os.path.dirname(data.dir) == cfg.cache_dir and len(os.path.basename(data.dir)) == 16
-  assert [p for p in os.listdir(cfg.cache_dir) if p.startswith('.tmp')] == []
-  num_docs = data.stats['documents']
-  assert data.stats['eval_documents'] == round(0.2 * num_docs) >= 2
-  assert data.stats['train_documents'] == num_docs - data.stats['eval_documents']
+  assert [p for p in os.listdir(cfg.cache_dir) if p.endswith('.partial')] == []
+  stats = data.stats
+  assert stats['eval_documents'] >= 2 and stats['train_documents'] + stats['eval_documents'] == stats['documents']
+  assert stats['train_pairs'] == data.num_train and stats['eval_pairs'] == data.num_eval
+  assert 0.4 < stats['random_next_fraction'] < 0.6
   tokenizer = SentencePieceTokenizer(data.tokenizer_path)
   assert tokenizer.vocab_size == VOCAB
   train = ip.PretrainingDataset(data.dir, 'train')
   counts = np.bincount(np.concatenate([train[i][0] for i in range(len(train))]), minlength=VOCAB)
   assert data.most_frequent_token == np.argmax(counts[5:]) + 5
+  assert stats['train_tokens'] == counts[5:].sum() + counts[1]
+  build = prepare.read_build_info(data.dir)
+  assert set(build['seconds']) >= {'plan', 'tokenizer_train', 'units', 'manifest'}
   for split, num in (('train', data.num_train), ('eval', data.num_eval)):
     dataset = ip.PretrainingDataset(data.dir, split)
     assert len(dataset) == num > 0
+    assert dataset.lengths.tolist() == [len(dataset[i][0]) for i in range(num)]
     for i in range(0, num, max(1, num // 50)):
       tokens, len_a, is_random_next = dataset[i]
       assert tokens.dtype == np.int32 and len(tokens) <= cfg.max_seq_length
@@ -136,36 +83,209 @@ def test_prepare_reuses_cache(prepared, monkeypatch):
   cfg, data = prepared
   meta_mtime = os.path.getmtime(os.path.join(data.dir, 'meta.json'))
 
-  def no_rebuild(*args):
+  def no_rebuild(*args, **kwargs):
     raise AssertionError('rebuilt a complete cache')
 
-  monkeypatch.setattr(pretraining_data, '_build', no_rebuild)
-  assert pretraining_data.prepare_pretraining_data(cfg, vocab_size=VOCAB, seed=0) == data
+  monkeypatch.setattr(prepare, '_Builder', no_rebuild)
+  assert prepare.prepare_pretraining_data(cfg, vocab_size=VOCAB, seed=0) == data
   assert os.path.getmtime(os.path.join(data.dir, 'meta.json')) == meta_mtime
   # A field that shapes the records, or the seed, keys another cache.
-  for other_cfg, seed in ((dataclasses.replace(cfg, dupe_factor=3), 0), (cfg, 1)):
+  for other_cfg, seed in ((dataclasses.replace(cfg, dupe_factor=3), 0), (cfg, 1),
+                          (dataclasses.replace(cfg, hard_wrapped=True), 0)):
     with pytest.raises(AssertionError, match='rebuilt'):
-      pretraining_data.prepare_pretraining_data(other_cfg, vocab_size=VOCAB, seed=seed)
-  # Masking settings are applied per batch and share the cache.
-  masked_cfg = dataclasses.replace(cfg, masked_lm_prob=0.2, whole_word_masking=True)
-  assert pretraining_data.prepare_pretraining_data(masked_cfg, vocab_size=VOCAB, seed=0).dir == data.dir
+      prepare.prepare_pretraining_data(other_cfg, vocab_size=VOCAB, seed=seed)
+  # Masking settings and the worker count do not change the records and share the cache.
+  same_cfg = dataclasses.replace(cfg, masked_lm_prob=0.2, whole_word_masking=True, num_workers=3)
+  assert prepare.prepare_pretraining_data(same_cfg, vocab_size=VOCAB, seed=0).dir == data.dir
 
 
 def test_prepare_with_given_tokenizer(prepared, tmp_path):
   cfg, data = prepared
   given = dataclasses.replace(cfg, tokenizer=data.tokenizer_path, cache_dir=str(tmp_path))
   with pytest.raises(ConfigError, match=f'set --config.model.vocab_size={VOCAB}'):
-    pretraining_data.prepare_pretraining_data(given, vocab_size=VOCAB + 1, seed=0)
-  other = pretraining_data.prepare_pretraining_data(given, vocab_size=VOCAB, seed=0)
+    prepare.prepare_pretraining_data(given, vocab_size=VOCAB + 1, seed=0)
+  other = prepare.prepare_pretraining_data(given, vocab_size=VOCAB, seed=0)
   assert (other.num_train, other.num_eval) == (data.num_train, data.num_eval)
-  assert json.load(open(os.path.join(other.dir, 'meta.json')))['most_frequent_token'] == \
-      data.most_frequent_token
+  assert [f for f in _cache_digest(other.dir).items() if f[0] != 'meta.json'] == \
+      [f for f in _cache_digest(data.dir).items() if f[0] != 'meta.json']  # the same records
 
 
-def test_prepare_badsmall_data_config(tmp_path):
+def test_bad_data_config(tmp_path):
   with pytest.raises(ConfigError, match='eval_fraction=0'):
-    pretraining_data.prepare_pretraining_data(small_data_config(str(tmp_path), eval_fraction=0.0), vocab_size=VOCAB,
-                                seed=0)
+    prepare.prepare_pretraining_data(small_data_config(str(tmp_path), eval_fraction=0.0), vocab_size=VOCAB, seed=0)
   with pytest.raises(DataError, match='does not exist'):
-    pretraining_data.prepare_pretraining_data(small_data_config(str(tmp_path), train_files=str(tmp_path / 'nope')),
-                                vocab_size=VOCAB, seed=0)
+    prepare.prepare_pretraining_data(small_data_config(str(tmp_path), train_files=str(tmp_path / 'nope')),
+                                     vocab_size=VOCAB, seed=0)
+  with pytest.raises(ConfigError, match='format'):
+    prepare.prepare_pretraining_data(small_data_config(str(tmp_path), format='parquet'), vocab_size=VOCAB, seed=0)
+
+
+# ----------------------------------------------------------------------------- parallel and resumable
+
+
+def test_one_and_two_workers_give_identical_caches(tmp_path):
+  digests, stats = [], []
+  for workers in (1, 2):
+    cfg = _bundled_cfg(tmp_path / f'w{workers}', num_workers=workers)
+    data = prepare.prepare_pretraining_data(cfg, vocab_size=2000, seed=0, log=lambda _: None)
+    digests.append(_cache_digest(data.dir))
+    stats.append(prepare.read_build_info(data.dir))
+    assert data.stats['formats'] == {'wikitext': 4}  # four 1 MB units of two files
+  assert digests[0] == digests[1]
+  assert [s['workers'] for s in stats] == [1, 2]
+  assert len([n for n in digests[0] if n.startswith('train-')]) == 4
+
+
+def test_killed_build_resumes_to_the_same_bytes(tmp_path):
+  reference = prepare.prepare_pretraining_data(_bundled_cfg(tmp_path / 'ref', num_workers=1), vocab_size=2000,
+                                               seed=0, log=lambda _: None)
+  cache = tmp_path / 'killed'
+  args = ['--config=experiments/configs/pretrain.py:tiny', '--config.model.vocab_size=2000',
+          f'--config.data.train_files={BUNDLED}', f'--config.data.cache_dir={cache}', '--config.data.unit_mb=1',
+          '--config.data.max_seq_length=64', '--config.data.max_predictions_per_seq=10',
+          '--config.data.dupe_factor=1', '--config.data.eval_fraction=0.1', '--config.data.num_workers=1']
+  proc = subprocess.Popen([sys.executable, 'experiments/prepare_data.py', *args], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 120
+  while not glob.glob(str(cache / '*.partial' / 'units' / '*.json')):  # one unit finished
+    assert proc.poll() is None and time.time() < deadline, proc.communicate()
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  proc.communicate()
+  partial = glob.glob(str(cache / '*.partial'))
+  assert len(partial) == 1 and not os.path.exists(os.path.join(partial[0], 'meta.json'))
+  with pytest.raises(DataError, match='not a complete prepared cache'):
+    ip.PretrainingDataset(partial[0], 'train')  # a half-built cache is never read
+  done = len(glob.glob(os.path.join(partial[0], 'units', '*.json')))
+  result = subprocess.run([sys.executable, 'experiments/prepare_data.py', *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f'{done} unit(s) already built by an earlier run' in result.stdout
+  final = json.loads(result.stdout.strip().splitlines()[-1])['dir']
+  assert _cache_digest(final) == _cache_digest(reference.dir)
+
+
+def test_two_processes_build_the_same_cache(tmp_path):
+  from test_multihost import _start_two, _succeed  # pylint: disable=g-import-not-at-top
+  reference = prepare.prepare_pretraining_data(_bundled_cfg(tmp_path / 'ref', num_workers=1), vocab_size=2000,
+                                               seed=0, log=lambda _: None)
+  cache = tmp_path / 'two'
+  args = ['--config=experiments/configs/pretrain.py:tiny', '--config.model.vocab_size=2000',
+          f'--config.data.train_files={BUNDLED}', f'--config.data.cache_dir={cache}', '--config.data.unit_mb=1',
+          '--config.data.max_seq_length=64', '--config.data.max_predictions_per_seq=10',
+          '--config.data.dupe_factor=1', '--config.data.eval_fraction=0.1', '--config.data.num_workers=1']
+  outs = _succeed(_start_two(os.path.join(REPO, 'experiments', 'prepare_data.py'), args))
+  assert [l for l in outs[1].splitlines() if not l.startswith('[Gloo]')] == []  # process 1 prints nothing
+  final = json.loads(outs[0].strip().splitlines()[-1])['dir']
+  assert _cache_digest(final) == _cache_digest(reference.dir)
+  assert prepare.read_build_info(final)['processes'] == 2
+
+
+# ----------------------------------------------------------------------------- corpora and tokenizers
+
+
+def test_compressed_and_jsonl_corpora_give_the_same_records(tmp_path):
+  with open(WIKITEXT, encoding='utf-8') as f:
+    text = ''.join(f.readlines()[:700])
+  plain_dir, packed_dir = tmp_path / 'plain', tmp_path / 'packed'
+  plain_dir.mkdir()
+  packed_dir.mkdir()
+  docs = readers.read_all([WIKITEXT])[:12]
+  # The same documents as plain text (blank line between documents) and as gzip/bz2 jsonl.
+  (plain_dir / 'a.txt').write_text('\n\n'.join('\n'.join(d) for d in docs[:6]) + '\n')
+  (plain_dir / 'b.txt').write_text('\n\n'.join('\n'.join(d) for d in docs[6:]) + '\n')
+  lines = [json.dumps({'body': '\n'.join(d), 'id': i}) for i, d in enumerate(docs)]
+  with gzip.open(packed_dir / 'a.jsonl.gz', 'wt') as f:
+    f.write('\n'.join(lines[:6]) + '\n')
+  with bz2.open(packed_dir / 'b.jsonl.bz2', 'wt') as f:
+    f.write('\n'.join(lines[6:]) + '\n')
+  del text
+  tokenizer = tmp_path / 'tok.model'
+  tokenization.train_sentencepiece((s for d in docs for s in d), str(tokenizer), VOCAB, True)
+  common = dict(tokenizer=str(tokenizer), max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2,
+                eval_fraction=0.3, unit_mb=1)
+  plain = prepare.prepare_pretraining_data(
+      DataConfig(train_files=str(plain_dir), cache_dir=str(tmp_path / 'c1'), **common), vocab_size=VOCAB, seed=0)
+  packed = prepare.prepare_pretraining_data(
+      DataConfig(train_files=str(packed_dir), cache_dir=str(tmp_path / 'c2'), text_field='body', **common),
+      vocab_size=VOCAB, seed=0)
+  assert packed.stats['formats'] == {'jsonl': 2} and plain.stats['formats'] == {'plain': 2}
+  for split in ('train', 'eval'):
+    a, b = ip.PretrainingDataset(plain, split), ip.PretrainingDataset(packed, split)
+    assert len(a) == len(b) > 0
+    assert all(np.array_equal(a[i][0], b[i][0]) for i in range(len(a)))
+
+
+def test_wordpiece_corpus_has_the_checkpoint_tokenizers_ids(tmp_path, wordpiece):
+  model_dir = minilm_dir_or_skip()
+  cfg = small_data_config(str(tmp_path), tokenizer=model_dir)
+  data = prepare.prepare_pretraining_data(cfg, vocab_size=wordpiece.vocab_size, seed=0)
+  assert os.path.exists(os.path.join(data.dir, 'tokenizer.json'))
+  assert (data.special_ids.cls, data.special_ids.sep, data.special_ids.mask) == (101, 102, 103)
+  # Every segment is a contiguous run of some document's ids, as the HF tokenizer encodes its sentences.
+  docs = readers.read_all(readers.resolve_files(cfg.train_files))
+  streams = [' ' + ' '.join(str(i) for s in d for i in wordpiece.encode(s)) + ' ' for d in docs]
+  dataset = ip.PretrainingDataset(data, 'train')
+  for i in range(0, len(dataset), max(1, len(dataset) // 40)):
+    tokens, len_a, _ = dataset[i]
+    assert tokens[0] == 101 and tokens[len_a + 1] == 102 and tokens[-1] == 102
+    for segment in (tokens[1:len_a + 1], tokens[len_a + 2:-1]):
+      needle = ' ' + ' '.join(str(t) for t in segment.tolist()) + ' '
+      assert any(needle in s for s in streams)
+  vocab = ip.Vocab.from_tokenizer(tokenization.load_tokenizer(data.tokenizer_path), data.special_ids, False)
+  assert vocab.special_v[[0, 1, 101, 102, 103]].tolist() == [True, True, True, True, True]  # [unused0] is 1
+  assert not vocab.special_v[100] and 100 not in vocab.replace_ids  # [UNK] is text, never drawn
+
+
+def test_streaming_hold_out_is_deterministic_and_disjoint(tmp_path):
+  cfg = _bundled_cfg(tmp_path)
+  data = prepare.prepare_pretraining_data(cfg, vocab_size=2000, seed=0, log=lambda _: None)
+  docs = readers.read_all(readers.resolve_files(BUNDLED))
+  held = [prepare._is_held_out(d, 0, cfg.eval_fraction) for d in docs]
+  assert held == [prepare._is_held_out(d, 0, cfg.eval_fraction) for d in docs]
+  assert held != [prepare._is_held_out(d, 1, cfg.eval_fraction) for d in docs]  # the seed picks others
+  assert sum(held) == data.stats['eval_documents'] >= 2
+  tok = tokenization.load_tokenizer(data.tokenizer_path)
+  streams = {True: [], False: []}
+  for d, h in zip(docs, held):
+    streams[h].append(' ' + ' '.join(str(i) for i in np.concatenate([tok.encode(s) for s in d]).tolist()) + ' ')
+  for split, is_eval in (('train', False), ('eval', True)):
+    dataset = ip.PretrainingDataset(data, split)
+    for i in range(0, len(dataset), max(1, len(dataset) // 30)):
+      tokens, len_a, _ = dataset[i]
+      needle = ' ' + ' '.join(str(t) for t in tokens[1:len_a + 1].tolist()) + ' '
+      assert any(needle in s for s in streams[is_eval]) and not any(needle in s for s in streams[not is_eval])
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize('case', ['unknown_format', 'jsonl_without_field', 'corrupt_gzip', 'no_mask_token'])
+def test_bad_input_is_one_error_line_and_leaves_no_cache(tmp_path, case):
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  cache = tmp_path / 'cache'
+  extra = []
+  if case == 'unknown_format':
+    (corpus / 'a.txt').write_text('One sentence. Two sentences.\n\nThree. Four.\n')
+    extra, pattern = ['--config.data.format=parquet'], 'format'
+  elif case == 'jsonl_without_field':
+    (corpus / 'a.jsonl').write_text('{"text": "One. Two."}\n{"body": "Three. Four."}\n')
+    pattern = "'text'"
+  elif case == 'corrupt_gzip':
+    data = bytearray(gzip.compress(open(WIKITEXT, 'rb').read()))
+    data[len(data) // 2:len(data) // 2 + 64] = b'\0' * 64
+    (corpus / 'a.txt.gz').write_bytes(bytes(data))
+    pattern = 'a.txt.gz'
+  else:
+    (corpus / 'a.txt').write_text('One sentence. Two sentences.\n\nThree. Four.\n')
+    vocab = tmp_path / 'hf'
+    vocab.mkdir()
+    (vocab / 'vocab.txt').write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', 'one', 'two']) + '\n')
+    extra, pattern = [f'--config.data.tokenizer={vocab}'], '[MASK]'
+  result = subprocess.run(
+      [sys.executable, 'experiments/prepare_data.py', '--config=experiments/configs/pretrain.py:tiny',
+       f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}', *extra],
+      cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert_one_line_error(result, pattern)
+  assert _no_cache_left(cache), os.listdir(cache)

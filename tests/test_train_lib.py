@@ -65,7 +65,7 @@ def test_train_evaluate_and_restore(small_corpus, tmp_path):
 def _pretrain_cmd(corpus, cache, workdir, steps, kill_at=None):
   overrides = [f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
                f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
-               '--config.eval_every=1000', '--config.data.eval_fraction=0.1']
+               '--config.eval_every=1000', '--config.data.eval_fraction=0.4']
   argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny', *overrides]
   # Kill -9 ourselves right after the save call of step `kill_at` (its async write in flight).
   code = f'''

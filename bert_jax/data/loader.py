@@ -1,16 +1,19 @@
-"""Reading the pretraining data: cached NSP records → masked, resumable batches.
+"""Reading the pretraining data: prepared NSP records -> masked, resumable batches.
 
-`pretraining_data` builds the records once; here `PretrainingDataset` gives random
-access to one split of them and `PretrainingBatches` streams per-process numpy
-training batches with dynamic masking (`make_batch`); `eval_batches` makes one pass
-with fixed masks. Every batch is a pure function of (seed, batch position), so a
-checkpoint only needs `position`, and P processes together produce exactly the
-1-process global batch.
+`prepare` builds the records once; here `PretrainingDataset` gives random access to one split
+of them, `BatchMaker` builds this process's rows of any global batch with dynamic masking, and
+`PretrainingBatches` streams them, built ahead in a thread or in grain worker processes;
+`eval_batches` makes one pass with fixed masks. Every batch is a pure function of (seed, batch
+position): the record order of epoch e is a keyed bijection of the record indices
+(`hashing.permute`, no permutation array, so any corpus size), and each row's masks come from
+a counter-based hash of (seed, stream position) (`masking.mask_batch`). A checkpoint therefore
+only needs `position`, and P processes together produce exactly the 1-process global batch.
 
 Batch format (B local batch, T max_seq_length, P max_predictions_per_seq):
-  input_ids int32[B,T] (0-padded), token_type_ids int32[B,T], attention_mask int32[B,T],
-  masked_lm_positions int32[B,P], masked_lm_ids int32[B,P], masked_lm_weights float32[B,P],
-  next_sentence_labels int32[B] (0 = B follows A, 1 = random), nsp_weights float32[B].
+  input_ids int32[B,T] (padded with the tokenizer's [PAD]), token_type_ids int32[B,T],
+  attention_mask int32[B,T], masked_lm_positions int32[B,P], masked_lm_ids int32[B,P],
+  masked_lm_weights float32[B,P], next_sentence_labels int32[B] (0 = B follows A, 1 = random),
+  nsp_weights float32[B].
 
 Packed training batches (`data.pack`; `pack_batch`) hold the same examples and masks in R
 rows of up to K = data.max_segments_per_row examples each (first-fit decreasing):
@@ -19,25 +22,29 @@ rows of up to K = data.max_segments_per_row examples each (first-fit decreasing)
   masked_lm_positions (absolute in the row), masked_lm_ids int32[R,Pp], masked_lm_weights
   float32[R,Pp] with Pp = `packed_mlm_width(cfg)`; cls_positions (the row offset of each
   example's [CLS]), next_sentence_labels int32[R,K], nsp_weights float32[R,K] (0 = empty slot).
+Every process packs its own rows into as many rows as the fullest process needs, which it
+knows from the record lengths stored beside the shards, without reading others' records.
 Evaluation batches are never packed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-import os
 import queue
 import threading
 from typing import Iterator, Sequence
 
-from array_record.python import array_record_data_source
 import numpy as np
 
-from bert_jax.data import masking, packing
 from bert_jax.config import DataConfig
+from bert_jax.data import hashing, masking, packing
+from bert_jax.data.records import Example, PreparedData, ShardReader, SpecialIds, decode_record, load_prepared_data
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.data.prepare import META_FILE, Example, PreparedData, decode_record, read_meta
+
+# Key purposes of hashing.key(seed, purpose, ...): kept apart so no two streams share randomness.
+_ORDER, _TRAIN_MASKS, _EVAL_MASKS = 0, 1, 2
 
 
 # ----------------------------------------------------------------------------- the dataset
@@ -46,81 +53,115 @@ from bert_jax.data.prepare import META_FILE, Example, PreparedData, decode_recor
 class PretrainingDataset:
   """Random access to one split's records: `dataset[i] -> (tokens, len_a, is_random_next)`.
 
-  `tokens` is int32[L] = [CLS] A [SEP] B [SEP] with len(A) == len_a.
+  `tokens` is int32[L] = [CLS] A [SEP] B [SEP] with len(A) == len_a. Picklable: a worker
+  process reopens the shards it is handed.
   """
 
   def __init__(self, data: PreparedData | str, split: str = 'train'):
-    """Opens `split` ('train' or 'eval') of a cache (a PreparedData or its directory)."""
-    data_dir = data.dir if isinstance(data, PreparedData) else data
+    """Opens `split` ('train' or 'eval') of a prepared cache (a PreparedData or its directory)."""
     if split not in ('train', 'eval'):
       raise ConfigError(f"split must be 'train' or 'eval', got {split!r}")
-    meta = read_meta(data_dir)
-    self._source = array_record_data_source.ArrayRecordDataSource(
-        [os.path.join(data_dir, name) for name in meta[f'{split}_shards']])
-    if len(self._source) != meta[f'num_{split}']:
-      raise DataError(f'{data_dir}: {split} shards hold {len(self._source)} records, '
-                      f'{META_FILE} says {meta[f"num_{split}"]}; delete the directory to '
-                      'rebuild it')
+    self.data = data if isinstance(data, PreparedData) else load_prepared_data(data)
+    self.split = split
+    self._num = self.data.num_train if split == 'train' else self.data.num_eval
+    self._source = None
+    self._lengths = None
+    if len(self.source) != self._num:
+      raise DataError(f'{self.data.dir}: {split} shards hold {len(self.source)} records, meta.json says '
+                      f'{self._num}; delete the directory to rebuild it')
+
+  @property
+  def source(self) -> ShardReader:
+    if self._source is None:
+      self._source = self.data.reader(self.split)
+    return self._source
+
+  @property
+  def lengths(self) -> np.ndarray:
+    """uint16[N]: every record's token count (memory-mapped)."""
+    if self._lengths is None:
+      self._lengths = self.data.lengths(self.split)
+    return self._lengths
+
+  def __getstate__(self):
+    return {**self.__dict__, '_source': None, '_lengths': None}
 
   def __len__(self) -> int:
-    return len(self._source)
+    return self._num
 
   def __getitem__(self, index: int) -> Example:
-    return decode_record(self._source[index])
+    return decode_record(self.source.read([int(index)])[0])
 
-  def get_many(self, indices: Sequence[int]) -> list[Example]:
-    """Reads several records at once (one batched read per shard)."""
-    return [decode_record(r) for r in self._source.__getitems__([int(i) for i in indices])]
+  def get_many(self, indices: Sequence[int]) -> list[bytes]:
+    """The raw records at `indices` (one batched read per shard)."""
+    return self.source.read(indices)
 
 
 # ----------------------------------------------------------------------------- batches
 
 
-def make_batch(examples: Sequence[Example | None], position_seeds: Sequence[tuple[int, ...]], *,
-               cfg: DataConfig, vocab_size: int, word_starts: np.ndarray | None) -> dict:
-  """Pads and dynamically masks examples into one batch (format in the module docstring).
+@dataclasses.dataclass(frozen=True)
+class Vocab:
+  """What masking needs to know of the tokenizer."""
+
+  special_ids: SpecialIds
+  special_v: np.ndarray  # bool[V]: never masked or drawn
+  word_starts_v: np.ndarray | None  # bool[V] for whole-word masking, else None
+
+  @property
+  def replace_ids(self) -> np.ndarray:
+    ids = np.flatnonzero(~self.special_v)
+    return ids[ids != self.special_ids.unk].astype(np.int32)
+
+  @classmethod
+  def from_tokenizer(cls, tokenizer, special_ids: SpecialIds, whole_word_masking: bool) -> 'Vocab':
+    return cls(special_ids, tokenizer.special_table(),
+               tokenizer.word_start_table() if whole_word_masking else None)
+
+
+def make_batch(records: Sequence[bytes | None], keys_b: np.ndarray, *, cfg: DataConfig, vocab: Vocab) -> dict:
+  """Pads and dynamically masks records into one batch (format in the module docstring).
 
   Args:
-    examples: records from PretrainingDataset; None gives an all-zero, zero-weight row.
-    position_seeds: per example, the seed of its masking rng (np.random.default_rng).
+    records: raw records (`records.decode_record` layout); None gives an all-zero,
+      zero-weight row.
+    keys_b: uint64[B], each row's masking key (`hashing.key(seed, purpose, position)`).
     cfg: max_seq_length, max_predictions_per_seq, masked_lm_prob, whole_word_masking.
-    vocab_size: range of random replacement tokens.
-    word_starts: `tokenizer.word_start_table()`; required when cfg.whole_word_masking.
+    vocab: the tokenizer's special ids and tables.
 
   Returns:
-    A dict of numpy arrays with len(examples) rows.
+    A dict of numpy arrays with len(records) rows.
   """
-  if cfg.whole_word_masking and word_starts is None:
+  if cfg.whole_word_masking and vocab.word_starts_v is None:
     raise ConfigError('data.whole_word_masking needs the tokenizer word_start_table()')
-  b, t, p = len(examples), cfg.max_seq_length, cfg.max_predictions_per_seq
-  batch = dict(
-      input_ids=np.zeros((b, t), np.int32), token_type_ids=np.zeros((b, t), np.int32),
-      attention_mask=np.zeros((b, t), np.int32),
-      masked_lm_positions=np.zeros((b, p), np.int32), masked_lm_ids=np.zeros((b, p), np.int32),
-      masked_lm_weights=np.zeros((b, p), np.float32),
-      next_sentence_labels=np.zeros((b,), np.int32), nsp_weights=np.zeros((b,), np.float32))
-  for row, (example, seed) in enumerate(zip(examples, position_seeds, strict=True)):
-    if example is None:
+  b, t = len(records), cfg.max_seq_length
+  tokens_bt = np.full((b, t), vocab.special_ids.pad, np.int32)
+  lengths_b = np.zeros(b, np.int64)
+  len_a_b = np.zeros(b, np.int64)
+  labels_b = np.zeros(b, np.int32)
+  for row, record in enumerate(records):
+    if record is None:
       continue
-    tokens, len_a, is_random_next = example
-    n = len(tokens)
+    rec = np.frombuffer(record, '<i4')
+    n = len(rec) - 2
     if n > t:
-      raise DataError(f'a record has {n} tokens but data.max_seq_length={t}; the cache was '
-                      'built for another max_seq_length')
-    masked, positions, labels = masking.mask_tokens(
-        tokens, np.random.default_rng(seed), vocab_size=vocab_size, max_predictions=p,
-        masked_lm_prob=cfg.masked_lm_prob,
-        word_starts=word_starts if cfg.whole_word_masking else None)
-    batch['input_ids'][row, :n] = masked
-    batch['token_type_ids'][row, len_a + 2:n] = 1  # B and its [SEP]
-    batch['attention_mask'][row, :n] = 1
-    k = len(positions)
-    batch['masked_lm_positions'][row, :k] = positions
-    batch['masked_lm_ids'][row, :k] = labels
-    batch['masked_lm_weights'][row, :k] = 1.0
-    batch['next_sentence_labels'][row] = int(is_random_next)
-    batch['nsp_weights'][row] = 1.0
-  return batch
+      raise DataError(f'a record has {n} tokens but data.max_seq_length={t}; the data was prepared '
+                      'for another max_seq_length')
+    tokens_bt[row, :n] = rec[2:]
+    lengths_b[row], len_a_b[row], labels_b[row] = n, rec[1], rec[0]
+  ids_bt, positions, ids, weights = masking.mask_batch(
+      tokens_bt, lengths_b, keys_b, special_v=vocab.special_v, replace_ids=vocab.replace_ids,
+      mask_id=vocab.special_ids.mask, max_predictions=cfg.max_predictions_per_seq,
+      masked_lm_prob=cfg.masked_lm_prob, word_starts_v=vocab.word_starts_v if cfg.whole_word_masking else None)
+  cols = np.arange(t)
+  real_bt = cols < lengths_b[:, None]
+  ids_bt = np.where(real_bt, ids_bt, vocab.special_ids.pad).astype(np.int32)
+  return dict(
+      input_ids=ids_bt,
+      token_type_ids=(real_bt & (cols >= len_a_b[:, None] + 2)).astype(np.int32),  # B and its [SEP]
+      attention_mask=real_bt.astype(np.int32),
+      masked_lm_positions=positions, masked_lm_ids=ids, masked_lm_weights=weights,
+      next_sentence_labels=labels_b, nsp_weights=(lengths_b > 0).astype(np.float32))
 
 
 # ----------------------------------------------------------------------------- packing
@@ -223,6 +264,60 @@ def pack_batch(batch: dict, cfg: DataConfig, num_rows: int | None = None) -> dic
   return out
 
 
+class BatchMaker:
+  """This process's rows of global training batch k: a pure function of (seed, k).
+
+  Global batch k holds stream positions s in [k*B, (k+1)*B); position s is record
+  permute(s % N, key(seed, s // N)) of the training split (a new order every epoch), masked
+  with key(seed, 1, s). Process p builds rows [p*B/P, (p+1)*B/P). Picklable, numpy only: grain
+  worker processes call it.
+  """
+
+  def __init__(self, dataset: PretrainingDataset, *, global_batch_size: int, seed: int, cfg: DataConfig,
+               vocab: Vocab, process_index: int = 0, process_count: int = 1):
+    if global_batch_size <= 0 or global_batch_size % process_count:
+      raise ConfigError(f'global batch size {global_batch_size} must be a positive multiple '
+                        f'of the process count {process_count}')
+    if seed < 0 or not 0 <= process_index < process_count:
+      raise ConfigError(f'bad stream arguments: seed={seed}, process {process_index} of {process_count}')
+    if not len(dataset):
+      raise DataError('the training split has no records')
+    self.dataset, self.cfg, self.vocab, self.seed = dataset, cfg, vocab, seed
+    self.global_batch_size = global_batch_size
+    self.local_batch_size = global_batch_size // process_count
+    self.row_offset = process_index * self.local_batch_size
+    self.process_count = process_count
+
+  def record_indices(self, positions: np.ndarray) -> np.ndarray:
+    """The records at stream positions (int64[...]): the epoch's keyed permutation."""
+    n = len(self.dataset)
+    epochs, within = np.divmod(positions, n)
+    out = np.empty_like(positions)
+    for epoch in np.unique(epochs).tolist():  # a batch spans one epoch, rarely two
+      sel = epochs == epoch
+      out[sel] = hashing.permute(within[sel], n, int(hashing.key(self.seed, _ORDER, epoch)))
+    return out
+
+  def __call__(self, k: int) -> dict:
+    k = int(k)
+    start = k * self.global_batch_size + self.row_offset
+    positions = np.arange(start, start + self.local_batch_size, dtype=np.int64)
+    indices = self.record_indices(positions)
+    batch = make_batch(self.dataset.get_many(indices), hashing.key(self.seed, _TRAIN_MASKS, positions),
+                       cfg=self.cfg, vocab=self.vocab)
+    if not self.cfg.pack:
+      return batch
+    num_rows = None  # one process: as many rows as its own examples need
+    if self.process_count > 1:
+      # Every process must emit the same number of packed rows; the stored record lengths
+      # give every process's row count without reading their records.
+      every = np.arange(k * self.global_batch_size, (k + 1) * self.global_batch_size, dtype=np.int64)
+      lengths = np.asarray(self.dataset.lengths[self.record_indices(every)], np.int64)
+      lengths = lengths.reshape(self.process_count, self.local_batch_size)
+      num_rows = packed_num_rows(lengths.tolist(), self.cfg)
+    return pack_batch(batch, self.cfg, num_rows)
+
+
 class _Failure:
 
   def __init__(self, error: BaseException):
@@ -230,57 +325,46 @@ class _Failure:
 
 
 class PretrainingBatches:
-  """Infinite, resumable, per-process stream of training batches.
+  """Infinite, resumable, per-process stream of training batches (`BatchMaker`'s, in order).
 
-  Global batch k holds stream positions s in [k*B, (k+1)*B); position s is example
-  perm_e[s % N] of epoch e = s // N, perm_e = default_rng((seed, e)).permutation(N),
-  masked with default_rng((seed, 1, s)): masks change every epoch yet depend only on
-  (seed, s). Process p builds rows [p*B/P, (p+1)*B/P) of each global batch.
-  `position` counts the global batches consumed; pass it back as `start_position`
-  to continue the identical stream. With `cfg.pack` each process packs its own rows
-  (`pack_batch`) into as many rows as the fullest process needs (`packed_num_rows`).
+  `position` counts the global batches consumed; pass it back as `start_position` to continue
+  the identical stream. Batches are built ahead: by `workers` grain worker processes
+  (`MapDataset.range(...).map(maker).to_iter_dataset().mp_prefetch(...)`: each worker builds
+  every W-th batch, the order is kept), or with workers=0 by one thread of this process.
   """
 
   def __init__(self, dataset: PretrainingDataset, *, global_batch_size: int, seed: int,
-               cfg: DataConfig, vocab_size: int, word_starts: np.ndarray | None,
-               process_index: int = 0, process_count: int = 1, start_position: int = 0,
-               prefetch: int = 2):
-    """Starts the stream (and its prefetch thread; call `close()` when done).
+               cfg: DataConfig, vocab: Vocab, process_index: int = 0, process_count: int = 1,
+               start_position: int = 0, prefetch: int = 2, workers: int = 0):
+    """Starts the stream (call `close()` when done).
 
     Args:
       dataset: the 'train' split.
       global_batch_size: B, rows per optimizer step over all processes.
       seed: shuffling and masking seed (>= 0).
-      cfg: data config (sequence length, masking).
-      vocab_size: range of random replacement tokens.
-      word_starts: `tokenizer.word_start_table()`; needed for whole-word masking.
-      process_index: this process (jax.process_index()).
-      process_count: number of processes (jax.process_count()); must divide B.
+      cfg: data config (sequence length, masking, packing).
+      vocab: the tokenizer's special ids and tables (`Vocab.from_tokenizer`).
+      process_index: this process's block of rows (`distributed.process_batch_block`).
+      process_count: number of blocks; must divide B.
       start_position: global batches already consumed (from a checkpoint).
-      prefetch: batches built ahead in a background thread; 0 builds on demand.
+      prefetch: batches built ahead per worker (or in the thread); 0 with workers=0 builds on demand.
+      workers: grain worker processes; 0 = a thread.
     """
-    if global_batch_size <= 0 or global_batch_size % process_count:
-      raise ConfigError(f'global batch size {global_batch_size} must be a positive multiple '
-                        f'of the process count {process_count}')
-    if seed < 0 or start_position < 0 or not 0 <= process_index < process_count:
-      raise ConfigError(f'bad stream arguments: seed={seed}, start_position={start_position}, '
-                        f'process {process_index} of {process_count}')
-    if not len(dataset):
-      raise DataError('the training split has no records')
-    self._dataset = dataset
-    self._global_batch_size = global_batch_size
-    self._local_batch_size = global_batch_size // process_count
-    self._row_offset = process_index * self._local_batch_size
-    self._seed = seed
-    self._make = dict(cfg=cfg, vocab_size=vocab_size, word_starts=word_starts)
-    self._cfg = cfg
-    self._process_count = process_count
-    self._perms: dict[int, np.ndarray] = {}
+    if start_position < 0:
+      raise ConfigError(f'bad stream arguments: start_position={start_position}')
+    self.maker = BatchMaker(dataset, global_batch_size=global_batch_size, seed=seed, cfg=cfg, vocab=vocab,
+                            process_index=process_index, process_count=process_count)
     self.position = start_position
     self._error: BaseException | None = None
     self._queue: queue.Queue | None = None
+    self._grain = None
     self._stop = threading.Event()
-    if prefetch > 0:
+    if workers > 0:
+      import grain  # pylint: disable=g-import-not-at-top
+      ds = grain.MapDataset.range(start_position, start_position + (1 << 40)).map(self.maker)
+      self._grain = iter(ds.to_iter_dataset().mp_prefetch(
+          grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=max(prefetch, 1))))
+    elif prefetch > 0:
       self._queue = queue.Queue(maxsize=prefetch)
       self._thread = threading.Thread(target=self._produce, args=(start_position,), daemon=True,
                                       name='PretrainingBatches')
@@ -288,31 +372,7 @@ class PretrainingBatches:
 
   def batch_at(self, k: int) -> dict:
     """This process's rows of global batch k (a pure function of seed and k)."""
-    n = len(self._dataset)
-    start = k * self._global_batch_size + self._row_offset
-    stream_pos = range(start, start + self._local_batch_size)
-    num_rows = None  # one process: as many rows as its own examples need
-    if self._cfg.pack and self._process_count > 1:
-      # Every process must emit the same number of packed rows: read every process's examples
-      # for their lengths (see packed_num_rows) and keep this process's block.
-      global_pos = range(k * self._global_batch_size, (k + 1) * self._global_batch_size)
-      every = self._dataset.get_many([self._permutation(s // n)[s % n] for s in global_pos])
-      local = self._local_batch_size
-      num_rows = packed_num_rows([[len(ex[0]) for ex in every[i:i + local]]
-                                  for i in range(0, len(every), local)], self._cfg)
-      examples = every[self._row_offset:self._row_offset + local]
-    else:
-      examples = self._dataset.get_many([self._permutation(s // n)[s % n] for s in stream_pos])
-    batch = make_batch(examples, [(self._seed, 1, s) for s in stream_pos], **self._make)
-    return pack_batch(batch, self._cfg, num_rows) if self._cfg.pack else batch
-
-  def _permutation(self, epoch: int) -> np.ndarray:
-    if epoch not in self._perms:
-      if len(self._perms) > 2:  # a batch rarely spans more than two epochs
-        self._perms.pop(min(self._perms))
-      self._perms[epoch] = np.random.default_rng((self._seed, epoch)).permutation(
-          len(self._dataset))
-    return self._perms[epoch]
+    return self.maker(k)
 
   def _produce(self, k: int) -> None:
     while not self._stop.is_set():
@@ -336,11 +396,13 @@ class PretrainingBatches:
   def __next__(self) -> dict:
     if self._error is not None:
       raise self._error
-    if self._queue is None:
+    if self._stop.is_set():
+      raise RuntimeError('PretrainingBatches is closed')
+    if self._grain is not None:
+      batch = next(self._grain)
+    elif self._queue is None:
       batch = self.batch_at(self.position)
     else:
-      if self._stop.is_set():
-        raise RuntimeError('PretrainingBatches is closed')
       item = self._queue.get()
       if isinstance(item, _Failure):
         self._error = item.error
@@ -350,8 +412,11 @@ class PretrainingBatches:
     return batch
 
   def close(self) -> None:
-    """Stops the prefetch thread (idempotent)."""
+    """Stops the prefetch thread or worker processes (idempotent)."""
     self._stop.set()
+    if self._grain is not None:
+      self._grain.close()
+      self._grain = None
     if self._queue is not None:
       while self._thread.is_alive():
         try:  # unblock a producer waiting on a full queue
@@ -368,9 +433,8 @@ class PretrainingBatches:
 
 
 def eval_batches(dataset: PretrainingDataset, *, batch_size: int, seed: int, cfg: DataConfig,
-                 vocab_size: int, word_starts: np.ndarray | None, process_index: int = 0,
-                 process_count: int = 1) -> Iterator[dict]:
-  """One pass over a split in record order, with fixed masks (seeded by (seed, 2, index)).
+                 vocab: Vocab, process_index: int = 0, process_count: int = 1) -> Iterator[dict]:
+  """One pass over a split in record order, with fixed masks (keyed by (seed, 2, index)).
 
   Every process yields ceil(N / batch_size) batches; rows past the end are padding
   with nsp_weights and masked_lm_weights 0.
@@ -380,8 +444,7 @@ def eval_batches(dataset: PretrainingDataset, *, batch_size: int, seed: int, cfg
     batch_size: global batch size, a multiple of process_count.
     seed: masking seed.
     cfg: data config (sequence length, masking).
-    vocab_size: range of random replacement tokens.
-    word_starts: `tokenizer.word_start_table()`, for whole-word masking.
+    vocab: the tokenizer's special ids and tables.
     process_index: this process.
     process_count: number of processes.
 
@@ -396,11 +459,10 @@ def eval_batches(dataset: PretrainingDataset, *, batch_size: int, seed: int, cfg
   def generate():  # a separate generator so bad arguments fail at the call, not at first use
     for k in range(math.ceil(n / batch_size)):
       start = k * batch_size + process_index * local
-      indices = range(start, start + local)
-      real = [i for i in indices if i < n]
-      examples = dataset.get_many(real) if real else []
-      examples += [None] * (local - len(real))
-      yield make_batch(examples, [(seed, 2, i) for i in indices], cfg=cfg, vocab_size=vocab_size,
-                       word_starts=word_starts)
+      indices = np.arange(start, start + local, dtype=np.int64)
+      real = [int(i) for i in indices if i < n]
+      records = dataset.get_many(real) if real else []
+      records += [None] * (local - len(real))
+      yield make_batch(records, hashing.key(seed, _EVAL_MASKS, indices), cfg=cfg, vocab=vocab)
 
   return generate()

@@ -1,221 +1,525 @@
-"""Building the pretraining data: documents → NSP pairs → ArrayRecord cache.
+"""Preparing pretraining data: a corpus -> NSP pairs in ArrayRecord shards, streamed and in parallel.
 
-Offline (once per corpus/config, cached): `prepare_pretraining_data` reads the corpus,
-trains or loads the tokenizer, builds BERT's sentence-pair instances
-(`create_nsp_instances`) and writes them as ArrayRecord shards plus `meta.json` into a
-directory keyed by a fingerprint of its inputs; `load_prepared_data` describes an
-existing one. `input_pipeline` reads the records back and turns them into batches.
+The corpus is cut into work units (`readers.plan_units`: whole documents, about
+`data.unit_mb` each; big files split at document boundaries, small ones grouped). Each unit is
+read, split into sentences, tokenised, paired (`nsp`) and written to its own shards by one
+worker process, so memory is bounded by the unit size and the worker count, never by the
+corpus. With N jax processes, process i builds units i, i+N, ...; each also runs
+`data.num_workers` local worker processes (spawned: they never inherit a started jax runtime).
 
-Record layout (`encode_record` / `decode_record`), one little-endian int32 array per
-instance: [is_random_next, len_a, CLS A SEP B SEP].
+Everything a unit writes depends only on that unit (its text, the settings, the seed and the
+unit's index), so the shards and meta.json are byte-identical however many workers or hosts
+built them. Held-out documents are chosen by a keyed hash of their text (`eval_fraction`), or
+are the documents of `eval_files`; random-next segments come from other documents of the same
+unit and split (the held-out documents of a unit with only one of them borrow from the unit's
+training documents: held-out text never enters a training pair).
+
+Without `data.tokenizer` a SentencePiece model is trained first, on a seeded sample of at most
+`data.tokenizer_sample_sentences` distinct training sentences: the ones with the smallest
+keyed hash, collected per unit while streaming and merged, so the sample too is independent of
+how the work was split.
+
+The build happens in `<cache_dir>/<fingerprint>.partial/`: each finished unit leaves a marker
+and is skipped when a killed build is run again; the manifest (meta.json) is written last and
+the directory renamed to `<cache_dir>/<fingerprint>/`, the only place training reads.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
+import heapq
+import itertools
 import json
+import multiprocessing
 import os
 import random
 import shutil
-import tempfile
 import time
+from typing import Callable, Sequence
 
-from absl import logging
-from array_record.python import array_record_module
+from etils import epath
 import numpy as np
 
-from bert_jax.data import readers as corpus
-from bert_jax.data import tokenization
 from bert_jax.config import DataConfig
-from bert_jax.errors import ConfigError, DataError
-from bert_jax.data.tokenization import CLS_ID, NUM_SPECIAL, SEP_ID
+from bert_jax.data import nsp, readers, records, tokenization
+from bert_jax.data.records import META_FILE, PreparedData, load_prepared_data, read_meta  # pylint: disable=unused-import
+from bert_jax.errors import BertJaxError, ConfigError, DataError
 
-# Bump when records would change (layout, NSP algorithm, corpus parsing, tokenizer
-# training): code is not part of the cache fingerprint, this constant is.
-FORMAT_VERSION = 2
-META_FILE = 'meta.json'
-_TOKENIZER = 'tokenizer.model'
-# group_size:1 makes every record its own chunk: O(1) random access for shuffled reads.
-_WRITER_OPTIONS = 'group_size:1'
-# DataConfig fields that change the records; masking happens later, per batch.
-_RECORD_FIELDS = ('eval_fraction', 'lower_case', 'max_seq_length', 'short_seq_prob',
-                  'dupe_factor', 'num_shards')
-
-Example = tuple[np.ndarray, int, bool]  # (tokens int32[L], len_a, is_random_next)
-
-
-# ----------------------------------------------------------------------------- NSP pairs
-
-
-def create_nsp_instances(documents: list[list[list[int]]], *, max_seq_length: int,
-                         short_seq_prob: float, dupe_factor: int, rng: random.Random,
-                         name: str = 'the corpus') -> list[tuple[list[int], list[int], bool]]:
-  """Builds (tokens_a, tokens_b, is_random_next) pairs as google-research/bert does.
-
-  Per document, sentences are accumulated up to a target length (max_seq_length - 3,
-  or with probability `short_seq_prob` a random shorter one), split at a random
-  sentence boundary into A and B; with probability 0.5 B is replaced by text from
-  another document and the unused sentences are put back. Pairs are then truncated to
-  fit, trimming the longer side at a random end. Unlike the original, a one-sentence
-  chunk is paired with its next sentence half of the time and one-sentence documents
-  give no pairs, so labels stay 50/50 even when sentences are long.
-
-  Args:
-    documents: documents of sentences of token ids (no special tokens).
-    max_seq_length: T; pairs have at most T - 3 tokens, leaving room for [CLS] [SEP] [SEP].
-    short_seq_prob: probability of a shorter target length.
-    dupe_factor: passes over the documents (each pairs differently).
-    rng: the randomness.
-    name: what the documents are, for error messages.
-
-  Returns:
-    The instances, shuffled.
-  """
-  documents = [d for d in ([s for s in doc if s] for doc in documents) if d]
-  require_multi_sentence_document(documents, name)
-  if len(documents) < 2:
-    raise DataError(f'{name} has a single document; NSP needs at least two to draw random '
-                    'next segments from')
-  instances = []
-  for _ in range(dupe_factor):
-    for doc_index in range(len(documents)):
-      if len(documents[doc_index]) < 2:
-        continue  # could only give random-next pairs; still a source of random segments
-      instances.extend(_instances_from_document(documents, doc_index, max_seq_length,
-                                                short_seq_prob, rng))
-  rng.shuffle(instances)
-  return instances
-
-
-def require_multi_sentence_document(documents, name: str) -> None:
-  """Raises DataError unless some document has two sentences (NSP needs true next pairs)."""
-  if not any(len(d) >= 2 for d in documents):
-    raise DataError(f'no document in {name} has two sentences; NSP needs documents of several '
-                    'sentences (in plain text, blank lines separate documents)')
-
-
-def _instances_from_document(documents, doc_index, max_seq_length, short_seq_prob, rng):
-  document = documents[doc_index]
-  max_num_tokens = max_seq_length - 3
-  target_seq_length = max_num_tokens
-  if rng.random() < short_seq_prob:
-    target_seq_length = rng.randint(2, max_num_tokens)
-  instances = []
-  chunk: list[list[int]] = []
-  chunk_length = 0
-  i = 0
-  while i < len(document):
-    chunk.append(document[i])
-    chunk_length += len(document[i])
-    if i == len(document) - 1 or chunk_length >= target_seq_length:
-      if len(chunk) == 1 and i + 1 < len(document) and rng.random() >= 0.5:
-        # A lone (long) sentence gets its true continuation half of the time. Original BERT
-        # made every one-sentence chunk random-next, which skews labels away from 50/50
-        # when sentences are long relative to max_seq_length; truncation makes it fit.
-        i += 1
-        chunk.append(document[i])
-        a_end, is_random_next = 1, False
-      else:
-        a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
-        is_random_next = len(chunk) == 1 or rng.random() < 0.5
-      tokens_a = [t for s in chunk[:a_end] for t in s]
-      tokens_b: list[int] = []
-      if is_random_next:
-        target_b_length = target_seq_length - len(tokens_a)
-        # Unlike BERT's 10 tries, always pick a different document.
-        other = rng.randint(0, len(documents) - 2)
-        other_doc = documents[other + (other >= doc_index)]
-        for sentence in other_doc[rng.randint(0, len(other_doc) - 1):]:
-          tokens_b.extend(sentence)
-          if len(tokens_b) >= target_b_length:
-            break
-        i -= len(chunk) - a_end  # the unused sentences start the next chunk
-      else:
-        tokens_b = [t for s in chunk[a_end:] for t in s]
-      _truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-      instances.append((tokens_a, tokens_b, is_random_next))
-      chunk, chunk_length = [], 0
-    i += 1
-  return instances
-
-
-def _truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
-  while len(tokens_a) + len(tokens_b) > max_num_tokens:
-    longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-    # Trimming both ends at random avoids always keeping the start of a text.
-    if rng.random() < 0.5:
-      del longer[0]
-    else:
-      longer.pop()
-
-
-# ----------------------------------------------------------------------------- the cache
+# DataConfig fields that change the records (masking happens later, per batch); with the
+# inputs' contents, the seed and records.FORMAT_VERSION they make the cache fingerprint.
+RECORD_FIELDS = ('eval_fraction', 'lower_case', 'max_seq_length', 'short_seq_prob', 'dupe_factor',
+                 'format', 'text_field', 'hard_wrapped', 'unit_mb', 'tokenizer_sample_sentences')
+_UNITS_DIR = 'units'
+_ENCODE_BATCH = 4096  # sentences per tokenizer call: bounded memory for the id lists
+_PROGRESS_EVERY_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
-class PreparedData:
-  """A complete pretokenised cache directory (see `prepare_pretraining_data`)."""
+class Unit:
+  """One work unit: whole documents from one or more files."""
 
-  dir: str
-  tokenizer_path: str
-  num_train: int
-  num_eval: int
-  most_frequent_token: int  # the MLM baseline's constant prediction
-  stats: dict
+  index: int
+  pieces: tuple[readers.Piece, ...]
+  split: str  # 'corpus' (held out by hash), 'train' or 'eval' (the documents of eval_files)
+
+  @property
+  def nbytes(self) -> int:
+    return sum(_piece_bytes(p) for p in self.pieces)
 
 
-def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int) -> PreparedData:
-  """Builds (or reuses) the pretokenised NSP instances for `cfg`.
+@dataclasses.dataclass(frozen=True)
+class _Job:
+  """What a worker needs to build units (picklable; no jax)."""
 
-  The cache lives at `cfg.cache_dir/<fingerprint>`, keyed by the input files' paths and
-  contents, the record-shaping DataConfig fields, `vocab_size`, `seed` and
-  FORMAT_VERSION. It is built in a temporary directory and renamed into place, and
-  `meta.json` marks it complete, so an interrupted build is never reused. Building is
-  deterministic, so hosts without a shared filesystem build identical caches.
+  build_dir: str
+  reader: readers.ReaderOptions
+  seed: int
+  eval_fraction: float
+  max_seq_length: int
+  short_seq_prob: float
+  dupe_factor: int
+  vocab_size: int
+  tokenizer_path: str = ''
+
+
+def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
+                             process_index: int = 0, process_count: int = 1,
+                             sync: Callable[[bool], bool] | None = None,
+                             log: Callable[[str], None] | None = None) -> PreparedData:
+  """Builds (or reuses) the prepared NSP records for `cfg`.
 
   Args:
     cfg: the data config.
-    vocab_size: model.vocab_size: the size of the tokenizer to train, or to check a given
-      one against.
-    seed: picks the held-out documents and pairs sentences.
+    vocab_size: model.vocab_size: the size of the tokenizer to train, or to check a given one
+      against.
+    seed: picks the held-out documents, the tokenizer sample and the pairs.
+    process_index: this process among those preparing together (jax.process_index()).
+    process_count: how many prepare together; they must share `cfg.cache_dir`.
+    sync: with several processes, a barrier that takes this process's failure flag and
+      returns whether any process failed.
+    log: prints progress (process 0's); default: print on process 0.
 
   Returns:
-    The cache's description.
+    The complete cache's description.
   """
+  log = log or (lambda msg: print(msg, flush=True) if process_index == 0 else None)
+  sync = sync or (lambda failed: failed)
   _check_config(cfg)
-  if cfg.tokenizer:  # fail on a vocab mismatch before any slow work
-    tokenization.check_vocab_size(tokenization.SentencePieceTokenizer(cfg.tokenizer), vocab_size)
-  train_paths = corpus.resolve_files(cfg.train_files)
-  eval_paths = corpus.resolve_files(cfg.eval_files) if cfg.eval_files else []
-  fingerprint = _fingerprint(cfg, train_paths, eval_paths, vocab_size, seed)
-  out_dir = os.path.join(cfg.cache_dir, fingerprint)
-  if os.path.exists(os.path.join(out_dir, META_FILE)):
-    logging.info('reusing pretokenised data at %s', out_dir)
-    return load_prepared_data(out_dir)
-  os.makedirs(cfg.cache_dir, exist_ok=True)
-  tmp_dir = tempfile.mkdtemp(prefix=f'.tmp-{fingerprint}-', dir=cfg.cache_dir)
-  try:
-    _build(cfg, train_paths, eval_paths, vocab_size, seed, tmp_dir, fingerprint)
+  given = tokenization.load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+  if given is not None:  # fail on a vocab mismatch before any slow work
+    tokenization.check_vocab_size(given, vocab_size)
+  reader = readers.ReaderOptions(format=cfg.format, text_field=cfg.text_field,
+                                 hard_wrapped=cfg.hard_wrapped)
+  train_paths = readers.resolve_files(cfg.train_files)
+  eval_paths = readers.resolve_files(cfg.eval_files) if cfg.eval_files else []
+  fingerprint = _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed)
+  final_dir = os.path.join(cfg.cache_dir, fingerprint)
+  if os.path.exists(os.path.join(final_dir, META_FILE)):
+    log(f'prepared data: reusing {final_dir}')
+    return load_prepared_data(final_dir)
+  build_dir = final_dir + '.partial'
+  builder = _Builder(cfg, reader, train_paths, eval_paths, given, vocab_size, seed, build_dir,
+                     fingerprint, process_index, process_count, log)
+  steps = (builder.plan, builder.tokenizer, builder.build_units, builder.manifest)
+  for step in steps:
+    error = None
     try:
-      os.rename(tmp_dir, out_dir)
+      step()
+    except BertJaxError as e:
+      error = e
+    if sync(error is not None):
+      if process_index == 0:  # bad input: leave nothing behind (a killed build stays, to resume)
+        shutil.rmtree(build_dir, ignore_errors=True)
+      raise error or DataError('another process failed while preparing the data; its error says why')
+  if process_index == 0:
+    try:
+      os.rename(build_dir, final_dir)
+      shutil.rmtree(os.path.join(final_dir, _UNITS_DIR), ignore_errors=True)  # markers: build-time only
     except OSError:
-      if not os.path.exists(os.path.join(out_dir, META_FILE)):
+      if not os.path.exists(os.path.join(final_dir, META_FILE)):
         raise
-      shutil.rmtree(tmp_dir)  # another process finished the same cache first
-  except BaseException:
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    raise
-  logging.info('pretokenised data written to %s', out_dir)
-  return load_prepared_data(out_dir)
+      shutil.rmtree(build_dir, ignore_errors=True)  # the same cache finished elsewhere first
+  sync(False)
+  log(f'prepared data written to {final_dir}')
+  return load_prepared_data(final_dir)
 
 
-def load_prepared_data(data_dir: str) -> PreparedData:
-  """Describes an existing cache directory; DataError if it is incomplete."""
-  meta = read_meta(data_dir)
-  return PreparedData(dir=data_dir, tokenizer_path=os.path.join(data_dir, _TOKENIZER),
-                      num_train=meta['num_train'], num_eval=meta['num_eval'],
-                      most_frequent_token=meta['most_frequent_token'], stats=meta['stats'])
+class _Builder:
+  """The steps of one build, in order: plan, tokenizer, build_units, manifest."""
+
+  def __init__(self, cfg, reader, train_paths, eval_paths, given, vocab_size, seed, build_dir,
+               fingerprint, process_index, process_count, log):
+    self.cfg, self.reader, self.given = cfg, reader, given
+    self.train_paths, self.eval_paths = train_paths, eval_paths
+    self.vocab_size, self.seed, self.dir, self.fingerprint = vocab_size, seed, build_dir, fingerprint
+    self.process_index, self.process_count, self.log = process_index, process_count, log
+    self.workers = cfg.num_workers if cfg.num_workers > 0 else (os.cpu_count() or 1)
+    self.units: list[Unit] = []
+    self.seconds: dict[str, float] = {}
+    self.tokenizer_file = ''
+
+  def plan(self) -> None:
+    t0 = time.time()
+    os.makedirs(os.path.join(self.dir, _UNITS_DIR), exist_ok=True)
+    unit_bytes = self.cfg.unit_mb << 20
+    groups = [(g, 'eval' if self.eval_paths else 'corpus')
+              for g in readers.plan_units(self.train_paths, self.reader, unit_bytes)]
+    if not groups:
+      raise DataError(f'corpus {self.cfg.train_files!r} has no text')
+    if self.eval_paths:
+      groups = [(g, 'train') for g, _ in groups]
+      eval_groups = readers.plan_units(self.eval_paths, self.reader, unit_bytes)
+      if not eval_groups:
+        raise DataError(f'eval corpus {self.cfg.eval_files!r} has no text')
+      groups += [(g, 'eval') for g in eval_groups]
+    self.units = [Unit(i, tuple(g), split) for i, (g, split) in enumerate(groups)]
+    total = sum(u.nbytes for u in self.units)
+    self.log(f'prepare: {len(self.units)} work units, {total / 1e6:,.1f} MB, {self.workers} worker(s) '
+             f'x {self.process_count} process(es) -> {self.dir}')
+    self.seconds['plan'] = time.time() - t0
+
+  def tokenizer(self) -> None:
+    t0 = time.time()
+    if self.given is not None:
+      name = os.path.basename(tokenization.save_tokenizer(self.given, self._scratch()))
+      if self.process_index == 0 and not os.path.exists(os.path.join(self.dir, name)):
+        for f in os.listdir(self._scratch()):
+          os.replace(os.path.join(self._scratch(), f), os.path.join(self.dir, f))
+      shutil.rmtree(self._scratch(), ignore_errors=True)
+      self.tokenizer_file = name
+      return
+    self.tokenizer_file = tokenization.SPIECE_FILE
+    path = os.path.join(self.dir, self.tokenizer_file)
+    if self.process_index != 0 or os.path.exists(path):
+      return  # trained by process 0 (others wait at the barrier), or by an earlier attempt
+    job = self._job()
+    k = self.cfg.tokenizer_sample_sentences
+    units = [u for u in self.units if u.split != 'eval']
+    best: list[tuple[int, str]] = []  # max-heap by negated hash of the k smallest so far
+    seen: set[str] = set()
+    for sample in self._map(_sample_unit, job, units, k, 'tokenizer sample'):
+      for h, sentence in sample:
+        if sentence in seen:
+          continue
+        if len(best) < k:
+          heapq.heappush(best, (-h, sentence))
+          seen.add(sentence)
+        elif -best[0][0] > h:
+          seen.discard(heapq.heappushpop(best, (-h, sentence))[1])
+          seen.add(sentence)
+    sentences = [s for _, s in sorted((-nh, s) for nh, s in best)]
+    self.log(f'prepare: training a {self.vocab_size}-piece SentencePiece model on {len(sentences):,} '
+             'sampled sentences')
+    t1 = time.time()
+    tokenization.train_sentencepiece(sentences, path, self.vocab_size, self.cfg.lower_case, seed=self.seed)
+    self.seconds['tokenizer_sample'] = t1 - t0
+    self.seconds['tokenizer_train'] = time.time() - t1
+
+  def build_units(self) -> None:
+    t0 = time.time()
+    tokenizer = tokenization.load_tokenizer(os.path.join(self.dir, self.tokenizer_file))
+    tokenization.check_vocab_size(tokenizer, self.vocab_size)
+    mine = [u for u in self.units[self.process_index::self.process_count]
+            if not os.path.exists(_marker(self.dir, u.index))]
+    done = len(self.units[self.process_index::self.process_count]) - len(mine)
+    if done:
+      self.log(f'prepare: {done} unit(s) already built by an earlier run; building {len(mine)}')
+    for _ in self._map(_build_unit, self._job(), mine, None, 'units'):
+      pass
+    self.seconds['units'] = time.time() - t0
+
+  def manifest(self) -> None:
+    if self.process_index != 0:
+      return
+    t0 = time.time()
+    missing = [u.index for u in self.units if not os.path.exists(_marker(self.dir, u.index))]
+    if missing:
+      raise DataError(f'units {missing[:5]} of {self.dir} were not built: with several processes, '
+                      'data.cache_dir must be one directory all of them share')
+    tokenizer = tokenization.load_tokenizer(os.path.join(self.dir, self.tokenizer_file))
+    stats, splits = _merge_unit_stats(self.dir, self.units, self.vocab_size, tokenizer)
+    train_name = f'corpus {self.cfg.train_files!r}'
+    if stats['train_documents'] < 2:
+      raise DataError(f'{train_name} has {stats["train_documents"]} training document(s); NSP needs at '
+                      'least two to draw random next segments from')
+    if not splits['train']['num']:
+      raise DataError(f'no document in {train_name} has two sentences; NSP needs documents of several '
+                      'sentences (in plain text, blank lines separate documents)')
+    if not splits['eval']['num']:
+      where = (f'eval corpus {self.cfg.eval_files!r} has no document of two sentences' if self.eval_paths
+               else f'no document of two sentences was held out of {train_name} (eval_fraction='
+                    f'{self.cfg.eval_fraction}, {stats["eval_documents"]} held-out documents)')
+      raise DataError(f'{where}; raise data.eval_fraction or set data.eval_files')
+    fraction = stats['random_next_fraction']
+    if abs(fraction - 0.5) > 0.05:
+      self.log(f'warning: {fraction:.0%} of NSP pairs are random-next, not about 50% (few multi-sentence '
+               'documents?)')
+    special = {k: int(getattr(tokenizer, f'{k}_id')) for k in ('pad', 'unk', 'cls', 'sep', 'mask')}
+    meta = dict(format_version=records.FORMAT_VERSION, fingerprint=self.fingerprint,
+                vocab_size=self.vocab_size, seed=self.seed,
+                tokenizer=dict(type=type(tokenizer).__name__, file=self.tokenizer_file, special_ids=special),
+                num_train=splits['train']['num'], num_eval=splits['eval']['num'],
+                train_shards=splits['train']['shards'], eval_shards=splits['eval']['shards'],
+                train_shard_records=splits['train']['shard_records'],
+                eval_shard_records=splits['eval']['shard_records'],
+                most_frequent_token=stats.pop('most_frequent_token'), num_units=len(self.units), stats=stats,
+                data_config={f: getattr(self.cfg, f) for f in ('train_files', 'eval_files', 'tokenizer',
+                                                                *RECORD_FIELDS)})
+    self.seconds['manifest'] = time.time() - t0
+    build = dict(workers=self.workers, processes=self.process_count,
+                 seconds={k: round(v, 2) for k, v in self.seconds.items()},
+                 worker_seconds=stats.pop('worker_seconds', None))
+    _write_json(os.path.join(self.dir, records.BUILD_FILE), build)
+    _write_json(os.path.join(self.dir, META_FILE), meta)  # last: it marks the cache complete
+    self.log(f'prepare: {stats["documents"]:,} documents, {stats["sentences"]:,} sentences -> '
+             f'{meta["num_train"]:,} training and {meta["num_eval"]:,} held-out pairs '
+             f'({fraction:.1%} random-next), {stats["train_tokens"]:,} training tokens')
+
+  # ------------------------------------------------------------------ helpers
+
+  def _scratch(self) -> str:
+    return os.path.join(self.dir, f'.tokenizer-{self.process_index}')
+
+  def _job(self) -> _Job:
+    c = self.cfg
+    return _Job(build_dir=self.dir, reader=self.reader, seed=self.seed, eval_fraction=c.eval_fraction,
+                max_seq_length=c.max_seq_length, short_seq_prob=c.short_seq_prob, dupe_factor=c.dupe_factor,
+                vocab_size=self.vocab_size,
+                tokenizer_path=os.path.join(self.dir, self.tokenizer_file) if self.tokenizer_file else '')
+
+  def _map(self, fn, job: _Job, units: Sequence[Unit], arg, what: str):
+    """Yields fn(job, unit, arg) for every unit (any order), in worker processes, with progress."""
+    progress = _Progress(what, units, self.log)
+    if self.workers == 1 or len(units) <= 1:
+      for unit in units:
+        result = fn(job, unit, arg)
+        progress.done(unit)
+        yield result
+    else:
+      ctx = multiprocessing.get_context('spawn')  # never fork a process that may run jax
+      with concurrent.futures.ProcessPoolExecutor(min(self.workers, len(units)), mp_context=ctx,
+                                                  initializer=_init_worker) as pool:
+        futures = {pool.submit(fn, job, u, arg): u for u in units}
+        try:
+          for future in concurrent.futures.as_completed(futures):
+            result = future.result()
+            progress.done(futures[future])
+            yield result
+        except BaseException:
+          for f in futures:
+            f.cancel()
+          raise
+    progress.finish()
+
+
+class _Progress:
+  """Process-0 progress lines: units done, MB read, MB/s, ETA."""
+
+  def __init__(self, what: str, units: Sequence[Unit], log):
+    self.what, self.log = what, log
+    self.total_units, self.total_bytes = len(units), sum(u.nbytes for u in units)
+    self.units = self.bytes = 0
+    self.t0 = self.last = time.time()
+
+  def done(self, unit: Unit) -> None:
+    self.units += 1
+    self.bytes += unit.nbytes
+    if time.time() - self.last >= _PROGRESS_EVERY_S:
+      self._print()
+
+  def finish(self) -> None:
+    if self.total_units:
+      self._print()
+
+  def _print(self) -> None:
+    self.last = now = time.time()
+    rate = self.bytes / max(now - self.t0, 1e-9)
+    eta = (self.total_bytes - self.bytes) / rate if rate > 0 else float('inf')
+    eta_s = f'{eta:.0f}s' if eta != float('inf') else '?'
+    self.log(f'prepare {self.what}: {self.units}/{self.total_units} units | {self.bytes / 1e6:,.1f}/'
+             f'{self.total_bytes / 1e6:,.1f} MB | {rate / 1e6:.2f} MB/s | ETA {eta_s}')
+
+
+# ---------------------------------------------------------------------------- worker side
+
+
+def _init_worker() -> None:
+  # One core per worker: the libraries' own thread pools would oversubscribe the machine.
+  os.environ['TOKENIZERS_PARALLELISM'] = 'false'
+
+
+_TOKENIZERS: dict[str, tokenization.Tokenizer] = {}
+
+
+def _tokenizer(path: str) -> tokenization.Tokenizer:
+  if path not in _TOKENIZERS:
+    _TOKENIZERS[path] = tokenization.load_tokenizer(path)
+  return _TOKENIZERS[path]
+
+
+def _is_held_out(doc: list[str], seed: int, fraction: float) -> bool:
+  """A keyed hash of the document's text below `fraction`: deterministic, needs no other document."""
+  h = hashlib.blake2b('\n'.join(doc).encode('utf-8', 'surrogatepass'), digest_size=8,
+                      key=seed.to_bytes(8, 'little', signed=True))
+  return int.from_bytes(h.digest(), 'little') < fraction * 2.0**64
+
+
+def _sentence_hash(sentence: str, key: bytes) -> int:
+  return int.from_bytes(hashlib.blake2b(sentence.encode('utf-8', 'surrogatepass'), digest_size=8,
+                                        key=key).digest(), 'little')
+
+
+def _documents(job: _Job, unit: Unit, stats: dict | None = None):
+  """Yields (split, document) for the unit's documents."""
+  for doc in readers.read_documents(unit.pieces, job.reader, stats):
+    if unit.split == 'corpus':
+      yield ('eval' if _is_held_out(doc, job.seed, job.eval_fraction) else 'train'), doc
+    else:
+      yield unit.split, doc
+
+
+def _sample_unit(job: _Job, unit: Unit, k: int) -> list[tuple[int, str]]:
+  """The unit's k distinct training sentences with the smallest keyed hashes."""
+  key = (job.seed + 1).to_bytes(8, 'little', signed=True)
+  heap: list[tuple[int, str]] = []  # (-hash, sentence): a max-heap of the k smallest
+  seen: set[str] = set()
+  for split, doc in _documents(job, unit):
+    if split != 'train':
+      continue
+    for sentence in doc:
+      if sentence in seen:
+        continue
+      h = _sentence_hash(sentence, key)
+      if len(heap) < k:
+        heapq.heappush(heap, (-h, sentence))
+        seen.add(sentence)
+      elif -heap[0][0] > h:
+        seen.discard(heapq.heappushpop(heap, (-h, sentence))[1])
+        seen.add(sentence)
+  return [(-nh, s) for nh, s in heap]
+
+
+def _tokenize(tokenizer, docs: list[list[str]]) -> nsp.TokenizedDocs:
+  """Documents of sentences -> flat token ids, in bounded batches."""
+  sentences = [s for d in docs for s in d]
+  flat_parts, length_parts = [], []
+  for i in range(0, len(sentences), _ENCODE_BATCH):
+    ids = tokenizer.encode_batch(sentences[i:i + _ENCODE_BATCH])
+    lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
+    flat_parts.append(np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(lengths.sum())))
+    length_parts.append(lengths)
+  lengths = np.concatenate(length_parts) if length_parts else np.zeros(0, np.int64)
+  tokens = np.concatenate(flat_parts) if flat_parts else np.zeros(0, np.int32)
+  # Sentences the tokenizer leaves empty (stray symbols) vanish; documents left empty too.
+  keep_sentences = lengths > 0
+  doc_sizes = np.array([len(d) for d in docs], np.int64)
+  doc_of_sentence = np.repeat(np.arange(len(docs)), doc_sizes)
+  kept_per_doc = np.bincount(doc_of_sentence[keep_sentences], minlength=len(docs))
+  kept_per_doc = kept_per_doc[kept_per_doc > 0]
+  sentence_starts = np.concatenate([[0], np.cumsum(lengths[keep_sentences])]).astype(np.int64)
+  doc_starts = np.concatenate([[0], np.cumsum(kept_per_doc)]).astype(np.int64)
+  return nsp.TokenizedDocs(tokens, sentence_starts, doc_starts)
+
+
+def _build_unit(job: _Job, unit: Unit, _) -> dict:
+  """Reads, tokenises, pairs and writes one unit; leaves its marker last. Returns its stats."""
+  t0 = time.time()
+  read_stats: dict = {}
+  docs: dict[str, list[list[str]]] = {'train': [], 'eval': []}
+  for split, doc in _documents(job, unit, read_stats):
+    docs[split].append(doc)
+  t_read = time.time()
+  tokenizer = _tokenizer(job.tokenizer_path)
+  tokenized = {split: _tokenize(tokenizer, d) for split, d in docs.items()}
+  t_tokenize = time.time()
+  out = dict(unit=unit.index, bytes=int(read_stats.get('bytes', 0)),
+             invalid_utf8=int(read_stats.get('invalid_utf8', 0)),
+             formats=read_stats.get('formats', {}), splits={})
+  for code, split in enumerate(('train', 'eval')):
+    t = tokenized[split]
+    pool = tokenized['train'] if split == 'eval' else None
+    rng = random.Random(f'{job.seed}-{unit.index}-{split}')  # str seeds hash alike everywhere
+    pairs = nsp.create_pairs(t, max_seq_length=job.max_seq_length, short_seq_prob=job.short_seq_prob,
+                             dupe_factor=job.dupe_factor if split == 'train' else 1, rng=rng,
+                             random_pool=pool)
+    used_pool = pool if (pool is not None and t.num_docs < 2 and pool.num_docs) else None
+    flat, bounds = nsp.assemble_records(t, pairs, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
+                                        pool=used_pool)
+    lengths = (np.diff(bounds) - 2).astype('<u2')
+    base = os.path.join(job.build_dir, _UNITS_DIR, f'{unit.index:05d}.{split}')
+    if len(pairs):
+      _atomic(os.path.join(job.build_dir, records.shard_name(split, unit.index)),
+              lambda p: records.write_shard(p, flat, bounds))
+    _atomic(base + '.lengths.npy', lambda p: _save_npy(p, lengths))
+    if split == 'train':
+      body = np.ones(len(flat), bool)
+      body[bounds[:-1]] = body[bounds[:-1] + 1] = False  # the two header words
+      counts = np.bincount(flat[body], minlength=job.vocab_size).astype('<i8')
+      _atomic(base + '.counts.npy', lambda p: _save_npy(p, counts))
+    out['splits'][split] = dict(documents=t.num_docs, sentences=int(len(t.sentence_starts) - 1),
+                                tokens=int(len(t.tokens)), pairs=int(len(pairs)),
+                                random_next=int(pairs[:, 4].sum()) if len(pairs) else 0)
+  out['seconds'] = dict(read=t_read - t0, tokenize=t_tokenize - t_read, pairs_write=time.time() - t_tokenize)
+  _write_json(_marker(job.build_dir, unit.index), out)  # last: the unit is complete
+  return out
+
+
+# ---------------------------------------------------------------------------- manifest
+
+
+def _merge_unit_stats(build_dir: str, units: Sequence[Unit], vocab_size: int, tokenizer):
+  """Sums the units' markers in unit order; writes the split length files. (stats, splits)."""
+  splits = {s: dict(num=0, shards=[], shard_records=[], documents=0, sentences=0, tokens=0, random=0) for s in ('train', 'eval')}
+  totals = dict(bytes=0, invalid_utf8=0, formats={})
+  counts = np.zeros(vocab_size, np.int64)
+  worker_seconds = dict(read=0.0, tokenize=0.0, pairs_write=0.0)
+  lengths: dict[str, list[np.ndarray]] = {'train': [], 'eval': []}
+  for u in units:
+    with open(_marker(build_dir, u.index), encoding='utf-8') as f:
+      m = json.load(f)
+    totals['bytes'] += m['bytes']
+    totals['invalid_utf8'] += m['invalid_utf8']
+    for name, n in m['formats'].items():
+      totals['formats'][name] = totals['formats'].get(name, 0) + n
+    for k in worker_seconds:
+      worker_seconds[k] += m['seconds'][k]
+    for split, s in m['splits'].items():
+      agg = splits[split]
+      agg['num'] += s['pairs']
+      agg['documents'] += s['documents']
+      agg['sentences'] += s['sentences']
+      agg['tokens'] += s['tokens']
+      agg['random'] += s['random_next']
+      if s['pairs']:
+        agg['shards'].append(records.shard_name(split, u.index))
+        agg['shard_records'].append(s['pairs'])
+      base = os.path.join(build_dir, _UNITS_DIR, f'{u.index:05d}.{split}')
+      lengths[split].append(np.load(base + '.lengths.npy'))
+      if split == 'train':
+        counts += np.load(base + '.counts.npy')
+  for split, parts in lengths.items():
+    joined = np.concatenate(parts) if parts else np.zeros(0, '<u2')
+    _atomic(os.path.join(build_dir, records.lengths_name(split)), lambda p, a=joined: _save_npy(p, a))
+  counts[tokenizer.special_table()] = 0
+  train, evals = splits['train'], splits['eval']
+  stats = dict(
+      files=len({p.path for u in units for p in u.pieces}), bytes=totals['bytes'],
+      documents=train['documents'] + evals['documents'], sentences=train['sentences'] + evals['sentences'],
+      train_documents=train['documents'], eval_documents=evals['documents'],
+      train_sentences=train['sentences'], eval_sentences=evals['sentences'],
+      corpus_tokens=train['tokens'] + evals['tokens'], train_tokens=int(counts.sum()),
+      train_pairs=train['num'], eval_pairs=evals['num'],
+      random_next_fraction=round(train['random'] / max(train['num'], 1), 4),
+      eval_random_next_fraction=round(evals['random'] / max(evals['num'], 1), 4),
+      invalid_utf8=totals['invalid_utf8'], formats=totals['formats'],
+      most_frequent_token=int(np.argmax(counts)),
+      worker_seconds={k: round(v, 2) for k, v in worker_seconds.items()})
+  return stats, splits
+
+
+# ---------------------------------------------------------------------------- small helpers
 
 
 def _check_config(cfg: DataConfig) -> None:
@@ -228,154 +532,71 @@ def _check_config(cfg: DataConfig) -> None:
     problems.append(f'data.masked_lm_prob={cfg.masked_lm_prob} must be in (0, 1)')
   if not 0 <= cfg.short_seq_prob <= 1:
     problems.append(f'data.short_seq_prob={cfg.short_seq_prob} must be in [0, 1]')
-  if cfg.dupe_factor < 1 or cfg.num_shards < 1:
-    problems.append('data.dupe_factor and data.num_shards must be >= 1')
+  if cfg.dupe_factor < 1:
+    problems.append(f'data.dupe_factor={cfg.dupe_factor} must be >= 1')
+  if cfg.unit_mb < 1:
+    problems.append(f'data.unit_mb={cfg.unit_mb} must be >= 1')
+  if cfg.num_workers < 0:
+    problems.append(f'data.num_workers={cfg.num_workers} must be >= 0 (0 = every local core)')
+  if cfg.tokenizer_sample_sentences < 1:
+    problems.append(f'data.tokenizer_sample_sentences={cfg.tokenizer_sample_sentences} must be >= 1')
   if not cfg.eval_files and not 0 < cfg.eval_fraction < 1:
     problems.append(f'data.eval_fraction={cfg.eval_fraction} must be in (0, 1) when '
                     'data.eval_files is empty')
+  if cfg.max_seq_length > 65535:
+    problems.append(f'data.max_seq_length={cfg.max_seq_length} must be < 65536')
   if problems:
     raise ConfigError('; '.join(problems))
 
 
 def _file_sha256(path: str) -> str:
   h = hashlib.sha256()
-  with open(path, 'rb') as f:
+  with epath.Path(path).open('rb') as f:
     for block in iter(lambda: f.read(1 << 20), b''):
       h.update(block)
   return h.hexdigest()
 
 
-def _fingerprint(cfg, train_paths, eval_paths, vocab_size, seed) -> str:
+def _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed) -> str:
   key = dict(
-      format=FORMAT_VERSION, vocab_size=vocab_size, seed=seed,
+      format=records.FORMAT_VERSION, vocab_size=vocab_size, seed=seed,
       train=[(p, _file_sha256(p)) for p in train_paths],
       eval=[(p, _file_sha256(p)) for p in eval_paths],
-      tokenizer=_file_sha256(cfg.tokenizer) if cfg.tokenizer else None,
-      fields={f: getattr(cfg, f) for f in _RECORD_FIELDS})
+      tokenizer=[_file_sha256(p) for p in tokenization.tokenizer_files(given)] if given else None,
+      fields={f: getattr(cfg, f) for f in RECORD_FIELDS})
   return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _build(cfg, train_paths, eval_paths, vocab_size, seed, out_dir, fingerprint) -> None:
-  """Writes shards, tokenizer and (last) meta.json into `out_dir`."""
-  t0 = time.time()
-  train_name = f'corpus {cfg.train_files!r}'
-  train_docs, stats = corpus.read_documents(train_paths)
-  logging.info('read %d documents, %d sentences from %d files (%.1fs)', stats['documents'],
-               stats['sentences'], stats['files'], time.time() - t0)
-  require_multi_sentence_document(train_docs, train_name)  # before holding any out
-  if eval_paths:
-    eval_docs, eval_stats = corpus.read_documents(eval_paths)
-    eval_name = f'eval corpus {cfg.eval_files!r}'
-    stats['invalid_utf8'] += eval_stats['invalid_utf8']
-  else:
-    train_docs, eval_docs = _hold_out(train_docs, cfg.eval_fraction, seed, train_name)
-    eval_name = f'the documents held out of {train_name}'
-
-  tokenizer_path = os.path.join(out_dir, _TOKENIZER)
-  if cfg.tokenizer:
-    shutil.copyfile(cfg.tokenizer, tokenizer_path)  # the cache stays self-contained
-    tokenizer = tokenization.SentencePieceTokenizer(tokenizer_path)
-  else:
-    tokenizer = tokenization.train_sentencepiece(
-        (s for d in train_docs for s in d), tokenizer_path, vocab_size, cfg.lower_case, seed=seed)
-    logging.info('trained a %d-piece tokenizer (%.1fs)', vocab_size, time.time() - t0)
-  tokenization.check_vocab_size(tokenizer, vocab_size)
-
-  splits = {}
-  for split, docs, name, dupe, rng_seed in (
-      ('train', train_docs, train_name, cfg.dupe_factor, seed),
-      ('eval', eval_docs, eval_name, 1, seed + 1)):
-    token_docs = _tokenize(tokenizer, docs)
-    instances = create_nsp_instances(
-        token_docs, max_seq_length=cfg.max_seq_length, short_seq_prob=cfg.short_seq_prob,
-        dupe_factor=dupe, rng=random.Random(rng_seed), name=name)
-    shards, counts_v = _write_split(out_dir, split, instances, cfg.num_shards, vocab_size)
-    splits[split] = dict(shards=shards, num=len(instances), counts=counts_v, docs=len(docs),
-                         random=sum(r for _, _, r in instances))
-    logging.info('%s: %d documents → %d instances in %d shards (%.1fs)', split, len(docs),
-                 len(instances), len(shards), time.time() - t0)
-
-  random_fraction = splits['train']['random'] / splits['train']['num']
-  if abs(random_fraction - 0.5) > 0.05:
-    logging.warning('%.0f%% of NSP pairs are random-next, not about 50%% (few multi-sentence '
-                    'documents?)', 100 * random_fraction)
-  counts_v = splits['train']['counts']
-  counts_v[:NUM_SPECIAL] = 0
-  stats.update(
-      train_documents=splits['train']['docs'], eval_documents=splits['eval']['docs'],
-      train_tokens=int(counts_v.sum()),
-      random_next_fraction=round(random_fraction, 4),
-      build_seconds=round(time.time() - t0, 1))
-  meta = dict(format_version=FORMAT_VERSION, fingerprint=fingerprint, vocab_size=vocab_size,
-              seed=seed, num_train=splits['train']['num'], num_eval=splits['eval']['num'],
-              train_shards=splits['train']['shards'], eval_shards=splits['eval']['shards'],
-              most_frequent_token=int(np.argmax(counts_v)), stats=stats,
-              data_config=dataclasses.asdict(cfg))
-  with open(os.path.join(out_dir, META_FILE), 'w') as f:
-    json.dump(meta, f, indent=2)
+def _marker(build_dir: str, unit: int) -> str:
+  return os.path.join(build_dir, _UNITS_DIR, f'{unit:05d}.json')
 
 
-def _hold_out(docs, fraction, seed, name):
-  # Two documents at least on each side: NSP draws random segments from another document.
-  num_eval = max(2, round(len(docs) * fraction))
-  if len(docs) - num_eval < 2:
-    raise DataError(f'{name} has only {len(docs)} documents, too few to hold out '
-                    f'{num_eval} for eval; add documents or set --config.data.eval_files')
-  held = set(random.Random(seed).sample(range(len(docs)), num_eval))
-  return ([d for i, d in enumerate(docs) if i not in held],
-          [d for i, d in enumerate(docs) if i in held])
+def _piece_bytes(piece: readers.Piece) -> int:
+  if piece.end >= 0:
+    return piece.end - piece.start
+  return epath.Path(piece.path).stat().length
 
 
-def _tokenize(tokenizer, docs: list[list[str]]) -> list[list[list[int]]]:
-  ids = tokenizer.encode_batch([s for d in docs for s in d])
-  out, k = [], 0
-  for d in docs:
-    out.append(ids[k:k + len(d)])
-    k += len(d)
-  return out
+def _atomic(path: str, write: Callable[[str], None]) -> None:
+  tmp = f'{path}.tmp-{os.getpid()}'
+  write(tmp)
+  os.replace(tmp, path)
 
 
-def _write_split(out_dir, split, instances, num_shards, vocab_size):
-  """Writes contiguous shards of records (see `encode_record`)."""
-  num_shards = max(1, min(num_shards, len(instances)))
-  bounds = np.linspace(0, len(instances), num_shards + 1).astype(int)
-  names, counts_v = [], np.zeros(vocab_size, np.int64)
-  for k in range(num_shards):
-    names.append(f'{split}-{k:05d}-of-{num_shards:05d}.array_record')
-    writer = array_record_module.ArrayRecordWriter(os.path.join(out_dir, names[-1]),
-                                                   _WRITER_OPTIONS)
-    shard_tokens = []
-    for a, b, is_random in instances[bounds[k]:bounds[k + 1]]:
-      record = encode_record(a, b, is_random)
-      writer.write(record)
-      shard_tokens.append(decode_record(record)[0])
-    writer.close()
-    if shard_tokens:
-      counts_v += np.bincount(np.concatenate(shard_tokens), minlength=vocab_size)
-  return names, counts_v
+def _save_npy(path: str, array: np.ndarray) -> None:
+  with open(path, 'wb') as f:
+    np.save(f, array)
 
 
-def read_meta(data_dir: str) -> dict:
-  """The contents of a cache directory's meta.json; DataError if it is incomplete."""
-  path = os.path.join(data_dir, META_FILE)
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except FileNotFoundError:
-    raise DataError(f'{data_dir} is not a complete pretokenised cache ({META_FILE} missing); '
-                    'build it with prepare_pretraining_data') from None
+def _write_json(path: str, obj) -> None:
+  def write(p):
+    with open(p, 'w', encoding='utf-8') as f:
+      json.dump(obj, f, indent=2, sort_keys=True)
+      f.write('\n')
+  _atomic(path, write)
 
 
-# ----------------------------------------------------------------------------- records
-
-
-def encode_record(tokens_a: list[int], tokens_b: list[int], is_random_next: bool) -> bytes:
-  """One instance as a record: int32 [is_random_next, len_a, CLS A SEP B SEP]."""
-  return np.array([int(is_random_next), len(tokens_a), CLS_ID, *tokens_a, SEP_ID, *tokens_b,
-                   SEP_ID], '<i4').tobytes()
-
-
-def decode_record(record: bytes) -> Example:
-  """A record as (tokens int32[L] = [CLS] A [SEP] B [SEP], len_a, is_random_next)."""
-  rec = np.frombuffer(record, dtype='<i4').astype(np.int32)
-  return rec[2:], int(rec[1]), bool(rec[0])
+def read_build_info(data_dir: str) -> dict:
+  """build.json of a cache: workers, processes, seconds per phase (wall) and per worker step."""
+  with open(os.path.join(data_dir, records.BUILD_FILE), encoding='utf-8') as f:
+    return json.load(f)

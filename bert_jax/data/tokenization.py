@@ -14,6 +14,8 @@ import io
 import json
 import os
 import random
+import re
+import shutil
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -180,6 +182,17 @@ class SentencePieceTokenizer:
         ids.extend(self.encode(chunk))
     return ids
 
+  def special_table(self) -> np.ndarray:
+    """bool[vocab_size]: True for ids that masking never picks or draws ([PAD], control pieces).
+
+    [UNK] is not special: it stands for real text and is predicted like any token.
+    """
+    table_v = np.array([self._sp.is_control(i) or self._sp.is_unused(i)
+                        for i in range(self.vocab_size)], dtype=bool)
+    table_v[[PAD_ID, CLS_ID, SEP_ID, MASK_ID]] = True
+    table_v[UNK_ID] = False
+    return table_v
+
   def word_start_table(self) -> np.ndarray:
     """bool[vocab_size]: True where a piece starts a word (and for special tokens).
 
@@ -254,6 +267,8 @@ def check_vocab_size(tokenizer: SentencePieceTokenizer, model_vocab_size: int) -
 
 
 _TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_CONFIG = 'tokenizer.json', 'vocab.txt', 'tokenizer_config.json'
+SPIECE_FILE = 'tokenizer.model'  # the name a SentencePiece model has in a cache or workdir
+_UNUSED = re.compile(r'^\[unused\d+\]$')
 
 
 class WordPieceTokenizer:
@@ -366,6 +381,20 @@ class WordPieceTokenizer:
     i = self._tok.token_to_id(token)
     return self.unk_id if i is None else i
 
+  def special_table(self) -> np.ndarray:
+    """bool[vocab_size]: True for ids masking never picks or draws: [PAD]/[CLS]/[SEP]/[MASK], the
+    '[unusedN]' slots and other added special tokens. [UNK] stands for text and is not special."""
+    table_v = np.zeros(self.vocab_size, bool)
+    for i in range(self.vocab_size):
+      token = self._tok.id_to_token(i) or ''
+      table_v[i] = bool(_UNUSED.match(token))
+    for i, added in self._tok.get_added_tokens_decoder().items():
+      if added.special and i < self.vocab_size:
+        table_v[i] = True
+    table_v[[self.pad_id, self.cls_id, self.sep_id, self.mask_id]] = True
+    table_v[self.unk_id] = False
+    return table_v
+
   def word_start_table(self) -> np.ndarray:
     """bool[vocab_size]: True unless a token continues a word ('##…'); specials are starts."""
     return np.array([not (self._tok.id_to_token(i) or '').startswith('##')
@@ -426,3 +455,48 @@ def _bert_post_processor(tok: tokenizers.Tokenizer):
       single=f'{CLS_TOKEN}:0 $A:0 {SEP_TOKEN}:0',
       pair=f'{CLS_TOKEN}:0 $A:0 {SEP_TOKEN}:0 $B:1 {SEP_TOKEN}:1',
       special_tokens=[(CLS_TOKEN, cls_id), (SEP_TOKEN, sep_id)])
+
+
+Tokenizer = SentencePieceTokenizer | WordPieceTokenizer
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+  """Loads a SentencePiece model or a Hugging Face WordPiece tokenizer.
+
+  Args:
+    path: a SentencePiece `.model` file; a Hugging Face checkpoint or tokenizer directory
+      (tokenizer.json, else vocab.txt); such a directory's tokenizer.json or vocab.txt; or a
+      prepared cache / pretraining workdir (its tokenizer.model or tokenizer.json).
+
+  Returns:
+    The tokenizer. DataError when the path holds none.
+  """
+  if os.path.isdir(path):
+    if os.path.isfile(os.path.join(path, SPIECE_FILE)):
+      return SentencePieceTokenizer(os.path.join(path, SPIECE_FILE))
+    return WordPieceTokenizer.from_directory(path)
+  if os.path.basename(path) in (_TOKENIZER_JSON, _VOCAB_TXT) and os.path.isfile(path):
+    return WordPieceTokenizer.from_directory(os.path.dirname(path) or '.')
+  return SentencePieceTokenizer(path)
+
+
+def save_tokenizer(tokenizer: Tokenizer, directory: str) -> str:
+  """Writes the tokenizer's files into `directory`; returns what `load_tokenizer` reads back."""
+  os.makedirs(directory, exist_ok=True)
+  if isinstance(tokenizer, SentencePieceTokenizer):
+    target = os.path.join(directory, SPIECE_FILE)
+    if os.path.abspath(tokenizer.path) != os.path.abspath(target):
+      shutil.copyfile(tokenizer.path, target + '.tmp')
+      os.replace(target + '.tmp', target)
+    return target
+  tokenizer.save(directory)
+  return os.path.join(directory, _TOKENIZER_JSON)
+
+
+def tokenizer_files(tokenizer: Tokenizer) -> list[str]:
+  """The files that define a tokenizer (for fingerprints)."""
+  if isinstance(tokenizer, SentencePieceTokenizer):
+    return [tokenizer.path]
+  directory = os.path.dirname(tokenizer.path)
+  return [p for p in (os.path.join(directory, n) for n in (_TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_CONFIG))
+          if os.path.isfile(p)]

@@ -1,0 +1,101 @@
+"""Benchmarks the data pipeline: preparation MB/s and peak memory, then loader tokens/s; prints tables.
+
+  # Preparation of the enwiki sample with a given tokenizer, 1 and 2 workers, then the loader:
+  python experiments/benchmark_data.py --tokenizer=/path/tokenizer.model --workers=1,2
+  # A synthetic 1 GB corpus (copies of ../shared/data/enwiki-2015 with per-copy changes):
+  python experiments/benchmark_data.py --synthesize_mb=1000 --tokenizer=... --workers=1,2
+  # Loader only, over an existing cache:
+  python experiments/benchmark_data.py --loader_only=data/cache/<fingerprint> --batch_size=256 --seq_len=128,512
+
+Without --tokenizer a SentencePiece model is trained first (its time is reported apart).
+Every preparation starts from an empty cache under --scratch. numpy/array_record only: no jax.
+"""
+
+import json
+import os
+import platform
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # pylint: disable=g-import-not-at-top
+
+from bert_jax.config import DataConfig
+from bert_jax.data import benchmarking as bm
+from bert_jax.data import readers
+from bert_jax.errors import BertJaxError
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ENWIKI = os.path.join(os.path.dirname(_REPO), 'shared', 'data', 'enwiki-2015')
+
+_CORPUS = flags.DEFINE_string('corpus', _ENWIKI, 'Corpus files (comma-separated files, globs, directories).')
+_SYNTH = flags.DEFINE_float('synthesize_mb', 0, 'Instead: copies of --corpus with per-copy changes up to this many MB.')
+_TOKENIZER = flags.DEFINE_string('tokenizer', '', 'data.tokenizer (SentencePiece .model or HF WordPiece); '
+                                 'empty trains a SentencePiece model of --vocab_size.')
+_VOCAB = flags.DEFINE_integer('vocab_size', 30522, 'Vocabulary size (of the given tokenizer, or to train).')
+_WORKERS = flags.DEFINE_list('workers', ['1', '2'], 'Preparation worker counts.')
+_UNIT_MB = flags.DEFINE_integer('unit_mb', 16, 'data.unit_mb.')
+_SAMPLE = flags.DEFINE_integer('sample_sentences', 1_000_000, 'data.tokenizer_sample_sentences.')
+_SCRATCH = flags.DEFINE_string('scratch', '/tmp/bert_jax_data_bench', 'Synthetic corpus and caches go here.')
+_BATCH = flags.DEFINE_list('batch_size', ['256'], 'Loader global batch sizes.')
+_SEQ = flags.DEFINE_list('seq_len', ['128'], 'Loader sequence lengths (each needs its own preparation).')
+_LOADER_WORKERS = flags.DEFINE_list('loader_workers', ['0', '1', '2'], 'Loader worker processes (0 = a thread).')
+_BATCHES = flags.DEFINE_integer('batches', 200, 'Timed loader batches.')
+_PACK = flags.DEFINE_bool('pack', False, 'Time packed batches too.')
+_LOADER_ONLY = flags.DEFINE_string('loader_only', '', 'A prepared cache directory: time the loader only.')
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  try:
+    run()
+  except BertJaxError as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def run():
+  print(f'machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; python '
+        f'{platform.python_version()}')
+  seq_lens = [int(s) for s in _SEQ.value]
+  caches = {}
+  if _LOADER_ONLY.value:
+    caches = {int(json.load(open(os.path.join(_LOADER_ONLY.value, 'meta.json')))['data_config']['max_seq_length']):
+              _LOADER_ONLY.value}
+  else:
+    files = readers.resolve_files(_CORPUS.value)
+    if _SYNTH.value:
+      files = bm.synthesize_corpus(files, os.path.join(_SCRATCH.value, f'corpus_{_SYNTH.value:g}mb'), _SYNTH.value)
+    rows = []
+    for seq in seq_lens:
+      for workers in [int(w) for w in _WORKERS.value]:
+        cache = os.path.join(_SCRATCH.value, f'cache_seq{seq}_w{workers}')
+        shutil.rmtree(cache, ignore_errors=True)
+        cfg = DataConfig(train_files=','.join(files), cache_dir=cache, tokenizer=_TOKENIZER.value,
+                         num_workers=workers, unit_mb=_UNIT_MB.value, max_seq_length=seq,
+                         max_predictions_per_seq=max(1, seq * 20 // 128),
+                         tokenizer_sample_sentences=_SAMPLE.value)
+        row = bm.time_prepare(cfg, _VOCAB.value, log=lambda m: print(m, flush=True))
+        row.update(seq_len=seq)
+        rows.append(row)
+        caches[seq] = row['dir']
+        print(json.dumps(row), flush=True)
+    print('\npreparation (whole process tree):\n')
+    print(bm.format_table(rows, ['seq_len', 'workers', 'mb', 'seconds', 'mb_per_s', 'peak_rss_gib', 'train_pairs']))
+  loader_rows = []
+  for seq, cache in caches.items():
+    for b in [int(x) for x in _BATCH.value]:
+      for w in [int(x) for x in _LOADER_WORKERS.value]:
+        for pack in ([False, True] if _PACK.value else [False]):
+          cfg = DataConfig(max_seq_length=seq, max_predictions_per_seq=max(1, seq * 20 // 128), pack=pack)
+          row = bm.time_loader(cache, cfg, batch_size=b, workers=w, batches=_BATCHES.value)
+          loader_rows.append(row)
+          print(json.dumps(row), flush=True)
+  print('\nloader:\n')
+  print(bm.format_table(loader_rows, ['seq_len', 'batch_size', 'workers', 'pack', 'tokens_per_s', 'batches_per_s']))
+
+
+if __name__ == '__main__':
+  app.run(main)

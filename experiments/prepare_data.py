@@ -1,0 +1,37 @@
+"""Prepares a pretraining corpus once, before training: the same cache pretrain.py would build.
+
+  python experiments/prepare_data.py --config=experiments/configs/pretrain.py:base
+  python experiments/prepare_data.py --config=experiments/configs/pretrain.py:cpu \
+      --config.data.train_files=/corpora/c4/en/*.json.gz --config.data.num_workers=16
+
+Work units are spread over `data.num_workers` local processes (0 = every core) and, when
+started on every host of a pod (the multi-host flags, as for pretrain.py), over the hosts: each
+builds its share into the shared `data.cache_dir`. A run killed part-way resumes where it
+stopped. Ends by printing one JSON line: the cache directory and its statistics.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+
+from bert_jax import cli, metrics, train_lib
+from bert_jax.config import PretrainConfig
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
+    'Pretraining config file, optionally with :VARIANT; its data and model.vocab_size are used.')
+
+
+def main(_):
+  cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
+  prepared, _ = train_lib.prepare_data(cfg)
+  metrics.log(json.dumps({'dir': prepared.dir, 'num_train': prepared.num_train, 'num_eval': prepared.num_eval,
+                          **prepared.stats}))
+
+
+if __name__ == '__main__':
+  cli.run(main)

@@ -1,0 +1,126 @@
+"""Tests for bert_jax.data.nsp: BERT's sentence pairs as token ranges, and their records."""
+
+import random
+
+import numpy as np
+
+from bert_jax.data import nsp, records
+from bert_jax.data.tokenization import CLS_ID, SEP_ID
+
+
+def _pairs(docs, *, max_seq_length, short_seq_prob, dupe_factor, rng, pool=None):
+  """create_pairs + assemble_records, decoded back to (tokens_a, tokens_b, is_random_next) lists."""
+  tokenized = nsp.TokenizedDocs.from_lists(docs)
+  pool = nsp.TokenizedDocs.from_lists(pool) if pool else None
+  pairs = nsp.create_pairs(tokenized, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
+                           dupe_factor=dupe_factor, rng=rng, random_pool=pool)
+  used_pool = pool if pool is not None and tokenized.num_docs < 2 else None
+  flat, bounds = nsp.assemble_records(tokenized, pairs, cls_id=CLS_ID, sep_id=SEP_ID, pool=used_pool)
+  out = []
+  for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+    tokens, len_a, is_random_next = records.decode_record(flat[lo:hi].tobytes())
+    assert tokens[0] == CLS_ID and tokens[len_a + 1] == SEP_ID and tokens[-1] == SEP_ID
+    out.append((tokens[1:1 + len_a].tolist(), tokens[2 + len_a:-1].tolist(), is_random_next))
+  return out
+
+
+def _coded_documents(num_docs=30, seed=0):
+  """Sentence j of document d is [code] * n with code = 5 + 100 d + j: pairs are checkable."""
+  rng = random.Random(seed)
+  return [[[5 + 100 * d + j] * rng.randint(2, 12) for j in range(rng.randint(40, 90))]
+          for d in range(num_docs)]
+
+
+def _doc_sentence(code):
+  return divmod(code - 5, 100)
+
+
+def test_nsp_pairs_follow_bert():
+  max_len = 32
+  instances = _pairs(_coded_documents(), max_seq_length=max_len,
+                                      short_seq_prob=0.0, dupe_factor=10, rng=random.Random(1))
+  assert len(instances) > 5000
+  assert 0.47 < np.mean([r for _, _, r in instances]) < 0.53
+  untruncated_true_pairs = 0
+  for a, b, is_random_next in instances:
+    assert a and b and len(a) + len(b) <= max_len - 3
+    doc_a = {_doc_sentence(t)[0] for t in a}
+    doc_b = {_doc_sentence(t)[0] for t in b}
+    assert len(doc_a) == len(doc_b) == 1  # segments never mix documents
+    sents_a = sorted({_doc_sentence(t)[1] for t in a})
+    sents_b = sorted({_doc_sentence(t)[1] for t in b})
+    assert sents_a == list(range(sents_a[0], sents_a[-1] + 1))  # contiguous sentences
+    if is_random_next:
+      assert doc_a != doc_b
+    else:
+      assert doc_a == doc_b and sents_b[0] > sents_a[-1]
+      if len(a) + len(b) < max_len - 3:  # truncation (which stops at max_len - 3) did not run
+        assert sents_b[0] == sents_a[-1] + 1  # B follows A immediately
+        untruncated_true_pairs += 1
+  assert untruncated_true_pairs > 50
+
+
+def test_nsp_labels_stay_balanced_when_sentences_are_long():
+  # Sentences longer than the target length make every chunk one sentence; original BERT
+  # then labels every pair random-next. Ours pairs such a sentence with its successor half the time.
+  rng = random.Random(0)
+  docs = [[[5 + 100 * d + j] * rng.randint(30, 60) for j in range(20)] for d in range(20)]
+  instances = _pairs(docs, max_seq_length=32, short_seq_prob=0.1,
+                                                    dupe_factor=5, rng=random.Random(2))
+  assert 0.46 < np.mean([r for _, _, r in instances]) < 0.54
+  for a, b, is_random_next in instances:
+    doc_a, sent_a = _doc_sentence(a[0])
+    doc_b, sent_b = _doc_sentence(b[0])
+    assert (doc_a != doc_b) if is_random_next else (doc_a == doc_b and sent_b == sent_a + 1)
+
+
+def test_short_seq_prob_gives_shorter_pairs():
+  docs = _coded_documents()
+  lengths = {}
+  for p in (0.0, 0.5):
+    instances = _pairs(docs, max_seq_length=64, short_seq_prob=p,
+                                        dupe_factor=2, rng=random.Random(0))
+    lengths[p] = np.mean([len(a) + len(b) for a, b, _ in instances])
+  assert lengths[0.5] < 0.85 * lengths[0.0]
+
+
+def test_one_document_pairs_with_the_pool_or_only_true_pairs():
+  docs = _coded_documents(num_docs=1)
+  alone = _pairs(docs, max_seq_length=32, short_seq_prob=0.0, dupe_factor=3, rng=random.Random(0))
+  assert alone and not any(r for _, _, r in alone)  # no other document: every pair is a true pair
+  pool = [[[5 + 100 * 50 + j] * 4 for j in range(30)], [[5 + 100 * 51 + j] * 4 for j in range(30)]]
+  mixed = _pairs(docs, max_seq_length=32, short_seq_prob=0.0, dupe_factor=3, rng=random.Random(0), pool=pool)
+  assert 0.3 < np.mean([r for _, _, r in mixed]) < 0.7
+  for a, b, is_random_next in mixed:
+    assert _doc_sentence(a[0])[0] == 0
+    assert (_doc_sentence(b[0])[0] in (50, 51)) if is_random_next else _doc_sentence(b[0])[0] == 0
+
+
+def test_truncation_matches_the_token_by_token_loop():
+  def original(len_a, len_b, max_tokens):
+    cut_a = cut_b = 0
+    while len_a - cut_a + len_b - cut_b > max_tokens:
+      if len_a - cut_a > len_b - cut_b:
+        cut_a += 1
+      else:
+        cut_b += 1
+    return cut_a, cut_b
+
+  rng = random.Random(0)
+  for len_a in range(0, 30):
+    for len_b in range(0, 30):
+      for max_tokens in (5, 17, 29):
+        a0, a1, b0, b1 = nsp._truncate((0, len_a), (100, 100 + len_b), max_tokens, rng)
+        assert (len_a - (a1 - a0), len_b - (b1 - b0)) == original(len_a, len_b, max_tokens)
+        assert 0 <= a0 <= a1 <= len_a and 100 <= b0 <= b1 <= 100 + len_b
+  fronts = [nsp._truncate((0, 40), (100, 110), 20, rng)[0] for _ in range(2000)]
+  assert 14.0 < np.mean(fronts) < 16.0  # 30 cuts from A, each from the front with probability 1/2
+
+
+def test_record_round_trip():
+  docs = nsp.TokenizedDocs.from_lists([[[7, 8, 9], [10, 11]]])
+  flat, bounds = nsp.assemble_records(docs, np.array([[0, 3, 3, 5, 1]]), cls_id=CLS_ID, sep_id=SEP_ID)
+  tokens, len_a, is_random_next = records.decode_record(flat[bounds[0]:bounds[1]].tobytes())
+  assert tokens.dtype == np.int32
+  assert tokens.tolist() == [CLS_ID, 7, 8, 9, SEP_ID, 10, 11, SEP_ID]
+  assert (len_a, is_random_next) == (3, True)
