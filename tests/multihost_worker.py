@@ -15,7 +15,7 @@ sys.path.insert(0, REPO)
 
 import jax  # pylint: disable=g-import-not-at-top
 
-from bert_jax import cli  # pylint: disable=g-import-not-at-top
+from bert_jax import cli, train_lib  # pylint: disable=g-import-not-at-top
 from bert_jax.data import loader as input_pipeline  # pylint: disable=g-import-not-at-top
 
 _batch_at = input_pipeline.PretrainingBatches.batch_at
@@ -23,7 +23,7 @@ _batch_at = input_pipeline.PretrainingBatches.batch_at
 
 def _recording_batch_at(self, k):
   # The training dataset is read only here (in the prefetch thread): wrap its reads for this batch.
-  dataset, reads = self._dataset, []  # pylint: disable=protected-access
+  dataset, reads = self.maker.dataset, []
   read = dataset.get_many
 
   def get_many(indices):
@@ -43,6 +43,9 @@ def _recording_batch_at(self, k):
 
 if __name__ == '__main__':
   input_pipeline.PretrainingBatches.batch_at = _recording_batch_at
+  # Loader worker processes would build batches with their own copy of the BatchMaker, never
+  # calling batch_at here: keep the loader thread (what data.loader_workers=-1 gives on CPU anyway).
+  train_lib.loader_workers = lambda cfg: 0
   spec = importlib.util.spec_from_file_location('pretrain', os.path.join(REPO, 'experiments', 'pretrain.py'))
   pretrain = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(pretrain)  # defines --config and --workdir

@@ -72,6 +72,16 @@ def test_uniform_depends_only_on_key_stream_and_index():
   assert not np.array_equal(u, hashing.uniform(keys, (4, 5), 3))
 
 
+def test_bits_at_reads_the_same_streams():
+  keys = hashing.key(4, np.arange(6))
+  full = hashing.bits(keys, (50,), 7)
+  rows = np.array([0, 0, 5, 2, 5])
+  index = np.array([0, 49, 3, 3, 17])
+  np.testing.assert_array_equal(hashing.bits_at(keys[rows], index, 7), full[rows, index])
+  np.testing.assert_array_equal(hashing.bits_at(keys, index, 7, rows=rows), full[rows, index])
+  np.testing.assert_array_equal(hashing.bits_at(keys[:, None], np.arange(50), 7), full)  # broadcasts
+
+
 def test_uniform_distribution():
   u = hashing.uniform(hashing.key(0, np.arange(1000)), (1000,), 0).ravel()  # 1e6 draws
   assert u.min() >= 0.0 and u.max() < 1.0

@@ -27,13 +27,15 @@ def vocab_of(data, whole_word_masking=False):
 
 
 class _SpyDataset:
-  """Wraps a dataset and records which indices were read; its `fail_on_call`-th read fails.
+  """Wraps a dataset and records which indices were read; its `fail_on_call`-th read fails,
+  and so does any read of record `fail_on_index`.
 
   Picklable (grain workers get a copy: their reads stay in the worker).
   """
 
-  def __init__(self, dataset, fail_on_call=None):
+  def __init__(self, dataset, fail_on_call=None, fail_on_index=None):
     self.dataset, self.read, self.calls, self.fail_on_call = dataset, [], 0, fail_on_call
+    self.fail_on_index = fail_on_index
 
   def __len__(self):
     return len(self.dataset)
@@ -44,19 +46,19 @@ class _SpyDataset:
 
   def get_many(self, indices):
     self.calls += 1
-    if self.calls == self.fail_on_call:
+    if self.calls == self.fail_on_call or self.fail_on_index in indices:
       raise OSError('disk on fire')
     self.read.extend(int(i) for i in indices)
     return self.dataset.get_many(indices)
 
 
-def _batches(prepared, split='train', fail_on_call=None, spy=True, **kwargs):
+def _batches(prepared, split='train', fail_on_call=None, fail_on_index=None, spy=True, **kwargs):
   cfg, data = prepared
   args = dict(global_batch_size=8, seed=0, cfg=cfg, vocab=vocab_of(data))
   args.update(kwargs)
   dataset = ip.PretrainingDataset(data.dir, split)
   if spy:
-    dataset = _SpyDataset(dataset, fail_on_call)
+    dataset = _SpyDataset(dataset, fail_on_call, fail_on_index)
   return ip.PretrainingBatches(dataset, **args)
 
 
@@ -393,23 +395,21 @@ def test_worker_processes_give_the_same_stream(prepared, absl_flags_parsed):
   assert not any(w.is_alive() for w in workers)
   with pytest.raises(RuntimeError, match='closed'):
     next(batches)
-  # Resuming with workers continues the identical stream.
-  resumed = _batches(prepared, spy=False, global_batch_size=4, workers=2, start_position=3, prefetch=1)
-  assert resumed.position == 3
-  for a, b in zip(reference[3:], _take(resumed, 3)):
-    _assert_same(a, b)
-  assert resumed.position == 6
   assert startup_s < 60, f'grain workers took {startup_s:.1f} s to give the first batch'
 
-
-def test_worker_errors_reach_the_consumer(prepared, absl_flags_parsed):
-  # Each worker fails on its own second read (worker 0 builds batches 0, 2, ...; worker 1 1, 3, ...):
-  # batches 0 and 1 arrive, then batch 2's error.
-  batches = _batches(prepared, fail_on_call=2, global_batch_size=4, workers=2)
+  # Resuming with workers continues the identical stream, and a worker's error reaches the
+  # consumer in stream order: here reading a record of batch 5 fails (in whichever worker).
+  maker = ip.BatchMaker(ip.PretrainingDataset(prepared[1]), global_batch_size=4, seed=0, cfg=prepared[0],
+                        vocab=vocab_of(prepared[1]))
+  bad_record = int(maker.record_indices(np.array([5 * 4 + 2]))[0])
+  resumed = _batches(prepared, global_batch_size=4, workers=2, start_position=3, prefetch=1,
+                     fail_on_index=bad_record)
   try:
-    next(batches)
-    next(batches)
-    with pytest.raises(Exception, match='disk on fire'):
-      next(batches)
+    assert resumed.position == 3
+    for a in reference[3:5]:
+      _assert_same(a, next(resumed))
+    assert resumed.position == 5
+    with pytest.raises(OSError, match='disk on fire'):
+      next(resumed)
   finally:
-    batches.close()
+    resumed.close()

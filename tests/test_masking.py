@@ -238,8 +238,9 @@ def _reference_row(ids_t, length, key, max_predictions, whole_words):
     chosen.extend(unit)
   positions = sorted(chosen)
   k = min(max_predictions, t)
-  action = hashing.uniform(key, (k,), masking._STREAM_ACTION)
-  random_ids = REPLACE[hashing.randint(key, (k,), masking._STREAM_REPLACE, 0, len(REPLACE))]
+  draws = hashing.uniform(key, (k, 2), masking._STREAM_ACTION)
+  action = draws[:, 0]
+  random_ids = REPLACE[np.floor(draws[:, 1] * len(REPLACE)).astype(int)]
   masked = np.zeros(t, np.int32)
   masked[:length] = ids_t[:length]
   for slot, pos in enumerate(positions):
@@ -278,6 +279,16 @@ def test_whole_word_edges():
   _, positions, _, weights = _mask(tokens, np.array([7]), _keys(1), max_predictions=6, masked_lm_prob=1.0,
                                    whole_words=True)
   assert positions[0, :int(weights.sum())].tolist() == [0, 1, 3, 4, 5, 6]
+
+
+def test_empty_batch():
+  for whole_words in (False, True):
+    outputs = _mask(np.zeros((0, 16), np.int32), np.zeros(0, int), _keys(0), max_predictions=4,
+                    whole_words=whole_words)
+    assert [o.shape for o in outputs] == [(0, 16), (0, 4), (0, 4), (0, 4)]
+    outputs = _mask(np.zeros((3, 16), np.int32), np.zeros(3, int), _keys(3), max_predictions=4,
+                    whole_words=whole_words)
+    assert all(not o.any() for o in outputs)
 
 
 def test_bad_arguments():

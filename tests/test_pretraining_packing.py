@@ -6,6 +6,7 @@ equal the unpacked batch's. The packed rows must also train end to end and be va
 """
 
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -15,9 +16,10 @@ import numpy as np
 import pytest
 
 from bert_jax import config, optim, sharding, train_lib
-from bert_jax.data import loader as ip, masking
+from bert_jax.data import hashing, loader as ip, masking, tokenization
+from bert_jax.data.records import SpecialIds
 from bert_jax.errors import ConfigError
-from bert_jax.data.tokenization import CLS_ID, SEP_ID
+from bert_jax.data.tokenization import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID
 from bert_jax.train_state import PretrainingModel, pretraining_sums
 
 from conftest import SMALL_VOCAB, small_data_config, tiny_pretrain_config
@@ -32,6 +34,41 @@ def prepared(tmp_path_factory):
   from bert_jax.data import prepare as pretraining_data  # pylint: disable=g-import-not-at-top
   cfg = small_data_config(str(tmp_path_factory.mktemp('data')), short_seq_prob=1.0, max_seq_length=256)
   return cfg, pretraining_data.prepare_pretraining_data(cfg, vocab_size=SMALL_VOCAB, seed=0)
+
+
+@functools.cache
+def _vocab(tokenizer_path, special_ids):
+  return ip.Vocab.from_tokenizer(tokenization.load_tokenizer(tokenizer_path), special_ids, False)
+
+
+def _synthetic_vocab(size):
+  """A Vocab of `size` ids with the SentencePiece special ids (0..4)."""
+  special_v = np.zeros(size, bool)
+  special_v[[PAD_ID, CLS_ID, SEP_ID, MASK_ID]] = True
+  return ip.Vocab(SpecialIds(pad=PAD_ID, unk=UNK_ID, cls=CLS_ID, sep=SEP_ID, mask=MASK_ID), special_v, None)
+
+
+def _record(tokens, len_a, is_random_next):
+  """A raw record ([is_random_next, len_a, tokens...], little-endian int32)."""
+  return np.concatenate([[int(is_random_next), len_a], tokens]).astype('<i4').tobytes()
+
+
+class _SpyDataset:
+  """Wraps a dataset and records which indices were read."""
+
+  def __init__(self, dataset):
+    self.dataset, self.read = dataset, []
+
+  def __len__(self):
+    return len(self.dataset)
+
+  @property
+  def lengths(self):
+    return self.dataset.lengths
+
+  def get_many(self, indices):
+    self.read.extend(int(i) for i in indices)
+    return self.dataset.get_many(indices)
 
 
 def _unpacked_examples(batch):
@@ -77,12 +114,17 @@ def _assert_same_examples(unpacked, packed):
   assert sum(int(sel.sum()) for _, _, sel, _ in segments) == int(packed['masked_lm_weights'].sum())
 
 
-def _stream(prepared, pack, **kwargs):
+def _pack_cfg(prepared, pack=True, rows_multiple=1):
+  return dataclasses.replace(prepared[0], pack=pack, pack_rows_multiple=rows_multiple)
+
+
+def _stream(prepared, pack, dataset=None, rows_multiple=1, **kwargs):
   cfg, data = prepared
-  cfg = dataclasses.replace(cfg, pack=pack, pack_rows_multiple=kwargs.pop('rows_multiple', 1))
-  args = dict(global_batch_size=16, seed=0, cfg=cfg, vocab_size=SMALL_VOCAB, word_starts=None, prefetch=0)
+  args = dict(global_batch_size=16, seed=0, cfg=_pack_cfg(prepared, pack, rows_multiple),
+              vocab=_vocab(data.tokenizer_path, data.special_ids),
+              prefetch=0)
   args.update(kwargs)
-  return ip.PretrainingBatches(ip.PretrainingDataset(data.dir, 'train'), **args)
+  return ip.PretrainingBatches(dataset or ip.PretrainingDataset(data.dir, 'train'), **args)
 
 
 def test_packed_batches_hold_the_same_examples_and_masks(prepared):
@@ -112,6 +154,42 @@ def test_processes_pack_their_rows_into_equal_counts(prepared):
   assert len(with_multiple['input_ids']) % 4 == 0
 
 
+@pytest.mark.parametrize('rows_multiple', [1, 4])
+def test_each_process_packs_its_own_block_reading_only_its_records(prepared, rows_multiple):
+  """2 processes: each packs exactly its unpacked block into as many rows as the fuller one needs.
+
+  That is what each emitted when every process read the whole global batch to count rows; now
+  the other block's row count comes from the stored record lengths, and a spy shows that each
+  process reads only its own block's records.
+  """
+  cfg = _pack_cfg(prepared, rows_multiple=rows_multiple)
+  plain = [_stream(prepared, False, process_index=p, process_count=2) for p in range(2)]
+  spies = [_SpyDataset(ip.PretrainingDataset(prepared[1].dir, 'train')) for _ in range(2)]
+  packed = [_stream(prepared, True, dataset=spies[p], rows_multiple=rows_multiple, process_index=p,
+                    process_count=2) for p in range(2)]
+  whole = _stream(prepared, False)
+  uneven = 0
+  for k in range(6):
+    unpacked = [s.batch_at(k) for s in plain]
+    for key, value in whole.batch_at(k).items():  # the blocks make the 1-process batch
+      np.testing.assert_array_equal(np.concatenate([unpacked[0][key], unpacked[1][key]]), value, err_msg=key)
+    own_rows = [len(ip.pack_batch(u, cfg)['input_ids']) for u in unpacked]
+    uneven += own_rows[0] != own_rows[1]
+    reads_before = [len(s.read) for s in spies]
+    parts = [s.batch_at(k) for s in packed]
+    assert len(parts[0]['input_ids']) == len(parts[1]['input_ids']) == max(own_rows)
+    for p in range(2):
+      _assert_same_examples(unpacked[p], parts[p])
+      expected = ip.pack_batch(unpacked[p], cfg, max(own_rows))
+      assert parts[p].keys() == expected.keys()
+      for key in expected:
+        np.testing.assert_array_equal(parts[p][key], expected[key], err_msg=f'{k} {p} {key}')
+      block = packed[p].maker.record_indices(np.arange(16 * k + 8 * p, 16 * k + 8 * p + 8)).tolist()
+      assert spies[p].read[reads_before[p]:] == block  # only this process's records
+  if rows_multiple == 1:
+    assert uneven  # some batch where the fuller process sets the other's row count
+
+
 @pytest.mark.parametrize('t, p, k, prob', [(32, 5, 3, 0.15), (40, 3, 4, 0.15), (24, 8, 2, 0.4)])
 def test_mlm_width_is_the_most_any_row_can_need(t, p, k, prob):
   cfg = config.DataConfig(max_seq_length=t, max_predictions_per_seq=p, max_segments_per_row=k,
@@ -126,8 +204,8 @@ def test_short_examples_fill_the_mlm_width():
   # Short examples get the most predictions per token (round(10 * 0.15) = 2).
   cfg = config.DataConfig(max_seq_length=64, max_predictions_per_seq=10, max_segments_per_row=4, pack=True,
                           pack_rows_multiple=1)
-  examples = [(np.array([CLS_ID] + [7] * 4 + [SEP_ID] + [8] * 3 + [SEP_ID], np.int32), 4, False)] * 8
-  batch = ip.make_batch(examples, [(0, i) for i in range(8)], cfg=cfg, vocab_size=50, word_starts=None)
+  records = [_record([CLS_ID] + [7] * 4 + [SEP_ID] + [8] * 3 + [SEP_ID], 4, False)] * 8
+  batch = ip.make_batch(records, hashing.key(0, np.arange(8)), cfg=cfg, vocab=_synthetic_vocab(50))
   packed = ip.pack_batch(batch, cfg)
   assert len(packed['input_ids']) == 2  # 4 examples per row at most
   np.testing.assert_array_equal(packed['masked_lm_weights'].sum(1), [8, 8])
@@ -146,10 +224,9 @@ def _synthetic_batches(cfg, num=16, vocab=100, seed=0):
     len_a = int(rng.integers(1, n - 4))
     tokens = rng.integers(5, vocab, n).astype(np.int32)
     tokens[0], tokens[len_a + 1], tokens[n - 1] = CLS_ID, SEP_ID, SEP_ID
-    examples.append((tokens, len_a, bool(rng.integers(2))))
+    examples.append(_record(tokens, len_a, bool(rng.integers(2))))
   examples[3] = None  # a padding example is dropped by packing
-  unpacked = ip.make_batch(examples, [(seed, i) for i in range(num)], cfg=cfg, vocab_size=vocab,
-                           word_starts=None)
+  unpacked = ip.make_batch(examples, hashing.key(seed, np.arange(num)), cfg=cfg, vocab=_synthetic_vocab(vocab))
   return unpacked, ip.pack_batch(unpacked, cfg)
 
 
@@ -209,17 +286,22 @@ def test_packed_train_step_with_accumulation_on_8_devices_matches_unpacked():
 
 
 def test_train_and_evaluate_with_packing(small_corpus, tmp_path):
-  # Pairs of random length up to 256 (short_seq_prob=1), as in a corpus of short documents.
+  # Pairs of random length up to 256 (short_seq_prob=1), as in a corpus of short documents. The
+  # target length is drawn once per document and pass: 3 passes over its 10 documents give short
+  # pairs enough that batches of 32 pack into fewer rows (20-24 needed: 24 rows).
   cfg = tiny_pretrain_config(small_corpus, str(tmp_path / 'cache'), batch_size=32, num_train_steps=4,
-                             eval_every=4, checkpoint_every=4)
+                             eval_every=4, checkpoint_every=4, log_every=1)
   cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pack=True, short_seq_prob=1.0,
-                                                          max_seq_length=256))
+                                                          max_seq_length=256, dupe_factor=3))
   result = train_lib.train_and_evaluate(cfg, str(tmp_path / 'run'))
   assert result['step'] == 4 and np.isfinite(result['mlm_loss'])
   lines = [json.loads(l) for l in open(os.path.join(tmp_path, 'run', 'metrics_train.jsonl'))]
-  for line in lines:
-    assert line['packed_rows'] < 32 and line['packed_rows'] % 8 == 0
-    assert line['unpacked_fill'] < line['packed_fill'] <= 1.0
+  assert len(lines) == 4
+  for line in lines:  # one step each: a whole number of 8-row groups
+    assert line['packed_rows'] <= 32 and line['packed_rows'] % 8 == 0
+    assert line['unpacked_fill'] <= line['packed_fill'] <= 1.0
+  assert np.mean([line['packed_rows'] for line in lines]) < 32  # packing saves rows
+  assert np.mean([line['packed_fill'] - line['unpacked_fill'] for line in lines]) > 0
 
 
 @pytest.mark.parametrize('data, optim_, pattern', [

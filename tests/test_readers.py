@@ -7,6 +7,7 @@ import json
 import logging
 import lzma
 import os
+import random
 import shutil
 
 import pytest
@@ -76,9 +77,10 @@ def _wrapped_text(n=40):
   for i in range(n):
     docs.append(f'First paragraph of document {i}\nwraps here. It goes\non.\n\n'
                 f'Second paragraph {i}\nalso wraps.')
-  # Documents end at two or more blank lines, or at a form feed.
-  return ''.join(doc + ('\n\f\n' if i % 5 == 4 else '\n\n\n' + '\n' * (i % 2))
-                 for i, doc in enumerate(docs))
+  # Documents end at two or more blank lines, or at a form feed (on its own line or opening
+  # the next document's first line).
+  ends = {4: '\n\f\n', 2: '\n\f'}
+  return ''.join(doc + ends.get(i % 5, '\n\n\n' + '\n' * (i % 2)) for i, doc in enumerate(docs))
 
 
 def _jsonl_text(n=40, field='text'):
@@ -192,6 +194,8 @@ def test_jsonl_custom_field(tmp_path):
 @pytest.mark.parametrize('name, text, expected', [
     ('wiki_00', '\n<doc id="1" url="u" title="T">\nT\nText.\n</doc>\n', 'wikiextractor'),
     ('w.raw', ' \n = Title = \n \n Text .\n', 'wikitext'),
+    ('crlf.raw', 'Preamble\r\n = Title = \r\n', 'wikitext'),
+    ('n.txt', ' = \n = x\n = = Heading = = \n', 'plain'),
     ('a.json', '\n{"text": "Hello."}\n', 'jsonl'),
     ('p.txt', '{not json}\n\nText.\n', 'plain'),
     ('l.txt', '[1, 2]\n', 'plain'),
@@ -283,6 +287,32 @@ def test_pieces_read_like_whole_file(tmp_path, kind, unit_bytes, newline):
                            else _jsonl_text().count('\n'))
 
 
+# Pieces that parse differently from the whole file would show up on odd inputs: mixes of
+# blank lines, form feeds, '\r', Unicode line and space separators and half-formed markup.
+_FUZZ_TOKENS = ['Word. ', 'Next one', '\n', '\n', '\n', ' ', '\f', '\r', '\r\n', '\xa0', '\u2028',
+                '\x85', ' = T = ', ' = = H = = ', '<doc id="1" title="T">', '</doc>', '<doc ', 'é']
+
+
+@pytest.mark.parametrize('fmt', ['wikiextractor', 'wikitext', 'plain'])
+@pytest.mark.parametrize('hard_wrapped', [False, True])
+def test_pieces_and_chunks_of_odd_text(tmp_path, monkeypatch, fmt, hard_wrapped):
+  rng = random.Random(0)
+  opts = readers.ReaderOptions(format=fmt, hard_wrapped=hard_wrapped)
+  path = str(tmp_path / 'odd')
+  for _ in range(60):
+    text = ''.join(rng.choice(_FUZZ_TOKENS) for _ in range(rng.randint(1, 120)))
+    _write(path, text.encode(), 'wb')
+    whole = [readers.Piece(path, 0, os.path.getsize(path), fmt, '')]
+    expected = list(readers.read_documents(whole, opts))
+    for unit_bytes in (1, 4, 15):
+      units = readers.plan_units([path], opts, unit_bytes)
+      assert [d for u in units for d in readers.read_documents(u, opts)] == expected, text
+    with monkeypatch.context() as m:
+      m.setattr(readers, '_READ_BYTES', 3)
+      m.setattr(readers, '_CHUNK_BYTES', 10)
+      assert list(readers.read_documents(whole, opts)) == expected, text
+
+
 def test_pieces_of_real_corpora():
   docs, pieces = _pieces_read_like_whole_file(WIKITEXT_VALID, readers.ReaderOptions(), 50_000)
   assert len(pieces) > 15 and len(docs) > 50
@@ -330,7 +360,8 @@ def test_plan_units_counts_compressed_files_on_disk(tmp_path):
   on_disk = os.path.getsize(gz)
   assert on_disk < 1000 < len(text)
   units = readers.plan_units([gz, small], opts, unit_bytes=on_disk + 7)
-  assert units == [[readers.Piece(gz, 0, -1, 'plain', 'gzip'), readers.Piece(small, 0, 7, 'plain', '')]]
+  assert units == [[readers.Piece(gz, 0, -1, 'plain', 'gzip'),
+                    readers.Piece(small, 0, 7, 'plain', '')]]
   assert len(readers.plan_units([gz, small], opts, unit_bytes=on_disk + 6)) == 2
   # A compressed empty file gives no pieces either.
   assert readers.plan_units([_write(tmp_path / 'e.gz', gzip.compress(b''), 'wb')], opts, 10) == []

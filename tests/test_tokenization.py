@@ -22,7 +22,7 @@ def sentences(tmp_path_factory):
     head = ''.join(next(f) for _ in range(600))
   path = tmp_path_factory.mktemp('corpus') / 'wiki.raw'
   path.write_text(head, encoding='utf-8')
-  docs, _ = corpus.read_documents([str(path)])
+  docs = corpus.read_all([str(path)])
   return [s for d in docs for s in d]
 
 

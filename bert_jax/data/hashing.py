@@ -25,6 +25,7 @@ _STREAM_SALT = np.uint64(0xD1B54A32D192ED03)
 _U64 = (1 << 64) - 1
 _FEISTEL_ROUNDS = 8
 _MIN_FEISTEL_BITS = 4  # tiny domains (n = 2, 3, ...) still get a keyed, non-trivial permutation
+_BLOCK_ELEMENTS = 8192  # uint64s per block of work in `bits` (64 KiB)
 
 
 def _u64(x) -> np.ndarray:
@@ -105,10 +106,36 @@ def bits(keys: np.ndarray, shape_tail: tuple[int, ...], stream: int) -> np.ndarr
   shape_tail = tuple(int(s) for s in shape_tail)
   base = _stream_base(keys, stream)
   count = math.prod(shape_tail)
+  ctr = _counters(count)
+  flat_base = base.reshape(-1)
+  out = np.empty((flat_base.size, count), np.uint64)
+  # Blocks of keys small enough for the cache: the mix makes several passes over its data
+  # (and big temporaries can cost page faults); this is 2-3x faster at 256 x 128.
+  step = max(1, _BLOCK_ELEMENTS // max(count, 1))
   with np.errstate(over='ignore'):
-    z = base[..., None] + _counters(count)  # fresh array, mixed in place
-    _mix_inplace(z)
-  return z.reshape(base.shape + shape_tail)
+    for i in range(0, flat_base.size, step):
+      z = out[i:i + step]
+      np.add(flat_base[i:i + step, None], ctr, out=z)
+      _mix_inplace(z)
+  return out.reshape(base.shape + shape_tail)
+
+
+def bits_at(keys: np.ndarray, index: np.ndarray, stream: int, rows: np.ndarray | None = None) -> np.ndarray:
+  """Elementwise `bits`: element i is bits(key_i, (index[i] + 1,), stream)[index[i]], reading a
+  stream at scattered indices without the rest. key_i is keys[i] (keys and index broadcast
+  together) or, when `rows` is given, keys[rows[i]] (each key then mixed only once)."""
+  base = _stream_base(keys, stream)
+  if rows is not None:
+    base = base[rows]
+  index = np.asarray(index)
+  if not np.issubdtype(index.dtype, np.integer):
+    raise TypeError(f'bits_at needs integer indices, got {index.dtype}')
+  with np.errstate(over='ignore'):
+    z = index.astype(np.uint64)
+    z += np.uint64(1)
+    z *= GAMMA
+    z = z + base
+    return _mix_inplace(np.asarray(z))
 
 
 def uniform(keys: np.ndarray, shape_tail: tuple[int, ...], stream: int) -> np.ndarray:

@@ -22,8 +22,7 @@ from bert_jax.data import hashing
 
 # Streams of hashing's per-row randomness (one per purpose).
 _STREAM_ORDER = 1  # candidate (or word) order: element j is column j's sort key
-_STREAM_ACTION = 2  # the 80/10/10 draw: element k is the k-th chosen position's (ascending)
-_STREAM_REPLACE = 3  # the random replacement of the k-th chosen position
+_STREAM_ACTION = 2  # the i-th chosen position's (ascending) 80/10/10 draw and random replacement
 
 # Sort keys are uint64: 46 random bits, then the column in the low 16 bits (so keys are
 # distinct and a row's order does not depend on T); excluded columns' keys are 2**62.
@@ -32,6 +31,7 @@ _COL_MASK = np.uint64((1 << _COL_BITS) - 1)
 _RAND_SHIFT = np.uint64(64 - 46)
 _EXCLUDED = np.uint64(1 << 62)
 _MAX_T = 1 << _COL_BITS
+_BLOCK_ELEMENTS = 8192  # tokens per block of rows in _choose_tokens (its keys: 64 KiB)
 
 
 def num_predictions(length, max_predictions: int, masked_lm_prob: float):
@@ -96,26 +96,23 @@ def mask_batch(tokens_bt: np.ndarray, lengths_b: np.ndarray, keys_b: np.ndarray,
   cand_bt = in_row_bt & ~np.asarray(special_v, dtype=bool)[input_ids]
   n_b = num_predictions(lengths_b, p, masked_lm_prob)
 
-  # Sort keys: random high bits, the column below; excluded columns sort last.
-  order_bt = hashing.bits(keys_b, (t,), _STREAM_ORDER)
-  order_bt >>= _RAND_SHIFT
-  order_bt <<= np.uint64(_COL_BITS)
-  order_bt |= col_t.astype(np.uint64)
+  k = min(p, t)
   if word_starts_v is None:
-    np.copyto(order_bt, _EXCLUDED, where=~cand_bt)
-    positions_bk, count_b = _choose_tokens(order_bt, n_b, min(p, t))
+    positions_bk, count_b = _choose_tokens(keys_b, cand_bt, n_b, k)
   else:
-    positions_bk, count_b = _choose_whole_words(order_bt, cand_bt, input_ids,
-                                                np.asarray(word_starts_v, dtype=bool), n_b, min(p, t))
+    positions_bk, count_b = _choose_whole_words(keys_b, cand_bt, input_ids, np.asarray(word_starts_v, dtype=bool),
+                                                n_b, k)
 
-  k = positions_bk.shape[1]
   valid_bk = np.arange(k) < count_b[:, None]
   positions_bk = np.where(valid_bk, positions_bk, 0)
   labels_bk = np.where(valid_bk, np.take_along_axis(input_ids, positions_bk, axis=1), 0)
 
-  # One draw per chosen position (k-th ascending): <0.8 [MASK], [0.8, 0.9) keep, >=0.9 random.
-  action_bk = hashing.uniform(keys_b, (k,), _STREAM_ACTION)
-  random_bk = replace_ids[hashing.randint(keys_b, (k,), _STREAM_REPLACE, 0, replace_ids.size)]
+  # The i-th chosen position (ascending) uses elements (i, 0) and (i, 1) of stream _STREAM_ACTION:
+  # one draw as in BERT (<0.8 [MASK], [0.8, 0.9) keep, >=0.9 random) and the random id's index
+  # (floor(u * R), as hashing.randint).
+  draws_bk2 = hashing.uniform(keys_b, (k, 2), _STREAM_ACTION)
+  action_bk = draws_bk2[:, :, 0]
+  random_bk = replace_ids[(draws_bk2[:, :, 1] * replace_ids.size).astype(np.int64)]
   new_bk = np.where(action_bk < 0.8, np.int32(mask_id), np.where(action_bk < 0.9, labels_bk, random_bk))
   flat_bk = positions_bk + (np.arange(b, dtype=np.int64) * t)[:, None]
   input_ids.reshape(-1)[flat_bk[valid_bk]] = new_bk[valid_bk]
@@ -129,13 +126,26 @@ def mask_batch(tokens_bt: np.ndarray, lengths_b: np.ndarray, keys_b: np.ndarray,
   return input_ids, out_positions, out_ids, out_weights
 
 
-def _choose_tokens(order_bt, n_b, k):
-  """The n_b lowest-keyed candidates of each row: (columns int64[B, k] ascending, count int64[B])."""
-  t = order_bt.shape[1]
-  if k < t:
-    lowest_bk = np.partition(order_bt, k - 1, axis=1)[:, :k]
-  else:
-    lowest_bk = order_bt
+def _sort_keys(rand: np.ndarray, low: np.ndarray) -> np.ndarray:
+  """uint64 keys ordering by 46 random bits, ties broken by `low` (< 2**16), in place on rand."""
+  rand >>= _RAND_SHIFT
+  rand <<= np.uint64(_COL_BITS)
+  rand |= low.astype(np.uint64)
+  return rand
+
+
+def _choose_tokens(keys_b, cand_bt, n_b, k):
+  """The n_b candidates of each row with the lowest keys: (columns int64[B, k], ascending in
+  the first count_b slots, then T; count_b int64[B])."""
+  b, t = cand_bt.shape
+  col_t = np.arange(t)
+  lowest_bk = np.empty((b, k), np.uint64)
+  step = max(1, _BLOCK_ELEMENTS // t)  # rows at a time: the [rows, T] keys stay in the cache
+  for i in range(0, b, step):
+    # Column j's key: stream _STREAM_ORDER's element j (a row's order does not depend on T).
+    order_bt = _sort_keys(hashing.bits(keys_b[i:i + step], (t,), _STREAM_ORDER), col_t)
+    np.copyto(order_bt, _EXCLUDED, where=~cand_bt[i:i + step])
+    lowest_bk[i:i + step] = np.partition(order_bt, k - 1, axis=1)[:, :k] if k < t else order_bt
   lowest_bk = np.sort(lowest_bk, axis=1)  # the k lowest keys in key order
   take_bk = (lowest_bk < _EXCLUDED) & (np.arange(k) < n_b[:, None])
   count_b = take_bk.sum(axis=1)
@@ -144,67 +154,73 @@ def _choose_tokens(order_bt, n_b, k):
   return cols_bk, count_b
 
 
-def _choose_whole_words(order_bt, cand_bt, ids_bt, word_starts_v, n_b, k):
-  """Whole words in random order, each taken if it fits the row's remaining budget."""
+def _choose_whole_words(keys_b, cand_bt, ids_bt, word_starts_v, n_b, k):
+  """Whole words in random order, each taken if it fits the row's remaining budget.
+
+  Works on the flat list of words (row-major, by column): a word is keyed by its start
+  column's element of stream _STREAM_ORDER (ties, practically impossible, go to the earlier
+  word), so the order matches `_choose_tokens`' for one-piece words.
+  """
   b, t = cand_bt.shape
   prev_cand_bt = np.zeros_like(cand_bt)
   prev_cand_bt[:, 1:] = cand_bt[:, :-1]
   start_bt = cand_bt & (word_starts_v[ids_bt] | ~prev_cand_bt)
-  # Word lengths: a word runs from its start to the next start or the end of its run of
-  # candidates (a non-candidate, or the end of the row).
-  run_end_bt = prev_cand_bt & ~cand_bt
-  bound_f = np.flatnonzero(start_bt | run_end_bt)
+  # A word runs from its start to the next start or the end of its run of candidates (a
+  # non-candidate, or the end of the row).
+  bound_f = np.flatnonzero(start_bt | (prev_cand_bt & ~cand_bt))
   is_start_f = start_bt.reshape(-1)[bound_f]
-  starts_f = bound_f[is_start_f]
-  next_f = np.append(bound_f[1:], b * t)[is_start_f]
-  row_end_f = (starts_f // t + 1) * t
-  lens_f = np.minimum(next_f, row_end_f) - starts_f
-  length_bt = np.zeros(b * t, np.int32)
-  length_bt[starts_f] = lens_f
-  length_bt = length_bt.reshape(b, t)
+  start_f = bound_f[is_start_f]  # flat position of every word's first piece
+  row_f = start_f // t
+  col_f = start_f - row_f * t
+  len_f = np.minimum(np.append(bound_f[1:], b * t)[is_start_f], (row_f + 1) * t) - start_f
+  words_b = np.bincount(row_f, minlength=b)
+  first_b = np.cumsum(words_b) - words_b  # flat index of each row's first word
+  if not start_f.size:
+    return np.full((b, k), t, np.int64), np.zeros(b, np.int64)
 
-  # Words in random order: the start columns' keys, every other column's key sorts after them.
-  np.copyto(order_bt, _EXCLUDED, where=~start_bt)
-  w = int(start_bt.sum(axis=1).max()) if b else 0
-  order_bt.sort(axis=1)
-  words_bw = order_bt[:, :w]
-  cols_bw = (words_bw & _COL_MASK).astype(np.int64)
-  big = int(n_b.max()) + 1 if b else 1
-  len_bw = np.where(words_bw < _EXCLUDED, np.take_along_axis(length_bt, cols_bw, axis=1), big)
+  # Each row's words in random order: [B, W] keys (random bits, then the word's index in
+  # its row), padded with _EXCLUDED.
+  w = int(words_b.max())
+  word_f = np.arange(start_f.size) - first_b[row_f]
+  key_bw = np.full((b, w), _EXCLUDED)
+  key_bw.reshape(-1)[row_f * w + word_f] = _sort_keys(hashing.bits_at(keys_b, col_f, _STREAM_ORDER, rows=row_f),
+                                                      word_f)
+  key_bw.sort(axis=1)
+  valid_bw = key_bw < _EXCLUDED
+  fid_bw = np.where(valid_bw, first_b[:, None] + (key_bw & _COL_MASK).astype(np.int64), 0)  # flat word ids
+  big = int(n_b.max()) + 1
+  len_bw = np.where(valid_bw, len_f[fid_bw], big)
 
   # Greedy, vectorised over rows. The leading words that fit are taken outright (a prefix of
   # the order); then google-research/bert skips a word that does not fit and goes on, so each
-  # step jumps every row to its next word that fits the remaining budget (words skipped on
-  # the way stay skipped: the budget only shrinks). Each step takes a word per row, so there
-  # are fewer steps than the longest word has pieces.
+  # step jumps every unfilled row to its next word that fits the remaining budget (words
+  # skipped on the way stay skipped: the budget only shrinks). Each step takes a word per
+  # row, so there are fewer steps than the longest word has pieces.
   take_bw = np.cumsum(len_bw, axis=1) <= n_b[:, None]
   count_b = np.where(take_bw, len_bw, 0).sum(axis=1)
   last_b = take_bw.sum(axis=1)  # rank of the first word that did not fit
   rank_w = np.arange(w)
-  rows_b = np.arange(b)
-  while True:
-    fits_bw = (rank_w > last_b[:, None]) & (len_bw <= (n_b - count_b)[:, None])
-    next_b = np.argmax(fits_bw, axis=1)
-    found_b = fits_bw[rows_b, next_b]
-    if not found_b.any():
-      break
-    rows = rows_b[found_b]
-    take_bw[rows, next_b[found_b]] = True
-    count_b[rows] += len_bw[rows, next_b[found_b]]
-    last_b = np.where(found_b, next_b, w)
+  active = np.flatnonzero(count_b < n_b)
+  while active.size:
+    fits_aw = (rank_w > last_b[active, None]) & (len_bw[active] <= (n_b - count_b)[active, None])
+    next_a = np.argmax(fits_aw, axis=1)
+    found_a = fits_aw[np.arange(active.size), next_a]
+    active, next_a = active[found_a], next_a[found_a]
+    take_bw[active, next_a] = True
+    count_b[active] += len_bw[active, next_a]
+    last_b[active] = next_a
+    active = active[count_b[active] < n_b[active]]
 
-  # The chosen words' pieces, ascending: sort each row's chosen words by column, then expand
-  # every (start, length) into its positions (count_b <= n_b <= P of them per row).
-  span_bw = np.where(take_bw, cols_bw * _MAX_T + len_bw, np.iinfo(np.int64).max)
-  span_bw.sort(axis=1)  # (column, length) of the chosen words, by column, then the rest
-  words_b = take_bw.sum(axis=1)
-  span_f = span_bw[rank_w < words_b[:, None]]  # flat over rows, row-major
-  start_f, len_f = span_f // _MAX_T, span_f % _MAX_T
-  piece_f = np.arange(int(count_b.sum()))  # every chosen piece, row-major and ascending
-  piece_row_f = np.repeat(np.repeat(rows_b, words_b), len_f)
-  piece_word_first_f = np.repeat(np.cumsum(len_f) - len_f, len_f)  # its word's first piece
+  # The chosen words in flat (row, column) order, expanded into their pieces: count_b <= n_b
+  # <= P pieces per row, ascending.
+  chosen_f = np.zeros(start_f.size, bool)
+  chosen_f[fid_bw[take_bw]] = True
+  chosen = np.flatnonzero(chosen_f)
+  len_c = len_f[chosen]
+  piece = np.arange(int(len_c.sum()))
+  piece_pos = np.repeat(start_f[chosen] - (np.cumsum(len_c) - len_c), len_c) + piece  # flat positions
+  piece_row = np.repeat(row_f[chosen], len_c)
   row_first_b = np.cumsum(count_b) - count_b  # each row's first piece
   cols_bk = np.full((b, k), t, np.int64)
-  cols_bk[piece_row_f, piece_f - row_first_b[piece_row_f]] = (np.repeat(start_f, len_f) + piece_f
-                                                              - piece_word_first_f)
+  cols_bk[piece_row, piece - row_first_b[piece_row]] = piece_pos - piece_row * t
   return cols_bk, count_b

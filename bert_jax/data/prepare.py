@@ -241,12 +241,13 @@ class _Builder:
     tokenizer = tokenization.load_tokenizer(os.path.join(self.dir, self.tokenizer_file))
     stats, splits = _merge_unit_stats(self.dir, self.units, self.vocab_size, tokenizer)
     train_name = f'corpus {self.cfg.train_files!r}'
-    if stats['train_documents'] < 2:
-      raise DataError(f'{train_name} has {stats["train_documents"]} training document(s); NSP needs at '
-                      'least two to draw random next segments from')
-    if not splits['train']['num']:
+    if not splits['train']['num'] and not splits['eval']['num']:
       raise DataError(f'no document in {train_name} has two sentences; NSP needs documents of several '
                       'sentences (in plain text, blank lines separate documents)')
+    if stats['train_documents'] < 2 or not splits['train']['num']:
+      raise DataError(f'{train_name} has {stats["train_documents"]} training document(s), '
+                      f'{splits["train"]["num"]} training pairs; NSP needs two documents at least, one of '
+                      'them of two sentences (add text, or lower data.eval_fraction)')
     if not splits['eval']['num']:
       where = (f'eval corpus {self.cfg.eval_files!r} has no document of two sentences' if self.eval_paths
                else f'no document of two sentences was held out of {train_name} (eval_fraction='
@@ -574,7 +575,8 @@ def _marker(build_dir: str, unit: int) -> str:
 def _piece_bytes(piece: readers.Piece) -> int:
   if piece.end >= 0:
     return piece.end - piece.start
-  return epath.Path(piece.path).stat().length
+  with epath.Path(piece.path).open('rb') as f:  # stat() looks up owner names, absent in some containers
+    return f.seek(0, 2)
 
 
 def _atomic(path: str, write: Callable[[str], None]) -> None:

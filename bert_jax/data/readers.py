@@ -46,10 +46,14 @@ from etils import epath
 from bert_jax.errors import ConfigError, DataError
 
 FORMATS = ('auto', 'wikiextractor', 'wikitext', 'plain', 'jsonl')
+# The first byte that is neither ASCII whitespace nor part of a UTF-8 byte order mark.
+_NON_BLANK = re.compile(rb'[^\s\xef\xbb\xbf]')
 _COMPRESSIONS = ('gzip', 'bz2', 'xz')
 _MAGIC = ((b'\x1f\x8b', 'gzip'), (b'BZh', 'bz2'), (b'\xfd7zXZ\x00', 'xz'))
 
 _WIKITEXT_ARTICLE = re.compile(r'^ = [^=].* = $')
+# _WIKITEXT_ARTICLE on any line of a text ('\r' is a line break to str.splitlines).
+_WIKITEXT_ARTICLE_IN = re.compile(r'^ = [^=\n\r][^\n\r]* = \r?$', re.MULTILINE)
 _WIKITEXT_HEADING = re.compile(r'^ (= )+[^=].*( =)+ $')
 # WikiText writes intra-word '-', ',' and '.' as ' @-@ ' etc.
 _WIKITEXT_ESCAPE = re.compile(r' @([-,.])@ ')
@@ -136,8 +140,9 @@ class Piece:
   Attributes:
     path: the file.
     start: byte offset at a document boundary (or 0).
-    end: byte offset (exclusive) at a document boundary or the file size; compressed files
-      cannot seek, so their one piece is the whole file: start 0, end -1.
+    end: byte offset (exclusive) at a document boundary or the file size; -1 reads to the
+      end of the file. Compressed files cannot seek, so their one piece is the whole file:
+      start 0, end -1.
     format: the file's resolved format (never 'auto').
     compression: '', 'gzip', 'bz2' or 'xz'.
   """
@@ -231,9 +236,9 @@ def _sniff(path: str, opts: ReaderOptions) -> tuple[str, str, bool]:
     with _decompressed(path, raw, compression) as f:
       # An explicit format needs the head only to tell an empty file.
       head = _read(f, _HEAD_BYTES if opts.format == 'auto' else 1, path, compression)
-      first = next((line for line in head.split(b'\n') if line.strip()), b'')
-      if (opts.format == 'auto' and first.lstrip().startswith((b'{', b'\xef\xbb\xbf{'))
-          and head.find(b'\n', head.find(first)) < 0):
+      text = _NON_BLANK.search(head)
+      if (opts.format == 'auto' and text and head.startswith(b'{', text.start())
+          and b'\n' not in head[text.start():]):
         # The first line is a JSON object that runs past the head: read the rest of it.
         while chunk := _read(f, _READ_BYTES, path, compression):
           head += chunk
@@ -245,8 +250,14 @@ def _sniff(path: str, opts: ReaderOptions) -> tuple[str, str, bool]:
 
 
 def _guess_format(head: bytes) -> str:
-  text = head.decode('utf-8', errors='replace').removeprefix('\ufeff')
-  first = next((line for line in text.split('\n') if line.strip()), '')
+  text = _NON_BLANK.search(head)
+  if text is None:
+    return 'plain'
+  # The first non-empty line (a byte order mark is no text).
+  start = head.rfind(b'\n', 0, text.start()) + 1
+  end = head.find(b'\n', start)
+  first = head[start:end if end >= 0 else len(head)].decode('utf-8', errors='replace')
+  first = first.removeprefix('\ufeff')
   if first.startswith('<doc '):
     return 'wikiextractor'
   if first.lstrip().startswith('{'):
@@ -255,7 +266,8 @@ def _guess_format(head: bytes) -> str:
         return 'jsonl'
     except ValueError:
       pass
-  if any(_WIKITEXT_ARTICLE.match(line) for line in text.splitlines()):
+  # One regex pass over the head rather than a match per line: this runs on every file.
+  if _WIKITEXT_ARTICLE_IN.search(head.decode('utf-8', errors='replace')):
     return 'wikitext'
   return 'plain'
 
