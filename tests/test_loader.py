@@ -359,21 +359,7 @@ def test_records_longer_than_max_seq_length_are_refused(prepared):
 # ----------------------------------------------------------------------------- worker processes
 
 
-@pytest.fixture
-def absl_flags_parsed():
-  """grain reads its absl flags when it starts workers: outside an absl app they are unparsed."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  if flags.FLAGS.is_parsed():
-    yield
-    return
-  flags.FLAGS.mark_as_parsed()
-  try:
-    yield
-  finally:
-    flags.FLAGS.unparse_flags()
-
-
-def test_worker_processes_give_the_same_stream(prepared, absl_flags_parsed):
+def test_worker_processes_give_the_same_stream(prepared):
   reference = _take(_batches(prepared, prefetch=0, global_batch_size=4), 6)
   before = set(multiprocessing.active_children())
   start = time.perf_counter()

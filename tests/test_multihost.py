@@ -136,14 +136,14 @@ def test_only_process_0_prints(runs):
 
 
 def test_bad_input_stops_every_process_with_one_error_line(tmp_path):
-  # Process 0 alone builds the data; its DataError must not leave process 1 waiting at the barrier.
+  # Every process checks the inputs and they agree before any barrier: no process is left waiting.
   address = f'localhost:{_free_port()}'
   procs = [_start([f'--workdir={tmp_path / "w"}', f'--config.data.train_files={tmp_path / "missing.txt"}',
                    f'--config.data.cache_dir={tmp_path / "cache"}', f'--coordinator_address={address}',
                    '--num_processes=2', f'--process_id={i}'], 4, tmp_path) for i in range(2)]
   results = _wait(procs)
   assert_one_line_error(results[0], 'missing.txt')
-  assert_one_line_error(results[1], 'process 0 could not prepare the pretraining data')
+  assert_one_line_error(results[1], 'missing.txt')
 
 
 GLUE = os.path.join(REPO, 'experiments', 'finetune_glue.py')

@@ -268,7 +268,7 @@ class BatchMaker:
   """This process's rows of global training batch k: a pure function of (seed, k).
 
   Global batch k holds stream positions s in [k*B, (k+1)*B); position s is record
-  permute(s % N, key(seed, s // N)) of the training split (a new order every epoch), masked
+  permute(s % N, key(seed, 0, s // N)) of the training split (a new order every epoch), masked
   with key(seed, 1, s). Process p builds rows [p*B/P, (p+1)*B/P). Picklable, numpy only: grain
   worker processes call it.
   """
@@ -361,8 +361,13 @@ class PretrainingBatches:
     self._stop = threading.Event()
     if workers > 0:
       import grain  # pylint: disable=g-import-not-at-top
+      from absl import flags  # pylint: disable=g-import-not-at-top
+      if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()  # grain reads its absl flags' defaults when it starts workers
       ds = grain.MapDataset.range(start_position, start_position + (1 << 40)).map(self.maker)
-      self._grain = iter(ds.to_iter_dataset().mp_prefetch(
+      # No threads or read-ahead inside a worker (grain's defaults: 16 threads, 500 elements):
+      # each worker builds `prefetch` batches ahead, one at a time.
+      self._grain = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)).mp_prefetch(
           grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=max(prefetch, 1))))
     elif prefetch > 0:
       self._queue = queue.Queue(maxsize=prefetch)

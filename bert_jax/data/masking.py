@@ -31,7 +31,7 @@ _COL_MASK = np.uint64((1 << _COL_BITS) - 1)
 _RAND_SHIFT = np.uint64(64 - 46)
 _EXCLUDED = np.uint64(1 << 62)
 _MAX_T = 1 << _COL_BITS
-_BLOCK_ELEMENTS = 8192  # tokens per block of rows in _choose_tokens (its keys: 64 KiB)
+_BLOCK_ELEMENTS = 8192  # tokens per block of rows in _lowest_keys (its keys: 64 KiB)
 
 
 def num_predictions(length, max_predictions: int, masked_lm_prob: float):
@@ -134,19 +134,27 @@ def _sort_keys(rand: np.ndarray, low: np.ndarray) -> np.ndarray:
   return rand
 
 
+def _lowest_keys(keys_b, allowed_bt, m):
+  """uint64[B, m]: each row's m lowest sort keys, ascending; column j's key is element j of
+  stream _STREAM_ORDER (so a row's order does not depend on T) with j in the low bits, and
+  columns not allowed get _EXCLUDED."""
+  b, t = allowed_bt.shape
+  col_t = np.arange(t)
+  lowest_bm = np.empty((b, m), np.uint64)
+  step = max(1, _BLOCK_ELEMENTS // max(t, 1))  # rows at a time: their [rows, T] keys stay in the cache
+  for i in range(0, b, step):
+    order_bt = _sort_keys(hashing.bits(keys_b[i:i + step], (t,), _STREAM_ORDER), col_t)
+    np.copyto(order_bt, _EXCLUDED, where=~allowed_bt[i:i + step])
+    lowest_bm[i:i + step] = np.partition(order_bt, m - 1, axis=1)[:, :m] if m < t else order_bt
+  lowest_bm.sort(axis=1)
+  return lowest_bm
+
+
 def _choose_tokens(keys_b, cand_bt, n_b, k):
   """The n_b candidates of each row with the lowest keys: (columns int64[B, k], ascending in
   the first count_b slots, then T; count_b int64[B])."""
-  b, t = cand_bt.shape
-  col_t = np.arange(t)
-  lowest_bk = np.empty((b, k), np.uint64)
-  step = max(1, _BLOCK_ELEMENTS // t)  # rows at a time: the [rows, T] keys stay in the cache
-  for i in range(0, b, step):
-    # Column j's key: stream _STREAM_ORDER's element j (a row's order does not depend on T).
-    order_bt = _sort_keys(hashing.bits(keys_b[i:i + step], (t,), _STREAM_ORDER), col_t)
-    np.copyto(order_bt, _EXCLUDED, where=~cand_bt[i:i + step])
-    lowest_bk[i:i + step] = np.partition(order_bt, k - 1, axis=1)[:, :k] if k < t else order_bt
-  lowest_bk = np.sort(lowest_bk, axis=1)  # the k lowest keys in key order
+  t = cand_bt.shape[1]
+  lowest_bk = _lowest_keys(keys_b, cand_bt, k)
   take_bk = (lowest_bk < _EXCLUDED) & (np.arange(k) < n_b[:, None])
   count_b = take_bk.sum(axis=1)
   cols_bk = np.where(take_bk, (lowest_bk & _COL_MASK).astype(np.int64), t)
@@ -157,9 +165,10 @@ def _choose_tokens(keys_b, cand_bt, n_b, k):
 def _choose_whole_words(keys_b, cand_bt, ids_bt, word_starts_v, n_b, k):
   """Whole words in random order, each taken if it fits the row's remaining budget.
 
-  Works on the flat list of words (row-major, by column): a word is keyed by its start
-  column's element of stream _STREAM_ORDER (ties, practically impossible, go to the earlier
-  word), so the order matches `_choose_tokens`' for one-piece words.
+  A word is keyed by its start column's key (`_lowest_keys`), so one-piece words are ordered
+  as `_choose_tokens` orders tokens. The greedy pass looks at each row's 2k + 16 first words
+  only; a row still short of its budget after them that has more words is redone with all
+  of its words (rare), so the result is that of the full pass.
   """
   b, t = cand_bt.shape
   prev_cand_bt = np.zeros_like(cand_bt)
@@ -170,36 +179,56 @@ def _choose_whole_words(keys_b, cand_bt, ids_bt, word_starts_v, n_b, k):
   bound_f = np.flatnonzero(start_bt | (prev_cand_bt & ~cand_bt))
   is_start_f = start_bt.reshape(-1)[bound_f]
   start_f = bound_f[is_start_f]  # flat position of every word's first piece
-  row_f = start_f // t
-  col_f = start_f - row_f * t
-  len_f = np.minimum(np.append(bound_f[1:], b * t)[is_start_f], (row_f + 1) * t) - start_f
-  words_b = np.bincount(row_f, minlength=b)
-  first_b = np.cumsum(words_b) - words_b  # flat index of each row's first word
+  row_end_f = (start_f // t + 1) * t
+  length_f = np.zeros(b * t, np.int64)  # a word's length, at its first piece's flat position
+  length_f[start_f] = np.minimum(np.append(bound_f[1:], b * t)[is_start_f], row_end_f) - start_f
   if not start_f.size:
     return np.full((b, k), t, np.int64), np.zeros(b, np.int64)
 
-  # Each row's words in random order: [B, W] keys (random bits, then the word's index in
-  # its row), padded with _EXCLUDED.
-  w = int(words_b.max())
-  word_f = np.arange(start_f.size) - first_b[row_f]
-  key_bw = np.full((b, w), _EXCLUDED)
-  key_bw.reshape(-1)[row_f * w + word_f] = _sort_keys(hashing.bits_at(keys_b, col_f, _STREAM_ORDER, rows=row_f),
-                                                      word_f)
-  key_bw.sort(axis=1)
-  valid_bw = key_bw < _EXCLUDED
-  fid_bw = np.where(valid_bw, first_b[:, None] + (key_bw & _COL_MASK).astype(np.int64), 0)  # flat word ids
-  big = int(n_b.max()) + 1
-  len_bw = np.where(valid_bw, len_f[fid_bw], big)
+  def greedy(rows, m):
+    """The chosen words' flat start positions and the counts, for some rows, from their first m words."""
+    lowest_rm = _lowest_keys(keys_b[rows], start_bt[rows], m)
+    pos_rm = rows[:, None] * t + (lowest_rm & _COL_MASK).astype(np.int64)
+    n_r = n_b[rows]
+    len_rm = np.where(lowest_rm < _EXCLUDED, length_f[pos_rm], n_r.max() + 1)
+    take_rm, count_r = _greedy_fill(len_rm, n_r)
+    return pos_rm[take_rm], count_r
 
-  # Greedy, vectorised over rows. The leading words that fit are taken outright (a prefix of
-  # the order); then google-research/bert skips a word that does not fit and goes on, so each
-  # step jumps every unfilled row to its next word that fits the remaining budget (words
-  # skipped on the way stay skipped: the budget only shrinks). Each step takes a word per
-  # row, so there are fewer steps than the longest word has pieces.
+  m = min(t, 2 * k + 16)
+  chosen, count_b = greedy(np.arange(b), m)
+  redo = np.flatnonzero((count_b < n_b) & (start_bt.sum(axis=1) > m))
+  if redo.size:
+    keep = ~np.isin(chosen // t, redo)
+    chosen_redo, count_b[redo] = greedy(redo, t)
+    chosen = np.concatenate([chosen[keep], chosen_redo])
+
+  # The chosen words in flat (row, column) order, expanded into their pieces: count_b <= n_b
+  # <= P pieces per row, ascending.
+  chosen.sort()
+  len_c = length_f[chosen]
+  piece = np.arange(int(len_c.sum()))
+  piece_pos = np.repeat(chosen - (np.cumsum(len_c) - len_c), len_c) + piece  # flat positions
+  piece_row = piece_pos // t
+  row_first_b = np.cumsum(count_b) - count_b  # each row's first piece
+  cols_bk = np.full((b, k), t, np.int64)
+  cols_bk[piece_row, piece - row_first_b[piece_row]] = piece_pos - piece_row * t
+  return cols_bk, count_b
+
+
+def _greedy_fill(len_bw, n_b):
+  """google-research/bert's greedy pass over words in order (lengths len_bw, padded with
+  lengths > n): a word is taken if it fits the remaining budget, else skipped. Returns
+  (take bool[B, W], count int64[B]).
+
+  Vectorised over rows: the leading words that fit are taken outright (a prefix); then each
+  step jumps every unfilled row to its next word that fits what is left (words skipped on
+  the way stay skipped: the budget only shrinks). Each step takes a word per row, so there
+  are fewer steps than the longest word has pieces.
+  """
   take_bw = np.cumsum(len_bw, axis=1) <= n_b[:, None]
   count_b = np.where(take_bw, len_bw, 0).sum(axis=1)
   last_b = take_bw.sum(axis=1)  # rank of the first word that did not fit
-  rank_w = np.arange(w)
+  rank_w = np.arange(len_bw.shape[1])
   active = np.flatnonzero(count_b < n_b)
   while active.size:
     fits_aw = (rank_w > last_b[active, None]) & (len_bw[active] <= (n_b - count_b)[active, None])
@@ -210,17 +239,4 @@ def _choose_whole_words(keys_b, cand_bt, ids_bt, word_starts_v, n_b, k):
     count_b[active] += len_bw[active, next_a]
     last_b[active] = next_a
     active = active[count_b[active] < n_b[active]]
-
-  # The chosen words in flat (row, column) order, expanded into their pieces: count_b <= n_b
-  # <= P pieces per row, ascending.
-  chosen_f = np.zeros(start_f.size, bool)
-  chosen_f[fid_bw[take_bw]] = True
-  chosen = np.flatnonzero(chosen_f)
-  len_c = len_f[chosen]
-  piece = np.arange(int(len_c.sum()))
-  piece_pos = np.repeat(start_f[chosen] - (np.cumsum(len_c) - len_c), len_c) + piece  # flat positions
-  piece_row = np.repeat(row_f[chosen], len_c)
-  row_first_b = np.cumsum(count_b) - count_b  # each row's first piece
-  cols_bk = np.full((b, k), t, np.int64)
-  cols_bk[piece_row, piece - row_first_b[piece_row]] = piece_pos - piece_row * t
-  return cols_bk, count_b
+  return take_bw, count_b

@@ -106,15 +106,21 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
   """
   log = log or (lambda msg: print(msg, flush=True) if process_index == 0 else None)
   sync = sync or (lambda failed: failed)
-  _check_config(cfg)
-  given = tokenization.load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
-  if given is not None:  # fail on a vocab mismatch before any slow work
-    tokenization.check_vocab_size(given, vocab_size)
-  reader = readers.ReaderOptions(format=cfg.format, text_field=cfg.text_field,
-                                 hard_wrapped=cfg.hard_wrapped)
-  train_paths = readers.resolve_files(cfg.train_files)
-  eval_paths = readers.resolve_files(cfg.eval_files) if cfg.eval_files else []
-  fingerprint = _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed)
+  error = None
+  try:  # every process checks its inputs, then all agree, so none waits at a barrier for one that left
+    _check_config(cfg)
+    given = tokenization.load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+    if given is not None:  # fail on a vocab mismatch before any slow work
+      tokenization.check_vocab_size(given, vocab_size)
+    reader = readers.ReaderOptions(format=cfg.format, text_field=cfg.text_field,
+                                   hard_wrapped=cfg.hard_wrapped)
+    train_paths = readers.resolve_files(cfg.train_files)
+    eval_paths = readers.resolve_files(cfg.eval_files) if cfg.eval_files else []
+    fingerprint = _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed)
+  except BertJaxError as e:
+    error = e
+  if sync(error is not None):
+    raise error or DataError('another process could not read the data inputs; its error says why')
   final_dir = os.path.join(cfg.cache_dir, fingerprint)
   if os.path.exists(os.path.join(final_dir, META_FILE)):
     log(f'prepared data: reusing {final_dir}')
