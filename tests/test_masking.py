@@ -187,13 +187,13 @@ def test_rows_do_not_depend_on_the_rest_of_the_batch(whole_words):
     np.testing.assert_array_equal(x, y)
 
 
-def _words(ids_t, length):
+def _words(ids_t, length, word_starts=WORD_STARTS):
   """Whole words of a row as lists of positions: a start piece and the non-start candidates after it."""
   words, prev = [], -2
   for pos in range(length):
     if SPECIAL[ids_t[pos]]:
       continue
-    if words and not WORD_STARTS[ids_t[pos]] and pos == prev + 1:
+    if words and not word_starts[ids_t[pos]] and pos == prev + 1:
       words[-1].append(pos)
     else:
       words.append([pos])
@@ -216,15 +216,15 @@ def test_whole_word_masking_masks_complete_words():
   assert np.mean(counts == 19) > 0.9
 
 
-def _reference_row(ids_t, length, key, max_predictions, whole_words):
+def _reference_row(ids_t, length, key, max_predictions, word_starts):
   """google-research/bert's create_masked_lm_predictions for one row, with mask_batch's random
   numbers: candidates (or words, keyed by their start) ordered by hashing.bits of stream
-  _STREAM_ORDER (46 high bits, the column breaking ties), then taken greedily."""
+  _STREAM_ORDER (bits 16..61, the column breaking ties), then taken greedily."""
   # pylint: disable=protected-access
   t = len(ids_t)
-  rand = hashing.bits(key, (t,), masking._STREAM_ORDER) >> masking._RAND_SHIFT
-  if whole_words:
-    units = _words(ids_t, length)
+  rand = hashing.bits(key, (t,), masking._STREAM_ORDER) & masking._RAND_MASK
+  if word_starts is not None:
+    units = _words(ids_t, length, word_starts)
   else:
     units = [[pos] for pos in range(length) if not SPECIAL[ids_t[pos]]]
   units.sort(key=lambda u: (int(rand[u[0]]), u[0]))
@@ -248,15 +248,28 @@ def _reference_row(ids_t, length, key, max_predictions, whole_words):
   return masked, positions
 
 
-@pytest.mark.parametrize('whole_words', [False, True])
-def test_matches_per_row_reference(whole_words):
+_LONG_WORDS = np.zeros(VOCAB, bool)
+_LONG_WORDS[:NUM_SPECIAL] = True
+_LONG_WORDS[NUM_SPECIAL::8] = True  # words of 8 pieces on average
+
+
+@pytest.mark.parametrize('word_starts,max_predictions,seq_len', [
+    (None, 12, 96), (WORD_STARTS, 12, 96), (_LONG_WORDS, 2, 200), (_LONG_WORDS, 30, 200)])
+def test_matches_per_row_reference(word_starts, max_predictions, seq_len, monkeypatch):
   rng = np.random.default_rng(7)
-  lengths = rng.integers(0, 97, 300)
-  tokens, lengths = _rows(rng, 300, seq_len=96, lengths=lengths)
+  lengths = rng.integers(0, seq_len + 1, 300)
+  tokens, lengths = _rows(rng, 300, seq_len=seq_len, lengths=lengths)
   keys = _keys(300, seed=11)
-  masked, positions, _, weights = _mask(tokens, lengths, keys, max_predictions=12, whole_words=whole_words)
+  calls = []
+  lowest_keys = masking._lowest_keys  # pylint: disable=protected-access
+  monkeypatch.setattr(masking, '_lowest_keys', lambda *a: calls.append(len(a[0])) or lowest_keys(*a))
+  masked, positions, _, weights = masking.mask_batch(
+      tokens, lengths, keys, special_v=SPECIAL, replace_ids=REPLACE, mask_id=MASK_ID,
+      max_predictions=max_predictions, word_starts_v=word_starts)
+  if max_predictions == 2:
+    assert len(calls) == 2 and 0 < calls[1] < 300  # some rows needed more than their first words
   for r in range(300):
-    want_masked, want_positions = _reference_row(tokens[r], lengths[r], keys[r], 12, whole_words)
+    want_masked, want_positions = _reference_row(tokens[r], lengths[r], keys[r], max_predictions, word_starts)
     n = int(weights[r].sum())
     assert positions[r, :n].tolist() == want_positions
     np.testing.assert_array_equal(masked[r], want_masked)

@@ -23,6 +23,7 @@ _M2 = np.uint64(0x94D049BB133111EB)
 GAMMA = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, splitmix64's increment
 _STREAM_SALT = np.uint64(0xD1B54A32D192ED03)
 _U64 = (1 << 64) - 1
+_KEY_START = 0x6A09E667F3BCC908  # sqrt(2)'s bits: any fixed start for `key`
 _FEISTEL_ROUNDS = 8
 _MIN_FEISTEL_BITS = 4  # tiny domains (n = 2, 3, ...) still get a keyed, non-trivial permutation
 _BLOCK_ELEMENTS = 8192  # uint64s per block of work in `bits` (64 KiB)
@@ -66,11 +67,16 @@ def key(*parts: int | np.ndarray) -> np.ndarray:
   order matters, and each part goes through a bijection, so distinct part tuples collide
   only by chance (about 2**-64 per pair). Example: key(seed, 1, positions_b) -> uint64[B].
   """
+  h = _KEY_START
+  i = 0
+  while i < len(parts) and isinstance(parts[i], (int, np.integer)):  # leading ints: in Python, faster
+    h = _mix_int(h ^ _mix_int(int(parts[i]) + int(GAMMA)))
+    i += 1
+  h = np.asarray(h, dtype=np.uint64)
   with np.errstate(over='ignore'):
-    h = np.asarray(np.uint64(0x6A09E667F3BCC908))  # sqrt(2)'s bits: any fixed start
-    for p in parts:
+    for p in parts[i:]:
       h = _mix_inplace(np.asarray(h ^ _mix_inplace(np.asarray(_u64(p) + GAMMA))))
-    return np.asarray(h)
+  return h
 
 
 def _mix_int(x: int) -> int:
@@ -192,25 +198,39 @@ def permute(indices: np.ndarray, n: int, seed_key: int) -> np.ndarray:
   flat = out.reshape(-1)
   todo = np.arange(flat.size)
   x = flat.astype(np.uint64)
-  while todo.size:
-    x = _feistel(x, b, round_keys)
-    back = x < np.uint64(n)
-    flat[todo[back]] = x[back].astype(np.int64)
-    todo, x = todo[~back], x[~back]
+  rounds = _feistel_rounds(b, tuple(int(k) for k in round_keys))
+  bound = np.uint64(n)
+  with np.errstate(over='ignore'):
+    while todo.size:
+      x = _feistel(x, rounds)
+      back = x < bound
+      flat[todo[back]] = x[back].astype(np.int64)
+      todo, x = todo[~back], x[~back]
   return out
 
 
-def _feistel(x: np.ndarray, b: int, round_keys: list[np.ndarray]) -> np.ndarray:
-  """One encryption of b-bit values: each round XORs a keyed hash of the low part into the
-  high part, then rotates so the parts swap; an even number of rounds restores the layout."""
+def _feistel_rounds(b: int, round_keys: tuple[int, ...]) -> list[tuple]:
+  """Per round: (round key, low part's bits, its mask, high part's bits, its mask) as uint64."""
   hi_bits, lo_bits = b // 2, b - b // 2
-  with np.errstate(over='ignore'):
-    for rk in round_keys:
-      lo_mask = np.uint64((1 << lo_bits) - 1)
-      hi = x >> np.uint64(lo_bits)
-      lo = x & lo_mask
-      f = _mix_inplace(lo ^ rk)
-      hi ^= f & np.uint64((1 << hi_bits) - 1)
-      x = (lo << np.uint64(hi_bits)) | hi
-      hi_bits, lo_bits = lo_bits, hi_bits
+  rounds = []
+  for rk in round_keys:
+    rounds.append((np.uint64(rk), np.uint64(lo_bits), np.uint64((1 << lo_bits) - 1), np.uint64(hi_bits),
+                   np.uint64((1 << hi_bits) - 1)))
+    hi_bits, lo_bits = lo_bits, hi_bits
+  return rounds
+
+
+def _feistel(x: np.ndarray, rounds: list[tuple]) -> np.ndarray:
+  """One encryption of b-bit values: each round XORs a keyed hash (mix64) of the low part into
+  the high part, then rotates so the parts swap; an even number of rounds restores the layout.
+  Call under np.errstate(over='ignore')."""
+  for rk, lo_bits, lo_mask, hi_bits, hi_mask in rounds:
+    hi = x >> lo_bits
+    lo = x & lo_mask
+    f = _mix_inplace(lo ^ rk)
+    f &= hi_mask
+    hi ^= f
+    lo <<= hi_bits
+    lo |= hi
+    x = lo
   return x

@@ -28,7 +28,7 @@ _STREAM_ACTION = 2  # the i-th chosen position's (ascending) 80/10/10 draw and r
 # distinct and a row's order does not depend on T); excluded columns' keys are 2**62.
 _COL_BITS = 16
 _COL_MASK = np.uint64((1 << _COL_BITS) - 1)
-_RAND_SHIFT = np.uint64(64 - 46)
+_RAND_MASK = np.uint64(((1 << 62) - 1) ^ ((1 << _COL_BITS) - 1))  # bits 16..61
 _EXCLUDED = np.uint64(1 << 62)
 _MAX_T = 1 << _COL_BITS
 _BLOCK_ELEMENTS = 8192  # tokens per block of rows in _lowest_keys (its keys: 64 KiB)
@@ -127,9 +127,9 @@ def mask_batch(tokens_bt: np.ndarray, lengths_b: np.ndarray, keys_b: np.ndarray,
 
 
 def _sort_keys(rand: np.ndarray, low: np.ndarray) -> np.ndarray:
-  """uint64 keys ordering by 46 random bits, ties broken by `low` (< 2**16), in place on rand."""
-  rand >>= _RAND_SHIFT
-  rand <<= np.uint64(_COL_BITS)
+  """uint64 keys ordering by 46 random bits (bits 16..61 of rand), ties broken by `low`
+  (< 2**16, in the low bits), in place on rand; all below _EXCLUDED."""
+  rand &= _RAND_MASK
   rand |= low.astype(np.uint64)
   return rand
 
@@ -174,23 +174,29 @@ def _choose_whole_words(keys_b, cand_bt, ids_bt, word_starts_v, n_b, k):
   prev_cand_bt = np.zeros_like(cand_bt)
   prev_cand_bt[:, 1:] = cand_bt[:, :-1]
   start_bt = cand_bt & (word_starts_v[ids_bt] | ~prev_cand_bt)
-  # A word runs from its start to the next start or the end of its run of candidates (a
-  # non-candidate, or the end of the row).
-  bound_f = np.flatnonzero(start_bt | (prev_cand_bt & ~cand_bt))
+  if not b * t:
+    return np.full((b, k), t, np.int64), np.zeros(b, np.int64)
+  # A word runs from its start to the next boundary: a start, the end of a run of candidates
+  # (a non-candidate) or the end of the row (the next row's column 0 or the end).
+  bound_bt = start_bt | (prev_cand_bt & ~cand_bt)
+  bound_bt[:, 0] = True
+  bound_f = np.flatnonzero(bound_bt)
   is_start_f = start_bt.reshape(-1)[bound_f]
   start_f = bound_f[is_start_f]  # flat position of every word's first piece
-  row_end_f = (start_f // t + 1) * t
-  length_f = np.zeros(b * t, np.int64)  # a word's length, at its first piece's flat position
-  length_f[start_f] = np.minimum(np.append(bound_f[1:], b * t)[is_start_f], row_end_f) - start_f
   if not start_f.size:
     return np.full((b, k), t, np.int64), np.zeros(b, np.int64)
+  # Lengths at the start positions, clipped to the longest that can ever be taken plus one
+  # (so uint16 suffices); other entries are never read.
+  too_long = min(int(n_b.max()) + 1, np.iinfo(np.uint16).max)
+  length_f = np.empty(b * t, np.uint16)
+  length_f[start_f] = np.minimum(np.diff(bound_f, append=b * t)[is_start_f], too_long)
 
   def greedy(rows, m):
     """The chosen words' flat start positions and the counts, for some rows, from their first m words."""
     lowest_rm = _lowest_keys(keys_b[rows], start_bt[rows], m)
     pos_rm = rows[:, None] * t + (lowest_rm & _COL_MASK).astype(np.int64)
     n_r = n_b[rows]
-    len_rm = np.where(lowest_rm < _EXCLUDED, length_f[pos_rm], n_r.max() + 1)
+    len_rm = np.where(lowest_rm < _EXCLUDED, length_f[pos_rm].astype(np.int64), too_long)
     take_rm, count_r = _greedy_fill(len_rm, n_r)
     return pos_rm[take_rm], count_r
 
@@ -205,7 +211,7 @@ def _choose_whole_words(keys_b, cand_bt, ids_bt, word_starts_v, n_b, k):
   # The chosen words in flat (row, column) order, expanded into their pieces: count_b <= n_b
   # <= P pieces per row, ascending.
   chosen.sort()
-  len_c = length_f[chosen]
+  len_c = length_f[chosen].astype(np.int64)
   piece = np.arange(int(len_c.sum()))
   piece_pos = np.repeat(chosen - (np.cumsum(len_c) - len_c), len_c) + piece  # flat positions
   piece_row = piece_pos // t
