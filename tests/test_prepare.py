@@ -40,6 +40,14 @@ def _bundled_cfg(cache_dir, **overrides) -> DataConfig:
   return DataConfig(**fields)
 
 
+def _prepare_data_args(cache_dir) -> list[str]:
+  """experiments/prepare_data.py flags for `_bundled_cfg(cache_dir, num_workers=1)` with vocab 2000."""
+  return ['--config=experiments/configs/pretrain.py:tiny', '--config.model.vocab_size=2000',
+          f'--config.data.train_files={BUNDLED}', f'--config.data.cache_dir={cache_dir}', '--config.data.unit_mb=1',
+          '--config.data.max_seq_length=64', '--config.data.max_predictions_per_seq=10',
+          '--config.data.dupe_factor=1', '--config.data.eval_fraction=0.1', '--config.data.num_workers=1']
+
+
 def _no_cache_left(cache_dir) -> bool:
   return not os.path.isdir(cache_dir) or os.listdir(cache_dir) == []
 
@@ -140,10 +148,7 @@ def test_killed_build_resumes_to_the_same_bytes(tmp_path):
   reference = prepare.prepare_pretraining_data(_bundled_cfg(tmp_path / 'ref', num_workers=1), vocab_size=2000,
                                                seed=0, log=lambda _: None)
   cache = tmp_path / 'killed'
-  args = ['--config=experiments/configs/pretrain.py:tiny', '--config.model.vocab_size=2000',
-          f'--config.data.train_files={BUNDLED}', f'--config.data.cache_dir={cache}', '--config.data.unit_mb=1',
-          '--config.data.max_seq_length=64', '--config.data.max_predictions_per_seq=10',
-          '--config.data.dupe_factor=1', '--config.data.eval_fraction=0.1', '--config.data.num_workers=1']
+  args = _prepare_data_args(cache)
   proc = subprocess.Popen([sys.executable, 'experiments/prepare_data.py', *args], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 120
@@ -170,10 +175,7 @@ def test_two_processes_build_the_same_cache(tmp_path):
   reference = prepare.prepare_pretraining_data(_bundled_cfg(tmp_path / 'ref', num_workers=1), vocab_size=2000,
                                                seed=0, log=lambda _: None)
   cache = tmp_path / 'two'
-  args = ['--config=experiments/configs/pretrain.py:tiny', '--config.model.vocab_size=2000',
-          f'--config.data.train_files={BUNDLED}', f'--config.data.cache_dir={cache}', '--config.data.unit_mb=1',
-          '--config.data.max_seq_length=64', '--config.data.max_predictions_per_seq=10',
-          '--config.data.dupe_factor=1', '--config.data.eval_fraction=0.1', '--config.data.num_workers=1']
+  args = _prepare_data_args(cache)
   outs = _succeed(_start_two(os.path.join(REPO, 'experiments', 'prepare_data.py'), args))
   assert [l for l in outs[1].splitlines() if not l.startswith('[Gloo]')] == []  # process 1 prints nothing
   final = json.loads(outs[0].strip().splitlines()[-1])['dir']

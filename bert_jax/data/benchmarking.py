@@ -7,7 +7,6 @@ workers are where the text lives. numpy only: no jax here, so spawned workers st
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import re
@@ -156,10 +155,6 @@ def time_loader(data_dir: str, cfg: DataConfig, *, batch_size: int, workers: int
   tokens = batches * batch_size * cfg.max_seq_length
   return dict(batch_size=batch_size, seq_len=cfg.max_seq_length, workers=workers, pack=cfg.pack,
               tokens_per_s=round(tokens / seconds), batches_per_s=round(batches / seconds, 1))
-
-
-def with_fields(cfg: DataConfig, **fields) -> DataConfig:
-  return dataclasses.replace(cfg, **fields)
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:

@@ -300,10 +300,13 @@ class BatchMaker:
 
   def __call__(self, k: int) -> dict:
     k = int(k)
-    start = k * self.global_batch_size + self.row_offset
-    positions = np.arange(start, start + self.local_batch_size, dtype=np.int64)
-    indices = self.record_indices(positions)
-    batch = make_batch(self.dataset.get_many(indices), hashing.key(self.seed, _TRAIN_MASKS, positions),
+    start = k * self.global_batch_size
+    every = np.arange(start, start + self.global_batch_size, dtype=np.int64)
+    mine = slice(self.row_offset, self.row_offset + self.local_batch_size)
+    # Only the record indices of other processes' rows are computed; their records are never read.
+    indices = self.record_indices(every if self.cfg.pack and self.process_count > 1 else every[mine])
+    local = indices[mine] if len(indices) > self.local_batch_size else indices
+    batch = make_batch(self.dataset.get_many(local), hashing.key(self.seed, _TRAIN_MASKS, every[mine]),
                        cfg=self.cfg, vocab=self.vocab)
     if not self.cfg.pack:
       return batch
@@ -311,10 +314,8 @@ class BatchMaker:
     if self.process_count > 1:
       # Every process must emit the same number of packed rows; the stored record lengths
       # give every process's row count without reading their records.
-      every = np.arange(k * self.global_batch_size, (k + 1) * self.global_batch_size, dtype=np.int64)
-      lengths = np.asarray(self.dataset.lengths[self.record_indices(every)], np.int64)
-      lengths = lengths.reshape(self.process_count, self.local_batch_size)
-      num_rows = packed_num_rows(lengths.tolist(), self.cfg)
+      lengths = np.asarray(self.dataset.lengths[indices], np.int64)
+      num_rows = packed_num_rows(lengths.reshape(self.process_count, self.local_batch_size).tolist(), self.cfg)
     return pack_batch(batch, self.cfg, num_rows)
 
 

@@ -188,34 +188,23 @@ class _Builder:
 
   def tokenizer(self) -> None:
     t0 = time.time()
-    if self.given is not None:
-      name = os.path.basename(tokenization.save_tokenizer(self.given, self._scratch()))
-      if self.process_index == 0 and not os.path.exists(os.path.join(self.dir, name)):
-        for f in os.listdir(self._scratch()):
-          os.replace(os.path.join(self._scratch(), f), os.path.join(self.dir, f))
-      shutil.rmtree(self._scratch(), ignore_errors=True)
-      self.tokenizer_file = name
+    if self.given is not None:  # copied in, so the cache is self-contained; meta.json comes last anyway
+      if self.process_index == 0:
+        self.tokenizer_file = os.path.basename(tokenization.save_tokenizer(self.given, self.dir))
+      else:
+        self.tokenizer_file = tokenization.tokenizer_file_name(self.given)
       return
     self.tokenizer_file = tokenization.SPIECE_FILE
     path = os.path.join(self.dir, self.tokenizer_file)
     if self.process_index != 0 or os.path.exists(path):
       return  # trained by process 0 (others wait at the barrier), or by an earlier attempt
     job = self._job()
-    k = self.cfg.tokenizer_sample_sentences
-    units = [u for u in self.units if u.split != 'eval']
-    best: list[tuple[int, str]] = []  # max-heap by negated hash of the k smallest so far
-    seen: set[str] = set()
-    for sample in self._map(_sample_unit, job, units, k, 'tokenizer sample'):
-      for h, sentence in sample:
-        if sentence in seen:
-          continue
-        if len(best) < k:
-          heapq.heappush(best, (-h, sentence))
-          seen.add(sentence)
-        elif -best[0][0] > h:
-          seen.discard(heapq.heappushpop(best, (-h, sentence))[1])
-          seen.add(sentence)
-    sentences = [s for _, s in sorted((-nh, s) for nh, s in best)]
+    sample = _BottomK(self.cfg.tokenizer_sample_sentences)
+    for unit_sample in self._map(_sample_unit, job, [u for u in self.units if u.split != 'eval'],
+                                 sample.k, 'tokenizer sample'):
+      for h, sentence in unit_sample:
+        sample.add(h, sentence)
+    sentences = sample.sentences()
     self.log(f'prepare: training a {self.vocab_size}-piece SentencePiece model on {len(sentences):,} '
              'sampled sentences')
     t1 = time.time()
@@ -285,9 +274,6 @@ class _Builder:
              f'({fraction:.1%} random-next), {stats["train_tokens"]:,} training tokens')
 
   # ------------------------------------------------------------------ helpers
-
-  def _scratch(self) -> str:
-    return os.path.join(self.dir, f'.tokenizer-{self.process_index}')
 
   def _job(self) -> _Job:
     c = self.cfg
@@ -387,25 +373,41 @@ def _documents(job: _Job, unit: Unit, stats: dict | None = None):
       yield unit.split, doc
 
 
+class _BottomK:
+  """The k distinct sentences with the smallest hashes seen so far: a bounded, order-free sample."""
+
+  def __init__(self, k: int):
+    self.k = k
+    self._heap: list[tuple[int, str]] = []  # (-hash, sentence): a max-heap of the k smallest
+    self._seen: set[str] = set()
+
+  def add(self, h: int, sentence: str) -> None:
+    if sentence in self._seen:
+      return
+    if len(self._heap) < self.k:
+      heapq.heappush(self._heap, (-h, sentence))
+      self._seen.add(sentence)
+    elif -self._heap[0][0] > h:
+      self._seen.discard(heapq.heappushpop(self._heap, (-h, sentence))[1])
+      self._seen.add(sentence)
+
+  def items(self) -> list[tuple[int, str]]:
+    return [(-nh, s) for nh, s in self._heap]
+
+  def sentences(self) -> list[str]:
+    """The sample in hash order (a fixed order for the tokenizer trainer)."""
+    return [s for _, s in sorted(self.items())]
+
+
 def _sample_unit(job: _Job, unit: Unit, k: int) -> list[tuple[int, str]]:
   """The unit's k distinct training sentences with the smallest keyed hashes."""
   key = (job.seed + 1).to_bytes(8, 'little', signed=True)
-  heap: list[tuple[int, str]] = []  # (-hash, sentence): a max-heap of the k smallest
-  seen: set[str] = set()
+  sample = _BottomK(k)
   for split, doc in _documents(job, unit):
-    if split != 'train':
-      continue
-    for sentence in doc:
-      if sentence in seen:
-        continue
-      h = _sentence_hash(sentence, key)
-      if len(heap) < k:
-        heapq.heappush(heap, (-h, sentence))
-        seen.add(sentence)
-      elif -heap[0][0] > h:
-        seen.discard(heapq.heappushpop(heap, (-h, sentence))[1])
-        seen.add(sentence)
-  return [(-nh, s) for nh, s in heap]
+    if split == 'train':
+      for sentence in doc:
+        sample.add(_sentence_hash(sentence, key), sentence)
+  return sample.items()
 
 
 def _tokenize(tokenizer, docs: list[list[str]]) -> nsp.TokenizedDocs:

@@ -122,12 +122,11 @@ class PreparedData:
   special_ids: SpecialIds
   stats: dict
 
-  def shards(self, split: str) -> list[str]:
-    return [os.path.join(self.dir, name) for name in read_meta(self.dir)[f'{split}_shards']]
-
   def reader(self, split: str) -> ShardReader:
     """Random access to the split's records (record i of the split = index i)."""
-    return ShardReader(self.shards(split), read_meta(self.dir)[f'{split}_shard_records'])
+    meta = read_meta(self.dir)
+    return ShardReader([os.path.join(self.dir, name) for name in meta[f'{split}_shards']],
+                       meta[f'{split}_shard_records'])
 
   def lengths(self, split: str) -> np.ndarray:
     """uint16[num records]: every record's token count, memory-mapped."""

@@ -480,6 +480,11 @@ def load_tokenizer(path: str) -> Tokenizer:
   return SentencePieceTokenizer(path)
 
 
+def tokenizer_file_name(tokenizer: Tokenizer) -> str:
+  """The file `save_tokenizer` writes that `load_tokenizer` reads back."""
+  return SPIECE_FILE if isinstance(tokenizer, SentencePieceTokenizer) else _TOKENIZER_JSON
+
+
 def save_tokenizer(tokenizer: Tokenizer, directory: str) -> str:
   """Writes the tokenizer's files into `directory`; returns what `load_tokenizer` reads back."""
   os.makedirs(directory, exist_ok=True)
