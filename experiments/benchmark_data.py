@@ -4,11 +4,13 @@
   python experiments/benchmark_data.py --tokenizer=/path/tokenizer.model --workers=1,2
   # A synthetic 1 GB corpus (copies of ../shared/data/enwiki-2015 with per-copy changes):
   python experiments/benchmark_data.py --synthesize_mb=1000 --tokenizer=... --workers=1,2
+  # SentencePiece training alone, on a sample of 1M sentences:
+  python experiments/benchmark_data.py --tokenizer_only=1000000
   # Loader only, over an existing cache:
   python experiments/benchmark_data.py --loader_only=data/cache/<fingerprint> --batch_size=256 --seq_len=128,512
 
 Without --tokenizer a SentencePiece model is trained first (its time is reported apart).
-Every preparation starts from an empty cache under --scratch. numpy/array_record only: no jax.
+Every preparation starts from an empty cache under --scratch. numpy only: no jax.
 """
 
 import json
@@ -44,6 +46,8 @@ _LOADER_WORKERS = flags.DEFINE_list('loader_workers', ['0', '1', '2'], 'Loader w
 _BATCHES = flags.DEFINE_integer('batches', 200, 'Timed loader batches.')
 _PACK = flags.DEFINE_bool('pack', False, 'Time packed batches too.')
 _LOADER_ONLY = flags.DEFINE_string('loader_only', '', 'A prepared cache directory: time the loader only.')
+_SPM_ONLY = flags.DEFINE_integer('tokenizer_only', 0, 'Only time SentencePiece training (--vocab_size pieces) on '
+                                 'this many distinct sentences of --corpus (topped up with word-order variants).')
 
 
 def main(argv):
@@ -59,6 +63,12 @@ def main(argv):
 def run():
   print(f'machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; python '
         f'{platform.python_version()}')
+  if _SPM_ONLY.value:
+    sentences, real = bm.tokenizer_sample(readers.resolve_files(_CORPUS.value), _SPM_ONLY.value)
+    seconds = bm.time_tokenizer_training(sentences, _VOCAB.value, _SCRATCH.value)
+    print(f'SentencePiece training: {len(sentences):,} sentences ({real:,} distinct corpus sentences, the rest '
+          f'word-order variants), {_VOCAB.value:,} pieces: {seconds:.1f} s')
+    return
   seq_lens = [int(s) for s in _SEQ.value]
   caches = {}
   if _LOADER_ONLY.value:

@@ -24,17 +24,17 @@ _batch_at = input_pipeline.PretrainingBatches.batch_at
 def _recording_batch_at(self, k):
   # The training dataset is read only here (in the prefetch thread): wrap its reads for this batch.
   dataset, reads = self.maker.dataset, []
-  read = dataset.get_many
+  gather = dataset.gather
 
-  def get_many(indices):
+  def recording_gather(indices, width):
     reads.extend(int(i) for i in indices)
-    return read(indices)
+    return gather(indices, width)
 
-  dataset.get_many = get_many
+  dataset.gather = recording_gather
   try:
     batch = _batch_at(self, k)
   finally:
-    del dataset.get_many
+    del dataset.gather
   path = os.path.join(os.environ['BERT_JAX_READS_DIR'], f'reads_{jax.process_index()}.jsonl')
   with open(path, 'a', encoding='utf-8') as f:
     f.write(json.dumps({'k': k, 'indices': reads, 'input_ids': batch['input_ids'].tolist()}) + '\n')

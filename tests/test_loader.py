@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from bert_jax.data import loader as ip, masking, tokenization
-from bert_jax.data.records import decode_record
 from bert_jax.errors import ConfigError
 
 
@@ -44,12 +43,12 @@ class _SpyDataset:
   def lengths(self):
     return self.dataset.lengths
 
-  def get_many(self, indices):
+  def gather(self, indices, width):
     self.calls += 1
     if self.calls == self.fail_on_call or self.fail_on_index in indices:
       raise OSError('disk on fire')
     self.read.extend(int(i) for i in indices)
-    return self.dataset.get_many(indices)
+    return self.dataset.gather(indices, width)
 
 
 def _batches(prepared, split='train', fail_on_call=None, fail_on_index=None, spy=True, **kwargs):
@@ -89,18 +88,19 @@ def test_dataset_records_and_stored_lengths(prepared):
   dataset = ip.PretrainingDataset(data)  # a PreparedData or its directory
   assert len(dataset) == data.num_train and len(ip.PretrainingDataset(data.dir, 'eval')) == data.num_eval
   indices = [5, 0, len(dataset) - 1, 5]
-  records = dataset.get_many(indices)
-  for i, record in zip(indices, records):
+  rows = dataset.gather(indices, cfg.max_seq_length)
+  for row, i in enumerate(indices):
     tokens, len_a, is_random_next = dataset[i]
-    got = decode_record(record)
-    np.testing.assert_array_equal(got[0], tokens)
-    assert got[1:] == (len_a, is_random_next)
+    n = len(tokens)
+    np.testing.assert_array_equal(rows.tokens[row], np.pad(tokens, (0, cfg.max_seq_length - n)))
+    assert (rows.lengths[row], rows.len_a[row], rows.random_next[row]) == (n, len_a, is_random_next)
     ids = data.special_ids
     assert tokens[0] == ids.cls and tokens[len_a + 1] == ids.sep and tokens[-1] == ids.sep
-    assert len(tokens) <= cfg.max_seq_length
+    assert n <= cfg.max_seq_length
   # Packed multi-process batches plan rows from these stored lengths: they must be exact.
-  every = dataset.get_many(np.arange(len(dataset)))
-  np.testing.assert_array_equal(dataset.lengths, [len(r) // 4 - 2 for r in every])
+  every = dataset.gather(np.arange(len(dataset)), cfg.max_seq_length)
+  np.testing.assert_array_equal(dataset.lengths, every.lengths)
+  np.testing.assert_array_equal(every.tokens > 0, np.arange(cfg.max_seq_length) < every.lengths[:, None])
   with pytest.raises(ConfigError, match='split'):
     ip.PretrainingDataset(data, 'test')
 
@@ -217,14 +217,16 @@ def test_a_rows_masks_depend_only_on_its_stream_position(prepared):
   cfg, data = prepared
   vocab = vocab_of(data)
   dataset = ip.PretrainingDataset(data)
-  records = dataset.get_many([3, 1, 4, 1, 5])
+  indices = [3, 1, 4, 1, 5]
   keys = np.array([11, 12, 13, 14, 15], np.uint64)
-  batch = ip.make_batch(records, keys, cfg=cfg, vocab=vocab)
+  batch = ip.make_batch(dataset.gather(indices, cfg.max_seq_length), keys, cfg=cfg, vocab=vocab)
   wide_cfg = dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length + 40)
-  for r in range(5):
-    alone = ip.make_batch([records[r]], keys[r:r + 1], cfg=cfg, vocab=vocab)
+  for r, i in enumerate(indices):
+    alone = ip.make_batch(dataset.gather([i], cfg.max_seq_length), keys[r:r + 1], cfg=cfg, vocab=vocab)
     _assert_same(_row(alone, 0), _row(batch, r))
-    wide = ip.make_batch([None, records[r]], np.array([0, keys[r]], np.uint64), cfg=wide_cfg, vocab=vocab)
+    one = dataset.gather([i], wide_cfg.max_seq_length)
+    after_padding = ip.Rows(*(np.concatenate([np.zeros_like(a), a]) for a in dataclasses.astuple(one)))
+    wide = ip.make_batch(after_padding, np.array([0, keys[r]], np.uint64), cfg=wide_cfg, vocab=vocab)
     for key, value in _row(batch, r).items():
       got = wide[key][1]
       if key in ('input_ids', 'token_type_ids', 'attention_mask'):
@@ -351,9 +353,10 @@ def test_bad_arguments_are_refused(prepared, kwargs, pattern):
 def test_records_longer_than_max_seq_length_are_refused(prepared):
   cfg, data = prepared
   short = dataclasses.replace(cfg, max_seq_length=16)
-  records = ip.PretrainingDataset(data).get_many([0])
   with pytest.raises(Exception, match='max_seq_length=16'):
-    ip.make_batch(records, np.zeros(1, np.uint64), cfg=short, vocab=vocab_of(data))
+    ip.PretrainingDataset(data).gather([0], short.max_seq_length)
+  with pytest.raises(Exception, match='max_seq_length=16'):
+    next(ip.eval_batches(ip.PretrainingDataset(data, 'eval'), batch_size=4, seed=0, cfg=short, vocab=vocab_of(data)))
 
 
 # ----------------------------------------------------------------------------- worker processes

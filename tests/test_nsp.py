@@ -17,10 +17,10 @@ def _pairs(docs, *, max_seq_length, short_seq_prob, dupe_factor, rng, pool=None)
   used_pool = pool if pool is not None and tokenized.num_docs < 2 else None
   flat, bounds = nsp.assemble_records(tokenized, pairs, cls_id=CLS_ID, sep_id=SEP_ID, pool=used_pool)
   out = []
-  for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-    tokens, len_a, is_random_next = records.decode_record(flat[lo:hi].tobytes())
+  for (lo, hi), (a0, a1, *_, is_random_next) in zip(zip(bounds[:-1], bounds[1:]), pairs.tolist()):
+    tokens, len_a = flat[lo:hi], a1 - a0
     assert tokens[0] == CLS_ID and tokens[len_a + 1] == SEP_ID and tokens[-1] == SEP_ID
-    out.append((tokens[1:1 + len_a].tolist(), tokens[2 + len_a:-1].tolist(), is_random_next))
+    out.append((tokens[1:1 + len_a].tolist(), tokens[2 + len_a:-1].tolist(), bool(is_random_next)))
   return out
 
 
@@ -117,10 +117,23 @@ def test_truncation_matches_the_token_by_token_loop():
   assert 14.0 < np.mean(fronts) < 16.0  # 30 cuts from A, each from the front with probability 1/2
 
 
-def test_record_round_trip():
-  docs = nsp.TokenizedDocs.from_lists([[[7, 8, 9], [10, 11]]])
-  flat, bounds = nsp.assemble_records(docs, np.array([[0, 3, 3, 5, 1]]), cls_id=CLS_ID, sep_id=SEP_ID)
-  tokens, len_a, is_random_next = records.decode_record(flat[bounds[0]:bounds[1]].tobytes())
-  assert tokens.dtype == np.int32
-  assert tokens.tolist() == [CLS_ID, 7, 8, 9, SEP_ID, 10, 11, SEP_ID]
-  assert (len_a, is_random_next) == (3, True)
+def test_record_round_trip(tmp_path):
+  for vocab_size, dtype, big in ((30522, '<u2', 30521), (70000, '<i4', 69999)):
+    docs = nsp.TokenizedDocs.from_lists([[[7, 8, 9], [10, 11]], [[big, 12]]])
+    pairs = np.array([[0, 3, 3, 5, 0], [5, 6, 0, 3, 1]])  # the second: A = [big], B from document 0
+    flat, bounds = nsp.assemble_records(docs, pairs, cls_id=CLS_ID, sep_id=SEP_ID)
+    assert flat.dtype == np.int32 and bounds.tolist() == [0, 8, 15]
+    assert records.token_dtype(vocab_size) == dtype
+    shard, index = str(tmp_path / f'shard-{vocab_size}'), str(tmp_path / f'index-{vocab_size}.npy')
+    records.write_shard(shard, flat, dtype)
+    np.save(index, records.make_index(bounds, pairs[:, 1] - pairs[:, 0], pairs[:, 4]))
+    reader = records.RecordReader([shard], [2], index, dtype)
+    expected = [([CLS_ID, 7, 8, 9, SEP_ID, 10, 11, SEP_ID], 3, False),
+                ([CLS_ID, big, SEP_ID, 7, 8, 9, SEP_ID], 1, True)]
+    for i, (tokens, len_a, is_random_next) in enumerate(expected):
+      got = reader[i]
+      assert got[0].dtype == np.int32 and got[0].tolist() == tokens and got[1:] == (len_a, is_random_next)
+    rows = reader.gather([1, 0, 1], 10)
+    assert rows.tokens.shape == (3, 10) and rows.lengths.tolist() == [7, 8, 7]
+    assert rows.tokens[1].tolist() == expected[0][0] + [0, 0]
+    assert rows.len_a.tolist() == [1, 3, 1] and rows.random_next.tolist() == [1, 0, 1]

@@ -18,7 +18,6 @@ import pytest
 from bert_jax.config import DataConfig
 from bert_jax.data import loader as ip
 from bert_jax.data import prepare, readers, tokenization
-from bert_jax.data.records import decode_record
 from bert_jax.data.tokenization import CLS_ID, SEP_ID, SentencePieceTokenizer
 from bert_jax.errors import ConfigError, DataError
 from conftest import REPO, SMALL_VOCAB as VOCAB, WIKITEXT, assert_one_line_error, minilm_dir_or_skip, small_data_config
@@ -58,8 +57,8 @@ def _no_cache_left(cache_dir) -> bool:
 def test_prepare_writes_shards_and_meta(prepared):
   cfg, data = prepared
   files = sorted(os.listdir(data.dir))
-  assert files == ['build.json', 'eval-00000.array_record', 'eval.lengths.npy', 'meta.json', 'tokenizer.model',
-                   'train-00000.array_record', 'train.lengths.npy']
+  assert files == ['build.json', 'eval-00000.tokens', 'eval.index.npy', 'meta.json', 'tokenizer.model',
+                   'train-00000.tokens', 'train.index.npy']
   assert os.path.dirname(data.dir) == cfg.cache_dir and len(os.path.basename(data.dir)) == 16
   assert [p for p in os.listdir(cfg.cache_dir) if p.endswith('.partial')] == []
   stats = data.stats

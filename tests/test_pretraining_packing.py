@@ -48,9 +48,14 @@ def _synthetic_vocab(size):
   return ip.Vocab(SpecialIds(pad=PAD_ID, unk=UNK_ID, cls=CLS_ID, sep=SEP_ID, mask=MASK_ID), special_v, None)
 
 
-def _record(tokens, len_a, is_random_next):
-  """A raw record ([is_random_next, len_a, tokens...], little-endian int32)."""
-  return np.concatenate([[int(is_random_next), len_a], tokens]).astype('<i4').tobytes()
+def _rows(examples, width):
+  """Rows as the dataset gathers them, from (tokens, len_a, is_random_next) or None (padding)."""
+  rows = ip.Rows(np.zeros((len(examples), width), np.int32), *(np.zeros(len(examples), np.int64) for _ in range(3)))
+  for r, example in enumerate(examples):
+    if example is not None:
+      tokens, rows.len_a[r], rows.random_next[r] = example
+      rows.tokens[r, :len(tokens)], rows.lengths[r] = tokens, len(tokens)
+  return rows
 
 
 class _SpyDataset:
@@ -66,9 +71,9 @@ class _SpyDataset:
   def lengths(self):
     return self.dataset.lengths
 
-  def get_many(self, indices):
+  def gather(self, indices, width):
     self.read.extend(int(i) for i in indices)
-    return self.dataset.get_many(indices)
+    return self.dataset.gather(indices, width)
 
 
 def _unpacked_examples(batch):
@@ -204,8 +209,8 @@ def test_short_examples_fill_the_mlm_width():
   # Short examples get the most predictions per token (round(10 * 0.15) = 2).
   cfg = config.DataConfig(max_seq_length=64, max_predictions_per_seq=10, max_segments_per_row=4, pack=True,
                           pack_rows_multiple=1)
-  records = [_record([CLS_ID] + [7] * 4 + [SEP_ID] + [8] * 3 + [SEP_ID], 4, False)] * 8
-  batch = ip.make_batch(records, hashing.key(0, np.arange(8)), cfg=cfg, vocab=_synthetic_vocab(50))
+  rows = _rows([([CLS_ID] + [7] * 4 + [SEP_ID] + [8] * 3 + [SEP_ID], 4, False)] * 8, cfg.max_seq_length)
+  batch = ip.make_batch(rows, hashing.key(0, np.arange(8)), cfg=cfg, vocab=_synthetic_vocab(50))
   packed = ip.pack_batch(batch, cfg)
   assert len(packed['input_ids']) == 2  # 4 examples per row at most
   np.testing.assert_array_equal(packed['masked_lm_weights'].sum(1), [8, 8])
@@ -224,9 +229,10 @@ def _synthetic_batches(cfg, num=16, vocab=100, seed=0):
     len_a = int(rng.integers(1, n - 4))
     tokens = rng.integers(5, vocab, n).astype(np.int32)
     tokens[0], tokens[len_a + 1], tokens[n - 1] = CLS_ID, SEP_ID, SEP_ID
-    examples.append(_record(tokens, len_a, bool(rng.integers(2))))
+    examples.append((tokens, len_a, bool(rng.integers(2))))
   examples[3] = None  # a padding example is dropped by packing
-  unpacked = ip.make_batch(examples, hashing.key(seed, np.arange(num)), cfg=cfg, vocab=_synthetic_vocab(vocab))
+  unpacked = ip.make_batch(_rows(examples, cfg.max_seq_length), hashing.key(seed, np.arange(num)), cfg=cfg,
+                           vocab=_synthetic_vocab(vocab))
   return unpacked, ip.pack_batch(unpacked, cfg)
 
 

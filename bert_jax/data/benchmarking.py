@@ -136,6 +136,40 @@ def time_prepare(cfg: DataConfig, vocab_size: int, seed: int = 0,
               phases=build['seconds'], dir=prepared.dir, train_pairs=prepared.num_train)
 
 
+def tokenizer_sample(files: list[str], num: int, seed: int = 0) -> tuple[list[str], int]:
+  """`num` distinct sentences for timing SentencePiece training, and how many are real.
+
+  The corpus's distinct sentences come first; when there are fewer than `num`, the rest are
+  variants of them with their words in a seeded random order: new sentences, but no new
+  words, so the trainer's per-word work grows less than with as many real sentences.
+  """
+  from bert_jax.data import readers  # pylint: disable=g-import-not-at-top
+  opts = readers.ReaderOptions()
+  seen: dict[str, None] = {}
+  pieces = [p for unit in readers.plan_units(files, opts, 16 << 20) for p in unit]
+  for doc in readers.read_documents(pieces, opts):
+    for sentence in doc:
+      seen.setdefault(sentence)
+      if len(seen) >= num:
+        return list(seen), num
+  real = list(seen)
+  out, rng = dict(seen), random.Random(seed)
+  while len(out) < num:
+    words = rng.choice(real).split()
+    rng.shuffle(words)
+    out.setdefault(' '.join(words))
+  return list(out), len(real)
+
+
+def time_tokenizer_training(sentences: list[str], vocab_size: int, out_dir: str) -> float:
+  """Seconds to train the preparation's SentencePiece model on `sentences`."""
+  os.makedirs(out_dir, exist_ok=True)
+  t0 = time.time()
+  tokenization.train_sentencepiece(sentences, os.path.join(out_dir, 'timed.model'), vocab_size,
+                                   lower_case=DataConfig().lower_case, max_sentences=len(sentences))
+  return time.time() - t0
+
+
 def time_loader(data_dir: str, cfg: DataConfig, *, batch_size: int, workers: int, batches: int,
                 seed: int = 0) -> dict:
   """Loader throughput over a prepared cache: tokens/s of `batches` batches after a warm-up."""

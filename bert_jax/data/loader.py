@@ -40,7 +40,7 @@ import numpy as np
 
 from bert_jax.config import DataConfig
 from bert_jax.data import hashing, masking, packing
-from bert_jax.data.records import Example, PreparedData, ShardReader, SpecialIds, decode_record, load_prepared_data
+from bert_jax.data.records import Example, PreparedData, RecordReader, Rows, SpecialIds, load_prepared_data
 from bert_jax.errors import ConfigError, DataError
 
 # Key purposes of hashing.key(seed, purpose, ...): kept apart so no two streams share randomness.
@@ -65,36 +65,33 @@ class PretrainingDataset:
     self.split = split
     self._num = self.data.num_train if split == 'train' else self.data.num_eval
     self._source = None
-    self._lengths = None
     if len(self.source) != self._num:
       raise DataError(f'{self.data.dir}: {split} shards hold {len(self.source)} records, meta.json says '
                       f'{self._num}; delete the directory to rebuild it')
 
   @property
-  def source(self) -> ShardReader:
+  def source(self) -> RecordReader:
     if self._source is None:
       self._source = self.data.reader(self.split)
     return self._source
 
   @property
   def lengths(self) -> np.ndarray:
-    """uint16[N]: every record's token count (memory-mapped)."""
-    if self._lengths is None:
-      self._lengths = self.data.lengths(self.split)
-    return self._lengths
+    """uint16[N]: every record's token count (a memory-mapped column of the index)."""
+    return self.source.index['length']
 
   def __getstate__(self):
-    return {**self.__dict__, '_source': None, '_lengths': None}
+    return {**self.__dict__, '_source': None}
 
   def __len__(self) -> int:
     return self._num
 
   def __getitem__(self, index: int) -> Example:
-    return decode_record(self.source.read([int(index)])[0])
+    return self.source[int(index)]
 
-  def get_many(self, indices: Sequence[int]) -> list[bytes]:
-    """The raw records at `indices` (one batched read per shard)."""
-    return self.source.read(indices)
+  def gather(self, indices: Sequence[int], width: int) -> Rows:
+    """The records at `indices` as rows of `width` tokens (`records.RecordReader.gather`)."""
+    return self.source.gather(indices, width)
 
 
 # ----------------------------------------------------------------------------- batches
@@ -108,8 +105,9 @@ class Vocab:
   special_v: np.ndarray  # bool[V]: never masked or drawn
   word_starts_v: np.ndarray | None  # bool[V] for whole-word masking, else None
 
-  @property
+  @functools.cached_property  # computed once per Vocab (per worker process)
   def replace_ids(self) -> np.ndarray:
+    """int32: the ids a random replacement draws from (not special, not [UNK])."""
     ids = np.flatnonzero(~self.special_v)
     return ids[ids != self.special_ids.unk].astype(np.int32)
 
@@ -119,38 +117,27 @@ class Vocab:
                tokenizer.word_start_table() if whole_word_masking else None)
 
 
-def make_batch(records: Sequence[bytes | None], keys_b: np.ndarray, *, cfg: DataConfig, vocab: Vocab) -> dict:
+def make_batch(rows: Rows, keys_b: np.ndarray, *, cfg: DataConfig, vocab: Vocab) -> dict:
   """Pads and dynamically masks records into one batch (format in the module docstring).
 
   Args:
-    records: raw records (`records.decode_record` layout); None gives an all-zero,
-      zero-weight row.
+    rows: the records (`PretrainingDataset.gather`, max_seq_length wide); a row of length 0
+      gives an all-padding, zero-weight row.
     keys_b: uint64[B], each row's masking key (`hashing.key(seed, purpose, position)`).
     cfg: max_seq_length, max_predictions_per_seq, masked_lm_prob, whole_word_masking.
     vocab: the tokenizer's special ids and tables.
 
   Returns:
-    A dict of numpy arrays with len(records) rows.
+    A dict of numpy arrays with B rows.
   """
   if cfg.whole_word_masking and vocab.word_starts_v is None:
     raise ConfigError('data.whole_word_masking needs the tokenizer word_start_table()')
-  b, t = len(records), cfg.max_seq_length
-  tokens_bt = np.full((b, t), vocab.special_ids.pad, np.int32)
-  lengths_b = np.zeros(b, np.int64)
-  len_a_b = np.zeros(b, np.int64)
-  labels_b = np.zeros(b, np.int32)
-  for row, record in enumerate(records):
-    if record is None:
-      continue
-    rec = np.frombuffer(record, '<i4')
-    n = len(rec) - 2
-    if n > t:
-      raise DataError(f'a record has {n} tokens but data.max_seq_length={t}; the data was prepared '
-                      'for another max_seq_length')
-    tokens_bt[row, :n] = rec[2:]
-    lengths_b[row], len_a_b[row], labels_b[row] = n, rec[1], rec[0]
+  t = cfg.max_seq_length
+  if rows.tokens.shape[1] != t:
+    raise ValueError(f'rows are {rows.tokens.shape[1]} tokens wide, data.max_seq_length is {t}')
+  lengths_b = rows.lengths
   ids_bt, positions, ids, weights = masking.mask_batch(
-      tokens_bt, lengths_b, keys_b, special_v=vocab.special_v, replace_ids=vocab.replace_ids,
+      rows.tokens, lengths_b, keys_b, special_v=vocab.special_v, replace_ids=vocab.replace_ids,
       mask_id=vocab.special_ids.mask, max_predictions=cfg.max_predictions_per_seq,
       masked_lm_prob=cfg.masked_lm_prob, word_starts_v=vocab.word_starts_v if cfg.whole_word_masking else None)
   cols = np.arange(t)
@@ -158,10 +145,10 @@ def make_batch(records: Sequence[bytes | None], keys_b: np.ndarray, *, cfg: Data
   ids_bt = np.where(real_bt, ids_bt, vocab.special_ids.pad).astype(np.int32)
   return dict(
       input_ids=ids_bt,
-      token_type_ids=(real_bt & (cols >= len_a_b[:, None] + 2)).astype(np.int32),  # B and its [SEP]
+      token_type_ids=(real_bt & (cols >= rows.len_a[:, None] + 2)).astype(np.int32),  # B and its [SEP]
       attention_mask=real_bt.astype(np.int32),
       masked_lm_positions=positions, masked_lm_ids=ids, masked_lm_weights=weights,
-      next_sentence_labels=labels_b, nsp_weights=(lengths_b > 0).astype(np.float32))
+      next_sentence_labels=rows.random_next.astype(np.int32), nsp_weights=(lengths_b > 0).astype(np.float32))
 
 
 # ----------------------------------------------------------------------------- packing
@@ -306,8 +293,8 @@ class BatchMaker:
     # Only the record indices of other processes' rows are computed; their records are never read.
     indices = self.record_indices(every if self.cfg.pack and self.process_count > 1 else every[mine])
     local = indices[mine] if len(indices) > self.local_batch_size else indices
-    batch = make_batch(self.dataset.get_many(local), hashing.key(self.seed, _TRAIN_MASKS, every[mine]),
-                       cfg=self.cfg, vocab=self.vocab)
+    batch = make_batch(self.dataset.gather(local, self.cfg.max_seq_length),
+                       hashing.key(self.seed, _TRAIN_MASKS, every[mine]), cfg=self.cfg, vocab=self.vocab)
     if not self.cfg.pack:
       return batch
     num_rows = None  # one process: as many rows as its own examples need
@@ -466,9 +453,7 @@ def eval_batches(dataset: PretrainingDataset, *, batch_size: int, seed: int, cfg
     for k in range(math.ceil(n / batch_size)):
       start = k * batch_size + process_index * local
       indices = np.arange(start, start + local, dtype=np.int64)
-      real = [int(i) for i in indices if i < n]
-      records = dataset.get_many(real) if real else []
-      records += [None] * (local - len(real))
-      yield make_batch(records, hashing.key(seed, _EVAL_MASKS, indices), cfg=cfg, vocab=vocab)
+      rows = dataset.gather(indices[indices < n], cfg.max_seq_length).padded(local)
+      yield make_batch(rows, hashing.key(seed, _EVAL_MASKS, indices), cfg=cfg, vocab=vocab)
 
   return generate()

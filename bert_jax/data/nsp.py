@@ -158,35 +158,32 @@ def _coin_flips(rng: random.Random, n: int) -> int:
 
 def assemble_records(docs: TokenizedDocs, pairs: np.ndarray, *, cls_id: int, sep_id: int,
                      pool: TokenizedDocs | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """Every pair's record, int32 [is_random_next, len_a, CLS A SEP B SEP], in one flat array.
+  """Every pair's tokens, [CLS] A [SEP] B [SEP], back to back in one flat array.
 
   Args:
     docs: the documents the pairs index.
-    pairs: `create_pairs` output.
+    pairs: `create_pairs` output (len(A) and the label are its columns).
     cls_id: the tokenizer's [CLS].
     sep_id: the tokenizer's [SEP].
     pool: the `random_pool` the pairs drew from when it was not `docs`, else None.
 
   Returns:
-    (flat int32 array of all records, int64[num_pairs + 1] record boundaries in it).
+    (int32 tokens of all records, int64[num_pairs + 1] record boundaries in it).
   """
   a0, a1, b0, b1, rnd = (pairs[:, k] for k in range(5))
   len_a, len_b = a1 - a0, b1 - b0
-  lengths = len_a + len_b + 5  # header (2) + CLS + SEP + SEP
-  bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+  bounds = np.concatenate([[0], np.cumsum(len_a + len_b + 3)]).astype(np.int64)
   out = np.empty(int(bounds[-1]), np.int32)
   start = bounds[:-1]
-  out[start] = rnd
-  out[start + 1] = len_a
-  out[start + 2] = cls_id
-  out[start + 3 + len_a] = sep_id
+  out[start] = cls_id
+  out[start + 1 + len_a] = sep_id
   out[bounds[1:] - 1] = sep_id
   # B comes from the pool for random pairs drawn there; the tokens of both in one array.
   b_from_pool = (rnd == 1) & (pool is not None)
   source = docs.tokens if pool is None else np.concatenate([docs.tokens, pool.tokens])
   b_offset = np.where(b_from_pool, len(docs.tokens), 0)
-  _gather(out, start + 3, a0, len_a, source)
-  _gather(out, start + 4 + len_a, b0 + b_offset, len_b, source)
+  _gather(out, start + 1, a0, len_a, source)
+  _gather(out, start + 2 + len_a, b0 + b_offset, len_b, source)
   return out, bounds
 
 

@@ -112,9 +112,9 @@ class SentencePieceTokenizer:
     """Token ids of `text`, without [CLS]/[SEP]."""
     return self._sp.encode(text, out_type=int)
 
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each text (sentencepiece's multi-threaded batch path)."""
-    return self._sp.encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
+  def encode_batch(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
+    """Token ids of each text, on `num_threads` threads (0: one per core)."""
+    return self._sp.encode(list(texts), out_type=int, num_threads=num_threads or os.cpu_count() or 1)
 
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     """Token ids of `text` (no specials) and each token's (start, end) character span in it."""
@@ -342,9 +342,20 @@ class WordPieceTokenizer:
     enc = self._tok.encode(text, add_special_tokens=False)
     return enc.ids, [tuple(o) for o in enc.offsets]
 
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of each text (the library's multi-threaded batch path)."""
-    return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+  def encode_batch(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
+    """Token ids of each text: on one thread if num_threads == 1, else on the library's thread pool."""
+    if num_threads != 1:
+      return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+    # The library has no per-call thread count; it reads this variable on every batch call.
+    before = os.environ.get('TOKENIZERS_PARALLELISM')
+    os.environ['TOKENIZERS_PARALLELISM'] = 'false'
+    try:
+      return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+    finally:
+      if before is None:
+        del os.environ['TOKENIZERS_PARALLELISM']
+      else:
+        os.environ['TOKENIZERS_PARALLELISM'] = before
 
   def encode_inputs(self, text_a: str, text_b: str | None = None, *,
                     max_length: int) -> tuple[list[int], list[int], bool]:
