@@ -37,6 +37,32 @@ def random_pretraining_batch(batch_size=16, seq_len=16, num_predictions=4, vocab
 SMALL_VOCAB = 300
 
 
+class SpyDataset:
+  """Wraps a PretrainingDataset and records which indices were read; its `fail_on_call`-th
+  read fails, and so does any read of record `fail_on_index`.
+
+  Picklable (grain workers get a copy: their reads stay in the worker).
+  """
+
+  def __init__(self, dataset, fail_on_call=None, fail_on_index=None):
+    self.dataset, self.read, self.calls, self.fail_on_call = dataset, [], 0, fail_on_call
+    self.fail_on_index = fail_on_index
+
+  def __len__(self):
+    return len(self.dataset)
+
+  @property
+  def lengths(self):
+    return self.dataset.lengths
+
+  def gather(self, indices, width):
+    self.calls += 1
+    if self.calls == self.fail_on_call or self.fail_on_index in indices:
+      raise OSError('disk on fire')
+    self.read.extend(int(i) for i in indices)
+    return self.dataset.gather(indices, width)
+
+
 def small_data_config(tmp, **overrides):
   """A DataConfig over the first 700 lines (12 articles) of the bundled WikiText-2 validation file."""
   from bert_jax.config import DataConfig  # pylint: disable=g-import-not-at-top

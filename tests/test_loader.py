@@ -10,6 +10,7 @@ import pytest
 
 from bert_jax.data import loader as ip, masking, tokenization
 from bert_jax.errors import ConfigError
+from conftest import SpyDataset
 
 
 # ----------------------------------------------------------------------------- setup
@@ -25,39 +26,13 @@ def vocab_of(data, whole_word_masking=False):
   return _vocab(data.tokenizer_path, data.special_ids, whole_word_masking)
 
 
-class _SpyDataset:
-  """Wraps a dataset and records which indices were read; its `fail_on_call`-th read fails,
-  and so does any read of record `fail_on_index`.
-
-  Picklable (grain workers get a copy: their reads stay in the worker).
-  """
-
-  def __init__(self, dataset, fail_on_call=None, fail_on_index=None):
-    self.dataset, self.read, self.calls, self.fail_on_call = dataset, [], 0, fail_on_call
-    self.fail_on_index = fail_on_index
-
-  def __len__(self):
-    return len(self.dataset)
-
-  @property
-  def lengths(self):
-    return self.dataset.lengths
-
-  def gather(self, indices, width):
-    self.calls += 1
-    if self.calls == self.fail_on_call or self.fail_on_index in indices:
-      raise OSError('disk on fire')
-    self.read.extend(int(i) for i in indices)
-    return self.dataset.gather(indices, width)
-
-
 def _batches(prepared, split='train', fail_on_call=None, fail_on_index=None, spy=True, **kwargs):
   cfg, data = prepared
   args = dict(global_batch_size=8, seed=0, cfg=cfg, vocab=vocab_of(data))
   args.update(kwargs)
   dataset = ip.PretrainingDataset(data.dir, split)
   if spy:
-    dataset = _SpyDataset(dataset, fail_on_call, fail_on_index)
+    dataset = SpyDataset(dataset, fail_on_call, fail_on_index)
   return ip.PretrainingBatches(dataset, **args)
 
 

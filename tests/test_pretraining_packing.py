@@ -22,7 +22,7 @@ from bert_jax.errors import ConfigError
 from bert_jax.data.tokenization import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID
 from bert_jax.train_state import PretrainingModel, pretraining_sums
 
-from conftest import SMALL_VOCAB, small_data_config, tiny_pretrain_config
+from conftest import SMALL_VOCAB, SpyDataset, small_data_config, tiny_pretrain_config
 
 
 @pytest.fixture(scope='module')
@@ -56,24 +56,6 @@ def _rows(examples, width):
       tokens, rows.len_a[r], rows.random_next[r] = example
       rows.tokens[r, :len(tokens)], rows.lengths[r] = tokens, len(tokens)
   return rows
-
-
-class _SpyDataset:
-  """Wraps a dataset and records which indices were read."""
-
-  def __init__(self, dataset):
-    self.dataset, self.read = dataset, []
-
-  def __len__(self):
-    return len(self.dataset)
-
-  @property
-  def lengths(self):
-    return self.dataset.lengths
-
-  def gather(self, indices, width):
-    self.read.extend(int(i) for i in indices)
-    return self.dataset.gather(indices, width)
 
 
 def _unpacked_examples(batch):
@@ -169,7 +151,7 @@ def test_each_process_packs_its_own_block_reading_only_its_records(prepared, row
   """
   cfg = _pack_cfg(prepared, rows_multiple=rows_multiple)
   plain = [_stream(prepared, False, process_index=p, process_count=2) for p in range(2)]
-  spies = [_SpyDataset(ip.PretrainingDataset(prepared[1].dir, 'train')) for _ in range(2)]
+  spies = [SpyDataset(ip.PretrainingDataset(prepared[1].dir, 'train')) for _ in range(2)]
   packed = [_stream(prepared, True, dataset=spies[p], rows_multiple=rows_multiple, process_index=p,
                     process_count=2) for p in range(2)]
   whole = _stream(prepared, False)

@@ -23,7 +23,7 @@ rows of up to K = data.max_segments_per_row examples each (first-fit decreasing)
   float32[R,Pp] with Pp = `packed_mlm_width(cfg)`; cls_positions (the row offset of each
   example's [CLS]), next_sentence_labels int32[R,K], nsp_weights float32[R,K] (0 = empty slot).
 Every process packs its own rows into as many rows as the fullest process needs, which it
-knows from the record lengths stored beside the shards, without reading others' records.
+knows from the record lengths in the split's index, without reading others' records.
 Evaluation batches are never packed.
 """
 

@@ -325,7 +325,7 @@ class _Progress:
   def __init__(self, what: str, units: Sequence[Unit], log):
     self.what, self.log = what, log
     self.total_units, self.total_bytes = len(units), sum(u.nbytes for u in units)
-    self.units = self.bytes = 0
+    self.units = self.bytes = self.printed = 0
     self.t0 = self.last = time.time()
 
   def done(self, unit: Unit) -> None:
@@ -335,11 +335,12 @@ class _Progress:
       self._print()
 
   def finish(self) -> None:
-    if self.total_units:
+    if self.total_units and self.printed < self.units:  # the last line, unless already printed
       self._print()
 
   def _print(self) -> None:
     self.last = now = time.time()
+    self.printed = self.units
     rate = self.bytes / max(now - self.t0, 1e-9)
     eta = (self.total_bytes - self.bytes) / rate if rate > 0 else float('inf')
     eta_s = f'{eta:.0f}s' if eta != float('inf') else '?'
