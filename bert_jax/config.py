@@ -52,6 +52,8 @@ class ModelConfig:
   attention_dropout: float = 0.1
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12
+  # [PAD]'s id: without an explicit attention mask, tokens attend to every non-[PAD] token.
+  pad_token_id: int = 0
   # 'float32' or 'bfloat16': matmul dtype; LayerNorm, softmax, logits and losses stay float32.
   dtype: str = 'float32'
   # Attention kernel. '' = automatic, logged when a model is built: 'cudnn' (flash) on an NVIDIA
@@ -201,6 +203,9 @@ class PretrainConfig:
   eval_batch_size: int = 64
   checkpoint_every: int = 500
   keep_checkpoints: int = 3
+  # Resuming refuses a checkpoint whose run differs in data, batch, seed, steps or optimizer;
+  # comma-separated fields (or sections, e.g. 'optim') listed here may change deliberately.
+  resume_allow: str = ''
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -245,6 +250,7 @@ class FinetuneConfig:
   log_every: int = 25
   checkpoint_every: int = 0  # 0 = only at the end
   keep_checkpoints: int = 1
+  resume_allow: str = ''  # fields a resumed seed may change, comma-separated (see PretrainConfig)
   # SQuAD
   doc_stride: int = 128  # overlap in tokens between consecutive windows (HF run_qa convention)
   max_query_length: int = 64
@@ -294,7 +300,7 @@ def diff_model_configs(saved: dict[str, Any], current: ModelConfig) -> list[str]
   out = []
   for f in dataclasses.fields(ModelConfig):
     if f.name in ('hidden_dropout', 'attention_dropout', 'dtype', 'attention_impl', 'remat_policy',
-                  'scan_layers', 'dropout_impl'):
+                  'scan_layers', 'dropout_impl', 'pad_token_id'):
       continue  # do not change parameter shapes
     if f.name in saved and saved[f.name] != getattr(current, f.name):
       out.append(f'{f.name}: {saved[f.name]} (checkpoint) vs {getattr(current, f.name)} (config)')

@@ -8,7 +8,8 @@ Logits are float32 whatever the compute dtype.
 Inputs may be packed (`packing.py`): several examples per row, told apart by `segment_ids`
 (attention stays inside a segment) with positions restarting at each example. The sequence
 classifier then pools each example's own [CLS], found at (`example_row`, `example_offset`).
-Unpacked inputs are the special case of one example per row: segment_ids = attention mask.
+Unpacked inputs are the special case of one example per row: segment_ids = attention mask;
+without segment_ids, tokens attend to every non-[PAD] token of their row.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ HEAD_KINDS = ('classification', 'regression', 'token', 'span')
 
 def _encode(bert: BertEncoder, input_ids_bt, token_type_ids_bt, segment_ids_bt, position_ids_bt,
             deterministic: bool) -> jax.Array:
-  if segment_ids_bt is None:
-    segment_ids_bt = jnp.ones_like(input_ids_bt)
+  # Without segment_ids the encoder's default mask applies: every non-[PAD] token (one example per row).
   seq_btd, _ = bert(input_ids_bt, token_type_ids_bt, None, position_ids_bt, segment_ids_bt=segment_ids_bt,
                     deterministic=deterministic)
   return seq_btd

@@ -108,14 +108,16 @@ _DECODER_WEIGHT, _DECODER_BIAS = 'cls.predictions.decoder.weight', 'cls.predicti
 _HF_DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                     intermediate_size=3072, hidden_act='gelu', hidden_dropout_prob=0.1,
                     attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=2,
-                    initializer_range=0.02, layer_norm_eps=1e-12, position_embedding_type='absolute')
+                    initializer_range=0.02, layer_norm_eps=1e-12, position_embedding_type='absolute',
+                    pad_token_id=0)
 # ModelConfig field <- HF config key.
 _CONFIG_KEYS = dict(vocab_size='vocab_size', hidden_size='hidden_size', num_layers='num_hidden_layers',
                     num_heads='num_attention_heads', intermediate_size='intermediate_size',
                     max_position_embeddings='max_position_embeddings',
                     type_vocab_size='type_vocab_size', hidden_dropout='hidden_dropout_prob',
                     attention_dropout='attention_probs_dropout_prob',
-                    initializer_range='initializer_range', layer_norm_eps='layer_norm_eps')
+                    initializer_range='initializer_range', layer_norm_eps='layer_norm_eps',
+                    pad_token_id='pad_token_id')
 
 
 def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:

@@ -105,7 +105,8 @@ class BertEncoder(nnx.Module):
     Args:
       input_ids_bt: int [B, T] token ids.
       token_type_ids_bt: int [B, T] segment ids (0 for A, 1 for B); zeros when None.
-      attention_mask_bt: int [B, T], 1 at real tokens; all ones when None.
+      attention_mask_bt: int [B, T], 1 at real tokens; when None, every token that is not
+        [PAD] (`cfg.pad_token_id`): a padded batch never attends to its padding.
       position_ids_bt: int [B, T]; 0..T-1 when None.
       segment_ids_bt: int [B, T] for packed rows (several examples per row): tokens attend only
         to tokens of the same segment id, 0 = padding; replaces `attention_mask_bt` when given.
@@ -122,7 +123,7 @@ class BertEncoder(nnx.Module):
     if token_type_ids_bt is None:
       token_type_ids_bt = jnp.zeros_like(input_ids_bt)
     if attention_mask_bt is None:
-      attention_mask_bt = jnp.ones_like(input_ids_bt)
+      attention_mask_bt = (input_ids_bt != self.cfg.pad_token_id).astype(jnp.int32)
     if position_ids_bt is None:
       position_ids_bt = jnp.broadcast_to(jnp.arange(input_ids_bt.shape[1]), input_ids_bt.shape)
     x_btd = self.embeddings(input_ids_bt, token_type_ids_bt, position_ids_bt, deterministic=deterministic)
