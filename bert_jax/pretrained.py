@@ -88,6 +88,11 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
   """
   if not os.path.isdir(path):
     raise CheckpointError(f'checkpoint directory {path} does not exist')
+  from bert_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  if workdir_lib.kind_of(path) == 'finetuning':
+    raise CheckpointError(f'{path} is a fine-tuning workdir (task heads, no masked-LM head); give a pretraining '
+                          'workdir or a Hugging Face directory, or evaluate it with its finetune_*.py and '
+                          '--config.eval_only=True')
   if os.path.isdir(os.path.join(path, 'checkpoints')):
     return _load_workdir(path, step)
   if os.path.exists(os.path.join(path, CONFIG_FILE)):

@@ -179,6 +179,8 @@ class PretrainingModel:
     sums = pretraining_sums(mlm_logits, nsp_logits, batch)
     sums['mlm_baseline_correct'] = jnp.sum(
         (batch['masked_lm_ids'] == baseline_token) * batch['masked_lm_weights'])
+    # Label 1 = random next: with the label counts, the NSP majority-class baseline.
+    sums['nsp_label1'] = jnp.sum(batch['next_sentence_labels'] * batch['nsp_weights'].astype(jnp.float32))
     return sums
 
   def global_batch(self, local_batch):
@@ -198,4 +200,7 @@ def summarize(sums: dict[str, Any]) -> dict[str, Any]:
   out['loss'] = out['mlm_loss'] + out['nsp_loss']
   if 'mlm_baseline_correct' in sums:
     out['mlm_baseline_accuracy'] = sums['mlm_baseline_correct'] / mlm_n
+  if 'nsp_label1' in sums:  # always predicting the held-out majority class
+    share = sums['nsp_label1'] / nsp_n
+    out['nsp_baseline_accuracy'] = jnp.maximum(share, 1.0 - share)
   return out

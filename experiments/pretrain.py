@@ -30,7 +30,7 @@ def main(_):
   result = train_lib.train_and_evaluate(cfg, _WORKDIR.value)
   baseline = (f'held-out MLM accuracy {result["mlm_accuracy"]:.4f} (most-frequent-token baseline '
               f'{result["mlm_baseline_accuracy"]:.4f}), NSP accuracy {result["nsp_accuracy"]:.4f} '
-              f'(baseline 0.5)')
+              f'(majority-class baseline {result["nsp_baseline_accuracy"]:.4f})')
   metrics.log(baseline)  # process 0 only, like all progress output
   metrics.log(json.dumps(result))
 

@@ -36,7 +36,7 @@ def trained(tmp_path_factory):
 def test_pretrain_prints_progress_baselines_and_json(trained):
   out = trained['stdout']
   assert 'step 2/8' in out and 'tok/s' in out and 'ETA' in out
-  assert 'most-frequent-token baseline' in out and '(baseline 0.5)' in out
+  assert 'most-frequent-token baseline' in out and 'majority-class baseline' in out
   metrics = last_json(out)
   assert metrics['step'] == 8 and 0 <= metrics['mlm_accuracy'] <= 1
   assert os.path.exists(os.path.join(trained['workdir'], 'config.json'))
