@@ -3,23 +3,36 @@
 A checkpoint holds two items: `state` (params, optimizer state, step, RNG key — arrays,
 restored straight into their target shardings) and `meta` (JSON: data-iterator position,
 step and the run's config, so a checkpoint directory describes itself). The config is also
-written once as `workdir/config.json`, beside the checkpoints.
+written as `workdir/config.json`, beside the checkpoints (earlier versions kept in
+config_history.jsonl).
+
+Faults: `restore(None, ...)` uses the newest checkpoint that reads back and holds a sane state
+(finite, not exploded); one that does not is reported in one line and moved to
+`workdir/corrupt_checkpoints/` (never deleted). An explicit step stays strict. Temporary
+directories of saves killed mid-way are removed when the manager starts.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
 import jax
+from jax.experimental import multihost_utils
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bert_jax import workdir as workdir_lib
 from bert_jax.errors import CheckpointError
-from bert_jax.files import write_json_atomic
 
-CONFIG_FILE = 'config.json'
+CONFIG_FILE = workdir_lib.CONFIG_FILE
+CORRUPT_DIR = 'corrupt_checkpoints'
+# A parameter beyond this magnitude means training blew up (BERT's stay within ~10-100):
+# such a state evaluates to NaN even when every value is still finite.
+EXPLODED = 1e6
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -27,17 +40,44 @@ def checkpoint_dir(workdir: str) -> str:
 
 
 def read_config(workdir: str) -> dict[str, Any] | None:
+  """workdir/config.json, None when absent; CheckpointError when unreadable."""
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     return None
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
+  try:
+    with open(path, encoding='utf-8') as f:
+      saved = json.load(f)
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise CheckpointError(f'{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}); '
+                          'restore it from config_history.jsonl or the checkpoints\' meta, or use a new '
+                          'workdir') from None
+  if not isinstance(saved, dict):
+    raise CheckpointError(f'{path} is not a JSON object')
+  return saved
 
 
 def write_config(workdir: str, config: dict[str, Any]) -> None:
-  """Writes workdir/config.json atomically (process 0)."""
+  """Writes workdir/config.json atomically (process 0), keeping a different earlier one in the history."""
   if jax.process_index() == 0:
-    write_json_atomic(os.path.join(workdir, CONFIG_FILE), config, sort_keys=True)
+    workdir_lib.write_config(workdir, config)
+
+
+@jax.jit
+def _finite_and_max(tree) -> tuple[jax.Array, jax.Array]:
+  leaves = jax.tree.leaves(tree)
+  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+  biggest = jnp.max(jnp.stack([jnp.max(jnp.abs(x)) for x in leaves]))
+  return finite, biggest
+
+
+def state_problem(params: Any) -> str | None:
+  """Why `params` must not be saved or resumed (non-finite or exploded), or None when sane."""
+  finite, biggest = jax.device_get(_finite_and_max(params))
+  if not finite:
+    return 'its parameters contain NaN or Inf'
+  if biggest > EXPLODED:
+    return f'its parameters exploded (largest magnitude {float(biggest):.3g} > {EXPLODED:g})'
+  return None
 
 
 def _path_name(path) -> str:
@@ -52,10 +92,12 @@ class Checkpointer:
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(max(1, save_every)),
         preservation_policy=ocp.checkpoint_managers.LatestN(keep),
         enable_async_checkpointing=True,
+        cleanup_tmp_directories=not read_only,  # saves killed mid-way leave *.orbax-checkpoint-tmp-*
         create=not read_only,
         read_only=read_only,
     )
     self.directory = checkpoint_dir(workdir)
+    self.read_only = read_only
     # Handlers named up front so metadata (for shape checks) is readable before any restore.
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
@@ -68,27 +110,76 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state: Any, *, data_position: int, config: dict[str, Any],
-           force: bool = False) -> bool:
+           force: bool = False, extra: dict[str, Any] | None = None) -> bool:
     """Starts an async save if the policy (or `force`) says so; returns whether it did."""
-    meta = {'step': int(step), 'data_position': int(data_position), 'config': config}
+    meta = {'step': int(step), 'data_position': int(data_position), 'config': config, **(extra or {})}
     return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                            meta=ocp.args.JsonSave(meta)), force=force)
 
-  def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
-    """Restores `step` (latest when None) into the shapes/shardings of `abstract_state`.
+  def restore(self, step: int | None, abstract_state: Any,
+              log: Callable[[str], None] = print) -> tuple[Any, dict[str, Any]]:
+    """Restores `step` into the shapes/shardings of `abstract_state`; None: the newest good one.
+
+    With step None a checkpoint that fails to read, or holds a non-finite or exploded state, is
+    reported through `log`, moved to workdir/corrupt_checkpoints/ (not when read_only) and the
+    next older one is tried.
 
     Raises:
-      CheckpointError: no such step, or a tensor's shape differs from the model's.
+      CheckpointError: no such step; a tensor's shape differs from the model's; an explicit
+        step that is unreadable or insane; or no good checkpoint is left.
     """
     steps = self.all_steps()
-    if step is None:
-      step = self.latest_step()
-    if step is None or step not in steps:
-      raise CheckpointError(f'no checkpoint for step {step} in {self.directory}; available: {steps or "none"}')
+    if step is not None:
+      if step not in steps:
+        raise CheckpointError(f'no checkpoint for step {step} in {self.directory}; available: {steps or "none"}')
+      restored, problem = self._try_restore(step, abstract_state)
+      if problem:
+        raise CheckpointError(f'checkpoint step {step} in {self.directory} is unusable: {problem}')
+      return restored
+    if not steps:
+      raise CheckpointError(f'no checkpoint in {self.directory}')
+    bad = []
+    for candidate in sorted(steps, reverse=True):
+      restored, problem = self._try_restore(candidate, abstract_state)
+      if not problem:
+        if bad:
+          log(f'resuming from step {candidate}, the newest good checkpoint')
+        return restored
+      bad.append(candidate)
+      where = self._move_aside(candidate)
+      log(f'warning: checkpoint step {candidate} is unusable: {problem}; '
+          + (f'moved to {where}' if where else 'skipped (read-only)'))
+    raise CheckpointError(f'no usable checkpoint in {self.directory} (steps {bad} are unusable, see above); '
+                          'start a new --workdir or restore a checkpoint from a backup')
+
+  def _try_restore(self, step: int, abstract_state: Any) -> tuple[Any, str | None]:
+    # A shape mismatch is the user's model, not a corrupt file: it raises instead of falling back.
     self._check_shapes(step, abstract_state)
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    return restored['state'], restored['meta']
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+      problem = state_problem(restored['state']['params'])
+      result = (restored['state'], restored['meta'])
+    except Exception as e:  # pylint: disable=broad-except  # Orbax/tensorstore raise many kinds
+      problem = f'it cannot be read ({type(e).__name__}: {_first_line(e)})'
+      result = None
+    if jax.process_count() > 1:  # every process must fall back together
+      failed = multihost_utils.process_allgather(np.int32(problem is not None))
+      if np.any(failed) and problem is None:
+        problem = 'another process cannot read it'
+    return result, problem
+
+  def _move_aside(self, step: int) -> str | None:
+    if self.read_only:
+      return None
+    target = os.path.join(os.path.dirname(self.directory), CORRUPT_DIR, f'{step}-{int(time.time())}')
+    if jax.process_index() == 0:
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      os.replace(os.path.join(self.directory, str(step)), target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f'bert_jax moved checkpoint {step} aside')
+    self.manager.reload()
+    return target
 
   def _check_shapes(self, step: int, abstract_state: Any) -> None:
     # Orbax's own error on a shape mismatch is long and unspecific: name the tensor instead.
@@ -96,7 +187,7 @@ class Checkpointer:
     try:
       saved = self.manager.item_metadata(step)['state']['params']
     except Exception:  # pylint: disable=broad-except
-      return  # no readable metadata: let restore report
+      return  # no readable metadata: let the restore report it
     saved_shapes = {_path_name(p): tuple(v.shape) for p, v in jax.tree_util.tree_flatten_with_path(
         saved, is_leaf=lambda x: hasattr(x, 'shape'))[0]}
     wanted = {_path_name(p): tuple(np.shape(v)) for p, v in
@@ -119,3 +210,8 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return (text.splitlines()[0] if text else '')[:200]

@@ -12,7 +12,7 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from bert_jax import distributed
+from bert_jax import distributed, preemption
 from bert_jax.errors import BertJaxError, ConfigError
 
 _DISTRIBUTED = flags.DEFINE_enum(
@@ -29,7 +29,8 @@ _MULTIHOST_FLAGS = (_DISTRIBUTED, _COORDINATOR_ADDRESS, _NUM_PROCESSES, _PROCESS
 
 
 def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
-  """`absl.app.run(main)`, turning a BertJaxError into 'error: ...' on stderr and exit code 1.
+  """`absl.app.run(main)`, turning a BertJaxError into 'error: ...' on stderr and exit code 1
+  (a preemption into 'preempted: ...' and preemption.EXIT_CODE).
 
   Args:
     main: gets absl's argv (program name, then any non-flag arguments).
@@ -43,6 +44,9 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
     try:
       _initialize_distributed()
       main(argv)
+    except preemption.Preempted as e:
+      print(f'preempted: {e}', file=sys.stderr, flush=True)
+      sys.exit(preemption.EXIT_CODE)
     except BertJaxError as e:
       print(f'error: {e}', file=sys.stderr, flush=True)
       sys.exit(1)

@@ -28,9 +28,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from bert_jax import distributed, metrics as metrics_lib, optim, sharding as shd
+from bert_jax import distributed, metrics as metrics_lib, optim, preemption, sharding as shd
+from bert_jax import workdir as workdir_lib
 from bert_jax.data import packing
-from bert_jax.checkpointing import Checkpointer, write_config
+from bert_jax.checkpointing import Checkpointer, read_config, state_problem, write_config
 from bert_jax.config import FinetuneConfig, OptimConfig
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.files import write_json_atomic
@@ -61,6 +62,8 @@ def validate_config(cfg: FinetuneConfig, pretrained: PretrainedBert, mesh) -> No
   for name in ('batch_size', 'eval_batch_size', 'num_seeds', 'log_every', 'keep_checkpoints'):
     if getattr(cfg, name) <= 0:
       raise ConfigError(f'{name} must be positive, got {getattr(cfg, name)}')
+  if not (math.isfinite(cfg.learning_rate) and cfg.learning_rate > 0):
+    raise ConfigError(f'learning_rate must be a positive number, got {cfg.learning_rate}')
   if cfg.max_steps <= 0 and cfg.num_train_epochs <= 0:
     raise ConfigError('set num_train_epochs > 0 or max_steps > 0')
   if not 0 <= cfg.warmup_ratio <= 1:
@@ -80,6 +83,23 @@ def validate_config(cfg: FinetuneConfig, pretrained: PretrainedBert, mesh) -> No
   if vocab > pretrained.config.vocab_size:
     raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {vocab} tokens but the model only '
                       f'{pretrained.config.vocab_size} embeddings')
+
+
+# Fields a resumed (or re-run) fine-tuning may change freely: evaluation, logging, checkpoint cadence.
+_FREE_ON_RESUME = ('log_every', 'eval_batch_size', 'checkpoint_every', 'keep_checkpoints', 'eval_only', 'eval_step',
+                   'num_seeds', 'seed', 'mesh', 'resume_allow', 'eval_file', 'n_best_size', 'max_answer_length',
+                   'null_score_diff_threshold', 'tune_null_threshold', 'eval_articles')
+
+
+def check_same_run(saved: dict[str, Any], cfg: FinetuneConfig, where: str) -> None:
+  """Refuses a workdir (or seed checkpoint) written by a fine-tuning with another identity."""
+  from bert_jax.train_lib import config_diffs  # pylint: disable=g-import-not-at-top
+  allowed = tuple(n.strip() for n in cfg.resume_allow.split(',') if n.strip())
+  diffs = config_diffs(saved, cfg.to_dict(), free=_FREE_ON_RESUME + allowed)
+  if diffs:
+    raise CheckpointError(f'{where} holds another fine-tuning run: ' + '; '.join(diffs)
+                          + '. Use a new --workdir, or allow the change with --config.resume_allow='
+                          + ','.join(d.split(':')[0] for d in diffs))
 
 
 def total_steps(cfg: FinetuneConfig, num_train: int) -> int:
@@ -146,6 +166,15 @@ def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
   if work == init or work.startswith(init + os.sep):
     raise ConfigError(f'workdir {workdir} is inside the starting checkpoint {cfg.init_checkpoint}; '
                       'fine-tuning never writes there: choose another --workdir')
+  workdir_lib.check_kind(workdir, 'finetuning')
+  saved = read_config(workdir)
+  if saved is not None:
+    check_same_run(saved['finetune'], cfg, f'workdir {workdir}')
+  with workdir_lib.claim(workdir, 'finetuning', owner=jax.process_index() == 0, log=metrics_lib.log):
+    return _finetune(cfg, workdir, task)
+
+
+def _finetune(cfg: FinetuneConfig, workdir: str, task: Task) -> dict[str, Any]:
   pretrained = load_pretrained(cfg.init_checkpoint, None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
   mesh = shd.make_mesh(cfg.mesh)
   validate_config(cfg, pretrained, mesh)
@@ -211,11 +240,13 @@ def _run_seed(run: _Run, seed: int, seed_dir: str) -> dict[str, Any]:
     if cfg.eval_only:
       if ckpt.latest_step() is None:
         raise CheckpointError(f'eval_only: no checkpoint in {ckpt.directory}; train first')
-      state, _ = ckpt.restore(None if cfg.eval_step < 0 else cfg.eval_step, model.abstract_state)
+      state, _ = ckpt.restore(None if cfg.eval_step < 0 else cfg.eval_step, model.abstract_state,
+                              log=metrics_lib.log)
       train_stats = {}
     else:
       if ckpt.latest_step() is not None:
-        state, _ = ckpt.restore(None, model.abstract_state)
+        state, meta = ckpt.restore(None, model.abstract_state, log=metrics_lib.log)
+        check_same_run(meta['config'], cfg, f'{seed_dir} (step {meta["step"]})')
         metrics_lib.log(f'seed {seed}: resumed from {ckpt.directory} at step {int(state["step"])}')
       else:
         state = model.init_state(run.pretrained.params['bert'], seed)
@@ -238,6 +269,8 @@ def _run_seed(run: _Run, seed: int, seed_dir: str) -> dict[str, Any]:
 
 
 def _train(run: _Run, seed: int, seed_dir: str, state, ckpt: Checkpointer):
+  """Trains from `state` to run.total. Losses are checked at every sync (log and save steps) and the
+  parameters before every save; SIGTERM/SIGINT save the current step and raise Preempted."""
   cfg, model = run.cfg, run.model
   start = int(jax.device_get(state['step']))
   writer = metrics_lib.MetricWriter(seed_dir, 'train')
@@ -246,30 +279,48 @@ def _train(run: _Run, seed: int, seed_dir: str, state, ckpt: Checkpointer):
   metrics_lib.log(f'seed {seed}: training {run.total - start} of {run.total} steps, batch {cfg.batch_size}, '
                   f'{len(run.train)} features, {"packed" if cfg.pack else "padded"} rows')
   pending, real_tokens, row_tokens = [], 0, 0
+  last_good = ckpt.latest_step()
   t0 = time.time()
   try:
-    for step in range(start, run.total):
-      features = [run.train[i] for i in batch_indices(cfg, seed, step, len(run.train))]
-      batch, host = run.batch(features, cfg.batch_size)
-      real_tokens += sum(len(f) for f in features)
-      row_tokens += host['input_ids'].size
-      state, step_metrics = model.train_step(state, batch, model.rest)
-      pending.append(step_metrics)
-      done = step + 1
-      if done % cfg.log_every == 0 or done == run.total:
-        host = jax.device_get(pending)
-        pending = []
-        loss = float(np.mean([m['loss'] for m in host]))
-        if not math.isfinite(loss):
-          raise BertJaxError(f'seed {seed}: loss became {loss} at or before step {done}; lower the learning rate')
-        rate = progress.update(done)
-        writer.write(done, {'loss': loss, 'grad_norm': float(np.mean([m['grad_norm'] for m in host])),
-                            'examples_per_s': rate['tokens_per_s']})
-        metrics_lib.log(f'seed {seed} step {done}/{run.total} | loss {loss:.4f} | '
-                        f'{rate["tokens_per_s"]:.1f} ex/s | elapsed {metrics_lib.format_duration(time.time() - t0)}'
-                        f' | ETA {metrics_lib.format_duration(rate["eta_s"])}')
-      if ckpt.manager.should_save(done) or done == run.total:
-        ckpt.save(done, state, data_position=done, config=config_dict, force=True)
+    with preemption.Preemption() as preempt:
+      if preempt.stop_now(start, synced=False):  # a signal during featurisation or compilation
+        raise preemption.Preempted(preempt.message(start, saved=False))
+      for step in range(start, run.total):
+        features = [run.train[i] for i in batch_indices(cfg, seed, step, len(run.train))]
+        batch, host = run.batch(features, cfg.batch_size)
+        real_tokens += sum(len(f) for f in features)
+        row_tokens += host['input_ids'].size
+        state, step_metrics = model.train_step(state, batch, model.rest)
+        pending.append(step_metrics)
+        done = step + 1
+        log_now = done % cfg.log_every == 0 or done == run.total
+        save_now = ckpt.manager.should_save(done) or done == run.total
+        stop = preempt.stop_now(done, synced=log_now or save_now)
+        if log_now or save_now or stop:
+          host = jax.device_get(pending)
+          pending = []
+          losses = [float(m['loss']) for m in host]
+          if not all(math.isfinite(x) for x in losses):
+            raise _diverged(seed, f'the loss became {[x for x in losses if not math.isfinite(x)][0]}', done,
+                            last_good)
+          if log_now:
+            rate = progress.update(done)
+            writer.write(done, {'loss': float(np.mean(losses)),
+                                'grad_norm': float(np.mean([m['grad_norm'] for m in host])),
+                                'examples_per_s': rate['tokens_per_s']})
+            metrics_lib.log(f'seed {seed} step {done}/{run.total} | loss {np.mean(losses):.4f} | '
+                            f'{rate["tokens_per_s"]:.1f} ex/s | elapsed '
+                            f'{metrics_lib.format_duration(time.time() - t0)} | ETA '
+                            f'{metrics_lib.format_duration(rate["eta_s"])}')
+        if save_now or stop:
+          problem = state_problem(state['params'])
+          if problem:
+            raise _diverged(seed, problem.replace('its parameters', 'the parameters'), done, last_good)
+          if ckpt.save(done, state, data_position=done, config=config_dict, force=True):
+            last_good = done
+        if stop:
+          ckpt.wait()
+          raise preemption.Preempted(f'seed {seed}: ' + preempt.message(done, saved=True))
     jax.block_until_ready(state)
   finally:
     writer.close()
@@ -278,6 +329,12 @@ def _train(run: _Run, seed: int, seed_dir: str, state, ckpt: Checkpointer):
   if row_tokens:
     stats['train_padding_fraction'] = 1 - real_tokens / row_tokens
   return state, stats
+
+
+def _diverged(seed: int, what: str, step: int, last_good: int | None) -> BertJaxError:
+  kept = f'the last good checkpoint (step {last_good}) is kept' if last_good else 'nothing was saved'
+  return BertJaxError(f'seed {seed}: {what} at or before step {step}; stopping, {kept}. Lower '
+                      '--config.learning_rate')
 
 
 def predict(run: _Run, params, features: list[Feature]) -> list[np.ndarray]:

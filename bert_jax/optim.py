@@ -6,6 +6,8 @@ one step and the schedule, checkpoints and data position all count the same step
 
 from __future__ import annotations
 
+import math
+
 import jax
 import optax
 
@@ -41,6 +43,20 @@ def lamb(learning_rate, *, b1: float, b2: float, eps: float, weight_decay: float
       optax.masked(optax.scale_by_trust_ratio(), decay_mask),
       optax.scale_by_learning_rate(learning_rate),
   )
+
+
+def validate(cfg: OptimConfig) -> None:
+  """Refuses settings that would train backwards or not at all (a negative rate is gradient ascent)."""
+  if not (isinstance(cfg.learning_rate, (int, float)) and math.isfinite(cfg.learning_rate)
+          and cfg.learning_rate > 0):
+    raise ConfigError(f'optim.learning_rate must be a positive number, got {cfg.learning_rate}')
+  if cfg.warmup_steps < 0:
+    raise ConfigError(f'optim.warmup_steps must be >= 0, got {cfg.warmup_steps}')
+  if cfg.weight_decay < 0 or cfg.eps <= 0 or cfg.clip_norm < 0:
+    raise ConfigError(f'optim.weight_decay ({cfg.weight_decay}) and clip_norm ({cfg.clip_norm}) must be >= 0 and '
+                      f'eps ({cfg.eps}) > 0')
+  if not (0 <= cfg.b1 < 1 and 0 <= cfg.b2 < 1):
+    raise ConfigError(f'optim.b1 ({cfg.b1}) and b2 ({cfg.b2}) must be in [0, 1)')
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:

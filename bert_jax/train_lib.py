@@ -2,9 +2,10 @@
 
 Everything here is driven by a `PretrainConfig`; nothing reads flags. Order of work in
 `train_and_evaluate`: validate every input (config, corpus, tokenizer, workdir) before
-writing anything, build the sharded state (fresh, or restored from the workdir's latest
-checkpoint with its data position), then train with periodic logging, evaluation and
-asynchronous checkpoints.
+writing anything, take the workdir's lock, build the sharded state (fresh, or restored from
+the newest good checkpoint with its data position, refused when the run's identity changed),
+then train with periodic logging, evaluation and asynchronous checkpoints. SIGTERM/SIGINT save
+the current step and stop (`preemption.py`); a non-finite or exploded state is never saved.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import distributed, metrics as metrics_lib, optim, sharding as shd
+from bert_jax import distributed, metrics as metrics_lib, optim, preemption, sharding as shd
+from bert_jax import workdir as workdir_lib
 from bert_jax.data import loader as input_pipeline, prepare as pretraining_data, tokenization
 from bert_jax.data.records import PreparedData
-from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config, write_config
+from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config, state_problem, write_config
 from bert_jax.config import PretrainConfig, diff_model_configs
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.train_state import PretrainingModel, summarize
@@ -50,6 +52,7 @@ def validate_config(cfg: PretrainConfig, mesh=None) -> None:
                'checkpoint_every', 'keep_checkpoints'):
     if getattr(cfg, name) <= 0:
       raise ConfigError(f'{name} must be positive, got {getattr(cfg, name)}')
+  optim.validate(cfg.optim)
   accum = cfg.optim.grad_accum_steps
   if accum <= 0 or cfg.batch_size % accum:
     raise ConfigError(f'batch_size={cfg.batch_size} must be a positive multiple of '
@@ -79,8 +82,52 @@ def _validate_packing(cfg: PretrainConfig, mesh) -> None:
                         'fsdp): packed rows are split over both')
 
 
+# What makes a resumed run the same run: the data stream and the optimisation trajectory.
+# Evaluation, logging, checkpoint cadence, mesh, worker counts and the model's speed switches may change.
+_FREE_ON_RESUME = ('log_every', 'eval_every', 'eval_batch_size', 'checkpoint_every', 'keep_checkpoints',
+                   'resume_allow', 'mesh', 'model', 'data.num_workers', 'data.loader_workers', 'data.cache_dir')
+
+
+def check_same_run(saved: dict[str, Any], cfg: PretrainConfig, workdir: str) -> None:
+  """Refuses to resume a checkpoint written by a run with another identity (see _FREE_ON_RESUME).
+
+  Args:
+    saved: the checkpoint's meta: its 'config' and 'data_fingerprint'.
+    cfg: this run's config; `cfg.resume_allow` names fields (or sections) allowed to differ.
+    workdir: for the message.
+  """
+  current = {**cfg.to_dict(), 'data_fingerprint': saved.get('data_fingerprint_now')}
+  old = {**saved.get('config', {}), 'data_fingerprint': saved.get('data_fingerprint')}
+  diffs = config_diffs(old, current, free=_FREE_ON_RESUME + tuple(_allowed(cfg.resume_allow)))
+  if diffs:
+    raise CheckpointError(
+        f'workdir {workdir} holds another run (step {saved.get("step")}): ' + '; '.join(diffs)
+        + '. Use a new --workdir, or allow the change with --config.resume_allow='
+        + ','.join(d.split(':')[0] for d in diffs))
+
+
+def _allowed(resume_allow: str) -> list[str]:
+  return [name.strip() for name in resume_allow.split(',') if name.strip()]
+
+
+def config_diffs(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...], prefix: str = '') -> list[str]:
+  """'name: old -> new' for every leaf that differs, skipping names (or sections) in `free`."""
+  out = []
+  for key in sorted(set(old) | set(new)):
+    name = prefix + key
+    if name in free or key not in old or old[key] is None:  # fields added since the checkpoint was written
+      continue
+    a, b = old[key], new.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += config_diffs(a, b, free, name + '.')
+    elif a != b:
+      out.append(f'{name}: {a!r} -> {b!r}')
+  return out
+
+
 def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
-  """Refuses a workdir whose checkpoints belong to a different model architecture."""
+  """Refuses a workdir of another kind, or whose checkpoints belong to a different architecture."""
+  workdir_lib.check_kind(workdir, 'pretraining')
   saved = read_config(workdir)
   if saved is None:
     return
@@ -137,7 +184,6 @@ def evaluate(model: PretrainingModel, params, batches, baseline_token: int) -> d
     raise BertJaxError('the held-out split is empty')
   totals = jax.device_get(totals)
   out = {k: float(v) for k, v in summarize(totals).items()}
-  out['nsp_baseline_accuracy'] = 0.5
   out['num_masked_tokens'] = int(totals['mlm_count'])
   out['num_examples'] = int(totals['nsp_count'])
   return out
@@ -155,11 +201,6 @@ def _check_finite(step: int, host_metrics: list[dict[str, float]], last_good: in
       raise _diverged(f'loss became {m["loss"]}', step, last_good)
 
 
-@jax.jit
-def _all_finite(tree) -> jax.Array:
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
-
-
 def _copy_tokenizer(tokenizer_path: str, workdir: str) -> None:
   # A workdir carries its tokenizer, so fill-mask/embed/export need nothing else.
   if jax.process_index() == 0:
@@ -171,28 +212,32 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
   mesh = shd.make_mesh(cfg.mesh)
   validate_config(cfg, mesh)
   check_workdir(workdir, cfg)
-  prepared, vocab = prepare_data(cfg)
+  with workdir_lib.claim(workdir, 'pretraining', owner=jax.process_index() == 0, log=metrics_lib.log):
+    prepared, vocab = prepare_data(cfg)
+    schedule = optim.learning_rate_schedule(cfg.optim, cfg.num_train_steps)
+    model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
+                             seed=cfg.seed, grad_accum_steps=cfg.optim.grad_accum_steps, schedule=schedule)
+    ckpt = Checkpointer(workdir, save_every=cfg.checkpoint_every, keep=cfg.keep_checkpoints)
+    fingerprint = os.path.basename(os.path.normpath(prepared.dir))
+    try:
+      if ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(None, model.abstract_state, log=metrics_lib.log)
+        check_same_run({**meta, 'data_fingerprint_now': fingerprint}, cfg, workdir)
+        data_position = int(meta['data_position'])
+        metrics_lib.log(f'resumed from {ckpt.directory} at step {int(state["step"])} '
+                        f'(data position {data_position})')
+      else:
+        state, data_position = model.init_state(), 0
+      write_config(workdir, cfg.to_dict())
+      _copy_tokenizer(prepared.tokenizer_path, workdir)
+      with preemption.Preemption() as preempt:
+        return _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab, preempt,
+                           {'data_fingerprint': fingerprint})
+    finally:
+      ckpt.close()
 
-  schedule = optim.learning_rate_schedule(cfg.optim, cfg.num_train_steps)
-  model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
-                           seed=cfg.seed, grad_accum_steps=cfg.optim.grad_accum_steps, schedule=schedule)
-  ckpt = Checkpointer(workdir, save_every=cfg.checkpoint_every, keep=cfg.keep_checkpoints)
-  try:
-    if ckpt.latest_step() is not None:
-      state, meta = ckpt.restore(None, model.abstract_state)
-      data_position = int(meta['data_position'])
-      metrics_lib.log(f'resumed from {ckpt.directory} at step {int(state["step"])} '
-                      f'(data position {data_position})')
-    else:
-      state, data_position = model.init_state(), 0
-    write_config(workdir, cfg.to_dict())
-    _copy_tokenizer(prepared.tokenizer_path, workdir)
-    return _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab)
-  finally:
-    ckpt.close()
 
-
-def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab):
+def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab, preempt, extra_meta):
   start_step = int(jax.device_get(state['step']))
   total = cfg.num_train_steps
   config_dict = cfg.to_dict()
@@ -216,6 +261,8 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab
   step = start_step
   waited, since = 0.0, time.perf_counter()
   try:
+    if preempt.stop_now(step, synced=False):  # a signal during preparation or compilation
+      raise preemption.Preempted(preempt.message(step, saved=False))
     while step < total:
       t_wait = time.perf_counter()
       local_batch = next(batches)
@@ -226,7 +273,9 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab
       pending.append(step_metrics)
       step += 1
       is_last = step == total
-      if step % cfg.log_every == 0 or is_last or ckpt.manager.should_save(step):
+      synced = step % cfg.log_every == 0 or is_last or ckpt.manager.should_save(step)
+      stop = preempt.stop_now(step, synced)
+      if synced or stop:
         host = jax.device_get(pending)
         pending = []
         _check_finite(step, host, last_good)
@@ -253,12 +302,17 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab
         metrics_lib.log(f'eval step {step} | ' + metrics_lib.format_metrics(
             {k: last_eval[k] for k in ('mlm_loss', 'mlm_accuracy', 'mlm_baseline_accuracy', 'nsp_loss',
                                        'nsp_accuracy')}))
-      if ckpt.manager.should_save(step) or is_last:
-        # The losses so far are finite; the parameters this step produced must be too.
-        if not bool(_all_finite(state['params'])):
-          raise _diverged('parameters became NaN or Inf', step, last_good)
-        if ckpt.save(step, state, data_position=batches.position, config=config_dict, force=True):
+      if ckpt.manager.should_save(step) or is_last or stop:
+        # The losses so far are finite; the parameters this step produced must be sane too.
+        problem = state_problem(state['params'])
+        if problem:
+          raise _diverged(problem.replace('its parameters', 'the parameters'), step, last_good)
+        if ckpt.save(step, state, data_position=batches.position, config=config_dict, force=True,
+                     extra=extra_meta):
           last_good = step
+      if stop:
+        ckpt.wait()
+        raise preemption.Preempted(preempt.message(step, saved=True))
   finally:
     batches.close()
     writer.close()
@@ -307,6 +361,10 @@ def restore_workdir(workdir: str, step: int | None = None, mesh=None):
   Returns:
     (config, PretrainingModel, state, checkpoint meta).
   """
+  kind = workdir_lib.kind_of(workdir)
+  if kind not in (None, 'pretraining'):
+    hint = (' (evaluate it with its finetune_*.py and --config.eval_only=True)' if kind == 'finetuning' else '')
+    raise CheckpointError(f'{workdir} is a {kind} directory, not a pretraining workdir{hint}')
   saved = read_config(workdir)
   if saved is None:
     raise CheckpointError(f'{os.path.join(workdir, CONFIG_FILE)} is missing: not a complete pretraining '
@@ -317,7 +375,7 @@ def restore_workdir(workdir: str, step: int | None = None, mesh=None):
                            seed=cfg.seed)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
-    state, meta = ckpt.restore(step, model.abstract_state)
+    state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log)
   finally:
     ckpt.close()
   return cfg, model, state, meta

@@ -110,7 +110,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(small_corpus, tmp_path):
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), num_train_steps=4, eval_every=100)
   train_lib.train_and_evaluate(cfg, workdir)
   before = _snapshot(os.path.join(workdir, 'checkpoints'))
-  bad = dataclasses.replace(cfg, num_train_steps=10, optim=config.OptimConfig(learning_rate=1e30, warmup_steps=0))
+  bad = dataclasses.replace(cfg, num_train_steps=10, optim=config.OptimConfig(learning_rate=1e30, warmup_steps=0),
+                            resume_allow='num_train_steps,optim')
   with pytest.raises(train_lib.TrainingDivergedError, match='last good checkpoint \\(step 4\\) is kept'):
     train_lib.train_and_evaluate(bad, workdir)
   after = _snapshot(os.path.join(workdir, 'checkpoints'))

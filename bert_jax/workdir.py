@@ -1,0 +1,176 @@
+"""Workdir ownership: what kind of directory a path is, one run at a time, and config history.
+
+Every entry point that writes a workdir calls `claim(path, kind)` before writing anything:
+it refuses a path that is a file, unwritable, or a workdir of another kind (pretraining,
+fine-tuning, Hugging Face export), then takes `<workdir>/.lock` (host, pid and the pid's start
+time). A second run on the same workdir stops with one line; a lock left by a process that no
+longer exists on this host (kill -9, a crashed node) is taken over with a warning. On a pod
+only process 0 holds the lock (the workdir is on a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+import sys
+from typing import Any, Iterator
+
+from bert_jax.errors import ConfigError
+
+LOCK_FILE = '.lock'
+CONFIG_FILE = 'config.json'
+HISTORY_FILE = 'config_history.jsonl'
+KINDS = ('pretraining', 'finetuning', 'export')
+
+
+def kind_of(path: str) -> str | None:
+  """'pretraining', 'finetuning', 'export' (a Hugging Face directory) or None (new, empty, or unknown)."""
+  config = os.path.join(path, CONFIG_FILE)
+  if os.path.isfile(config):
+    try:
+      with open(config, encoding='utf-8') as f:
+        saved = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+      saved = None
+    if isinstance(saved, dict):
+      if 'finetune' in saved:
+        return 'finetuning'
+      if 'model_type' in saved or 'architectures' in saved:
+        return 'export'
+      if {'model', 'data', 'optim'} <= set(saved):
+        return 'pretraining'
+  if not os.path.isdir(path):
+    return None
+  names = os.listdir(path)
+  if any(n.startswith('seed_') for n in names):
+    return 'finetuning'
+  if 'checkpoints' in names:
+    return 'pretraining'
+  if any(n.endswith('.safetensors') for n in names):
+    return 'export'
+  return None
+
+
+def check_kind(path: str, kind: str, what: str = 'workdir') -> None:
+  """ConfigError unless `path` can hold a `kind` workdir: absent, a directory of that kind or of none."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ConfigError(f'{what} {path} is a file, not a directory')
+  found = kind_of(path)
+  if found is not None and found != kind:
+    raise ConfigError(f'{what} {path} is a {found} directory, not a {kind} one; nothing was written there. '
+                      f'Use a new or empty directory')
+
+
+def _start_time(pid: int) -> str | None:
+  # Field 22 of /proc/<pid>/stat: ticks since boot when the process started; tells a reused pid apart.
+  try:
+    with open(f'/proc/{pid}/stat', encoding='ascii') as f:
+      return f.read().rsplit(')', 1)[1].split()[19]
+  except (OSError, IndexError):
+    return None
+
+
+def _alive(owner: dict[str, Any]) -> bool:
+  pid = int(owner.get('pid', -1))
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except (PermissionError, OverflowError, ValueError):
+    return pid > 0
+  started = _start_time(pid)
+  return started is None or owner.get('start') in (None, started)
+
+
+def _lock_error(path: str, owner: dict[str, Any], detail: str) -> ConfigError:
+  return ConfigError(f'workdir {os.path.dirname(path)} is in use by pid {owner.get("pid")} on {owner.get("host")} '
+                     f'(since {owner.get("time", "?")}): {detail}')
+
+
+@contextlib.contextmanager
+def claim(path: str, kind: str, *, owner: bool = True, log=print) -> Iterator[None]:
+  """Checks `path` for a `kind` run, creates it and holds its lock while the block runs.
+
+  Args:
+    path: the workdir.
+    kind: one of KINDS.
+    owner: whether this process takes the lock (process 0 of a pod; the others only check).
+    log: where the stale-lock warning goes.
+  """
+  check_kind(path, kind)
+  if not owner:
+    yield
+    return
+  created = not os.path.exists(path)
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ConfigError(f'cannot create workdir {path}: {e.strerror}') from None
+  lock = os.path.join(path, LOCK_FILE)
+  me = {'host': socket.gethostname(), 'pid': os.getpid(), 'start': _start_time(os.getpid()),
+        'time': datetime.datetime.now().isoformat(timespec='seconds'), 'command': ' '.join(sys.argv)}
+  _acquire(lock, me, log)
+  try:
+    yield
+  finally:
+    with contextlib.suppress(OSError):
+      with open(lock, encoding='utf-8') as f:
+        held = json.load(f)
+      if held.get('pid') == me['pid'] and held.get('host') == me['host']:
+        os.remove(lock)
+    if created:  # a run that stopped before writing anything leaves no empty workdir behind
+      with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def _acquire(lock: str, me: dict[str, Any], log) -> None:
+  for _ in range(3):
+    try:
+      fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      pass
+    except OSError as e:
+      raise ConfigError(f'cannot write in workdir {os.path.dirname(lock)}: {e.strerror}') from None
+    else:
+      with os.fdopen(fd, 'w', encoding='utf-8') as f:
+        json.dump(me, f)
+      return
+    try:
+      with open(lock, encoding='utf-8') as f:
+        held = json.load(f)
+    except FileNotFoundError:
+      continue  # released meanwhile
+    except (OSError, ValueError):
+      held = {}
+    if held and held.get('host') != me['host']:
+      raise _lock_error(lock, held, f'a run on another host may be using it; if none is, delete {lock}')
+    if held and _alive(held):
+      raise _lock_error(lock, held, 'two runs on one workdir would mix their checkpoints and metrics; wait '
+                        'for it to finish or use another --workdir')
+    log(f'warning: taking over the lock of workdir {os.path.dirname(lock)} from pid {held.get("pid")}, which '
+        'no longer runs (killed or crashed)')
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(lock)
+  raise ConfigError(f'could not take the lock {lock}: another run keeps taking it')
+
+
+def write_config(path: str, config: dict[str, Any]) -> None:
+  """Writes `path/config.json`; an earlier, different config is appended to config_history.jsonl first."""
+  from bert_jax.files import write_json_atomic  # pylint: disable=g-import-not-at-top
+  target = os.path.join(path, CONFIG_FILE)
+  if os.path.isfile(target):
+    try:
+      with open(target, encoding='utf-8') as f:
+        old = json.load(f)
+    except (OSError, ValueError):
+      old = None
+    if old == json.loads(json.dumps(config)):
+      return
+    if old is not None:
+      entry = {'replaced': datetime.datetime.now().isoformat(timespec='seconds'), 'config': old}
+      with open(os.path.join(path, HISTORY_FILE), 'a', encoding='utf-8') as f:
+        f.write(json.dumps(entry, sort_keys=True) + '\n')
+  write_json_atomic(target, config, sort_keys=True)
