@@ -437,3 +437,26 @@ def test_bad_export_and_missing_vocab(tmp_path):
     f.writelines(lines)
   with pytest.raises(DataError, match=r'vocab.txt lacks the special token\(s\) \[MASK\]'):
     tk.WordPieceTokenizer.from_directory(no_mask)
+
+
+HEADS_FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fixtures', 'hf_pretraining')
+
+
+@pytest.mark.parametrize('explicit_mask', [True, False])
+def test_pretraining_heads_match_transformers(explicit_mask):
+  """MLM and NSP logits of a random BertForPreTraining equal transformers' on a padded batch
+  (data/make_hf_pretraining_reference.py). Without a mask, the default from the padding gives the
+  same logits as transformers with its explicit attention_mask."""
+  cfg, params, has_mlm, has_nsp = hf.load_hf_checkpoint(HEADS_FIXTURE)
+  assert has_mlm and has_nsp and cfg.pad_token_id == 0
+  with np.load(os.path.join(HEADS_FIXTURE, 'reference.npz')) as f:
+    ref = dict(f)
+  graphdef, state, rest = nnx.split(
+      nnx.eval_shape(lambda: model.BertForPreTraining(cfg, rngs=nnx.Rngs(0))), nnx.Param, ...)
+  nnx.replace_by_pure_dict(state, params)
+  bert = nnx.merge(graphdef, state, rest)
+  mask = jnp.asarray(ref['attention_mask']) if explicit_mask else None
+  mlm, nsp = bert(jnp.asarray(ref['input_ids']), jnp.asarray(ref['token_type_ids']), mask,
+                  jnp.asarray(ref['masked_lm_positions']), deterministic=True)
+  assert np.abs(np.asarray(mlm) - ref['mlm_logits']).max() < TOL
+  assert np.abs(np.asarray(nsp) - ref['nsp_logits']).max() < TOL
