@@ -7,6 +7,7 @@ Every entry point gets the multi-host flags below: `run` starts `jax.distributed
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import Callable
 
@@ -25,6 +26,7 @@ _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processe
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process, in [0, --num_processes).')
 _LOCAL_DEVICE_IDS = flags.DEFINE_list(
     'local_device_ids', None, 'Accelerator ids this process drives (one process per GPU); default all.')
+_FILESYSTEM_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
 _MULTIHOST_FLAGS = (_DISTRIBUTED, _COORDINATOR_ADDRESS, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICE_IDS)
 
 
@@ -50,10 +52,53 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
     except BertJaxError as e:
       print(f'error: {e}', file=sys.stderr, flush=True)
       sys.exit(1)
+    except OSError as e:
+      if e.errno not in _FILESYSTEM_ERRNOS:
+        raise
+      # Checkpoints are written atomically: a failed save never replaces the last complete one.
+      print(f'error: {e.strerror} ({e.filename or "a file being written"}); the last complete checkpoint is '
+            'kept: free space or fix permissions, then run the same command to resume', file=sys.stderr,
+            flush=True)
+      sys.exit(1)
 
   for holder in _MULTIHOST_FLAGS:  # --help of every entry point lists them beside its own flags
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
-  app.run(wrapped)
+  app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _fail(message: str) -> None:
+  print(f'error: {message}', file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  # absl prints a multi-line 'FATAL Flags parsing error' (with the config file's traceback): one line instead.
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    flag = lines[0].split(': ')[0] if lines else ''
+    last = lines[-1] if lines else str(e)
+    _fail(last if len(lines) == 1 else f'{flag}: {last.split(": ", 1)[-1]}')
+  return []  # unreachable
+
+
+def define_config(default: str, help_text: str):
+  """`config_flags.DEFINE_config_file('config', default)`, one line for an unknown --config.KEY override.
+
+  ml_collections applies the overrides while the flag is defined (at import), where an unknown key
+  would escape as a traceback.
+  """
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  try:
+    return config_flags.DEFINE_config_file('config', default, help_text)
+  except (AttributeError, KeyError) as e:
+    key = str(e).strip('\'"')
+    given = [a.split('=')[0] for a in sys.argv[1:] if a.startswith('--config.') and key in a.split('=')[0]]
+    _fail(f'unknown config key {key!r} in {given[0] if given else "a --config.* flag"}; the config file\'s '
+          'fields are the valid keys (see --helpfull)')
+  except Exception as e:  # pylint: disable=broad-except  # a bad value or variant inside the config file
+    _fail(f'--config: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}')
 
 
 def _initialize_distributed() -> None:
@@ -70,11 +115,10 @@ def _initialize_distributed() -> None:
 def finetune_main(config_file: str) -> None:
   """The whole main of experiments/finetune_*.py: --config (default `config_file`) and --workdir flags,
   `finetune_lib.finetune`, then the summary line and one JSON line on stdout."""
-  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
   from bert_jax import finetune_lib  # pylint: disable=g-import-not-at-top
   from bert_jax.config import FinetuneConfig  # pylint: disable=g-import-not-at-top
 
-  config = config_flags.DEFINE_config_file('config', config_file, 'Experiment config file with the task as :VARIANT.')
+  config = define_config(config_file, 'Experiment config file with the task as :VARIANT.')
   workdir = flags.DEFINE_string('workdir', None, 'Where checkpoints, predictions and metrics go.', required=True)
 
   def main(_):

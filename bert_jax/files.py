@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any
 
+from bert_jax.errors import ConfigError
+
 
 def write_text_atomic(path: str, text: str) -> None:
   """Writes `text` to `path` through `path.tmp` and os.replace, creating the directory."""
@@ -19,3 +21,22 @@ def write_text_atomic(path: str, text: str) -> None:
 def write_json_atomic(path: str, obj: Any, **dump_kwargs: Any) -> None:
   """Writes `obj` as indented JSON to `path` atomically."""
   write_text_atomic(path, json.dumps(obj, indent=2, **dump_kwargs))
+
+
+def check_output(path: str, kind: str, what: str = 'output') -> None:
+  """Checks, before any work, that `path` can be written as a `kind` ('file' or 'directory').
+
+  ConfigError when it exists as the other kind, or its nearest existing parent is not a
+  writable directory.
+  """
+  if kind == 'file' and os.path.isdir(path):
+    raise ConfigError(f'{what} {path} is a directory; give a file path')
+  if kind == 'directory' and os.path.exists(path) and not os.path.isdir(path):
+    raise ConfigError(f'{what} {path} is a file; give a directory')
+  parent = os.path.abspath(path if kind == 'directory' else os.path.dirname(os.path.abspath(path)))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ConfigError(f'{what} {path} cannot be created: {parent} is a file')
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise ConfigError(f'{what} {path} cannot be written: {parent} is not writable')

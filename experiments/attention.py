@@ -17,7 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # pylint: disable=g-import-not-at-top
 
-from bert_jax import cli, inference, plots, pretrained
+from bert_jax import cli, files, inference, plots, pretrained
+from bert_jax.errors import DataError
 
 _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'HF directory or bert_jax workdir.', required=True)
 _TEXT = flags.DEFINE_string('text', None, 'The text (segment A).', required=True)
@@ -30,6 +31,9 @@ _TITLE = flags.DEFINE_string('title', None, 'Figure title prefix (default: the c
 
 
 def main(_):
+  if not _TEXT.value.strip() or (_TEXT_PAIR.value is not None and not _TEXT_PAIR.value.strip()):
+    raise DataError('--text (and --text_pair when given) must hold some text')
+  files.check_output(_OUTPUT.value, 'directory')
   model = pretrained.load_pretrained(_CHECKPOINT.value)
   # Fail on a bad --layer/--head before the encoder runs.
   plots.check_layer_head(_LAYER.value, _HEAD.value, model.config.num_layers, model.config.num_heads)

@@ -24,6 +24,7 @@ import jax
 
 from bert_jax import benchmarking, cli
 from bert_jax.config import DROPOUT_IMPLS, preset
+from bert_jax.errors import ConfigError
 
 _PRESET = flags.DEFINE_list('preset', ['base'], 'Model presets: tiny, mini, small, medium, base, large.')
 _BATCH = flags.DEFINE_list('batch_size', ['8'], 'Global batch sizes.')
@@ -47,6 +48,16 @@ _CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'Number of CPU devices to 
                                     '--hlo_flops on a CPU machine); 0 leaves jax alone.')
 
 
+def _positive_ints(name, values):
+  try:
+    out = [int(v) for v in values]
+  except ValueError:
+    raise ConfigError(f'--{name} takes comma-separated positive integers, got {",".join(values)!r}') from None
+  if not out or min(out) <= 0:
+    raise ConfigError(f'--{name} values must be positive, got {",".join(values)!r}')
+  return out
+
+
 def main(_):
   if _CPU_DEVICES.value:
     jax.config.update('jax_num_cpu_devices', _CPU_DEVICES.value)  # before any backend starts
@@ -54,7 +65,7 @@ def main(_):
                                 attention_impl=_ATTN_IMPL.value, remat_policy=_REMAT.value,
                                 scan_layers=_SCAN.value, dropout_impl=_DROPOUT_IMPL.value)
              for p in _PRESET.value for d in _DTYPE.value}
-  batch_sizes, seq_lens = [int(b) for b in _BATCH.value], [int(s) for s in _SEQ.value]
+  batch_sizes, seq_lens = _positive_ints('batch_size', _BATCH.value), _positive_ints('seq_len', _SEQ.value)
   device = jax.devices()[0]
   print(f'machine: {device.platform} x{jax.device_count()} ({device.device_kind}); '
         f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores')

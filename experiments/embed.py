@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import flags  # pylint: disable=g-import-not-at-top
 import numpy as np
 
-from bert_jax import cli, inference, pretrained
+from bert_jax import cli, files, inference, pretrained
 
 _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'HF directory or bert_jax workdir.', required=True)
 _INPUT = flags.DEFINE_string('input', None, 'Text file: one text, or two tab-separated texts, per line.',
@@ -36,6 +36,7 @@ _NORMALIZE = flags.DEFINE_boolean('normalize', True, 'L2-normalise sentence_embe
 def main(_):
   start = time.time()
   texts = inference.read_texts(_INPUT.value)  # bad input fails before the (slow) checkpoint load
+  files.check_output(_OUTPUT.value, 'file')
   model = pretrained.load_pretrained(_CHECKPOINT.value)
   result = inference.embed(model, texts, max_length=_MAX_LENGTH.value, batch_size=_BATCH_SIZE.value,
                            pooling=_POOLING.value, normalize=_NORMALIZE.value)

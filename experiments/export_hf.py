@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # pylint: disable=g-import-not-at-top
 
-from bert_jax import cli, hf
+from bert_jax import cli, files, hf, workdir
+from bert_jax.errors import ConfigError
 from bert_jax.pretrained import load_pretrained
 
 _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'A bert_jax workdir or an HF directory.', required=True)
@@ -25,6 +26,12 @@ _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace the files in a non-e
 
 
 def main(_):
+  source, output = os.path.realpath(_CHECKPOINT.value), os.path.realpath(_OUTPUT.value)
+  if output == source or output.startswith(source + os.sep) or source.startswith(output + os.sep):
+    raise ConfigError(f'--output {_OUTPUT.value} is (or holds, or is inside) the checkpoint being exported; '
+                      'export into another directory (--overwrite never applies to the source)')
+  files.check_output(_OUTPUT.value, 'directory')
+  workdir.check_kind(_OUTPUT.value, 'export', what='--output')
   pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value)
   hf.save_hf_checkpoint(_OUTPUT.value, pretrained.config, pretrained.params, pretrained.tokenizer,
                         overwrite=_OVERWRITE.value)

@@ -16,13 +16,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-
 from bert_jax import cli, metrics, train_lib
 from bert_jax.config import PretrainConfig
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
+_CONFIG = cli.define_config(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
     'Pretraining config file, optionally with :VARIANT; its data and model.vocab_size are used.')
 
 

@@ -14,13 +14,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import flags  # pylint: disable=g-import-not-at-top
-from ml_collections import config_flags
 
 from bert_jax import cli, metrics, train_lib
 from bert_jax.config import PretrainConfig
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
+_CONFIG = cli.define_config(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
     'Experiment config file, optionally with :VARIANT.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and metrics go.', required=True)
 

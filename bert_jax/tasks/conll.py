@@ -52,18 +52,23 @@ def read_conll(path: str) -> list[tuple[list[str], list[str]]]:
     raise DataError(f'{path} does not exist; set data_dir to the CoNLL-2003 folder '
                     f'({TRAIN_FILE}, {DEV_FILE}, {TEST_FILE}) or train_file/eval_file')
   sentences, words, tags = [], [], []
-  with open(path, encoding='utf-8') as f:
-    for line_no, line in enumerate(f, 1):
-      fields = line.split()
-      if not fields:
-        if words:
-          sentences.append((words, tags))
-        words, tags = [], []
-        continue
-      if fields[0] == '-DOCSTART-':
-        continue
-      words.append(fields[0])
-      tags.append(_tag(path, line_no, fields))
+  try:
+    with open(path, encoding='utf-8') as f:
+      lines = f.read().split('\n')
+  except UnicodeDecodeError as e:
+    raise DataError(f'{path} is not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. with '
+                    f'iconv -f latin1 -t utf-8') from None
+  for line_no, line in enumerate(lines, 1):
+    fields = line.split()
+    if not fields:
+      if words:
+        sentences.append((words, tags))
+      words, tags = [], []
+      continue
+    if fields[0] == '-DOCSTART-':
+      continue
+    words.append(fields[0])
+    tags.append(_tag(path, line_no, fields))
   if words:
     sentences.append((words, tags))
   if not sentences:
