@@ -80,7 +80,16 @@ def _parse_flags(argv: list[str]) -> list[str]:
     flag = lines[0].split(': ')[0] if lines else ''
     last = lines[-1] if lines else str(e)
     _fail(last if len(lines) == 1 else f'{flag}: {last.split(": ", 1)[-1]}')
+  except (AttributeError, KeyError) as e:  # an unknown --config.KEY after an explicit --config=FILE
+    _unknown_key(e)
   return []  # unreachable
+
+
+def _unknown_key(e: Exception) -> None:
+  key = str(e).strip('\'"')
+  given = [a.split('=')[0] for a in sys.argv[1:] if a.startswith('--config.') and key in a.split('=')[0]]
+  _fail(f'unknown config key {key!r} in {given[0] if given else "a --config.* flag"}; the config file\'s '
+        'fields are the valid keys (see --helpfull)')
 
 
 def define_config(default: str, help_text: str):
@@ -93,10 +102,7 @@ def define_config(default: str, help_text: str):
   try:
     return config_flags.DEFINE_config_file('config', default, help_text)
   except (AttributeError, KeyError) as e:
-    key = str(e).strip('\'"')
-    given = [a.split('=')[0] for a in sys.argv[1:] if a.startswith('--config.') and key in a.split('=')[0]]
-    _fail(f'unknown config key {key!r} in {given[0] if given else "a --config.* flag"}; the config file\'s '
-          'fields are the valid keys (see --helpfull)')
+    _unknown_key(e)
   except Exception as e:  # pylint: disable=broad-except  # a bad value or variant inside the config file
     _fail(f'--config: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}')
 

@@ -200,12 +200,12 @@ def fill_mask(pretrained: PretrainedBert, text: str, *, top_k: int = 5) -> list[
   tokenizer = pretrained.tokenizer
   ids_1t, types_1t = _encode_one(pretrained, text, None, pretrained.config.max_position_embeddings)
   positions_1p = np.flatnonzero(ids_1t[0] == tokenizer.mask_id)[None].astype(np.int32)
-  full = tokenizer.encode(text)
+  full, _, _ = tokenizer.encode_inputs(text, None, max_length=1 << 30)
   in_text = sum(1 for i in full if i == tokenizer.mask_id)
   if positions_1p.size < in_text:
     limit = pretrained.config.max_position_embeddings
     raise DataError(f'{in_text - positions_1p.size} of the text\'s {in_text} [MASK] lie beyond the model\'s '
-                    f'{limit} positions (the text is {len(full) + 2} tokens with [CLS]/[SEP]); shorten the text')
+                    f'{limit} positions (the text is {len(full)} tokens with [CLS]/[SEP]); shorten the text')
   if not positions_1p.size:
     raise DataError(f'the text has no [MASK] token to fill: {text!r}')
   graphdef, state = nnx.split(pretrained.pretraining_model())  # CheckpointError without an MLM head

@@ -1,0 +1,274 @@
+"""Faults: preemption loses no step, corrupt or insane checkpoints fall back, one run per workdir,
+no non-finite state is saved, a resume of another run is refused, and bad input is one error line
+that leaves the workdir's files unchanged."""
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import checkpointing, config, finetune_lib, optim, preemption, sharding, train_lib
+from bert_jax import workdir as workdir_lib
+from bert_jax.checkpointing import Checkpointer
+from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.train_state import PretrainingModel
+
+from conftest import (REPO, assert_one_line_error, run_experiment, shared_data_or_skip, tiny_pretrain_config,
+                      write_small_corpus)
+
+
+def _digest(directory):
+  """One hash of every file's path and bytes under `directory`."""
+  h = hashlib.sha256()
+  for root, dirs, files in sorted(os.walk(directory)):
+    dirs.sort()
+    for name in sorted(files):
+      path = os.path.join(root, name)
+      h.update(os.path.relpath(path, directory).encode())
+      with open(path, 'rb') as f:
+        h.update(f.read())
+  return h.hexdigest()
+
+
+def _state(workdir, cfg, step=None):
+  model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps),
+                           sharding.make_mesh(cfg.mesh))
+  state, meta = Checkpointer(workdir, read_only=True).restore(step, model.abstract_state)
+  return jax.device_get(state), meta
+
+
+def _assert_bitwise(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """(config, workdir) of a finished 4-step tiny pretraining run; copy the workdir before changing it."""
+  root = tmp_path_factory.mktemp('faults')
+  cfg = tiny_pretrain_config(write_small_corpus(root), str(root / 'cache'), num_train_steps=4, eval_every=100)
+  workdir = str(root / 'run')
+  train_lib.train_and_evaluate(cfg, workdir)
+  return cfg, workdir
+
+
+def _copy(trained, tmp_path):
+  cfg, workdir = trained
+  target = str(tmp_path / 'run')
+  shutil.copytree(workdir, target)
+  return cfg, target
+
+
+# --- preemption ---------------------------------------------------------------------------------
+
+def _pretrain_cmd(corpus, cache, workdir, steps, sigterm_at=None):
+  argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
+          f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
+          f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
+          '--config.eval_every=1000', '--config.data.eval_fraction=0.4']
+  # SIGTERM to ourselves while the batch of step `sigterm_at` is fetched: it arrives mid-step,
+  # away from any log or checkpoint step, as a scheduler's would.
+  code = f'''
+import os, runpy, signal, sys
+sys.argv = {argv!r}
+from bert_jax.data import loader
+fetch = loader.PretrainingBatches.__next__
+calls = [0]
+def next_batch(self):
+  calls[0] += 1
+  if calls[0] == {sigterm_at!r}:
+    os.kill(os.getpid(), signal.SIGTERM)
+  return fetch(self)
+loader.PretrainingBatches.__next__ = next_batch
+runpy.run_path('experiments/pretrain.py', run_name='__main__')
+'''
+  return [sys.executable, '-c', code]
+
+
+def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(tmp_path):
+  corpus, cache = write_small_corpus(tmp_path), str(tmp_path / 'cache')
+  straight, preempted = str(tmp_path / 'straight'), str(tmp_path / 'preempted')
+  run = lambda cmd: subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  r = run(_pretrain_cmd(corpus, cache, straight, 30))
+  assert r.returncode == 0, r.stderr[-2000:]
+  r = run(_pretrain_cmd(corpus, cache, preempted, 30, sigterm_at=23))
+  assert r.returncode == preemption.EXIT_CODE, r.stderr[-2000:]
+  lines = [l for l in r.stderr.splitlines() if l.startswith('preempted:')]
+  assert len(lines) == 1 and 'SIGTERM received: saved step 23' in lines[0], r.stderr[-2000:]
+  assert 'Traceback' not in r.stderr
+  assert Checkpointer(preempted, read_only=True).latest_step() == 23  # every trained step kept
+  assert not os.path.exists(os.path.join(preempted, workdir_lib.LOCK_FILE))
+  r = run(_pretrain_cmd(corpus, cache, preempted, 30))
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert 'at step 23' in r.stdout
+  cfg = config.PretrainConfig.from_dict(json.load(open(os.path.join(straight, 'config.json'))))
+  a, meta_a = _state(straight, cfg, 30)
+  b, meta_b = _state(preempted, cfg, 30)
+  assert meta_a['data_position'] == meta_b['data_position'] == 30
+  _assert_bitwise(a, b)  # params, both Adam moments, step, rng
+
+
+def test_sigterm_in_finetuning_loses_no_step(tiny_checkpoint, tmp_path, monkeypatch):
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip('signal handlers need the main thread')
+  cfg = config.FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
+                              max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e-3,
+                              max_steps=10, max_train_samples=48, log_every=4)
+  finetune_lib.finetune(cfg, str(tmp_path / 'straight'))
+  indices = finetune_lib.batch_indices
+
+  def signalling(c, seed, step, n):
+    if step == 5:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return indices(c, seed, step, n)
+
+  monkeypatch.setattr(finetune_lib, 'batch_indices', signalling)
+  with pytest.raises(preemption.Preempted, match='saved step 6'):
+    finetune_lib.finetune(cfg, str(tmp_path / 'preempted'))
+  monkeypatch.setattr(finetune_lib, 'batch_indices', indices)
+  assert Checkpointer(str(tmp_path / 'preempted' / 'seed_0'), read_only=True).all_steps() == [6]
+  finetune_lib.finetune(cfg, str(tmp_path / 'preempted'))
+  ckpts = [Checkpointer(str(tmp_path / d / 'seed_0'), read_only=True) for d in ('straight', 'preempted')]
+  assert [c.all_steps()[-1] for c in ckpts] == [10, 10]
+  for name in ('state',):
+    a, b = (c.manager.restore(10, args=checkpointing.ocp.args.Composite(
+        **{name: checkpointing.ocp.args.StandardRestore()}))[name] for c in ckpts)
+    _assert_bitwise(a, b)
+
+
+# --- corrupt and insane checkpoints -------------------------------------------------------------
+
+def _corrupt(workdir, step):
+  for root, _, files in os.walk(os.path.join(workdir, 'checkpoints', str(step), 'state')):
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, 'r+b') as f:
+        size = os.path.getsize(path)
+        f.write(b'\x00' * max(size, 1))
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_is_moved_aside(trained, tmp_path, capsys):
+  cfg, workdir = _copy(trained, tmp_path)
+  _corrupt(workdir, 4)
+  with pytest.raises(CheckpointError, match='checkpoint step 4 .* is unusable'):
+    train_lib.evaluate_checkpoint(workdir, step=4)  # an explicit step stays strict
+  assert train_lib.evaluate_checkpoint(workdir)['step'] == 2  # read-only: falls back, moves nothing
+  assert Checkpointer(workdir, read_only=True).all_steps() == [2, 4]
+  result = train_lib.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'),
+                                        workdir)
+  assert result['step'] == 6
+  out = capsys.readouterr().out
+  assert 'checkpoint step 4 is unusable: it cannot be read' in out and 'resumed from' in out
+  moved = os.listdir(os.path.join(workdir, checkpointing.CORRUPT_DIR))
+  assert len(moved) == 1 and moved[0].startswith('4-')  # kept for inspection, never deleted
+  assert Checkpointer(workdir, read_only=True).all_steps() == [2, 4, 6]  # 4 and 6 newly trained
+
+
+def test_non_finite_checkpoint_is_never_resumed(trained, tmp_path, capsys):
+  cfg, workdir = _copy(trained, tmp_path)
+  state, meta = _state(workdir, cfg, 4)
+  state['params'] = jax.tree.map(lambda x: np.full_like(x, np.nan), state['params'])
+  ckpt = Checkpointer(workdir)
+  ckpt.save(6, state, data_position=6, config=meta['config'], force=True,
+            extra={'data_fingerprint': meta['data_fingerprint']})
+  ckpt.close()
+  result = train_lib.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'),
+                                        workdir)
+  assert 'checkpoint step 6 is unusable: its parameters contain NaN or Inf' in capsys.readouterr().out
+  assert result['step'] == 6 and np.isfinite(result['mlm_loss'])
+
+
+# --- one run per workdir ------------------------------------------------------------------------
+
+def test_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(trained, tmp_path):
+  cfg, workdir = _copy(trained, tmp_path)
+  other = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
+  try:
+    lock = os.path.join(workdir, workdir_lib.LOCK_FILE)
+    with open(lock, 'w', encoding='utf-8') as f:
+      json.dump({'host': os.uname().nodename, 'pid': other.pid, 'start': workdir_lib._start_time(other.pid)}, f)
+    before = _digest(workdir)
+    with pytest.raises(ConfigError, match=f'in use by pid {other.pid}'):
+      train_lib.train_and_evaluate(cfg, workdir)
+    assert _digest(workdir) == before
+  finally:
+    other.kill()
+    other.wait()
+  warnings = []
+  with workdir_lib.claim(workdir, 'pretraining', log=warnings.append):  # the holder is gone
+    assert json.load(open(lock))['pid'] == os.getpid()
+  assert 'taking over the lock' in warnings[0] and not os.path.exists(lock)
+
+
+# --- finite state -------------------------------------------------------------------------------
+
+def test_finetuning_never_saves_an_exploded_state(tiny_checkpoint, tmp_path):
+  cfg = config.FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
+                              max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e8,
+                              warmup_ratio=0.0, max_steps=6, max_train_samples=32, log_every=100,
+                              checkpoint_every=2)
+  with pytest.raises(BertJaxError, match='seed 0: the (parameters exploded|loss became)'):
+    finetune_lib.finetune(cfg, str(tmp_path))
+  assert Checkpointer(str(tmp_path / 'seed_0'), read_only=True).all_steps() == []
+
+
+# --- safe resume --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('change,field', [(dict(batch_size=32), 'batch_size: 16 -> 32'),
+                                          (dict(num_train_steps=8), 'num_train_steps: 4 -> 8'),
+                                          (dict(seed=1), 'seed: 0 -> 1')])
+def test_resume_of_another_run_is_refused_untouched(trained, tmp_path, change, field):
+  cfg, workdir = _copy(trained, tmp_path)
+  before = _digest(workdir)
+  with pytest.raises(CheckpointError, match=f'holds another run .*{field}.*resume_allow='):
+    train_lib.train_and_evaluate(dataclasses.replace(cfg, **change), workdir)
+  assert _digest(workdir) == before
+
+
+def test_a_named_change_resumes_and_the_config_history_keeps_the_old_one(trained, tmp_path):
+  cfg, workdir = _copy(trained, tmp_path)
+  result = train_lib.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'),
+                                        workdir)
+  assert result['step'] == 6
+  with open(os.path.join(workdir, workdir_lib.HISTORY_FILE), encoding='utf-8') as f:
+    history = [json.loads(line) for line in f]
+  assert [h['config']['num_train_steps'] for h in history] == [4]
+  assert json.load(open(os.path.join(workdir, 'config.json')))['num_train_steps'] == 6
+
+
+# --- one error line, files unchanged ------------------------------------------------------------
+
+def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
+  cfg, workdir = _copy(trained, tmp_path)
+  finetune_dir = str(tmp_path / 'ft')
+  os.makedirs(finetune_dir)
+  with open(os.path.join(finetune_dir, 'config.json'), 'w', encoding='utf-8') as f:
+    json.dump({'finetune': {'task': 'sst2'}, 'model': {}, 'task': {'name': 'sst2'}}, f)
+  before = {d: _digest(d) for d in (workdir, finetune_dir)}
+  pretrain = ('pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny')
+  cases = [
+      (pretrain + ('--config.optim.lr=1',), "unknown config key 'lr'"),
+      (pretrain + ('--config=experiments/configs/pretrain.py:nosuch',), "unknown pretrain config variant 'nosuch'"),
+      (pretrain + ('--config.optim.learning_rate=-1e-4',), 'learning_rate must be a positive number'),
+      (('pretrain.py', f'--workdir={finetune_dir}'), 'is a finetuning directory, not a pretraining one'),
+      (('finetune_glue.py', f'--workdir={workdir}', f'--config.init_checkpoint={tmp_path}/none'),
+       'is a pretraining directory, not a finetuning one'),
+      (('evaluate.py', f'--workdir={finetune_dir}'), 'is a finetuning directory, not a pretraining workdir'),
+      (('export_hf.py', f'--checkpoint={workdir}', f'--output={workdir}', '--overwrite'),
+       'is (or holds, or is inside) the checkpoint being exported'),
+      (('fill_mask.py', f'--checkpoint={workdir}', '--text=' + 'word ' * 600 + '[MASK].'),
+       "lie beyond the model's 512 positions"),
+      (('attention.py', f'--checkpoint={workdir}', '--text=a', f'--output={workdir}/config.json'), 'is a file'),
+  ]
+  for args, message in cases:
+    assert_one_line_error(run_experiment(*args), message)
+  assert {d: _digest(d) for d in (workdir, finetune_dir)} == before
