@@ -14,6 +14,8 @@ directories of saves killed mid-way are removed when the manager starts.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import time
@@ -33,6 +35,8 @@ CORRUPT_DIR = 'corrupt_checkpoints'
 # A parameter beyond this magnitude means training blew up (BERT's stay within ~10-100):
 # such a state evaluates to NaN even when every value is still finite.
 EXPLODED = 1e6
+# How a failed write reads in Orbax/tensorstore errors.
+_WRITE_FAILURES = ('No space left on device', 'Disk quota exceeded', 'Read-only file system')
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -113,8 +117,27 @@ class Checkpointer:
            force: bool = False, extra: dict[str, Any] | None = None) -> bool:
     """Starts an async save if the policy (or `force`) says so; returns whether it did."""
     meta = {'step': int(step), 'data_position': int(data_position), 'config': config, **(extra or {})}
-    return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                           meta=ocp.args.JsonSave(meta)), force=force)
+    with self._write_errors():  # the previous async save's error surfaces here
+      return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                             meta=ocp.args.JsonSave(meta)), force=force)
+
+  @contextlib.contextmanager
+  def _write_errors(self):
+    """A full disk or a read-only filesystem while saving: one line, naming the checkpoint that is kept."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except  # tensorstore reports ENOSPC as ValueError
+      text = str(e)
+      reason = next((r for r in _WRITE_FAILURES if r in text), None)
+      if reason is None and not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)):
+        raise
+      try:
+        kept = self.manager.reload() or self.manager.latest_step()
+      except Exception:  # pylint: disable=broad-except
+        kept = None
+      raise CheckpointError(f'saving a checkpoint in {self.directory} failed: {reason or e.strerror}; the last '
+                            f'complete checkpoint (step {kept}) is kept. Free space (or fix the filesystem) and run '
+                            'the same command again to resume') from None
 
   def restore(self, step: int | None, abstract_state: Any,
               log: Callable[[str], None] = print) -> tuple[Any, dict[str, Any]]:
@@ -205,10 +228,12 @@ class Checkpointer:
                             f'{"..." if len(extra) > 3 else ""}): it was written by a different model')
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    with self._write_errors():
+      self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
+    with self._write_errors():
+      self.manager.wait_until_finished()
     self.manager.close()
 
 
