@@ -29,14 +29,13 @@ import orbax.checkpoint as ocp
 
 from bert_jax import workdir as workdir_lib
 from bert_jax.errors import CheckpointError
+from bert_jax.files import WRITE_FAILURES
 
 CONFIG_FILE = workdir_lib.CONFIG_FILE
 CORRUPT_DIR = 'corrupt_checkpoints'
 # A parameter beyond this magnitude means training blew up (BERT's stay within ~10-100):
 # such a state evaluates to NaN even when every value is still finite.
 EXPLODED = 1e6
-# How a failed write reads in Orbax/tensorstore errors.
-_WRITE_FAILURES = ('No space left on device', 'Disk quota exceeded', 'Read-only file system')
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -52,7 +51,7 @@ def read_config(workdir: str) -> dict[str, Any] | None:
     with open(path, encoding='utf-8') as f:
       saved = json.load(f)
   except (OSError, UnicodeDecodeError, ValueError) as e:
-    raise CheckpointError(f'{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}); '
+    raise CheckpointError(f'{path} is unreadable ({type(e).__name__}: {_first_line(e)}); '
                           'restore it from config_history.jsonl or the checkpoints\' meta, or use a new '
                           'workdir') from None
   if not isinstance(saved, dict):
@@ -128,7 +127,7 @@ class Checkpointer:
       yield
     except Exception as e:  # pylint: disable=broad-except  # tensorstore reports ENOSPC as ValueError
       text = str(e)
-      reason = next((r for r in _WRITE_FAILURES if r in text), None)
+      reason = next((r for r in WRITE_FAILURES if r in text), None)
       if reason is None and not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)):
         raise
       try:

@@ -13,7 +13,7 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from bert_jax import distributed, preemption
+from bert_jax import distributed, files, preemption
 from bert_jax.errors import BertJaxError, ConfigError
 
 _DISTRIBUTED = flags.DEFINE_enum(
@@ -26,7 +26,6 @@ _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processe
 _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process, in [0, --num_processes).')
 _LOCAL_DEVICE_IDS = flags.DEFINE_list(
     'local_device_ids', None, 'Accelerator ids this process drives (one process per GPU); default all.')
-_WRITE_FAILURES = ('No space left on device', 'Disk quota exceeded', 'Read-only file system')
 _FILESYSTEM_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
 _MULTIHOST_FLAGS = (_DISTRIBUTED, _COORDINATOR_ADDRESS, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICE_IDS)
 
@@ -44,7 +43,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
     logging.set_verbosity(logging.WARNING)  # progress goes to stdout; absl INFO is noise here
     # Orbax logs each failed background write with a traceback; the checkpointer reports them in one line.
     logging.get_absl_logger().addFilter(
-        lambda r: not ('orbax' in r.pathname and any(m in r.getMessage() for m in _WRITE_FAILURES)))
+        lambda r: not ('orbax' in r.pathname and any(m in r.getMessage() for m in files.WRITE_FAILURES)))
     if len(argv) > 1 and not allow_args:
       raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
     try:

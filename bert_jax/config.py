@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bert_jax.errors import ConfigError
+from bert_jax.errors import CheckpointError, ConfigError
 
 # name: (num_layers, hidden_size, num_heads, intermediate_size)
 PRESETS: dict[str, tuple[int, int, int, int]] = {
@@ -305,3 +305,31 @@ def diff_model_configs(saved: dict[str, Any], current: ModelConfig) -> list[str]
     if f.name in saved and saved[f.name] != getattr(current, f.name):
       out.append(f'{f.name}: {saved[f.name]} (checkpoint) vs {getattr(current, f.name)} (config)')
   return out
+
+
+def config_diffs(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...], prefix: str = '') -> list[str]:
+  """'name: old -> new' for every leaf that differs, skipping names (or sections) in `free` and
+  fields the old config lacks (added since it was written)."""
+  out = []
+  for key in sorted(set(old) | set(new)):
+    name = prefix + key
+    if name in free or key not in old or old[key] is None:
+      continue
+    a, b = old[key], new.get(key)
+    if isinstance(a, dict) and isinstance(b, dict):
+      out += config_diffs(a, b, free, name + '.')
+    elif a != b:
+      out.append(f'{name}: {a!r} -> {b!r}')
+  return out
+
+
+def check_resume(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...], resume_allow: str,
+                 where: str) -> None:
+  """Refuses to resume `old` (a checkpoint's config) as `new` when fields outside `free` and the
+  comma-separated `resume_allow` differ; the message names each field with its old and new value."""
+  allowed = tuple(name.strip() for name in resume_allow.split(',') if name.strip())
+  diffs = config_diffs(old, new, free + allowed)
+  if diffs:
+    raise CheckpointError(f'{where} holds another run: ' + '; '.join(diffs)
+                          + '. Use a new --workdir, or allow the change with --config.resume_allow='
+                          + ','.join(d.split(':')[0] for d in diffs))

@@ -8,6 +8,9 @@ from typing import Any
 
 from bert_jax.errors import ConfigError
 
+# How a failed write reads in library errors that carry no errno (tensorstore reports ENOSPC as ValueError).
+WRITE_FAILURES = ('No space left on device', 'Disk quota exceeded', 'Read-only file system')
+
 
 def write_text_atomic(path: str, text: str) -> None:
   """Writes `text` to `path` through `path.tmp` and os.replace, creating the directory."""

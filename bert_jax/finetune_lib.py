@@ -32,7 +32,7 @@ from bert_jax import distributed, metrics as metrics_lib, optim, preemption, sha
 from bert_jax import workdir as workdir_lib
 from bert_jax.data import packing
 from bert_jax.checkpointing import Checkpointer, read_config, state_problem, write_config
-from bert_jax.config import FinetuneConfig, OptimConfig
+from bert_jax.config import FinetuneConfig, OptimConfig, check_resume
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.files import write_json_atomic
 from bert_jax.finetune_state import FinetuneModel
@@ -93,13 +93,7 @@ _FREE_ON_RESUME = ('log_every', 'eval_batch_size', 'checkpoint_every', 'keep_che
 
 def check_same_run(saved: dict[str, Any], cfg: FinetuneConfig, where: str) -> None:
   """Refuses a workdir (or seed checkpoint) written by a fine-tuning with another identity."""
-  from bert_jax.train_lib import config_diffs  # pylint: disable=g-import-not-at-top
-  allowed = tuple(n.strip() for n in cfg.resume_allow.split(',') if n.strip())
-  diffs = config_diffs(saved, cfg.to_dict(), free=_FREE_ON_RESUME + allowed)
-  if diffs:
-    raise CheckpointError(f'{where} holds another fine-tuning run: ' + '; '.join(diffs)
-                          + '. Use a new --workdir, or allow the change with --config.resume_allow='
-                          + ','.join(d.split(':')[0] for d in diffs))
+  check_resume(saved, cfg.to_dict(), _FREE_ON_RESUME, cfg.resume_allow, where)
 
 
 def total_steps(cfg: FinetuneConfig, num_train: int) -> int:

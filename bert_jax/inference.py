@@ -200,10 +200,13 @@ def fill_mask(pretrained: PretrainedBert, text: str, *, top_k: int = 5) -> list[
   tokenizer = pretrained.tokenizer
   ids_1t, types_1t = _encode_one(pretrained, text, None, pretrained.config.max_position_embeddings)
   positions_1p = np.flatnonzero(ids_1t[0] == tokenizer.mask_id)[None].astype(np.int32)
-  full, _, _ = tokenizer.encode_inputs(text, None, max_length=1 << 30)
-  in_text = sum(1 for i in full if i == tokenizer.mask_id)
+  limit = pretrained.config.max_position_embeddings
+  if ids_1t.shape[1] == limit:  # possibly cut: count the [MASK] of the whole text
+    full, _, _ = tokenizer.encode_inputs(text, None, max_length=1 << 30)
+    in_text = sum(1 for i in full if i == tokenizer.mask_id)
+  else:
+    in_text = positions_1p.size
   if positions_1p.size < in_text:
-    limit = pretrained.config.max_position_embeddings
     raise DataError(f'{in_text - positions_1p.size} of the text\'s {in_text} [MASK] lie beyond the model\'s '
                     f'{limit} positions (the text is {len(full)} tokens with [CLS]/[SEP]); shorten the text')
   if not positions_1p.size:

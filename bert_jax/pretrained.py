@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bert_jax import sharding as shd
+from bert_jax import sharding as shd, workdir as workdir_lib
 from bert_jax.checkpointing import CONFIG_FILE, read_config
 from bert_jax.config import MeshConfig, ModelConfig
 from bert_jax.errors import CheckpointError
@@ -88,7 +88,6 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
   """
   if not os.path.isdir(path):
     raise CheckpointError(f'checkpoint directory {path} does not exist')
-  from bert_jax import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   if workdir_lib.kind_of(path) == 'finetuning':
     raise CheckpointError(f'{path} is a fine-tuning workdir (task heads, no masked-LM head); give a pretraining '
                           'workdir or a Hugging Face directory, or evaluate it with its finetune_*.py and '

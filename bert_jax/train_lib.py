@@ -26,7 +26,7 @@ from bert_jax import workdir as workdir_lib
 from bert_jax.data import loader as input_pipeline, prepare as pretraining_data, tokenization
 from bert_jax.data.records import PreparedData
 from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config, state_problem, write_config
-from bert_jax.config import PretrainConfig, diff_model_configs
+from bert_jax.config import PretrainConfig, check_resume, diff_model_configs
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.train_state import PretrainingModel, summarize
 
@@ -88,41 +88,12 @@ _FREE_ON_RESUME = ('log_every', 'eval_every', 'eval_batch_size', 'checkpoint_eve
                    'resume_allow', 'mesh', 'model', 'data.num_workers', 'data.loader_workers', 'data.cache_dir')
 
 
-def check_same_run(saved: dict[str, Any], cfg: PretrainConfig, workdir: str) -> None:
-  """Refuses to resume a checkpoint written by a run with another identity (see _FREE_ON_RESUME).
-
-  Args:
-    saved: the checkpoint's meta: its 'config' and 'data_fingerprint'.
-    cfg: this run's config; `cfg.resume_allow` names fields (or sections) allowed to differ.
-    workdir: for the message.
-  """
-  current = {**cfg.to_dict(), 'data_fingerprint': saved.get('data_fingerprint_now')}
-  old = {**saved.get('config', {}), 'data_fingerprint': saved.get('data_fingerprint')}
-  diffs = config_diffs(old, current, free=_FREE_ON_RESUME + tuple(_allowed(cfg.resume_allow)))
-  if diffs:
-    raise CheckpointError(
-        f'workdir {workdir} holds another run (step {saved.get("step")}): ' + '; '.join(diffs)
-        + '. Use a new --workdir, or allow the change with --config.resume_allow='
-        + ','.join(d.split(':')[0] for d in diffs))
-
-
-def _allowed(resume_allow: str) -> list[str]:
-  return [name.strip() for name in resume_allow.split(',') if name.strip()]
-
-
-def config_diffs(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...], prefix: str = '') -> list[str]:
-  """'name: old -> new' for every leaf that differs, skipping names (or sections) in `free`."""
-  out = []
-  for key in sorted(set(old) | set(new)):
-    name = prefix + key
-    if name in free or key not in old or old[key] is None:  # fields added since the checkpoint was written
-      continue
-    a, b = old[key], new.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
-      out += config_diffs(a, b, free, name + '.')
-    elif a != b:
-      out.append(f'{name}: {a!r} -> {b!r}')
-  return out
+def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, workdir: str) -> None:
+  """Refuses to resume a checkpoint (its `meta`) written by a run with another identity: another
+  config outside _FREE_ON_RESUME and `cfg.resume_allow`, or another data cache `fingerprint`."""
+  old = {**meta.get('config', {}), 'data_fingerprint': meta.get('data_fingerprint')}
+  new = {**cfg.to_dict(), 'data_fingerprint': fingerprint}
+  check_resume(old, new, _FREE_ON_RESUME, cfg.resume_allow, f'workdir {workdir} (step {meta.get("step")})')
 
 
 def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
@@ -222,7 +193,7 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
     try:
       if ckpt.latest_step() is not None:
         state, meta = ckpt.restore(None, model.abstract_state, log=metrics_lib.log)
-        check_same_run({**meta, 'data_fingerprint_now': fingerprint}, cfg, workdir)
+        check_same_run(meta, cfg, fingerprint, workdir)
         data_position = int(meta['data_position'])
         metrics_lib.log(f'resumed from {ckpt.directory} at step {int(state["step"])} '
                         f'(data position {data_position})')

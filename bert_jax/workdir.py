@@ -19,6 +19,7 @@ import sys
 from typing import Any, Iterator
 
 from bert_jax.errors import ConfigError
+from bert_jax.files import write_json_atomic
 
 LOCK_FILE = '.lock'
 CONFIG_FILE = 'config.json'
@@ -159,7 +160,6 @@ def _acquire(lock: str, me: dict[str, Any], log) -> None:
 
 def write_config(path: str, config: dict[str, Any]) -> None:
   """Writes `path/config.json`; an earlier, different config is appended to config_history.jsonl first."""
-  from bert_jax.files import write_json_atomic  # pylint: disable=g-import-not-at-top
   target = os.path.join(path, CONFIG_FILE)
   if os.path.isfile(target):
     try:

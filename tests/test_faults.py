@@ -16,14 +16,13 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, config, finetune_lib, optim, preemption, sharding, train_lib
+from bert_jax import checkpointing, config, finetune_lib, preemption, train_lib
 from bert_jax import workdir as workdir_lib
 from bert_jax.checkpointing import Checkpointer
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
-from bert_jax.train_state import PretrainingModel
 
-from conftest import (REPO, assert_one_line_error, run_experiment, shared_data_or_skip, tiny_pretrain_config,
-                      write_small_corpus)
+from conftest import (REPO, assert_one_line_error, pretrain_subprocess, restore_pretraining_state, run_experiment,
+                      shared_data_or_skip, tiny_pretrain_config, write_small_corpus)
 
 
 def _digest(directory):
@@ -37,13 +36,6 @@ def _digest(directory):
       with open(path, 'rb') as f:
         h.update(f.read())
   return h.hexdigest()
-
-
-def _state(workdir, cfg, step=None):
-  model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps),
-                           sharding.make_mesh(cfg.mesh))
-  state, meta = Checkpointer(workdir, read_only=True).restore(step, model.abstract_state)
-  return jax.device_get(state), meta
 
 
 def _assert_bitwise(a, b):
@@ -70,49 +62,41 @@ def _copy(trained, tmp_path):
 
 # --- preemption ---------------------------------------------------------------------------------
 
-def _pretrain_cmd(corpus, cache, workdir, steps, sigterm_at=None):
-  argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
-          f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
-          f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
-          '--config.eval_every=1000', '--config.data.eval_fraction=0.4']
-  # SIGTERM to ourselves while the batch of step `sigterm_at` is fetched: it arrives mid-step,
-  # away from any log or checkpoint step, as a scheduler's would.
-  code = f'''
-import os, runpy, signal, sys
-sys.argv = {argv!r}
+# SIGTERM to ourselves while the batch of step 23 is fetched: it arrives mid-step, away from any
+# log or checkpoint step, as a scheduler's would.
+_SIGTERM_AT_STEP_23 = """
+import os, signal
 from bert_jax.data import loader
 fetch = loader.PretrainingBatches.__next__
 calls = [0]
 def next_batch(self):
   calls[0] += 1
-  if calls[0] == {sigterm_at!r}:
+  if calls[0] == 23:
     os.kill(os.getpid(), signal.SIGTERM)
   return fetch(self)
 loader.PretrainingBatches.__next__ = next_batch
-runpy.run_path('experiments/pretrain.py', run_name='__main__')
-'''
-  return [sys.executable, '-c', code]
+"""
 
 
 def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(tmp_path):
   corpus, cache = write_small_corpus(tmp_path), str(tmp_path / 'cache')
   straight, preempted = str(tmp_path / 'straight'), str(tmp_path / 'preempted')
   run = lambda cmd: subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-  r = run(_pretrain_cmd(corpus, cache, straight, 30))
+  r = run(pretrain_subprocess(corpus, cache, straight, 30))
   assert r.returncode == 0, r.stderr[-2000:]
-  r = run(_pretrain_cmd(corpus, cache, preempted, 30, sigterm_at=23))
+  r = run(pretrain_subprocess(corpus, cache, preempted, 30, _SIGTERM_AT_STEP_23))
   assert r.returncode == preemption.EXIT_CODE, r.stderr[-2000:]
   lines = [l for l in r.stderr.splitlines() if l.startswith('preempted:')]
   assert len(lines) == 1 and 'SIGTERM received: saved step 23' in lines[0], r.stderr[-2000:]
   assert 'Traceback' not in r.stderr
   assert Checkpointer(preempted, read_only=True).latest_step() == 23  # every trained step kept
   assert not os.path.exists(os.path.join(preempted, workdir_lib.LOCK_FILE))
-  r = run(_pretrain_cmd(corpus, cache, preempted, 30))
+  r = run(pretrain_subprocess(corpus, cache, preempted, 30))
   assert r.returncode == 0, r.stderr[-2000:]
   assert 'at step 23' in r.stdout
   cfg = config.PretrainConfig.from_dict(json.load(open(os.path.join(straight, 'config.json'))))
-  a, meta_a = _state(straight, cfg, 30)
-  b, meta_b = _state(preempted, cfg, 30)
+  a, meta_a = restore_pretraining_state(straight, cfg, 30)
+  b, meta_b = restore_pretraining_state(preempted, cfg, 30)
   assert meta_a['data_position'] == meta_b['data_position'] == 30
   _assert_bitwise(a, b)  # params, both Adam moments, step, rng
 
@@ -139,10 +123,9 @@ def test_sigterm_in_finetuning_loses_no_step(tiny_checkpoint, tmp_path, monkeypa
   finetune_lib.finetune(cfg, str(tmp_path / 'preempted'))
   ckpts = [Checkpointer(str(tmp_path / d / 'seed_0'), read_only=True) for d in ('straight', 'preempted')]
   assert [c.all_steps()[-1] for c in ckpts] == [10, 10]
-  for name in ('state',):
-    a, b = (c.manager.restore(10, args=checkpointing.ocp.args.Composite(
-        **{name: checkpointing.ocp.args.StandardRestore()}))[name] for c in ckpts)
-    _assert_bitwise(a, b)
+  a, b = (c.manager.restore(10, args=checkpointing.ocp.args.Composite(
+      state=checkpointing.ocp.args.StandardRestore()))['state'] for c in ckpts)
+  _assert_bitwise(a, b)
 
 
 # --- corrupt and insane checkpoints -------------------------------------------------------------
@@ -175,7 +158,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_is_moved_aside(trained, tmp_pa
 
 def test_non_finite_checkpoint_is_never_resumed(trained, tmp_path, capsys):
   cfg, workdir = _copy(trained, tmp_path)
-  state, meta = _state(workdir, cfg, 4)
+  state, meta = restore_pretraining_state(workdir, cfg, 4)
   state['params'] = jax.tree.map(lambda x: np.full_like(x, np.nan), state['params'])
   ckpt = Checkpointer(workdir)
   ckpt.save(6, state, data_position=6, config=meta['config'], force=True,

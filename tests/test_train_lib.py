@@ -7,18 +7,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from bert_jax import config, optim, sharding, train_lib
+from bert_jax import config, train_lib
 from bert_jax.checkpointing import Checkpointer
 from bert_jax.errors import CheckpointError
-from bert_jax.train_state import PretrainingModel
 
-from conftest import REPO, tiny_pretrain_config as tiny_config
+from conftest import REPO, pretrain_subprocess, restore_pretraining_state, tiny_pretrain_config as tiny_config
 
 
 def _snapshot(workdir):
@@ -29,13 +27,6 @@ def _snapshot(workdir):
       with open(os.path.join(root, f), 'rb') as fh:
         out[os.path.relpath(os.path.join(root, f), workdir)] = fh.read()
   return out
-
-
-def _restore_params(workdir, cfg, step=None):
-  mesh = sharding.make_mesh(cfg.mesh)
-  model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh)
-  state, meta = Checkpointer(workdir, read_only=True).restore(step, model.abstract_state)
-  return jax.device_get(state), meta
 
 
 def test_train_evaluate_and_restore(small_corpus, tmp_path):
@@ -62,44 +53,36 @@ def test_train_evaluate_and_restore(small_corpus, tmp_path):
   assert again['mlm_loss'] == pytest.approx(result['mlm_loss'], abs=1e-6)
 
 
-def _pretrain_cmd(corpus, cache, workdir, steps, kill_at=None):
-  overrides = [f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
-               f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
-               '--config.eval_every=1000', '--config.data.eval_fraction=0.4']
-  argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny', *overrides]
-  # Kill -9 ourselves right after the save call of step `kill_at` (its async write in flight).
-  code = f'''
-import os, runpy, signal, sys
-sys.argv = {argv!r}
+# Kill -9 ourselves right after the save call of step 30 (its async write in flight).
+_KILL_AFTER_SAVE_30 = """
+import os, signal
 from bert_jax import checkpointing
 save = checkpointing.Checkpointer.save
 def killing_save(self, step, *a, **k):
   out = save(self, step, *a, **k)
-  if step == {kill_at!r}:
+  if step == 30:
     os.kill(os.getpid(), signal.SIGKILL)
   return out
 checkpointing.Checkpointer.save = killing_save
-runpy.run_path('experiments/pretrain.py', run_name='__main__')
-'''
-  return [sys.executable, '-c', code]
+"""
 
 
 def test_resume_after_kill_9_is_bitwise(small_corpus, tmp_path):
   cache = str(tmp_path / 'cache')
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
   run = lambda cmd: subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-  r = run(_pretrain_cmd(small_corpus, cache, straight, 40))
+  r = run(pretrain_subprocess(small_corpus, cache, straight, 40))
   assert r.returncode == 0, r.stderr[-2000:]
-  r = run(_pretrain_cmd(small_corpus, cache, resumed, 40, kill_at=30))
+  r = run(pretrain_subprocess(small_corpus, cache, resumed, 40, _KILL_AFTER_SAVE_30))
   assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
   steps_at_kill = Checkpointer(resumed, read_only=True).all_steps()
   assert steps_at_kill and max(steps_at_kill) in (10, 20, 30), steps_at_kill
-  r = run(_pretrain_cmd(small_corpus, cache, resumed, 40))
+  r = run(pretrain_subprocess(small_corpus, cache, resumed, 40))
   assert r.returncode == 0, r.stderr[-2000:]
   assert 'resumed from' in r.stdout
   cfg = config.PretrainConfig.from_dict(json.load(open(os.path.join(straight, 'config.json'))))
-  a, meta_a = _restore_params(straight, cfg, 40)
-  b, meta_b = _restore_params(resumed, cfg, 40)
+  a, meta_a = restore_pretraining_state(straight, cfg, 40)
+  b, meta_b = restore_pretraining_state(resumed, cfg, 40)
   assert meta_a['data_position'] == meta_b['data_position'] == 40
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)  # bitwise: params, both Adam moments, step, rng
