@@ -324,12 +324,14 @@ def config_diffs(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...]
 
 
 def check_resume(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...], resume_allow: str,
-                 where: str) -> None:
+                 where: str, step: int | None = None) -> None:
   """Refuses to resume `old` (a checkpoint's config) as `new` when fields outside `free` and the
-  comma-separated `resume_allow` differ; the message names each field with its old and new value."""
+  comma-separated `resume_allow` differ; the message names each field with its old and new value (and
+  the checkpoint's `step`)."""
   allowed = tuple(name.strip() for name in resume_allow.split(',') if name.strip())
   diffs = config_diffs(old, new, free + allowed)
   if diffs:
-    raise CheckpointError(f'{where} holds another run: ' + '; '.join(diffs)
+    at = f' (step {step})' if step is not None else ''
+    raise CheckpointError(f'{where} holds another run{at}: ' + '; '.join(diffs)
                           + '. Use a new --workdir, or allow the change with --config.resume_allow='
                           + ','.join(d.split(':')[0] for d in diffs))

@@ -91,9 +91,9 @@ _FREE_ON_RESUME = ('log_every', 'eval_batch_size', 'checkpoint_every', 'keep_che
                    'null_score_diff_threshold', 'tune_null_threshold', 'eval_articles')
 
 
-def check_same_run(saved: dict[str, Any], cfg: FinetuneConfig, where: str) -> None:
+def check_same_run(saved: dict[str, Any], cfg: FinetuneConfig, where: str, step: int | None = None) -> None:
   """Refuses a workdir (or seed checkpoint) written by a fine-tuning with another identity."""
-  check_resume(saved, cfg.to_dict(), _FREE_ON_RESUME, cfg.resume_allow, where)
+  check_resume(saved, cfg.to_dict(), _FREE_ON_RESUME, cfg.resume_allow, where, step)
 
 
 def total_steps(cfg: FinetuneConfig, num_train: int) -> int:
@@ -240,7 +240,7 @@ def _run_seed(run: _Run, seed: int, seed_dir: str) -> dict[str, Any]:
     else:
       if ckpt.latest_step() is not None:
         state, meta = ckpt.restore(None, model.abstract_state, log=metrics_lib.log)
-        check_same_run(meta['config'], cfg, f'{seed_dir} (step {meta["step"]})')
+        check_same_run(meta['config'], cfg, seed_dir, meta['step'])
         metrics_lib.log(f'seed {seed}: resumed from {ckpt.directory} at step {int(state["step"])}')
       else:
         state = model.init_state(run.pretrained.params['bert'], seed)

@@ -93,7 +93,7 @@ def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, 
   config outside _FREE_ON_RESUME and `cfg.resume_allow`, or another data cache `fingerprint`."""
   old = {**meta.get('config', {}), 'data_fingerprint': meta.get('data_fingerprint')}
   new = {**cfg.to_dict(), 'data_fingerprint': fingerprint}
-  check_resume(old, new, _FREE_ON_RESUME, cfg.resume_allow, f'workdir {workdir} (step {meta.get("step")})')
+  check_resume(old, new, _FREE_ON_RESUME, cfg.resume_allow, f'workdir {workdir}', meta.get('step'))
 
 
 def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
