@@ -137,3 +137,38 @@ def test_record_round_trip(tmp_path):
     assert rows.tokens.shape == (3, 10) and rows.lengths.tolist() == [7, 8, 7]
     assert rows.tokens[1].tolist() == expected[0][0] + [0, 0]
     assert rows.len_a.tolist() == [1, 3, 1] and rows.random_next.tolist() == [1, 0, 1]
+
+
+def _full_sentences(docs, max_seq_length):
+  tokenized = nsp.TokenizedDocs.from_lists(docs)
+  ranges, stream = nsp.full_sentence_records(tokenized, max_seq_length=max_seq_length, sep_id=SEP_ID)
+  flat, bounds = nsp.assemble_full_sentences(ranges, stream, cls_id=CLS_ID, sep_id=SEP_ID)
+  return [flat[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def test_full_sentences_follow_roberta():
+  docs = _coded_documents(num_docs=12)
+  for t in (16, 64, 128):
+    out = _full_sentences(docs, t)
+    assert all(r[0] == CLS_ID and r[-1] == SEP_ID and 3 <= len(r) <= t for r in out)
+    # Read back in order, the records are the corpus: every sentence once, a [SEP] between documents.
+    body = np.concatenate([r[1:-1] for r in out])
+    expected = np.concatenate([np.concatenate([np.concatenate(doc)] + ([[SEP_ID]] if d < len(docs) - 1 else []))
+                               for d, doc in enumerate(docs)])
+    boundaries = [k for k, r in enumerate(out[:-1]) if r[-2] != SEP_ID]
+    np.testing.assert_array_equal(body[body != SEP_ID], expected[expected != SEP_ID])
+    # Whole sentences (codes change only at record edges or within), packed greedily: the next
+    # record's first sentence would not have fitted.
+    for a, b in zip(out[:-1], out[1:]):
+      assert a[-2] != b[1] or t == 16  # no sentence split (at 16, sentences of 12 fit anyway)
+      first_len = int(np.argmax(b[1:-1] != b[1])) or len(b) - 2
+      sep = 1 if _doc_sentence(int(a[-2]))[0] != _doc_sentence(int(b[1]))[0] else 0
+      assert len(a) - 2 + sep + first_len > t - 2
+    assert boundaries  # documents run on into the next record
+
+
+def test_full_sentences_cut_a_sentence_longer_than_a_record():
+  out = _full_sentences([[[7] * 3, [8] * 25, [9] * 2], [[10] * 4]], 12)
+  assert [r.tolist() for r in out] == [[CLS_ID, 7, 7, 7, SEP_ID], [CLS_ID] + [8] * 10 + [SEP_ID],
+                                      [CLS_ID] + [8] * 10 + [SEP_ID],
+                                      [CLS_ID] + [8] * 5 + [9, 9, SEP_ID], [CLS_ID] + [10] * 4 + [SEP_ID]]

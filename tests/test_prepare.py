@@ -117,6 +117,32 @@ def test_prepare_with_given_tokenizer(prepared, tmp_path):
       [f for f in _cache_digest(data.dir).items() if f[0] != 'meta.json']  # the same records
 
 
+def test_mlm_only_cache_holds_full_sentences(prepared, tmp_path):
+  cfg, data = prepared
+  mlm = dataclasses.replace(cfg, tokenizer=data.tokenizer_path, cache_dir=str(tmp_path), nsp=False, masked_lm_prob=0.3,
+                            max_predictions_per_seq=0)
+  assert mlm.max_predictions_per_seq == 20  # derived: ceil(0.3 * 64)
+  out = prepare.prepare_pretraining_data(mlm, vocab_size=VOCAB, seed=0)
+  assert os.path.basename(out.dir) != os.path.basename(data.dir)  # its own fingerprint
+  # Each document once, untruncated (pairs: dupe_factor passes, each cut to fit).
+  assert out.stats['train_tokens'] > data.stats['train_tokens'] / cfg.dupe_factor
+  train = ip.PretrainingDataset(out.dir, 'train')
+  lengths = train.lengths
+  assert lengths.max() <= cfg.max_seq_length and np.mean(lengths) > 0.6 * cfg.max_seq_length
+  for i in range(len(train)):
+    tokens, len_a, is_random_next = train[i]
+    assert tokens[0] == CLS_ID and tokens[-1] == SEP_ID and len_a == len(tokens) - 2 and not is_random_next
+  batches = ip.PretrainingBatches(train, global_batch_size=64, seed=0, cfg=mlm,
+                                  vocab=ip.Vocab.from_tokenizer(SentencePieceTokenizer(out.tokenizer_path),
+                                                                out.special_ids, False))
+  batch = next(batches)
+  batches.close()
+  assert not batch['token_type_ids'].any() and not batch['nsp_weights'].any()  # one segment, no NSP
+  # Dynamic masking at 30%: round(0.3 * length) predictions per row, capped by the derived 20.
+  real = batch['attention_mask'].sum(1)
+  np.testing.assert_array_equal(batch['masked_lm_weights'].sum(1), np.minimum(np.rint(0.3 * real), 20))
+
+
 def test_bad_data_config(tmp_path):
   with pytest.raises(ConfigError, match='eval_fraction=0'):
     prepare.prepare_pretraining_data(small_data_config(str(tmp_path), eval_fraction=0.0), vocab_size=VOCAB, seed=0)

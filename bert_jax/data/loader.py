@@ -13,7 +13,7 @@ Batch format (B local batch, T max_seq_length, P max_predictions_per_seq):
   input_ids int32[B,T] (padded with the tokenizer's [PAD]), token_type_ids int32[B,T],
   attention_mask int32[B,T], masked_lm_positions int32[B,P], masked_lm_ids int32[B,P],
   masked_lm_weights float32[B,P], next_sentence_labels int32[B] (0 = B follows A, 1 = random),
-  nsp_weights float32[B].
+  nsp_weights float32[B] (0 for padding rows, and everywhere with data.nsp=False).
 
 Packed training batches (`data.pack`; `pack_batch`) hold the same examples and masks in R
 rows of up to K = data.max_segments_per_row examples each (first-fit decreasing):
@@ -148,7 +148,8 @@ def make_batch(rows: Rows, keys_b: np.ndarray, *, cfg: DataConfig, vocab: Vocab)
       token_type_ids=(real_bt & (cols >= rows.len_a[:, None] + 2)).astype(np.int32),  # B and its [SEP]
       attention_mask=real_bt.astype(np.int32),
       masked_lm_positions=positions, masked_lm_ids=ids, masked_lm_weights=weights,
-      next_sentence_labels=rows.random_next.astype(np.int32), nsp_weights=(lengths_b > 0).astype(np.float32))
+      next_sentence_labels=rows.random_next.astype(np.int32),
+      nsp_weights=((lengths_b > 0) & cfg.nsp).astype(np.float32))  # data.nsp=False: no NSP loss
 
 
 # ----------------------------------------------------------------------------- packing
@@ -202,7 +203,7 @@ def pack_batch(batch: dict, cfg: DataConfig, num_rows: int | None = None) -> dic
 
   The model computes the same per-example outputs on the packed rows (attention stays
   inside an example, positions restart, NSP pools each example's [CLS]); padding examples
-  (zero nsp_weight) are dropped.
+  (no tokens) are dropped.
 
   Args:
     batch: unpacked rows from `make_batch`.
@@ -213,7 +214,7 @@ def pack_batch(batch: dict, cfg: DataConfig, num_rows: int | None = None) -> dic
     A dict of numpy arrays with num_rows rows.
   """
   lengths = batch['attention_mask'].sum(1)
-  real = np.flatnonzero(batch['nsp_weights'] > 0)
+  real = np.flatnonzero(lengths > 0)
   placed, needed = _placement(lengths[real].tolist(), cfg)
   if num_rows is None:
     num_rows = _rounded_rows(needed, cfg)

@@ -195,3 +195,61 @@ def _gather(out, dst_starts, src_starts, lengths, source):
   run_offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
   within = np.arange(total) - run_offsets
   out[np.repeat(dst_starts, lengths) + within] = source[np.repeat(src_starts, lengths) + within]
+
+
+def full_sentence_records(docs: TokenizedDocs, *, max_seq_length: int, sep_id: int
+                          ) -> tuple[np.ndarray, np.ndarray]:
+  """RoBERTa's FULL-SENTENCES inputs (masked LM only): [CLS] sentences [SEP], back to back.
+
+  Whole sentences are taken in order, across document boundaries with a [SEP] between
+  documents, until the next would pass max_seq_length - 2 tokens; a sentence longer than that
+  alone is cut into consecutive pieces of that length. Deterministic: masking, not pairing,
+  varies from epoch to epoch.
+
+  Returns:
+    (token ranges int64[R, 2] in the stream, the stream int32[...]): record r is
+    [CLS] stream[start:end] [SEP]; the stream is every document's tokens with a [SEP]
+    between documents.
+  """
+  budget = max_seq_length - 2
+  sent = docs.sentence_starts
+  num_sentences = len(sent) - 1
+  # Stream positions: every sentence shifts right by the [SEP]s of the documents before its own.
+  doc_of = np.repeat(np.arange(docs.num_docs), np.diff(docs.doc_starts))
+  shift = np.zeros(num_sentences + 1, np.int64)
+  shift[:num_sentences] = doc_of
+  shift[num_sentences] = max(docs.num_docs - 1, 0)
+  pos = sent + shift
+  first_of_doc = np.zeros(num_sentences, bool)
+  first_of_doc[docs.doc_starts[:-1][np.diff(docs.doc_starts) > 0]] = True
+  stream = np.full(int(pos[-1]), sep_id, np.int32)
+  lengths = np.diff(sent)
+  within = np.arange(len(docs.tokens)) - np.repeat(sent[:-1], lengths)
+  stream[np.repeat(pos[:-1], lengths) + within] = docs.tokens
+  out: list[tuple[int, int]] = []
+  start = None  # stream position where the open record starts
+  for k in range(num_sentences):
+    begin, end = int(pos[k]), int(pos[k + 1]) - (1 if k + 1 < num_sentences and first_of_doc[k + 1] else 0)
+    if start is not None and end - start > budget:
+      out.append((start, int(pos[k]) - (1 if first_of_doc[k] else 0)))  # close before sentence k
+      start = None
+    if start is None:
+      while end - begin > budget:  # a sentence longer than a record: whole pieces of it
+        out.append((begin, begin + budget))
+        begin += budget
+      start = begin if end > begin else None
+  if start is not None and pos[-1] > start:
+    out.append((start, int(pos[-1])))
+  return np.array(out, np.int64).reshape(-1, 2), stream
+
+
+def assemble_full_sentences(ranges: np.ndarray, stream: np.ndarray, *, cls_id: int, sep_id: int
+                            ) -> tuple[np.ndarray, np.ndarray]:
+  """[CLS] stream[start:end] [SEP] for every range, back to back (as `assemble_records`)."""
+  lengths = ranges[:, 1] - ranges[:, 0]
+  bounds = np.concatenate([[0], np.cumsum(lengths + 2)]).astype(np.int64)
+  out = np.empty(int(bounds[-1]), np.int32)
+  out[bounds[:-1]] = cls_id
+  out[bounds[1:] - 1] = sep_id
+  _gather(out, bounds[:-1] + 1, ranges[:, 0], lengths, stream)
+  return out, bounds

@@ -82,6 +82,7 @@ class _Job:
   dupe_factor: int
   vocab_size: int
   tokenizer_path: str = ''
+  nsp: bool = True
 
 
 def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
@@ -236,22 +237,12 @@ class _Builder:
     tokenizer = tokenization.load_tokenizer(os.path.join(self.dir, self.tokenizer_file))
     stats, splits = _merge_unit_stats(self.dir, self.units, self.vocab_size, tokenizer)
     train_name = f'corpus {self.cfg.train_files!r}'
-    if not splits['train']['num'] and not splits['eval']['num']:
-      raise DataError(f'no document in {train_name} has two sentences; NSP needs documents of several '
-                      'sentences (in plain text, blank lines separate documents)')
-    if stats['train_documents'] < 2 or not splits['train']['num']:
-      raise DataError(f'{train_name} has {stats["train_documents"]} training document(s), '
-                      f'{splits["train"]["num"]} training pairs; NSP needs two documents at least, one of '
-                      'them of two sentences (add text, or lower data.eval_fraction)')
-    if not splits['eval']['num']:
-      where = (f'eval corpus {self.cfg.eval_files!r} has no document of two sentences' if self.eval_paths
-               else f'no document of two sentences was held out of {train_name} (eval_fraction='
-                    f'{self.cfg.eval_fraction}, {stats["eval_documents"]} held-out documents)')
-      raise DataError(f'{where}; raise data.eval_fraction or set data.eval_files')
-    fraction = stats['random_next_fraction']
-    if abs(fraction - 0.5) > 0.05:
-      self.log(f'warning: {fraction:.0%} of NSP pairs are random-next, not about 50% (few multi-sentence '
-               'documents?)')
+    if self.cfg.nsp:
+      _check_pairs(self.cfg, stats, splits, train_name, bool(self.eval_paths), self.log)
+    elif not splits['train']['num'] or not splits['eval']['num']:
+      raise DataError(f'{train_name} gave {splits["train"]["num"]} training and {splits["eval"]["num"]} held-out '
+                      'sequences; masked-LM training needs both (add text, or set data.eval_fraction or '
+                      'data.eval_files)')
     special = {k: int(getattr(tokenizer, f'{k}_id')) for k in ('pad', 'unk', 'cls', 'sep', 'mask')}
     meta = dict(format_version=records.FORMAT_VERSION, fingerprint=self.fingerprint,
                 vocab_size=self.vocab_size, token_dtype=records.token_dtype(self.vocab_size), seed=self.seed,
@@ -261,7 +252,7 @@ class _Builder:
                 train_shard_records=splits['train']['shard_records'],
                 eval_shard_records=splits['eval']['shard_records'],
                 most_frequent_token=stats.pop('most_frequent_token'), num_units=len(self.units), stats=stats,
-                data_config={f: getattr(self.cfg, f) for f in ('train_files', 'eval_files', 'tokenizer',
+                data_config={f: getattr(self.cfg, f) for f in ('train_files', 'eval_files', 'tokenizer', 'nsp',
                                                                 *RECORD_FIELDS)})
     self.seconds['manifest'] = time.time() - t0
     build = dict(workers=self.workers, processes=self.process_count,
@@ -269,9 +260,11 @@ class _Builder:
                  worker_seconds=stats.pop('worker_seconds', None))
     _write_json(os.path.join(self.dir, records.BUILD_FILE), build)
     _write_json(os.path.join(self.dir, META_FILE), meta)  # last: it marks the cache complete
+    what = (f'pairs ({stats["random_next_fraction"]:.1%} random-next)' if self.cfg.nsp
+            else 'full-sentence sequences (masked LM only)')
     self.log(f'prepare: {stats["documents"]:,} documents, {stats["sentences"]:,} sentences -> '
-             f'{meta["num_train"]:,} training and {meta["num_eval"]:,} held-out pairs '
-             f'({fraction:.1%} random-next), {stats["train_tokens"]:,} training tokens')
+             f'{meta["num_train"]:,} training and {meta["num_eval"]:,} held-out {what}, '
+             f'{stats["train_tokens"]:,} training tokens')
 
   # ------------------------------------------------------------------ helpers
 
@@ -279,7 +272,7 @@ class _Builder:
     c = self.cfg
     return _Job(build_dir=self.dir, reader=self.reader, seed=self.seed, eval_fraction=c.eval_fraction,
                 max_seq_length=c.max_seq_length, short_seq_prob=c.short_seq_prob, dupe_factor=c.dupe_factor,
-                vocab_size=self.vocab_size,
+                vocab_size=self.vocab_size, nsp=c.nsp,
                 tokenizer_path=os.path.join(self.dir, self.tokenizer_file) if self.tokenizer_file else '')
 
   def _map(self, fn, job: _Job, units: Sequence[Unit], arg, what: str):
@@ -485,14 +478,20 @@ def _build_unit(job: _Job, unit: Unit, _) -> dict:
              formats=read_stats.get('formats', {}), splits={})
   for code, split in enumerate(('train', 'eval')):
     t = tokenized[split]
-    pool = tokenized['train'] if split == 'eval' else None
-    rng = random.Random(f'{job.seed}-{unit.index}-{split}')  # str seeds hash alike everywhere
-    pairs = nsp.create_pairs(t, max_seq_length=job.max_seq_length, short_seq_prob=job.short_seq_prob,
-                             dupe_factor=job.dupe_factor if split == 'train' else 1, rng=rng,
-                             random_pool=pool)
-    used_pool = pool if (pool is not None and t.num_docs < 2 and pool.num_docs) else None
-    flat, bounds = nsp.assemble_records(t, pairs, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
-                                        pool=used_pool)
+    if job.nsp:
+      pool = tokenized['train'] if split == 'eval' else None
+      rng = random.Random(f'{job.seed}-{unit.index}-{split}')  # str seeds hash alike everywhere
+      pairs = nsp.create_pairs(t, max_seq_length=job.max_seq_length, short_seq_prob=job.short_seq_prob,
+                               dupe_factor=job.dupe_factor if split == 'train' else 1, rng=rng,
+                               random_pool=pool)
+      used_pool = pool if (pool is not None and t.num_docs < 2 and pool.num_docs) else None
+      flat, bounds = nsp.assemble_records(t, pairs, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
+                                          pool=used_pool)
+    else:  # masked LM only: FULL-SENTENCES records, all segment A (len_a = length - 2), label 0
+      ranges, stream = nsp.full_sentence_records(t, max_seq_length=job.max_seq_length, sep_id=tokenizer.sep_id)
+      flat, bounds = nsp.assemble_full_sentences(ranges, stream, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id)
+      pairs = np.zeros((len(ranges), len(nsp.PAIR_FIELDS)), np.int64)
+      pairs[:, 1] = ranges[:, 1] - ranges[:, 0]
     index = records.make_index(bounds, pairs[:, 1] - pairs[:, 0], pairs[:, 4])
     base = os.path.join(job.build_dir, _UNITS_DIR, f'{unit.index:05d}.{split}')
     if len(pairs):
@@ -511,6 +510,26 @@ def _build_unit(job: _Job, unit: Unit, _) -> dict:
 
 
 # ---------------------------------------------------------------------------- manifest
+
+
+def _check_pairs(cfg: DataConfig, stats: dict, splits: dict, train_name: str, has_eval_files: bool, log) -> None:
+  """Refuses a corpus that gives no NSP pairs on either side; warns when labels are unbalanced."""
+  if not splits['train']['num'] and not splits['eval']['num']:
+    raise DataError(f'no document in {train_name} has two sentences; NSP needs documents of several '
+                    'sentences (in plain text, blank lines separate documents; or set data.nsp=False)')
+  if stats['train_documents'] < 2 or not splits['train']['num']:
+    raise DataError(f'{train_name} has {stats["train_documents"]} training document(s), '
+                    f'{splits["train"]["num"]} training pairs; NSP needs two documents at least, one of '
+                    'them of two sentences (add text, or lower data.eval_fraction)')
+  if not splits['eval']['num']:
+    where = (f'eval corpus {cfg.eval_files!r} has no document of two sentences' if has_eval_files
+             else f'no document of two sentences was held out of {train_name} (eval_fraction='
+                  f'{cfg.eval_fraction}, {stats["eval_documents"]} held-out documents)')
+    raise DataError(f'{where}; raise data.eval_fraction or set data.eval_files')
+  fraction = stats['random_next_fraction']
+  if abs(fraction - 0.5) > 0.05:
+    log(f'warning: {fraction:.0%} of NSP pairs are random-next, not about 50% (few multi-sentence '
+        'documents?)')
 
 
 def _merge_unit_stats(build_dir: str, units: Sequence[Unit], vocab_size: int, tokenizer):
@@ -617,6 +636,8 @@ def _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed) -> str:
       eval=[(p, _file_sha256(p)) for p in eval_paths],
       tokenizer=[_file_sha256(p) for p in tokenization.tokenizer_files(given)] if given else None,
       fields={f: getattr(cfg, f) for f in RECORD_FIELDS})
+  if not cfg.nsp:  # only then: caches of NSP pairs keep their fingerprints
+    key['objective'] = 'mlm_full_sentences'
   return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
