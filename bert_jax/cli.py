@@ -42,8 +42,10 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
   def wrapped(argv):
     logging.set_verbosity(logging.WARNING)  # progress goes to stdout; absl INFO is noise here
     # Orbax logs each failed background write with a traceback; the checkpointer reports them in one line.
+    # Reading a checkpoint read-only, Orbax warns that it will not write: nothing to act on.
     logging.get_absl_logger().addFilter(
-        lambda r: not ('orbax' in r.pathname and any(m in r.getMessage() for m in files.WRITE_FAILURES)))
+        lambda r: not ('orbax' in r.pathname and any(m in r.getMessage() for m in files.WRITE_FAILURES
+                                                     + ('read_only=True', 'read only='))))
     if len(argv) > 1 and not allow_args:
       raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
     try:
@@ -108,6 +110,18 @@ def define_config(default: str, help_text: str):
     _unknown_key(e)
   except Exception as e:  # pylint: disable=broad-except  # a bad value or variant inside the config file
     _fail(f'--config: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}')
+
+
+def config_overrides(section: str = '') -> set[str]:
+  """The config fields given as --config.FIELD flags on the command line (dotted, without 'config.'),
+  those under `section` (e.g. 'model.') only, with that prefix removed."""
+  out = set()
+  for arg in sys.argv[1:]:
+    name = arg.lstrip('-').split('=')[0]
+    name = name[2:] if name.startswith('noconfig.') else name  # --noconfig.x: a boolean set to False
+    if arg.startswith('--') and name.startswith('config.' + section):
+      out.add(name[len('config.' + section):])
+  return out
 
 
 def _initialize_distributed() -> None:

@@ -9,6 +9,7 @@ which rejects unknown keys with a message naming them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from bert_jax.errors import CheckpointError, ConfigError
@@ -138,9 +139,14 @@ class DataConfig:
   unit_mb: int = 16
   num_workers: int = 0  # preparation worker processes per host; 0 = every local core
   max_seq_length: int = 128
-  max_predictions_per_seq: int = 20
+  # Masked-LM slots per sequence; 0 = derived: ceil(masked_lm_prob * max_seq_length) (20 at 128).
+  max_predictions_per_seq: int = 0
   masked_lm_prob: float = 0.15
-  short_seq_prob: float = 0.1
+  # True: BERT's sentence pairs with the next-sentence-prediction objective. False: masked LM only,
+  # on RoBERTa's FULL-SENTENCES inputs ([CLS] contiguous sentences [SEP], crossing document
+  # boundaries with a [SEP]; built once, as masking is dynamic), no NSP head or loss.
+  nsp: bool = True
+  short_seq_prob: float = 0.1  # NSP pairs only
   # Passes over the documents when building NSP pairs (each pass pairs differently).
   dupe_factor: int = 5
   whole_word_masking: bool = False
@@ -161,6 +167,11 @@ class DataConfig:
   # many masked-LM slots as any such examples can need (data.loader.packed_mlm_width: 21 at
   # seq 128 with 20 predictions; 20 with 2 per row).
   max_segments_per_row: int = 4
+
+  def __post_init__(self):
+    if self.max_predictions_per_seq == 0:  # frozen: the derived value is set once, here
+      object.__setattr__(self, 'max_predictions_per_seq',
+                         max(1, math.ceil(self.masked_lm_prob * self.max_seq_length - 1e-9)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +217,12 @@ class PretrainConfig:
   # Resuming refuses a checkpoint whose run differs in data, batch, seed, steps or optimizer;
   # comma-separated fields (or sections, e.g. 'optim') listed here may change deliberately.
   resume_allow: str = ''
+  # Continue pretraining from published or earlier weights: a Hugging Face directory or a bert_jax
+  # workdir (pretraining or fine-tuning), only ever read. Its architecture, vocabulary and tokenizer
+  # replace the config's; the encoder (and the MLM/NSP heads it has) start the run, while the
+  # optimizer, step and data position start fresh. Not resuming: that is re-running in one workdir.
+  init_checkpoint: str = ''
+  init_checkpoint_step: int = -1  # for a bert_jax workdir: -1 = latest
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)

@@ -32,7 +32,7 @@ from bert_jax import distributed, metrics as metrics_lib, optim, preemption, sha
 from bert_jax import workdir as workdir_lib
 from bert_jax.data import packing
 from bert_jax.checkpointing import Checkpointer, read_config, state_problem, write_config
-from bert_jax.config import FinetuneConfig, OptimConfig, check_resume
+from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, OptimConfig, check_resume
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.files import write_json_atomic
 from bert_jax.finetune_state import FinetuneModel
@@ -168,6 +168,39 @@ def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
     return _finetune(cfg, workdir, task)
 
 
+def _optim_config(cfg: FinetuneConfig, warmup: int) -> OptimConfig:
+  return OptimConfig(learning_rate=cfg.learning_rate, warmup_steps=warmup, weight_decay=cfg.weight_decay,
+                     eps=cfg.adam_eps, clip_norm=cfg.clip_norm)
+
+
+def restore_encoder(workdir: str, step: int | None = None) -> tuple[dict[str, Any], int]:
+  """The encoder ('bert': embeddings, layers, pooler) of a fine-tuning workdir's first seed, at
+  checkpoint `step` (latest when None), as host arrays; the workdir is only read.
+
+  Returns:
+    ({'bert': params}, the checkpoint step).
+  """
+  saved = read_config(workdir)
+  if saved is None or 'finetune' not in saved:
+    raise CheckpointError(f'{workdir} is not a complete fine-tuning workdir (no config.json)')
+  cfg = FinetuneConfig.from_dict(saved['finetune'])
+  model_cfg = ModelConfig(**{k: v for k, v in saved['model'].items()
+                             if k in {f.name for f in dataclasses.fields(ModelConfig)}})
+  task = saved['task']
+  model = FinetuneModel(model_cfg, task['kind'], task['num_labels'],
+                        optim.make_optimizer(_optim_config(cfg, 0), 1),
+                        shd.make_mesh(MeshConfig(), jax.devices()[:1]))
+  seed_dir = os.path.join(workdir, f'seed_{cfg.seed}')
+  ckpt = Checkpointer(seed_dir, read_only=True)
+  try:
+    if ckpt.latest_step() is None:
+      raise CheckpointError(f'{workdir}: no checkpoint in {ckpt.directory} (the fine-tuning run never saved)')
+    state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log)
+  finally:
+    ckpt.close()
+  return {'bert': jax.device_get(state['params']['bert'])}, int(meta['step'])
+
+
 def _finetune(cfg: FinetuneConfig, workdir: str, task: Task) -> dict[str, Any]:
   pretrained = load_pretrained(cfg.init_checkpoint, None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
   mesh = shd.make_mesh(cfg.mesh)
@@ -183,8 +216,7 @@ def _finetune(cfg: FinetuneConfig, workdir: str, task: Task) -> dict[str, Any]:
     raise BertJaxError(f'{task.name}: no training examples')
   total = total_steps(cfg, len(train)) if train else 0
   warmup = math.ceil(cfg.warmup_ratio * total)
-  ocfg = OptimConfig(learning_rate=cfg.learning_rate, warmup_steps=warmup, weight_decay=cfg.weight_decay,
-                     eps=cfg.adam_eps, clip_norm=cfg.clip_norm)
+  ocfg = _optim_config(cfg, warmup)
   model_cfg = dataclasses.replace(pretrained.config, dtype=cfg.dtype)
   model = FinetuneModel(model_cfg, task.kind, task.num_labels, optim.make_optimizer(ocfg, max(total, 1)), mesh)
   run = _Run(cfg, task, pretrained, model, train, evals, total, rows_multiple=2 * shd.num_batch_shards(mesh),

@@ -135,7 +135,7 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     arrays shaped like `nnx.to_pure_dict(nnx.state(BertForPreTraining(config), nnx.Param))`,
     with 'bert' always and 'mlm' / 'nsp' when the checkpoint has those heads.
   """
-  cfg = _read_config(directory)
+  cfg = read_hf_config(directory)
   tensors = _read_tensors(directory)
   names = {_modern_name(n): n for n in tensors}
   if len(names) != len(tensors):
@@ -270,7 +270,8 @@ def load_hf_tokenizer(directory: str):
                   'copy the tokenizer files of the checkpoint into it')
 
 
-def _read_config(directory: str) -> ModelConfig:
+def read_hf_config(directory: str) -> ModelConfig:
+  """The ModelConfig of a Hugging Face BERT directory (its config.json; the weights are not read)."""
   if not os.path.isdir(directory):
     raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
                           f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')

@@ -164,26 +164,33 @@ class MaskedLMHead(nnx.Module):
 
 
 class BertForPreTraining(nnx.Module):
-  """BERT with the MLM head (only at masked positions) and the NSP classifier."""
+  """BERT with the MLM head (only at masked positions) and the NSP classifier (`nsp_head`;
+  masked-LM-only pretraining, data.nsp=False, has none)."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, nsp_head: bool = True):
     self.cfg = cfg
     self.bert = BertEncoder(cfg, rngs=rngs)
     self.mlm = MaskedLMHead(cfg, rngs=rngs)
     # float32 logits computed in float32 (a [D, 2] matmul: nothing to save in bfloat16).
     self.nsp = Dense((cfg.hidden_size,), (2,), ('embed', None), std=cfg.initializer_range,
-                     dtype=jnp.float32, rngs=rngs)
+                     dtype=jnp.float32, rngs=rngs) if nsp_head else None
 
   def __call__(self, input_ids_bt, token_type_ids_bt, attention_mask_bt, masked_lm_positions_bp,
                position_ids_bt=None, *, segment_ids_bt=None, cls_positions_bk=None,
                deterministic: bool = True):
-    """Returns (mlm_logits [B, P, V], nsp_logits [B, 2]), both float32.
+    """Returns (mlm_logits [B, P, V], nsp_logits [B, 2]), both float32 (nsp_logits None without
+    an NSP head).
 
     The MLM head runs only on the P gathered masked positions, not on all T tokens.
     Packed rows (`data.loader.pack_batch`) pass `segment_ids_bt` (attention stays inside
     each example) and `cls_positions_bk` (each of K examples' [CLS] offset, pooled for NSP):
     nsp_logits are then [B, K, 2].
     """
+    if self.nsp is None:
+      seq_btd, _ = self.bert(input_ids_bt, token_type_ids_bt, attention_mask_bt, position_ids_bt,
+                             segment_ids_bt=segment_ids_bt, deterministic=deterministic)
+      h_bpd = jnp.take_along_axis(seq_btd, masked_lm_positions_bp[..., None], axis=1)
+      return self.mlm(h_bpd, self.bert.embeddings.word_embeddings), None
     if segment_ids_bt is None:
       seq_btd, pooled_bd = self.bert(input_ids_bt, token_type_ids_bt, attention_mask_bt, position_ids_bt,
                                      deterministic=deterministic)

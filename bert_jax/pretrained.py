@@ -111,3 +111,61 @@ def _load_workdir(path: str, step: int | None) -> PretrainedBert:
   cfg, _, state, meta = train_lib.restore_workdir(path, step, mesh)
   return PretrainedBert(cfg.model, jax.device_get(state['params']), load_tokenizer(path),
                         'bert_jax', path, step=int(meta['step']))
+
+
+@dataclasses.dataclass(frozen=True)
+class InitSource:
+  """A checkpoint to continue pretraining from, described without reading its weights."""
+
+  kind: str  # 'hf', 'pretraining' or 'finetuning' (a bert_jax workdir)
+  path: str
+  config: ModelConfig
+  tokenizer_path: str  # what data.tokenizer accepts: the checkpoint's own tokenizer
+
+
+def describe_source(path: str) -> InitSource:
+  """The architecture and tokenizer of a Hugging Face directory or a bert_jax workdir.
+
+  A fine-tuning workdir keeps no tokenizer: its own starting checkpoint's is used.
+  """
+  if not os.path.isdir(path):
+    raise CheckpointError(f'init_checkpoint {path} is not a directory (give a Hugging Face checkpoint '
+                          'directory or a bert_jax workdir)')
+  kind = workdir_lib.kind_of(path)
+  saved = read_config(path) if kind in ('pretraining', 'finetuning') or os.path.isdir(
+      os.path.join(path, 'checkpoints')) else None
+  if kind == 'finetuning' and saved is not None and 'finetune' in saved:
+    cfg = ModelConfig(**{k: v for k, v in saved['model'].items()
+                         if k in {f.name for f in dataclasses.fields(ModelConfig)}})
+    parent = saved['finetune'].get('init_checkpoint', '')
+    if not parent or not os.path.isdir(parent):
+      raise CheckpointError(f'{path} is a fine-tuning workdir whose starting checkpoint {parent!r} (for its '
+                            'tokenizer) is gone')
+    return InitSource('finetuning', path, cfg, describe_source(parent).tokenizer_path)
+  if saved is not None:
+    from bert_jax.config import PretrainConfig  # pylint: disable=g-import-not-at-top
+    tok = [f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))]
+    if not tok:
+      raise CheckpointError(f'{path} has no tokenizer ({" or ".join(TOKENIZER_FILES)}); it was written by an '
+                            'older bert_jax — copy the tokenizer from its data cache into the workdir')
+    return InitSource('pretraining', path, PretrainConfig.from_dict(saved).model, os.path.join(path, tok[0]))
+  if os.path.exists(os.path.join(path, CONFIG_FILE)):
+    from bert_jax import hf  # pylint: disable=g-import-not-at-top
+    spiece = os.path.join(path, hf.SPIECE_FILE)  # a bert_jax export of a SentencePiece model
+    return InitSource('hf', path, hf.read_hf_config(path), spiece if os.path.isfile(spiece) else path)
+  raise CheckpointError(f'init_checkpoint {path} is neither a Hugging Face checkpoint (config.json + '
+                        'model.safetensors) nor a bert_jax workdir (config.json + checkpoints/)')
+
+
+def load_init_params(source: InitSource, step: int | None = None) -> tuple[dict[str, Any], int | None]:
+  """The parameters a run continues from: {'bert': encoder + pooler} plus 'mlm' / 'nsp' when the
+  checkpoint has those heads (a fine-tuning workdir: the encoder of its first seed's checkpoint).
+
+  Returns:
+    (params as host arrays, the bert_jax checkpoint step or None for a Hugging Face directory).
+  """
+  if source.kind != 'finetuning':
+    loaded = load_pretrained(source.path, step)
+    return loaded.params, loaded.step
+  from bert_jax import finetune_lib  # pylint: disable=g-import-not-at-top
+  return finetune_lib.restore_encoder(source.path, step)

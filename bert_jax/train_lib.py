@@ -14,7 +14,8 @@ import json
 import math
 import os
 import time
-from typing import Any, Iterator
+import dataclasses
+from typing import Any, Collection, Iterator
 
 import jax
 from jax.experimental import multihost_utils
@@ -28,6 +29,7 @@ from bert_jax.data.records import PreparedData
 from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config, state_problem, write_config
 from bert_jax.config import PretrainConfig, check_resume, diff_model_configs
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.pretrained import InitSource, describe_source, load_init_params
 from bert_jax.train_state import PretrainingModel, summarize
 
 FINAL_METRICS_FILE = 'final_metrics.json'
@@ -41,8 +43,9 @@ def validate_config(cfg: PretrainConfig, mesh=None) -> None:
   """Checks values that would otherwise fail deep inside jit or the data pipeline."""
   m, d = cfg.model, cfg.data
   if d.max_seq_length > m.max_position_embeddings:
+    of = f' of init_checkpoint {cfg.init_checkpoint}' if cfg.init_checkpoint else ''
     raise ConfigError(f'data.max_seq_length={d.max_seq_length} exceeds model.max_position_embeddings='
-                      f'{m.max_position_embeddings}')
+                      f'{m.max_position_embeddings}{of}: the model has no positions beyond that')
   if d.max_seq_length < 8:
     raise ConfigError(f'data.max_seq_length={d.max_seq_length} is too short for [CLS] A [SEP] B [SEP]')
   if not 0 < d.max_predictions_per_seq <= d.max_seq_length:
@@ -108,6 +111,55 @@ def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
                           'use a new --workdir or the same model config')
 
 
+# What a continued run takes from its init_checkpoint: everything that shapes the parameters or the
+# function they compute. Dropout rates, dtype and the speed switches stay the config's.
+INIT_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
+               'max_position_embeddings', 'type_vocab_size', 'initializer_range', 'layer_norm_eps',
+               'pad_token_id')
+
+
+def resolve_init_checkpoint(cfg: PretrainConfig, explicit_model_fields: Collection[str] = ()
+                            ) -> tuple[PretrainConfig, InitSource | None]:
+  """`cfg` with cfg.init_checkpoint's architecture (INIT_FIELDS) and tokenizer (as data.tokenizer).
+
+  Args:
+    cfg: the run's config.
+    explicit_model_fields: model fields the user set explicitly (e.g. on the command line); one
+      that disagrees with the checkpoint is refused rather than silently replaced.
+
+  Returns:
+    (the config, the source description; None without an init_checkpoint).
+  """
+  if not cfg.init_checkpoint:
+    return cfg, None
+  source = describe_source(cfg.init_checkpoint)
+  theirs = {f: getattr(source.config, f) for f in INIT_FIELDS}
+  clashes = [f'model.{f}={getattr(cfg.model, f)} (the checkpoint has {theirs[f]})'
+             for f in INIT_FIELDS if f in explicit_model_fields and getattr(cfg.model, f) != theirs[f]]
+  if clashes:
+    raise ConfigError(f'init_checkpoint {cfg.init_checkpoint} fixes the architecture, but '
+                      + '; '.join(clashes) + ' was given: drop those flags')
+  changed = [f'{f} {getattr(cfg.model, f)} -> {theirs[f]}' for f in INIT_FIELDS if getattr(cfg.model, f) != theirs[f]]
+  tokenizer = cfg.data.tokenizer or source.tokenizer_path
+  if cfg.data.tokenizer and os.path.abspath(cfg.data.tokenizer) != os.path.abspath(source.tokenizer_path):
+    _check_same_vocabulary(cfg.data.tokenizer, source)
+  if changed:
+    metrics_lib.log(f'init_checkpoint {cfg.init_checkpoint}: its architecture replaces the config\'s ('
+                    + ', '.join(changed) + ')')
+  cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **theirs),
+                            data=dataclasses.replace(cfg.data, tokenizer=tokenizer))
+  return cfg, source
+
+
+def _check_same_vocabulary(path: str, source: InitSource) -> None:
+  given, own = tokenization.load_tokenizer(path), tokenization.load_tokenizer(source.tokenizer_path)
+  pieces = lambda t: [t.id_to_token(i) for i in range(t.vocab_size)]  # pylint: disable=unnecessary-lambda-assignment
+  if type(given) is not type(own) or pieces(given) != pieces(own):
+    raise ConfigError(f'data.tokenizer {path} ({type(given).__name__}, {given.vocab_size} tokens) is not '
+                      f'the tokenizer of init_checkpoint {source.path} ({type(own).__name__}, {own.vocab_size} '
+                      'tokens): its embeddings belong to that one; leave data.tokenizer empty')
+
+
 def prepare_data(cfg: PretrainConfig) -> tuple[PreparedData, input_pipeline.Vocab]:
   """Prepares (or reuses) the run's data, every process building its share of the units.
 
@@ -156,7 +208,10 @@ def evaluate(model: PretrainingModel, params, batches, baseline_token: int) -> d
   totals = jax.device_get(totals)
   out = {k: float(v) for k, v in summarize(totals).items()}
   out['num_masked_tokens'] = int(totals['mlm_count'])
-  out['num_examples'] = int(totals['nsp_count'])
+  out['num_examples'] = int(totals['num_sequences'])
+  if not totals['nsp_count']:  # masked LM only (data.nsp=False): no NSP to report
+    out = {k: v for k, v in out.items() if not k.startswith('nsp_')}
+    out['loss'] = out['mlm_loss']
   return out
 
 
@@ -178,19 +233,29 @@ def _copy_tokenizer(tokenizer_path: str, workdir: str) -> None:
     tokenization.save_tokenizer(tokenization.load_tokenizer(tokenizer_path), workdir)
 
 
-def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
-  """Pretrains (or resumes) in `workdir` and returns the final held-out metrics."""
+def train_and_evaluate(cfg: PretrainConfig, workdir: str, explicit_model_fields: Collection[str] = ()
+                       ) -> dict[str, Any]:
+  """Pretrains (or resumes) in `workdir` and returns the final held-out metrics.
+
+  With cfg.init_checkpoint the run starts from that checkpoint's weights (`resolve_init_checkpoint`;
+  `explicit_model_fields` as there); re-running in `workdir` resumes it like any other run.
+  """
+  cfg, source = resolve_init_checkpoint(cfg, explicit_model_fields)
   mesh = shd.make_mesh(cfg.mesh)
   validate_config(cfg, mesh)
+  if source:
+    _check_outside(workdir, source.path)
   check_workdir(workdir, cfg)
   with workdir_lib.claim(workdir, 'pretraining', owner=jax.process_index() == 0, log=metrics_lib.log):
     prepared, vocab = prepare_data(cfg)
     schedule = optim.learning_rate_schedule(cfg.optim, cfg.num_train_steps)
     model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
-                             seed=cfg.seed, grad_accum_steps=cfg.optim.grad_accum_steps, schedule=schedule)
+                             seed=cfg.seed, grad_accum_steps=cfg.optim.grad_accum_steps, schedule=schedule,
+                             nsp=cfg.data.nsp)
     ckpt = Checkpointer(workdir, save_every=cfg.checkpoint_every, keep=cfg.keep_checkpoints)
     fingerprint = os.path.basename(os.path.normpath(prepared.dir))
     try:
+      initial_eval = None
       if ckpt.latest_step() is not None:
         state, meta = ckpt.restore(None, model.abstract_state, log=metrics_lib.log)
         check_same_run(meta, cfg, fingerprint, workdir)
@@ -198,17 +263,48 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str) -> dict[str, Any]:
         metrics_lib.log(f'resumed from {ckpt.directory} at step {int(state["step"])} '
                         f'(data position {data_position})')
       else:
-        state, data_position = model.init_state(), 0
+        state, data_position = _initial_state(cfg, model, source), 0
+        if source:  # where the continued run starts: the held-out metrics of the loaded weights
+          initial_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
+                                  prepared.most_frequent_token)
       write_config(workdir, cfg.to_dict())
       _copy_tokenizer(prepared.tokenizer_path, workdir)
       with preemption.Preemption() as preempt:
         return _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab, preempt,
-                           {'data_fingerprint': fingerprint})
+                           {'data_fingerprint': fingerprint}, initial_eval)
     finally:
       ckpt.close()
 
 
-def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab, preempt, extra_meta):
+def _check_outside(workdir: str, source: str) -> None:
+  work, init = os.path.realpath(workdir), os.path.realpath(source)
+  if work == init or work.startswith(init + os.sep):
+    raise ConfigError(f'workdir {workdir} is inside init_checkpoint {source}, which is only ever read: '
+                      'choose another --workdir (re-running in the same workdir resumes a run)')
+
+
+def _initial_state(cfg: PretrainConfig, model: PretrainingModel, source: InitSource | None):
+  """A fresh state; with a source, its encoder and the heads it has replace the random ones."""
+  if source is None:
+    return model.init_state()
+  params, step = load_init_params(source, None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
+  if not cfg.data.nsp:
+    params = {k: v for k, v in params.items() if k != 'nsp'}
+  loaded = sorted(params)
+  fresh = [k for k in ('mlm', 'nsp') if k not in params and (k == 'mlm' or cfg.data.nsp)]
+  at = f' step {step}' if step is not None else ''
+  metrics_lib.log(f'initialised from {source.kind} checkpoint {source.path}{at}: loaded '
+                  + ', '.join(_PART_NAMES[k] for k in loaded)
+                  + (f'; fresh {", ".join(_PART_NAMES[k] for k in fresh)}' if fresh else '')
+                  + '; optimizer, step and data position start fresh')
+  return model.init_state(params)
+
+
+_PART_NAMES = {'bert': 'encoder', 'mlm': 'MLM head (decoder tied to the word embeddings)', 'nsp': 'NSP head'}
+
+
+def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab, preempt, extra_meta,
+                initial_eval=None):
   start_step = int(jax.device_get(state['step']))
   total = cfg.num_train_steps
   config_dict = cfg.to_dict()
@@ -231,6 +327,9 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab
   last_eval: dict[str, float] | None = None
   step = start_step
   waited, since = 0.0, time.perf_counter()
+  if initial_eval is not None:
+    eval_writer.write(step, initial_eval)
+    _log_eval(step, initial_eval)
   try:
     if preempt.stop_now(step, synced=False):  # a signal during preparation or compilation
       raise preemption.Preempted(preempt.message(step, saved=False))
@@ -260,7 +359,8 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab
           writer.write(step, {**means, **{k: rate[k] for k in ('steps_per_s', 'tokens_per_s')},
                               'input_wait': input_wait, **pack_means})
           metrics_lib.log(f'step {step}/{total} | ' + metrics_lib.format_metrics(
-              {k: means[k] for k in ('loss', 'mlm_accuracy', 'nsp_accuracy', 'learning_rate', 'grad_norm')})
+              {k: means[k] for k in ('loss', 'mlm_accuracy', 'nsp_accuracy', 'learning_rate', 'grad_norm')
+               if cfg.data.nsp or k != 'nsp_accuracy'})
               + f' | {rate["tokens_per_s"]:,.0f} tok/s | input wait {input_wait:.1%}'
               + f' | ETA {metrics_lib.format_duration(rate["eta_s"])}'
               + (f' | packed {pack_means["packed_rows"]:.1f}/{cfg.batch_size} rows, '
@@ -270,9 +370,7 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab
         last_eval = evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
                              prepared.most_frequent_token)
         eval_writer.write(step, last_eval)
-        metrics_lib.log(f'eval step {step} | ' + metrics_lib.format_metrics(
-            {k: last_eval[k] for k in ('mlm_loss', 'mlm_accuracy', 'mlm_baseline_accuracy', 'nsp_loss',
-                                       'nsp_accuracy')}))
+        _log_eval(step, last_eval)
       if ckpt.manager.should_save(step) or is_last or stop:
         # The losses so far are finite; the parameters this step produced must be sane too.
         problem = state_problem(state['params'])
@@ -296,6 +394,22 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab
     with open(os.path.join(workdir, FINAL_METRICS_FILE), 'w', encoding='utf-8') as f:
       json.dump(result, f, indent=2)
   return result
+
+
+def describe_result(result: dict[str, Any]) -> str:
+  """One line: held-out MLM (and NSP) accuracy beside their trivial baselines."""
+  out = (f'held-out MLM accuracy {result["mlm_accuracy"]:.4f} (most-frequent-token baseline '
+         f'{result["mlm_baseline_accuracy"]:.4f})')
+  if 'nsp_accuracy' in result:
+    out += (f', NSP accuracy {result["nsp_accuracy"]:.4f} (majority-class baseline '
+            f'{result["nsp_baseline_accuracy"]:.4f})')
+  return out
+
+
+def _log_eval(step: int, result: dict[str, float]) -> None:
+  metrics_lib.log(f'eval step {step} | ' + metrics_lib.format_metrics(
+      {k: result[k] for k in ('mlm_loss', 'mlm_accuracy', 'mlm_baseline_accuracy', 'nsp_loss', 'nsp_accuracy')
+       if k in result}))
 
 
 class _PackingStats:
@@ -343,7 +457,7 @@ def restore_workdir(workdir: str, step: int | None = None, mesh=None):
   cfg = PretrainConfig.from_dict(saved)
   mesh = mesh or shd.make_mesh(cfg.mesh)
   model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
-                           seed=cfg.seed)
+                           seed=cfg.seed, nsp=cfg.data.nsp)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
     state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log)

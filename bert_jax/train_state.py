@@ -30,17 +30,24 @@ def pretraining_sums(mlm_logits_bpv, nsp_logits_b2, batch) -> dict[str, jax.Arra
   """Summed losses, correct counts and weights for MLM and NSP (float32).
 
   Packed batches give NSP logits [R, K, 2] with labels and weights [R, K]: the same sums.
+  Without an NSP head (`nsp_logits_b2` None) the NSP sums are zero.
   """
   w_bp = batch['masked_lm_weights'].astype(jnp.float32)
   labels_bp = batch['masked_lm_ids']
   mlm_xent_bp = optax.softmax_cross_entropy_with_integer_labels(mlm_logits_bpv, labels_bp)
+  sums = {
+      'mlm_loss_sum': jnp.sum(mlm_xent_bp * w_bp),
+      'mlm_correct': jnp.sum((jnp.argmax(mlm_logits_bpv, -1) == labels_bp) * w_bp),
+      'mlm_count': jnp.sum(w_bp),
+  }
+  if nsp_logits_b2 is None:
+    zero = jnp.zeros((), jnp.float32)
+    return {**sums, 'nsp_loss_sum': zero, 'nsp_correct': zero, 'nsp_count': zero}
   w_b = batch['nsp_weights'].astype(jnp.float32)
   nsp_labels_b = batch['next_sentence_labels']
   nsp_xent_b = optax.softmax_cross_entropy_with_integer_labels(nsp_logits_b2, nsp_labels_b)
   return {
-      'mlm_loss_sum': jnp.sum(mlm_xent_bp * w_bp),
-      'mlm_correct': jnp.sum((jnp.argmax(mlm_logits_bpv, -1) == labels_bp) * w_bp),
-      'mlm_count': jnp.sum(w_bp),
+      **sums,
       'nsp_loss_sum': jnp.sum(nsp_xent_b * w_b),
       'nsp_correct': jnp.sum((jnp.argmax(nsp_logits_b2, -1) == nsp_labels_b) * w_b),
       'nsp_count': jnp.sum(w_b),
@@ -85,6 +92,7 @@ class PretrainingModel:
   seed: int = 0
   grad_accum_steps: int = 1
   schedule: Callable[[Any], Any] | None = None
+  nsp: bool = True  # the NSP head and loss (data.nsp)
 
   def __post_init__(self):
     log_attention(self.cfg)
@@ -105,16 +113,24 @@ class PretrainingModel:
     self._batch_sharding = batch_sh
 
   def _new_model(self) -> BertForPreTraining:
-    return BertForPreTraining(self.cfg, rngs=nnx.Rngs(params=self.seed, dropout=self.seed + 1))
+    return BertForPreTraining(self.cfg, rngs=nnx.Rngs(params=self.seed, dropout=self.seed + 1),
+                              nsp_head=self.nsp)
 
-  def _init_state(self) -> dict[str, Any]:
+  def _init_state(self, init_params=None) -> dict[str, Any]:
     params = nnx.to_pure_dict(nnx.state(self._new_model(), nnx.Param))
+    for name, subtree in (init_params or {}).items():  # the loaded parts replace the fresh ones
+      params[name] = jax.tree.map(lambda new, old: jnp.asarray(old, new.dtype), params[name], subtree)
     return {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': self.tx.init(params),
             'rng': jax.random.PRNGKey(self.seed)}
 
-  def init_state(self) -> dict[str, Any]:
-    """A fresh train state, each array created directly in its sharding."""
-    return jax.jit(self._init_state, out_shardings=self.state_shardings)()
+  def init_state(self, init_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A fresh train state, each array created directly in its sharding.
+
+    Args:
+      init_params: top-level parameter subtrees ('bert', 'mlm', 'nsp') that replace the
+        randomly initialised ones, e.g. a published encoder; their shapes must match.
+    """
+    return jax.jit(self._init_state, out_shardings=self.state_shardings)(init_params)
 
   def apply(self, params, rest, batch, *, deterministic: bool = True):
     """Runs the model on a batch (dropout streams come from `rest`, see `reseed`)."""
@@ -180,6 +196,7 @@ class PretrainingModel:
     sums['mlm_baseline_correct'] = jnp.sum(
         (batch['masked_lm_ids'] == baseline_token) * batch['masked_lm_weights'])
     # Label 1 = random next: with the label counts, the NSP majority-class baseline.
+    sums['num_sequences'] = jnp.sum(jnp.any(batch['attention_mask'] > 0, axis=-1).astype(jnp.float32))
     sums['nsp_label1'] = jnp.sum(batch['next_sentence_labels'] * batch['nsp_weights'].astype(jnp.float32))
     return sums
 

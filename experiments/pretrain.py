@@ -26,11 +26,9 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and met
 
 def main(_):
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
-  result = train_lib.train_and_evaluate(cfg, _WORKDIR.value)
-  baseline = (f'held-out MLM accuracy {result["mlm_accuracy"]:.4f} (most-frequent-token baseline '
-              f'{result["mlm_baseline_accuracy"]:.4f}), NSP accuracy {result["nsp_accuracy"]:.4f} '
-              f'(majority-class baseline {result["nsp_baseline_accuracy"]:.4f})')
-  metrics.log(baseline)  # process 0 only, like all progress output
+  # Model flags given explicitly must agree with an init_checkpoint's architecture.
+  result = train_lib.train_and_evaluate(cfg, _WORKDIR.value, explicit_model_fields=cli.config_overrides('model.'))
+  metrics.log(train_lib.describe_result(result))  # process 0 only, like all progress output
   metrics.log(json.dumps(result))
 
 

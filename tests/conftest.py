@@ -129,14 +129,14 @@ def tiny_pretrain_config(corpus: str, cache_dir: str, **overrides):
   return dataclasses.replace(cfg, **overrides)
 
 
-def pretrain_subprocess(corpus: str, cache: str, workdir: str, steps: int, patch: str = '') -> list[str]:
-  """A command running experiments/pretrain.py (tiny variant; checkpoints and logs every 10 steps) in a
-  fresh Python that first runs `patch`: code that wraps a library function to inject a fault."""
+def pretrain_subprocess(corpus: str, cache: str, workdir: str, steps: int, patch: str = '', extra=()) -> list[str]:
+  """A command running experiments/pretrain.py (tiny variant; checkpoints and logs every 10 steps; `extra`
+  flags) in a fresh Python that first runs `patch`: code that wraps a library function to inject a fault."""
   import sys  # pylint: disable=g-import-not-at-top
   argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
           f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
           f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
-          '--config.eval_every=1000', '--config.data.eval_fraction=0.4']
+          '--config.eval_every=1000', '--config.data.eval_fraction=0.4', *extra]
   code = f'import runpy, sys\nsys.argv = {argv!r}\n{patch}\nrunpy.run_path("experiments/pretrain.py", run_name="__main__")\n'
   return [sys.executable, '-c', code]
 
@@ -148,7 +148,7 @@ def restore_pretraining_state(workdir: str, cfg, step=None):
   from bert_jax.checkpointing import Checkpointer  # pylint: disable=g-import-not-at-top
   from bert_jax.train_state import PretrainingModel  # pylint: disable=g-import-not-at-top
   model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps),
-                           sharding.make_mesh(cfg.mesh))
+                           sharding.make_mesh(cfg.mesh), nsp=cfg.data.nsp)
   state, meta = Checkpointer(workdir, read_only=True).restore(step, model.abstract_state)
   return jax.device_get(state), meta
 

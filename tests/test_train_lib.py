@@ -110,3 +110,17 @@ def test_workdir_of_another_model_is_refused_untouched(small_corpus, tmp_path):
   with pytest.raises(CheckpointError, match=r'hidden_size: 64 \(checkpoint\) vs 32 \(config\)'):
     train_lib.train_and_evaluate(other, workdir)
   assert _snapshot(workdir) == before
+
+
+def test_mlm_only_run_has_no_nsp_head_and_restores(small_corpus, tmp_path):
+  from bert_jax.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  data = dataclasses.replace(tiny_config(small_corpus, '').data, cache_dir=str(tmp_path / 'cache'), nsp=False)
+  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), data=data, num_train_steps=4)
+  result = train_lib.train_and_evaluate(cfg, workdir)
+  assert result['num_examples'] > 0 and result['loss'] == result['mlm_loss']
+  assert not [k for k in result if k.startswith('nsp')]
+  state, _ = restore_pretraining_state(workdir, cfg)
+  assert set(state['params']) == {'bert', 'mlm'}  # no NSP head
+  assert train_lib.evaluate_checkpoint(workdir)['mlm_accuracy'] == pytest.approx(result['mlm_accuracy'], abs=1e-6)
+  assert load_pretrained(workdir).has_mlm_head  # fill-mask reads it
