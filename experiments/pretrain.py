@@ -3,6 +3,8 @@
   python experiments/pretrain.py --workdir=/tmp/bert_mini
   python experiments/pretrain.py --workdir=DIR --config=experiments/configs/pretrain.py:base \
       --config.optim.learning_rate=2e-4
+  # Continue from published or earlier weights (an HF directory or a bert_jax workdir, only read):
+  python experiments/pretrain.py --workdir=DIR --config.init_checkpoint=PATH
 
 Ends by printing one JSON line with the held-out metrics.
 """
