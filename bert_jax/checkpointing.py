@@ -28,7 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bert_jax import workdir as workdir_lib
-from bert_jax.errors import CheckpointError
+from bert_jax.errors import CheckpointError, CheckpointWriteError
 from bert_jax.files import WRITE_FAILURES
 
 CONFIG_FILE = workdir_lib.CONFIG_FILE
@@ -134,7 +134,7 @@ class Checkpointer:
         kept = self.manager.reload() or self.manager.latest_step()
       except Exception:  # pylint: disable=broad-except
         kept = None
-      raise CheckpointError(f'saving a checkpoint in {self.directory} failed: {reason or e.strerror}; the last '
+      raise CheckpointWriteError(f'saving a checkpoint in {self.directory} failed: {reason or e.strerror}; the last '
                             f'complete checkpoint (step {kept}) is kept. Free space (or fix the filesystem) and run '
                             'the same command again to resume') from None
 

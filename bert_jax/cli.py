@@ -8,13 +8,14 @@ Every entry point gets the multi-host flags below: `run` starts `jax.distributed
 from __future__ import annotations
 
 import errno
+import os
 import sys
 from typing import Callable
 
 from absl import app, flags, logging
 
 from bert_jax import distributed, files, preemption
-from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.errors import BertJaxError, CheckpointWriteError, ConfigError
 
 _DISTRIBUTED = flags.DEFINE_enum(
     'distributed', 'auto', distributed.MODES,
@@ -42,10 +43,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
   def wrapped(argv):
     logging.set_verbosity(logging.WARNING)  # progress goes to stdout; absl INFO is noise here
     # Orbax logs each failed background write with a traceback; the checkpointer reports them in one line.
-    # Reading a checkpoint read-only, Orbax warns that it will not write: nothing to act on.
-    logging.get_absl_logger().addFilter(
-        lambda r: not ('orbax' in r.pathname and any(m in r.getMessage() for m in files.WRITE_FAILURES
-                                                     + ('read_only=True', 'read only='))))
+    logging.get_absl_logger().addFilter(_quiet_orbax)
     if len(argv) > 1 and not allow_args:
       raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
     try:
@@ -54,6 +52,12 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
     except preemption.Preempted as e:
       print(f'preempted: {e}', file=sys.stderr, flush=True)
       sys.exit(preemption.EXIT_CODE)
+    except CheckpointWriteError as e:
+      print(f'error: {e}', file=sys.stderr, flush=True)
+      # Orbax's write threads still hold the failed save's futures; a normal shutdown prints a traceback
+      # for each ("Event loop is closed"). Every file of ours is closed by now: leave at once.
+      sys.stdout.flush()
+      os._exit(1)  # pylint: disable=protected-access
     except BertJaxError as e:
       print(f'error: {e}', file=sys.stderr, flush=True)
       sys.exit(1)
@@ -69,6 +73,17 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
   for holder in _MULTIHOST_FLAGS:  # --help of every entry point lists them beside its own flags
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
   app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _quiet_orbax(record) -> bool:
+  """False for Orbax/asyncio log records the checkpointer reports in one line: each failed background
+  write (a full disk logs one per array), and the warnings of reading a checkpoint read-only."""
+  if 'orbax' not in record.pathname and 'asyncio' not in record.pathname:
+    return True
+  text = record.getMessage()
+  if record.exc_info and record.exc_info[1] is not None:
+    text += str(record.exc_info[1])
+  return not any(m in text for m in files.WRITE_FAILURES + ('read_only=True', 'read only='))
 
 
 def _fail(message: str) -> None:

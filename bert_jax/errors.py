@@ -19,3 +19,7 @@ class DataError(BertJaxError, ValueError):
 
 class CheckpointError(BertJaxError, ValueError):
   """A workdir or checkpoint does not match the model being built."""
+
+
+class CheckpointWriteError(CheckpointError):
+  """Saving failed on the filesystem (full disk, quota, read-only); the last complete checkpoint is kept."""

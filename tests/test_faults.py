@@ -255,3 +255,21 @@ def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
   for args, message in cases:
     assert_one_line_error(run_experiment(*args), message)
   assert {d: _digest(d) for d in (workdir, finetune_dir)} == before
+
+
+def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_corpus, tmp_path):
+  fs = str(tmp_path / 'smallfs')  # a 3 MB filesystem: the tiny model's first checkpoint fits, the second not
+  os.makedirs(fs)
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=3M', 'tmpfs', fs], capture_output=True).returncode:
+    pytest.skip('mounting a small tmpfs needs root')
+  try:
+    workdir, cache = os.path.join(fs, 'run'), str(tmp_path / 'cache')
+    cmd = pretrain_subprocess(small_corpus, cache, workdir, 12, extra=('--config.checkpoint_every=4',))
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert_one_line_error(r, 'No space left on device; the last complete checkpoint (step 4) is kept')
+    assert r.stderr.strip().count('\n') == 0, r.stderr[-3000:]  # nothing but the error line
+    subprocess.run(['mount', '-o', 'remount,size=64M', fs], check=True)
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and 'resumed from' in r.stdout and 'at step 4 ' in r.stdout, r.stderr[-3000:]
+  finally:
+    subprocess.run(['umount', fs], capture_output=True)
