@@ -99,6 +99,12 @@ class ModelConfig:
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
 
+  @classmethod
+  def from_saved(cls, d: dict[str, Any]) -> 'ModelConfig':
+    """From a workdir's saved model dict; keys of fields no longer defined are ignored."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
 
 def preset(name: str, **overrides: Any) -> ModelConfig:
   """Returns the ModelConfig of a named preset with `overrides` applied."""

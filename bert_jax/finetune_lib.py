@@ -184,10 +184,8 @@ def restore_encoder(workdir: str, step: int | None = None) -> tuple[dict[str, An
   if saved is None or 'finetune' not in saved:
     raise CheckpointError(f'{workdir} is not a complete fine-tuning workdir (no config.json)')
   cfg = FinetuneConfig.from_dict(saved['finetune'])
-  model_cfg = ModelConfig(**{k: v for k, v in saved['model'].items()
-                             if k in {f.name for f in dataclasses.fields(ModelConfig)}})
   task = saved['task']
-  model = FinetuneModel(model_cfg, task['kind'], task['num_labels'],
+  model = FinetuneModel(ModelConfig.from_saved(saved['model']), task['kind'], task['num_labels'],
                         optim.make_optimizer(_optim_config(cfg, 0), 1),
                         shd.make_mesh(MeshConfig(), jax.devices()[:1]))
   seed_dir = os.path.join(workdir, f'seed_{cfg.seed}')

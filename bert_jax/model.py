@@ -186,23 +186,16 @@ class BertForPreTraining(nnx.Module):
     each example) and `cls_positions_bk` (each of K examples' [CLS] offset, pooled for NSP):
     nsp_logits are then [B, K, 2].
     """
-    if self.nsp is None:
-      seq_btd, _ = self.bert(input_ids_bt, token_type_ids_bt, attention_mask_bt, position_ids_bt,
-                             segment_ids_bt=segment_ids_bt, deterministic=deterministic)
-      h_bpd = jnp.take_along_axis(seq_btd, masked_lm_positions_bp[..., None], axis=1)
-      return self.mlm(h_bpd, self.bert.embeddings.word_embeddings), None
-    if segment_ids_bt is None:
-      seq_btd, pooled_bd = self.bert(input_ids_bt, token_type_ids_bt, attention_mask_bt, position_ids_bt,
-                                     deterministic=deterministic)
-    else:
-      seq_btd, _ = self.bert(input_ids_bt, token_type_ids_bt, attention_mask_bt, position_ids_bt,
-                             segment_ids_bt=segment_ids_bt, deterministic=deterministic)
-      cls_bkd = jnp.take_along_axis(seq_btd, cls_positions_bk[..., None], axis=1)
-      pooled_bd = jnp.tanh(self.bert.pooler(cls_bkd))  # [B, K, D]: the pooler on every example's [CLS]
+    seq_btd, pooled_bd = self.bert(input_ids_bt, token_type_ids_bt, attention_mask_bt, position_ids_bt,
+                                   segment_ids_bt=segment_ids_bt, deterministic=deterministic)
     h_bpd = jnp.take_along_axis(seq_btd, masked_lm_positions_bp[..., None], axis=1)
     mlm_logits_bpv = self.mlm(h_bpd, self.bert.embeddings.word_embeddings)
-    nsp_logits_b2 = self.nsp(pooled_bd).astype(jnp.float32)
-    return mlm_logits_bpv, nsp_logits_b2
+    if self.nsp is None:
+      return mlm_logits_bpv, None
+    if segment_ids_bt is not None:  # packed: the pooler on every example's [CLS], [B, K, D]
+      cls_bkd = jnp.take_along_axis(seq_btd, cls_positions_bk[..., None], axis=1)
+      pooled_bd = jnp.tanh(self.bert.pooler(cls_bkd))
+    return mlm_logits_bpv, self.nsp(pooled_bd).astype(jnp.float32)
 
 
 def count_params(params) -> int:

@@ -132,11 +132,10 @@ def describe_source(path: str) -> InitSource:
     raise CheckpointError(f'init_checkpoint {path} is not a directory (give a Hugging Face checkpoint '
                           'directory or a bert_jax workdir)')
   kind = workdir_lib.kind_of(path)
-  saved = read_config(path) if kind in ('pretraining', 'finetuning') or os.path.isdir(
-      os.path.join(path, 'checkpoints')) else None
+  is_workdir = kind in ('pretraining', 'finetuning') or os.path.isdir(os.path.join(path, 'checkpoints'))
+  saved = read_config(path) if is_workdir else None  # an HF directory's config.json is not ours
   if kind == 'finetuning' and saved is not None and 'finetune' in saved:
-    cfg = ModelConfig(**{k: v for k, v in saved['model'].items()
-                         if k in {f.name for f in dataclasses.fields(ModelConfig)}})
+    cfg = ModelConfig.from_saved(saved['model'])
     parent = saved['finetune'].get('init_checkpoint', '')
     if not parent or not os.path.isdir(parent):
       raise CheckpointError(f'{path} is a fine-tuning workdir whose starting checkpoint {parent!r} (for its '

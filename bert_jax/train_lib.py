@@ -10,11 +10,11 @@ the current step and stop (`preemption.py`); a non-finite or exploded state is n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import time
-import dataclasses
 from typing import Any, Collection, Iterator
 
 import jax

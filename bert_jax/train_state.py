@@ -195,8 +195,8 @@ class PretrainingModel:
     sums = pretraining_sums(mlm_logits, nsp_logits, batch)
     sums['mlm_baseline_correct'] = jnp.sum(
         (batch['masked_lm_ids'] == baseline_token) * batch['masked_lm_weights'])
-    # Label 1 = random next: with the label counts, the NSP majority-class baseline.
     sums['num_sequences'] = jnp.sum(jnp.any(batch['attention_mask'] > 0, axis=-1).astype(jnp.float32))
+    # Label 1 = random next: with the label counts, the NSP majority-class baseline.
     sums['nsp_label1'] = jnp.sum(batch['next_sentence_labels'] * batch['nsp_weights'].astype(jnp.float32))
     return sums
 

@@ -141,6 +141,23 @@ def pretrain_subprocess(corpus: str, cache: str, workdir: str, steps: int, patch
   return [sys.executable, '-c', code]
 
 
+def sigterm_at_batch(n: int) -> str:
+  """A `pretrain_subprocess` patch: SIGTERM to itself while the n-th training batch is fetched, mid-step and
+  away from any log or checkpoint step, as a scheduler's would arrive."""
+  return f"""
+import os, signal
+from bert_jax.data import loader
+fetch = loader.PretrainingBatches.__next__
+calls = [0]
+def next_batch(self):
+  calls[0] += 1
+  if calls[0] == {n}:
+    os.kill(os.getpid(), signal.SIGTERM)
+  return fetch(self)
+loader.PretrainingBatches.__next__ = next_batch
+"""
+
+
 def restore_pretraining_state(workdir: str, cfg, step=None):
   """(the whole train state as numpy, the checkpoint meta) of a pretraining workdir's `step` (latest when None)."""
   import jax  # pylint: disable=g-import-not-at-top

@@ -22,7 +22,7 @@ from bert_jax.checkpointing import Checkpointer
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 
 from conftest import (REPO, assert_one_line_error, pretrain_subprocess, restore_pretraining_state, run_experiment,
-                      shared_data_or_skip, tiny_pretrain_config, write_small_corpus)
+                      shared_data_or_skip, sigterm_at_batch, tiny_pretrain_config, write_small_corpus)
 
 
 def _digest(directory):
@@ -62,20 +62,7 @@ def _copy(trained, tmp_path):
 
 # --- preemption ---------------------------------------------------------------------------------
 
-# SIGTERM to ourselves while the batch of step 23 is fetched: it arrives mid-step, away from any
-# log or checkpoint step, as a scheduler's would.
-_SIGTERM_AT_STEP_23 = """
-import os, signal
-from bert_jax.data import loader
-fetch = loader.PretrainingBatches.__next__
-calls = [0]
-def next_batch(self):
-  calls[0] += 1
-  if calls[0] == 23:
-    os.kill(os.getpid(), signal.SIGTERM)
-  return fetch(self)
-loader.PretrainingBatches.__next__ = next_batch
-"""
+_SIGTERM_AT_STEP_23 = sigterm_at_batch(23)
 
 
 def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(tmp_path):

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 
 import jax
@@ -20,7 +19,7 @@ from bert_jax.data import tokenization
 from bert_jax.train_state import PretrainingModel
 
 from conftest import (REPO, WIKITEXT, assert_one_line_error, pretrain_subprocess, restore_pretraining_state,
-                      run_experiment, tiny_pretrain_config as tiny_config)
+                      run_experiment, sigterm_at_batch, tiny_pretrain_config as tiny_config)
 
 HEADS_FIXTURE = os.path.join(REPO, 'tests', 'fixtures', 'hf_pretraining')  # BertForPreTraining, vocab 128
 
@@ -110,19 +109,7 @@ def test_from_an_encoder_only_checkpoint_heads_are_fresh(small_corpus, tmp_path,
   assert os.path.exists(os.path.join(workdir, 'tokenizer.json'))  # the corpus used MiniLM's own ids
 
 
-# SIGTERM while the batch of step 13 is fetched: the run saves step 13 and exits 75.
-_SIGTERM_AT_STEP_13 = """
-import os, signal
-from bert_jax.data import loader
-fetch = loader.PretrainingBatches.__next__
-calls = [0]
-def next_batch(self):
-  calls[0] += 1
-  if calls[0] == 13:
-    os.kill(os.getpid(), signal.SIGTERM)
-  return fetch(self)
-loader.PretrainingBatches.__next__ = next_batch
-"""
+_SIGTERM_AT_STEP_13 = sigterm_at_batch(13)  # the run saves step 13 and exits 75
 
 
 def test_phase_two_starts_from_phase_one_and_resumes_bitwise(small_corpus, tmp_path):

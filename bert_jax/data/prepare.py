@@ -487,14 +487,14 @@ def _build_unit(job: _Job, unit: Unit, _) -> dict:
       used_pool = pool if (pool is not None and t.num_docs < 2 and pool.num_docs) else None
       flat, bounds = nsp.assemble_records(t, pairs, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
                                           pool=used_pool)
+      len_a, random_next = pairs[:, 1] - pairs[:, 0], pairs[:, 4]
     else:  # masked LM only: FULL-SENTENCES records, all segment A (len_a = length - 2), label 0
       ranges, stream = nsp.full_sentence_records(t, max_seq_length=job.max_seq_length, sep_id=tokenizer.sep_id)
       flat, bounds = nsp.assemble_full_sentences(ranges, stream, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id)
-      pairs = np.zeros((len(ranges), len(nsp.PAIR_FIELDS)), np.int64)
-      pairs[:, 1] = ranges[:, 1] - ranges[:, 0]
-    index = records.make_index(bounds, pairs[:, 1] - pairs[:, 0], pairs[:, 4])
+      len_a, random_next = ranges[:, 1] - ranges[:, 0], np.zeros(len(ranges), np.int64)
+    index = records.make_index(bounds, len_a, random_next)
     base = os.path.join(job.build_dir, _UNITS_DIR, f'{unit.index:05d}.{split}')
-    if len(pairs):
+    if len(len_a):
       _atomic(os.path.join(job.build_dir, records.shard_name(split, unit.index)),
               lambda p: records.write_shard(p, flat, records.token_dtype(job.vocab_size)))
     _atomic(base + '.index.npy', lambda p: _save_npy(p, index))
@@ -502,8 +502,7 @@ def _build_unit(job: _Job, unit: Unit, _) -> dict:
       counts = np.bincount(flat, minlength=job.vocab_size).astype('<i8')
       _atomic(base + '.counts.npy', lambda p: _save_npy(p, counts))
     out['splits'][split] = dict(documents=t.num_docs, sentences=int(len(t.sentence_starts) - 1),
-                                tokens=int(len(t.tokens)), pairs=int(len(pairs)),
-                                random_next=int(pairs[:, 4].sum()) if len(pairs) else 0)
+                                tokens=int(len(t.tokens)), pairs=int(len(len_a)), random_next=int(random_next.sum()))
   out['seconds'] = dict(read=t_read - t0, tokenize=t_tokenize - t_read, pairs_write=time.time() - t_tokenize)
   _write_json(_marker(job.build_dir, unit.index), out)  # last: the unit is complete
   return out
