@@ -635,6 +635,8 @@ def _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed) -> str:
       eval=[(p, _file_sha256(p)) for p in eval_paths],
       tokenizer=[_file_sha256(p) for p in tokenization.tokenizer_files(given)] if given else None,
       fields={f: getattr(cfg, f) for f in RECORD_FIELDS})
+  if not given:  # a trained tokenizer's bytes depend on how it is trained
+    key['tokenizer_training'] = tokenization.SENTENCEPIECE_TRAINING
   if not cfg.nsp:  # only then: caches of NSP pairs keep their fingerprints
     key['objective'] = 'mlm_full_sentences'
   return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
