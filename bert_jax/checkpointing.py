@@ -117,8 +117,31 @@ class Checkpointer:
     """Starts an async save if the policy (or `force`) says so; returns whether it did."""
     meta = {'step': int(step), 'data_position': int(data_position), 'config': config, **(extra or {})}
     with self._write_errors():  # the previous async save's error surfaces here
+      if force or self.manager.should_save(step):
+        self._check_free_space(state)
       return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                              meta=ocp.args.JsonSave(meta)), force=force)
+
+  def _check_free_space(self, state: Any) -> None:
+    """Refuses a save that cannot fit, before Orbax starts one.
+
+    A save that runs out of space mid-way fails inside tensorstore's write threads, which
+    print tracebacks of their own; checking first keeps the failure to our one line. The
+    need is the newest checkpoint's size on disk (else the state's bytes) plus 10%. All
+    processes decide together, so none starts a collective save the others skip. Remote
+    paths (gs://) are not checked. Space taken by others during the save still fails there.
+    """
+    enough = True
+    if '://' not in self.directory and os.path.isdir(self.directory):
+      latest = self.manager.latest_step()
+      need = _disk_bytes(os.path.join(self.directory, str(latest))) if latest is not None else 0
+      need = 1.1 * (need or sum(int(x.nbytes) for x in jax.tree.leaves(state) if hasattr(x, 'nbytes')))
+      fs = os.statvfs(self.directory)
+      enough = fs.f_bavail * fs.f_frsize >= need
+    if jax.process_count() > 1:
+      enough = bool(np.all(multihost_utils.process_allgather(np.array(enough))))
+    if not enough:
+      raise OSError(errno.ENOSPC, 'No space left on device')
 
   @contextlib.contextmanager
   def _write_errors(self):
@@ -234,6 +257,16 @@ class Checkpointer:
     with self._write_errors():
       self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _disk_bytes(directory: str) -> int:
+  """Bytes of the files under `directory` (0 when it is gone)."""
+  total = 0
+  for root, _, files in os.walk(directory):
+    for name in files:
+      with contextlib.suppress(OSError):
+        total += os.path.getsize(os.path.join(root, name))
+  return total
 
 
 def _first_line(e: BaseException) -> str:
