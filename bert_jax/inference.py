@@ -1,4 +1,4 @@
-"""Inference with a loaded checkpoint: sentence embeddings, fill-mask and attention maps.
+"""Inference with a loaded checkpoint: sentence embeddings, fill-mask and attention (maps and details).
 
 All three take a `pretrained.PretrainedBert` (a Hugging Face directory or a bert_jax workdir,
 see `pretrained.load_pretrained`) and plain text; tokenisation, padding and batching happen here.
@@ -6,6 +6,7 @@ see `pretrained.load_pretrained`) and plain text; tokenisation, padding and batc
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Sequence
@@ -18,6 +19,7 @@ from flax import nnx
 
 from bert_jax import metrics
 from bert_jax.errors import ConfigError, DataError
+from bert_jax.model import attention_mask_b11s
 from bert_jax.pretrained import PretrainedBert
 
 POOLINGS = ('mean', 'cls')
@@ -221,37 +223,68 @@ def fill_mask(pretrained: PretrainedBert, text: str, *, top_k: int = 5) -> list[
   return results
 
 
-def attention_maps(pretrained: PretrainedBert, text_a: str, text_b: str | None = None, *,
-                   max_length: int = 128) -> tuple[list[str], np.ndarray]:
-  """Attention probabilities of every layer and head for one text (or pair).
+@dataclasses.dataclass(frozen=True)
+class AttentionDetails:
+  """Everything the attention explorer shows for one text (or pair), from one forward pass.
 
-  They come from the explicit softmax path of `SelfAttention`, whatever fused kernel the
-  model's `attention_impl` would otherwise pick.
+  probs[l, n, t] is query token t's distribution over the keys in layer l, head n; query and
+  key are that head's projected vectors and scores their scaled dot products q·k/√d (before
+  the mask: a single text has none), so softmax(scores[l, n, t]) is probs[l, n, t].
+  """
+  tokens: list[str]  # as the tokenizer made them, [CLS]/[SEP] included
+  segment_ids: np.ndarray  # int32 [T]: 0 for segment A, 1 for B
+  special: np.ndarray  # bool [T]: [CLS], [SEP] and the like
+  probs: np.ndarray  # float32 [L, N, T, T]
+  query: np.ndarray  # float32 [L, N, T, H]
+  key: np.ndarray  # float32 [L, N, T, H]
+  scores: np.ndarray  # float32 [L, N, T, T]
 
-  Args:
-    pretrained: the loaded checkpoint.
-    text_a: the text.
-    text_b: optional second segment.
-    max_length: truncation length, [CLS]/[SEP] included.
 
-  Returns:
-    (tokens [T] including [CLS]/[SEP], float32 probs [layers, heads, T, T]); probs[l, n, t]
-    is the distribution of query token t over the keys.
+def attention_details(pretrained: PretrainedBert, text_a: str, text_b: str | None = None, *,
+                      max_length: int = 128) -> AttentionDetails:
+  """Attention of every layer and head for one text (or pair), with the queries and keys behind it.
+
+  The probabilities come from the explicit softmax path of `SelfAttention` (what the PNGs,
+  the npz and the HTML explorer all show), whatever fused kernel the model's
+  `attention_impl` would otherwise pick.
   """
   _check_max_length(pretrained, max_length)
   ids_1t, types_1t = _encode_one(pretrained, text_a, text_b, max_length)
   graphdef, state = nnx.split(pretrained.encoder())
-  probs_lbnts = _attention_probs(graphdef, state, ids_1t, types_1t)
-  tokens = [pretrained.tokenizer.id_to_token(int(i)) for i in ids_1t[0]]
-  return tokens, np.asarray(probs_lbnts[:, 0], np.float32)
+  probs, query, key, scores = jax.device_get(_attention_details(graphdef, state, ids_1t, types_1t))
+  tokenizer = pretrained.tokenizer
+  special = tokenizer.special_table()[ids_1t[0]]
+  return AttentionDetails(tokens=[tokenizer.id_to_token(int(i)) for i in ids_1t[0]],
+                          segment_ids=types_1t[0], special=np.asarray(special, bool),
+                          probs=probs, query=query, key=key, scores=scores)
+
+
+def attention_maps(pretrained: PretrainedBert, text_a: str, text_b: str | None = None, *,
+                   max_length: int = 128) -> tuple[list[str], np.ndarray]:
+  """(tokens [T], float32 probs [layers, heads, T, T]) of `attention_details`."""
+  details = attention_details(pretrained, text_a, text_b, max_length=max_length)
+  return details.tokens, details.probs
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef',))
-def _attention_probs(graphdef, state, input_ids_bt, token_type_ids_bt):
-  """float32 [L, B, N, T, T] through the explicit softmax path."""
-  _, _, probs_lbnts = nnx.merge(graphdef, state)(input_ids_bt, token_type_ids_bt, jnp.ones_like(input_ids_bt),
-                                                 deterministic=True, return_attention=True)
-  return probs_lbnts.astype(jnp.float32)
+def _attention_details(graphdef, state, input_ids_1t, token_type_ids_1t):
+  """float32 probs, queries, keys and scores [L, N, ...] of the one text in the batch.
+
+  The encoder's own loop (embeddings, padding mask, layers with `return_probs`), keeping each
+  layer's input to project its queries and keys as `SelfAttention` does.
+  """
+  encoder = nnx.merge(graphdef, state)
+  positions_1t = jnp.arange(input_ids_1t.shape[1])[None]
+  x_btd = encoder.embeddings(input_ids_1t, token_type_ids_1t, positions_1t, deterministic=True)
+  mask_b11s = attention_mask_b11s(jnp.ones_like(input_ids_1t))
+  out = []
+  for layer in encoder.layers:
+    q_btnh, k_btnh = layer.attention.query(x_btd), layer.attention.key(x_btd)
+    scores_bnts = jnp.einsum('btnh,bsnh->bnts', q_btnh, k_btnh,
+                             preferred_element_type=jnp.float32) * q_btnh.shape[-1] ** -0.5
+    x_btd, probs_bnts = layer(x_btd, mask_b11s, deterministic=True, return_probs=True)
+    out.append((probs_bnts[0], q_btnh[0].transpose(1, 0, 2), k_btnh[0].transpose(1, 0, 2), scores_bnts[0]))
+  return tuple(jnp.stack(a).astype(jnp.float32) for a in zip(*out))
 
 
 def read_texts(path: str) -> list[tuple[str, str | None]]:

@@ -184,6 +184,29 @@ def test_attention_maps_rows_sum_to_one_and_equal_self_attention(tiny):
   np.testing.assert_allclose(probs[0], np.asarray(ref[0]), atol=1e-6)
 
 
+def test_attention_details_are_the_encoders_attention_and_explain_it(tiny):
+  text_a, text_b = 'The game began development in 2010 .', 'It was released .'
+  d = inference.attention_details(tiny, text_a, text_b)
+  ids, types, _ = tiny.tokenizer.encode_inputs(text_a, text_b, max_length=128)
+  cfg, t = tiny.config, len(ids)
+  assert d.tokens == [tiny.tokenizer.id_to_token(i) for i in ids] and list(d.segment_ids) == types
+  assert list(np.flatnonzero(d.special)) == [0, types.index(1) - 1, t - 1]  # [CLS] and both [SEP]s
+  assert d.query.shape == d.key.shape == (cfg.num_layers, cfg.num_heads, t, cfg.head_dim)
+  # The encoder's own return_attention pass (compiled apart, so equal up to float32 rounding).
+  _, _, probs_ref = jax.jit(lambda i, y: tiny.encoder()(i, y, return_attention=True))(np.array([ids]),
+                                                                                         np.array([types]))
+  np.testing.assert_allclose(d.probs, np.asarray(probs_ref)[:, 0], rtol=0, atol=1e-6)
+  np.testing.assert_array_equal(d.probs, inference.attention_maps(tiny, text_a, text_b)[1])
+  # The explainers' walk-through: scores = q·k/√d, and their softmax is the attention row.
+  np.testing.assert_allclose(d.scores, np.einsum('lnth,lnsh->lnts', d.query, d.key) / np.sqrt(cfg.head_dim),
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(jax.nn.softmax(d.scores, axis=-1), d.probs, atol=1e-6)
+  enc = tiny.encoder()
+  x = enc.embeddings(np.array([ids]), np.array([types]), np.arange(t)[None], deterministic=True)
+  np.testing.assert_allclose(d.query[0], np.asarray(enc.layers[0].attention.query(x))[0].transpose(1, 0, 2),
+                             atol=1e-6)
+
+
 def test_encoder_attention_probs_ignore_padding(tiny):
   ids, types, _ = tiny.tokenizer.encode_inputs('The game began development .', max_length=128)
   n, pad = len(ids), 5
