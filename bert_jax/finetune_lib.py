@@ -3,7 +3,9 @@
 `finetune(cfg, workdir)` loads the starting checkpoint (read only), featurises the task once,
 then for each seed trains in `workdir/seed_<n>/` (resuming from its latest checkpoint, or
 skipping training when it is complete), evaluates, and writes `final_metrics.json` there and,
-over all seeds, in `workdir` (each metric's per-seed values, mean and sample std).
+over all seeds, in `workdir` (each metric's per-seed values, mean and sample std). Each seed logs
+metrics_train.jsonl and metrics_eval.jsonl; after each seed's evaluation `workdir/curves.png` is
+redrawn from them.
 
 A step's batch is a pure function of (seed, step): the order is a per-epoch permutation, so
 resuming needs only the step. Batches are packed (`packing.py`) unless `pack=False`.
@@ -122,6 +124,7 @@ class _Run:
   total: int
   rows_multiple: int
   block: tuple[int, int] = (0, 1)  # (index, count): the block of every batch this process feeds
+  schedule: Any = None  # step -> learning rate, the optimizer's (logged beside the loss)
 
   def batch(self, features: list[Feature], batch_size: int) -> tuple[dict[str, jax.Array], dict[str, np.ndarray]]:
     """(the global batch for the jitted steps, the whole host batch it came from).
@@ -218,7 +221,7 @@ def _finetune(cfg: FinetuneConfig, workdir: str, task: Task) -> dict[str, Any]:
   model_cfg = dataclasses.replace(pretrained.config, dtype=cfg.dtype)
   model = FinetuneModel(model_cfg, task.kind, task.num_labels, optim.make_optimizer(ocfg, max(total, 1)), mesh)
   run = _Run(cfg, task, pretrained, model, train, evals, total, rows_multiple=2 * shd.num_batch_shards(mesh),
-             block=block)
+             block=block, schedule=optim.learning_rate_schedule(ocfg, max(total, 1)))
   if not cfg.eval_only:  # evaluation keeps the training run's config.json
     write_config(workdir, {'finetune': cfg.to_dict(), 'model': dataclasses.asdict(model_cfg),
                            'task': {'name': task.name, 'kind': task.kind, 'num_labels': task.num_labels}})
@@ -228,6 +231,8 @@ def _finetune(cfg: FinetuneConfig, workdir: str, task: Task) -> dict[str, Any]:
     result = _run_seed(run, seed, seed_dir)
     _write_json(os.path.join(seed_dir, FINAL_METRICS_FILE), result)
     per_seed.append(result)
+    # Every seed's train curves and held-out main metric(s) so far, in workdir/curves.png.
+    metrics_lib.write_curves(workdir, metrics=[f'{e.name}_{task.main_metric}' for e in evals])
   summary = summarize_seeds(per_seed, main_metric=f'{evals[0].name}_{task.main_metric}')
   summary = {'task': task.name, 'init_checkpoint': cfg.init_checkpoint, **summary}
   _write_json(os.path.join(workdir, FINAL_METRICS_FILE), summary)
@@ -278,18 +283,30 @@ def _run_seed(run: _Run, seed: int, seed_dir: str) -> dict[str, Any]:
     step = int(jax.device_get(state['step']))
     result = {'seed': seed, 'step': step, **train_stats}
     t0 = time.time()
+    held_out = {}
     for eval_set in run.evals:
       logits = predict(run, state['params'], eval_set.features)
       # Every process has all the logits and scores them; process 0 alone writes the predictions.
       scores = run.task.evaluate(eval_set, logits, seed_dir if jax.process_index() == 0 else None)
-      result.update({f'{eval_set.name}_{k}': v for k, v in scores.items()})
+      held_out.update({f'{eval_set.name}_{k}': v for k, v in scores.items()})
+    result.update(held_out)
     result['eval_wall_s'] = time.time() - t0
+    _write_eval_metrics(seed_dir, step, held_out)
     main = f'{run.evals[0].name}_{run.task.main_metric}'
     metrics_lib.log(f'seed {seed} step {step}: {main} {result[main]:.4f} '
                     f'(eval {metrics_lib.format_duration(result["eval_wall_s"])})')
     return result
   finally:
     ckpt.close()
+
+
+def _write_eval_metrics(seed_dir: str, step: int, scores: dict[str, Any]) -> None:
+  """Appends the held-out scores (the numbers among them) to seed_dir/metrics_eval.jsonl and TensorBoard."""
+  writer = metrics_lib.MetricWriter(seed_dir, 'eval')
+  try:
+    writer.write(step, {k: v for k, v in scores.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+  finally:
+    writer.close()
 
 
 def _train(run: _Run, seed: int, seed_dir: str, state, ckpt: Checkpointer):
@@ -303,6 +320,7 @@ def _train(run: _Run, seed: int, seed_dir: str, state, ckpt: Checkpointer):
   metrics_lib.log(f'seed {seed}: training {run.total - start} of {run.total} steps, batch {cfg.batch_size}, '
                   f'{len(run.train)} features, {"packed" if cfg.pack else "padded"} rows')
   pending, real_tokens, row_tokens = [], 0, 0
+  window_steps = window_tokens = 0  # since the last log line: its tokens/s
   last_good = ckpt.latest_step()
   t0 = time.time()
   try:
@@ -314,6 +332,7 @@ def _train(run: _Run, seed: int, seed_dir: str, state, ckpt: Checkpointer):
         batch, host = run.batch(features, cfg.batch_size)
         real_tokens += sum(len(f) for f in features)
         row_tokens += host['input_ids'].size
+        window_steps, window_tokens = window_steps + 1, window_tokens + host['input_ids'].size
         state, step_metrics = model.train_step(state, batch, model.rest)
         pending.append(step_metrics)
         done = step + 1
@@ -331,7 +350,10 @@ def _train(run: _Run, seed: int, seed_dir: str, state, ckpt: Checkpointer):
             rate = progress.update(done)
             writer.write(done, {'loss': float(np.mean(losses)),
                                 'grad_norm': float(np.mean([m['grad_norm'] for m in host])),
-                                'examples_per_s': rate['tokens_per_s']})
+                                'learning_rate': float(run.schedule(done - 1)),  # that of the last step
+                                'examples_per_s': rate['tokens_per_s'],
+                                'tokens_per_s': rate['steps_per_s'] * window_tokens / window_steps})
+            window_steps = window_tokens = 0
             metrics_lib.log(f'seed {seed} step {done}/{run.total} | loss {np.mean(losses):.4f} | '
                             f'{rate["tokens_per_s"]:.1f} ex/s | elapsed '
                             f'{metrics_lib.format_duration(time.time() - t0)} | ETA '

@@ -1,4 +1,5 @@
-"""Process-0 metric writers: a progress line on stdout, JSONL and TensorBoard event files.
+"""Process-0 metric writers: a progress line on stdout, JSONL and TensorBoard event files, and
+the curves picture redrawn from those files.
 
 TensorBoard events are written with the `tensorboard` package's own event writer, so no
 TensorFlow is needed. On processes other than 0 every writer is a no-op.
@@ -11,7 +12,7 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 
@@ -81,6 +82,20 @@ class Progress:
     self._last_step, self._last_time = step, now
     eta = (self.total_steps - step) / steps_per_s if steps_per_s > 0 else float('inf')
     return {'steps_per_s': steps_per_s, 'tokens_per_s': steps_per_s * self.tokens_per_step, 'eta_s': eta}
+
+
+def write_curves(workdir: str, metrics: Sequence[str] | None = None) -> None:
+  """Redraws workdir/curves.png from the workdir's metric files (process 0; `plots.plot_run_curves`).
+
+  A picture that cannot be drawn or written is a warning line: it must never stop a run.
+  """
+  if jax.process_index() != 0:
+    return
+  from bert_jax import plots  # pylint: disable=g-import-not-at-top  # matplotlib: only where curves are drawn
+  try:
+    plots.plot_run_curves(workdir, metrics=metrics)
+  except Exception as e:  # pylint: disable=broad-except
+    log(f'warning: {os.path.join(workdir, plots.CURVES_FILE)} not written ({type(e).__name__}: {e})')
 
 
 def log(message: str) -> None:

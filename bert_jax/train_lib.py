@@ -15,7 +15,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Collection, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import jax
 from jax.experimental import multihost_utils
@@ -330,6 +330,7 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab
   if initial_eval is not None:
     eval_writer.write(step, initial_eval)
     _log_eval(step, initial_eval)
+    metrics_lib.write_curves(workdir)
   try:
     if preempt.stop_now(step, synced=False):  # a signal during preparation or compilation
       raise preemption.Preempted(preempt.message(step, saved=False))
@@ -350,7 +351,9 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab
         pending = []
         _check_finite(step, host, last_good)
         if step % cfg.log_every == 0 or is_last:
-          means = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+          # Masked LM only: the step's NSP sums are empty, its nsp_* values meaningless zeros.
+          means = {k: float(np.mean([m[k] for m in host])) for k in host[0]
+                   if cfg.data.nsp or not k.startswith('nsp_')}
           rate = progress.update(step)
           # The share of the wall time since the last log line spent waiting for a batch.
           now = time.perf_counter()
@@ -371,6 +374,7 @@ def _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab
                              prepared.most_frequent_token)
         eval_writer.write(step, last_eval)
         _log_eval(step, last_eval)
+        metrics_lib.write_curves(workdir)  # loss, accuracy, learning rate and tokens/s so far
       if ckpt.manager.should_save(step) or is_last or stop:
         # The losses so far are finite; the parameters this step produced must be sane too.
         problem = state_problem(state['params'])
@@ -435,17 +439,9 @@ class _PackingStats:
     return out
 
 
-def restore_workdir(workdir: str, step: int | None = None, mesh=None):
-  """Rebuilds a pretraining workdir's model from its config.json and restores `step` (latest when None).
-
-  Args:
-    workdir: a pretraining workdir.
-    step: checkpoint step; latest when None.
-    mesh: where to restore; the workdir's own mesh config when None.
-
-  Returns:
-    (config, PretrainingModel, state, checkpoint meta).
-  """
+def _workdir_model(workdir: str, mesh=None) -> tuple[PretrainConfig, PretrainingModel]:
+  """A pretraining workdir's config (its config.json) and the model it describes, on `mesh` (default
+  the workdir's own mesh config)."""
   kind = workdir_lib.kind_of(workdir)
   if kind not in (None, 'pretraining'):
     hint = (' (evaluate it with its finetune_*.py and --config.eval_only=True)' if kind == 'finetuning' else '')
@@ -458,6 +454,21 @@ def restore_workdir(workdir: str, step: int | None = None, mesh=None):
   mesh = mesh or shd.make_mesh(cfg.mesh)
   model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
                            seed=cfg.seed, nsp=cfg.data.nsp)
+  return cfg, model
+
+
+def restore_workdir(workdir: str, step: int | None = None, mesh=None):
+  """Rebuilds a pretraining workdir's model from its config.json and restores `step` (latest when None).
+
+  Args:
+    workdir: a pretraining workdir.
+    step: checkpoint step; latest when None.
+    mesh: where to restore; the workdir's own mesh config when None.
+
+  Returns:
+    (config, PretrainingModel, state, checkpoint meta).
+  """
+  cfg, model = _workdir_model(workdir, mesh)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
     state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log)
@@ -474,3 +485,42 @@ def evaluate_checkpoint(workdir: str, step: int | None = None) -> dict[str, Any]
   result = evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
                     prepared.most_frequent_token)
   return {'step': int(meta['step']), **result}
+
+
+def evaluate_all_checkpoints(workdir: str, on_result: Callable[[dict[str, Any]], None] | None = None
+                             ) -> list[dict[str, Any]]:
+  """Evaluates every checkpoint of a pretraining workdir held-out, oldest first; the workdir is only read.
+
+  The model, the data and the compiled evaluation are built once; each step's result is what
+  `evaluate_checkpoint(workdir, step)` returns.
+
+  Args:
+    workdir: a pretraining workdir.
+    on_result: called with each step's result as soon as it is evaluated (e.g. to print a row).
+
+  Returns:
+    One result per checkpoint step: {'step', mlm_loss, mlm_accuracy, nsp_* (with NSP), ...}.
+
+  Raises:
+    CheckpointError: not a pretraining workdir, no checkpoint, or a checkpoint that is unusable.
+  """
+  cfg, model = _workdir_model(workdir)
+  validate_config(cfg, model.mesh)
+  ckpt = Checkpointer(workdir, read_only=True)
+  try:
+    steps = sorted(ckpt.all_steps())
+    if not steps:
+      raise CheckpointError(f'no checkpoint in {ckpt.directory}')
+    prepared, vocab = prepare_data(cfg)
+    results = []
+    for step in steps:
+      state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log)
+      results.append({'step': int(meta['step']),
+                      **evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
+                                 prepared.most_frequent_token)})
+      del state  # one checkpoint's arrays in memory at a time
+      if on_result:
+        on_result(results[-1])
+  finally:
+    ckpt.close()
+  return results

@@ -2,6 +2,8 @@
 
 import json
 import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -40,6 +42,8 @@ def test_pretrain_prints_progress_baselines_and_json(trained):
   metrics = last_json(out)
   assert metrics['step'] == 8 and 0 <= metrics['mlm_accuracy'] <= 1
   assert os.path.exists(os.path.join(trained['workdir'], 'config.json'))
+  with open(os.path.join(trained['workdir'], 'curves.png'), 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'  # drawn at the evaluations of steps 4 and 8
 
 
 def test_evaluate_restores_latest_and_given_step(trained):
@@ -50,9 +54,52 @@ def test_evaluate_restores_latest_and_given_step(trained):
   assert metrics['mlm_accuracy'] == pytest.approx(last_json(trained['stdout'])['mlm_accuracy'], abs=1e-6)
   for key in ('mlm_loss', 'nsp_accuracy', 'nsp_loss'):
     assert key in metrics
-  assert last_json(run('evaluate.py', f'--workdir={trained["workdir"]}', '--step=4').stdout)['step'] == 4
+  step4 = last_json(run('evaluate.py', f'--workdir={trained["workdir"]}', '--step=4').stdout)
+  assert step4['step'] == 4
   assert_one_line_error(run('evaluate.py', f'--workdir={trained["workdir"]}', '--step=3'),
                         'no checkpoint for step 3')
+  # --all_steps: a row per checkpoint, and per step exactly what --step=N prints.
+  every = run('evaluate.py', f'--workdir={trained["workdir"]}', '--all_steps')
+  assert every.returncode == 0, every.stderr[-3000:]
+  rows = [l.split() for l in every.stdout.splitlines() if l.split() and l.split()[0].isdigit()]
+  assert [r[0] for r in rows] == ['4', '8']
+  header = [l.split() for l in every.stdout.splitlines() if l.startswith(' ') and 'step' in l.split()]
+  assert header[0][:4] == ['step', 'mlm_accuracy', 'mlm_loss', 'nsp_accuracy']
+  with open(os.path.join(trained['workdir'], 'eval_all_steps.jsonl'), encoding='utf-8') as f:
+    assert [json.loads(l) for l in f] == [step4, metrics]
+  with open(os.path.join(trained['workdir'], 'eval_all_steps.png'), 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_evaluate_all_steps_bad_flags_before_any_work(trained, tmp_path):
+  workdir = trained['workdir']
+  assert_one_line_error(run('evaluate.py', f'--workdir={workdir}', '--all_steps', '--step=4'), 'drop --step')
+  assert_one_line_error(run('evaluate.py', f'--workdir={workdir}', '--all_steps', f'--output_plot={tmp_path}'),
+                        f'--output_plot {tmp_path} is a directory')
+  assert_one_line_error(run('evaluate.py', f'--workdir={workdir}', f'--output_jsonl={tmp_path / "a.jsonl"}'),
+                        'only apply with --all_steps')
+  assert not os.listdir(tmp_path)
+
+
+def test_evaluate_all_steps_in_a_read_only_workdir(trained, tmp_path):
+  fs = str(tmp_path / 'rofs')
+  os.makedirs(fs)
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64M', 'tmpfs', fs], capture_output=True).returncode:
+    pytest.skip('mounting a tmpfs needs root')
+  try:
+    workdir = shutil.copytree(trained['workdir'], os.path.join(fs, 'run'),
+                              ignore=shutil.ignore_patterns('eval_all_steps.*'))
+    subprocess.run(['mount', '-o', 'remount,ro', fs], check=True)
+    before = _snapshot(fs)
+    # The table, the JSONL where asked; the default plot left out with a warning, not an error.
+    r = run('evaluate.py', f'--workdir={workdir}', '--all_steps', f'--output_jsonl={tmp_path / "steps.jsonl"}')
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'eval_all_steps.png is not written (give --output_plot=PATH)' in r.stdout
+    with open(tmp_path / 'steps.jsonl', encoding='utf-8') as f:
+      assert [json.loads(l)['step'] for l in f] == [4, 8]
+    assert _snapshot(fs) == before
+  finally:
+    subprocess.run(['umount', fs], capture_output=True)
 
 
 def test_benchmark_prints_table_and_json():

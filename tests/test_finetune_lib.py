@@ -80,6 +80,13 @@ def test_seeds_report_mean_and_std_and_eval_only_restores(tiny_checkpoint, tmp_p
   assert result['dev_accuracy_mean'] == pytest.approx(np.mean(per_seed))
   assert result['dev_accuracy_std'] == pytest.approx(np.std(per_seed, ddof=1))
   assert 'ETA' in trained.stdout
+  for seed, accuracy in zip((0, 1), per_seed):  # each seed's held-out score and train curves are logged
+    with open(tmp_path / f'seed_{seed}' / 'metrics_eval.jsonl', encoding='utf-8') as f:
+      assert [(r['step'], r['dev_accuracy']) for r in map(json.loads, f)] == [(4, accuracy)]
+    with open(tmp_path / f'seed_{seed}' / 'metrics_train.jsonl', encoding='utf-8') as f:
+      assert {'loss', 'learning_rate', 'tokens_per_s'} <= set(json.loads(f.readline()))
+  with open(tmp_path / 'curves.png', 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   again = run_experiment('finetune_glue.py', *args, '--config.eval_only=True')
   assert again.returncode == 0, again.stderr[-3000:]
   restored = json.loads(again.stdout.strip().splitlines()[-1])

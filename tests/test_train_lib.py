@@ -48,6 +48,11 @@ def test_train_evaluate_and_restore(small_corpus, tmp_path):
   for key in ('mlm_accuracy', 'mlm_loss', 'nsp_accuracy', 'nsp_loss'):
     assert evaluated[key] == pytest.approx(result[key], abs=1e-6)
   assert train_lib.evaluate_checkpoint(workdir, step=2)['step'] == 2
+  # Every checkpoint with one model: each step's result is exactly that of its own restore.
+  every = train_lib.evaluate_all_checkpoints(workdir)
+  assert [r['step'] for r in every] == [2, 4, 6]
+  assert every[0] == train_lib.evaluate_checkpoint(workdir, step=2) and every[-1] == evaluated
+  assert os.path.getsize(os.path.join(workdir, 'curves.png')) > 10_000  # redrawn at each evaluation
   # Re-running a finished workdir resumes at the end: no training, same metrics.
   again = train_lib.train_and_evaluate(cfg, workdir)
   assert again['mlm_loss'] == pytest.approx(result['mlm_loss'], abs=1e-6)
@@ -120,6 +125,9 @@ def test_mlm_only_run_has_no_nsp_head_and_restores(small_corpus, tmp_path):
   result = train_lib.train_and_evaluate(cfg, workdir)
   assert result['num_examples'] > 0 and result['loss'] == result['mlm_loss']
   assert not [k for k in result if k.startswith('nsp')]
+  lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics_train.jsonl'))]
+  assert lines and not [k for l in lines for k in l if k.startswith('nsp')]  # no meaningless NSP zeros
+  assert os.path.exists(os.path.join(workdir, 'curves.png'))
   state, _ = restore_pretraining_state(workdir, cfg)
   assert set(state['params']) == {'bert', 'mlm'}  # no NSP head
   assert train_lib.evaluate_checkpoint(workdir)['mlm_accuracy'] == pytest.approx(result['mlm_accuracy'], abs=1e-6)
