@@ -18,7 +18,8 @@ import pytest
 
 from bert_jax import distributed
 from bert_jax.errors import ConfigError
-from conftest import REPO, assert_one_line_error, run_experiment, shared_data_or_skip, write_small_corpus
+from conftest import (REPO, assert_one_line_error, run_experiment, shared_data_or_skip, sigterm_at_batch,
+                      write_small_corpus)
 
 WORKER = os.path.join(REPO, 'tests', 'multihost_worker.py')
 STEPS, BATCH = 3, 16
@@ -147,6 +148,43 @@ def test_bad_input_stops_every_process_with_one_error_line(tmp_path):
   results = _wait(procs)
   assert_one_line_error(results[0], 'missing.txt')
   assert_one_line_error(results[1], 'missing.txt')
+
+
+def _pretrain_two(root, workdir, steps, patch_process_1=''):
+  """experiments/pretrain.py as 2 processes x 4 devices for `steps` steps (logs every 2, no checkpoint before
+  the last); process 1 first runs `patch_process_1`."""
+  address = f'localhost:{_free_port()}'
+  procs = []
+  for i in range(2):
+    argv = ['pretrain.py', *_pretrain_args(root, workdir), f'--config.num_train_steps={steps}', '--config.log_every=2',
+            '--config.checkpoint_every=100', '--config.eval_every=100', f'--coordinator_address={address}',
+            '--num_processes=2', f'--process_id={i}']
+    code = (f'import runpy, sys\nsys.argv = {argv!r}\n{patch_process_1 if i else ""}\n'
+            'runpy.run_path("experiments/pretrain.py", run_name="__main__")\n')
+    procs.append(_launch('-c', [code], 4))
+  return _wait(procs)
+
+
+def test_sigterm_to_one_process_saves_the_same_step_on_both_and_loses_none(tmp_path):
+  """A preemption notice reaching one host only: both processes agree at the next log step, save that step
+  together and exit 75; the rerun resumes there and ends where an uninterrupted 2-process run does."""
+  write_small_corpus(tmp_path)
+  steps = 12
+  straight = tmp_path / 'straight'
+  assert all(r.returncode == 0 for r in _pretrain_two(tmp_path, straight, steps))
+  stopped = tmp_path / 'stopped'
+  first = _pretrain_two(tmp_path, stopped, steps, patch_process_1=sigterm_at_batch(5))
+  assert [r.returncode for r in first] == [75, 75], first[1].stderr[-3000:]
+  saved = re.search(r'saved step (\d+)', first[0].stderr)
+  assert saved and 'a signal to another process received' in first[0].stderr, first[0].stderr[-3000:]
+  step = int(saved.group(1))
+  assert 4 <= step < steps and (stopped / 'checkpoints' / str(step)).is_dir()
+  again = _pretrain_two(tmp_path, stopped, steps)
+  assert [r.returncode for r in again] == [0, 0], again[0].stderr[-3000:]
+  assert f'at step {step} ' in again[0].stdout
+  # Every logged loss and the final held-out metrics are those of the uninterrupted run.
+  assert _losses(stopped) == _losses(straight)
+  assert _final(stopped) == _final(straight)
 
 
 GLUE = os.path.join(REPO, 'experiments', 'finetune_glue.py')
