@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from bert_jax import files
 from bert_jax.inference import AttentionDetails
 
 _TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'attention_explorer.html')
@@ -42,9 +43,5 @@ def render(details: AttentionDetails, *, model_name: str, text_a: str, text_b: s
 
 def write(details: AttentionDetails, path: str, **kwargs) -> str:
   """Writes `render(details, **kwargs)` to `path` atomically; returns the path."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(render(details, **kwargs))
-  os.replace(tmp, path)
+  files.write_text_atomic(path, render(details, **kwargs))
   return path

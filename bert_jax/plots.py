@@ -35,8 +35,16 @@ def _check(tokens: Sequence[str], probs: np.ndarray, ndim: int, what: str) -> np
 
 
 def _save(fig: Figure, path: str) -> str:
+  # Rendered to path.tmp, then renamed: a viewer (or a copy) never sees half a picture.
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  FigureCanvasAgg(fig).print_png(path)
+  tmp = path + '.tmp'
+  try:
+    with open(tmp, 'wb') as f:
+      FigureCanvasAgg(fig).print_png(f)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
   return path
 
 
@@ -249,20 +257,6 @@ def _draw(ax, runs, keys: Sequence[str], title: str, *, held_out_lines: bool = F
     ax.set_yticks([])
 
 
-def _save_atomic(fig: Figure, path: str) -> str:
-  # Rendered to path.tmp, then renamed: a viewer (or a copy) never sees half a picture.
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = path + '.tmp'
-  try:
-    with open(tmp, 'wb') as f:
-      FigureCanvasAgg(fig).print_png(f)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-  return path
-
-
 def plot_run_curves(workdir: str, path: str | None = None, metrics: Sequence[str] | None = None) -> str | None:
   """Draws a run's curves over steps from its metric files: 2x2 panels of loss, metric(s), learning
   rate and throughput, train values as lines and held-out values as markers.
@@ -300,7 +294,7 @@ def plot_run_curves(workdir: str, path: str | None = None, metrics: Sequence[str
     _draw(ax, runs, panel_keys, title)
   for ax in axes[1]:
     ax.set_xlabel('step', fontsize=9)
-  return _save_atomic(fig, path or os.path.join(workdir, CURVES_FILE))
+  return _save(fig, path or os.path.join(workdir, CURVES_FILE))
 
 
 def plot_eval_steps(results: Sequence[dict[str, Any]], path: str, title: str) -> str:
@@ -319,4 +313,4 @@ def plot_eval_steps(results: Sequence[dict[str, Any]], path: str, title: str) ->
   for ax, (keys, panel_title) in zip(fig.subplots(1, 2).flat, panels):
     _draw(ax, runs, keys, panel_title, held_out_lines=True)
     ax.set_xlabel('step', fontsize=9)
-  return _save_atomic(fig, path)
+  return _save(fig, path)

@@ -1,5 +1,6 @@
 """Test setup: 8 fake CPU devices (set before jax is imported) and shared small fixtures."""
 
+import contextlib
 import dataclasses
 import os
 
@@ -99,6 +100,35 @@ def write_small_corpus(directory) -> str:
 @pytest.fixture
 def small_corpus(tmp_path):
   return write_small_corpus(tmp_path)
+
+
+def tree_digest(directory) -> str:
+  """sha256 over every file's path and bytes under `directory` (a user's files before and after a command)."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  h = hashlib.sha256()
+  for root, dirs, files in sorted(os.walk(directory)):
+    dirs.sort()
+    for name in sorted(files):
+      path = os.path.join(root, name)
+      h.update(os.path.relpath(path, directory).encode())
+      with open(path, 'rb') as f:
+        h.update(f.read())
+  return h.hexdigest()
+
+
+@contextlib.contextmanager
+def tmpfs(path, size: str):
+  """A tmpfs of `size` (e.g. '4M') mounted at `path` for the block (remount it read-only or larger with
+  `mount -o remount,...`); the test skips where mounting is not allowed (it needs root)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  path = str(path)
+  os.makedirs(path, exist_ok=True)
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', path], capture_output=True).returncode:
+    pytest.skip('mounting a tmpfs needs root')
+  try:
+    yield path
+  finally:
+    subprocess.run(['umount', path], capture_output=True)
 
 
 def run_experiment(script, *args, timeout=600):

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import assert_one_line_error, run_experiment as run, write_small_corpus
+from conftest import assert_one_line_error, run_experiment as run, tmpfs, write_small_corpus
 
 
 
@@ -82,11 +82,7 @@ def test_evaluate_all_steps_bad_flags_before_any_work(trained, tmp_path):
 
 
 def test_evaluate_all_steps_in_a_read_only_workdir(trained, tmp_path):
-  fs = str(tmp_path / 'rofs')
-  os.makedirs(fs)
-  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64M', 'tmpfs', fs], capture_output=True).returncode:
-    pytest.skip('mounting a tmpfs needs root')
-  try:
+  with tmpfs(tmp_path / 'rofs', '64M') as fs:
     workdir = shutil.copytree(trained['workdir'], os.path.join(fs, 'run'),
                               ignore=shutil.ignore_patterns('eval_all_steps.*'))
     subprocess.run(['mount', '-o', 'remount,ro', fs], check=True)
@@ -98,8 +94,6 @@ def test_evaluate_all_steps_in_a_read_only_workdir(trained, tmp_path):
     with open(tmp_path / 'steps.jsonl', encoding='utf-8') as f:
       assert [json.loads(l)['step'] for l in f] == [4, 8]
     assert _snapshot(fs) == before
-  finally:
-    subprocess.run(['umount', fs], capture_output=True)
 
 
 def test_benchmark_prints_table_and_json():

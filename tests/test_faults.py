@@ -3,7 +3,6 @@ no non-finite state is saved, a resume of another run is refused, and bad input 
 that leaves the workdir's files unchanged."""
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -22,20 +21,8 @@ from bert_jax.checkpointing import Checkpointer
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 
 from conftest import (REPO, assert_one_line_error, pretrain_subprocess, restore_pretraining_state, run_experiment,
-                      shared_data_or_skip, sigterm_at_batch, tiny_pretrain_config, write_small_corpus)
-
-
-def _digest(directory):
-  """One hash of every file's path and bytes under `directory`."""
-  h = hashlib.sha256()
-  for root, dirs, files in sorted(os.walk(directory)):
-    dirs.sort()
-    for name in sorted(files):
-      path = os.path.join(root, name)
-      h.update(os.path.relpath(path, directory).encode())
-      with open(path, 'rb') as f:
-        h.update(f.read())
-  return h.hexdigest()
+                      shared_data_or_skip, sigterm_at_batch, tiny_pretrain_config, tmpfs, tree_digest,
+                      write_small_corpus)
 
 
 def _assert_bitwise(a, b):
@@ -166,10 +153,10 @@ def test_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(trained,
     lock = os.path.join(workdir, workdir_lib.LOCK_FILE)
     with open(lock, 'w', encoding='utf-8') as f:
       json.dump({'host': os.uname().nodename, 'pid': other.pid, 'start': workdir_lib._start_time(other.pid)}, f)
-    before = _digest(workdir)
+    before = tree_digest(workdir)
     with pytest.raises(ConfigError, match=f'in use by pid {other.pid}'):
       train_lib.train_and_evaluate(cfg, workdir)
-    assert _digest(workdir) == before
+    assert tree_digest(workdir) == before
   finally:
     other.kill()
     other.wait()
@@ -198,10 +185,10 @@ def test_finetuning_never_saves_an_exploded_state(tiny_checkpoint, tmp_path):
                                           (dict(seed=1), 'seed: 0 -> 1')])
 def test_resume_of_another_run_is_refused_untouched(trained, tmp_path, change, field):
   cfg, workdir = _copy(trained, tmp_path)
-  before = _digest(workdir)
+  before = tree_digest(workdir)
   with pytest.raises(CheckpointError, match=f'holds another run .*{field}.*resume_allow='):
     train_lib.train_and_evaluate(dataclasses.replace(cfg, **change), workdir)
-  assert _digest(workdir) == before
+  assert tree_digest(workdir) == before
 
 
 def test_a_named_change_resumes_and_the_config_history_keeps_the_old_one(trained, tmp_path):
@@ -223,7 +210,7 @@ def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
   os.makedirs(finetune_dir)
   with open(os.path.join(finetune_dir, 'config.json'), 'w', encoding='utf-8') as f:
     json.dump({'finetune': {'task': 'sst2'}, 'model': {}, 'task': {'name': 'sst2'}}, f)
-  before = {d: _digest(d) for d in (workdir, finetune_dir)}
+  before = {d: tree_digest(d) for d in (workdir, finetune_dir)}
   pretrain = ('pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny')
   cases = [
       (pretrain + ('--config.optim.lr=1',), "unknown config key 'lr'"),
@@ -241,15 +228,12 @@ def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
   ]
   for args, message in cases:
     assert_one_line_error(run_experiment(*args), message)
-  assert {d: _digest(d) for d in (workdir, finetune_dir)} == before
+  assert {d: tree_digest(d) for d in (workdir, finetune_dir)} == before
 
 
 def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_corpus, tmp_path):
-  fs = str(tmp_path / 'smallfs')  # a 4 MB filesystem: the tiny model's first checkpoint (2.3 MB) fits, the second not
-  os.makedirs(fs)
-  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=4M', 'tmpfs', fs], capture_output=True).returncode:
-    pytest.skip('mounting a small tmpfs needs root')
-  try:
+  # A 4 MB filesystem: the tiny model's first checkpoint (2.3 MB) fits, the second not.
+  with tmpfs(tmp_path / 'smallfs', '4M') as fs:
     workdir, cache = os.path.join(fs, 'run'), str(tmp_path / 'cache')
     cmd = pretrain_subprocess(small_corpus, cache, workdir, 12, extra=('--config.checkpoint_every=4',))
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -261,29 +245,22 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_corpus, tmp_p
     subprocess.run(['mount', '-o', 'remount,size=64M', fs], check=True)
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and 'resumed from' in r.stdout and 'at step 4 ' in r.stdout, r.stderr[-3000:]
-  finally:
-    subprocess.run(['umount', fs], capture_output=True)
 
 
 def test_read_only_filesystem_is_one_line_and_changes_nothing(small_corpus, tmp_path):
-  fs = str(tmp_path / 'rofs')
-  os.makedirs(fs)
-  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64M', 'tmpfs', fs], capture_output=True).returncode:
-    pytest.skip('mounting a tmpfs needs root')
-  try:
+  with tmpfs(tmp_path / 'rofs', '64M') as fs:
     workdir, cache = os.path.join(fs, 'run'), str(tmp_path / 'cache')
     r = subprocess.run(pretrain_subprocess(small_corpus, cache, workdir, 4), cwd=REPO, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     subprocess.run(['mount', '-o', 'remount,ro', fs], check=True)
-    before = _digest(fs)
+    before = tree_digest(fs)
     more = pretrain_subprocess(small_corpus, cache, workdir, 8, extra=('--config.resume_allow=num_train_steps',))
-    assert_one_line_error(subprocess.run(more, cwd=REPO, capture_output=True, text=True, timeout=600), 'Read-only file system')
+    assert_one_line_error(subprocess.run(more, cwd=REPO, capture_output=True, text=True, timeout=600),
+                          'Read-only file system')
     fresh = pretrain_subprocess(small_corpus, cache, os.path.join(fs, 'new'), 4)
     assert_one_line_error(subprocess.run(fresh, cwd=REPO, capture_output=True, text=True, timeout=600),
                           'Read-only file system')
     r = run_experiment('evaluate.py', f'--workdir={workdir}')  # reading still works
     assert r.returncode == 0 and 'mlm_accuracy' in r.stdout, r.stderr[-3000:]
-    assert _digest(fs) == before
-  finally:
-    subprocess.run(['umount', fs], capture_output=True)
+    assert tree_digest(fs) == before

@@ -3,7 +3,6 @@ heads, from a pretraining workdir (BERT's phase 2 at a longer sequence) and from
 workdir; the source is only read, a resumed continued run is bitwise like any other, and bad
 inputs give one error line and write nothing."""
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,22 +18,9 @@ from bert_jax.data import tokenization
 from bert_jax.train_state import PretrainingModel
 
 from conftest import (REPO, WIKITEXT, assert_one_line_error, pretrain_subprocess, restore_pretraining_state,
-                      run_experiment, sigterm_at_batch, tiny_pretrain_config as tiny_config)
+                      run_experiment, sigterm_at_batch, tiny_pretrain_config as tiny_config, tree_digest)
 
 HEADS_FIXTURE = os.path.join(REPO, 'tests', 'fixtures', 'hf_pretraining')  # BertForPreTraining, vocab 128
-
-
-def _digest(directory) -> str:
-  """sha256 over every file (name and bytes) under directory."""
-  h = hashlib.sha256()
-  for root, dirs, files in sorted(os.walk(directory)):
-    dirs.sort()
-    for name in sorted(files):
-      path = os.path.join(root, name)
-      h.update(os.path.relpath(path, directory).encode())
-      with open(path, 'rb') as f:
-        h.update(f.read())
-  return h.hexdigest()
 
 
 def _sentences(n=3000):
@@ -71,7 +57,7 @@ def _eval_steps(workdir):
 
 
 def test_from_hugging_face_with_heads(small_corpus, tmp_path, hf_heads):
-  before = _digest(hf_heads)
+  before = tree_digest(hf_heads)
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), init_checkpoint=hf_heads, num_train_steps=2,
                     eval_every=2)
   resolved, source = train_lib.resolve_init_checkpoint(cfg)
@@ -90,7 +76,7 @@ def test_from_hugging_face_with_heads(small_corpus, tmp_path, hf_heads):
   with open(os.path.join(workdir, 'config.json'), encoding='utf-8') as f:
     saved = json.load(f)
   assert saved['model']['hidden_size'] == 32 and saved['init_checkpoint'] == hf_heads
-  assert _digest(hf_heads) == before  # only ever read
+  assert tree_digest(hf_heads) == before  # only ever read
 
 
 def test_from_an_encoder_only_checkpoint_heads_are_fresh(small_corpus, tmp_path, tiny_checkpoint):
@@ -117,7 +103,7 @@ def test_phase_two_starts_from_phase_one_and_resumes_bitwise(small_corpus, tmp_p
   phase1 = str(tmp_path / 'phase1')
   cfg1 = tiny_config(small_corpus, cache)  # seq 64
   train_lib.train_and_evaluate(cfg1, phase1)
-  before = _digest(phase1)
+  before = tree_digest(phase1)
   final1, _ = restore_pretraining_state(phase1, cfg1)
 
   cfg2 = tiny_config(small_corpus, cache, init_checkpoint=phase1, num_train_steps=20)
@@ -141,7 +127,7 @@ def test_phase_two_starts_from_phase_one_and_resumes_bitwise(small_corpus, tmp_p
   a, _ = restore_pretraining_state(straight, saved, 20)
   b, _ = restore_pretraining_state(preempted, saved, 20)
   _assert_trees_equal(a, b)  # bitwise: params, both Adam moments, step, rng
-  assert _digest(phase1) == before
+  assert tree_digest(phase1) == before
 
 
 def test_from_a_fine_tuning_workdir(small_corpus, tmp_path, tiny_checkpoint):
@@ -184,9 +170,9 @@ def test_bad_input_is_one_error_line_and_writes_nothing(case, small_corpus, tmp_
   }[case]
   if case == 'missing':
     source = str(tmp_path / 'nowhere')
-  before = _digest(source) if os.path.isdir(source) else None
+  before = tree_digest(source) if os.path.isdir(source) else None
   result = run_experiment('pretrain.py', *args, f'--config.init_checkpoint={source}', *extra)
   assert_one_line_error(result, pattern)
   assert not os.path.exists(tmp_path / 'run') and not os.path.exists(os.path.join(source, 'run'))
-  assert (_digest(source) if os.path.isdir(source) else None) == before
+  assert (tree_digest(source) if os.path.isdir(source) else None) == before
   assert not os.path.isdir(tmp_path / 'cache') or not os.listdir(tmp_path / 'cache')
