@@ -118,24 +118,25 @@ class Checkpointer:
     meta = {'step': int(step), 'data_position': int(data_position), 'config': config, **(extra or {})}
     with self._write_errors():  # the previous async save's error surfaces here
       if force or self.manager.should_save(step):
-        self._check_free_space(state)
+        self._check_free_space()
       return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                              meta=ocp.args.JsonSave(meta)), force=force)
 
-  def _check_free_space(self, state: Any) -> None:
+  def _check_free_space(self) -> None:
     """Refuses a save that cannot fit, before Orbax starts one.
 
     A save that runs out of space mid-way fails inside tensorstore's write threads, which
     print tracebacks of their own; checking first keeps the failure to our one line. The
-    need is the newest checkpoint's size on disk (else the state's bytes) plus 10%. All
+    need is the newest checkpoint's size on disk plus 10%; before the first checkpoint there
+    is no reliable size (in memory the state is larger than on disk), so none is checked. All
     processes decide together, so none starts a collective save the others skip. Remote
     paths (gs://) are not checked. Space taken by others during the save still fails there.
     """
     enough = True
-    if '://' not in self.directory and os.path.isdir(self.directory):
-      latest = self.manager.latest_step()
-      need = _disk_bytes(os.path.join(self.directory, str(latest))) if latest is not None else 0
-      need = 1.1 * (need or sum(int(x.nbytes) for x in jax.tree.leaves(state) if hasattr(x, 'nbytes')))
+    self.manager.wait_until_finished()  # the save in flight (Orbax's save would wait for it anyway)
+    latest = self.manager.latest_step()
+    if '://' not in self.directory and latest is not None:
+      need = 1.1 * _disk_bytes(os.path.join(self.directory, str(latest)))
       fs = os.statvfs(self.directory)
       enough = fs.f_bavail * fs.f_frsize >= need
     if jax.process_count() > 1:
