@@ -34,8 +34,11 @@ def render(details: AttentionDetails, *, model_name: str, text_a: str, text_b: s
               special=[bool(x) for x in details.special],
               probs=_float32_base64(details.probs), query=_float32_base64(details.query),
               key=_float32_base64(details.key), scores=_float32_base64(details.scores))
-  # Inside <script>, '</' could close the element early: JSON allows escaping '/'.
-  payload = json.dumps(data, ensure_ascii=False).replace('</', '<\\/')
+  # Inside <script>, '</script', '<!--' and '<script' in a text change how the page parses: no '<' (nor
+  # '>', '&') is left unescaped; JSON strings may write any character as \uXXXX.
+  payload = json.dumps(data, ensure_ascii=False)
+  for c in '<>&':
+    payload = payload.replace(c, f'\\u{ord(c):04x}')
   with open(_TEMPLATE, encoding='utf-8') as f:
     template = f.read()
   return template.replace(_PLACEHOLDER, payload, 1)

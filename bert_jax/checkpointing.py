@@ -18,9 +18,11 @@ import contextlib
 import errno
 import json
 import os
+import sys
 import time
 from typing import Any, Callable
 
+from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
@@ -29,7 +31,7 @@ import orbax.checkpoint as ocp
 
 from bert_jax import workdir as workdir_lib
 from bert_jax.errors import CheckpointError, CheckpointWriteError
-from bert_jax.files import WRITE_FAILURES
+from bert_jax.files import WRITE_FAILURES, check_regular
 
 CONFIG_FILE = workdir_lib.CONFIG_FILE
 CORRUPT_DIR = 'corrupt_checkpoints'
@@ -47,6 +49,7 @@ def read_config(workdir: str) -> dict[str, Any] | None:
   path = os.path.join(workdir, CONFIG_FILE)
   if not os.path.exists(path):
     return None
+  check_regular(path, 'workdir config')
   try:
     with open(path, encoding='utf-8') as f:
       saved = json.load(f)
@@ -87,10 +90,48 @@ def _path_name(path) -> str:
   return '/'.join(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path)
 
 
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+  """{'/'-joined path: shape} of every array (or array metadata) in `tree`."""
+  return {_path_name(p): tuple(np.shape(v) if not hasattr(v, 'shape') else v.shape)
+          for p, v in jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: hasattr(x, 'shape'))[0]}
+
+
+def _agree(problem: str | None) -> str | None:
+  """`problem`, or one for every process when another process has one: all fall back together."""
+  if jax.process_count() > 1:
+    failed = multihost_utils.process_allgather(np.int32(problem is not None))
+    if np.any(failed) and problem is None:
+      return 'another process cannot read it'
+  return problem
+
+
+def _quiet_closed_loop_callbacks() -> None:
+  """Drops tensorstore's 'Event loop is closed' reports after a failed read; passes on anything else.
+
+  When one array of a restore (or save) fails, Orbax stops waiting and closes its event loop while
+  tensorstore still completes the other reads in flight; each completion then fails to reach the
+  closed loop and is reported through sys.unraisablehook, hundreds of tracebacks for one failure
+  that the checkpointer already reports in one line.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, 'bert_jax_quiet', False):
+    return
+
+  def hook(unraisable):
+    exc = unraisable.exc_value
+    if isinstance(exc, RuntimeError) and str(exc) == 'Event loop is closed':
+      return
+    previous(unraisable)
+
+  hook.bert_jax_quiet = True
+  sys.unraisablehook = hook
+
+
 class Checkpointer:
   """Saves every `save_every` steps (asynchronously) and keeps the latest `keep`."""
 
   def __init__(self, workdir: str, *, save_every: int = 1, keep: int = 3, read_only: bool = False):
+    _quiet_closed_loop_callbacks()
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(max(1, save_every)),
         preservation_policy=ocp.checkpoint_managers.LatestN(keep),
@@ -162,23 +203,38 @@ class Checkpointer:
                             f'complete checkpoint (step {kept}) is kept. Free space (or fix the filesystem) and run '
                             'the same command again to resume') from None
 
-  def restore(self, step: int | None, abstract_state: Any,
-              log: Callable[[str], None] = print) -> tuple[Any, dict[str, Any]]:
+  def restore(self, step: int | None, abstract_state: Any, log: Callable[[str], None] = print, *,
+              check_meta: Callable[[dict[str, Any]], None] | None = None,
+              fresh_opt_state: Callable[[Any], Any] | None = None,
+              params_only: bool = False) -> tuple[Any, dict[str, Any]]:
     """Restores `step` into the shapes/shardings of `abstract_state`; None: the newest good one.
 
-    With step None a checkpoint that fails to read, or holds a non-finite or exploded state, is
-    reported through `log`, moved to workdir/corrupt_checkpoints/ (not when read_only) and the
-    next older one is tried.
+    Only a checkpoint whose own bytes cannot be read, or that holds a non-finite or exploded
+    state, is unusable: with step None it is reported through `log`, moved to
+    workdir/corrupt_checkpoints/ (not when read_only) and the next older one is tried. A readable
+    checkpoint that does not fit the request (another run, another model) raises and is never moved.
+
+    Args:
+      step: the checkpoint step; None: the newest usable one.
+      abstract_state: the target state's shapes, dtypes and shardings.
+      log: where fallbacks and a fresh optimizer state are reported.
+      check_meta: called with the checkpoint's meta (its config) before any array is read; raises
+        when the checkpoint belongs to another run.
+      fresh_opt_state: params -> a new optimizer state. When given, a checkpoint whose optimizer
+        state has another structure (a deliberately changed optimizer) restores its step, params
+        and RNG and takes the new optimizer state from this; without it that is an error.
+      params_only: restore {'params'} alone (inference, evaluation, initialising another run): the
+        optimizer state is never read, whatever optimizer wrote it.
 
     Raises:
-      CheckpointError: no such step; a tensor's shape differs from the model's; an explicit
-        step that is unreadable or insane; or no good checkpoint is left.
+      CheckpointError: no such step; another model or optimizer; what `check_meta` raises; an
+        explicit step that is unreadable or insane; or no good checkpoint is left.
     """
     steps = self.all_steps()
     if step is not None:
       if step not in steps:
         raise CheckpointError(f'no checkpoint for step {step} in {self.directory}; available: {steps or "none"}')
-      restored, problem = self._try_restore(step, abstract_state)
+      restored, problem = self._try_restore(step, abstract_state, log, check_meta, fresh_opt_state, params_only)
       if problem:
         raise CheckpointError(f'checkpoint step {step} in {self.directory} is unusable: {problem}')
       return restored
@@ -186,7 +242,8 @@ class Checkpointer:
       raise CheckpointError(f'no checkpoint in {self.directory}')
     bad = []
     for candidate in sorted(steps, reverse=True):
-      restored, problem = self._try_restore(candidate, abstract_state)
+      restored, problem = self._try_restore(candidate, abstract_state, log, check_meta, fresh_opt_state,
+                                            params_only)
       if not problem:
         if bad:
           log(f'resuming from step {candidate}, the newest good checkpoint')
@@ -198,22 +255,102 @@ class Checkpointer:
     raise CheckpointError(f'no usable checkpoint in {self.directory} (steps {bad} are unusable, see above); '
                           'start a new --workdir or restore a checkpoint from a backup')
 
-  def _try_restore(self, step: int, abstract_state: Any) -> tuple[Any, str | None]:
-    # A shape mismatch is the user's model, not a corrupt file: it raises instead of falling back.
-    self._check_shapes(step, abstract_state)
+  def _try_restore(self, step, abstract_state, log, check_meta, fresh_opt_state, params_only):
+    """((state, meta), None), or (None, why the checkpoint's own bytes are unusable).
+
+    Reads the meta and the array metadata first: a checkpoint that reads but does not fit the
+    request raises CheckpointError instead of counting as unusable.
+    """
     try:
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-      problem = state_problem(restored['state']['params'])
-      result = (restored['state'], restored['meta'])
+      meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+      saved = self.manager.item_metadata(step)['state']
+      problem = None if isinstance(meta, dict) and saved is not None else 'its metadata is missing'
     except Exception as e:  # pylint: disable=broad-except  # Orbax/tensorstore raise many kinds
       problem = f'it cannot be read ({type(e).__name__}: {_first_line(e)})'
-      result = None
-    if jax.process_count() > 1:  # every process must fall back together
-      failed = multihost_utils.process_allgather(np.int32(problem is not None))
-      if np.any(failed) and problem is None:
-        problem = 'another process cannot read it'
-    return result, problem
+    problem = _agree(problem)
+    if problem:
+      return None, problem
+    if check_meta is not None:
+      check_meta(meta)
+    if params_only:
+      self._check_params(step, saved, abstract_state)
+      target, fresh = {'params': abstract_state['params']}, False
+    else:
+      target, fresh = self._restore_target(step, saved, abstract_state, fresh_opt_state is not None)
+    try:
+      state = self._read_state(step, target, partial=fresh or params_only)
+      problem = state_problem(state['params'])
+    except Exception as e:  # pylint: disable=broad-except
+      problem = f'it cannot be read ({type(e).__name__}: {_first_line(e)})'
+      # Unusable only when its own bytes fail: read every array as it is stored, on the host.
+      if _agree(None if self._bytes_readable(step, saved) else problem) is None:
+        raise CheckpointError(f'checkpoint step {step} in {self.directory} reads, but not into this run\'s '
+                              f'state ({type(e).__name__}: {_first_line(e)})') from None
+    problem = _agree(problem)
+    if problem:
+      return None, problem
+    if fresh:
+      state['opt_state'] = fresh_opt_state(state['params'])
+      log(f'restored step {step}: parameters, step and RNG; its optimizer state has another structure than '
+          'this run\'s optimizer, which starts fresh (allowed by resume_allow)')
+    return (state, meta), None
+
+  def _check_params(self, step: int, saved: Any, abstract_state: Any) -> None:
+    """CheckpointError naming the first parameter whose name or shape differs from the model's."""
+    # Orbax's own error on a mismatch is long and unspecific: name the tensor instead. Parameters
+    # are nested dicts, so paths compare as '/'-joined key names.
+    saved_params, wanted_params = _shapes(saved['params']), _shapes(abstract_state['params'])
+    for name, want in wanted_params.items():
+      if name not in saved_params:
+        raise CheckpointError(f'checkpoint step {step} in {self.directory} has no parameter {name}: it was '
+                              'written by a different model')
+      if saved_params[name] != want:
+        raise CheckpointError(f'checkpoint step {step} parameter {name} has shape {saved_params[name]} but '
+                              f'the model expects {want}: it was written by a different model')
+    extra = sorted(set(saved_params) - set(wanted_params))
+    if extra:
+      raise CheckpointError(f'checkpoint step {step} has parameters the model lacks ({", ".join(extra[:3])}'
+                            f'{"..." if len(extra) > 3 else ""}): it was written by a different model')
+
+  def _restore_target(self, step: int, saved: Any, abstract_state: Any, allow_fresh: bool) -> tuple[Any, bool]:
+    """(what to restore, whether the optimizer state is left out) for checkpoint `step`.
+
+    Raises CheckpointError when its parameters are another model's, or its optimizer state has
+    another structure and `allow_fresh` is False (optax's named tuples flatten to the names Orbax
+    stores, so the two compare by path and shape).
+    """
+    self._check_params(step, saved, abstract_state)
+    if _shapes(saved['opt_state']) == _shapes(abstract_state['opt_state']):
+      return abstract_state, False
+    if not allow_fresh:
+      raise CheckpointError(f'checkpoint step {step} in {self.directory} holds the state of another optimizer '
+                            '(its optimizer state has another structure); resume with the optimizer it was '
+                            'written with, or allow a fresh optimizer state from its parameters with '
+                            '--config.resume_allow=optim')
+    return {k: v for k, v in abstract_state.items() if k != 'opt_state'}, True
+
+  def _item_dir(self, step: int) -> epath.Path:
+    return epath.Path(self.directory) / str(step) / 'state'
+
+  def _read_state(self, step: int, target: Any, partial: bool) -> Any:
+    """The 'state' item of checkpoint `step` in `target`'s shardings; `partial`: only target's keys."""
+    if not partial:
+      return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))['state']
+    # The same files through the PyTree handler, which can leave the old optimizer state unread.
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as reader:
+      return reader.restore(self._item_dir(step), args=ocp.args.PyTreeRestore(
+          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))
+
+  def _bytes_readable(self, step: int, saved: Any) -> bool:
+    """Whether every array of checkpoint `step` reads back as stored (host numpy, any devices)."""
+    is_leaf = lambda x: hasattr(x, 'shape')  # pylint: disable=unnecessary-lambda-assignment
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved, is_leaf=is_leaf)
+    try:
+      with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as reader:
+        reader.restore(self._item_dir(step), args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+      return True
+    except Exception:  # pylint: disable=broad-except
+      return False
 
   def _move_aside(self, step: int) -> str | None:
     if self.read_only:
@@ -226,29 +363,6 @@ class Checkpointer:
       multihost_utils.sync_global_devices(f'bert_jax moved checkpoint {step} aside')
     self.manager.reload()
     return target
-
-  def _check_shapes(self, step: int, abstract_state: Any) -> None:
-    # Orbax's own error on a shape mismatch is long and unspecific: name the tensor instead.
-    # Parameters are nested dicts, so their paths compare as '/'-joined key names.
-    try:
-      saved = self.manager.item_metadata(step)['state']['params']
-    except Exception:  # pylint: disable=broad-except
-      return  # no readable metadata: let the restore report it
-    saved_shapes = {_path_name(p): tuple(v.shape) for p, v in jax.tree_util.tree_flatten_with_path(
-        saved, is_leaf=lambda x: hasattr(x, 'shape'))[0]}
-    wanted = {_path_name(p): tuple(np.shape(v)) for p, v in
-              jax.tree_util.tree_flatten_with_path(abstract_state['params'])[0]}
-    for name, want in wanted.items():
-      if name not in saved_shapes:
-        raise CheckpointError(f'checkpoint step {step} in {self.directory} has no parameter {name}: it was '
-                              'written by a different model')
-      if saved_shapes[name] != want:
-        raise CheckpointError(f'checkpoint step {step} parameter {name} has shape {saved_shapes[name]} but '
-                              f'the model expects {want}: it was written by a different model')
-    extra = sorted(set(saved_shapes) - set(wanted))
-    if extra:
-      raise CheckpointError(f'checkpoint step {step} has parameters the model lacks ({", ".join(extra[:3])}'
-                            f'{"..." if len(extra) > 3 else ""}): it was written by a different model')
 
   def wait(self) -> None:
     with self._write_errors():

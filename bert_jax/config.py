@@ -346,6 +346,26 @@ def config_diffs(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...]
   return out
 
 
+def _field_names(config: dict[str, Any], prefix: str = '') -> list[str]:
+  out = []
+  for key, value in config.items():
+    out.append(prefix + key)
+    if isinstance(value, dict):
+      out += _field_names(value, prefix + key + '.')
+  return out
+
+
+def check_resume_allow(resume_allow: str, config: dict[str, Any], extra: tuple[str, ...] = ()) -> None:
+  """ConfigError naming every comma-separated entry of `resume_allow` that is neither a field nor a
+  section of `config` (nor one of `extra`): a misspelt name would otherwise allow nothing, silently."""
+  known = set(_field_names(config)) | set(extra)
+  unknown = [n.strip() for n in resume_allow.split(',') if n.strip() and n.strip() not in known]
+  if unknown:
+    sections = sorted(k for k, v in config.items() if isinstance(v, dict))
+    raise ConfigError(f'resume_allow names no config field: {", ".join(unknown)}; give fields as in '
+                      f'--config.X (e.g. num_train_steps, optim.learning_rate) or sections ({", ".join(sections)})')
+
+
 def check_resume(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...], resume_allow: str,
                  where: str, step: int | None = None) -> None:
   """Refuses to resume `old` (a checkpoint's config) as `new` when fields outside `free` and the

@@ -1,7 +1,8 @@
-"""The one exception type for bad user input (files, flags, configs, checkpoints).
+"""The one exception type for bad user input (files, flags, configs, checkpoints), and Preempted.
 
-Entry points print its message as a single line and exit non-zero; anything else is a bug
-and keeps its traceback.
+Entry points print a BertJaxError's message as a single line and exit non-zero; anything else is a
+bug and keeps its traceback. Preempted is not bad input: code that cleans up after bad input (a
+half-built data cache, say) must let it pass and keep what was finished.
 """
 
 
@@ -23,3 +24,7 @@ class CheckpointError(BertJaxError, ValueError):
 
 class CheckpointWriteError(CheckpointError):
   """Saving failed on the filesystem (full disk, quota, read-only); the last complete checkpoint is kept."""
+
+
+class Preempted(Exception):
+  """The run stopped on a signal after saving (or keeping) what it finished; rerunning the command resumes."""

@@ -1,12 +1,23 @@
-"""Atomic file writes: a reader (or a resumed run) sees the old file or the new one, never half of one."""
+"""Files: atomic writes, input paths that are regular files, and lock files.
+
+Atomic writes: a reader (or a resumed run) sees the old file or the new one, never half of one.
+Inputs: a FIFO, device or socket passes `os.path.exists` (and epath's is_file) but blocks a
+read forever or never ends, so every path a user gives is checked with `check_regular` first.
+Locks: `Lock` is a file naming its holder (host, pid and the pid's start time), so a lock left
+by a process that no longer exists on this host is recognised and taken over.
+"""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
-from typing import Any
+import socket
+import stat
+import sys
+from typing import Any, Callable
 
-from bert_jax.errors import ConfigError
+from bert_jax.errors import ConfigError, DataError
 
 # How a failed write reads in library errors that carry no errno (tensorstore reports ENOSPC as ValueError).
 WRITE_FAILURES = ('No space left on device', 'Disk quota exceeded', 'Read-only file system')
@@ -43,3 +54,111 @@ def check_output(path: str, kind: str, what: str = 'output') -> None:
     raise ConfigError(f'{what} {path} cannot be created: {parent} is a file')
   if not os.access(parent, os.W_OK | os.X_OK):
     raise ConfigError(f'{what} {path} cannot be written: {parent} is not writable')
+
+
+def _file_kind(mode: int) -> str:
+  for test, name in ((stat.S_ISDIR, 'a directory'), (stat.S_ISFIFO, 'a FIFO (named pipe)'),
+                     (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device'),
+                     (stat.S_ISSOCK, 'a socket')):
+    if test(mode):
+      return name
+  return 'not a regular file'
+
+
+def check_regular(path: str, what: str) -> None:
+  """DataError when `path` exists but is not a regular file, before anything opens it.
+
+  Missing paths are left to the caller's own message; remote paths (gs://...) are not checked.
+  Symbolic links are followed: a link to a FIFO is refused too.
+  """
+  if '://' in str(path):
+    return
+  try:
+    mode = os.stat(path).st_mode
+  except OSError:
+    return
+  if not stat.S_ISREG(mode):
+    raise DataError(f'{what} {path} is {_file_kind(mode)}, not a regular file: give a file of text or data '
+                    '(a pipe or device would block or never end)')
+
+
+def _start_time(pid: int) -> str | None:
+  # Field 22 of /proc/<pid>/stat: ticks since boot when the process started; tells a reused pid apart.
+  try:
+    with open(f'/proc/{pid}/stat', encoding='ascii') as f:
+      return f.read().rsplit(')', 1)[1].split()[19]
+  except (OSError, IndexError):
+    return None
+
+
+def _alive(owner: dict[str, Any]) -> bool:
+  pid = int(owner.get('pid', -1))
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except (PermissionError, OverflowError, ValueError):
+    return pid > 0
+  started = _start_time(pid)
+  return started is None or owner.get('start') in (None, started)
+
+
+class Lock:
+  """A lock file that names its holder: {host, pid, start, time, command}.
+
+  `acquire()` takes it (returning None) or returns the holder's record when a live process on this
+  host, or any process on another host, holds it; a lock whose process no longer runs on this host
+  (kill -9, a crash) is taken over, with a warning through `log`.
+  """
+
+  def __init__(self, path: str, log: Callable[[str], None] = print):
+    self.path, self.log = path, log
+    self.me = {'host': socket.gethostname(), 'pid': os.getpid(), 'start': _start_time(os.getpid()),
+               'time': datetime.datetime.now().isoformat(timespec='seconds'), 'command': ' '.join(sys.argv)}
+
+  def acquire(self) -> dict[str, Any] | None:
+    """None when this process now holds the lock, else the holder's record ('remote': another host)."""
+    for _ in range(3):
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        pass
+      else:
+        with os.fdopen(fd, 'w', encoding='utf-8') as f:
+          json.dump(self.me, f)
+        return None
+      try:
+        with open(self.path, encoding='utf-8') as f:
+          held = json.load(f)
+      except FileNotFoundError:
+        continue  # released meanwhile
+      except (OSError, ValueError):
+        held = {}
+      if not isinstance(held, dict):
+        held = {}
+      if held and held.get('host') != self.me['host']:
+        return {**held, 'remote': True}
+      if held and _alive(held):
+        return held
+      self.log(f'warning: taking over the lock {self.path} from pid {held.get("pid")}, which no longer runs '
+               '(killed or crashed)')
+      try:
+        os.remove(self.path)
+      except FileNotFoundError:
+        pass
+    return {'pid': '?', 'host': '?', 'time': '?', 'note': 'another process keeps taking it'}
+
+  def release(self) -> None:
+    """Removes the lock file if this process holds it."""
+    try:
+      with open(self.path, encoding='utf-8') as f:
+        held = json.load(f)
+      if held.get('pid') == self.me['pid'] and held.get('host') == self.me['host']:
+        os.remove(self.path)
+    except (OSError, ValueError, AttributeError):
+      pass
+
+
+def describe_holder(held: dict[str, Any]) -> str:
+  """'pid N on HOST (since TIME)' of a lock holder's record."""
+  return f'pid {held.get("pid")} on {held.get("host")} (since {held.get("time", "?")})'

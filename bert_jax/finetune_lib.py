@@ -34,7 +34,7 @@ from bert_jax import distributed, metrics as metrics_lib, optim, preemption, sha
 from bert_jax import workdir as workdir_lib
 from bert_jax.data import packing
 from bert_jax.checkpointing import Checkpointer, read_config, state_problem, write_config
-from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, OptimConfig, check_resume
+from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, OptimConfig, check_resume, check_resume_allow
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.files import write_json_atomic
 from bert_jax.finetune_state import FinetuneModel
@@ -81,6 +81,7 @@ def validate_config(cfg: FinetuneConfig, pretrained: PretrainedBert, mesh) -> No
       over = f' over {jax.process_count()} processes' if jax.process_count() > 1 else ''
       raise ConfigError(f'{name}={getattr(cfg, name)} must be a multiple of the {shards} batch shards (mesh data '
                         f'x fsdp{over}): every batch\'s examples and rows are split over them')
+  check_resume_allow(cfg.resume_allow, cfg.to_dict())
   vocab = pretrained.tokenizer.vocab_size
   if vocab > pretrained.config.vocab_size:
     raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {vocab} tokens but the model only '
@@ -196,7 +197,7 @@ def restore_encoder(workdir: str, step: int | None = None) -> tuple[dict[str, An
   try:
     if ckpt.latest_step() is None:
       raise CheckpointError(f'{workdir}: no checkpoint in {ckpt.directory} (the fine-tuning run never saved)')
-    state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log)
+    state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log, params_only=True)
   finally:
     ckpt.close()
   return {'bert': jax.device_get(state['params']['bert'])}, int(meta['step'])
@@ -269,13 +270,15 @@ def _run_seed(run: _Run, seed: int, seed_dir: str) -> dict[str, Any]:
     if cfg.eval_only:
       if ckpt.latest_step() is None:
         raise CheckpointError(f'eval_only: no checkpoint in {ckpt.directory}; train first')
-      state, _ = ckpt.restore(None if cfg.eval_step < 0 else cfg.eval_step, model.abstract_state,
-                              log=metrics_lib.log)
+      state, meta = ckpt.restore(None if cfg.eval_step < 0 else cfg.eval_step, model.abstract_state,
+                                 log=metrics_lib.log, params_only=True)
+      state['step'] = meta['step']
       train_stats = {}
     else:
       if ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(None, model.abstract_state, log=metrics_lib.log)
-        check_same_run(meta['config'], cfg, seed_dir, meta['step'])
+        state, meta = ckpt.restore(None, model.abstract_state, log=metrics_lib.log,
+                                   check_meta=lambda meta: check_same_run(meta['config'], cfg, seed_dir,
+                                                                          meta['step']))
         metrics_lib.log(f'seed {seed}: resumed from {ckpt.directory} at step {int(state["step"])}')
       else:
         state = model.init_state(run.pretrained.params['bert'], seed)

@@ -27,6 +27,7 @@ from safetensors import numpy as st_numpy
 from bert_jax.data import tokenization
 from bert_jax.config import ModelConfig
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
+from bert_jax.files import check_regular
 from bert_jax.model import BertForPreTraining
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = 'config.json', 'model.safetensors', 'model.safetensors.index.json'
@@ -276,6 +277,7 @@ def read_hf_config(directory: str) -> ModelConfig:
     raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
                           f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')
   path = os.path.join(directory, CONFIG_FILE)
+  check_regular(path, 'checkpoint config')
   if not os.path.isfile(path):
     raise CheckpointError(f'{directory} has no {CONFIG_FILE}; it is not a Hugging Face checkpoint '
                           'directory (save one with save_pretrained)')
@@ -308,6 +310,8 @@ def read_hf_config(directory: str) -> ModelConfig:
 def _read_tensors(directory: str) -> dict[str, np.ndarray]:
   """All tensors of the checkpoint (one file or an index of shards), floats as float32."""
   index = os.path.join(directory, INDEX_FILE)
+  for name in (WEIGHTS_FILE, INDEX_FILE):
+    check_regular(os.path.join(directory, name), 'checkpoint file')
   if os.path.isfile(os.path.join(directory, WEIGHTS_FILE)):
     files = [WEIGHTS_FILE]
   elif os.path.isfile(index):
@@ -329,6 +333,7 @@ def _read_tensors(directory: str) -> dict[str, np.ndarray]:
   tensors = {}
   for name in files:
     path = os.path.join(directory, name)
+    check_regular(path, 'checkpoint file')
     try:
       tensors.update(st_numpy.load_file(path))
     except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:

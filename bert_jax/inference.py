@@ -17,7 +17,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from bert_jax import metrics
+from bert_jax import files, metrics
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.model import attention_mask_b11s
 from bert_jax.pretrained import PretrainedBert
@@ -295,6 +295,7 @@ def read_texts(path: str) -> list[tuple[str, str | None]]:
   Raises:
     DataError: the file is missing, has no text, or a line has more than one tab.
   """
+  files.check_regular(path, 'input file')
   try:
     with open(path, 'rb') as f:
       data = f.read()

@@ -14,22 +14,21 @@ preemption notice (`multihost_utils.reached_preemption_sync_point`) is checked e
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from typing import Iterator
 
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from bert_jax.errors import BertJaxError
+from bert_jax.errors import Preempted  # pylint: disable=unused-import  # raised here, caught by entry points
 
 # EX_TEMPFAIL from sysexits.h: "try again later". Launchers can requeue on it.
 EXIT_CODE = 75
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-
-class Preempted(BertJaxError):
-  """The run stopped on a signal after saving its current step; rerunning the command resumes."""
 
 
 class Preemption:
@@ -38,6 +37,7 @@ class Preemption:
   def __init__(self):
     self.signal_name: str | None = None
     self._previous = {}
+    self._immediate: str | None = None  # what the block of `immediately` is doing
 
   def __enter__(self) -> 'Preemption':
     if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
@@ -54,6 +54,30 @@ class Preemption:
     del frame
     self.signal_name = signal.Signals(signum).name
     signal.signal(signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler)
+    if self._immediate:
+      raise Preempted(self._immediate_message())
+
+  def _immediate_message(self) -> str:
+    return (f'{self.signal_name} received while {self._immediate}: what was finished is kept. Run the same '
+            f'command again to resume (exit code {EXIT_CODE})')
+
+  @contextlib.contextmanager
+  def immediately(self, what: str) -> Iterator[None]:
+    """While the block runs, a signal raises Preempted at once instead of setting the flag.
+
+    For work that keeps what it finished and has nothing to save, such as data preparation
+    (finished units stay; their workers are stopped as the exception unwinds).
+
+    Args:
+      what: the work, as the message names it ('preparing the data').
+    """
+    self._immediate = what
+    try:
+      if self.signal_name:  # a signal that came just before
+        raise Preempted(self._immediate_message())
+      yield
+    finally:
+      self._immediate = None
 
   def stop_now(self, step: int, synced: bool) -> bool:
     """Whether every process should save `step` and stop.

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from bert_jax import sharding as shd, workdir as workdir_lib
-from bert_jax.checkpointing import CONFIG_FILE, read_config
+from bert_jax.checkpointing import CONFIG_FILE, read_config, state_problem
 from bert_jax.config import MeshConfig, ModelConfig
 from bert_jax.errors import CheckpointError
 from bert_jax.model import BertEncoder, BertForPreTraining
@@ -97,6 +97,9 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
   if os.path.exists(os.path.join(path, CONFIG_FILE)):
     from bert_jax import hf  # pylint: disable=g-import-not-at-top
     cfg, params, _, _ = hf.load_hf_checkpoint(path)
+    problem = state_problem(params)  # a bert_jax workdir's restore checks its own
+    if problem:
+      raise CheckpointError(f'checkpoint {path} is unusable: {problem}')
     return PretrainedBert(cfg, params, hf.load_hf_tokenizer(path), 'hf', path)
   raise CheckpointError(f'{path} is neither a Hugging Face checkpoint (config.json + model.safetensors) '
                         'nor a bert_jax workdir (config.json + checkpoints/)')

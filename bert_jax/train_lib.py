@@ -27,7 +27,7 @@ from bert_jax import workdir as workdir_lib
 from bert_jax.data import loader as input_pipeline, prepare as pretraining_data, tokenization
 from bert_jax.data.records import PreparedData
 from bert_jax.checkpointing import CONFIG_FILE, Checkpointer, read_config, state_problem, write_config
-from bert_jax.config import PretrainConfig, check_resume, diff_model_configs
+from bert_jax.config import PretrainConfig, check_resume, check_resume_allow, diff_model_configs
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.pretrained import InitSource, describe_source, load_init_params
 from bert_jax.train_state import PretrainingModel, summarize
@@ -56,6 +56,7 @@ def validate_config(cfg: PretrainConfig, mesh=None) -> None:
     if getattr(cfg, name) <= 0:
       raise ConfigError(f'{name} must be positive, got {getattr(cfg, name)}')
   optim.validate(cfg.optim)
+  check_resume_allow(cfg.resume_allow, cfg.to_dict(), extra=('data_fingerprint',))
   accum = cfg.optim.grad_accum_steps
   if accum <= 0 or cfg.batch_size % accum:
     raise ConfigError(f'batch_size={cfg.batch_size} must be a positive multiple of '
@@ -97,6 +98,11 @@ def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, 
   old = {**meta.get('config', {}), 'data_fingerprint': meta.get('data_fingerprint')}
   new = {**cfg.to_dict(), 'data_fingerprint': fingerprint}
   check_resume(old, new, _FREE_ON_RESUME, cfg.resume_allow, f'workdir {workdir}', meta.get('step'))
+
+
+def _allows_optimizer(cfg: PretrainConfig) -> bool:
+  """Whether cfg.resume_allow lets a resume start a fresh optimizer state ('optim' or an optim.* field)."""
+  return any(n.strip() == 'optim' or n.strip().startswith('optim.') for n in cfg.resume_allow.split(','))
 
 
 def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
@@ -246,8 +252,10 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str, explicit_model_fields:
   if source:
     _check_outside(workdir, source.path)
   check_workdir(workdir, cfg)
-  with workdir_lib.claim(workdir, 'pretraining', owner=jax.process_index() == 0, log=metrics_lib.log):
-    prepared, vocab = prepare_data(cfg)
+  with (workdir_lib.claim(workdir, 'pretraining', owner=jax.process_index() == 0, log=metrics_lib.log),
+        preemption.Preemption() as preempt):
+    with preempt.immediately('preparing the data'):
+      prepared, vocab = prepare_data(cfg)
     schedule = optim.learning_rate_schedule(cfg.optim, cfg.num_train_steps)
     model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
                              seed=cfg.seed, grad_accum_steps=cfg.optim.grad_accum_steps, schedule=schedule,
@@ -257,8 +265,9 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str, explicit_model_fields:
     try:
       initial_eval = None
       if ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(None, model.abstract_state, log=metrics_lib.log)
-        check_same_run(meta, cfg, fingerprint, workdir)
+        state, meta = ckpt.restore(None, model.abstract_state, log=metrics_lib.log,
+                                   check_meta=lambda meta: check_same_run(meta, cfg, fingerprint, workdir),
+                                   fresh_opt_state=model.init_opt_state if _allows_optimizer(cfg) else None)
         data_position = int(meta['data_position'])
         metrics_lib.log(f'resumed from {ckpt.directory} at step {int(state["step"])} '
                         f'(data position {data_position})')
@@ -269,9 +278,8 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str, explicit_model_fields:
                                   prepared.most_frequent_token)
       write_config(workdir, cfg.to_dict())
       _copy_tokenizer(prepared.tokenizer_path, workdir)
-      with preemption.Preemption() as preempt:
-        return _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab, preempt,
-                           {'data_fingerprint': fingerprint}, initial_eval)
+      return _train_loop(cfg, workdir, model, state, data_position, ckpt, prepared, vocab, preempt,
+                         {'data_fingerprint': fingerprint}, initial_eval)
     finally:
       ckpt.close()
 
@@ -466,12 +474,12 @@ def restore_workdir(workdir: str, step: int | None = None, mesh=None):
     mesh: where to restore; the workdir's own mesh config when None.
 
   Returns:
-    (config, PretrainingModel, state, checkpoint meta).
+    (config, PretrainingModel, {'params': ...} (the optimizer state is not read), checkpoint meta).
   """
   cfg, model = _workdir_model(workdir, mesh)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
-    state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log)
+    state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log, params_only=True)
   finally:
     ckpt.close()
   return cfg, model, state, meta
@@ -514,7 +522,7 @@ def evaluate_all_checkpoints(workdir: str, on_result: Callable[[dict[str, Any]],
     prepared, vocab = prepare_data(cfg)
     results = []
     for step in steps:
-      state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log)
+      state, meta = ckpt.restore(step, model.abstract_state, log=metrics_lib.log, params_only=True)
       results.append({'step': int(meta['step']),
                       **evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
                                  prepared.most_frequent_token)})

@@ -132,6 +132,10 @@ class PretrainingModel:
     """
     return jax.jit(self._init_state, out_shardings=self.state_shardings)(init_params)
 
+  def init_opt_state(self, params) -> Any:
+    """A fresh optimizer state for `params` (a resume that changed the optimizer), born sharded."""
+    return jax.jit(self.tx.init, out_shardings=self.state_shardings['opt_state'])(params)
+
   def apply(self, params, rest, batch, *, deterministic: bool = True):
     """Runs the model on a batch (dropout streams come from `rest`, see `reseed`)."""
     model = nnx.merge(self.graphdef, params, rest)

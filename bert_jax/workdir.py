@@ -14,10 +14,9 @@ import contextlib
 import datetime
 import json
 import os
-import socket
-import sys
 from typing import Any, Iterator
 
+from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.files import write_json_atomic
 
@@ -65,30 +64,8 @@ def check_kind(path: str, kind: str, what: str = 'workdir') -> None:
                       f'Use a new or empty directory')
 
 
-def _start_time(pid: int) -> str | None:
-  # Field 22 of /proc/<pid>/stat: ticks since boot when the process started; tells a reused pid apart.
-  try:
-    with open(f'/proc/{pid}/stat', encoding='ascii') as f:
-      return f.read().rsplit(')', 1)[1].split()[19]
-  except (OSError, IndexError):
-    return None
-
-
-def _alive(owner: dict[str, Any]) -> bool:
-  pid = int(owner.get('pid', -1))
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except (PermissionError, OverflowError, ValueError):
-    return pid > 0
-  started = _start_time(pid)
-  return started is None or owner.get('start') in (None, started)
-
-
 def _lock_error(path: str, owner: dict[str, Any], detail: str) -> ConfigError:
-  return ConfigError(f'workdir {os.path.dirname(path)} is in use by pid {owner.get("pid")} on {owner.get("host")} '
-                     f'(since {owner.get("time", "?")}): {detail}')
+  return ConfigError(f'workdir {os.path.dirname(path)} is in use by {files.describe_holder(owner)}: {detail}')
 
 
 @contextlib.contextmanager
@@ -110,52 +87,26 @@ def claim(path: str, kind: str, *, owner: bool = True, log=print) -> Iterator[No
     os.makedirs(path, exist_ok=True)
   except OSError as e:
     raise ConfigError(f'cannot create workdir {path}: {e.strerror}') from None
-  lock = os.path.join(path, LOCK_FILE)
-  me = {'host': socket.gethostname(), 'pid': os.getpid(), 'start': _start_time(os.getpid()),
-        'time': datetime.datetime.now().isoformat(timespec='seconds'), 'command': ' '.join(sys.argv)}
-  _acquire(lock, me, log)
+  lock = files.Lock(os.path.join(path, LOCK_FILE), log)
+  try:
+    held = lock.acquire()
+  except OSError as e:
+    raise ConfigError(f'cannot write in workdir {path}: {e.strerror}') from None
+  if held is not None:
+    if created:
+      with contextlib.suppress(OSError):
+        os.rmdir(path)
+    if held.get('remote'):
+      raise _lock_error(lock.path, held, f'a run on another host may be using it; if none is, delete {lock.path}')
+    raise _lock_error(lock.path, held, 'two runs on one workdir would mix their checkpoints and metrics; wait '
+                      'for it to finish or use another --workdir')
   try:
     yield
   finally:
-    with contextlib.suppress(OSError):
-      with open(lock, encoding='utf-8') as f:
-        held = json.load(f)
-      if held.get('pid') == me['pid'] and held.get('host') == me['host']:
-        os.remove(lock)
+    lock.release()
     if created:  # a run that stopped before writing anything leaves no empty workdir behind
       with contextlib.suppress(OSError):
         os.rmdir(path)
-
-
-def _acquire(lock: str, me: dict[str, Any], log) -> None:
-  for _ in range(3):
-    try:
-      fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-      pass
-    except OSError as e:
-      raise ConfigError(f'cannot write in workdir {os.path.dirname(lock)}: {e.strerror}') from None
-    else:
-      with os.fdopen(fd, 'w', encoding='utf-8') as f:
-        json.dump(me, f)
-      return
-    try:
-      with open(lock, encoding='utf-8') as f:
-        held = json.load(f)
-    except FileNotFoundError:
-      continue  # released meanwhile
-    except (OSError, ValueError):
-      held = {}
-    if held and held.get('host') != me['host']:
-      raise _lock_error(lock, held, f'a run on another host may be using it; if none is, delete {lock}')
-    if held and _alive(held):
-      raise _lock_error(lock, held, 'two runs on one workdir would mix their checkpoints and metrics; wait '
-                        'for it to finish or use another --workdir')
-    log(f'warning: taking over the lock of workdir {os.path.dirname(lock)} from pid {held.get("pid")}, which '
-        'no longer runs (killed or crashed)')
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(lock)
-  raise ConfigError(f'could not take the lock {lock}: another run keeps taking it')
 
 
 def write_config(path: str, config: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import cli, metrics, train_lib
+from bert_jax import cli, metrics, preemption, train_lib
 from bert_jax.config import PretrainConfig
 
 _CONFIG = cli.define_config(
@@ -26,7 +26,9 @@ _CONFIG = cli.define_config(
 
 def main(_):
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
-  prepared, _ = train_lib.prepare_data(cfg)
+  # SIGTERM/Ctrl-C: the workers stop, finished units stay, exit code 75; the same command resumes.
+  with preemption.Preemption() as preempt, preempt.immediately('preparing the data'):
+    prepared, _ = train_lib.prepare_data(cfg)
   metrics.log(json.dumps({'dir': prepared.dir, 'num_train': prepared.num_train, 'num_eval': prepared.num_eval,
                           **prepared.stats}))
 

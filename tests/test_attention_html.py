@@ -145,6 +145,18 @@ def test_main_job_style_workdir_page(tiny_workdir, tmp_path):
   np.testing.assert_array_equal(probs, details.probs)
 
 
+def test_any_text_renders_even_markup_that_would_end_the_script(tiny_workdir, browser, tmp_path):
+  model = pretrained.load_pretrained(tiny_workdir)
+  text = 'a <!--<script> b </script> c & <b>d</b>'
+  details = inference.attention_details(model, text)
+  path = attention_html.write(details, str(tmp_path / 'markup.html'), model_name='tiny <x>', text_a=text,
+                              text_b=None)
+  browser.open(path)
+  labels = browser.eval('[...document.querySelectorAll("#hv-svg text[data-side=left]")].map(e => e.textContent)')
+  assert labels == list(details.tokens)  # the page ran: every token drawn
+  assert text in browser.eval('document.getElementById("texts").textContent')
+
+
 @pytest.mark.parametrize('args, message', [
     (('--text= ',), 'must hold some text'),
     (('--text=Hi .', '--layer=9'), 'out of range'),

@@ -2,9 +2,12 @@
 no non-finite state is saved, a resume of another run is refused, and bad input is one error line
 that leaves the workdir's files unchanged."""
 
+import contextlib
 import dataclasses
+import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, config, finetune_lib, preemption, train_lib
+from bert_jax import checkpointing, config, files, finetune_lib, preemption, train_lib
 from bert_jax import workdir as workdir_lib
 from bert_jax.checkpointing import Checkpointer
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
@@ -144,6 +147,71 @@ def test_non_finite_checkpoint_is_never_resumed(trained, tmp_path, capsys):
   assert result['step'] == 6 and np.isfinite(result['mlm_loss'])
 
 
+def _zero_array_data(workdir, step):
+  # The arrays' bytes only: the manifest and metadata read, the values do not (tensorstore fails mid-read).
+  data = os.path.join(workdir, 'checkpoints', str(step), 'state', 'd')
+  for name in os.listdir(data):
+    with open(os.path.join(data, name), 'r+b') as f:
+      f.write(b'\x00' * os.path.getsize(os.path.join(data, name)))
+
+
+def test_reading_a_corrupt_checkpoint_prints_one_warning_and_nothing_else(trained, tmp_path):
+  _, workdir = _copy(trained, tmp_path)
+  _zero_array_data(workdir, 4)
+  before = tree_digest(workdir)
+  for _ in range(2):  # tensorstore's late callbacks (hundreds of tracebacks before) come in most runs
+    r = run_experiment('evaluate.py', f'--workdir={workdir}')
+    assert r.returncode == 0 and '"step": 2' in r.stdout, r.stderr[-3000:]
+    assert [l for l in r.stdout.splitlines() if 'unusable' in l] == [
+        l for l in r.stdout.splitlines() if l.startswith('warning: checkpoint step 4 is unusable')]
+    assert r.stderr.strip() == '', r.stderr[-3000:]
+  assert tree_digest(workdir) == before  # evaluation reads only
+
+
+# --- a resume that changes the request, not a corrupt checkpoint ---------------------------------
+
+def test_resume_with_another_optimizer_never_moves_a_checkpoint(trained, tmp_path, capsys):
+  cfg, workdir = _copy(trained, tmp_path)
+  before = tree_digest(workdir)
+  lamb = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, name='lamb'), num_train_steps=6)
+  with pytest.raises(CheckpointError, match=r"holds another run \(step 4\): optim.name: 'adamw' -> 'lamb'"):
+    train_lib.train_and_evaluate(dataclasses.replace(lamb, resume_allow='num_train_steps'), workdir)
+  assert tree_digest(workdir) == before
+  saved, _ = restore_pretraining_state(workdir, cfg, 4)
+  result = train_lib.train_and_evaluate(dataclasses.replace(lamb, resume_allow='optim,num_train_steps'), workdir)
+  out = capsys.readouterr().out
+  assert 'restored step 4: parameters, step and RNG' in out and 'starts fresh' in out
+  assert 'unusable' not in out and not os.path.exists(os.path.join(workdir, checkpointing.CORRUPT_DIR))
+  assert result['step'] == 6 and Checkpointer(workdir, read_only=True).all_steps() == [2, 4, 6]
+  state, meta = restore_pretraining_state(workdir, dataclasses.replace(lamb, resume_allow='optim'), 6)
+  assert meta['config']['optim']['name'] == 'lamb' and int(state['step']) == 6
+  # Evaluating any step reads parameters only, whichever optimizer wrote it.
+  assert train_lib.evaluate_checkpoint(workdir, step=4)['step'] == 4
+  np.testing.assert_array_equal(restore_pretraining_state(workdir, cfg, 4)[0]['params']['nsp']['kernel'],
+                                saved['params']['nsp']['kernel'])
+
+
+def test_a_readable_checkpoint_is_never_moved_aside(trained, tmp_path, monkeypatch):
+  cfg, workdir = _copy(trained, tmp_path)
+  before = tree_digest(workdir)
+
+  def refuse(self, step, target, partial):  # a request the checkpoint cannot serve (e.g. an unloadable layout)
+    raise ValueError('cannot place these arrays')
+
+  monkeypatch.setattr(Checkpointer, '_read_state', refuse)
+  with pytest.raises(CheckpointError, match=r'checkpoint step 4 .* reads, but not into this run\'s state'):
+    train_lib.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'), workdir)
+  assert tree_digest(workdir) == before
+
+
+def test_unknown_resume_allow_names_are_refused(trained, tmp_path):
+  cfg, workdir = _copy(trained, tmp_path)
+  before = tree_digest(workdir)
+  with pytest.raises(ConfigError, match='resume_allow names no config field: num_steps, optimizer'):
+    train_lib.train_and_evaluate(dataclasses.replace(cfg, resume_allow='num_steps,optim.name,optimizer'), workdir)
+  assert tree_digest(workdir) == before
+
+
 # --- one run per workdir ------------------------------------------------------------------------
 
 def test_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(trained, tmp_path):
@@ -152,7 +220,7 @@ def test_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(trained,
   try:
     lock = os.path.join(workdir, workdir_lib.LOCK_FILE)
     with open(lock, 'w', encoding='utf-8') as f:
-      json.dump({'host': os.uname().nodename, 'pid': other.pid, 'start': workdir_lib._start_time(other.pid)}, f)
+      json.dump({'host': os.uname().nodename, 'pid': other.pid, 'start': files._start_time(other.pid)}, f)
     before = tree_digest(workdir)
     with pytest.raises(ConfigError, match=f'in use by pid {other.pid}'):
       train_lib.train_and_evaluate(cfg, workdir)
@@ -229,6 +297,85 @@ def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
   for args, message in cases:
     assert_one_line_error(run_experiment(*args), message)
   assert {d: tree_digest(d) for d in (workdir, finetune_dir)} == before
+
+
+# --- inputs that are not regular files ----------------------------------------------------------
+
+@contextlib.contextmanager
+def _within(seconds):
+  """Fails the block if it takes longer (a read of a FIFO would block forever)."""
+  def expire(signum, frame):
+    raise TimeoutError(f'still blocked after {seconds} s')
+  previous = signal.signal(signal.SIGALRM, expire)
+  signal.alarm(seconds)
+  try:
+    yield
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_pipes_and_devices_are_refused_before_any_read(trained, tiny_checkpoint, tmp_path):
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip('the timeout needs the main thread')
+  from bert_jax import inference, pretrained  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import readers, records, tokenization  # pylint: disable=g-import-not-at-top
+  cfg, workdir = trained
+  fifo = str(tmp_path / 'fifo')
+  os.mkfifo(fifo)
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  write_small_corpus(corpus)
+  os.mkfifo(corpus / 'pipe.txt')  # beside a good file
+  hf_dir = str(tmp_path / 'hf')
+  shutil.copytree(tiny_checkpoint, hf_dir)
+  os.remove(os.path.join(hf_dir, 'config.json'))
+  os.mkfifo(os.path.join(hf_dir, 'config.json'))
+  cache = str(tmp_path / 'cache')
+  shutil.copytree(json.load(open(os.path.join(workdir, 'config.json')))['data']['cache_dir'], cache)
+  data_dir = glob.glob(os.path.join(cache, '*', 'meta.json'))[0][:-len('/meta.json')]
+  os.remove(os.path.join(data_dir, 'train.index.npy'))
+  os.mkfifo(os.path.join(data_dir, 'train.index.npy'))
+  cases = [(lambda: readers.resolve_files(fifo), 'is a FIFO (named pipe), not a regular file'),
+           (lambda: readers.resolve_files('/dev/zero'), 'is a character device'),
+           (lambda: readers.resolve_files(str(corpus)), 'pipe.txt is a FIFO'),
+           (lambda: readers.resolve_files(str(corpus / '*.txt')), 'pipe.txt is a FIFO'),
+           (lambda: tokenization.load_tokenizer(fifo), 'tokenizer'),
+           (lambda: inference.read_texts(fifo), 'input file'),
+           (lambda: inference.read_texts('/dev/zero'), 'is a character device'),
+           (lambda: pretrained.load_pretrained(hf_dir), 'config.json is a FIFO'),
+           (lambda: records.load_prepared_data(data_dir), 'train.index.npy is a FIFO')]
+  for call, message in cases:
+    with _within(20), pytest.raises(BertJaxError, match=re.escape(message)):
+      call()
+  corpus_flag = f'--config.data.train_files={corpus}'
+  for args, message in ((('pretrain.py', f'--workdir={tmp_path}/run', corpus_flag), 'pipe.txt is a FIFO'),
+                        (('embed.py', f'--checkpoint={tiny_checkpoint}', f'--input={fifo}',
+                          f'--output={tmp_path}/e.npz'), 'is a FIFO'),
+                        (('benchmark_data.py', f'--corpus={tmp_path}/empty.txt', '--synthesize_mb=1',
+                          f'--scratch={tmp_path}/bench'), 'are all empty')):
+    if 'benchmark_data.py' in args:
+      open(tmp_path / 'empty.txt', 'w').close()
+    assert_one_line_error(run_experiment(*args, timeout=120), message)
+  assert not os.path.exists(tmp_path / 'run') and not os.path.exists(tmp_path / 'bench')
+
+
+# --- non-finite weights given to inference or to continued pretraining ---------------------------
+
+def test_a_checkpoint_with_nan_weights_is_one_line(trained, tiny_checkpoint, tmp_path):
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  nan_dir = str(tmp_path / 'nan')
+  shutil.copytree(tiny_checkpoint, nan_dir)
+  weights = os.path.join(nan_dir, 'model.safetensors')
+  st_numpy.save_file({k: np.full_like(v, np.nan) for k, v in st_numpy.load_file(weights).items()}, weights)
+  before = tree_digest(nan_dir)
+  (tmp_path / 'texts.txt').write_text('A sentence.\n')
+  assert_one_line_error(run_experiment('embed.py', f'--checkpoint={nan_dir}', f'--input={tmp_path}/texts.txt',
+                                       f'--output={tmp_path}/e.npz'), 'contain NaN or Inf')
+  cfg, _ = trained
+  with pytest.raises(CheckpointError, match='contain NaN or Inf'):
+    train_lib.train_and_evaluate(dataclasses.replace(cfg, init_checkpoint=nan_dir), str(tmp_path / 'continued'))
+  assert tree_digest(nan_dir) == before and not os.path.exists(tmp_path / 'e.npz')
 
 
 def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_corpus, tmp_path):

@@ -316,3 +316,134 @@ def test_bad_input_is_one_error_line_and_leaves_no_cache(tmp_path, case):
       cwd=REPO, capture_output=True, text=True, timeout=300)
   assert_one_line_error(result, pattern)
   assert _no_cache_left(cache), os.listdir(cache)
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+@pytest.mark.parametrize('damage', ['truncated_shard', 'missing_shard', 'bad_meta', 'meta_without_field',
+                                    'short_index'])
+def test_damaged_cache_is_one_line_that_says_how_to_rebuild(prepared, tmp_path, damage):
+  import shutil  # pylint: disable=g-import-not-at-top
+  cfg, data = prepared
+  cache = str(tmp_path / os.path.basename(data.dir))
+  shutil.copytree(data.dir, cache)
+  shard = os.path.join(cache, json.load(open(os.path.join(cache, 'meta.json')))['train_shards'][0])
+  if damage == 'truncated_shard':
+    os.truncate(shard, os.path.getsize(shard) - 2)
+  elif damage == 'missing_shard':
+    os.remove(shard)
+  elif damage == 'bad_meta':
+    with open(os.path.join(cache, 'meta.json'), 'r+b') as f:
+      f.truncate(100)
+  elif damage == 'meta_without_field':
+    meta = json.load(open(os.path.join(cache, 'meta.json')))
+    del meta['most_frequent_token']
+    json.dump(meta, open(os.path.join(cache, 'meta.json'), 'w'))
+  else:
+    index = np.load(os.path.join(cache, 'eval.index.npy'))
+    np.save(os.path.join(cache, 'eval.index.npy'), index[:-1])
+  before = _cache_digest(cache)
+  with pytest.raises(DataError, match=f'prepared data cache {cache} is damaged: .*; delete that directory and run'):
+    ip.PretrainingDataset(cache, 'train')
+  # The same when a run finds it under its fingerprint: never a traceback at step 1.
+  with pytest.raises(DataError, match='is damaged'):
+    prepare.prepare_pretraining_data(dataclasses.replace(cfg, cache_dir=str(tmp_path)), vocab_size=VOCAB, seed=0,
+                                     log=lambda _: None)
+  assert _cache_digest(cache) == before
+
+
+def test_a_second_preparation_of_the_same_cache_waits_and_reuses_it(tmp_path):
+  cfg = _bundled_cfg(tmp_path / 'cache', num_workers=1)
+  fingerprint = prepare._fingerprint(cfg, readers.resolve_files(cfg.train_files), [], None, 2000, 0)
+  final = os.path.join(cfg.cache_dir, fingerprint)
+  os.makedirs(cfg.cache_dir)
+  holder = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
+  try:
+    from bert_jax import files  # pylint: disable=g-import-not-at-top
+    with open(final + '.lock', 'w', encoding='utf-8') as f:  # a live process on this host is building it
+      json.dump({'host': os.uname().nodename, 'pid': holder.pid, 'start': files._start_time(holder.pid)}, f)
+    logs = []
+
+    def finish_first():  # the first build completes: its cache appears, then its lock goes
+      while not any('waiting for pid' in l for l in logs):
+        time.sleep(0.05)
+      prepare.prepare_pretraining_data(dataclasses.replace(cfg, cache_dir=str(tmp_path / 'elsewhere')),
+                                       vocab_size=2000, seed=0, log=lambda _: None)
+      os.rename(str(tmp_path / 'elsewhere' / fingerprint), final)
+      holder.kill()
+      holder.wait()
+      os.remove(final + '.lock')
+
+    import threading  # pylint: disable=g-import-not-at-top
+    first = threading.Thread(target=finish_first)
+    first.start()
+    data = prepare.prepare_pretraining_data(cfg, vocab_size=2000, seed=0, log=logs.append)
+    first.join()
+  finally:
+    holder.kill()
+  assert data.dir == final and any('reusing' in l for l in logs)
+  assert sorted(os.listdir(cfg.cache_dir)) == [fingerprint]  # no .partial, no lock left
+
+
+def test_killing_prepare_data_kills_its_workers(tmp_path):
+  cache = tmp_path / 'cache'
+  args = [a for a in _prepare_data_args(cache) if 'num_workers' not in a] + ['--config.data.num_workers=2']
+  proc = subprocess.Popen([sys.executable, 'experiments/prepare_data.py', *args], cwd=REPO,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 120
+  workers = []
+  while len(workers) < 2:  # spawned workers: children of the parent running units
+    assert proc.poll() is None and time.time() < deadline
+    workers = _children(proc.pid)
+    time.sleep(0.05)
+  proc.kill()
+  proc.wait()
+  _assert_exit_soon(workers)
+
+
+def test_sigterm_while_preparing_stops_workers_keeps_units_and_exits_75(tmp_path):
+  cache = tmp_path / 'cache'
+  workdir = str(tmp_path / 'run')
+  args = [a.replace('--config.data.num_workers=1', '--config.data.num_workers=2') for a in _prepare_data_args(cache)]
+  proc = subprocess.Popen([sys.executable, 'experiments/pretrain.py', f'--workdir={workdir}', *args,
+                           '--config.num_train_steps=2'], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  deadline = time.time() + 180
+  while not glob.glob(str(cache / '*.partial' / 'units' / '*.json')):  # one unit finished, others running
+    assert proc.poll() is None and time.time() < deadline, proc.communicate()
+    time.sleep(0.02)
+  workers = _children(proc.pid)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 75, err[-3000:]
+  lines = [l for l in err.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith('preempted: SIGTERM received while preparing the data'), err
+  _assert_exit_soon(workers)
+  assert not os.path.exists(os.path.join(workdir, '.lock'))
+  done = len(glob.glob(str(cache / '*.partial' / 'units' / '*.json')))
+  assert done  # finished units stay for the rerun, which builds only the rest
+  result = subprocess.run([sys.executable, 'experiments/prepare_data.py', *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0 and f'{done} unit(s) already built by an earlier run' in result.stdout, result.stderr
+
+
+def _assert_exit_soon(pids: list[int]) -> None:
+  deadline = time.time() + 10
+  while any(_running(pid) for pid in pids) and time.time() < deadline:
+    time.sleep(0.1)
+  left = [(pid, open(f'/proc/{pid}/cmdline').read()) for pid in pids if _running(pid)]
+  assert not left
+
+
+def _children(pid: int) -> list[int]:
+  out = subprocess.run(['ps', '-o', 'pid=', '--ppid', str(pid)], capture_output=True, text=True).stdout
+  return [int(p) for p in out.split()]
+
+
+def _running(pid: int) -> bool:
+  try:
+    with open(f'/proc/{pid}/stat', encoding='ascii') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] != 'Z'  # a zombie has exited
+  except OSError:
+    return False

@@ -18,6 +18,7 @@ import numpy as np
 
 from bert_jax.config import DataConfig
 from bert_jax.data import loader, prepare, tokenization
+from bert_jax.errors import DataError
 
 
 class TreeMemory:
@@ -78,6 +79,8 @@ def synthesize_corpus(source_files: list[str], out_dir: str, target_mb: float, s
   Returns:
     The written files (reused when they already exist with the same size target).
   """
+  if not sum(os.path.getsize(f) for f in source_files):
+    raise DataError(f'the corpus files to copy ({len(source_files)}) are all empty: give --corpus some text')
   os.makedirs(out_dir, exist_ok=True)
   target = int(target_mb * 1e6)
   written, total, copy = [], 0, 0

@@ -27,6 +27,7 @@ the directory renamed to `<cache_dir>/<fingerprint>/`, the only place training r
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import dataclasses
 import hashlib
 import heapq
@@ -36,12 +37,15 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
+import threading
 import time
 from typing import Callable, Sequence
 
 from etils import epath
 import numpy as np
 
+from bert_jax import files
 from bert_jax.config import DataConfig
 from bert_jax.data import nsp, readers, records, tokenization
 from bert_jax.data.records import META_FILE, PreparedData, load_prepared_data, read_meta  # pylint: disable=unused-import
@@ -54,6 +58,8 @@ RECORD_FIELDS = ('eval_fraction', 'lower_case', 'max_seq_length', 'short_seq_pro
 _UNITS_DIR = 'units'
 _ENCODE_BATCH = 4096  # sentences per tokenizer call: bounded memory for the id lists
 _PROGRESS_EVERY_S = 5.0
+_LOCK_POLL_S = 2.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,11 +132,60 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
   if os.path.exists(os.path.join(final_dir, META_FILE)):
     log(f'prepared data: reusing {final_dir}')
     return load_prepared_data(final_dir)
+  # One build of a cache at a time: process 0 holds <fingerprint>.lock, and a second preparation of
+  # the same cache waits for it, then reuses what it built.
+  error, lock = None, None
+  try:
+    if process_index == 0:
+      lock = _lock_cache(final_dir, log)
+  except BertJaxError as e:
+    error = e
+  if sync(error is not None):
+    raise error or DataError('another process could not lock the data cache; its error says why')
+  try:
+    if os.path.exists(os.path.join(final_dir, META_FILE)):  # built by the run we waited for
+      log(f'prepared data: reusing {final_dir}')
+      return load_prepared_data(final_dir)
+    _build(cfg, reader, train_paths, eval_paths, given, vocab_size, seed, final_dir, fingerprint, process_index,
+           process_count, sync, log)
+  finally:
+    if lock is not None:
+      lock.release()
+  log(f'prepared data written to {final_dir}')
+  return load_prepared_data(final_dir)
+
+
+def _lock_cache(final_dir: str, log) -> files.Lock:
+  """Takes `<final_dir>.lock`, waiting while a live process on this host holds it."""
+  try:
+    os.makedirs(os.path.dirname(final_dir) or '.', exist_ok=True)
+  except OSError as e:
+    raise DataError(f'cannot create the data cache directory {os.path.dirname(final_dir)}: {e.strerror}') from None
+  lock, told = files.Lock(final_dir + '.lock', log), False
+  while True:
+    try:
+      held = lock.acquire()
+    except OSError as e:
+      raise DataError(f'cannot write in the data cache directory {os.path.dirname(final_dir)}: {e.strerror}') from None
+    if held is None:
+      return lock
+    if held.get('remote') or 'note' in held:
+      raise DataError(f'data cache {final_dir} is being prepared by {files.describe_holder(held)}; wait for it to '
+                      f'finish (the same command then reuses it), or delete {lock.path} if that run is gone')
+    if not told:
+      log(f'prepare: waiting for {files.describe_holder(held)}, which is preparing the same data into '
+          f'{final_dir}.partial; its cache will be reused')
+      told = True
+    time.sleep(_LOCK_POLL_S)
+
+
+def _build(cfg, reader, train_paths, eval_paths, given, vocab_size, seed, final_dir, fingerprint, process_index,
+           process_count, sync, log) -> None:
+  """Runs the build steps in `<final_dir>.partial`, every process together, then renames it to `final_dir`."""
   build_dir = final_dir + '.partial'
   builder = _Builder(cfg, reader, train_paths, eval_paths, given, vocab_size, seed, build_dir,
                      fingerprint, process_index, process_count, log)
-  steps = (builder.plan, builder.tokenizer, builder.build_units, builder.manifest)
-  for step in steps:
+  for step in (builder.plan, builder.tokenizer, builder.build_units, builder.manifest):
     error = None
     try:
       step()
@@ -149,8 +204,6 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
         raise
       shutil.rmtree(build_dir, ignore_errors=True)  # the same cache finished elsewhere first
   sync(False)
-  log(f'prepared data written to {final_dir}')
-  return load_prepared_data(final_dir)
 
 
 class _Builder:
@@ -170,6 +223,11 @@ class _Builder:
   def plan(self) -> None:
     t0 = time.time()
     os.makedirs(os.path.join(self.dir, _UNITS_DIR), exist_ok=True)
+    if self.process_index == 0:  # half-written files of workers killed mid-unit (their units have no marker)
+      for root, _, names in os.walk(self.dir):
+        for name in names:
+          if '.tmp-' in name:
+            os.remove(os.path.join(root, name))
     unit_bytes = self.cfg.unit_mb << 20
     groups = [(g, 'eval' if self.eval_paths else 'corpus')
               for g in readers.plan_units(self.train_paths, self.reader, unit_bytes)]
@@ -298,16 +356,17 @@ class _Builder:
       started = ctx.Value('i', 0)
       with concurrent.futures.ProcessPoolExecutor(min(self.workers, len(units)), mp_context=ctx,
                                                   initializer=_init_worker,
-                                                  initargs=(started, first_core)) as pool:
+                                                  initargs=(started, first_core, os.getpid())) as pool:
         futures = {pool.submit(fn, job, u, arg): u for u in units}
         try:
           for future in concurrent.futures.as_completed(futures):
             result = future.result()
             progress.done(futures[future])
             yield result
-        except BaseException:
+        except BaseException:  # an error, a signal (Preempted) or Ctrl-C: stop the units in progress too
           for f in futures:
             f.cancel()
+          _stop_workers(pool)
           raise
     progress.finish()
 
@@ -363,7 +422,40 @@ def _pin(k: int) -> set[int] | None:
   return before
 
 
-def _init_worker(started, first_core: int) -> None:
+def _stop_workers(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+  """Kills the pool's worker processes at once (their units are unfinished: no marker, rebuilt on resume)."""
+  terminate = getattr(pool, 'terminate_workers', None)  # Python >= 3.14
+  if terminate is not None:
+    terminate()
+    return
+  for process in list((getattr(pool, '_processes', None) or {}).values()):
+    process.terminate()
+  for process in list((getattr(pool, '_processes', None) or {}).values()):
+    process.join(5)
+
+
+def _die_with_parent(parent: int) -> None:
+  """Makes this worker exit when the process that started it dies (kill -9 included)."""
+  try:  # Linux: the kernel sends SIGKILL when the parent goes
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+  except (OSError, AttributeError):
+    pass
+  if os.getppid() != parent:  # it died before prctl took effect
+    os._exit(1)  # pylint: disable=protected-access
+
+  def watch():  # elsewhere (and as a second guard): reparented means orphaned
+    while os.getppid() == parent:
+      time.sleep(1.0)
+    os._exit(1)  # pylint: disable=protected-access
+
+  threading.Thread(target=watch, daemon=True, name='parent-watch').start()
+
+
+def _init_worker(started, first_core: int, parent: int) -> None:
+  _die_with_parent(parent)
+  # The parent turns SIGTERM/SIGINT into stopping the whole pool; a worker must not die on its own
+  # (a Ctrl-C reaches every process of the terminal's group) and leave the pool broken.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
   # One core per worker: the libraries' own thread pools would oversubscribe the machine
   # (`_tokenize` also asks for one thread).
   os.environ['TOKENIZERS_PARALLELISM'] = 'false'

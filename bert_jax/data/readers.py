@@ -44,6 +44,7 @@ from absl import logging
 from etils import epath
 
 from bert_jax.errors import ConfigError, DataError
+from bert_jax.files import check_regular
 
 FORMATS = ('auto', 'wikiextractor', 'wikitext', 'plain', 'jsonl')
 # The first byte that is neither ASCII whitespace nor part of a UTF-8 byte order mark.
@@ -186,6 +187,8 @@ def resolve_files(spec: str) -> list[str]:
       raise DataError(f'cannot list {part!r}{where}: {_one_line(e)}') from None
     if not found:
       raise DataError(f'{part!r}{where} matches no files')
+    for f in found:  # a FIFO or device would block the first read forever
+      check_regular(f, 'corpus file' if f == part else f'corpus file (from {part!r})')
     files.extend(found)
   if not files:
     raise DataError(f'corpus spec {spec!r} names no files')
@@ -197,7 +200,7 @@ def _walk(root: epath.Path) -> list[str]:
   for dirpath, dirnames, filenames in root.walk():
     dirnames[:] = [d for d in dirnames if not d.startswith('.')]
     out.extend(dirpath / f for f in filenames if not _NOT_CORPUS.search(f))
-  return sorted(str(p) for p in out if p.is_file())
+  return sorted(str(p) for p in out if p.exists() and not p.is_dir())  # FIFOs too: refused by the caller
 
 
 def _glob(pattern: str) -> list[str]:
@@ -211,7 +214,7 @@ def _glob(pattern: str) -> list[str]:
     first = next(i for i, p in enumerate(parts) if any(c in p for c in '*?['))
     root = epath.Path('/'.join(parts[:first]))
     found = [str(p) for p in root.glob('/'.join(parts[first:]))]
-  return sorted(p for p in found if epath.Path(p).is_file())
+  return sorted(p for p in found if epath.Path(p).exists() and not epath.Path(p).is_dir())
 
 
 def detect_format(path: str, opts: ReaderOptions) -> tuple[str, str]:

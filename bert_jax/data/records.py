@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from bert_jax.errors import DataError
+from bert_jax.files import check_regular
 
 # Bump when records would change for the same inputs (layout, NSP algorithm, corpus parsing,
 # tokenizer training): code is not part of the cache fingerprint, this constant is.
@@ -167,24 +168,72 @@ class PreparedData:
 
 
 def load_prepared_data(data_dir: str) -> PreparedData:
-  """Describes an existing cache directory; DataError if it is incomplete."""
+  """Describes an existing cache directory after `verify`ing it; DataError if it is incomplete or damaged."""
   meta = read_meta(data_dir)
-  return PreparedData(dir=data_dir, tokenizer_path=os.path.join(data_dir, meta['tokenizer']['file']),
-                      num_train=meta['num_train'], num_eval=meta['num_eval'],
-                      most_frequent_token=meta['most_frequent_token'],
-                      special_ids=SpecialIds(**meta['tokenizer']['special_ids']), stats=meta['stats'])
+  try:
+    verify(data_dir, meta)
+    return PreparedData(dir=data_dir, tokenizer_path=os.path.join(data_dir, meta['tokenizer']['file']),
+                        num_train=meta['num_train'], num_eval=meta['num_eval'],
+                        most_frequent_token=meta['most_frequent_token'],
+                        special_ids=SpecialIds(**meta['tokenizer']['special_ids']), stats=meta['stats'])
+  except (KeyError, TypeError) as e:
+    raise DataError(_damaged(data_dir, f'{META_FILE} lacks {e}')) from None
+
+
+def _damaged(data_dir: str, what: str) -> str:
+  return (f'prepared data cache {data_dir} is damaged: {what}; delete that directory and run the same command '
+          'again to prepare it anew')
 
 
 def read_meta(data_dir: str) -> dict:
-  """The contents of a cache directory's meta.json; DataError if it is incomplete."""
+  """The contents of a cache directory's meta.json; DataError if it is incomplete or unreadable."""
   path = os.path.join(data_dir, META_FILE)
+  check_regular(path, 'cache manifest')
   try:
     with open(path, encoding='utf-8') as f:
       meta = json.load(f)
   except FileNotFoundError:
     raise DataError(f'{data_dir} is not a complete prepared cache ({META_FILE} missing); prepare it '
                     'with experiments/prepare_data.py') from None
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise DataError(_damaged(data_dir, f'{META_FILE} is unreadable ({type(e).__name__}: '
+                                       f'{str(e).splitlines()[0] if str(e) else ""})')) from None
+  if not isinstance(meta, dict):
+    raise DataError(_damaged(data_dir, f'{META_FILE} is not a JSON object'))
   if meta.get('format_version') != FORMAT_VERSION:
     raise DataError(f'{data_dir} was prepared by another bert_jax (format {meta.get("format_version")}, '
                     f'this one reads {FORMAT_VERSION}); prepare the data again')
   return meta
+
+
+def verify(data_dir: str, meta: dict) -> None:
+  """Cheap consistency checks of a cache against its manifest, before any batch is read.
+
+  Each split's index has the manifest's record count and dtype, and each shard's size equals the
+  tokens its records span (its last record's offset + length): O(shards) reads, whatever the corpus
+  size. A truncated or missing shard, index or manifest field is DataError saying how to rebuild.
+  """
+  itemsize = np.dtype(meta['token_dtype']).itemsize
+  for split in ('train', 'eval'):
+    path = os.path.join(data_dir, index_name(split))
+    check_regular(path, 'cache index')
+    try:
+      index = np.load(path, mmap_mode='r')
+    except (OSError, ValueError) as e:
+      raise DataError(_damaged(data_dir, f'{index_name(split)} is unreadable ({type(e).__name__}: '
+                                         f'{str(e).splitlines()[0] if str(e) else ""})')) from None
+    counts = meta[f'{split}_shard_records']
+    if index.dtype != INDEX_DTYPE or len(index) != meta[f'num_{split}'] or sum(counts) != len(index):
+      raise DataError(_damaged(data_dir, f'{index_name(split)} holds {len(index):,} records, the manifest '
+                                         f'{meta[f"num_{split}"]:,}'))
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    for name, lo, hi in zip(meta[f'{split}_shards'], starts[:-1], starts[1:]):
+      shard = os.path.join(data_dir, name)
+      check_regular(shard, 'cache shard')
+      try:
+        size = os.path.getsize(shard)
+      except OSError:
+        raise DataError(_damaged(data_dir, f'shard {name} is missing')) from None
+      want = (int(index[hi - 1]['offset']) + int(index[hi - 1]['length'])) * itemsize if hi > lo else 0
+      if size != want or (hi > lo and int(index[lo]['offset']) != 0):
+        raise DataError(_damaged(data_dir, f'shard {name} has {size:,} bytes, its index says {want:,}'))

@@ -24,6 +24,7 @@ import sentencepiece as spm
 import tokenizers
 
 from bert_jax.errors import ConfigError, DataError
+from bert_jax.files import check_regular
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
@@ -123,6 +124,7 @@ class SentencePieceTokenizer:
   def __init__(self, path: str):
     """Loads `path`; DataError if it is missing, not a model, or lacks the specials."""
     self.path = path
+    check_regular(path, 'tokenizer')
     if not os.path.isfile(path):
       raise DataError(f'tokenizer {path} does not exist; set --config.data.tokenizer to a '
                       '.model file or leave it empty to train one')
@@ -343,6 +345,8 @@ class WordPieceTokenizer:
     """
     json_path = os.path.join(directory, _TOKENIZER_JSON)
     vocab_path = os.path.join(directory, _VOCAB_TXT)
+    for path in (json_path, vocab_path, os.path.join(directory, 'tokenizer_config.json')):
+      check_regular(path, 'tokenizer file')
     if os.path.isfile(json_path):
       try:
         tok = tokenizers.Tokenizer.from_file(json_path)

@@ -18,7 +18,7 @@ from absl import logging
 import numpy as np
 
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.files import write_text_atomic
+from bert_jax.files import check_regular, write_text_atomic
 from bert_jax.tasks import metrics
 from bert_jax.tasks.base import IGNORE, EvalSet, Feature
 
@@ -48,6 +48,7 @@ def read_conll(path: str) -> list[tuple[list[str], list[str]]]:
     One (words, tags) pair per sentence. DataError naming file:line for a line with fewer
     than 2 fields or a tag outside LABELS; DataError for a missing or empty file.
   """
+  check_regular(path, 'CoNLL file')
   if not os.path.isfile(path):
     raise DataError(f'{path} does not exist; set data_dir to the CoNLL-2003 folder '
                     f'({TRAIN_FILE}, {DEV_FILE}, {TEST_FILE}) or train_file/eval_file')

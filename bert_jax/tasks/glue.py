@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bert_jax.errors import DataError
-from bert_jax.files import write_text_atomic
+from bert_jax.files import check_regular, write_text_atomic
 from bert_jax.tasks import metrics
 from bert_jax.tasks.base import EvalSet, Feature
 
@@ -201,6 +201,7 @@ def get_task(name: str) -> GlueTask:
 
 def _read_lines(path: str) -> list[tuple[int, list[str]]]:
   """(1-based line number, tab-split fields) of each non-blank line."""
+  check_regular(path, 'GLUE file')
   if not os.path.isfile(path):
     raise DataError(f'{path} does not exist; set data_dir (or train_file/eval_file) to the '
                     'GLUE task folder')

@@ -24,7 +24,7 @@ from absl import logging
 import numpy as np
 
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.files import write_json_atomic
+from bert_jax.files import check_regular, write_json_atomic
 from bert_jax.tasks.base import EvalSet, Feature
 
 Offset = tuple[int, int] | None  # a token's (start, end) character span; None off-context
@@ -76,6 +76,7 @@ def read_articles(path: str) -> list[dict[str, Any]]:
     The articles ({'title', 'paragraphs'}), in file order. DataError if the file is missing,
     not JSON or has no 'data' list.
   """
+  check_regular(path, 'SQuAD file')
   if not os.path.isfile(path):
     raise DataError(f'SQuAD file {path} does not exist; set --config.data_dir (or train_file/'
                     'eval_file) to where the official JSON files are')
