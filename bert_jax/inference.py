@@ -11,16 +11,17 @@ import functools
 import time
 from typing import Sequence
 
+from absl import logging
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
-from flax import nnx
 
-from bert_jax import files, metrics
+from bert_jax import files
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.model import attention_mask_b11s
-from bert_jax.pretrained import PretrainedBert
+from bert_jax.interop.pretrained import PretrainedBert
+from bert_jax.model.encoder import attention_mask_b11s
+from bert_jax.train import reporting
 
 POOLINGS = ('mean', 'cls')
 # Padded lengths are rounded up to a multiple of this, so the encoder compiles once per bucket
@@ -151,8 +152,8 @@ def embed(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], *
     if show and ((b + 1) % every == 0 or b + 1 == len(batches)):
       elapsed = time.time() - start
       eta = elapsed / (b + 1) * (len(batches) - b - 1)
-      metrics.log(f'embed: batch {b + 1}/{len(batches)} | {done / elapsed:.1f} texts/s '
-                  f'| elapsed {metrics.format_duration(elapsed)} | ETA {metrics.format_duration(eta)}')
+      reporting.log(f'embed: batch {b + 1}/{len(batches)} | {done / elapsed:.1f} texts/s '
+                  f'| elapsed {reporting.format_duration(elapsed)} | ETA {reporting.format_duration(eta)}')
   _store(pending, hidden_ntd, pooled_nd, emb_nd, width)
   return {**out, 'last_hidden_state': hidden_ntd, 'pooler_output': pooled_nd, 'sentence_embedding': emb_nd}
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import jax
-import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from flax import nnx
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
 
 from bert_jax.config import MeshConfig
 from bert_jax.errors import ConfigError

@@ -33,9 +33,9 @@ import sentence_transformers
 import torch
 import transformers
 
+from bert_jax.interop.pretrained import packaged_minilm  # pylint: disable=g-import-not-at-top
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, 'tests'))
-from conftest import minilm_dir  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 LONG_TEXT = ('Homarus gammarus, known as the European lobster or common lobster, is a species of '
              'clawed lobster from the eastern Atlantic Ocean, Mediterranean Sea and parts of the '
@@ -85,7 +85,7 @@ def _run(model, batch):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
-  parser.add_argument('--model_dir', default=minilm_dir(), help='the MiniLM checkpoint directory')
+  parser.add_argument('--model_dir', default=packaged_minilm(), help='the MiniLM checkpoint directory')
   parser.add_argument('--output', default=os.path.join(REPO, 'tests', 'fixtures', 'minilm_reference.npz'))
   args = parser.parse_args()
   if not args.model_dir:

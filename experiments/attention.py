@@ -13,14 +13,15 @@ heads count from 0. Ends by printing one JSON line with the tokens and the paths
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # pylint: disable=g-import-not-at-top
-
-from bert_jax import attention_html, cli, files, inference, plots, pretrained
+from bert_jax import files, inference
 from bert_jax.errors import ConfigError, DataError
+from bert_jax.interop import pretrained
+
+import cli
+from tools import attention_page, attention_plots
 
 _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'HF directory or bert_jax workdir.', required=True)
 _TEXT = flags.DEFINE_string('text', None, 'The text (segment A).', required=True)
@@ -44,15 +45,15 @@ def main(_):
     files.check_output(_HTML.value, 'file', '--html')
   model = pretrained.load_pretrained(_CHECKPOINT.value)
   # Fail on a bad --layer/--head before the encoder runs.
-  plots.check_layer_head(_LAYER.value, _HEAD.value, model.config.num_layers, model.config.num_heads)
+  attention_plots.check_layer_head(_LAYER.value, _HEAD.value, model.config.num_layers, model.config.num_heads)
   details = inference.attention_details(model, _TEXT.value, _TEXT_PAIR.value, max_length=_MAX_LENGTH.value)
   title = _TITLE.value if _TITLE.value is not None else os.path.basename(os.path.normpath(_CHECKPOINT.value))
   paths = {}
   if _OUTPUT.value:
-    paths = plots.write_attention_pictures(details.tokens, details.probs, _OUTPUT.value, layer=_LAYER.value,
+    paths = attention_plots.write_attention_pictures(details.tokens, details.probs, _OUTPUT.value, layer=_LAYER.value,
                                            head=_HEAD.value, title=title)
   if _HTML.value:
-    paths['html'] = attention_html.write(details, _HTML.value, model_name=title, text_a=_TEXT.value,
+    paths['html'] = attention_page.write(details, _HTML.value, model_name=title, text_a=_TEXT.value,
                                          text_b=_TEXT_PAIR.value, layer=_LAYER.value, head=_HEAD.value)
   print(json.dumps({'tokens': details.tokens, 'shape': list(details.probs.shape), **paths}), flush=True)
 

@@ -6,25 +6,24 @@
   python experiments/benchmark.py --preset=tiny --hlo_flops --cpu_devices=8
 
 One row per preset x dtype x batch x seq_len: median step time, tokens/s, model TFLOP/s, MFU,
-peak device memory, compile time (`bert_jax.benchmarking`), then one JSON line per row.
+peak device memory, compile time (`tools/benchmark.py`), then one JSON line per row.
 --compare_hf adds Hugging Face Flax BERT on the same batch (needs transformers 4.57.6: see
-bert_jax/hf_flax_baseline.py). --hlo_flops compiles instead of timing and prints the per-device
+the end of tools/benchmark.py). --hlo_flops compiles instead of timing and prints the per-device
 FLOPs of the compiled step for each mesh layout.
 """
 
 import json
 import os
 import platform
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import flags  # pylint: disable=g-import-not-at-top
+from absl import flags
 import jax
 
-from bert_jax import benchmarking, cli
 from bert_jax.config import DROPOUT_IMPLS, preset
 from bert_jax.errors import ConfigError
+
+import cli
+from tools import benchmark
 
 _PRESET = flags.DEFINE_list('preset', ['base'], 'Model presets: tiny, mini, small, medium, base, large.')
 _BATCH = flags.DEFINE_list('batch_size', ['8'], 'Global batch sizes.')
@@ -73,22 +72,22 @@ def main(_):
     for name, cfg in configs.items():
       for b in batch_sizes:
         for s in seq_lens:
-          preds = _PREDS.value or benchmarking.default_num_predictions(s)
-          rows = benchmarking.hlo_flops_rows(cfg, b, s, preds)
-          analytic = benchmarking.pretraining_flops_per_step(cfg, b, s, preds)
+          preds = _PREDS.value or benchmark.default_num_predictions(s)
+          rows = benchmark.hlo_flops_rows(cfg, b, s, preds)
+          analytic = benchmark.pretraining_flops_per_step(cfg, b, s, preds)
           print(f'\n{name}, batch {b} × seq {s} ({preds} predictions): compiled train-step FLOPs per device; '
                 f'1-device HLO / analytic model FLOPs = {rows[0]["flops_per_device"] / analytic:.3f}\n')
-          print(benchmarking.format_hlo_table(rows))
+          print(benchmark.format_hlo_table(rows))
           for r in rows:
             print(json.dumps(dict(r, config=name, batch_size=b, seq_len=s, num_predictions=preds)), flush=True)
     return
-  rows = benchmarking.benchmark_grid(configs, batch_sizes, seq_lens, num_predictions=_PREDS.value,
+  rows = benchmark.benchmark_grid(configs, batch_sizes, seq_lens, num_predictions=_PREDS.value,
                                      steps=_STEPS.value, peak_override=_PEAK.value, compare_hf=_HF.value)
   for source in dict.fromkeys(r['peak_source'] for r in rows):
     print(f'peak: {source}')
   print(f'median of {_STEPS.value} steps after one warm-up; peak device memory is the process high-water '
         f'mark (n/a on CPU)\n')
-  print(benchmarking.format_table(rows))
+  print(benchmark.format_table(rows))
   for r in rows:
     print(json.dumps(r), flush=True)
 

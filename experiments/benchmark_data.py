@@ -19,14 +19,13 @@ import platform
 import shutil
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags  # pylint: disable=g-import-not-at-top
+from absl import app, flags
 
 from bert_jax.config import DataConfig
-from bert_jax.data import benchmarking as bm
 from bert_jax.data import readers
 from bert_jax.errors import BertJaxError
+
+from tools import data_benchmark as bm
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ENWIKI = os.path.join(os.path.dirname(_REPO), 'shared', 'data', 'enwiki-2015')

@@ -12,15 +12,15 @@ sentence_embedding (see `bert_jax.inference.embed`). Ends by printing one JSON l
 
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import flags  # pylint: disable=g-import-not-at-top
+from absl import flags
 import numpy as np
 
-from bert_jax import cli, files, inference, pretrained
+from bert_jax import files, inference
+from bert_jax.interop import pretrained
+
+import cli
 
 _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'HF directory or bert_jax workdir.', required=True)
 _INPUT = flags.DEFINE_string('input', None, 'Text file: one text, or two tab-separated texts, per line.',

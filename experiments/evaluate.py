@@ -14,15 +14,16 @@ default files (give --output_jsonl/--output_plot elsewhere to keep them).
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
+import jax
 
-from absl import flags  # pylint: disable=g-import-not-at-top
-import jax  # pylint: disable=g-import-not-at-top
-
-from bert_jax import cli, files, metrics, train_lib
+from bert_jax import files
 from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.pretraining import run
+from bert_jax.train import curves, reporting
+
+import cli
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A pretraining workdir.', required=True)
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to restore (default: latest).')
@@ -54,7 +55,7 @@ def _outputs(workdir: str) -> dict[str, str]:
         files.check_output(path, 'file', f'--{flag.name} (default)')
         out[kind] = path
       else:
-        metrics.log(f'warning: {workdir} is not writable: {default} is not written (give --{flag.name}=PATH)')
+        reporting.log(f'warning: {workdir} is not writable: {default} is not written (give --{flag.name}=PATH)')
   return out
 
 
@@ -75,24 +76,23 @@ def _all_steps(workdir: str) -> None:
   def print_row(result):  # rows appear as each checkpoint is evaluated
     if not columns:
       columns.extend(c for c in _COLUMNS if c in result)
-      metrics.log(' '.join([f'{"step":>8}'] + [f'{c:>{_width(c)}}' for c in columns]))
-    metrics.log(_row(result, columns))
+      reporting.log(' '.join([f'{"step":>8}'] + [f'{c:>{_width(c)}}' for c in columns]))
+    reporting.log(_row(result, columns))
 
-  results = train_lib.evaluate_all_checkpoints(workdir, on_result=print_row)
+  results = run.evaluate_all_checkpoints(workdir, on_result=print_row)
   if jax.process_index():
     return  # process 0 writes the files
   try:
     if 'jsonl' in outputs:
       files.write_text_atomic(outputs['jsonl'], ''.join(json.dumps(r) + '\n' for r in results))
     if 'plot' in outputs:
-      from bert_jax import plots  # pylint: disable=g-import-not-at-top
-      plots.plot_eval_steps(results, outputs['plot'], f'{os.path.basename(os.path.abspath(workdir))}: '
+      curves.plot_eval_steps(results, outputs['plot'], f'{os.path.basename(os.path.abspath(workdir))}: '
                             f'held-out metrics of {len(results)} checkpoints')
   except OSError as e:  # after the whole evaluation: say which file, the table above holds the results
     raise BertJaxError(f'writing {e.filename or "an output"} failed: {e.strerror or e}; the table above has '
                        'the results') from None
   if outputs:
-    metrics.log('wrote ' + ', '.join(outputs.values()))
+    reporting.log('wrote ' + ', '.join(outputs.values()))
 
 
 def main(_):
@@ -100,7 +100,7 @@ def main(_):
     given = [f'--{f.name}' for f in (_OUTPUT_JSONL, _OUTPUT_PLOT) if f.value]
     if given:
       raise ConfigError(f'{" and ".join(given)} only apply with --all_steps')
-    metrics.log(json.dumps(train_lib.evaluate_checkpoint(_WORKDIR.value, _STEP.value)))  # process 0 only
+    reporting.log(json.dumps(run.evaluate_checkpoint(_WORKDIR.value, _STEP.value)))  # process 0 only
     return
   if _STEP.value is not None:
     raise ConfigError('--all_steps evaluates every checkpoint: drop --step')

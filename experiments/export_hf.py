@@ -9,15 +9,16 @@ one JSON line.
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # pylint: disable=g-import-not-at-top
-
-from bert_jax import cli, files, hf, workdir
+from bert_jax import files
 from bert_jax.errors import ConfigError
-from bert_jax.pretrained import load_pretrained
+from bert_jax.interop import hf
+from bert_jax.interop.pretrained import load_pretrained
+from bert_jax.train import workdir
+
+import cli
 
 _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'A bert_jax workdir or an HF directory.', required=True)
 _OUTPUT = flags.DEFINE_string('output', None, 'Directory to write (must be empty or absent).', required=True)

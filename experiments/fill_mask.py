@@ -8,14 +8,13 @@ directory. Prints one line per [MASK] (token and probability), then one JSON lin
 """
 
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # pylint: disable=g-import-not-at-top
+from bert_jax import inference
+from bert_jax.interop import pretrained
 
-from bert_jax import cli, inference, pretrained
+import cli
 
 _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'HF directory or bert_jax workdir.', required=True)
 _TEXT = flags.DEFINE_string('text', None, 'Text with one or more [MASK].', required=True)

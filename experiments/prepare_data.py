@@ -12,12 +12,13 @@ stopped. Ends by printing one JSON line: the cache directory and its statistics.
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bert_jax import cli, metrics, preemption, train_lib
 from bert_jax.config import PretrainConfig
+from bert_jax.pretraining import run
+from bert_jax.train import reporting
+from bert_jax.train.preemption import Preemption
+
+import cli
 
 _CONFIG = cli.define_config(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
@@ -27,10 +28,10 @@ _CONFIG = cli.define_config(
 def main(_):
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
   # SIGTERM/Ctrl-C: the workers stop, finished units stay, exit code 75; the same command resumes.
-  with preemption.Preemption() as preempt, preempt.immediately('preparing the data'):
-    prepared, _ = train_lib.prepare_data(cfg)
-  metrics.log(json.dumps({'dir': prepared.dir, 'num_train': prepared.num_train, 'num_eval': prepared.num_eval,
-                          **prepared.stats}))
+  with Preemption() as preempt, preempt.immediately('preparing the data'):
+    prepared, _ = run.prepare_data(cfg)
+  reporting.log(json.dumps({'dir': prepared.dir, 'num_train': prepared.num_train, 'num_eval': prepared.num_eval,
+                            **prepared.stats}))
 
 
 if __name__ == '__main__':

@@ -11,14 +11,14 @@ Ends by printing one JSON line with the held-out metrics.
 
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # pylint: disable=g-import-not-at-top
-
-from bert_jax import cli, metrics, train_lib
 from bert_jax.config import PretrainConfig
+from bert_jax.pretraining import run
+from bert_jax.train import reporting
+
+import cli
 
 _CONFIG = cli.define_config(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
@@ -29,9 +29,9 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and met
 def main(_):
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
   # Model flags given explicitly must agree with an init_checkpoint's architecture.
-  result = train_lib.train_and_evaluate(cfg, _WORKDIR.value, explicit_model_fields=cli.config_overrides('model.'))
-  metrics.log(train_lib.describe_result(result))  # process 0 only, like all progress output
-  metrics.log(json.dumps(result))
+  result = run.train_and_evaluate(cfg, _WORKDIR.value, explicit_model_fields=cli.config_overrides('model.'))
+  reporting.log(run.describe_result(result))  # process 0 only, like all progress output
+  reporting.log(json.dumps(result))
 
 
 if __name__ == '__main__':

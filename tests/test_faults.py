@@ -18,14 +18,26 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, config, files, finetune_lib, preemption, train_lib
-from bert_jax import workdir as workdir_lib
-from bert_jax.checkpointing import Checkpointer
+from bert_jax import config, files
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.finetuning import batching, run as finetuning
+from bert_jax.pretraining import run as pretraining
+from bert_jax.train import checkpoints as checkpointing, preemption, workdir as workdir_lib
+from bert_jax.train.checkpoints import Checkpointer
 
-from conftest import (REPO, assert_one_line_error, pretrain_subprocess, restore_pretraining_state, run_experiment,
-                      shared_data_or_skip, sigterm_at_batch, tiny_pretrain_config, tmpfs, tree_digest,
-                      write_small_corpus)
+from helpers import (
+  REPO,
+  assert_one_line_error,
+  pretrain_subprocess,
+  restore_pretraining_state,
+  run_experiment,
+  shared_data_or_skip,
+  sigterm_at_batch,
+  tiny_pretrain_config,
+  tmpfs,
+  tree_digest,
+  write_small_corpus,
+)
 
 
 def _assert_bitwise(a, b):
@@ -39,7 +51,7 @@ def trained(tmp_path_factory):
   root = tmp_path_factory.mktemp('faults')
   cfg = tiny_pretrain_config(write_small_corpus(root), str(root / 'cache'), num_train_steps=4, eval_every=100)
   workdir = str(root / 'run')
-  train_lib.train_and_evaluate(cfg, workdir)
+  pretraining.train_and_evaluate(cfg, workdir)
   return cfg, workdir
 
 
@@ -84,20 +96,20 @@ def test_sigterm_in_finetuning_loses_no_step(tiny_checkpoint, tmp_path, monkeypa
   cfg = config.FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
                               max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e-3,
                               max_steps=10, max_train_samples=48, log_every=4)
-  finetune_lib.finetune(cfg, str(tmp_path / 'straight'))
-  indices = finetune_lib.batch_indices
+  finetuning.finetune(cfg, str(tmp_path / 'straight'))
+  indices = batching.batch_indices
 
-  def signalling(c, seed, step, n):
+  def signalling(num_train, batch_size, seed, step, shuffle=True):
     if step == 5:
       os.kill(os.getpid(), signal.SIGTERM)
-    return indices(c, seed, step, n)
+    return indices(num_train, batch_size, seed, step, shuffle)
 
-  monkeypatch.setattr(finetune_lib, 'batch_indices', signalling)
+  monkeypatch.setattr(batching, 'batch_indices', signalling)
   with pytest.raises(preemption.Preempted, match='saved step 6'):
-    finetune_lib.finetune(cfg, str(tmp_path / 'preempted'))
-  monkeypatch.setattr(finetune_lib, 'batch_indices', indices)
+    finetuning.finetune(cfg, str(tmp_path / 'preempted'))
+  monkeypatch.setattr(batching, 'batch_indices', indices)
   assert Checkpointer(str(tmp_path / 'preempted' / 'seed_0'), read_only=True).all_steps() == [6]
-  finetune_lib.finetune(cfg, str(tmp_path / 'preempted'))
+  finetuning.finetune(cfg, str(tmp_path / 'preempted'))
   ckpts = [Checkpointer(str(tmp_path / d / 'seed_0'), read_only=True) for d in ('straight', 'preempted')]
   assert [c.all_steps()[-1] for c in ckpts] == [10, 10]
   a, b = (c.manager.restore(10, args=checkpointing.ocp.args.Composite(
@@ -108,8 +120,8 @@ def test_sigterm_in_finetuning_loses_no_step(tiny_checkpoint, tmp_path, monkeypa
 # --- corrupt and insane checkpoints -------------------------------------------------------------
 
 def _corrupt(workdir, step):
-  for root, _, files in os.walk(os.path.join(workdir, 'checkpoints', str(step), 'state')):
-    for name in files:
+  for root, _, names in os.walk(os.path.join(workdir, 'checkpoints', str(step), 'state')):
+    for name in names:
       path = os.path.join(root, name)
       with open(path, 'r+b') as f:
         size = os.path.getsize(path)
@@ -120,10 +132,10 @@ def test_corrupt_latest_checkpoint_falls_back_and_is_moved_aside(trained, tmp_pa
   cfg, workdir = _copy(trained, tmp_path)
   _corrupt(workdir, 4)
   with pytest.raises(CheckpointError, match='checkpoint step 4 .* is unusable'):
-    train_lib.evaluate_checkpoint(workdir, step=4)  # an explicit step stays strict
-  assert train_lib.evaluate_checkpoint(workdir)['step'] == 2  # read-only: falls back, moves nothing
+    pretraining.evaluate_checkpoint(workdir, step=4)  # an explicit step stays strict
+  assert pretraining.evaluate_checkpoint(workdir)['step'] == 2  # read-only: falls back, moves nothing
   assert Checkpointer(workdir, read_only=True).all_steps() == [2, 4]
-  result = train_lib.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'),
+  result = pretraining.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'),
                                         workdir)
   assert result['step'] == 6
   out = capsys.readouterr().out
@@ -141,7 +153,7 @@ def test_non_finite_checkpoint_is_never_resumed(trained, tmp_path, capsys):
   ckpt.save(6, state, data_position=6, config=meta['config'], force=True,
             extra={'data_fingerprint': meta['data_fingerprint']})
   ckpt.close()
-  result = train_lib.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'),
+  result = pretraining.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'),
                                         workdir)
   assert 'checkpoint step 6 is unusable: its parameters contain NaN or Inf' in capsys.readouterr().out
   assert result['step'] == 6 and np.isfinite(result['mlm_loss'])
@@ -175,10 +187,10 @@ def test_resume_with_another_optimizer_never_moves_a_checkpoint(trained, tmp_pat
   before = tree_digest(workdir)
   lamb = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, name='lamb'), num_train_steps=6)
   with pytest.raises(CheckpointError, match=r"holds another run \(step 4\): optim.name: 'adamw' -> 'lamb'"):
-    train_lib.train_and_evaluate(dataclasses.replace(lamb, resume_allow='num_train_steps'), workdir)
+    pretraining.train_and_evaluate(dataclasses.replace(lamb, resume_allow='num_train_steps'), workdir)
   assert tree_digest(workdir) == before
   saved, _ = restore_pretraining_state(workdir, cfg, 4)
-  result = train_lib.train_and_evaluate(dataclasses.replace(lamb, resume_allow='optim,num_train_steps'), workdir)
+  result = pretraining.train_and_evaluate(dataclasses.replace(lamb, resume_allow='optim,num_train_steps'), workdir)
   out = capsys.readouterr().out
   assert 'restored step 4: parameters, step and RNG' in out and 'starts fresh' in out
   assert 'unusable' not in out and not os.path.exists(os.path.join(workdir, checkpointing.CORRUPT_DIR))
@@ -186,7 +198,7 @@ def test_resume_with_another_optimizer_never_moves_a_checkpoint(trained, tmp_pat
   state, meta = restore_pretraining_state(workdir, dataclasses.replace(lamb, resume_allow='optim'), 6)
   assert meta['config']['optim']['name'] == 'lamb' and int(state['step']) == 6
   # Evaluating any step reads parameters only, whichever optimizer wrote it.
-  assert train_lib.evaluate_checkpoint(workdir, step=4)['step'] == 4
+  assert pretraining.evaluate_checkpoint(workdir, step=4)['step'] == 4
   np.testing.assert_array_equal(restore_pretraining_state(workdir, cfg, 4)[0]['params']['nsp']['kernel'],
                                 saved['params']['nsp']['kernel'])
 
@@ -200,7 +212,7 @@ def test_a_readable_checkpoint_is_never_moved_aside(trained, tmp_path, monkeypat
 
   monkeypatch.setattr(Checkpointer, '_read_state', refuse)
   with pytest.raises(CheckpointError, match=r'checkpoint step 4 .* reads, but not into this run\'s state'):
-    train_lib.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'), workdir)
+    pretraining.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'), workdir)
   assert tree_digest(workdir) == before
 
 
@@ -208,7 +220,7 @@ def test_unknown_resume_allow_names_are_refused(trained, tmp_path):
   cfg, workdir = _copy(trained, tmp_path)
   before = tree_digest(workdir)
   with pytest.raises(ConfigError, match='resume_allow names no config field: num_steps, optimizer'):
-    train_lib.train_and_evaluate(dataclasses.replace(cfg, resume_allow='num_steps,optim.name,optimizer'), workdir)
+    pretraining.train_and_evaluate(dataclasses.replace(cfg, resume_allow='num_steps,optim.name,optimizer'), workdir)
   assert tree_digest(workdir) == before
 
 
@@ -223,7 +235,7 @@ def test_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(trained,
       json.dump({'host': os.uname().nodename, 'pid': other.pid, 'start': files._start_time(other.pid)}, f)
     before = tree_digest(workdir)
     with pytest.raises(ConfigError, match=f'in use by pid {other.pid}'):
-      train_lib.train_and_evaluate(cfg, workdir)
+      pretraining.train_and_evaluate(cfg, workdir)
     assert tree_digest(workdir) == before
   finally:
     other.kill()
@@ -242,7 +254,7 @@ def test_finetuning_never_saves_an_exploded_state(tiny_checkpoint, tmp_path):
                               warmup_ratio=0.0, max_steps=6, max_train_samples=32, log_every=100,
                               checkpoint_every=2)
   with pytest.raises(BertJaxError, match='seed 0: the (parameters exploded|loss became)'):
-    finetune_lib.finetune(cfg, str(tmp_path))
+    finetuning.finetune(cfg, str(tmp_path))
   assert Checkpointer(str(tmp_path / 'seed_0'), read_only=True).all_steps() == []
 
 
@@ -255,13 +267,13 @@ def test_resume_of_another_run_is_refused_untouched(trained, tmp_path, change, f
   cfg, workdir = _copy(trained, tmp_path)
   before = tree_digest(workdir)
   with pytest.raises(CheckpointError, match=f'holds another run .*{field}.*resume_allow='):
-    train_lib.train_and_evaluate(dataclasses.replace(cfg, **change), workdir)
+    pretraining.train_and_evaluate(dataclasses.replace(cfg, **change), workdir)
   assert tree_digest(workdir) == before
 
 
 def test_a_named_change_resumes_and_the_config_history_keeps_the_old_one(trained, tmp_path):
   cfg, workdir = _copy(trained, tmp_path)
-  result = train_lib.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'),
+  result = pretraining.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'),
                                         workdir)
   assert result['step'] == 6
   with open(os.path.join(workdir, workdir_lib.HISTORY_FILE), encoding='utf-8') as f:
@@ -285,7 +297,7 @@ def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
       (pretrain + ('--config=experiments/configs/pretrain.py:nosuch',), "unknown pretrain config variant 'nosuch'"),
       (pretrain + ('--config.optim.learning_rate=-1e-4',), 'learning_rate must be a positive number'),
       (('pretrain.py', f'--workdir={finetune_dir}'), 'is a finetuning directory, not a pretraining one'),
-      (('finetune_glue.py', f'--workdir={workdir}', f'--config.init_checkpoint={tmp_path}/none'),
+      (('finetune.py', f'--workdir={workdir}', f'--config.init_checkpoint={tmp_path}/none'),
        'is a pretraining directory, not a finetuning one'),
       (('evaluate.py', f'--workdir={finetune_dir}'), 'is a finetuning directory, not a pretraining workdir'),
       (('export_hf.py', f'--checkpoint={workdir}', f'--output={workdir}', '--overwrite'),
@@ -318,8 +330,9 @@ def _within(seconds):
 def test_pipes_and_devices_are_refused_before_any_read(trained, tiny_checkpoint, tmp_path):
   if threading.current_thread() is not threading.main_thread():
     pytest.skip('the timeout needs the main thread')
-  from bert_jax import inference, pretrained  # pylint: disable=g-import-not-at-top
+  from bert_jax import inference  # pylint: disable=g-import-not-at-top
   from bert_jax.data import readers, records, tokenization  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import pretrained
   cfg, workdir = trained
   fifo = str(tmp_path / 'fifo')
   os.mkfifo(fifo)
@@ -374,7 +387,7 @@ def test_a_checkpoint_with_nan_weights_is_one_line(trained, tiny_checkpoint, tmp
                                        f'--output={tmp_path}/e.npz'), 'contain NaN or Inf')
   cfg, _ = trained
   with pytest.raises(CheckpointError, match='contain NaN or Inf'):
-    train_lib.train_and_evaluate(dataclasses.replace(cfg, init_checkpoint=nan_dir), str(tmp_path / 'continued'))
+    pretraining.train_and_evaluate(dataclasses.replace(cfg, init_checkpoint=nan_dir), str(tmp_path / 'continued'))
   assert tree_digest(nan_dir) == before and not os.path.exists(tmp_path / 'e.npz')
 
 

@@ -2,17 +2,19 @@
 
 import os
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
-from bert_jax import config, inference, model
+from bert_jax import config, inference
 from bert_jax.data import tokenization
 from bert_jax.errors import CheckpointError, ConfigError, DataError
-from bert_jax.pretrained import PretrainedBert
-from conftest import REPO, WIKITEXT, minilm_dir_or_skip
+from bert_jax.interop.pretrained import PretrainedBert
+from bert_jax.model import heads
+
+from helpers import REPO, WIKITEXT, minilm_dir_or_skip
 
 TEXTS = [
     ('The game began development in 2010 .', None),
@@ -36,7 +38,7 @@ def tiny(tmp_path_factory):
   # A large init scale makes attention peaked, so any leak through padding would show.
   cfg = config.preset('tiny', vocab_size=tokenizer.vocab_size, max_position_embeddings=128,
                       initializer_range=0.2)
-  params = nnx.to_pure_dict(nnx.state(model.BertForPreTraining(cfg, rngs=nnx.Rngs(0)), nnx.Param))
+  params = nnx.to_pure_dict(nnx.state(heads.BertForPreTraining(cfg, rngs=nnx.Rngs(0)), nnx.Param))
   return PretrainedBert(cfg, jax.device_get(params), tokenizer, 'bert_jax', str(root))
 
 
@@ -258,7 +260,7 @@ MINILM_FIXTURE = os.path.join(REPO, 'tests', 'fixtures', 'minilm_reference.npz')
 
 @pytest.fixture(scope='module')
 def minilm():
-  from bert_jax import pretrained  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
   return pretrained.load_pretrained(minilm_dir_or_skip())
 
 

@@ -1,12 +1,13 @@
 """Mesh and logical-axis rules: one table decides placement; FSDP/tensor sharding by configuration."""
 
 import jax
-import pytest
 from jax.sharding import PartitionSpec as P
+import pytest
 
-from bert_jax import config, optim, sharding
+from bert_jax import config, sharding
 from bert_jax.errors import ConfigError
-from bert_jax.train_state import PretrainingModel
+from bert_jax.pretraining.run import pretraining_model
+from bert_jax.train import optim
 
 
 def test_rules_table_maps_logical_axes():
@@ -27,7 +28,7 @@ def test_mesh_sizes_resolve_and_bad_sizes_are_named():
 def test_fsdp_and_tensor_layouts_shard_parameters_by_configuration():
   cfg = config.preset('tiny', vocab_size=96)
   mesh = sharding.make_mesh(config.MeshConfig(data=2, fsdp=2, tensor=2))
-  model = PretrainingModel(cfg, optim.make_optimizer(config.OptimConfig(), 10), mesh)
+  model = pretraining_model(cfg, optim.make_optimizer(config.OptimConfig(), 10), mesh)
   state = model.init_state()
   emb = state['params']['bert']['embeddings']['word_embeddings']['embedding']
   assert emb.addressable_shards[0].data.shape == (96 // 2, 64 // 2)  # vocab/tensor, embed/fsdp

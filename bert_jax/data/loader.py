@@ -194,7 +194,7 @@ def packed_num_rows(lengths_per_process: Sequence[Sequence[int]], cfg: DataConfi
 
 
 def _rounded_rows(needed: int, cfg: DataConfig) -> int:
-  # Positive pack_rows_multiple and max_segments_per_row: train_lib.validate_config.
+  # Positive pack_rows_multiple and max_segments_per_row: pretraining.run.validate_config.
   return -(-max(needed, 1) // cfg.pack_rows_multiple) * cfg.pack_rows_multiple
 
 
@@ -349,8 +349,8 @@ class PretrainingBatches:
     self._grain = None
     self._stop = threading.Event()
     if workers > 0:
-      import grain  # pylint: disable=g-import-not-at-top
       from absl import flags  # pylint: disable=g-import-not-at-top
+      import grain  # pylint: disable=g-import-not-at-top
       if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()  # grain reads its absl flags' defaults when it starts workers
       ds = grain.MapDataset.range(start_position, start_position + (1 << 40)).map(self.maker)

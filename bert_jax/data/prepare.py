@@ -48,7 +48,7 @@ import numpy as np
 from bert_jax import files
 from bert_jax.config import DataConfig
 from bert_jax.data import nsp, readers, records, tokenization
-from bert_jax.data.records import META_FILE, PreparedData, load_prepared_data, read_meta  # pylint: disable=unused-import
+from bert_jax.data.records import META_FILE, PreparedData, load_prepared_data
 from bert_jax.errors import BertJaxError, ConfigError, DataError
 
 # DataConfig fields that change the records (masking happens later, per batch); with the

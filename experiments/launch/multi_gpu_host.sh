@@ -5,7 +5,7 @@
 #   COORDINATOR=host0:12355 NUM_HOSTS=2 HOST_ID=0 experiments/launch/multi_gpu_host.sh --workdir=/shared/run
 #   COORDINATOR=host0:12355 NUM_HOSTS=2 HOST_ID=1 experiments/launch/multi_gpu_host.sh --workdir=/shared/run
 # Any further arguments go to the entry point unchanged (--config=..., --config.batch_size=...).
-# ENTRY picks it: experiments/pretrain.py (default), or e.g. ENTRY=experiments/finetune_squad.py.
+# ENTRY picks it: experiments/pretrain.py (default), or e.g. ENTRY=experiments/finetune.py.
 #
 # By default one process per host drives all of its GPUs. PER_GPU=1 starts one process per local GPU
 # instead, each pinned to its GPU with --local_device_ids (also works on one host: NUM_HOSTS=1).

@@ -1,0 +1,1 @@
+"""Fine-tuning: the task objective, batches of variable-length features, the run, and the tasks."""

@@ -1,0 +1,148 @@
+"""Fine-tuning batches of variable-length features: packed several per row, or one per padded row.
+
+Packed: a batch's examples are placed into rows of `row_length` tokens by first-fit
+decreasing (`data.packing`); each gets its own segment id (attention stays inside it) and
+positions that restart at 0, so the model computes exactly what it computes on the example
+alone, without spending work on padding. Unpacked: one example per row, rows padded to the
+batch's longest example rounded up to `pad_multiple`. Either way the number of rows is rounded
+up to `rows_multiple` so only a few shapes are ever compiled.
+
+Every batch also carries per-example arrays (`example_row`, `example_offset`,
+`example_length`, `weights`; padding examples have weight 0) so heads and losses can find
+each example in the rows. Labels: `labels` [E] (classification int32, regression float32)
+or [R, T] int32 (token kind, -100 = no loss); `start_positions`/`end_positions` [E], relative
+to the example's first token (span kind).
+
+A step's batch is a pure function of (seed, step): the order is a per-epoch permutation, so
+resuming needs only the step. Every process builds the same host batch and feeds its block.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from bert_jax.data.packing import first_fit_decreasing
+from bert_jax.finetuning.tasks.base import IGNORE, Feature
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def make_batch(features: Sequence[Feature], kind: str, *, batch_size: int, row_length: int, pack: bool,
+               rows_multiple: int = 1, pad_multiple: int = 16) -> dict[str, np.ndarray]:
+  """Arrays for up to `batch_size` features (fewer: the rest are zero-weight padding examples).
+
+  Args:
+    features: the batch's features, each at most `row_length` tokens.
+    kind: the head kind ('classification', 'regression', 'token' or 'span').
+    batch_size: number of example slots E.
+    row_length: the longest row (max_seq_length).
+    pack: pack several features per row; else one per row.
+    rows_multiple: round the number of rows up to a multiple of this.
+    pad_multiple: unpacked rows are padded to a multiple of this (at most `row_length`).
+  """
+  if len(features) > batch_size:
+    raise ValueError(f'{len(features)} features for a batch of {batch_size}')
+  lengths = [len(f) for f in features]
+  if pack:
+    placed = first_fit_decreasing(lengths, row_length)
+    num_rows = max([r for r, _ in placed], default=0) + 1
+    width = row_length
+  else:
+    placed = [(i, 0) for i in range(len(features))]
+    num_rows = batch_size
+    width = min(row_length, _round_up(max(lengths, default=1), pad_multiple))
+  num_rows = _round_up(num_rows, rows_multiple)
+  batch = {k: np.zeros((num_rows, width), np.int32)
+           for k in ('input_ids', 'token_type_ids', 'segment_ids', 'position_ids')}
+  for k in ('example_row', 'example_offset'):
+    batch[k] = np.zeros((batch_size,), np.int32)
+  batch['example_length'] = np.ones((batch_size,), np.int32)
+  batch['weights'] = np.zeros((batch_size,), np.float32)
+  if kind == 'token':
+    batch['labels'] = np.full((num_rows, width), IGNORE, np.int32)
+  elif kind in ('classification', 'regression'):
+    batch['labels'] = np.zeros((batch_size,), np.float32 if kind == 'regression' else np.int32)
+  else:
+    batch['start_positions'] = np.zeros((batch_size,), np.int32)
+    batch['end_positions'] = np.zeros((batch_size,), np.int32)
+  segment_count = np.zeros((num_rows,), np.int32)
+  for e, (f, (row, offset)) in enumerate(zip(features, placed)):
+    n = len(f)
+    cols = slice(offset, offset + n)
+    segment_count[row] += 1
+    batch['input_ids'][row, cols] = f.input_ids
+    batch['token_type_ids'][row, cols] = f.token_type_ids
+    batch['segment_ids'][row, cols] = segment_count[row]
+    batch['position_ids'][row, cols] = np.arange(n)
+    batch['example_row'][e], batch['example_offset'][e], batch['example_length'][e] = row, offset, n
+    batch['weights'][e] = 1.0
+    if kind == 'token':
+      batch['labels'][row, cols] = f.token_labels
+    elif kind in ('classification', 'regression'):
+      batch['labels'][e] = f.label
+    else:
+      batch['start_positions'][e], batch['end_positions'][e] = f.start, f.end
+  return batch
+
+
+def rows_of_examples(values_btc: np.ndarray, batch: dict[str, np.ndarray], count: int) -> list[np.ndarray]:
+  """Cuts each of the first `count` examples' tokens out of per-row values [R, T, ...]."""
+  out = []
+  for e in range(count):
+    r, o, n = batch['example_row'][e], batch['example_offset'][e], batch['example_length'][e]
+    out.append(values_btc[r, o:o + n])
+  return out
+
+
+def batch_indices(num_train: int, batch_size: int, seed: int, step: int, shuffle: bool = True) -> np.ndarray:
+  """The training-set indices of step `step`'s batch: a fresh permutation every epoch."""
+  per_epoch = math.ceil(num_train / batch_size)
+  epoch, i = divmod(step, per_epoch)
+  order = np.random.default_rng([seed, epoch]).permutation(num_train) if shuffle else np.arange(num_train)
+  return order[i * batch_size:(i + 1) * batch_size]
+
+
+def process_block(host: dict[str, np.ndarray], index: int, count: int) -> dict[str, np.ndarray]:
+  """Block `index` of `count` of every array's leading axis (rows [R, ...] or example slots [E]).
+
+  The blocks of all processes, in order, are the whole host batch, as
+  `jax.make_array_from_process_local_data` assembles them.
+  """
+  if count == 1:
+    return host
+  out = {}
+  for k, v in host.items():
+    if len(v) % count:
+      raise ValueError(f'{k} has {len(v)} rows, which do not split into {count} process blocks')
+    size = len(v) // count
+    out[k] = v[index * size:(index + 1) * size]
+  return out
+
+
+class TrainBatches:
+  """This process's block of each training step's batch, from step `start` on (`train.loop.Batches`)."""
+
+  def __init__(self, features: Sequence[Feature], kind: str, *, batch_size: int, row_length: int, pack: bool,
+               rows_multiple: int, seed: int, shuffle: bool, start: int, block: tuple[int, int]):
+    self.features, self.kind, self.seed, self.shuffle, self.block = features, kind, seed, shuffle, block
+    self.batch_size, self.row_length, self.pack, self.rows_multiple = batch_size, row_length, pack, rows_multiple
+    self.position = start
+    self.last_sizes: dict[str, int] | None = None  # of the whole (host) batch: see train.loop
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    chosen = batch_indices(len(self.features), self.batch_size, self.seed, self.position, self.shuffle)
+    self.position += 1
+    features = [self.features[i] for i in chosen]
+    host = make_batch(features, self.kind, batch_size=self.batch_size, row_length=self.row_length, pack=self.pack,
+                      rows_multiple=self.rows_multiple)
+    self.last_sizes = {'real_tokens': sum(len(f) for f in features), 'row_tokens': host['input_ids'].size,
+                       'rows': host['input_ids'].shape[0], 'examples': len(features)}
+    return process_block(host, *self.block)
+
+  def close(self) -> None:
+    pass

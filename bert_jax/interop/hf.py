@@ -1,0 +1,414 @@
+"""Import and export of Hugging Face BERT checkpoints (config.json + model.safetensors).
+
+One table, `_name_table`, pairs each of our parameter paths with its Hugging Face tensor name
+and the rule that converts between the two layouts; import and export both read it, so they
+cannot drift apart. Our attention kernels keep an explicit heads axis ((D, N, H) for q/k/v,
+(N, H, D) for the output projection) where PyTorch stores flat (out, in) Linear weights.
+
+Only safetensors are read: a `pytorch_model.bin` is a pickle, and unpickling runs code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any, Callable
+
+from absl import logging
+from flax import nnx, traverse_util
+import jax
+import numpy as np
+from safetensors import SafetensorError, numpy as st_numpy
+
+from bert_jax.config import ModelConfig
+from bert_jax.data import tokenization
+from bert_jax.errors import BertJaxError, CheckpointError, DataError
+from bert_jax.files import check_regular
+from bert_jax.model.heads import BertForPreTraining
+
+CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = 'config.json', 'model.safetensors', 'model.safetensors.index.json'
+SPIECE_FILE = 'spiece.model'  # our SentencePiece model inside an exported directory
+
+ParamPath = tuple  # a parameter path in the pure dict, e.g. ('bert', 'layers', 0, 'output', 'kernel')
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+  """Converts one tensor: `to_hf(ours)` and `from_hf(theirs, our_shape)`; both are exact."""
+  to_hf: Callable[[Any], Any]
+  from_hf: Callable[[Any, tuple], Any]
+
+
+_SAME = _Rule(lambda x: x, lambda x, shape: x)
+# nn.Linear stores (out, in); our Dense kernels are (in, out).
+_LINEAR = _Rule(lambda x: x.T, lambda x, shape: x.T)
+# q/k/v: ours (D, N, H) <-> theirs (N*H, D); their biases (N*H,) <-> ours (N, H).
+_QKV_KERNEL = _Rule(lambda x: x.reshape(x.shape[0], -1).T, lambda x, shape: x.T.reshape(shape))
+_QKV_BIAS = _Rule(lambda x: x.reshape(-1), lambda x, shape: x.reshape(shape))
+# attention output: ours (N, H, D) <-> theirs (D, N*H).
+_OUT_KERNEL = _Rule(lambda x: x.reshape(-1, x.shape[-1]).T, lambda x, shape: x.T.reshape(shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  path: ParamPath
+  hf_name: str  # encoder names without the 'bert.' prefix that models with heads add
+  rule: _Rule
+  group: str  # 'bert', 'pooler', 'mlm' or 'nsp'
+
+
+def _name_table(num_layers: int) -> list[_Entry]:
+  """Every parameter of BertForPreTraining with its Hugging Face name and conversion rule."""
+  def norm(path, hf, group='bert'):
+    return [_Entry(path + ('scale',), hf + '.weight', _SAME, group),
+            _Entry(path + ('bias',), hf + '.bias', _SAME, group)]
+
+  def dense(path, hf, group='bert', kernel_rule=_LINEAR, bias_rule=_SAME):
+    return [_Entry(path + ('kernel',), hf + '.weight', kernel_rule, group),
+            _Entry(path + ('bias',), hf + '.bias', bias_rule, group)]
+
+  emb = ('bert', 'embeddings')
+  table = [_Entry(emb + (name, 'embedding'), f'embeddings.{name}.weight', _SAME, 'bert')
+           for name in ('word_embeddings', 'position_embeddings', 'token_type_embeddings')]
+  table += norm(emb + ('layer_norm',), 'embeddings.LayerNorm')
+  for i in range(num_layers):
+    ours, theirs = ('bert', 'layers', i), f'encoder.layer.{i}'
+    for name in ('query', 'key', 'value'):
+      table += dense(ours + ('attention', name), f'{theirs}.attention.self.{name}',
+                     kernel_rule=_QKV_KERNEL, bias_rule=_QKV_BIAS)
+    table += dense(ours + ('attention', 'output'), f'{theirs}.attention.output.dense',
+                   kernel_rule=_OUT_KERNEL)
+    table += norm(ours + ('attention_norm',), f'{theirs}.attention.output.LayerNorm')
+    table += dense(ours + ('intermediate',), f'{theirs}.intermediate.dense')
+    table += dense(ours + ('output',), f'{theirs}.output.dense')
+    table += norm(ours + ('output_norm',), f'{theirs}.output.LayerNorm')
+  table += dense(('bert', 'pooler'), 'pooler.dense', group='pooler')
+  table += dense(('mlm', 'transform'), 'cls.predictions.transform.dense', group='mlm')
+  table += norm(('mlm', 'layer_norm'), 'cls.predictions.transform.LayerNorm', group='mlm')
+  table.append(_Entry(('mlm', 'bias'), 'cls.predictions.bias', _SAME, 'mlm'))
+  table += dense(('nsp',), 'cls.seq_relationship', group='nsp')
+  return table
+
+
+def _hf_name(entry: _Entry, prefix: str) -> str:
+  return prefix + entry.hf_name if entry.group in ('bert', 'pooler') else entry.hf_name
+
+
+# Tensors a checkpoint may carry that hold nothing we need: int buffers transformers
+# recreates itself.
+_BUFFERS = ('embeddings.position_ids', 'embeddings.token_type_ids')
+# The MLM decoder is tied to the word embeddings (and its bias to cls.predictions.bias);
+# older checkpoints store the tied copies anyway.
+_DECODER_WEIGHT, _DECODER_BIAS = 'cls.predictions.decoder.weight', 'cls.predictions.decoder.bias'
+
+# HF BertConfig defaults, used for keys a config.json leaves out (as transformers does).
+_HF_DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                    intermediate_size=3072, hidden_act='gelu', hidden_dropout_prob=0.1,
+                    attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=2,
+                    initializer_range=0.02, layer_norm_eps=1e-12, position_embedding_type='absolute',
+                    pad_token_id=0)
+# ModelConfig field <- HF config key.
+_CONFIG_KEYS = dict(vocab_size='vocab_size', hidden_size='hidden_size', num_layers='num_hidden_layers',
+                    num_heads='num_attention_heads', intermediate_size='intermediate_size',
+                    max_position_embeddings='max_position_embeddings',
+                    type_vocab_size='type_vocab_size', hidden_dropout='hidden_dropout_prob',
+                    attention_dropout='attention_probs_dropout_prob',
+                    initializer_range='initializer_range', layer_norm_eps='layer_norm_eps',
+                    pad_token_id='pad_token_id')
+
+
+def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
+  """Reads a Hugging Face BERT checkpoint directory.
+
+  BertModel checkpoints (names without a 'bert.' prefix) and BertForPreTraining /
+  BertForMaskedLM / BertForNextSentencePrediction ones (with it) are accepted. A
+  BertForMaskedLM checkpoint has no pooler; its pooler is set to zeros, with a warning.
+
+  Args:
+    directory: holds config.json and model.safetensors (or a sharded safetensors index).
+
+  Returns:
+    (config, params, has_mlm_head, has_nsp_head): `params` is a pure dict of float32 numpy
+    arrays shaped like `nnx.to_pure_dict(nnx.state(BertForPreTraining(config), nnx.Param))`,
+    with 'bert' always and 'mlm' / 'nsp' when the checkpoint has those heads.
+  """
+  cfg = read_hf_config(directory)
+  tensors = _read_tensors(directory)
+  names = {_modern_name(n): n for n in tensors}
+  if len(names) != len(tensors):
+    raise CheckpointError(f'{directory}: the checkpoint holds both LayerNorm gamma/beta and '
+                          'weight/bias names for one tensor; re-save it with transformers')
+  prefix = 'bert.' if any(n.startswith('bert.') for n in names) else ''
+  table = _name_table(cfg.num_layers)
+  shapes = _param_shapes(cfg)
+
+  def get(hf_name):
+    return tensors[names[hf_name]] if hf_name in names else None
+
+  word_embeddings = get(prefix + 'embeddings.word_embeddings.weight')
+  if _DECODER_BIAS in names and 'cls.predictions.bias' not in names:
+    names['cls.predictions.bias'] = names.pop(_DECODER_BIAS)
+  _check_tied(directory, get(_DECODER_WEIGHT), word_embeddings, _DECODER_WEIGHT,
+              prefix + 'embeddings.word_embeddings.weight')
+  _check_tied(directory, get(_DECODER_BIAS), get('cls.predictions.bias'), _DECODER_BIAS,
+              'cls.predictions.bias')
+
+  present = {e.group for e in table if _hf_name(e, prefix) in names}
+  has_mlm, has_nsp = 'mlm' in present, 'nsp' in present
+  fill_pooler = 'pooler' not in present and has_mlm
+  if fill_pooler:
+    logging.warning('%s has no pooler (a BertForMaskedLM checkpoint); its pooler is set to zeros, '
+                    'so pooler_output is meaningless', directory)
+  wanted = [e for e in table if e.group in ('bert', 'pooler') or e.group in present]
+  missing = [_hf_name(e, prefix) for e in wanted if _hf_name(e, prefix) not in names
+             and not (fill_pooler and e.group == 'pooler')]
+  if missing:
+    raise CheckpointError(f'{directory}/{WEIGHTS_FILE} lacks {len(missing)} tensor(s) a BERT with '
+                          f'{cfg.num_layers} layers needs: {_some(missing)}')
+  known = {_hf_name(e, prefix) for e in table} | {_DECODER_WEIGHT, _DECODER_BIAS}
+  unknown = [names[n] for n in names if n not in known and n.removeprefix(prefix) not in _BUFFERS]
+  if unknown:
+    raise CheckpointError(f'{directory}/{WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer '
+                          f'BERT with pretraining heads lacks: {_some(unknown)}; bert_jax imports '
+                          'BertModel, BertForPreTraining and BertForMaskedLM checkpoints')
+
+  flat = {}
+  for e in wanted:
+    shape = shapes[e.path]
+    theirs = get(_hf_name(e, prefix))
+    if theirs is None:  # the absent pooler of a BertForMaskedLM checkpoint
+      flat[e.path] = np.zeros(shape, np.float32)
+      continue
+    expected = _hf_shape(e, shape)
+    if theirs.shape != expected:
+      raise CheckpointError(f'{directory}: tensor {names[_hf_name(e, prefix)]} has shape '
+                            f'{theirs.shape} but config.json implies {expected}')
+    flat[e.path] = np.ascontiguousarray(e.rule.from_hf(theirs, shape))
+  return cfg, traverse_util.unflatten_dict(flat), has_mlm, has_nsp
+
+
+def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
+                       overwrite: bool = False) -> None:
+  """Writes a Hugging Face BERT directory that transformers loads and that reloads bit-exactly.
+
+  The architecture is BertModel without heads, BertForPreTraining with both, BertForMaskedLM
+  with only the MLM head. A WordPiece tokenizer is written as vocab.txt + tokenizer.json +
+  tokenizer_config.json (transformers' BertTokenizer reads them). A SentencePiece tokenizer is
+  copied as spiece.model and named in config.json under `bert_jax_tokenizer`: transformers
+  cannot load it as a BertTokenizer, but `load_hf_tokenizer` (and so bert_jax) can.
+
+  Args:
+    directory: output directory; must be empty or absent unless `overwrite`.
+    cfg: the model's configuration.
+    params: pure dict (or nnx.State) of BertForPreTraining parameters: 'bert', and optionally
+      'mlm' and 'nsp' (a bare BertEncoder's parameters go under 'bert').
+    tokenizer: a WordPieceTokenizer or SentencePieceTokenizer to ship alongside, or None.
+    overwrite: replace this function's files in a non-empty directory.
+  """
+  if isinstance(params, nnx.State):
+    params = nnx.to_pure_dict(params)
+  flat = traverse_util.flatten_dict(dict(params))
+  heads = {p[0] for p in flat} - {'bert'}
+  table = [e for e in _name_table(cfg.num_layers) if e.group in ('bert', 'pooler') or e.group in heads]
+  shapes = _param_shapes(cfg)
+  unknown = sorted('/'.join(map(str, p)) for p in set(flat) - {e.path for e in table})
+  if unknown:
+    raise CheckpointError(f'parameters {_some(unknown)} are not part of a {cfg.num_layers}-layer '
+                          "BERT with pretraining heads; pass {'bert': params['bert']} (plus 'mlm' "
+                          "and 'nsp' if present) to export the encoder; nothing written")
+  missing = ['/'.join(map(str, e.path)) for e in table if e.path not in flat]
+  if missing:
+    raise CheckpointError(f'params lack {_some(missing)}; nothing written')
+  for e in table:
+    if tuple(flat[e.path].shape) != shapes[e.path]:
+      raise CheckpointError(f'parameter {"/".join(map(str, e.path))} has shape '
+                            f'{tuple(flat[e.path].shape)} but the config implies {shapes[e.path]}')
+  if tokenizer is not None and not isinstance(
+      tokenizer, (tokenization.WordPieceTokenizer, tokenization.SentencePieceTokenizer)):
+    raise TypeError(f'tokenizer must be a WordPiece or SentencePiece tokenizer, got {tokenizer!r}')
+  if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
+    raise CheckpointError(f'tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens but the '
+                          f'model only {cfg.vocab_size} embeddings; export the matching tokenizer')
+  spiece = None
+  if isinstance(tokenizer, tokenization.SentencePieceTokenizer):
+    with open(tokenizer.path, 'rb') as f:  # before overwrite may delete it (an in-place export)
+      spiece = f.read()
+
+  _prepare_directory(directory, overwrite)
+  prefix = 'bert.' if heads else ''
+  tensors = {_hf_name(e, prefix): np.ascontiguousarray(
+      e.rule.to_hf(np.asarray(jax.device_get(flat[e.path]), np.float32))) for e in table}
+  st_numpy.save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={'format': 'pt'})
+  config = _hf_config(cfg, heads, tokenizer)
+  if isinstance(tokenizer, tokenization.WordPieceTokenizer):
+    tokenizer.save(directory, model_max_length=cfg.max_position_embeddings)
+  elif spiece is not None:
+    with open(os.path.join(directory, SPIECE_FILE), 'wb') as f:
+      f.write(spiece)
+    config['bert_jax_tokenizer'] = SPIECE_FILE
+  with open(os.path.join(directory, CONFIG_FILE), 'w', encoding='utf-8') as f:
+    json.dump(config, f, indent=2, sort_keys=True)
+
+
+def load_hf_tokenizer(directory: str):
+  """The tokenizer shipped in a checkpoint directory.
+
+  Args:
+    directory: holds tokenizer.json or vocab.txt (WordPiece), or spiece.model (our export).
+
+  Returns:
+    A WordPieceTokenizer or SentencePieceTokenizer; DataError when there is no vocabulary.
+  """
+  if any(os.path.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
+    return tokenization.WordPieceTokenizer.from_directory(directory)
+  if os.path.isfile(os.path.join(directory, SPIECE_FILE)):
+    return tokenization.SentencePieceTokenizer(os.path.join(directory, SPIECE_FILE))
+  raise DataError(f'{directory} has no vocabulary (tokenizer.json, vocab.txt or {SPIECE_FILE}); '
+                  'copy the tokenizer files of the checkpoint into it')
+
+
+def read_hf_config(directory: str) -> ModelConfig:
+  """The ModelConfig of a Hugging Face BERT directory (its config.json; the weights are not read)."""
+  if not os.path.isdir(directory):
+    raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
+                          f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')
+  path = os.path.join(directory, CONFIG_FILE)
+  check_regular(path, 'checkpoint config')
+  if not os.path.isfile(path):
+    raise CheckpointError(f'{directory} has no {CONFIG_FILE}; it is not a Hugging Face checkpoint '
+                          'directory (save one with save_pretrained)')
+  try:
+    with open(path, encoding='utf-8') as f:
+      hf = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise CheckpointError(f'{path} is not valid JSON ({e})') from None
+  if not isinstance(hf, dict):
+    raise CheckpointError(f'{path} holds a JSON {type(hf).__name__}, not a config object')
+  hf = {**_HF_DEFAULTS, **hf}
+  if hf.get('model_type', 'bert') != 'bert':
+    raise CheckpointError(f"{path}: model_type={hf['model_type']!r}; only 'bert' checkpoints "
+                          'can be imported')
+  if hf['hidden_act'] != 'gelu':
+    raise CheckpointError(f"{path}: hidden_act={hf['hidden_act']!r}, but bert_jax implements only "
+                          "BERT's exact (erf) GELU, 'gelu'; this model's outputs would not match")
+  if hf['position_embedding_type'] != 'absolute':
+    raise CheckpointError(f"{path}: position_embedding_type={hf['position_embedding_type']!r}; "
+                          "bert_jax implements only 'absolute' (learned) positions")
+  if hf.get('is_decoder'):
+    raise CheckpointError(f'{path}: is_decoder=true (causal attention); bert_jax BERT is an '
+                          'encoder only')
+  try:
+    return ModelConfig(**{ours: hf[theirs] for ours, theirs in _CONFIG_KEYS.items()})
+  except (BertJaxError, TypeError) as e:
+    raise CheckpointError(f'{path}: {e}') from None
+
+
+def _read_tensors(directory: str) -> dict[str, np.ndarray]:
+  """All tensors of the checkpoint (one file or an index of shards), floats as float32."""
+  index = os.path.join(directory, INDEX_FILE)
+  for name in (WEIGHTS_FILE, INDEX_FILE):
+    check_regular(os.path.join(directory, name), 'checkpoint file')
+  if os.path.isfile(os.path.join(directory, WEIGHTS_FILE)):
+    files = [WEIGHTS_FILE]
+  elif os.path.isfile(index):
+    try:
+      with open(index, encoding='utf-8') as f:
+        files = sorted(set(json.load(f)['weight_map'].values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError) as e:
+      raise CheckpointError(f'{index} is not a safetensors index ({e!r})') from None
+  elif any(os.path.isfile(os.path.join(directory, f))
+           for f in ('pytorch_model.bin', 'pytorch_model.bin.index.json')):
+    raise CheckpointError(
+        f'{directory} has only pytorch_model.bin (a pickle, which bert_jax never loads); convert '
+        f'it once with: python -c "from transformers import {_hf_class(directory)} as M; '
+        f"M.from_pretrained('{directory}').save_pretrained('{directory}', "
+        'safe_serialization=True)"')
+  else:
+    raise CheckpointError(f'{directory} has no {WEIGHTS_FILE}; download the safetensors weights '
+                          'of the checkpoint into it')
+  tensors = {}
+  for name in files:
+    path = os.path.join(directory, name)
+    check_regular(path, 'checkpoint file')
+    try:
+      tensors.update(st_numpy.load_file(path))
+    except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
+      raise CheckpointError(f'{path} cannot be read as safetensors ({type(e).__name__}: {e})') from None
+  for name, x in tensors.items():
+    if np.issubdtype(x.dtype, np.floating) or x.dtype.name == 'bfloat16':
+      # Always a copy (exact from float16/bfloat16): the loaded arrays may map the file itself.
+      tensors[name] = np.array(x, dtype=np.float32)
+    elif not any(name.endswith(b) for b in _BUFFERS):
+      raise CheckpointError(f'{directory}: tensor {name} has dtype {x.dtype}, not a float')
+  return tensors
+
+
+def _hf_class(directory: str) -> str:
+  """The transformers class named in config.json when it is a BERT one, else BertModel."""
+  try:
+    with open(os.path.join(directory, CONFIG_FILE), encoding='utf-8') as f:
+      arch = (json.load(f).get('architectures') or ['BertModel'])[0]
+  except (OSError, ValueError, AttributeError, IndexError):
+    arch = 'BertModel'
+  return arch if arch.startswith('Bert') else 'BertModel'
+
+
+def _modern_name(name: str) -> str:
+  # TF-era checkpoints call LayerNorm's weight/bias gamma/beta; transformers renames them too.
+  if 'LayerNorm' in name:
+    for old, new in (('.gamma', '.weight'), ('.beta', '.bias')):
+      if name.endswith(old):
+        return name[:-len(old)] + new
+  return name
+
+
+def _check_tied(directory, tied, source, tied_name, source_name):
+  if tied is not None and (source is None or tied.shape != source.shape
+                           or not np.array_equal(tied, source)):
+    raise CheckpointError(f'{directory}: {tied_name} differs from {source_name}; bert_jax ties the '
+                          'MLM decoder to them, so an untied decoder cannot be imported')
+
+
+@functools.lru_cache(maxsize=8)
+def _param_shapes(cfg: ModelConfig) -> dict[ParamPath, tuple]:
+  """Our parameter shapes for `cfg`, from the model code itself (no arrays are allocated)."""
+  abstract = nnx.eval_shape(lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(0)))
+  flat = traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
+  return {path: tuple(x.shape) for path, x in flat.items()}
+
+
+def _hf_shape(entry: _Entry, our_shape: tuple) -> tuple:
+  # A zero-stride view: the rule's reshape/transpose yield the shape without allocating.
+  return entry.rule.to_hf(np.broadcast_to(np.float32(0), our_shape)).shape
+
+
+def _hf_config(cfg: ModelConfig, heads: set, tokenizer) -> dict:
+  arch = {frozenset(): 'BertModel', frozenset({'mlm', 'nsp'}): 'BertForPreTraining',
+          frozenset({'mlm'}): 'BertForMaskedLM', frozenset({'nsp'}): 'BertForNextSentencePrediction'}
+  config = {**_HF_DEFAULTS, 'architectures': [arch[frozenset(heads)]], 'model_type': 'bert',
+            'pad_token_id': tokenizer.pad_id if tokenizer is not None else tokenization.PAD_ID,
+            'tie_word_embeddings': True}
+  config.update({theirs: getattr(cfg, ours) for ours, theirs in _CONFIG_KEYS.items()})
+  return config
+
+
+def _prepare_directory(directory: str, overwrite: bool) -> None:
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise CheckpointError(f'{directory} is a file; pass a directory to export into')
+  if os.path.isdir(directory) and os.listdir(directory):
+    if not overwrite:
+      raise CheckpointError(f'{directory} is not empty; pass overwrite=True (--overwrite) to '
+                            'replace its checkpoint files, or choose a new directory')
+    # Stale files from an earlier export (another tokenizer, a shard index) would be read back.
+    for name in (CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE, SPIECE_FILE, 'tokenizer.json', 'vocab.txt',
+                 'tokenizer_config.json', 'special_tokens_map.json'):
+      if os.path.isfile(os.path.join(directory, name)):
+        os.remove(os.path.join(directory, name))
+  os.makedirs(directory, exist_ok=True)
+
+
+def _some(names: list[str], limit: int = 6) -> str:
+  shown = ', '.join(names[:limit])
+  return shown + (f' (and {len(names) - limit} more)' if len(names) > limit else '')

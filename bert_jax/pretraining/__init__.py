@@ -1,0 +1,1 @@
+"""Pretraining: the MLM (+ NSP) objective, continuing from published weights, and the run."""

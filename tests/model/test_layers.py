@@ -1,0 +1,69 @@
+"""Layers: attention paths agree with a naive reference, LayerNorm and GELU match BERT."""
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import config
+from bert_jax.model import attention, encoder, layers
+
+
+def _attention(dropout=0.0):
+  cfg = config.preset('tiny', vocab_size=50, attention_dropout=dropout)
+  return cfg, attention.SelfAttention(cfg, rngs=nnx.Rngs(0))
+
+
+def test_fused_and_explicit_attention_match_naive_reference():
+  cfg, attn = _attention()
+  x = jax.random.normal(jax.random.key(1), (2, 7, cfg.hidden_size))
+  mask = jnp.array([[1] * 7, [1] * 4 + [0] * 3], bool)[:, None, None, :]
+  fused = attn(x, mask, deterministic=True)
+  explicit, probs = attn(x, mask, deterministic=True, return_probs=True)
+  # Naive softmax(QK^T / sqrt(h)) V with the padding mask.
+  q, k, v = attn.query(x), attn.key(x), attn.value(x)
+  logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(cfg.head_dim)
+  logits = np.where(np.asarray(mask), logits, -1e30)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  ref = attn.output(jnp.asarray(np.einsum('bnts,bsnh->btnh', p, v)))
+  np.testing.assert_allclose(fused, ref, atol=1e-5)
+  np.testing.assert_allclose(explicit, ref, atol=1e-5)
+  np.testing.assert_allclose(probs, p, atol=1e-6)
+  assert np.all(np.asarray(probs)[1, :, :, 4:] == 0)  # padded keys get no attention
+
+
+def test_attention_dropout_only_when_training():
+  cfg, attn = _attention(dropout=0.5)
+  x = jax.random.normal(jax.random.key(1), (2, 5, cfg.hidden_size))
+  mask = jnp.ones((2, 1, 1, 5), bool)
+  a = attn(x, mask, deterministic=True)
+  b = attn(x, mask, deterministic=True)
+  c = attn(x, mask, deterministic=False)
+  np.testing.assert_array_equal(a, b)
+  assert not np.allclose(a, c)
+
+
+def test_layer_norm_matches_bert_definition():
+  ln = layers.LayerNorm(8, eps=1e-12, dtype=jnp.float32)
+  x = jax.random.normal(jax.random.key(0), (3, 8)) * 5 + 2
+  ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-12)
+  np.testing.assert_allclose(ln(x), ref, atol=1e-5)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_layernorm():
+  cfg = config.preset('tiny', vocab_size=50, dtype='bfloat16')
+  layer = encoder.EncoderLayer(cfg, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(0), (2, 5, cfg.hidden_size)).astype(jnp.bfloat16)
+  y = layer(x, jnp.ones((2, 1, 1, 5), bool), deterministic=True)
+  assert y.dtype == jnp.bfloat16
+  assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(nnx.state(layer, nnx.Param)))
+
+
+def test_truncated_normal_init_std():
+  cfg = config.preset('tiny', vocab_size=5000)
+  emb = layers.Embed(5000, 64, ('vocab', 'embed'), std=0.02, rngs=nnx.Rngs(0))
+  w = np.asarray(emb.embedding[...])
+  assert np.abs(w).max() <= 0.04 + 1e-6  # cut at 2 std
+  assert 0.015 < w.std() < 0.02  # truncation shrinks the std below 0.02
+  assert cfg.initializer_range == 0.02

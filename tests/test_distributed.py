@@ -1,0 +1,290 @@
+"""Multi-host pretraining and fine-tuning through jax.distributed: 2 CPU processes x 4 devices = 1 process x 8 devices.
+
+The pretraining processes run experiments/pretrain.py's main (tests/multihost_worker.py, which also
+records what each reads), the fine-tuning ones experiments/finetune.py (GLUE and SQuAD configs)
+themselves, on localhost; gloo carries the cross-process collectives.
+"""
+
+import json
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from bert_jax import distributed
+from bert_jax.errors import ConfigError
+
+from helpers import (
+  REPO,
+  assert_one_line_error,
+  free_port,
+  launch_process,
+  run_experiment,
+  script_code,
+  shared_data_or_skip,
+  sigterm_at_batch,
+  start_two,
+  succeed,
+  wait_all,
+  write_small_corpus,
+)
+
+WORKER = os.path.join(REPO, 'tests', 'multihost_worker.py')
+STEPS, BATCH = 3, 16
+
+
+def _start(args, devices, reads_dir, *extra):
+  return launch_process(WORKER, [*args, *extra], devices, BERT_JAX_READS_DIR=str(reads_dir))
+
+
+def _losses(workdir):
+  with open(os.path.join(workdir, 'metrics_train.jsonl'), encoding='utf-8') as f:
+    return {r['step']: r['loss'] for r in map(json.loads, f)}
+
+
+def _reads(reads_dir, process):
+  with open(os.path.join(reads_dir, f'reads_{process}.jsonl'), encoding='utf-8') as f:
+    return {r['k']: r for r in map(json.loads, f)}
+
+
+def _pretrain_args(root, workdir):
+  return [f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
+          f'--config.data.train_files={root / "corpus.txt"}', f'--config.data.cache_dir={root / "cache"}',
+          '--config.data.eval_fraction=0.4', f'--config.num_train_steps={STEPS}', f'--config.batch_size={BATCH}',
+          '--config.log_every=1', f'--config.eval_every={STEPS}', f'--config.checkpoint_every={STEPS}']
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """A 2-process run (which builds the data cache), then the 1-process 8-device reference."""
+  root = tmp_path_factory.mktemp('multihost')
+  write_small_corpus(root)
+  multi, single = root / 'multi', root / 'single'
+  for d in (multi, single):
+    (d / 'reads').mkdir(parents=True)
+  address = f'localhost:{free_port()}'
+  outs = succeed([_start(_pretrain_args(root, multi / 'work'), 4, multi / 'reads',
+                          f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}')
+                   for i in range(2)])
+  succeed([_start(_pretrain_args(root, single / 'work'), 8, single / 'reads')])
+  return dict(multi=multi, single=single, outs=outs)
+
+
+def test_two_processes_train_like_one(runs):
+  multi, single = _losses(runs['multi'] / 'work'), _losses(runs['single'] / 'work')
+  steps = list(range(1, STEPS + 1))
+  assert sorted(multi) == sorted(single) == steps
+  np.testing.assert_allclose([multi[s] for s in steps], [single[s] for s in steps], rtol=1e-5)
+  final = [json.loads((runs[k] / 'work' / 'final_metrics.json').read_text()) for k in ('multi', 'single')]
+  for name in ('mlm_loss', 'nsp_loss', 'mlm_accuracy', 'num_examples'):
+    np.testing.assert_allclose(final[0][name], final[1][name], rtol=1e-5)
+  assert (runs['multi'] / 'work' / 'checkpoints' / str(STEPS)).is_dir()
+
+
+def test_each_process_reads_its_own_half_of_every_batch(runs):
+  p0, p1 = _reads(runs['multi'] / 'reads', 0), _reads(runs['multi'] / 'reads', 1)
+  ref = _reads(runs['single'] / 'reads', 0)
+  for k in range(STEPS):
+    assert len(p0[k]['indices']) == len(p1[k]['indices']) == BATCH // 2
+    assert not set(p0[k]['indices']) & set(p1[k]['indices'])
+    # Process order = row order of the global batch: together they are the 1-process batch.
+    assert p0[k]['indices'] + p1[k]['indices'] == ref[k]['indices']
+    assert p0[k]['input_ids'] + p1[k]['input_ids'] == ref[k]['input_ids']
+
+
+_GLOO = re.compile(r'\[Gloo\] Rank |\d+ is connected to \d+ peer ranks\. Expected number of connected peer ranks is : \d+')
+
+
+def _silent(stdout) -> bool:
+  # gloo's own connection messages aside; its threads sometimes interleave them mid-line.
+  return _GLOO.sub('', stdout).strip() == ''
+
+
+def test_only_process_0_prints(runs):
+  assert f'step 1/{STEPS}' in runs['outs'][0] and '"mlm_loss"' in runs['outs'][0]
+  assert _silent(runs['outs'][1])
+
+
+def test_bad_input_stops_every_process_with_one_error_line(tmp_path):
+  # Every process checks the inputs and they agree before any barrier: no process is left waiting.
+  address = f'localhost:{free_port()}'
+  procs = [_start([f'--workdir={tmp_path / "w"}', f'--config.data.train_files={tmp_path / "missing.txt"}',
+                   f'--config.data.cache_dir={tmp_path / "cache"}', f'--coordinator_address={address}',
+                   '--num_processes=2', f'--process_id={i}'], 4, tmp_path) for i in range(2)]
+  results = wait_all(procs)
+  assert_one_line_error(results[0], 'missing.txt')
+  assert_one_line_error(results[1], 'missing.txt')
+
+
+def _pretrain_two(root, workdir, steps, patch_process_1=''):
+  """experiments/pretrain.py as 2 processes x 4 devices for `steps` steps (logs every 2, no checkpoint before
+  the last); process 1 first runs `patch_process_1`."""
+  address = f'localhost:{free_port()}'
+  procs = []
+  for i in range(2):
+    argv = ['pretrain.py', *_pretrain_args(root, workdir), f'--config.num_train_steps={steps}', '--config.log_every=2',
+            '--config.checkpoint_every=100', '--config.eval_every=100', f'--coordinator_address={address}',
+            '--num_processes=2', f'--process_id={i}']
+    procs.append(launch_process('-c', [script_code(argv, patch_process_1 if i else '')], 4))
+  return wait_all(procs)
+
+
+def test_sigterm_to_one_process_saves_the_same_step_on_both_and_loses_none(tmp_path):
+  """A preemption notice reaching one host only: both processes agree at the next log step, save that step
+  together and exit 75; the rerun resumes there and ends where an uninterrupted 2-process run does."""
+  write_small_corpus(tmp_path)
+  steps = 12
+  straight = tmp_path / 'straight'
+  assert all(r.returncode == 0 for r in _pretrain_two(tmp_path, straight, steps))
+  stopped = tmp_path / 'stopped'
+  first = _pretrain_two(tmp_path, stopped, steps, patch_process_1=sigterm_at_batch(5))
+  assert [r.returncode for r in first] == [75, 75], first[1].stderr[-3000:]
+  saved = re.search(r'saved step (\d+)', first[0].stderr)
+  assert saved and 'a signal to another process received' in first[0].stderr, first[0].stderr[-3000:]
+  step = int(saved.group(1))
+  assert 4 <= step < steps and (stopped / 'checkpoints' / str(step)).is_dir()
+  again = _pretrain_two(tmp_path, stopped, steps)
+  assert [r.returncode for r in again] == [0, 0], again[0].stderr[-3000:]
+  assert f'at step {step} ' in again[0].stdout
+  # Every logged loss and the final held-out metrics are those of the uninterrupted run.
+  assert _losses(stopped) == _losses(straight)
+  assert _final(stopped) == _final(straight)
+
+
+GLUE = os.path.join(REPO, 'experiments', 'finetune.py')
+SQUAD = os.path.join(REPO, 'experiments', 'finetune.py')
+FT_STEPS = 4
+
+
+def _glue_args(checkpoint, workdir):
+  return ['--config=experiments/configs/finetune.py:sst2', f'--workdir={workdir}',
+          f'--config.init_checkpoint={checkpoint}', f'--config.data_dir={shared_data_or_skip("sst2")}',
+          f'--config.max_steps={FT_STEPS}', '--config.max_train_samples=64', '--config.batch_size=16',
+          '--config.eval_batch_size=64', '--config.learning_rate=1e-3', '--config.log_every=1']
+
+
+def _squad_args(checkpoint, workdir):
+  return ['--config=experiments/configs/finetune.py:squad', f'--workdir={workdir}',
+          f'--config.init_checkpoint={checkpoint}', f'--config.data_dir={shared_data_or_skip("squad-v1.1")}',
+          '--config.max_seq_length=128', '--config.doc_stride=32', '--config.train_articles=1',
+          '--config.eval_articles=1', '--config.max_train_samples=16', '--config.max_steps=2',
+          '--config.batch_size=8', '--config.eval_batch_size=32', '--config.log_every=1']
+
+
+@pytest.fixture(scope='module')
+def finetune_runs(tiny_checkpoint, tmp_path_factory):
+  """SST-2 trained by 2 processes and by 1; SQuAD trained by 1 process, then evaluated again by 2.
+
+  The three training runs share the cores at once. The 2-process SQuAD evaluation (eval_only)
+  restores the 1-process checkpoint onto its mesh and gathers span logits over packed rows.
+  """
+  root = tmp_path_factory.mktemp('finetune')
+  glue_outs = succeed(start_two(GLUE, _glue_args(tiny_checkpoint, root / 'glue_multi'))
+                       + [launch_process(GLUE, _glue_args(tiny_checkpoint, root / 'glue_single'), 8),
+                          launch_process(SQUAD, _squad_args(tiny_checkpoint, root / 'squad_single'), 8)])[:2]
+  shutil.copytree(root / 'squad_single', root / 'squad_multi')
+  for name in ('final_metrics.json', 'seed_0/final_metrics.json', 'seed_0/predictions_eval.json'):
+    (root / 'squad_multi' / name).unlink()  # the 2-process evaluation writes them again
+  squad_outs = succeed(start_two(SQUAD, [*_squad_args(tiny_checkpoint, root / 'squad_multi'),
+                                           '--config.eval_only=True']))
+  return dict(root=root, glue_outs=glue_outs, squad_outs=squad_outs)
+
+
+def _final(workdir):
+  return json.loads((workdir / 'final_metrics.json').read_text())
+
+
+def test_two_processes_finetune_like_one(finetune_runs):
+  root = finetune_runs['root']
+  logs = []
+  for name in ('glue_multi', 'glue_single'):
+    with open(root / name / 'seed_0' / 'metrics_train.jsonl', encoding='utf-8') as f:
+      logs.append(list(map(json.loads, f)))
+  multi, single = logs
+  assert [r['step'] for r in multi] == [r['step'] for r in single] == list(range(1, FT_STEPS + 1))
+  for name in ('loss', 'grad_norm'):
+    np.testing.assert_allclose([r[name] for r in multi], [r[name] for r in single], rtol=1e-5)
+  final = [_final(root / name) for name in ('glue_multi', 'glue_single')]
+  assert final[0]['step'] == final[1]['step'] == FT_STEPS
+  for name in ('dev_accuracy', 'train_padding_fraction'):
+    np.testing.assert_allclose(final[0][name], final[1][name], rtol=1e-5)
+  assert (root / 'glue_multi' / 'seed_0' / 'checkpoints' / str(FT_STEPS)).is_dir()
+  for name in ('config.json', 'seed_0/predictions_dev.tsv', 'seed_0/final_metrics.json'):
+    assert (root / 'glue_multi' / name).is_file(), name
+
+
+def test_two_processes_restore_and_evaluate_spans_like_one(finetune_runs):
+  root = finetune_runs['root']
+  multi, single = _final(root / 'squad_multi'), _final(root / 'squad_single')
+  assert multi['step'] == single['step'] == 2
+  for name in ('eval_exact_match', 'eval_f1', 'eval_num_examples'):
+    np.testing.assert_allclose(multi[name], single[name], rtol=1e-5)
+  predictions = [json.loads((root / name / 'seed_0' / 'predictions_eval.json').read_text())
+                 for name in ('squad_multi', 'squad_single')]
+  assert predictions[0] == predictions[1]
+
+
+def test_only_process_0_prints_when_fine_tuning(finetune_runs):
+  glue, squad = finetune_runs['glue_outs'], finetune_runs['squad_outs']
+  assert f'step 1/{FT_STEPS}' in glue[0] and '"dev_accuracy"' in glue[0] and '"eval_f1"' in squad[0]
+  assert _silent(glue[1]) and _silent(squad[1])
+
+
+def test_bad_fine_tuning_input_stops_every_process_with_one_error_line(tiny_checkpoint, tmp_path):
+  # Every process validates the same config: each stops with the same error, none waits for the other.
+  results = wait_all(start_two(GLUE, [*_glue_args(tiny_checkpoint, tmp_path / 'w'), '--config.batch_size=12']))
+  for result in results:
+    assert_one_line_error(result, 'batch_size=12 must be a multiple of the 8 batch shards (mesh data x fsdp over '
+                          '2 processes)')
+  assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('script', ['pretrain.py', 'finetune.py'])
+def test_bad_flags_give_one_error_line(script, tmp_path):
+  result = run_experiment(script, f'--workdir={tmp_path / "w"}', '--num_processes=2', timeout=120)
+  assert_one_line_error(result, 'needs all of --coordinator_address')
+  assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(num_processes=2, process_id=0), 'needs all of --coordinator_address'),
+    (dict(coordinator_address='localhost:1234', num_processes=2, process_id=2), 'must be in [0, '),
+    (dict(coordinator_address='localhost:1234', num_processes=0, process_id=0), 'must be positive'),
+    (dict(coordinator_address='localhost', num_processes=2, process_id=0), 'must be HOST:PORT'),
+    (dict(process_id=0, mode='off'), 'contradicts --process_id'),
+    (dict(mode='yes'), 'must be one of auto, on, off'),
+])
+def test_initialize_rejects_bad_combinations(kwargs, message, monkeypatch):
+  for name in ('JAX_COORDINATOR_ADDRESS', 'SLURM_STEP_NODELIST', 'TPU_WORKER_HOSTNAMES'):
+    monkeypatch.delenv(name, raising=False)
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    distributed.initialize(**kwargs)
+
+
+def test_single_process_needs_no_initialization(monkeypatch):
+  for name in ('JAX_COORDINATOR_ADDRESS', 'SLURM_STEP_NODELIST', 'TPU_WORKER_HOSTNAMES'):
+    monkeypatch.delenv(name, raising=False)
+  assert distributed.detect_cluster() is None
+  assert not distributed.initialize()
+  assert not distributed.initialize(mode='off')
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from bert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from bert_jax.config import MeshConfig  # pylint: disable=g-import-not-at-top
+  assert distributed.process_batch_block(shd.make_mesh(MeshConfig())) == (0, 1)
+  assert jax.process_count() == 1
+
+
+def test_detect_cluster(monkeypatch):
+  for name in ('JAX_COORDINATOR_ADDRESS', 'TPU_WORKER_HOSTNAMES'):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv('SLURM_STEP_NODELIST', 'node[001-002]')
+  monkeypatch.setenv('SLURM_PROCID', '0')
+  monkeypatch.setenv('SLURM_NTASKS', '2')
+  assert distributed.detect_cluster() == 'slurm'
+  monkeypatch.setenv('SLURM_NTASKS', '1')  # one task: a plain single-process run
+  assert distributed.detect_cluster() is None
+  monkeypatch.setenv('TPU_WORKER_HOSTNAMES', 'w-0,w-1')
+  assert distributed.detect_cluster() == 'tpu'
