@@ -202,6 +202,9 @@ class MeshConfig:
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
+  # Overrides of sharding.LOGICAL_AXIS_RULES, comma-separated name=axis[+axis] (empty: replicated), e.g.
+  # 'activation_length=tensor,activation_mlp=' shards activations over the sequence instead of the MLP features.
+  rules: str = ''
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,13 @@
 """Device mesh, the logical-axis rules table, and global-batch construction.
 
-Modules name parameter axes logically ('vocab', 'embed', 'heads', 'kv', 'mlp'); this file
-alone decides which mesh axis (data, fsdp, tensor) each name is split over. With the default
-mesh (data=-1, fsdp=1, tensor=1) parameters are replicated and the batch is split over all
-devices; FSDP and tensor parallelism are a matter of mesh sizes, not code.
+Modules name axes logically: parameters through Flax's partitioning metadata
+(`nnx.with_partitioning`: 'vocab', 'embed', 'heads', 'kv', 'mlp') and activations through
+`constrain` with names of their own ('activation_batch', 'activation_length', ...), so that
+weights and activations (e.g. sequence parallelism) can be placed independently. This file alone
+decides which mesh axis (data, fsdp, tensor) each name is split over, in one table that
+`MeshConfig.rules` can override per run. With the default mesh (data=-1, fsdp=1, tensor=1)
+parameters are replicated and the batch is split over all devices; FSDP and tensor parallelism
+are a matter of mesh sizes, not code.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from flax import nnx
+from flax.core import spmd as flax_spmd
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
@@ -20,16 +25,43 @@ from bert_jax.errors import ConfigError
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
-# logical axis name -> mesh axis (or axes); names not listed are replicated.
+# logical axis name -> mesh axis (or axes); None = replicated.
 LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
-    ('batch', ('data', 'fsdp')),
+    # parameters
     ('vocab', 'tensor'),
     ('embed', 'fsdp'),
     ('heads', 'tensor'),
     ('mlp', 'tensor'),
     ('kv', None),
-    ('length', None),
+    # activations
+    ('activation_batch', ('data', 'fsdp')),
+    ('activation_length', None),
+    ('activation_embed', None),
+    ('activation_mlp', 'tensor'),
 )
+
+
+def rules(overrides: str = '') -> tuple[tuple[str, Any], ...]:
+  """LOGICAL_AXIS_RULES with `overrides` (MeshConfig.rules) applied.
+
+  Args:
+    overrides: comma-separated `name=axis` entries, `axis` a mesh axis, several joined by '+', or
+      empty to replicate: e.g. 'activation_length=tensor,embed='.
+
+  Raises:
+    ConfigError: an unknown logical name or mesh axis.
+  """
+  table = dict(LOGICAL_AXIS_RULES)
+  for entry in (e.strip() for e in overrides.split(',') if e.strip()):
+    name, sep, value = entry.partition('=')
+    axes = tuple(a.strip() for a in value.split('+') if a.strip())
+    if name.strip() == 'activation_batch':
+      raise ConfigError(f'mesh.rules entry {entry!r}: the batch is always split over data x fsdp (set the mesh sizes)')
+    if not sep or name.strip() not in table or any(a not in MESH_AXES for a in axes):
+      raise ConfigError(f'mesh.rules entry {entry!r}: give logical_name=mesh_axis[+mesh_axis] with a name of '
+                        f'{", ".join(table)} and axes of {", ".join(MESH_AXES)} (empty: replicated)')
+    table[name.strip()] = None if not axes else axes[0] if len(axes) == 1 else axes
+  return tuple(table.items())
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -51,10 +83,10 @@ def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> M
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
-  """Pins an activation's sharding by logical axis names, under the mesh in context.
+  """Pins an activation's sharding by logical axis names, under the mesh (and rules) in context.
 
-  Inside the train/eval steps `under_mesh` puts the (data, fsdp, tensor) mesh in context; with
-  no mesh (single-device inference) this is a no-op. Pinning activations at layer boundaries
+  Inside the train/eval steps `under_mesh` puts the (data, fsdp, tensor) mesh and the run's rules
+  in context; with no mesh (single-device inference) this is a no-op. Pinning activations at layer boundaries
   (batch over data x fsdp, features replicated or split over tensor) leaves the partitioner
   nothing to guess: without it, jax 0.10's CPU SPMD partitioner computed wrong gradients
   for fsdp x tensor meshes (tests/test_layouts.py).
@@ -65,20 +97,22 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, _drop_size_one_axes(logical_to_spec(axes), mesh))
 
 
-def under_mesh(mesh: Mesh, fn):
-  """`fn` traced with `mesh` in context, so `constrain` inside it applies (use it inside jit)."""
+def under_mesh(mesh: Mesh, fn, table: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES):
+  """`fn` traced with `mesh` and the rules `table` in context, so `constrain` inside it applies (use
+  it inside jit)."""
   def wrapped(*args, **kwargs):
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), flax_spmd.logical_axis_rules(table):
       return fn(*args, **kwargs)
   return wrapped
 
 
-def logical_to_spec(axes: Sequence[str | None] | None) -> P:
-  """Maps logical axis names to a PartitionSpec through LOGICAL_AXIS_RULES."""
-  rules = dict(LOGICAL_AXIS_RULES)
+def logical_to_spec(axes: Sequence[str | None] | None, table: Sequence[tuple[str, Any]] | None = None) -> P:
+  """Maps logical axis names to a PartitionSpec through `table` (default: the rules in context, else
+  LOGICAL_AXIS_RULES). Names not in the table are replicated."""
+  table = dict(table or flax_spmd.get_logical_axis_rules() or LOGICAL_AXIS_RULES)
   if axes is None:
     return P()
-  return P(*(rules.get(a) if a is not None else None for a in axes))
+  return P(*(table.get(a) if a is not None else None for a in axes))
 
 
 def _drop_size_one_axes(spec: P, mesh) -> P:
@@ -92,17 +126,17 @@ def _drop_size_one_axes(spec: P, mesh) -> P:
   return P(*(keep(e) for e in spec))
 
 
-def state_shardings(state: nnx.State, mesh: Mesh):
-  """NamedShardings for an (abstract) nnx state, from each Variable's `logical_axes`."""
-  def one(v):
-    spec = logical_to_spec(getattr(v, 'logical_axes', None))
-    return NamedSharding(mesh, _drop_size_one_axes(spec, mesh))
-  return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+def state_shardings(state: nnx.State, mesh: Mesh, table: Sequence[tuple[str, Any]] = LOGICAL_AXIS_RULES):
+  """NamedShardings for an (abstract) nnx state, from its partitioning metadata through `table`."""
+  with flax_spmd.logical_axis_rules(table):
+    specs = nnx.get_partition_spec(state)  # each Variable's value replaced by its PartitionSpec
+  return jax.tree.map(lambda v: NamedSharding(mesh, _drop_size_one_axes(v.get_value(), mesh)), specs,
+                      is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (batch) dimension split over data x fsdp; the rest replicated."""
-  return NamedSharding(mesh, _drop_size_one_axes(logical_to_spec(('batch',)), mesh))
+  """Leading (batch) dimension split over data x fsdp ('activation_batch'); the rest replicated."""
+  return NamedSharding(mesh, _drop_size_one_axes(logical_to_spec(('activation_batch',), LOGICAL_AXIS_RULES), mesh))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

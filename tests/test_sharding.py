@@ -2,6 +2,8 @@
 
 import jax
 from jax.sharding import PartitionSpec as P
+import numpy as np
+import optax
 import pytest
 
 from bert_jax import config, sharding
@@ -9,11 +11,36 @@ from bert_jax.errors import ConfigError
 from bert_jax.pretraining.run import pretraining_model
 from bert_jax.train import optim
 
+from helpers import random_pretraining_batch
+
 
 def test_rules_table_maps_logical_axes():
   assert sharding.logical_to_spec(('vocab', 'embed')) == P('tensor', 'fsdp')
   assert sharding.logical_to_spec(('embed', 'heads', 'kv')) == P('fsdp', 'tensor', None)
-  assert sharding.logical_to_spec(('batch',)) == P(('data', 'fsdp'))
+  assert sharding.logical_to_spec(('activation_batch',)) == P(('data', 'fsdp'))
+  assert sharding.logical_to_spec(('activation_length', 'activation_mlp')) == P(None, 'tensor')
+
+
+def test_rules_from_config_override_the_table():
+  table = dict(sharding.rules('activation_length=tensor, embed=, mlp=fsdp+tensor'))
+  assert table['activation_length'] == 'tensor' and table['embed'] is None and table['mlp'] == ('fsdp', 'tensor')
+  assert table['vocab'] == 'tensor'  # the rest as in LOGICAL_AXIS_RULES
+  for bad in ('nosuch=tensor', 'embed=pipeline', 'embed', 'activation_batch=data'):
+    with pytest.raises(ConfigError, match='mesh.rules entry'):
+      sharding.rules(bad)
+
+
+def test_sequence_sharded_activations_give_the_same_loss_and_gradients():
+  cfg = config.preset('tiny', vocab_size=96, hidden_dropout=0.0, attention_dropout=0.0)
+  batch = random_pretraining_batch(seq_len=16, vocab_size=96)
+  out = []
+  for table in (sharding.LOGICAL_AXIS_RULES, sharding.rules('activation_length=tensor,activation_mlp=')):
+    mesh = sharding.make_mesh(config.MeshConfig(data=2, fsdp=2, tensor=2))
+    model = pretraining_model(cfg, optax.sgd(1.0), mesh, rules=table)
+    _, metrics = model.train_step(model.init_state(), model.global_batch(batch), model.rest)
+    out.append(jax.device_get(metrics))
+  np.testing.assert_allclose(out[0]['loss'], out[1]['loss'], rtol=1e-6)
+  np.testing.assert_allclose(out[0]['grad_norm'], out[1]['grad_norm'], rtol=1e-5)
 
 
 def test_mesh_sizes_resolve_and_bad_sizes_are_named():
@@ -42,8 +69,8 @@ def test_fsdp_and_tensor_layouts_shard_parameters_by_configuration():
 def test_constrain_pins_activations_only_under_a_mesh():
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   x = jnp.ones((8, 4))
-  assert sharding.constrain(x, ('batch', None)) is x  # no mesh in context: a no-op
+  assert sharding.constrain(x, ('activation_batch', None)) is x  # no mesh in context: a no-op
   mesh = sharding.make_mesh(config.MeshConfig(data=2, fsdp=2, tensor=2))
-  f = jax.jit(sharding.under_mesh(mesh, lambda x: sharding.constrain(x * 2, ('batch', 'mlp'))))
+  f = jax.jit(sharding.under_mesh(mesh, lambda x: sharding.constrain(x * 2, ('activation_batch', 'activation_mlp'))))
   y = f(jax.device_put(x, sharding.replicated(mesh)))
   assert y.sharding.spec == P(('data', 'fsdp'), 'tensor')

@@ -160,10 +160,11 @@ def _optim_config(cfg: FinetuneConfig, warmup: int) -> OptimConfig:
 
 
 def finetuning_model(model_cfg: ModelConfig, kind: str, num_labels: int, tx: optax.GradientTransformation, mesh,
-                     schedule=None) -> StepModel:
+                     schedule=None, rules=shd.LOGICAL_AXIS_RULES) -> StepModel:
   """The head model of `kind` under its fine-tuning objective, as a StepModel (one for every seed)."""
   return StepModel(lambda rngs: head_model(kind, model_cfg, num_labels, rngs=rngs), Finetuning(kind), tx, mesh,
-                   schedule=schedule, state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1))
+                   schedule=schedule, state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1),
+                   rules=rules)
 
 
 def _prepare(cfg: FinetuneConfig, task: Task) -> _Run:
@@ -184,7 +185,8 @@ def _prepare(cfg: FinetuneConfig, task: Task) -> _Run:
   ocfg = _optim_config(cfg, math.ceil(cfg.warmup_ratio * total))
   reporting.log(describe_attention(pretrained.config))
   model = finetuning_model(pretrained.config, task.kind, task.num_labels, optim.make_optimizer(ocfg, max(total, 1)),
-                           mesh, schedule=optim.learning_rate_schedule(ocfg, max(total, 1)))
+                           mesh, schedule=optim.learning_rate_schedule(ocfg, max(total, 1)),
+                           rules=shd.rules(cfg.mesh.rules))
   return _Run(cfg, task, pretrained, model, train, evals, total, rows_multiple=2 * shd.num_batch_shards(mesh),
               block=distributed.process_batch_block(mesh))
 

@@ -110,9 +110,10 @@ class EncoderLayer(nnx.Module):
       a_btd, probs_bnts = a_btd
     a_btd = self.dropout(a_btd, deterministic=deterministic)
     x_btd = self.attention_norm(x_btd + a_btd)
-    h_bti = jax.nn.gelu(constrain(self.intermediate(x_btd), ('batch', 'length', 'mlp')), approximate=False)
+    h_bti = jax.nn.gelu(constrain(self.intermediate(x_btd), ('activation_batch', 'activation_length', 'activation_mlp')),
+                        approximate=False)
     h_btd = self.dropout(self.output(h_bti), deterministic=deterministic)
-    y_btd = constrain(self.output_norm(x_btd + h_btd), ('batch', 'length', None))
+    y_btd = constrain(self.output_norm(x_btd + h_btd), ('activation_batch', 'activation_length', 'activation_embed'))
     return (y_btd, probs_bnts) if return_probs else y_btd
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from bert_jax.config import ModelConfig
 from bert_jax.model.dropout import Dropout
 from bert_jax.model.encoder import BertEncoder
-from bert_jax.model.layers import Dense, LayerNorm, compute_dtype
+from bert_jax.model.layers import Dense, LayerNorm, compute_dtype, param
 from bert_jax.sharding import constrain
 
 
@@ -34,10 +34,11 @@ class MaskedLMHead(nnx.Module):
     self.transform = Dense((d,), (d,), ('embed', 'mlp'), std=cfg.initializer_range,
                            dtype=compute_dtype(cfg), rngs=rngs)
     self.layer_norm = LayerNorm(d, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg))
-    self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,), jnp.float32), logical_axes=('vocab',))
+    self.bias = param(jax.nn.initializers.zeros, None, (cfg.vocab_size,), ('vocab',))
 
   def __call__(self, h_bpd, word_embeddings) -> jax.Array:
-    h_bpd = constrain(self.transform(constrain(h_bpd, ('batch', None, None))), ('batch', None, None))
+    h_bpd = constrain(self.transform(constrain(h_bpd, ('activation_batch', None, 'activation_embed'))),
+                      ('activation_batch', None, 'activation_embed'))
     h_bpd = self.layer_norm(jax.nn.gelu(h_bpd, approximate=False))
     return word_embeddings.attend(h_bpd) + self.bias[...]  # float32 logits
 

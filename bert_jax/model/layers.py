@@ -1,7 +1,8 @@
 """BERT building blocks (flax.nnx): Dense, LayerNorm, Embed and Embeddings.
 
-Every parameter carries `logical_axes` metadata ('vocab', 'embed', 'heads', 'kv', 'mlp', ...);
-`sharding.LOGICAL_AXIS_RULES` maps those names to mesh axes in one table. Parameters are
+Every parameter carries Flax's partitioning metadata (`nnx.with_partitioning`) with logical axis
+names ('vocab', 'embed', 'heads', 'kv', 'mlp'); activations are pinned with names of their own
+('activation_*'); `sharding.LOGICAL_AXIS_RULES` maps both to mesh axes in one table. Parameters are
 float32; matmuls run in the configured compute dtype; LayerNorm, softmax statistics and
 logits run in float32.
 """
@@ -25,6 +26,15 @@ def _truncated_normal(std: float):
   return jax.nn.initializers.truncated_normal(stddev=std)
 
 
+def param(init, key, shape: Sequence[int], axes: Sequence[str | None]) -> nnx.Param:
+  """A float32 parameter from `init`, annotated with logical axis names (`nnx.with_partitioning`).
+
+  The names become shardings only through the rules table (`sharding.state_shardings`), never at
+  creation: modules are also built without a mesh (inference, tests), so eager sharding is off.
+  """
+  return nnx.Param(nnx.with_partitioning(init, tuple(axes), eager_sharding=False)(key, tuple(shape), jnp.float32))
+
+
 def compute_dtype(cfg: ModelConfig):
   return jnp.dtype(cfg.dtype)
 
@@ -40,10 +50,8 @@ class Dense(nnx.Module):
                *, std: float, dtype, rngs: nnx.Rngs, use_bias: bool = True):
     in_shape, out_shape = tuple(in_shape), tuple(out_shape)
     assert len(axes) == len(in_shape) + len(out_shape), (axes, in_shape, out_shape)
-    self.kernel = nnx.Param(_truncated_normal(std)(rngs.params(), in_shape + out_shape, jnp.float32),
-                            logical_axes=tuple(axes))
-    self.bias = (nnx.Param(jnp.zeros(out_shape, jnp.float32), logical_axes=tuple(axes[len(in_shape):]))
-                 if use_bias else None)
+    self.kernel = param(_truncated_normal(std), rngs.params(), in_shape + out_shape, axes)
+    self.bias = param(jax.nn.initializers.zeros, None, out_shape, axes[len(in_shape):]) if use_bias else None
     self.num_in = len(in_shape)
     self.dtype = dtype
 
@@ -67,8 +75,8 @@ class LayerNorm(nnx.Module):
   """LayerNorm computed in float32 (BERT: eps 1e-12), output cast to the compute dtype."""
 
   def __init__(self, features: int, *, eps: float, dtype):
-    self.scale = nnx.Param(jnp.ones((features,), jnp.float32), logical_axes=('embed',))
-    self.bias = nnx.Param(jnp.zeros((features,), jnp.float32), logical_axes=('embed',))
+    self.scale = param(jax.nn.initializers.ones, None, (features,), ('embed',))
+    self.bias = param(jax.nn.initializers.zeros, None, (features,), ('embed',))
     self.eps = eps
     self.dtype = dtype
 
@@ -85,13 +93,13 @@ class Embed(nnx.Module):
 
   def __init__(self, num: int, features: int, axes: tuple[str | None, str | None], *, std: float,
                rngs: nnx.Rngs):
-    self.embedding = nnx.Param(_truncated_normal(std)(rngs.params(), (num, features), jnp.float32),
-                               logical_axes=axes)
+    self.embedding = param(_truncated_normal(std), rngs.params(), (num, features), axes)
+    self.rows_axis = axes[0]
 
   def __call__(self, ids: jax.Array) -> jax.Array:
     # FSDP: gather the table's feature shards before the lookup (the rows stay split over
     # 'vocab'), so the result can be batch-sharded without a full rematerialisation.
-    table = constrain(self.embedding[...], (self.embedding.logical_axes[0], None))
+    table = constrain(self.embedding[...], (self.rows_axis, None))
     return jnp.take(table, ids, axis=0)
 
   def attend(self, x: jax.Array) -> jax.Array:
@@ -117,5 +125,5 @@ class Embeddings(nnx.Module):
   def __call__(self, input_ids_bt, token_type_ids_bt, position_ids_bt, *, deterministic: bool):
     x_btd = (self.word_embeddings(input_ids_bt) + self.position_embeddings(position_ids_bt)
              + self.token_type_embeddings(token_type_ids_bt))
-    x_btd = constrain(x_btd, ('batch', 'length', None))
+    x_btd = constrain(x_btd, ('activation_batch', 'activation_length', 'activation_embed'))
     return self.dropout(self.layer_norm(x_btd), deterministic=deterministic)

@@ -121,17 +121,18 @@ def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
 
 
 def pretraining_model(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, *, nsp: bool = True,
-                      grad_accum_steps: int = 1, schedule=None) -> StepModel:
+                      grad_accum_steps: int = 1, schedule=None, rules=shd.LOGICAL_AXIS_RULES) -> StepModel:
   """BertForPreTraining (with the NSP head when `nsp`) under the pretraining objective, as a StepModel."""
   return StepModel(lambda rngs: BertForPreTraining(model_cfg, rngs=rngs, nsp_head=nsp), Pretraining(nsp=nsp), tx,
-                   mesh, grad_accum_steps=grad_accum_steps, schedule=schedule)
+                   mesh, grad_accum_steps=grad_accum_steps, schedule=schedule, rules=rules)
 
 
 def build_model(cfg: PretrainConfig, mesh) -> StepModel:
   """The run's model: `pretraining_model` with its optimizer, schedule and accumulation."""
   return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh, nsp=cfg.data.nsp,
                            grad_accum_steps=cfg.optim.grad_accum_steps,
-                           schedule=optim.learning_rate_schedule(cfg.optim, cfg.num_train_steps))
+                           schedule=optim.learning_rate_schedule(cfg.optim, cfg.num_train_steps),
+                           rules=shd.rules(cfg.mesh.rules))
 
 
 def prepare_data(cfg: PretrainConfig) -> tuple[PreparedData, input_pipeline.Vocab]:

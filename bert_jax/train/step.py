@@ -10,7 +10,7 @@ gives the gradient of the whole batch (each loss term is divided by its count ov
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from flax import nnx
 import jax
@@ -72,18 +72,20 @@ class StepModel:
     grad_accum_steps: micro-batches per step (the batch's rows are split every k-th).
     schedule: step -> learning rate, reported beside the loss.
     state_rng: seed -> the state's RNG key, from which every step's dropout keys derive.
+    rules: the logical-axis rules table (`sharding.rules(mesh_config.rules)`).
   """
 
   def __init__(self, new_module: Callable[[nnx.Rngs], nnx.Module], objective: Objective,
                tx: optax.GradientTransformation, mesh: Mesh, *, grad_accum_steps: int = 1,
                schedule: Callable[[Any], Any] | None = None,
-               state_rng: Callable[[Any], jax.Array] = jax.random.PRNGKey):
+               state_rng: Callable[[Any], jax.Array] = jax.random.PRNGKey,
+               rules: Sequence[tuple[str, Any]] = shd.LOGICAL_AXIS_RULES):
     self.new_module, self.objective, self.tx, self.mesh = new_module, objective, tx, mesh
     self.grad_accum_steps, self.schedule, self.state_rng = grad_accum_steps, schedule, state_rng
     abstract = nnx.eval_shape(lambda: new_module(_new_rngs(0)))
     self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
     repl = shd.replicated(mesh)
-    self.param_shardings = nnx.to_pure_dict(shd.state_shardings(abs_params, mesh))
+    self.param_shardings = nnx.to_pure_dict(shd.state_shardings(abs_params, mesh, rules))
     pure_params = nnx.to_pure_dict(abs_params)
     self.state_shardings = {'step': repl, 'rng': repl, 'params': self.param_shardings,
                             'opt_state': opt_state_shardings(tx, pure_params, self.param_shardings, repl)}
@@ -94,11 +96,11 @@ class StepModel:
     # pure dict: merging fresh Variables inside jax.grad avoids nnx trace errors.
     self.rest = jax.jit(lambda: nnx.to_pure_dict(nnx.split(new_module(_new_rngs(0)), nnx.Param, ...)[2]),
                         out_shardings=repl)()
-    self.train_step = jax.jit(shd.under_mesh(mesh, self._train_step), donate_argnums=(0,),
+    self.train_step = jax.jit(shd.under_mesh(mesh, self._train_step, rules), donate_argnums=(0,),
                               out_shardings=(self.state_shardings, repl))
-    self.eval_step = jax.jit(shd.under_mesh(mesh, self._eval_step), out_shardings=repl)
+    self.eval_step = jax.jit(shd.under_mesh(mesh, self._eval_step, rules), out_shardings=repl)
     # Outputs come back replicated: every process, not only the one holding a shard, reads them all.
-    self.predict_step = jax.jit(shd.under_mesh(mesh, self._predict_step), out_shardings=repl)
+    self.predict_step = jax.jit(shd.under_mesh(mesh, self._predict_step, rules), out_shardings=repl)
     self._init_jit = jax.jit(self._init_state, out_shardings=self.state_shardings)
     self._init_opt_jit = jax.jit(tx.init, out_shardings=self.state_shardings['opt_state'])
 
