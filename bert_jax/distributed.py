@@ -17,6 +17,7 @@ from typing import Sequence
 
 import jax
 
+from bert_jax import sharding as shd
 from bert_jax.errors import ConfigError
 
 MODES = ('auto', 'on', 'off')
@@ -132,8 +133,6 @@ def process_batch_block(mesh: jax.sharding.Mesh) -> tuple[int, int]:
   Raises:
     ConfigError: this process's devices hold rows that are not one contiguous block.
   """
-  from bert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
-
   n = shd.num_batch_shards(mesh)
   rows = set()
   for index in shd.batch_sharding(mesh).addressable_devices_indices_map((n,)).values():

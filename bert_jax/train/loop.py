@@ -104,43 +104,20 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches | Iterator[dic
     Preempted: a signal; the current step was saved.
   """
   start = int(jax.device_get(state['step']))
-  step, pending, last_eval = start, [], None
-  last_good = ckpt.latest_step()
+  step, pending, last_eval, last_good = start, [], None, ckpt.latest_step()
   progress = reporting.Progress(start, total_steps)
   blocks = distributed.process_batch_block(model.mesh)[1]
-  writer = reporting.MetricWriter(report.workdir, 'train')
-  eval_writer = reporting.MetricWriter(report.workdir, 'eval')
-  real_tokens = row_tokens = 0
-  window = dict(steps=0, rows=0, real_tokens=0, row_tokens=0, examples=0, example_tokens=0)
+  writers = _Writers(report)
   t0 = time.time()
-
-  def run_eval(at: int) -> dict[str, Any]:
-    result = evaluate(state['params'], at)
-    eval_writer.write(at, {k: v for k, v in result.items()
-                           if isinstance(v, (int, float)) and not isinstance(v, bool)})
-    keys = report.eval_keys if report.eval_keys is not None else list(result)
-    reporting.log(f'{report.label}eval step {at} | ' + reporting.format_metrics(
-        {k: result[k] for k in keys if k in result}))
-    if report.curves_dir:
-      reporting.write_curves(report.curves_dir)
-    return result
-
   try:
     if eval_first and evaluate is not None and start == 0:
-      last_eval = run_eval(0)
+      last_eval = writers.evaluation(0, evaluate(state['params'], 0))
     if preempt.stop_now(step, synced=False):  # a signal during preparation or compilation
       raise Preempted(report.label + preempt.message(step, saved=False))
     while step < total_steps:
       t_wait = time.perf_counter()
       local = next(batches)
-      waited = time.perf_counter() - t_wait
-      sizes = _global_sizes(batches, local, blocks)
-      real_tokens, row_tokens = real_tokens + sizes['real_tokens'], row_tokens + sizes['row_tokens']
-      for k in ('rows', 'real_tokens', 'row_tokens', 'examples'):
-        window[k] += sizes[k]
-      window['steps'] += 1
-      window['example_tokens'] += sizes['examples'] * local['input_ids'].shape[1]  # one example per row
-      progress.add(sizes['row_tokens'], sizes['examples'], waited)
+      progress.add(_global_sizes(batches, local, blocks), local['input_ids'].shape[1], time.perf_counter() - t_wait)
       state, step_metrics = model.train_step(state, model.global_batch(local), model.rest)
       pending.append(step_metrics)
       step += 1
@@ -148,31 +125,15 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches | Iterator[dic
       log_now = step % log_every == 0 or is_last
       save_now = ckpt.manager.should_save(step) or is_last
       stop = preempt.stop_now(step, synced=log_now or save_now)
-      if log_now or save_now or stop:
-        host = jax.device_get(pending)
-        pending = []
+      if log_now or save_now or stop:  # a sync point: the pending metrics come to the host
+        host, pending = jax.device_get(pending), []
         bad = [m['loss'] for m in host if not math.isfinite(m['loss'])]
         if bad:
           raise _diverged(report, f'the loss became {bad[0]}', step, last_good)
         if log_now:
-          means = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
-          rate = progress.update(step)
-          # Rows per step, and the share of row tokens that are real (unpacked: had each example a row).
-          packing = {'rows_per_step': window['rows'] / window['steps'],
-                     'fill': window['real_tokens'] / max(window['row_tokens'], 1),
-                     'unpacked_fill': window['real_tokens'] / max(window['example_tokens'], 1)}
-          writer.write(step, {**means, **{k: rate[k] for k in ('steps_per_s', 'tokens_per_s', 'examples_per_s',
-                                                               'input_wait')}, **packing})
-          packed = window['rows'] < window['examples']
-          window = dict.fromkeys(window, 0)
-          shown = {k: means[k] for k in (*report.progress_keys, 'learning_rate', 'grad_norm') if k in means}
-          reporting.log(f'{report.label}step {step}/{total_steps} | ' + reporting.format_metrics(shown)
-                        + f' | {rate["tokens_per_s"]:,.0f} tok/s | {rate["examples_per_s"]:,.1f} ex/s'
-                        + f' | input wait {rate["input_wait"]:.1%} | ETA {reporting.format_duration(rate["eta_s"])}'
-                        + (f' | packed {packing["rows_per_step"]:.1f} rows/step, {packing["fill"]:.1%} real tokens '
-                           f'(unpacked {packing["unpacked_fill"]:.1%})' if packed else ''))
+          writers.progress(step, total_steps, host, progress.update(step))
       if evaluate is not None and ((eval_every and step % eval_every == 0) or is_last):
-        last_eval = run_eval(step)
+        last_eval = writers.evaluation(step, evaluate(state['params'], step))
       if save_now or stop:
         # The losses so far are finite; the parameters this step produced must be sane too.
         problem = state_problem(state['params'])
@@ -189,12 +150,39 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches | Iterator[dic
     close = getattr(batches, 'close', None)
     if close:
       close()
-    writer.close()
-    eval_writer.close()
+    writers.close()
   stats = {'train_steps': total_steps - start, 'train_wall_s': time.time() - t0}
-  if row_tokens:
-    stats['train_padding_fraction'] = 1 - real_tokens / row_tokens
+  if progress.row_tokens:
+    stats['train_padding_fraction'] = 1 - progress.real_tokens / progress.row_tokens
   return FitResult(state, step, last_eval, stats)
+
+
+class _Writers:
+  """The run's train and held-out JSONL/TensorBoard writers and lines (process 0)."""
+
+  def __init__(self, report: Report):
+    self.report = report
+    self.train = reporting.MetricWriter(report.workdir, 'train')
+    self.eval = reporting.MetricWriter(report.workdir, 'eval')
+
+  def progress(self, step: int, total: int, host_metrics: list[dict[str, Any]], rate: dict[str, float]) -> None:
+    means = {k: float(np.mean([m[k] for m in host_metrics])) for k in host_metrics[0]}
+    self.train.write(step, {**means, **{k: v for k, v in rate.items() if k not in ('eta_s', 'packed')}})
+    shown = {k: means[k] for k in (*self.report.progress_keys, 'learning_rate', 'grad_norm') if k in means}
+    reporting.log(reporting.progress_line(self.report.label, step, total, shown, rate))
+
+  def evaluation(self, step: int, result: dict[str, Any]) -> dict[str, Any]:
+    self.eval.write(step, {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    keys = self.report.eval_keys if self.report.eval_keys is not None else list(result)
+    reporting.log(f'{self.report.label}eval step {step} | ' + reporting.format_metrics(
+        {k: result[k] for k in keys if k in result}))
+    if self.report.curves_dir:
+      reporting.write_curves(self.report.curves_dir)
+    return result
+
+  def close(self) -> None:
+    self.train.close()
+    self.eval.close()
 
 
 def _global_sizes(batches, local: dict[str, np.ndarray], blocks: int) -> dict[str, int]:

@@ -68,36 +68,63 @@ class MetricWriter:
 
 
 class Progress:
-  """Throughput and ETA for the progress line, over the window since the last `update`.
+  """Throughput, packing and ETA for the progress line, over the window since the last `update`.
 
-  Counts steps, rows' tokens (padding included: what the step computes on), examples and the
-  time spent waiting for input batches.
+  Counts steps, rows, rows' tokens (padding included: what the step computes on), real tokens,
+  examples and the time spent waiting for input; totals of real and row tokens are kept for the
+  run's padding fraction.
   """
+
+  _KEYS = ('steps', 'rows', 'row_tokens', 'real_tokens', 'examples', 'example_tokens', 'waited')
 
   def __init__(self, start_step: int, total_steps: int):
     self.total_steps = total_steps
     self._last_step, self._last_time = start_step, time.perf_counter()
-    self._tokens = self._examples = 0
-    self._waited = 0.0
+    self._window = dict.fromkeys(self._KEYS, 0)
+    self.real_tokens = self.row_tokens = 0
 
-  def add(self, tokens: int, examples: int, waited_s: float) -> None:
-    """One step's global row tokens, examples and seconds waited for its batch."""
-    self._tokens += tokens
-    self._examples += examples
-    self._waited += waited_s
+  def add(self, sizes: dict[str, int], row_width: int, waited_s: float) -> None:
+    """One step's global batch `sizes` (rows, row_tokens, real_tokens, examples), the width of its
+    rows, and the seconds waited for it."""
+    w = self._window
+    for k in ('rows', 'row_tokens', 'real_tokens', 'examples'):
+      w[k] += sizes[k]
+    w['steps'] += 1
+    w['example_tokens'] += sizes['examples'] * row_width  # as if every example had a row
+    w['waited'] += waited_s
+    self.real_tokens += sizes['real_tokens']
+    self.row_tokens += sizes['row_tokens']
 
   def update(self, step: int) -> dict[str, float]:
-    """steps_per_s, tokens_per_s, examples_per_s, input_wait (share of the window) and eta_s; starts a new window."""
-    now = time.perf_counter()
+    """The window's rates and packing, then a new window.
+
+    Returns:
+      steps_per_s, tokens_per_s, examples_per_s, input_wait (share of the window), eta_s,
+      rows_per_step, fill (real / row tokens), unpacked_fill (real / one-row-per-example tokens)
+      and packed (fewer rows than examples).
+    """
+    now, w = time.perf_counter(), self._window
     dt = max(now - self._last_time, 1e-9)
     steps_per_s = (step - self._last_step) / dt
-    out = {'steps_per_s': steps_per_s, 'tokens_per_s': self._tokens / dt, 'examples_per_s': self._examples / dt,
-           'input_wait': self._waited / dt,
-           'eta_s': (self.total_steps - step) / steps_per_s if steps_per_s > 0 else float('inf')}
+    out = {'steps_per_s': steps_per_s, 'tokens_per_s': w['row_tokens'] / dt, 'examples_per_s': w['examples'] / dt,
+           'input_wait': w['waited'] / dt,
+           'eta_s': (self.total_steps - step) / steps_per_s if steps_per_s > 0 else float('inf'),
+           'rows_per_step': w['rows'] / max(w['steps'], 1), 'fill': w['real_tokens'] / max(w['row_tokens'], 1),
+           'unpacked_fill': w['real_tokens'] / max(w['example_tokens'], 1), 'packed': w['rows'] < w['examples']}
     self._last_step, self._last_time = step, now
-    self._tokens = self._examples = 0
-    self._waited = 0.0
+    self._window = dict.fromkeys(self._KEYS, 0)
     return out
+
+
+def progress_line(label: str, step: int, total: int, shown: dict[str, float], rate: dict[str, float]) -> str:
+  """'step N/T | metrics | tok/s | ex/s | input wait | ETA' (+ packing when rows hold several examples)."""
+  line = (f'{label}step {step}/{total} | {format_metrics(shown)} | {rate["tokens_per_s"]:,.0f} tok/s | '
+          f'{rate["examples_per_s"]:,.1f} ex/s | input wait {rate["input_wait"]:.1%} | '
+          f'ETA {format_duration(rate["eta_s"])}')
+  if rate['packed']:
+    line += (f' | packed {rate["rows_per_step"]:.1f} rows/step, {rate["fill"]:.1%} real tokens '
+             f'(unpacked {rate["unpacked_fill"]:.1%})')
+  return line
 
 
 def write_curves(workdir: str, metrics: Sequence[str] | None = None) -> None:
