@@ -31,6 +31,8 @@ from helpers import (
   write_small_corpus,
 )
 
+pytestmark = pytest.mark.slow  # multi-process runs on localhost
+
 WORKER = os.path.join(REPO, 'tests', 'multihost_worker.py')
 STEPS, BATCH = 3, 16
 
@@ -131,6 +133,7 @@ def _pretrain_two(root, workdir, steps, patch_process_1=''):
   return wait_all(procs)
 
 
+@pytest.mark.e2e
 def test_sigterm_to_one_process_saves_the_same_step_on_both_and_loses_none(tmp_path):
   """A preemption notice reaching one host only: both processes agree at the next log step, save that step
   together and exit 75; the rerun resumes there and ends where an uninterrupted 2-process run does."""
@@ -232,6 +235,7 @@ def test_only_process_0_prints_when_fine_tuning(finetune_runs):
   assert _silent(glue[1]) and _silent(squad[1])
 
 
+@pytest.mark.e2e
 def test_bad_fine_tuning_input_stops_every_process_with_one_error_line(tiny_checkpoint, tmp_path):
   # Every process validates the same config: each stops with the same error, none waits for the other.
   results = wait_all(start_two(GLUE, [*_glue_args(tiny_checkpoint, tmp_path / 'w'), '--config.batch_size=12']))
@@ -241,6 +245,7 @@ def test_bad_fine_tuning_input_stops_every_process_with_one_error_line(tiny_chec
   assert not (tmp_path / 'w').exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('script', ['pretrain.py', 'finetune.py'])
 def test_bad_flags_give_one_error_line(script, tmp_path):
   result = run_experiment(script, f'--workdir={tmp_path / "w"}', '--num_processes=2', timeout=120)

@@ -39,6 +39,8 @@ from helpers import (
   write_small_corpus,
 )
 
+pytestmark = pytest.mark.slow  # faults injected into real runs
+
 
 def _assert_bitwise(a, b):
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -67,6 +69,7 @@ def _copy(trained, tmp_path):
 _SIGTERM_AT_STEP_23 = sigterm_at_batch(23)
 
 
+@pytest.mark.e2e
 def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(tmp_path):
   corpus, cache = write_small_corpus(tmp_path), str(tmp_path / 'cache')
   straight, preempted = str(tmp_path / 'straight'), str(tmp_path / 'preempted')
@@ -167,6 +170,7 @@ def _zero_array_data(workdir, step):
       f.write(b'\x00' * os.path.getsize(os.path.join(data, name)))
 
 
+@pytest.mark.e2e
 def test_reading_a_corrupt_checkpoint_prints_one_warning_and_nothing_else(trained, tmp_path):
   _, workdir = _copy(trained, tmp_path)
   _zero_array_data(workdir, 4)
@@ -226,6 +230,7 @@ def test_unknown_resume_allow_names_are_refused(trained, tmp_path):
 
 # --- one run per workdir ------------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(trained, tmp_path):
   cfg, workdir = _copy(trained, tmp_path)
   other = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
@@ -284,6 +289,7 @@ def test_a_named_change_resumes_and_the_config_history_keeps_the_old_one(trained
 
 # --- one error line, files unchanged ------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
   cfg, workdir = _copy(trained, tmp_path)
   finetune_dir = str(tmp_path / 'ft')
@@ -327,6 +333,7 @@ def _within(seconds):
     signal.signal(signal.SIGALRM, previous)
 
 
+@pytest.mark.e2e
 def test_pipes_and_devices_are_refused_before_any_read(trained, tiny_checkpoint, tmp_path):
   if threading.current_thread() is not threading.main_thread():
     pytest.skip('the timeout needs the main thread')
@@ -375,6 +382,7 @@ def test_pipes_and_devices_are_refused_before_any_read(trained, tiny_checkpoint,
 
 # --- non-finite weights given to inference or to continued pretraining ---------------------------
 
+@pytest.mark.e2e
 def test_a_checkpoint_with_nan_weights_is_one_line(trained, tiny_checkpoint, tmp_path):
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   nan_dir = str(tmp_path / 'nan')
@@ -391,6 +399,7 @@ def test_a_checkpoint_with_nan_weights_is_one_line(trained, tiny_checkpoint, tmp
   assert tree_digest(nan_dir) == before and not os.path.exists(tmp_path / 'e.npz')
 
 
+@pytest.mark.e2e
 def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_corpus, tmp_path):
   # A 4 MB filesystem: the tiny model's first checkpoint (2.3 MB) fits, the second not.
   with tmpfs(tmp_path / 'smallfs', '4M') as fs:
@@ -407,6 +416,7 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_corpus, tmp_p
     assert r.returncode == 0 and 'resumed from' in r.stdout and 'at step 4 ' in r.stdout, r.stderr[-3000:]
 
 
+@pytest.mark.e2e
 def test_read_only_filesystem_is_one_line_and_changes_nothing(small_corpus, tmp_path):
   with tmpfs(tmp_path / 'rofs', '64M') as fs:
     workdir, cache = os.path.join(fs, 'run'), str(tmp_path / 'cache')

@@ -54,6 +54,7 @@ def _unpadded(tiny, text_a, text_b=None, max_length=128):
   return ids, types, np.asarray(seq[0]), np.asarray(pooled[0])
 
 
+@pytest.mark.slow
 def test_embed_rows_in_input_order_equal_unbatched_unpadded_runs(tiny):
   out = inference.embed(tiny, TEXTS, batch_size=4)
   lengths = out['attention_mask'].sum(1)
@@ -144,6 +145,7 @@ def test_embed_no_texts(tiny):
     inference.embed(tiny, [])
 
 
+@pytest.mark.slow
 def test_fill_mask_equals_softmax_of_mlm_logits(tiny):
   text = 'The game [MASK] development in 2010 , and [MASK] was released .'
   predictions = inference.fill_mask(tiny, text, top_k=4)

@@ -30,6 +30,7 @@ def test_rules_from_config_override_the_table():
       sharding.rules(bad)
 
 
+@pytest.mark.slow
 def test_sequence_sharded_activations_give_the_same_loss_and_gradients():
   cfg = config.preset('tiny', vocab_size=96, hidden_dropout=0.0, attention_dropout=0.0)
   batch = random_pretraining_batch(seq_len=16, vocab_size=96)

@@ -337,6 +337,7 @@ def test_records_longer_than_max_seq_length_are_refused(prepared):
 # ----------------------------------------------------------------------------- worker processes
 
 
+@pytest.mark.slow
 def test_worker_processes_give_the_same_stream(prepared):
   reference = _take(_batches(prepared, prefetch=0, global_batch_size=4), 6)
   before = set(multiprocessing.active_children())

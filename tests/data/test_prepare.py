@@ -178,6 +178,8 @@ def test_one_and_two_workers_give_identical_caches(tmp_path):
   assert len([n for n in digests[0] if n.startswith('train-')]) == 4
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_killed_build_resumes_to_the_same_bytes(tmp_path):
   reference = prepare.prepare_pretraining_data(_bundled_cfg(tmp_path / 'ref', num_workers=1), vocab_size=2000,
                                                seed=0, log=lambda _: None)
@@ -204,6 +206,8 @@ def test_killed_build_resumes_to_the_same_bytes(tmp_path):
   assert _cache_digest(final) == _cache_digest(reference.dir)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_build_the_same_cache(tmp_path):
   reference = prepare.prepare_pretraining_data(_bundled_cfg(tmp_path / 'ref', num_workers=1), vocab_size=2000,
                                                seed=0, log=lambda _: None)
@@ -295,6 +299,8 @@ def test_streaming_hold_out_is_deterministic_and_disjoint(tmp_path):
 # ----------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('case', ['unknown_format', 'jsonl_without_field', 'corrupt_gzip', 'no_mask_token'])
 def test_bad_input_is_one_error_line_and_leaves_no_cache(tmp_path, case):
   corpus = tmp_path / 'corpus'
@@ -361,6 +367,8 @@ def test_damaged_cache_is_one_line_that_says_how_to_rebuild(prepared, tmp_path, 
   assert _cache_digest(cache) == before
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_second_preparation_of_the_same_cache_waits_and_reuses_it(tmp_path):
   cfg = _bundled_cfg(tmp_path / 'cache', num_workers=1)
   fingerprint = prepare._fingerprint(cfg, readers.resolve_files(cfg.train_files), [], None, 2000, 0)
@@ -394,6 +402,8 @@ def test_a_second_preparation_of_the_same_cache_waits_and_reuses_it(tmp_path):
   assert sorted(os.listdir(cfg.cache_dir)) == [fingerprint]  # no .partial, no lock left
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_killing_prepare_data_kills_its_workers(tmp_path):
   cache = tmp_path / 'cache'
   args = [a for a in _prepare_data_args(cache) if 'num_workers' not in a] + ['--config.data.num_workers=2']
@@ -410,6 +420,8 @@ def test_killing_prepare_data_kills_its_workers(tmp_path):
   _assert_exit_soon(workers)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_sigterm_while_preparing_stops_workers_keeps_units_and_exits_75(tmp_path):
   cache = tmp_path / 'cache'
   workdir = str(tmp_path / 'run')

@@ -13,6 +13,8 @@ import chromium
 from helpers import assert_one_line_error, minilm_dir_or_skip, run_experiment, tiny_pretrain_config, write_small_corpus
 from tools import attention_page as attention_html
 
+pytestmark = pytest.mark.slow  # a browser and real checkpoints
+
 TEXT_A, TEXT_B = 'The cat sat on the mat, unbothered.', 'Then it fell asleep.'
 
 
@@ -158,6 +160,7 @@ def test_any_text_renders_even_markup_that_would_end_the_script(tiny_workdir, br
   assert text in browser.eval('document.getElementById("texts").textContent')
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize('args, message', [
     (('--text= ',), 'must hold some text'),
     (('--text=Hi .', '--layer=9'), 'out of range'),
@@ -171,6 +174,7 @@ def test_bad_input_is_one_line_before_model_work(tiny_workdir, tmp_path, args, m
   assert not html.exists()
 
 
+@pytest.mark.e2e
 def test_html_path_that_is_a_directory(tiny_workdir, tmp_path):
   r = run_experiment('attention.py', '--checkpoint=/nonexistent', '--text=Hi .', f'--html={tmp_path}')
   assert_one_line_error(r, 'is a directory')  # refused before the (missing) checkpoint is even read

@@ -31,6 +31,7 @@ def flops():
   return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layout,max_overhead', [
     # Measured on jax 0.10.2 CPU for this config: fsdp 1x8x1 +0.6% beyond an even split (dropout's
     # random bits and the backward pass's gradient reductions; the forward alone splits exactly
@@ -86,6 +87,8 @@ def _has_flax_bert():
       importlib.import_module('transformers'), 'FlaxBertForPreTraining')
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_benchmark_prints_table_and_json_lines():
   result = run_experiment('benchmark.py', '--preset=tiny', '--batch_size=8', '--seq_len=32', '--vocab_size=200',
                           '--steps=1', '--peak_tflops=1')
@@ -97,6 +100,8 @@ def test_benchmark_prints_table_and_json_lines():
   assert row['mfu'] == pytest.approx(row['model_tflop_per_s'] / row['num_devices'])  # 1 TFLOP/s per device
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.skipif(_has_flax_bert(), reason='transformers with Flax BERT is installed')
 def test_compare_hf_without_flax_bert_is_one_error_line():
   assert_one_line_error(run_experiment('benchmark.py', '--preset=tiny', '--compare_hf'),

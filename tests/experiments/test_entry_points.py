@@ -9,6 +9,8 @@ import pytest
 
 from helpers import assert_one_line_error, run_experiment as run, tmpfs, write_small_corpus
 
+pytestmark = pytest.mark.slow  # the entry points in subprocesses
+
 
 def tiny_args(corpus, cache, workdir, *extra):
   return [f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
@@ -79,6 +81,7 @@ def test_evaluate_all_steps_bad_flags_before_any_work(trained, tmp_path):
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.e2e
 def test_evaluate_all_steps_in_a_read_only_workdir(trained, tmp_path):
   with tmpfs(tmp_path / 'rofs', '64M') as fs:
     workdir = shutil.copytree(trained['workdir'], os.path.join(fs, 'run'),

@@ -13,6 +13,8 @@ from helpers import (
   write_small_corpus,
 )
 
+pytestmark = pytest.mark.slow  # the entry points in subprocesses
+
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 
 

@@ -148,6 +148,8 @@ def test_collect_and_write_tables(tmp_path):
     sweep.write_tables(rows, str(tmp_path / 'out'), mode='best')
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_dry_run_prints_one_command_per_line(tmp_path):
   workdir = str(tmp_path / 'runs with space' / '{name}')
   result = run_experiment('sweep.py', '--dry_run', f'--grid={GRID}', '--', 'python', 'experiments/finetune.py',
@@ -169,6 +171,8 @@ def test_dry_run_prints_one_command_per_line(tmp_path):
   assert not (tmp_path / 'runs with space').exists()  # ran nothing
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('args, pattern', [
     (['--grid=a=1,2', '--', 'python', 'x.py', '--workdir=out'], 'no {name} placeholder'),
     (['--grid=a=1,2', '--'], 'no command after "--"'),
@@ -202,6 +206,7 @@ def _csv_rows(path):
     return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_sweep_runs_tabulates_and_resumes(tmp_path):
   result = _fake_sweep(tmp_path, GRID)
   assert result.returncode == 0, result.stdout + result.stderr

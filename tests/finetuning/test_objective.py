@@ -24,6 +24,7 @@ def _model(kind, tx=None, mesh=None):
                           mesh or shd.make_mesh(MeshConfig()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', KINDS)
 def test_packed_equals_padded_logits_loss_and_gradients(kind):
   model = _model(kind)
@@ -49,6 +50,7 @@ def test_packed_equals_padded_logits_loss_and_gradients(kind):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_padding_examples_do_not_count():
   model = _model('classification')
   params = model.init_state(None, seed=0)['params']
@@ -59,6 +61,7 @@ def test_padding_examples_do_not_count():
   assert losses[0] == pytest.approx(losses[1], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_seed_changes_only_the_new_head():
   model = _model('classification')
   encoder = model.init_state(None, seed=5)['params']['bert']
@@ -68,6 +71,7 @@ def test_seed_changes_only_the_new_head():
   assert not np.allclose(s0['params']['classifier']['kernel'], s1['params']['classifier']['kernel'])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', KINDS)
 def test_train_steps_on_8_devices_lower_the_loss(kind):
   assert jax.device_count() == 8

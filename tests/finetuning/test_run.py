@@ -38,6 +38,7 @@ def _losses(seed_dir):
     return [json.loads(line)['loss'] for line in f]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('task,data,metric', [('sst2', 'sst2', 'dev_accuracy'), ('rte', 'rte', 'dev_accuracy'),
                                               ('conll2003', 'conll2003', 'dev_f1')])
 def test_training_lowers_the_loss_and_writes_predictions(task, data, metric, tiny_checkpoint, tmp_path):
@@ -53,6 +54,7 @@ def test_training_lowers_the_loss_and_writes_predictions(task, data, metric, tin
     assert json.load(f)[metric] == result[metric]
 
 
+@pytest.mark.slow
 def test_squad_trains_and_writes_official_predictions(tiny_checkpoint, tmp_path):
   cfg = _cfg('squad', _data('squad-v1.1'), tiny_checkpoint, max_seq_length=128, doc_stride=32,
              train_articles=1, eval_articles=1, max_train_samples=16, max_steps=40, batch_size=8,
@@ -66,6 +68,8 @@ def test_squad_trains_and_writes_official_predictions(tiny_checkpoint, tmp_path)
   assert len(predictions) == result['eval_num_examples'] and all(isinstance(v, str) for v in predictions.values())
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_seeds_report_mean_and_std_and_eval_only_restores(tiny_checkpoint, tmp_path):
   before = _digest(tiny_checkpoint)
   args = ['--config=experiments/configs/finetune.py:sst2', f'--workdir={tmp_path}',
@@ -94,6 +98,8 @@ def test_seeds_report_mean_and_std_and_eval_only_restores(tiny_checkpoint, tmp_p
   assert _digest(tiny_checkpoint) == before  # the starting checkpoint is never written
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_bad_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_path):
   base = ['--config=experiments/configs/finetune.py:sst2', f'--config.init_checkpoint={tiny_checkpoint}',
           f'--config.data_dir={_data("sst2")}']

@@ -14,6 +14,8 @@ from bert_jax.pretraining import run as pretraining
 
 from helpers import tiny_pretrain_config, write_small_corpus
 
+pytestmark = pytest.mark.slow  # a trained workdir per module
+
 
 @pytest.fixture(scope='module')
 def workdir(tmp_path_factory):
@@ -61,6 +63,7 @@ def test_bad_directories(workdir, tmp_path):
     load_pretrained(str(tmp_path / 'w'))
 
 
+@pytest.mark.e2e
 def test_export_cli_round_trips_a_workdir_bit_exactly(workdir, tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top,multiple-imports
   import sys

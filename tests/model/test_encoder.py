@@ -29,6 +29,7 @@ def _inputs(batch=2, length=9, vocab=120, seed=0):
   return ids, types, jnp.ones_like(ids)
 
 
+@pytest.mark.slow
 def test_shapes_and_dtypes(tiny):
   cfg, m = tiny
   ids, types, mask = _inputs()
@@ -50,6 +51,7 @@ def test_bfloat16_model_outputs_float32_logits():
   assert seq.dtype == jnp.bfloat16 and mlm.dtype == jnp.float32 and nsp.dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_extra_padding_does_not_change_real_positions(tiny):
   _, m = tiny
   ids, types, mask = _inputs(length=7)

@@ -94,7 +94,8 @@ def test_attention_kernels_match_naive_reference(kind):
   np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-6)
 
 
-@pytest.mark.skipif(jax.default_backend() != 'gpu', reason='needs an NVIDIA GPU: JAX_PLATFORMS=cuda pytest -k cudnn')
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != 'gpu', reason='needs an NVIDIA GPU: JAX_PLATFORMS=cuda pytest -m gpu')
 @pytest.mark.parametrize('kind', ['padding', 'segments'])
 def test_cudnn_matches_xla_on_gpu(kind):
   x = jax.random.normal(jax.random.key(1), (4, 16, 64)).astype(jnp.bfloat16)
@@ -162,6 +163,7 @@ def unscanned():
   return _losses_and_grads(_BASE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('remat,scan,atol', [('full', False, 1e-6), ('dots', False, 1e-6), ('none', True, 1e-5),
                                              ('full', True, 1e-5)])
 def test_remat_and_scan_give_the_same_loss_and_grads(unscanned, remat, scan, atol):
@@ -181,6 +183,7 @@ def test_every_remat_policy_maps_to_a_jax_policy():
   assert model.REMAT_POLICIES['dots_no_batch'] is jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
+@pytest.mark.slow
 def test_scanned_rematerialised_train_step_on_a_sharded_mesh(unscanned):
   cfg = dataclasses.replace(_BASE, hidden_dropout=0.0, attention_dropout=0.0, scan_layers=True, remat_policy='full')
   opt = config.OptimConfig(learning_rate=1e-3, warmup_steps=1)
@@ -194,6 +197,7 @@ def test_scanned_rematerialised_train_step_on_a_sharded_mesh(unscanned):
 # --- bfloat16 compute, float32 master weights ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bfloat16_training_tracks_float32():
   opt = config.OptimConfig(learning_rate=1e-3, warmup_steps=5)
   mesh = sharding.make_mesh(config.MeshConfig(1, 1, 1), jax.devices()[:1])

@@ -68,6 +68,7 @@ def _eval_steps(workdir):
     return [json.loads(line)['step'] for line in f]
 
 
+@pytest.mark.slow
 def test_from_hugging_face_with_heads(small_corpus, tmp_path, hf_heads):
   before = tree_digest(hf_heads)
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), init_checkpoint=hf_heads, num_train_steps=2,
@@ -91,6 +92,7 @@ def test_from_hugging_face_with_heads(small_corpus, tmp_path, hf_heads):
   assert tree_digest(hf_heads) == before  # only ever read
 
 
+@pytest.mark.slow
 def test_from_an_encoder_only_checkpoint_heads_are_fresh(small_corpus, tmp_path, tiny_checkpoint):
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), init_checkpoint=tiny_checkpoint, num_train_steps=2)
   resolved, source = init.resolve_init_checkpoint(cfg)
@@ -110,6 +112,8 @@ def test_from_an_encoder_only_checkpoint_heads_are_fresh(small_corpus, tmp_path,
 _SIGTERM_AT_STEP_13 = sigterm_at_batch(13)  # the run saves step 13 and exits 75
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_phase_two_starts_from_phase_one_and_resumes_bitwise(small_corpus, tmp_path):
   cache = str(tmp_path / 'cache')
   phase1 = str(tmp_path / 'phase1')
@@ -142,6 +146,7 @@ def test_phase_two_starts_from_phase_one_and_resumes_bitwise(small_corpus, tmp_p
   assert tree_digest(phase1) == before
 
 
+@pytest.mark.slow
 def test_from_a_fine_tuning_workdir(small_corpus, tmp_path, tiny_checkpoint):
   from bert_jax.config import FinetuneConfig  # pylint: disable=g-import-not-at-top
   from bert_jax.finetuning import run as finetuning  # pylint: disable=g-import-not-at-top
@@ -161,6 +166,8 @@ def test_from_a_fine_tuning_workdir(small_corpus, tmp_path, tiny_checkpoint):
   _assert_trees_equal(jax.device_get(state['params']['bert']), encoder['bert'])
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize('case', ['architecture', 'positions', 'tokenizer', 'vocab_size', 'inside', 'missing'])
 def test_bad_input_is_one_error_line_and_writes_nothing(case, small_corpus, tmp_path, hf_heads):
   source = hf_heads

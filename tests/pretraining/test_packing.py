@@ -228,6 +228,7 @@ def _pretraining_model(devices, accum=1):
   return pretraining_model(model_cfg, optim.make_optimizer(opt, 10), mesh, grad_accum_steps=accum)
 
 
+@pytest.mark.slow
 def test_packed_rows_compute_the_same_logits_losses_and_gradients():
   cfg = config.DataConfig(max_seq_length=64, max_predictions_per_seq=10, pack=True, pack_rows_multiple=8,
                           max_segments_per_row=4)
@@ -261,6 +262,7 @@ def test_packed_rows_compute_the_same_logits_losses_and_gradients():
     np.testing.assert_allclose(gp, gu, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_packed_train_step_with_accumulation_on_8_devices_matches_unpacked():
   cfg = config.DataConfig(max_seq_length=64, max_predictions_per_seq=10, pack=True, pack_rows_multiple=16,
                           max_segments_per_row=4)
@@ -276,6 +278,7 @@ def test_packed_train_step_with_accumulation_on_8_devices_matches_unpacked():
 # ----------------------------------------------------------------------------- the training loop
 
 
+@pytest.mark.slow
 def test_train_and_evaluate_with_packing(small_corpus, tmp_path):
   # Pairs of random length up to 256 (short_seq_prob=1), as in a corpus of short documents. The
   # target length is drawn once per document and pass: 3 passes over its 10 documents give short

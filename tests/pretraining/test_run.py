@@ -31,6 +31,7 @@ def _snapshot(workdir):
   return out
 
 
+@pytest.mark.slow
 def test_train_evaluate_and_restore(small_corpus, tmp_path):
   workdir = str(tmp_path / 'run')
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'))
@@ -74,6 +75,8 @@ checkpointing.Checkpointer.save = killing_save
 """
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_resume_after_kill_9_is_bitwise(small_corpus, tmp_path):
   cache = str(tmp_path / 'cache')
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
@@ -95,6 +98,7 @@ def test_resume_after_kill_9_is_bitwise(small_corpus, tmp_path):
     np.testing.assert_array_equal(x, y)  # bitwise: params, both Adam moments, step, rng
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(small_corpus, tmp_path):
   workdir = str(tmp_path / 'run')
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), num_train_steps=4, eval_every=100)
@@ -108,6 +112,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(small_corpus, tmp_path):
   assert after == before
 
 
+@pytest.mark.slow
 def test_workdir_of_another_model_is_refused_untouched(small_corpus, tmp_path):
   workdir = str(tmp_path / 'run')
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), num_train_steps=2, eval_every=100)
@@ -119,6 +124,7 @@ def test_workdir_of_another_model_is_refused_untouched(small_corpus, tmp_path):
   assert _snapshot(workdir) == before
 
 
+@pytest.mark.slow
 def test_mlm_only_run_has_no_nsp_head_and_restores(small_corpus, tmp_path):
   from bert_jax.interop.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'run')

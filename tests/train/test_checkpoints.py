@@ -19,6 +19,7 @@ def _model(hidden=64, devices=None):
   return pretraining_model(cfg, optim.make_optimizer(config.OptimConfig(), 10), mesh)
 
 
+@pytest.mark.slow
 def test_round_trip_is_bitwise_and_keeps_data_position(tmp_path):
   model = _model()
   state = model.init_state()
@@ -36,6 +37,7 @@ def test_round_trip_is_bitwise_and_keeps_data_position(tmp_path):
       other.state_shardings['params']['bert']['pooler']['kernel']
 
 
+@pytest.mark.slow
 def test_keeps_last_k(tmp_path):
   model = _model()
   state = model.init_state()
@@ -46,6 +48,7 @@ def test_keeps_last_k(tmp_path):
   assert Checkpointer(str(tmp_path), read_only=True).all_steps() == [2, 3]
 
 
+@pytest.mark.slow
 def test_restoring_into_another_model_names_the_tensor(tmp_path):
   model = _model(hidden=64)
   ckpt = Checkpointer(str(tmp_path), save_every=1)

@@ -43,6 +43,7 @@ def reference():
   return loss, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('sizes', LAYOUTS)
 def test_layout_computes_the_single_device_loss_and_gradients(sizes, reference):
   loss, grads, state = _step(_model(sizes))
@@ -72,6 +73,7 @@ def test_every_parameter_partition_spec_matches_the_golden_table():
   assert specs == golden  # regenerate deliberately with BERT_JAX_UPDATE_GOLDEN=1
 
 
+@pytest.mark.slow
 def test_checkpoint_saved_under_one_layout_restores_under_another(tmp_path):
   _, _, state = _step(_model((2, 2, 2)))
   ckpt = Checkpointer(str(tmp_path), save_every=1)
@@ -88,6 +90,7 @@ def test_checkpoint_saved_under_one_layout_restores_under_another(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['classification', 'span'])
 def test_finetuning_heads_compute_the_single_device_gradients_under_2x2x2(kind):
   batch = batching.make_batch(features([12, 3, 20, 7, 9, 30, 4, 16], seed=2), kind, batch_size=8,

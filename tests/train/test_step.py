@@ -35,6 +35,7 @@ def _max_diff(a, b):
              zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+@pytest.mark.slow
 def test_data_parallel_step_equals_single_device():
   assert jax.device_count() == 8
   state8, hist8 = _run(_model(jax.devices()))
@@ -45,6 +46,7 @@ def test_data_parallel_step_equals_single_device():
   assert _max_diff(state8['params'], state1['params']) < 1e-6
 
 
+@pytest.mark.slow
 def test_params_are_replicated_and_batch_is_split_over_data_axis():
   model = _model(jax.devices())
   state = model.init_state()
@@ -54,6 +56,7 @@ def test_params_are_replicated_and_batch_is_split_over_data_axis():
   assert batch['input_ids'].addressable_shards[0].data.shape == (2, 16)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_one_big_batch():
   # Without dropout the accumulated micro-batches must give the big batch's update.
   s1, h1 = _run(_model(jax.devices(), accum=1, dropout=0.0), steps=2)
@@ -62,6 +65,7 @@ def test_gradient_accumulation_equals_one_big_batch():
   assert _max_diff(s1['params'], s2['params']) < 1e-5
 
 
+@pytest.mark.slow
 def test_loss_falls_when_overfitting_one_batch_and_step_is_not_retraced():
   model = _model(jax.devices(), dropout=0.0, opt=config.OptimConfig(learning_rate=3e-3, warmup_steps=1),
                  total_steps=1000)
@@ -72,6 +76,7 @@ def test_loss_falls_when_overfitting_one_batch_and_step_is_not_retraced():
   assert model.train_step._cache_size() == 1  # pylint: disable=protected-access
 
 
+@pytest.mark.slow
 def test_dropout_masks_differ_by_step_but_replay_exactly():
   model = _model(jax.devices()[:1])
   state = model.init_state()
