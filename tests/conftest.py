@@ -4,6 +4,9 @@ import os
 
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8').strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# Entry points run in subprocesses import bert_jax from this checkout, whatever `pip install -e` points at.
+os.environ['PYTHONPATH'] = os.pathsep.join(
+    p for p in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get('PYTHONPATH')) if p)
 
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
