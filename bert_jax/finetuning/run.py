@@ -139,7 +139,8 @@ def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
       run = _prepare(cfg, task)
     if not cfg.eval_only:  # evaluation keeps the training run's config.json
       write_config(workdir, {'finetune': cfg.to_dict(), 'model': dataclasses.asdict(run.pretrained.config),
-                             'task': {'name': task.name, 'kind': task.kind, 'num_labels': task.num_labels}})
+                             'task': {'name': task.name, 'kind': task.kind, 'num_labels': task.num_labels,
+                                      'label_names': list(getattr(task, 'label_names', []))}})
     per_seed = []
     for seed in range(cfg.seed, cfg.seed + cfg.num_seeds):
       seed_dir = os.path.join(workdir, f'seed_{seed}')

@@ -72,7 +72,7 @@ class PretrainedBert:
 
 
 def _build(cls, cfg: ModelConfig, params: dict[str, Any]):
-  """`cls(cfg)` holding `params`, built abstractly (no random init, no per-shape compiles).
+  """`cls(cfg, rngs=...)` holding `params`, built abstractly (no random init, no per-shape compiles).
 
   Parameters the checkpoint lacks (the NSP head of a BertForMaskedLM, which fill-mask does
   not use) are zeros; dropout RNG keys get a fixed key (inference is deterministic).
@@ -120,16 +120,66 @@ def restore_params(directory: str, module_fn, step: int | None = None) -> tuple[
   return jax.device_get(state['params']), int(meta['step'])
 
 
-def finetuned_encoder(workdir: str, step: int | None = None) -> tuple[ModelConfig, dict[str, Any], int]:
-  """(model config, {'bert': encoder + pooler}, step) of a fine-tuning workdir's first seed."""
+@dataclasses.dataclass
+class FinetunedBert:
+  """A fine-tuned head model loaded from a fine-tuning workdir: config, task, parameters and tokenizer."""
+
+  config: ModelConfig
+  finetune: FinetuneConfig  # the run's config (max_seq_length, task settings)
+  task: dict[str, Any]  # name, kind ('classification', 'regression', 'token', 'span'), num_labels, label_names
+  params: dict[str, Any]  # the head model's: 'bert' and the head
+  tokenizer: SentencePieceTokenizer | WordPieceTokenizer
+  path: str
+  seed: int
+  step: int
+
+  def head_model(self) -> nnx.Module:
+    """The head model (BertForSequenceClassification, ...) as an nnx module holding these parameters."""
+    task = self.task
+    return _build(lambda cfg, rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs), self.config,
+                  self.params)
+
+  def as_pretrained(self) -> PretrainedBert:
+    """Its encoder alone, for the tools that take any BERT (embeddings, attention)."""
+    return PretrainedBert(self.config, {'bert': self.params['bert']}, self.tokenizer, 'bert_jax', self.path, self.step)
+
+
+def load_finetuned(workdir: str, seed: int | None = None, step: int | None = None) -> FinetunedBert:
+  """A fine-tuning workdir's model: seed `seed` (default the run's first), checkpoint `step` (latest when None).
+
+  Parameters only, on one device; the workdir is only read. Its tokenizer is its starting checkpoint's.
+
+  Raises:
+    CheckpointError: not a complete fine-tuning workdir, no such seed or step, or its starting
+      checkpoint (for the tokenizer) is gone.
+  """
   saved = read_config(workdir)
   if saved is None or 'finetune' not in saved:
-    raise CheckpointError(f'{workdir} is not a complete fine-tuning workdir (no config.json)')
-  cfg, task = ModelConfig.from_saved(saved['model']), saved['task']
-  seed = FinetuneConfig.from_dict(saved['finetune']).seed
-  params, at = restore_params(os.path.join(workdir, f'seed_{seed}'),
-                              lambda rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs), step)
-  return cfg, {'bert': params['bert']}, at
+    raise CheckpointError(f'{workdir} is not a complete fine-tuning workdir (no config.json with a finetune '
+                          'section); give the --workdir of experiments/finetune.py')
+  cfg, ft = ModelConfig.from_saved(saved['model']), FinetuneConfig.from_dict(saved['finetune'])
+  task = dict(saved['task'])
+  task.setdefault('label_names', [f'LABEL_{i}' for i in range(task['num_labels'])]
+                  if task['kind'] in ('classification', 'token') else [])
+  seed = ft.seed if seed is None else seed
+  seed_dir = os.path.join(workdir, f'seed_{seed}')
+  if not os.path.isdir(seed_dir):
+    seeds = sorted(n for n in os.listdir(workdir) if n.startswith('seed_'))
+    raise CheckpointError(f'{workdir} has no seed {seed} (it has {", ".join(seeds) or "none"})')
+  params, at = restore_params(seed_dir, lambda rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs),
+                              step)
+  parent = ft.init_checkpoint
+  if not parent or not os.path.isdir(parent):
+    raise CheckpointError(f'{workdir}: its starting checkpoint {parent!r} (which holds its tokenizer) is gone')
+  tokenizer = hf.load_hf_tokenizer(parent) if not os.path.isdir(os.path.join(parent, 'checkpoints')) \
+      else load_tokenizer(parent)
+  return FinetunedBert(cfg, ft, task, params, tokenizer, workdir, seed, at)
+
+
+def finetuned_encoder(workdir: str, step: int | None = None) -> tuple[ModelConfig, dict[str, Any], int]:
+  """(model config, {'bert': encoder + pooler}, step) of a fine-tuning workdir's first seed."""
+  tuned = load_finetuned(workdir, step=step)
+  return tuned.config, {'bert': tuned.params['bert']}, tuned.step
 
 
 def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
