@@ -34,7 +34,7 @@ from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.files import write_json_atomic
 from bert_jax.finetuning import batching
 from bert_jax.finetuning.objective import Finetuning
-from bert_jax.finetuning.tasks import conll, glue, squad
+from bert_jax.finetuning.tasks import get_task
 from bert_jax.finetuning.tasks.base import EvalSet, Feature, Task
 from bert_jax.interop.pretrained import PretrainedBert, load_pretrained
 from bert_jax.model.attention import describe_attention
@@ -46,14 +46,6 @@ from bert_jax.train.preemption import Preemption
 from bert_jax.train.step import StepModel
 
 FINAL_METRICS_FILE = 'final_metrics.json'
-
-
-def get_task(name: str) -> Task:
-  tasks: dict[str, Task] = {**glue.TASKS, 'conll2003': conll.Conll2003(), 'squad': squad.Squad(False),
-                            'squad_v2': squad.Squad(True)}
-  if name not in tasks:
-    raise ConfigError(f'unknown task {name!r}; choose from {", ".join(tasks)}')
-  return tasks[name]
 
 
 def validate_config(cfg: FinetuneConfig, pretrained: PretrainedBert, mesh) -> None:

@@ -126,7 +126,7 @@ class FinetunedBert:
 
   config: ModelConfig
   finetune: FinetuneConfig  # the run's config (max_seq_length, task settings)
-  task: dict[str, Any]  # name, kind ('classification', 'regression', 'token', 'span'), num_labels, label_names
+  task: dict[str, Any]  # name, kind ('classification', 'regression', 'token', 'span'), num_labels[, label_names]
   params: dict[str, Any]  # the head model's: 'bert' and the head
   tokenizer: SentencePieceTokenizer | WordPieceTokenizer
   path: str
@@ -158,9 +158,7 @@ def load_finetuned(workdir: str, seed: int | None = None, step: int | None = Non
     raise CheckpointError(f'{workdir} is not a complete fine-tuning workdir (no config.json with a finetune '
                           'section); give the --workdir of experiments/finetune.py')
   cfg, ft = ModelConfig.from_saved(saved['model']), FinetuneConfig.from_dict(saved['finetune'])
-  task = dict(saved['task'])
-  task.setdefault('label_names', [f'LABEL_{i}' for i in range(task['num_labels'])]
-                  if task['kind'] in ('classification', 'token') else [])
+  task = dict(saved['task'])  # name, kind, num_labels and (since they are recorded) label_names
   seed = ft.seed if seed is None else seed
   seed_dir = os.path.join(workdir, f'seed_{seed}')
   if not os.path.isdir(seed_dir):

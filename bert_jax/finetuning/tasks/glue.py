@@ -67,14 +67,17 @@ class GlueTask:
   def has_header(self) -> bool:
     return isinstance(self.label, str)
 
-  def read_examples(self, path: str) -> list[Example]:
-    """All rows of `path`; DataError naming the file (and line) for anything unusable."""
+  def read_examples(self, path: str, labelled: bool = True) -> list[Example]:
+    """All rows of `path`; DataError naming the file (and line) for anything unusable.
+
+    With `labelled` False (new text to predict) the label column may be absent; labels are 0.
+    """
     lines = _read_lines(path)
     if self.has_header:
       header, lines = [c.strip() for c in lines[0][1]], lines[1:]
-      columns = self._column_indices(path, header)
+      columns = self._column_indices(path, header, labelled)
     else:
-      columns = (self.text_a, self.text_b, self.label)
+      columns = (self.text_a, self.text_b, self.label if labelled else None)
     examples = [self._example(path, line_no, fields, columns, row)
                 for row, (line_no, fields) in enumerate(lines)]
     if not examples:
@@ -121,14 +124,14 @@ class GlueTask:
                         row_ids=np.array([e.row for e in examples], np.int64))
     return EvalSet(name, features, data)
 
-  def _column_indices(self, path: str, header: list[str]) -> tuple[int, int | None, int]:
-    wanted = [c for c in (self.text_a, self.text_b, self.label) if c is not None]
+  def _column_indices(self, path: str, header: list[str], labelled: bool = True) -> tuple[int, int | None, int]:
+    wanted = [c for c in (self.text_a, self.text_b, self.label if labelled else None) if c is not None]
     missing = [c for c in wanted if c not in header]
     if missing:
       raise DataError(f'{path}: the header lacks column(s) {", ".join(missing)}; {self.name} '
                       f'needs {", ".join(wanted)} but the header has {", ".join(header)}')
     index = {c: header.index(c) for c in wanted}
-    return index[self.text_a], index.get(self.text_b), index[self.label]
+    return index[self.text_a], index.get(self.text_b), index.get(self.label)
 
   def _example(self, path: str, line_no: int, fields: list[str],
                columns: tuple[int, int | None, int], row: int) -> Example:
@@ -139,7 +142,8 @@ class GlueTask:
                       f'needs at least {needed}')
     text_a = _text(path, line_no, fields[a])
     text_b = None if b is None else _text(path, line_no, fields[b])
-    return Example(text_a, text_b, self._label(path, line_no, fields[label]), row, line_no)
+    value = 0 if label is None else self._label(path, line_no, fields[label])
+    return Example(text_a, text_b, value, row, line_no)
 
   def _label(self, path: str, line_no: int, value: str) -> int | float:
     value = value.strip()
@@ -222,8 +226,13 @@ def _text(path: str, line_no: int, value: str) -> str:
   return value
 
 
-def _feature(example: Example, tokenizer, max_length: int) -> Feature:
-  ids, type_ids, _ = tokenizer.encode_inputs(example.text_a, example.text_b,
-                                             max_length=max_length)
+def featurize(text_a: str, text_b: str | None, tokenizer, max_length: int, label: int | float = 0,
+              index: int = 0) -> Feature:
+  """[CLS] text_a [SEP] (text_b [SEP]), truncated longest-first to `max_length`."""
+  ids, type_ids, _ = tokenizer.encode_inputs(text_a, text_b, max_length=max_length)
   return Feature(input_ids=np.asarray(ids, np.int32), token_type_ids=np.asarray(type_ids, np.int32),
-                 label=example.label, example_index=example.row)
+                 label=label, example_index=index)
+
+
+def _feature(example: Example, tokenizer, max_length: int) -> Feature:
+  return featurize(example.text_a, example.text_b, tokenizer, max_length, example.label, example.row)

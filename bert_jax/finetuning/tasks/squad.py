@@ -322,36 +322,68 @@ def postprocess(examples: Sequence[SquadExample], features: Sequence[Feature],
   Returns:
     One Prediction per example, in order.
   """
+  answers = n_best_answers(examples, features, offsets, logits, n_best_size=n_best_size,
+                           max_answer_length=max_answer_length, keep=1)
+  return [Prediction(text=a[0].text if a else '', score=a[0].score if a else 0.0, null_score=n)
+          for a, n in zip(*answers)]
+
+
+@dataclasses.dataclass
+class Answer:
+  """One candidate answer span of an example."""
+
+  text: str
+  score: float  # start + end logit
+  probability: float  # softmax(start) x softmax(end) over its feature's tokens, as transformers' pipeline
+  start: int  # character span in the context
+  end: int
+
+
+def n_best_answers(examples: Sequence[SquadExample], features: Sequence[Feature],
+                   offsets: Sequence[Sequence[Offset]], logits: Sequence[np.ndarray], *, n_best_size: int,
+                   max_answer_length: int, keep: int) -> tuple[list[list[Answer]], list[float]]:
+  """The `keep` best answer spans of each example, best first, and each example's null score.
+
+  Candidates are `postprocess`'s, over all the example's features; the order is by start + end
+  logit, the first found (feature order, then Hugging Face's pairing order) first on ties.
+
+  Returns:
+    (answers per example, null score per example: the min over its features of start[0] + end[0]).
+  """
   if len(logits) != len(features):
     raise ValueError(f'{len(logits)} logit arrays for {len(features)} features')
-  best: list[tuple[float, str] | None] = [None] * len(examples)
+  found: list[list[Answer]] = [[] for _ in examples]
   null = np.full(len(examples), np.inf)
   for feature, offs, lg in zip(features, offsets, logits):
     lg = np.asarray(lg, np.float32)[:len(offs)]
     i = feature.example_index
     null[i] = min(null[i], float(lg[0, 0] + lg[0, 1]))
-    found = _best_span(lg[:, 0], lg[:, 1], offs, n_best_size, max_answer_length)
-    if found is not None and (best[i] is None or found[0] > best[i][0]):
-      score, s, e = found
-      best[i] = (score, examples[i].context[offs[s][0]:offs[e][1]])
-  return [Prediction(text=b[1] if b else '', score=b[0] if b else 0.0, null_score=float(n))
-          for b, n in zip(best, null)]
+    p_start, p_end = _softmax(lg[:, 0]), _softmax(lg[:, 1])
+    for score, s, e in _ranked_spans(lg[:, 0], lg[:, 1], offs, n_best_size, max_answer_length, keep):
+      start, end = offs[s][0], offs[e][1]
+      found[i].append(Answer(examples[i].context[start:end], score, float(p_start[s] * p_end[e]), start, end))
+  # Stable: equal scores keep the order they were found in, so the first is postprocess's winner.
+  return [sorted(a, key=lambda x: -x.score)[:keep] for a in found], [float(n) for n in null]
 
 
-def _best_span(start: np.ndarray, end: np.ndarray, offs: Sequence[Offset], n_best_size: int,
-               max_answer_length: int) -> tuple[float, int, int] | None:
+def _softmax(x: np.ndarray) -> np.ndarray:
+  e = np.exp(x - x.max())
+  return e / e.sum()
+
+
+def _ranked_spans(start: np.ndarray, end: np.ndarray, offs: Sequence[Offset], n_best_size: int,
+                  max_answer_length: int, keep: int) -> list[tuple[float, int, int]]:
+  """The `keep` best valid (score, start token, end token) of one feature, best first."""
   is_context = np.array([o is not None for o in offs])
   s = np.argsort(start)[-1:-n_best_size - 1:-1]  # Hugging Face's exact expression (same ties)
   e = np.argsort(end)[-1:-n_best_size - 1:-1]
   length = e[None, :] - s[:, None] + 1
   valid = (is_context[s][:, None] & is_context[e][None, :] & (length >= 1)
            & (length <= max_answer_length))
-  if not valid.any():
-    return None
-  scores = np.where(valid, start[s][:, None] + end[e][None, :], -np.inf)
-  k = int(np.argmax(scores))  # row-major: Hugging Face's loop order, so the same winner on ties
-  a, b = divmod(k, len(e))
-  return float(scores[a, b]), int(s[a]), int(e[b])
+  scores = np.where(valid, start[s][:, None] + end[e][None, :], -np.inf).ravel()
+  # Row-major order breaks ties: Hugging Face's loop order, so the same winner.
+  order = np.argsort(-scores, kind='stable')[:keep]
+  return [(float(scores[k]), int(s[k // len(e)]), int(e[k % len(e)])) for k in order if valid.ravel()[k]]
 
 
 # ----------------------------------------------------------------------------- official metrics

@@ -1,0 +1,272 @@
+"""Predictions of a fine-tuned model on new text, for every task kind; nothing is written to its workdir.
+
+Rows come from `read_rows` (plain text, TSV, JSONL, or the task's own file formats: GLUE TSV with
+its header, CoNLL columns, SQuAD JSON) and go through the task's own featuriser, the same
+batching and the same forward pass as the evaluation path, so the dev set gets the same
+predictions that fine-tuning wrote. One process, batched; one compile per batch shape.
+
+Outputs (one dict per row):
+  classification  {'label', 'probabilities': {label: p}}
+  regression      {'score'}
+  token           {'words', 'tags', 'scores' (the tag's probability), 'entities': [{'type', 'text',
+                  'start', 'end'} (word indices, end exclusive)]}
+  span            {'answer', 'score' (start + end logit), 'probability', 'start', 'end' (characters
+                  in the context), 'n_best': [the same for the next candidates]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Iterator, Sequence
+
+from flax import nnx
+import jax
+import numpy as np
+
+from bert_jax.errors import DataError
+from bert_jax.files import check_regular
+from bert_jax.finetuning import batching
+from bert_jax.finetuning.objective import Finetuning
+from bert_jax.finetuning.tasks import conll, get_task, glue, metrics, squad
+from bert_jax.finetuning.tasks.base import Feature
+from bert_jax.interop.pretrained import FinetunedBert
+from bert_jax.train import reporting
+
+FORMATS = ('auto', 'txt', 'tsv', 'jsonl', 'glue', 'conll', 'squad')
+# Words of raw text for NER: runs of letters/digits, or single other symbols (CoNLL splits punctuation).
+_WORD = re.compile(r'\w+|[^\w\s]')
+
+
+# ------------------------------------------------------------------------------------------ input
+
+
+def read_rows(path: str, kind: str, task_name: str, fmt: str = 'auto') -> list[dict[str, Any]]:
+  """The rows of an input file for a task of `kind`.
+
+  Formats: 'txt' (one row per line: a text; 'a<TAB>b' for pairs; 'question<TAB>context' for
+  span tasks), 'tsv' (the same), 'jsonl' (objects with 'text'/'text_pair', 'tokens' (NER),
+  'question'/'context', optional 'id'), and the task's own: 'glue' (a GLUE TSV with its header,
+  e.g. dev.tsv), 'conll' (word ... tag columns, blank lines between sentences), 'squad' (the
+  official JSON). 'auto' picks jsonl/squad/conll/glue/txt from the file's name and first line.
+
+  Raises:
+    DataError: a missing, empty or malformed file, or a format that does not fit the task.
+  """
+  check_regular(path, 'input file')
+  if not os.path.isfile(path):
+    raise DataError(f'input file {path} does not exist')
+  fmt = _detect(path, kind, task_name) if fmt == 'auto' else fmt
+  if fmt == 'conll':
+    if kind != 'token':
+      raise DataError(f'{path}: CoNLL input is for token classification; this model is {kind}')
+    return [{'words': words} for words, _ in conll.read_conll(path)]
+  if fmt == 'squad':
+    if kind != 'span':
+      raise DataError(f'{path}: SQuAD input is for question answering; this model is {kind}')
+    return [{'id': e.id, 'question': e.question, 'context': e.context}
+            for e in squad.articles_to_examples(squad.read_articles(path), path)]
+  if fmt == 'glue':
+    task = glue.TASKS.get(task_name)
+    if task is None:
+      raise DataError(f'{path}: GLUE input needs a GLUE task; this model was fine-tuned on {task_name}')
+    return [{'text': e.text_a, 'text_pair': e.text_b} for e in task.read_examples(path, labelled=False)]
+  if fmt == 'jsonl':
+    return [_row(obj, kind, f'{path} line {i}') for i, obj in _jsonl(path)]
+  return [_row(_fields(line, kind), kind, f'{path} line {i}') for i, line in _lines(path)]
+
+
+def text_row(kind: str, text: str | None = None, text_pair: str | None = None, question: str | None = None,
+             context: str | None = None) -> dict[str, Any]:
+  """One row from flag values (--text/--text_pair, or --question/--context for span tasks)."""
+  if kind == 'span':
+    return _row({'question': question if question is not None else text,
+                 'context': context if context is not None else text_pair}, kind, 'the flags')
+  return _row({'text': text, 'text_pair': text_pair}, kind, 'the flags')
+
+
+def _detect(path: str, kind: str, task_name: str) -> str:
+  name = os.path.basename(path).lower()
+  if name.endswith('.jsonl'):
+    return 'jsonl'
+  if name.endswith('.json'):
+    return 'squad'
+  with open(path, encoding='utf-8', errors='replace') as f:
+    first = f.readline()
+  if kind == 'token' and (first.startswith('-DOCSTART-') or re.search(r'\.(train|testa|testb|conll)$', name)):
+    return 'conll'
+  task = glue.TASKS.get(task_name)
+  if task is not None and task.has_header and task.text_a in first.rstrip('\n').split('\t'):
+    return 'glue'
+  return 'txt'
+
+
+def _lines(path: str) -> Iterator[tuple[int, str]]:
+  with open(path, encoding='utf-8', errors='replace') as f:
+    lines = [(i, l.rstrip('\n').rstrip('\r')) for i, l in enumerate(f, 1)]
+  lines = [(i, l) for i, l in lines if l.strip()]
+  if not lines:
+    raise DataError(f'input file {path} has no text')
+  return iter(lines)
+
+
+def _jsonl(path: str) -> Iterator[tuple[int, dict]]:
+  out = []
+  for i, line in _lines(path):
+    try:
+      obj = json.loads(line)
+    except ValueError as e:
+      raise DataError(f'{path} line {i} is not JSON ({e})') from None
+    if not isinstance(obj, dict):
+      raise DataError(f'{path} line {i} is not a JSON object')
+    out.append((i, obj))
+  return iter(out)
+
+
+def _fields(line: str, kind: str) -> dict[str, Any]:
+  parts = line.split('\t')
+  if len(parts) > 2:
+    raise DataError(f'{len(parts)} tab-separated fields; give one text or two')
+  if kind == 'span':
+    return {'question': parts[0], 'context': parts[1] if len(parts) == 2 else None}
+  return {'text': parts[0], 'text_pair': parts[1] if len(parts) == 2 else None}
+
+
+def _row(obj: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
+  """A validated row: the keys the task kind reads, plus 'id' when given."""
+  row = {'id': obj['id']} if 'id' in obj else {}
+  if kind == 'span':
+    if not _text(obj.get('question')) or not _text(obj.get('context')):
+      raise DataError(f'{where}: a question-answering row needs a question and a context')
+    return {**row, 'question': obj['question'], 'context': obj['context']}
+  if kind == 'token':
+    words = obj.get('words', obj.get('tokens'))
+    if words is None and _text(obj.get('text')):
+      words = _WORD.findall(obj['text'])
+    if not words or not all(isinstance(w, str) and w for w in words):
+      raise DataError(f'{where}: a token-classification row needs a text (or a list of "tokens")')
+    return {**row, 'words': list(words)}
+  if not _text(obj.get('text')):
+    raise DataError(f'{where}: a row needs a "text"')
+  if obj.get('text_pair') is not None and not _text(obj['text_pair']):
+    raise DataError(f'{where}: an empty text_pair')
+  return {**row, 'text': obj['text'], 'text_pair': obj.get('text_pair')}
+
+
+def _text(value) -> bool:
+  return isinstance(value, str) and bool(value.strip())
+
+
+# ------------------------------------------------------------------------------------------ model
+
+
+class Predictor:
+  """A fine-tuned model on one device: features -> logits, in the evaluation path's batches."""
+
+  def __init__(self, tuned: FinetunedBert, batch_size: int = 64, log=reporting.log):
+    self.tuned, self.batch_size, self.log = tuned, batch_size, log
+    self.kind = tuned.task['kind']
+    graphdef, state = nnx.split(tuned.head_model())
+    objective = Finetuning(self.kind)
+    self._state = state
+    self._forward = jax.jit(lambda state, batch: objective.forward(nnx.merge(graphdef, state), batch,
+                                                                   deterministic=True))
+
+  def logits(self, features: Sequence[Feature]) -> list[np.ndarray]:
+    """Per feature, as `finetuning.run.predict` gives them (see tasks.base for the shapes)."""
+    out: list[np.ndarray] = []
+    ft, size = self.tuned.finetune, self.batch_size
+    for i in range(0, len(features), size):
+      chunk = features[i:i + size]
+      host = batching.make_batch(chunk, self.kind, batch_size=size, row_length=ft.max_seq_length, pack=ft.pack,
+                                 rows_multiple=2)
+      logits = np.asarray(jax.device_get(self._forward(self._state, host)))
+      if self.kind in ('classification', 'regression'):
+        out.extend(logits[:len(chunk)])
+      else:
+        out.extend(batching.rows_of_examples(logits, host, len(chunk)))
+      if len(features) > 4 * size:
+        self.log(f'predict: {min(i + size, len(features)):,}/{len(features):,} features')
+    return out
+
+
+def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size: int = 64, n_best: int = 5,
+            log=reporting.log) -> list[dict[str, Any]]:
+  """Predictions for `rows` (see `read_rows`), one dict per row in order (module docstring); progress to `log`."""
+  predictor = Predictor(tuned, batch_size, log)
+  kind, ft, tokenizer = predictor.kind, tuned.finetune, tuned.tokenizer
+  if kind in ('classification', 'regression'):
+    features = [glue.featurize(r['text'], r.get('text_pair'), tokenizer, ft.max_seq_length) for r in rows]
+    return [_sequence_output(kind, label_names(tuned.task), l) for l in predictor.logits(features)]
+  if kind == 'token':
+    features, data = conll.featurize([(r['words'], ['O'] * len(r['words'])) for r in rows], tokenizer,
+                                     ft.max_seq_length)
+    return [_token_output(words, l, first)
+            for words, l, first in zip(data.words, predictor.logits(features), data.first_positions)]
+  examples = [squad.SquadExample(str(r.get('id', i)), r['question'].lstrip(), r['context'], [])
+              for i, r in enumerate(rows)]
+  features, offsets = squad.featurize(examples, tokenizer, max_seq_length=ft.max_seq_length,
+                                      doc_stride=ft.doc_stride, max_query_length=ft.max_query_length, train=False)
+  answers, _ = squad.n_best_answers(examples, features, offsets, predictor.logits(features),
+                                    n_best_size=ft.n_best_size, max_answer_length=ft.max_answer_length,
+                                    keep=max(n_best, 1))
+  return [_span_output(a) for a in answers]
+
+
+def label_names(task: dict[str, Any]) -> list[str]:
+  """The task's label names: as recorded in the workdir, else (older workdirs) the task's own."""
+  if task.get('label_names'):
+    return list(task['label_names'])
+  return list(getattr(get_task(task['name']), 'label_names', []))
+
+
+def _sequence_output(kind: str, names: Sequence[str], logits: np.ndarray) -> dict[str, Any]:
+  logits = np.asarray(logits, np.float64).reshape(-1)
+  if kind == 'regression':
+    return {'score': float(logits[0])}
+  p = np.exp(logits - logits.max())
+  p /= p.sum()
+  return {'label': names[int(np.argmax(logits))], 'probabilities': {n: float(v) for n, v in zip(names, p)}}
+
+
+def _token_output(words: list[str], logits: np.ndarray, first: np.ndarray) -> dict[str, Any]:
+  logits = np.asarray(logits, np.float64)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  tags = conll.word_predictions(logits, first)
+  scores = [float(p[f].max()) if f >= 0 else None for f in first]
+  entities = [{'type': typ, 'text': ' '.join(words[s:e + 1]), 'start': s, 'end': e + 1}
+              for s, e, typ in sorted(metrics.conll_chunks(tags))]
+  return {'words': words, 'tags': tags, 'scores': scores, 'entities': entities}
+
+
+def _span_output(answers: list[squad.Answer]) -> dict[str, Any]:
+  if not answers:
+    return {'answer': '', 'score': None, 'probability': None, 'start': None, 'end': None, 'n_best': []}
+  one = lambda a: {'answer': a.text, 'score': a.score, 'probability': a.probability,  # pylint: disable=unnecessary-lambda-assignment
+                   'start': a.start, 'end': a.end}
+  return {**one(answers[0]), 'n_best': [one(a) for a in answers[1:]]}
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+def tsv_lines(kind: str, rows: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]]) -> list[str]:
+  """A header and one line per row: the input and the prediction, tab-separated."""
+  clean = lambda s: '' if s is None else str(s).replace('\t', ' ').replace('\n', ' ')  # pylint: disable=unnecessary-lambda-assignment
+  if kind == 'classification':
+    names = list(outputs[0]['probabilities']) if outputs else []
+    lines = ['text\ttext_pair\tlabel\t' + '\t'.join(f'p_{n}' for n in names)]
+    lines += [f'{clean(r["text"])}\t{clean(r.get("text_pair"))}\t{o["label"]}\t'
+              + '\t'.join(f'{o["probabilities"][n]:.6f}' for n in names) for r, o in zip(rows, outputs)]
+  elif kind == 'regression':
+    lines = ['text\ttext_pair\tscore'] + [f'{clean(r["text"])}\t{clean(r.get("text_pair"))}\t{o["score"]:.6g}'
+                                          for r, o in zip(rows, outputs)]
+  elif kind == 'token':
+    lines = ['words\ttags'] + [' '.join(o['words']) + '\t' + ' '.join(o['tags']) for o in outputs]
+  else:
+    lines = ['question\tanswer\tscore\tprobability'] + [
+        f'{clean(r["question"])}\t{clean(o["answer"])}\t{clean(o["score"])}\t{clean(o["probability"])}'
+        for r, o in zip(rows, outputs)]
+  return lines

@@ -1,0 +1,90 @@
+"""Predictions of a fine-tuned model on new text: labels and probabilities, word tags, answer spans.
+
+  python experiments/predict.py --workdir=/tmp/sst2 --text="A gripping, funny film."
+  python experiments/predict.py --workdir=/tmp/rte --text="A man eats." --text_pair="Someone eats."
+  python experiments/predict.py --workdir=/tmp/conll --text="John Smith flew to Paris on Monday."
+  python experiments/predict.py --workdir=/tmp/squad --question="Who flew?" --context="John Smith flew to Paris."
+  python experiments/predict.py --workdir=/tmp/sst2 --input=reviews.txt --output=/tmp/reviews.jsonl
+
+--input takes plain text (one row per line; 'a<TAB>b' for pairs, 'question<TAB>context' for
+SQuAD), JSONL, or the task's own files (a GLUE TSV with its header, CoNLL columns, SQuAD JSON);
+see `bert_jax.finetuning.predict.read_rows`. Rows are batched in one process. The predictions
+go to stdout as one JSON line each, or to --output (.jsonl or .tsv). --seed and --step pick the
+checkpoint (default: the run's first seed, latest step). The workdir is only read.
+"""
+
+import json
+import os
+import sys
+
+from absl import flags
+
+from bert_jax import files
+from bert_jax.errors import ConfigError, DataError
+from bert_jax.finetuning import predict
+from bert_jax.interop.pretrained import load_finetuned
+
+import cli
+
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A fine-tuning workdir (experiments/finetune.py).', required=True)
+_TEXT = flags.DEFINE_string('text', None, 'One text (classification, NER), or the question (QA).')
+_TEXT_PAIR = flags.DEFINE_string('text_pair', None, 'The second text of a pair, or the context (QA).')
+_QUESTION = flags.DEFINE_string('question', None, 'QA: the question.')
+_CONTEXT = flags.DEFINE_string('context', None, 'QA: the paragraph to answer from.')
+_INPUT = flags.DEFINE_string('input', None, 'A file of rows (txt, tsv, jsonl, GLUE TSV, CoNLL, SQuAD JSON).')
+_FORMAT = flags.DEFINE_enum('format', 'auto', predict.FORMATS, 'Format of --input (auto: from name and content).')
+_OUTPUT = flags.DEFINE_string('output', None, 'Write the predictions here (.jsonl or .tsv) instead of stdout.')
+_SEED = flags.DEFINE_integer('seed', None, 'Which seed of the run (default: its first).')
+_STEP = flags.DEFINE_integer('step', None, 'Checkpoint step (default: the latest).')
+_BATCH_SIZE = flags.DEFINE_integer('batch_size', 64, 'Rows (features) per forward pass.')
+_N_BEST = flags.DEFINE_integer('n_best', 5, 'QA: answers per question (the best and the next).')
+
+
+def _check_flags() -> None:
+  given = [f.name for f in (_TEXT, _QUESTION) if f.value is not None] + (['input'] if _INPUT.value else [])
+  if len(given) != 1:
+    raise ConfigError('give one of --text (with --text_pair), --question (with --context) or --input')
+  if _BATCH_SIZE.value <= 0 or _N_BEST.value <= 0:
+    raise ConfigError('--batch_size and --n_best must be positive')
+  if _OUTPUT.value:
+    if os.path.splitext(_OUTPUT.value)[1] not in ('.jsonl', '.tsv'):
+      raise ConfigError(f'--output {_OUTPUT.value}: give a .jsonl or .tsv file')
+    files.check_output(_OUTPUT.value, 'file', '--output')
+    work, out = os.path.realpath(_WORKDIR.value), os.path.realpath(_OUTPUT.value)
+    if out.startswith(work + os.sep):
+      raise ConfigError(f'--output {_OUTPUT.value} is inside the workdir, which predict only reads: write it '
+                        'elsewhere')
+
+
+def _log(message: str) -> None:  # stdout carries the predictions
+  print(message, file=sys.stderr, flush=True)
+
+
+def main(_):
+  _check_flags()
+  tuned = load_finetuned(_WORKDIR.value, _SEED.value, _STEP.value)
+  kind = tuned.task['kind']
+  if _INPUT.value:
+    rows = predict.read_rows(_INPUT.value, kind, tuned.task['name'], _FORMAT.value)
+  else:
+    rows = [predict.text_row(kind, _TEXT.value, _TEXT_PAIR.value, _QUESTION.value, _CONTEXT.value)]
+  if not rows:
+    raise DataError(f'no rows to predict in {_INPUT.value}')
+  _log(f'predict: {len(rows):,} rows, {tuned.task["name"]} ({kind}), seed {tuned.seed} step {tuned.step}')
+  outputs = predict.predict(tuned, rows, batch_size=_BATCH_SIZE.value, n_best=_N_BEST.value, log=_log)
+  if _OUTPUT.value and _OUTPUT.value.endswith('.tsv'):
+    files.write_text_atomic(_OUTPUT.value, '\n'.join(predict.tsv_lines(kind, rows, outputs)) + '\n')
+  else:
+    lines = [json.dumps({**row, **out}, ensure_ascii=False) for row, out in zip(rows, outputs)]
+    if _OUTPUT.value:
+      files.write_text_atomic(_OUTPUT.value, '\n'.join(lines) + '\n')
+    else:
+      for line in lines:
+        print(line, flush=True)
+  if _OUTPUT.value:
+    print(json.dumps({'output': _OUTPUT.value, 'rows': len(rows), 'task': tuned.task['name'], 'seed': tuned.seed,
+                      'step': tuned.step}), flush=True)
+
+
+if __name__ == '__main__':
+  cli.run(main)

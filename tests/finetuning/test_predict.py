@@ -1,0 +1,140 @@
+"""Predictions on new text: the dev set gets the predictions evaluation wrote, for every task kind;
+input formats, outputs and bad input; the workdir is never written."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax.config import FinetuneConfig
+from bert_jax.errors import DataError
+from bert_jax.finetuning import predict, run as finetuning
+from bert_jax.finetuning.tasks import conll, squad
+from bert_jax.interop.pretrained import load_finetuned
+
+from helpers import assert_one_line_error, run_experiment, shared_data_or_skip, tree_digest
+
+pytestmark = pytest.mark.slow  # each fixture fine-tunes a tiny model
+
+
+def _tune(tmp_path_factory, tiny_checkpoint, name, task, **fields):
+  workdir = str(tmp_path_factory.mktemp(name) / 'run')
+  finetuning.finetune(FinetuneConfig(task=task, init_checkpoint=tiny_checkpoint, learning_rate=1e-3,
+                                     eval_batch_size=32, **fields), workdir)
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def sst2(tmp_path_factory, tiny_checkpoint):
+  return _tune(tmp_path_factory, tiny_checkpoint, 'sst2', 'sst2', data_dir=shared_data_or_skip('sst2'),
+               max_seq_length=64, batch_size=16, max_steps=8, max_train_samples=128)
+
+
+def _dev_predictions(path):
+  with open(path, encoding='utf-8') as f:
+    return [line.split('\t')[1] for line in f.read().splitlines()[1:]]
+
+
+def test_classification_dev_set_gets_the_evaluation_predictions(sst2):
+  before = tree_digest(sst2)
+  tuned = load_finetuned(sst2)
+  rows = predict.read_rows(os.path.join(shared_data_or_skip('sst2'), 'dev.tsv'), 'classification', 'sst2')
+  outputs = predict.predict(tuned, rows, batch_size=48)
+  assert [o['label'] for o in outputs] == _dev_predictions(os.path.join(sst2, 'seed_0', 'predictions_dev.tsv'))
+  for o in outputs:
+    assert set(o['probabilities']) == {'0', '1'} and abs(sum(o['probabilities'].values()) - 1) < 1e-6
+    assert o['label'] == max(o['probabilities'], key=o['probabilities'].get)
+  assert tree_digest(sst2) == before
+
+
+@pytest.mark.e2e
+def test_predict_cli_text_input_and_outputs(sst2, tmp_path):
+  before = tree_digest(sst2)
+  r = run_experiment('predict.py', f'--workdir={sst2}', '--text=A gripping, funny film.')
+  assert r.returncode == 0, r.stderr[-3000:]
+  one = json.loads(r.stdout.strip().splitlines()[-1])
+  assert one['text'] == 'A gripping, funny film.' and one['label'] in ('0', '1')
+  texts = tmp_path / 'texts.txt'
+  texts.write_text('A gripping, funny film.\nDull and far too long.\n\nAn instant classic.\n', encoding='utf-8')
+  r = run_experiment('predict.py', f'--workdir={sst2}', f'--input={texts}', f'--output={tmp_path}/p.jsonl',
+                     '--batch_size=2')
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = [json.loads(l) for l in open(tmp_path / 'p.jsonl', encoding='utf-8')]
+  assert [l['text'] for l in lines] == ['A gripping, funny film.', 'Dull and far too long.', 'An instant classic.']
+  assert lines[0]['label'] == one['label']  # the same prediction batched with others
+  r = run_experiment('predict.py', f'--workdir={sst2}', f'--input={texts}', f'--output={tmp_path}/p.tsv')
+  assert r.returncode == 0 and open(tmp_path / 'p.tsv').read().splitlines()[0] == 'text\ttext_pair\tlabel\tp_0\tp_1'
+  for args, message in (((), 'give one of'), (('--text=a', f'--input={texts}'), 'give one of'),
+                        (('--text=a', f'--output={sst2}/p.jsonl'), 'inside the workdir'),
+                        (('--text=a', f'--output={tmp_path}/p.csv'), '.jsonl or .tsv'),
+                        ((f'--input={tmp_path}/none.txt',), 'does not exist'),
+                        (('--text=a', '--seed=7'), 'has no seed 7'),
+                        (('--text=a', '--step=999'), 'no checkpoint for step 999')):
+    assert_one_line_error(run_experiment('predict.py', f'--workdir={sst2}', *args), message)
+  assert tree_digest(sst2) == before
+
+
+def test_token_classification_dev_set_gets_the_evaluation_tags(tmp_path_factory, tiny_checkpoint):
+  data = shared_data_or_skip('conll2003')
+  workdir = _tune(tmp_path_factory, tiny_checkpoint, 'conll', 'conll2003', data_dir=data, max_seq_length=64,
+                  batch_size=16, max_steps=8, max_train_samples=128)
+  before = tree_digest(workdir)
+  rows = predict.read_rows(os.path.join(data, conll.DEV_FILE), 'token', 'conll2003')
+  outputs = predict.predict(load_finetuned(workdir), rows)
+  with open(os.path.join(workdir, 'seed_0', 'predictions_dev.txt'), encoding='utf-8') as f:
+    written = [line.split()[2] for line in f if line.strip()]
+  assert [t for o in outputs for t in o['tags']] == written
+  for o in outputs[:50]:
+    assert len(o['tags']) == len(o['words']) == len(o['scores'])
+    for e in o['entities']:
+      assert o['tags'][e['start']] in (f'B-{e["type"]}', f'I-{e["type"]}')
+  raw = predict.predict(load_finetuned(workdir), [predict.text_row('token', 'John Smith flew to Paris.')])[0]
+  assert raw['words'] == ['John', 'Smith', 'flew', 'to', 'Paris', '.']
+  assert tree_digest(workdir) == before
+
+
+def test_question_answering_dev_set_gets_the_evaluation_answers(tmp_path_factory, tiny_checkpoint):
+  data = shared_data_or_skip('squad-v1.1')
+  workdir = _tune(tmp_path_factory, tiny_checkpoint, 'squad', 'squad', data_dir=data, max_seq_length=128,
+                  doc_stride=32, batch_size=16, max_steps=4, train_articles=2, eval_articles=1)
+  with open(os.path.join(workdir, 'seed_0', 'predictions_eval.json'), encoding='utf-8') as f:
+    written = json.load(f)
+  rows = predict.read_rows(os.path.join(data, 'dev-v1.1.json'), 'span', 'squad')
+  rows = [r for r in rows if r['id'] in written]
+  outputs = predict.predict(load_finetuned(workdir), rows, n_best=3)
+  assert len(rows) == len(written) > 10
+  assert {r['id']: o['answer'] for r, o in zip(rows, outputs)} == written
+  for r, o in zip(rows, outputs):
+    assert r['context'][o['start']:o['end']] == o['answer'] and 0 < o['probability'] <= 1
+    assert len(o['n_best']) <= 2 and all(n['score'] <= o['score'] for n in o['n_best'])
+
+
+def test_rows_from_every_format(tmp_path):
+  (tmp_path / 'pairs.txt').write_text('a man eats\tsomeone eats\n\nit rains\n', encoding='utf-8')
+  assert predict.read_rows(str(tmp_path / 'pairs.txt'), 'classification', 'rte') == [
+      {'text': 'a man eats', 'text_pair': 'someone eats'}, {'text': 'it rains', 'text_pair': None}]
+  (tmp_path / 'qa.jsonl').write_text(json.dumps({'id': 'q1', 'question': 'Who?', 'context': 'Ann did.'}) + '\n')
+  assert predict.read_rows(str(tmp_path / 'qa.jsonl'), 'span', 'squad') == [
+      {'id': 'q1', 'question': 'Who?', 'context': 'Ann did.'}]
+  (tmp_path / 'ner.jsonl').write_text(json.dumps({'tokens': ['EU', 'rejects']}) + '\n' + json.dumps(
+      {'text': "Ann's dog, Rex."}) + '\n')
+  assert [r['words'] for r in predict.read_rows(str(tmp_path / 'ner.jsonl'), 'token', 'conll2003')] == [
+      ['EU', 'rejects'], ['Ann', "'", 's', 'dog', ',', 'Rex', '.']]
+  for name, text, kind, message in (('bad.jsonl', '[1]\n', 'classification', 'not a JSON object'),
+                                    ('three.txt', 'a\tb\tc\n', 'classification', '3 tab-separated fields'),
+                                    ('empty.txt', '\n\n', 'classification', 'has no text'),
+                                    ('noctx.txt', 'who?\n', 'span', 'needs a question and a context')):
+    (tmp_path / name).write_text(text, encoding='utf-8')
+    with pytest.raises(DataError, match=message):
+      predict.read_rows(str(tmp_path / name), kind, 'sst2')
+  with pytest.raises(DataError, match='for question answering'):
+    predict.read_rows(str(tmp_path / 'qa.jsonl'), 'classification', 'sst2', 'squad')
+
+
+def test_regression_and_span_outputs():
+  assert predict._sequence_output('regression', [], np.array([3.25])) == {'score': 3.25}  # pylint: disable=protected-access
+  assert predict._span_output([])['answer'] == ''  # pylint: disable=protected-access
+  answer = squad.Answer('Paris', 7.5, 0.6, 18, 23)
+  out = predict._span_output([answer, squad.Answer('to Paris', 6.0, 0.2, 15, 23)])  # pylint: disable=protected-access
+  assert out['answer'] == 'Paris' and out['n_best'][0]['answer'] == 'to Paris'
