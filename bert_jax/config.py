@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 from bert_jax.errors import CheckpointError, ConfigError
@@ -271,8 +272,14 @@ class FinetuneConfig:
   # the same function as padding each one, with no compute spent on padding.
   pack: bool = True
   dtype: str = 'float32'
+  # Restore and evaluate a trained workdir again (the training config is the workdir's own; only the
+  # evaluation fields given here apply); results go beside the training ones, in seed_<n>/eval_step<N>[_<file>]/.
   eval_only: bool = False
   eval_step: int = -1  # with eval_only: -1 = latest checkpoint
+  eval_every: int = 0  # evaluate the dev set(s) every N steps (metrics_eval.jsonl, curves.png); 0 = at the end
+  # Keep the checkpoint with the best main dev metric (needs eval_every; a checkpoint is saved at each
+  # evaluation) and report it: the final evaluation, predictions and final_metrics are the best step's.
+  keep_best: bool = False
   log_every: int = 25
   checkpoint_every: int = 0  # 0 = only at the end
   keep_checkpoints: int = 1
@@ -333,9 +340,24 @@ def diff_model_configs(saved: dict[str, Any], current: ModelConfig) -> list[str]
   return out
 
 
+# Config fields that hold paths (comma-separated lists too): they compare as the files they name.
+PATH_FIELDS = ('init_checkpoint', 'data_dir', 'train_file', 'eval_file', 'data.train_files', 'data.eval_files',
+               'data.tokenizer', 'data.cache_dir')
+
+
+def _same_paths(a: Any, b: Any) -> bool:
+  """Whether two path values (comma-separated lists of local paths, globs or URLs) name the same paths."""
+  if not (isinstance(a, str) and isinstance(b, str)):
+    return a == b
+  norm = lambda v: [p.strip() if '://' in p else os.path.realpath(p.strip())  # pylint: disable=unnecessary-lambda-assignment
+                    for p in v.split(',') if p.strip()]
+  return norm(a) == norm(b)
+
+
 def config_diffs(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...], prefix: str = '') -> list[str]:
   """'name: old -> new' for every leaf that differs, skipping names (or sections) in `free` and
-  fields the old config lacks (added since it was written)."""
+  fields the old config lacks (added since it was written). Paths (PATH_FIELDS) compare resolved:
+  'data/x', './data/x' and its absolute form are the same."""
   out = []
   for key in sorted(set(old) | set(new)):
     name = prefix + key
@@ -344,7 +366,7 @@ def config_diffs(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...]
     a, b = old[key], new.get(key)
     if isinstance(a, dict) and isinstance(b, dict):
       out += config_diffs(a, b, free, name + '.')
-    elif a != b:
+    elif a != b and not (name in PATH_FIELDS and _same_paths(a, b)):
       out.append(f'{name}: {a!r} -> {b!r}')
   return out
 

@@ -64,6 +64,9 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
       print(f'error: {e}', file=sys.stderr, flush=True)
       sys.exit(1)
     except OSError as e:
+      if 'config file' in str(e):  # ml_collections could not load --config; its last line says why
+        print(f'error: --config: {str(e).strip().splitlines()[-1].strip()}', file=sys.stderr, flush=True)
+        sys.exit(1)
       if e.errno not in _FILESYSTEM_ERRNOS:
         raise
       # Checkpoints are written atomically: a failed save never replaces the last complete one.

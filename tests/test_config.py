@@ -44,3 +44,13 @@ def test_model_diff_ignores_dropout_but_names_shape_changes():
   assert config.diff_model_configs(saved, config.preset('tiny', hidden_dropout=0.0)) == []
   assert config.diff_model_configs(saved, config.preset('tiny', num_layers=3)) == [
       'num_layers: 2 (checkpoint) vs 3 (config)']
+
+
+def test_resume_identity_compares_paths_as_the_files_they_name(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  old = {'data_dir': 'glue/sst2', 'data': {'train_files': 'a.txt,b/*.txt', 'tokenizer': ''}, 'seed': 0}
+  same = {'data_dir': str(tmp_path / 'glue' / 'sst2'), 'data': {'train_files': f'./a.txt, {tmp_path}/b/*.txt',
+                                                                'tokenizer': ''}, 'seed': 0}
+  assert config.config_diffs(old, same, ()) == []
+  moved = {**same, 'data_dir': str(tmp_path / 'other'), 'seed': 1}
+  assert config.config_diffs(old, moved, ()) == [f"data_dir: 'glue/sst2' -> '{tmp_path}/other'", 'seed: 0 -> 1']

@@ -723,8 +723,9 @@ def _file_sha256(path: str) -> str:
 def _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed) -> str:
   key = dict(
       format=records.FORMAT_VERSION, vocab_size=vocab_size, seed=seed,
-      train=[(p, _file_sha256(p)) for p in train_paths],
-      eval=[(p, _file_sha256(p)) for p in eval_paths],
+      # Paths as absolute ones: 'corpus/a.txt' given from the repository and its absolute form are one input.
+      train=[(_absolute(p), _file_sha256(p)) for p in train_paths],
+      eval=[(_absolute(p), _file_sha256(p)) for p in eval_paths],
       tokenizer=[_file_sha256(p) for p in tokenization.tokenizer_files(given)] if given else None,
       fields={f: getattr(cfg, f) for f in RECORD_FIELDS})
   if not given:  # a trained tokenizer's bytes depend on how it is trained
@@ -732,6 +733,10 @@ def _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed) -> str:
   if not cfg.nsp:  # only then: caches of NSP pairs keep their fingerprints
     key['objective'] = 'mlm_full_sentences'
   return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _absolute(path: str) -> str:
+  return path if '://' in path else os.path.abspath(path)
 
 
 def _marker(build_dir: str, unit: int) -> str:

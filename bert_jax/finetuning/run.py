@@ -77,6 +77,9 @@ def validate_config(cfg: FinetuneConfig, pretrained: PretrainedBert, mesh) -> No
       raise ConfigError(f'{name}={getattr(cfg, name)} must be a multiple of the {shards} batch shards (mesh data '
                         f'x fsdp{over}): every batch\'s examples and rows are split over them')
   check_resume_allow(cfg.resume_allow, cfg.to_dict())
+  if cfg.eval_every < 0 or (cfg.keep_best and cfg.eval_every <= 0):
+    raise ConfigError(f'eval_every={cfg.eval_every}: give a positive number of steps between evaluations'
+                      + (' (keep_best ranks the checkpoints saved at each evaluation)' if cfg.keep_best else ''))
   vocab = pretrained.tokenizer.vocab_size
   if vocab > pretrained.config.vocab_size:
     raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {vocab} tokens but the model only '
@@ -85,6 +88,7 @@ def validate_config(cfg: FinetuneConfig, pretrained: PretrainedBert, mesh) -> No
 
 # Fields a resumed (or re-run) fine-tuning may change freely: evaluation, logging, checkpoint cadence.
 _FREE_ON_RESUME = ('log_every', 'eval_batch_size', 'checkpoint_every', 'keep_checkpoints', 'eval_only', 'eval_step',
+                   'eval_every', 'keep_best',
                    'num_seeds', 'seed', 'mesh', 'resume_allow', 'eval_file', 'n_best_size', 'max_answer_length',
                    'null_score_diff_threshold', 'tune_null_threshold', 'eval_articles')
 
@@ -115,14 +119,26 @@ class _Run:
   block: tuple[int, int] = (0, 1)  # (index, count): the block of every batch this process feeds
 
 
+# With eval_only, what the command line may set; the rest of the config is the workdir's own training config.
+_EVAL_FIELDS = ('eval_only', 'eval_step', 'eval_file', 'eval_batch_size', 'num_seeds', 'seed', 'mesh', 'log_every',
+                'n_best_size', 'max_answer_length', 'null_score_diff_threshold', 'tune_null_threshold',
+                'eval_articles')
+
+
 def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
   """Trains (or, with eval_only, restores) every seed and returns the metrics over all seeds."""
+  saved = read_config(workdir) if os.path.isdir(workdir) else None
+  if cfg.eval_only:
+    if saved is None or 'finetune' not in saved:
+      raise ConfigError(f'eval_only: {workdir} holds no fine-tuning run to evaluate (no config.json); train first')
+    # Evaluate the run as it was trained: its own config, with the evaluation fields given now.
+    given = cfg.to_dict()
+    cfg = FinetuneConfig.from_dict({**saved['finetune'], **{f: given[f] for f in _EVAL_FIELDS}})
   task = get_task(cfg.task)
   if not cfg.init_checkpoint:
     raise ConfigError('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir')
   workdir_lib.check_outside(workdir, cfg.init_checkpoint, 'the starting checkpoint')
   workdir_lib.check_kind(workdir, 'finetuning')
-  saved = read_config(workdir)
   if saved is not None:
     check_same_run(saved['finetune'], cfg, f'workdir {workdir}')
   with (workdir_lib.claim(workdir, 'finetuning', owner=jax.process_index() == 0, log=reporting.log),
@@ -133,18 +149,24 @@ def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
       write_config(workdir, {'finetune': cfg.to_dict(), 'model': dataclasses.asdict(run.pretrained.config),
                              'task': {'name': task.name, 'kind': task.kind, 'num_labels': task.num_labels,
                                       'label_names': list(getattr(task, 'label_names', []))}})
-    per_seed = []
-    for seed in range(cfg.seed, cfg.seed + cfg.num_seeds):
-      seed_dir = os.path.join(workdir, f'seed_{seed}')
-      result = _run_seed(run, seed, seed_dir, preempt)
-      _write_json(os.path.join(seed_dir, FINAL_METRICS_FILE), result)
-      per_seed.append(result)
-      # Every seed's train curves and held-out main metric(s) so far, in workdir/curves.png.
-      reporting.write_curves(workdir, metrics=[f'{e.name}_{task.main_metric}' for e in run.evals])
-  summary = summarize_seeds(per_seed, main_metric=f'{run.evals[0].name}_{task.main_metric}')
+    per_seed = [_run_seed(run, seed, os.path.join(workdir, f'seed_{seed}'), preempt)
+                for seed in range(cfg.seed, cfg.seed + cfg.num_seeds)]
+  summary = summarize_seeds(per_seed, main_metric=_main_key(run))
   summary = {'task': task.name, 'init_checkpoint': cfg.init_checkpoint, **summary}
-  _write_json(os.path.join(workdir, FINAL_METRICS_FILE), summary)
+  # Training writes its results in the workdir; an evaluation again writes beside them.
+  _write_json(os.path.join(workdir, _results_name(cfg, per_seed[0]['step']) + '.json' if cfg.eval_only
+                           else FINAL_METRICS_FILE), summary)
   return summary
+
+
+def _main_key(run: '_Run') -> str:
+  return f'{run.evals[0].name}_{run.task.main_metric}'
+
+
+def _results_name(cfg: FinetuneConfig, step: int) -> str:
+  """Where an evaluation again puts its results: eval_step<N>, and the eval file's name when one is given."""
+  stem = os.path.splitext(os.path.basename(cfg.eval_file))[0] if cfg.eval_file else ''
+  return f'eval_step{step}' + (f'_{stem}' if stem else '')
 
 
 def _optim_config(cfg: FinetuneConfig, warmup: int) -> OptimConfig:
@@ -207,60 +229,81 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def _run_seed(run: _Run, seed: int, seed_dir: str, preempt: Preemption) -> dict[str, Any]:
+  """Trains seed `seed` (or restores it, with eval_only), evaluates it and writes its results."""
   cfg, model = run.cfg, run.model
-  ckpt = Checkpointer(seed_dir, save_every=cfg.checkpoint_every or max(run.total, 1), keep=cfg.keep_checkpoints,
-                      read_only=cfg.eval_only)
+  best_metric = _main_key(run) if cfg.keep_best else None
+  ckpt = Checkpointer(seed_dir, save_every=cfg.eval_every if cfg.keep_best else cfg.checkpoint_every or max(run.total, 1),
+                      keep=cfg.keep_checkpoints, read_only=cfg.eval_only, best_metric=best_metric)
   try:
     if cfg.eval_only:
       if ckpt.latest_step() is None:
         raise CheckpointError(f'eval_only: no checkpoint in {ckpt.directory}; train first')
       state, meta = ckpt.restore(None if cfg.eval_step < 0 else cfg.eval_step, model.abstract_state,
                                  log=reporting.log, params_only=True)
-      params, step, train_stats = state['params'], int(meta['step']), {}
+      step = int(meta['step'])
+      out_dir = os.path.join(seed_dir, _results_name(cfg, step))  # beside the training results, never over them
+      result = {'seed': seed, 'step': step, **_evaluate(run, state['params'], out_dir)}
+      _write_json(os.path.join(out_dir, FINAL_METRICS_FILE), result)
+      _log_result(run, seed, result)
+      return result
+    if ckpt.latest_step() is not None:
+      state, meta = ckpt.restore(None, model.abstract_state, log=reporting.log,
+                                 check_meta=lambda meta: check_same_run(meta['config'], cfg, seed_dir, meta['step']))
+      reporting.log(f'seed {seed}: resumed from {ckpt.directory} at step {int(state["step"])}')
     else:
-      if ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(None, model.abstract_state, log=reporting.log,
-                                   check_meta=lambda meta: check_same_run(meta['config'], cfg, seed_dir,
-                                                                          meta['step']))
-        reporting.log(f'seed {seed}: resumed from {ckpt.directory} at step {int(state["step"])}')
-      else:
-        state = model.init_state({'bert': run.pretrained.params['bert']}, seed)
-      start = int(jax.device_get(state['step']))
-      reporting.log(f'seed {seed}: training {run.total - start} of {run.total} steps, batch {cfg.batch_size}, '
-                    f'{len(run.train)} features, {"packed" if cfg.pack else "padded"} rows')
-      batches = batching.TrainBatches(run.train, run.task.kind, batch_size=cfg.batch_size,
-                                      row_length=cfg.max_seq_length, pack=cfg.pack, rows_multiple=run.rows_multiple,
-                                      seed=seed, shuffle=cfg.shuffle, start=start, block=run.block)
-      fitted = fit(model, state, batches, total_steps=run.total, ckpt=ckpt, preempt=preempt,
-                   report=Report(seed_dir, label=f'seed {seed}: ', divergence_hint='Lower --config.learning_rate'),
-                   log_every=cfg.log_every, checkpoint_config=cfg.to_dict())
-      params, step, train_stats = fitted.state['params'], fitted.step, fitted.stats
-    result = {'seed': seed, 'step': step, **train_stats}
-    t0 = time.time()
-    held_out = {}
-    for eval_set in run.evals:
-      logits = predict(run, params, eval_set.features)
-      # Every process has all the logits and scores them; process 0 alone writes the predictions.
-      scores = run.task.evaluate(eval_set, logits, seed_dir if jax.process_index() == 0 else None)
-      held_out.update({f'{eval_set.name}_{k}': v for k, v in scores.items()})
-    result.update(held_out)
-    result['eval_wall_s'] = time.time() - t0
-    _write_eval_metrics(seed_dir, step, held_out)
-    main = f'{run.evals[0].name}_{run.task.main_metric}'
-    reporting.log(f'seed {seed} step {step}: {main} {result[main]:.4f} '
-                  f'(eval {reporting.format_duration(result["eval_wall_s"])})')
+      state = model.init_state({'bert': run.pretrained.params['bert']}, seed)
+    start = int(jax.device_get(state['step']))
+    reporting.log(f'seed {seed}: training {run.total - start} of {run.total} steps, batch {cfg.batch_size}, '
+                  f'{len(run.train)} features, {"packed" if cfg.pack else "padded"} rows')
+    batches = batching.TrainBatches(run.train, run.task.kind, batch_size=cfg.batch_size,
+                                    row_length=cfg.max_seq_length, pack=cfg.pack, rows_multiple=run.rows_multiple,
+                                    seed=seed, shuffle=cfg.shuffle, start=start, block=run.block)
+    # Evaluated every eval_every steps and at the last; the last (unless the best is kept) writes predictions.
+    last_dir = seed_dir if not cfg.keep_best else None
+    held_out = lambda params, step: _evaluate(run, params, last_dir if step == run.total else None)  # pylint: disable=unnecessary-lambda-assignment
+    fitted = fit(model, state, batches, total_steps=run.total, ckpt=ckpt, preempt=preempt,
+                 report=Report(seed_dir, label=f'seed {seed}: ', eval_keys=(_main_key(run), 'eval_wall_s'),
+                               curves_dir=os.path.dirname(seed_dir), curves_metrics=_curve_metrics(run),
+                               divergence_hint='Lower --config.learning_rate'),
+                 log_every=cfg.log_every, checkpoint_config=cfg.to_dict(), evaluate=held_out,
+                 eval_every=cfg.eval_every)
+    ckpt.wait()
+    result = {'seed': seed, 'step': fitted.step, **fitted.stats, **(fitted.last_eval or {})}
+    if fitted.last_eval is None:  # a finished run resumed: nothing trained, evaluate what is there
+      result.update(_evaluate(run, fitted.state['params'], seed_dir))
+    if cfg.keep_best:
+      best = ckpt.best_step(best_metric)
+      state, _ = ckpt.restore(best, model.abstract_state, log=reporting.log, params_only=True)
+      result.update({'best_step': best, **_evaluate(run, state['params'], seed_dir)})
+    _write_json(os.path.join(seed_dir, FINAL_METRICS_FILE), result)
+    # Every seed's train curves and held-out main metric(s) so far, in workdir/curves.png.
+    reporting.write_curves(os.path.dirname(seed_dir), metrics=_curve_metrics(run))
+    _log_result(run, seed, result)
     return result
   finally:
     ckpt.close()
 
 
-def _write_eval_metrics(seed_dir: str, step: int, scores: dict[str, Any]) -> None:
-  """Appends the held-out scores (the numbers among them) to seed_dir/metrics_eval.jsonl and TensorBoard."""
-  writer = reporting.MetricWriter(seed_dir, 'eval')
-  try:
-    writer.write(step, {k: v for k, v in scores.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
-  finally:
-    writer.close()
+def _evaluate(run: _Run, params, output_dir: str | None) -> dict[str, Any]:
+  """Every eval set's metrics ('<set>_<metric>') and eval_wall_s; predictions written to `output_dir` if given."""
+  t0, held_out = time.time(), {}
+  for eval_set in run.evals:
+    logits = predict(run, params, eval_set.features)
+    # Every process has all the logits and scores them; process 0 alone writes the predictions.
+    scores = run.task.evaluate(eval_set, logits, output_dir if jax.process_index() == 0 else None)
+    held_out.update({f'{eval_set.name}_{k}': v for k, v in scores.items()})
+  return {**held_out, 'eval_wall_s': time.time() - t0}
+
+
+def _curve_metrics(run: _Run) -> list[str]:
+  return [f'{e.name}_{run.task.main_metric}' for e in run.evals]
+
+
+def _log_result(run: _Run, seed: int, result: dict[str, Any]) -> None:
+  main = _main_key(run)
+  best = f' (best step {result["best_step"]})' if 'best_step' in result else ''
+  reporting.log(f'seed {seed} step {result["step"]}: {main} {result[main]:.4f}{best} '
+                f'(eval {reporting.format_duration(result["eval_wall_s"])})')
 
 
 def predict(run: _Run, params, features: list[Feature]) -> list[np.ndarray]:

@@ -100,7 +100,10 @@ def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, 
   config outside _FREE_ON_RESUME and `cfg.resume_allow`, or another data cache `fingerprint`."""
   old = {**meta.get('config', {}), 'data_fingerprint': meta.get('data_fingerprint')}
   new = {**cfg.to_dict(), 'data_fingerprint': fingerprint}
-  check_resume(old, new, _FREE_ON_RESUME, cfg.resume_allow, f'workdir {workdir}', meta.get('step'))
+  # The same fingerprint is the same data (it covers the files' contents and the tokenizer's): the
+  # paths they were read from may differ (a copied corpus, another mount point).
+  same_data = ('data.train_files', 'data.eval_files', 'data.tokenizer') if old['data_fingerprint'] == fingerprint else ()
+  check_resume(old, new, _FREE_ON_RESUME + same_data, cfg.resume_allow, f'workdir {workdir}', meta.get('step'))
 
 
 def _allows_optimizer(cfg: PretrainConfig) -> bool:

@@ -140,13 +140,20 @@ def _unretrieved_read_failure(record: logging.LogRecord) -> bool:
 
 
 class Checkpointer:
-  """Saves every `save_every` steps (asynchronously) and keeps the latest `keep`."""
+  """Saves every `save_every` steps (asynchronously) and keeps the latest `keep`; with `best_metric`,
+  also the checkpoint with the highest value of that held-out metric (given to `save` as `metrics`)."""
 
-  def __init__(self, workdir: str, *, save_every: int = 1, keep: int = 3, read_only: bool = False):
+  def __init__(self, workdir: str, *, save_every: int = 1, keep: int = 3, read_only: bool = False,
+               best_metric: str | None = None):
     _quiet_closed_loop_callbacks()
+    preserve = ocp.checkpoint_managers.LatestN(keep)
+    if best_metric:
+      # Highest metric, the earliest step on ties (as `best_step` picks it).
+      preserve = ocp.checkpoint_managers.AnyPreservationPolicy([preserve, ocp.checkpoint_managers.BestN(
+          get_metric_fn=lambda m: (m[best_metric], -m['step']), n=1, keep_checkpoints_without_metrics=False)])
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(max(1, save_every)),
-        preservation_policy=ocp.checkpoint_managers.LatestN(keep),
+        preservation_policy=preserve,
         enable_async_checkpointing=True,
         cleanup_tmp_directories=not read_only,  # saves killed mid-way leave *.orbax-checkpoint-tmp-*
         create=not read_only,
@@ -166,14 +173,34 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state: Any, *, data_position: int, config: dict[str, Any],
-           force: bool = False, extra: dict[str, Any] | None = None) -> bool:
-    """Starts an async save if the policy (or `force`) says so; returns whether it did."""
+           force: bool = False, extra: dict[str, Any] | None = None, metrics: dict[str, float] | None = None) -> bool:
+    """Starts an async save if the policy (or `force`) says so; returns whether it did.
+
+    `metrics` (the held-out metrics of this step, if evaluated) go into the meta and rank the
+    checkpoint for `best_metric`.
+    """
     meta = {'step': int(step), 'data_position': int(data_position), 'config': config, **(extra or {})}
+    if metrics:
+      meta['eval'] = metrics
     with self._write_errors():  # the previous async save's error surfaces here
       if force or self.manager.should_save(step):
         self._check_free_space()
       return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                             meta=ocp.args.JsonSave(meta)), force=force)
+                                                             meta=ocp.args.JsonSave(meta)),
+                               metrics={**metrics, 'step': int(step)} if metrics else None, force=force)
+
+  def best_step(self, metric: str) -> int | None:
+    """The step whose saved held-out `metric` is highest (the earliest on ties); None when none has it."""
+    best = None
+    for step in sorted(self.all_steps()):
+      try:
+        value = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta'].get(
+            'eval', {}).get(metric)
+      except Exception:  # pylint: disable=broad-except  # an unreadable checkpoint is no candidate
+        continue
+      if isinstance(value, (int, float)) and (best is None or value > best[0]):
+        best = (value, step)
+    return best and best[1]
 
   def _check_free_space(self) -> None:
     """Refuses a save that cannot fit, before Orbax starts one.

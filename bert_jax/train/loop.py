@@ -53,6 +53,7 @@ class Report:
     progress_keys: train metrics shown in the progress line (all are written to the JSONL).
     eval_keys: held-out metrics shown in the eval line (all numbers are written).
     curves_dir: where curves.png is redrawn after each evaluation (None: not here).
+    curves_metrics: the held-out metrics it plots (None: every accuracy).
     divergence_hint: what to change when the loss diverges, as flags.
   """
 
@@ -61,6 +62,7 @@ class Report:
   progress_keys: Sequence[str] = ('loss',)
   eval_keys: Sequence[str] | None = None
   curves_dir: str | None = None
+  curves_metrics: Sequence[str] | None = None
   divergence_hint: str = 'lower the learning rate'
 
 
@@ -132,15 +134,16 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches | Iterator[dic
           raise _diverged(report, f'the loss became {bad[0]}', step, last_good)
         if log_now:
           writers.progress(step, total_steps, host, progress.update(step))
+      evaluated = None
       if evaluate is not None and ((eval_every and step % eval_every == 0) or is_last):
-        last_eval = writers.evaluation(step, evaluate(state['params'], step))
+        last_eval = evaluated = writers.evaluation(step, evaluate(state['params'], step))
       if save_now or stop:
         # The losses so far are finite; the parameters this step produced must be sane too.
         problem = state_problem(state['params'])
         if problem:
           raise _diverged(report, problem.replace('its parameters', 'the parameters'), step, last_good)
         if ckpt.save(step, state, data_position=batches.position, config=checkpoint_config, force=True,
-                     extra=checkpoint_extra):
+                     extra=checkpoint_extra, metrics=_numbers(evaluated)):
           last_good = step
       if stop:
         ckpt.wait()
@@ -172,17 +175,24 @@ class _Writers:
     reporting.log(reporting.progress_line(self.report.label, step, total, shown, rate))
 
   def evaluation(self, step: int, result: dict[str, Any]) -> dict[str, Any]:
-    self.eval.write(step, {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    self.eval.write(step, _numbers(result) or {})
     keys = self.report.eval_keys if self.report.eval_keys is not None else list(result)
     reporting.log(f'{self.report.label}eval step {step} | ' + reporting.format_metrics(
         {k: result[k] for k in keys if k in result}))
     if self.report.curves_dir:
-      reporting.write_curves(self.report.curves_dir)
+      reporting.write_curves(self.report.curves_dir, metrics=self.report.curves_metrics)
     return result
 
   def close(self) -> None:
     self.train.close()
     self.eval.close()
+
+
+def _numbers(metrics: dict[str, Any] | None) -> dict[str, float] | None:
+  """The plain numbers of an evaluation (what a checkpoint's meta keeps and ranks by)."""
+  if not metrics:
+    return None
+  return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _global_sizes(batches, local: dict[str, np.ndarray], blocks: int) -> dict[str, int]:

