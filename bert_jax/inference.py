@@ -173,55 +173,79 @@ def _encode_one(pretrained: PretrainedBert, text_a: str, text_b: str | None, max
 
 
 @functools.partial(jax.jit, static_argnames=('graphdef',))
-def _mlm_probs(graphdef, state, input_ids_bt, token_type_ids_bt, positions_bp):
+def _mlm_probs(graphdef, state, input_ids_bt, token_type_ids_bt, attention_mask_bt, positions_bp):
   """Softmax over the vocabulary at the masked positions: float32 [B, P, V]."""
   model = nnx.merge(graphdef, state)
-  logits_bpv, _ = model(input_ids_bt, token_type_ids_bt, jnp.ones_like(input_ids_bt), positions_bp,
-                        deterministic=True)
+  logits_bpv, _ = model(input_ids_bt, token_type_ids_bt, attention_mask_bt, positions_bp, deterministic=True)
   return jax.nn.softmax(logits_bpv.astype(jnp.float32), axis=-1)
 
 
 def fill_mask(pretrained: PretrainedBert, text: str, *, top_k: int = 5) -> list[list[tuple[str, float]]]:
-  """Predicts the token at every [MASK] in `text` with the masked-LM head.
+  """Predicts the token at every [MASK] in `text` with the masked-LM head (see `fill_masks`)."""
+  return fill_masks(pretrained, [text], top_k=top_k)[0]
+
+
+def fill_masks(pretrained: PretrainedBert, texts: Sequence[str], *, top_k: int = 5, batch_size: int = 32,
+               ) -> list[list[list[tuple[str, float]]]]:
+  """Predicts the token at every [MASK] of each text, texts batched (padded to bucketed lengths).
 
   Args:
     pretrained: a checkpoint with an MLM head (bert_jax workdir, HF BertForMaskedLM/BertForPreTraining).
-    text: text containing one or more literal '[MASK]'.
+    texts: texts each containing one or more literal '[MASK]'.
     top_k: predictions per mask.
+    batch_size: texts per forward pass.
 
   Returns:
-    Per [MASK], in text order, the top_k (token, probability) pairs, most probable first; the
-    probabilities are a softmax over the whole vocabulary.
+    Per text, per [MASK] in text order, the top_k (token, probability) pairs, most probable first;
+    the probabilities are a softmax over the whole vocabulary.
 
   Raises:
     CheckpointError: the checkpoint has no MLM head.
-    DataError: the text has no [MASK].
-    ConfigError: top_k < 1.
+    DataError: a text has no [MASK], or one past the model's positions.
+    ConfigError: top_k or batch_size < 1.
   """
-  if top_k < 1:
-    raise ConfigError(f'top_k must be positive, got {top_k}')
-  tokenizer = pretrained.tokenizer
-  ids_1t, types_1t = _encode_one(pretrained, text, None, pretrained.config.max_position_embeddings)
-  positions_1p = np.flatnonzero(ids_1t[0] == tokenizer.mask_id)[None].astype(np.int32)
-  limit = pretrained.config.max_position_embeddings
-  if ids_1t.shape[1] == limit:  # possibly cut: count the [MASK] of the whole text
+  if top_k < 1 or batch_size < 1:
+    raise ConfigError(f'top_k and batch_size must be positive, got {top_k} and {batch_size}')
+  tokenizer, limit = pretrained.tokenizer, pretrained.config.max_position_embeddings
+  rows = [_masked_row(tokenizer, text, limit, i if len(texts) > 1 else None) for i, text in enumerate(texts)]
+  graphdef, state = nnx.split(pretrained.pretraining_model())  # CheckpointError without an MLM head
+  state = jax.device_put(state)
+  results = []
+  for start in range(0, len(rows), batch_size):
+    chunk = rows[start:start + batch_size]
+    width = _bucket_length(max(len(ids) for ids, _ in chunk), limit)
+    masks = max(len(p) for _, p in chunk)
+    ids_bt = np.full((batch_size, width), tokenizer.pad_id, np.int32)
+    mask_bt = np.zeros((batch_size, width), np.int32)
+    mask_bt[:, 0] = 1  # filler rows: keep every softmax row non-empty
+    positions_bp = np.zeros((batch_size, masks), np.int32)
+    for r, (ids, positions) in enumerate(chunk):
+      ids_bt[r, :len(ids)], mask_bt[r, :len(ids)], positions_bp[r, :len(positions)] = ids, 1, positions
+    probs_bpv = np.asarray(_mlm_probs(graphdef, state, ids_bt, np.zeros_like(ids_bt), mask_bt, positions_bp))
+    k = min(top_k, probs_bpv.shape[-1])
+    for r, (_, positions) in enumerate(chunk):
+      per_mask = []
+      for probs_v in probs_bpv[r, :len(positions)]:
+        top = np.argsort(-probs_v, kind='stable')[:k]
+        per_mask.append([(tokenizer.id_to_token(int(i)), float(probs_v[i])) for i in top])
+      results.append(per_mask)
+  return results
+
+
+def _masked_row(tokenizer, text: str, limit: int, row: int | None) -> tuple[list[int], np.ndarray]:
+  """(ids with [CLS]/[SEP], the [MASK] positions) of one text; DataError when it has none in reach."""
+  where = f'text {row + 1}' if row is not None else 'the text'
+  ids, _, _ = tokenizer.encode_inputs(text, None, max_length=limit)
+  positions = np.flatnonzero(np.asarray(ids) == tokenizer.mask_id).astype(np.int32)
+  if len(ids) == limit:  # possibly cut: count the [MASK] of the whole text
     full, _, _ = tokenizer.encode_inputs(text, None, max_length=1 << 30)
     in_text = sum(1 for i in full if i == tokenizer.mask_id)
-  else:
-    in_text = positions_1p.size
-  if positions_1p.size < in_text:
-    raise DataError(f'{in_text - positions_1p.size} of the text\'s {in_text} [MASK] lie beyond the model\'s '
-                    f'{limit} positions (the text is {len(full)} tokens with [CLS]/[SEP]); shorten the text')
-  if not positions_1p.size:
-    raise DataError(f'the text has no [MASK] token to fill: {text!r}')
-  graphdef, state = nnx.split(pretrained.pretraining_model())  # CheckpointError without an MLM head
-  probs_pv = np.asarray(_mlm_probs(graphdef, state, ids_1t, types_1t, positions_1p)[0])
-  k = min(top_k, probs_pv.shape[-1])
-  results = []
-  for probs_v in probs_pv:
-    top = np.argsort(-probs_v, kind='stable')[:k]
-    results.append([(tokenizer.id_to_token(int(i)), float(probs_v[i])) for i in top])
-  return results
+    if positions.size < in_text:
+      raise DataError(f'{in_text - positions.size} of {where}\'s {in_text} [MASK] lie beyond the model\'s '
+                      f'{limit} positions (it is {len(full)} tokens with [CLS]/[SEP]); shorten it')
+  if not positions.size:
+    raise DataError(f'{where} has no [MASK] token to fill: {text!r}')
+  return list(ids), positions
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,8 @@
   python experiments/embed.py --checkpoint=PATH --input=pairs.tsv --output=OUT.npz --pooling=cls \
       --normalize=false --max_length=256
 
-PATH is a Hugging Face directory or a bert_jax pretraining workdir. The input has one text per
+PATH is a Hugging Face directory or a bert_jax workdir (pretraining, or fine-tuning: its fine-tuned
+encoder, first seed). The input has one text per
 line, or two tab-separated texts for a sentence pair; row i of every array is line i. OUT.npz
 holds input_ids, token_type_ids, attention_mask, last_hidden_state, pooler_output and
 sentence_embedding (see `bert_jax.inference.embed`). Ends by printing one JSON line.
@@ -37,7 +38,7 @@ def main(_):
   start = time.time()
   texts = inference.read_texts(_INPUT.value)  # bad input fails before the (slow) checkpoint load
   files.check_output(_OUTPUT.value, 'file')
-  model = pretrained.load_pretrained(_CHECKPOINT.value)
+  model = pretrained.load_encoder(_CHECKPOINT.value)
   result = inference.embed(model, texts, max_length=_MAX_LENGTH.value, batch_size=_BATCH_SIZE.value,
                            pooling=_POOLING.value, normalize=_NORMALIZE.value)
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)

@@ -163,6 +163,18 @@ def test_fill_mask_equals_softmax_of_mlm_logits(tiny):
     assert all(a[1] >= b[1] for a, b in zip(top, top[1:]))
 
 
+def test_fill_masks_batched_equal_one_at_a_time(tiny):
+  texts = ['The game [MASK] development in 2010 , and [MASK] was released .', 'It [MASK] .',
+           'A much longer sentence about the [MASK] of the game , which was released in Japan in 2010 .']
+  batched = inference.fill_masks(tiny, texts, top_k=3, batch_size=2)  # two batches, padded rows
+  for text, got in zip(texts, batched):
+    alone = inference.fill_mask(tiny, text, top_k=3)
+    assert [[t for t, _ in m] for m in got] == [[t for t, _ in m] for m in alone]
+    np.testing.assert_allclose([[p for _, p in m] for m in got], [[p for _, p in m] for m in alone], atol=1e-6)
+  with pytest.raises(DataError, match='text 2 has no \\[MASK\\]'):
+    inference.fill_masks(tiny, ['The [MASK] .', 'no mask here .'])
+
+
 def test_fill_mask_errors(tiny):
   with pytest.raises(DataError, match='no \\[MASK\\]'):
     inference.fill_mask(tiny, 'A text without a mask .')

@@ -193,9 +193,9 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
   if not os.path.isdir(path):
     raise CheckpointError(f'checkpoint directory {path} does not exist')
   if workdir_lib.kind_of(path) == 'finetuning':
-    raise CheckpointError(f'{path} is a fine-tuning workdir (task heads, no masked-LM head); give a pretraining '
-                          'workdir or a Hugging Face directory, or evaluate it with experiments/finetune.py and '
-                          '--config.eval_only=True')
+    raise CheckpointError(f'{path} is a fine-tuning workdir: its encoder was fine-tuned with a task head and has no '
+                          'masked-LM head; use experiments/predict.py on it, or give a pretraining workdir or a '
+                          'Hugging Face BertForMaskedLM / BertForPreTraining directory')
   if os.path.isdir(os.path.join(path, 'checkpoints')):
     return _load_workdir(path, step)
   if os.path.exists(os.path.join(path, CONFIG_FILE)):
@@ -206,6 +206,14 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
     return PretrainedBert(cfg, params, hf.load_hf_tokenizer(path), 'hf', path)
   raise CheckpointError(f'{path} is neither a Hugging Face checkpoint (config.json + model.safetensors) '
                         'nor a bert_jax workdir (config.json + checkpoints/)')
+
+
+def load_encoder(path: str, step: int | None = None) -> PretrainedBert:
+  """Any checkpoint's encoder for the tools that need no head (embeddings, attention maps): an HF
+  directory, a pretraining workdir, or a fine-tuning workdir (its first seed's fine-tuned encoder)."""
+  if workdir_lib.kind_of(path) == 'finetuning':
+    return load_finetuned(path, step=step).as_pretrained()
+  return load_pretrained(path, step)
 
 
 def workdir_config(path: str) -> PretrainConfig:

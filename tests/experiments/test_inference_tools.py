@@ -18,13 +18,9 @@ pytestmark = pytest.mark.slow  # the entry points in subprocesses
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 
 
-
-
 def last_json(result):
   assert result.returncode == 0, result.stderr[-3000:]
   return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 
 
 @pytest.fixture(scope='module')
@@ -127,3 +123,44 @@ def test_fill_mask_on_encoder_only_minilm():
   path = minilm_dir_or_skip()
   assert_one_line_error(run('fill_mask.py', f'--checkpoint={path}', '--text=Paris is the [MASK] of France.'),
                         'no masked-LM head')
+
+
+def test_many_texts_in_one_process(workdir, tmp_path):
+  texts = tmp_path / 'masks.txt'
+  texts.write_text('The game [MASK] development .\n\nIt was [MASK] in [MASK] .\n', encoding='utf-8')
+  r = run('fill_mask.py', f'--checkpoint={workdir}', f'--input={texts}', '--top_k=3')
+  lines = [json.loads(l) for l in r.stdout.strip().splitlines()]
+  assert r.returncode == 0 and [l['text'] for l in lines] == ['The game [MASK] development .',
+                                                              'It was [MASK] in [MASK] .']
+  assert [len(l['predictions']) for l in lines] == [1, 2] and all(len(m) == 3 for l in lines for m in l['predictions'])
+  alone = last_json(run('fill_mask.py', f'--checkpoint={workdir}', '--text=It was [MASK] in [MASK] .', '--top_k=3'))
+  assert [[p['token'] for p in m] for m in alone['predictions']] == \
+      [[p['token'] for p in m] for m in lines[1]['predictions']]  # batched with another text: the same
+  pairs = tmp_path / 'pairs.txt'
+  pairs.write_text('The game began .\nIt was released .\tIn Japan .\n', encoding='utf-8')
+  r = run('attention.py', f'--checkpoint={workdir}', f'--input={pairs}', f'--output={tmp_path}/maps',
+          f'--html={tmp_path}/pages')
+  summaries = [json.loads(l) for l in r.stdout.strip().splitlines()]
+  assert r.returncode == 0 and len(summaries) == 2, r.stderr[-2000:]
+  assert [s['html'] for s in summaries] == [f'{tmp_path}/pages/0001.html', f'{tmp_path}/pages/0002.html']
+  assert np.load(tmp_path / 'maps' / '0002' / 'attention.npz')['probs'].shape[-1] == len(summaries[1]['tokens'])
+  assert_one_line_error(run('fill_mask.py', f'--checkpoint={workdir}', '--text=a [MASK]', f'--input={texts}'),
+                        'give --text or --input')
+
+
+def test_encoder_tools_take_a_fine_tuning_workdir(tiny_checkpoint, tmp_path):
+  from bert_jax.config import FinetuneConfig  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import run as finetuning  # pylint: disable=g-import-not-at-top
+
+  from helpers import shared_data_or_skip  # pylint: disable=g-import-not-at-top
+  tuned = str(tmp_path / 'sst2')
+  finetuning.finetune(FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
+                                     max_seq_length=32, batch_size=16, max_steps=2, max_train_samples=32), tuned)
+  texts = tmp_path / 'texts.txt'
+  texts.write_text('A fine film .\n', encoding='utf-8')
+  summary = last_json(run('embed.py', f'--checkpoint={tuned}', f'--input={texts}', f'--output={tmp_path}/e.npz'))
+  assert summary['shape'] == [1, 32]  # the fine-tuned encoder (hidden 32)
+  assert 'html' in last_json(run('attention.py', f'--checkpoint={tuned}', '--text=A fine film .',
+                                 f'--html={tmp_path}/a.html'))
+  assert_one_line_error(run('fill_mask.py', f'--checkpoint={tuned}', '--text=A [MASK] film .'),
+                        'is a fine-tuning workdir: its encoder was fine-tuned with a task head')
