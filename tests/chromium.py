@@ -95,7 +95,7 @@ class Chromium:
   def _point(self, selector: str, at: tuple[float, float] | None) -> list[float]:
     """Viewport coordinates of `at` (x, y from the element's top-left corner; default: its centre), in view."""
     return self.eval(f'(() => {{ const e = document.querySelector({json.dumps(selector)}); '
-                     'e.scrollIntoView({block: "center"}); const r = e.getBoundingClientRect(); '
+                     'e.scrollIntoView({block: "nearest"}); const r = e.getBoundingClientRect(); '
                      f'const at = {json.dumps(at)}; '
                      'return at ? [r.left + at[0], r.top + at[1]] : [r.left + r.width / 2, r.top + r.height / 2]; })()')
 
