@@ -2,7 +2,7 @@
 
 Enough of the protocol to open a local page, evaluate JavaScript in it, click like a user
 (mouse events through the browser's input pipeline) and take screenshots. Used by
-tests/test_attention_html.py and docs/make_screenshots.py.
+tests/experiments/test_attention_page.py and docs/make_screenshots.py.
 """
 
 from __future__ import annotations
@@ -78,22 +78,38 @@ class Chromium:
       raise RuntimeError(f'{expression[:80]}: {result["exceptionDetails"]}')
     return result['result'].get('value')
 
-  def open(self, path: str, ready: str = 'document.body && document.body.dataset.ready === "1"') -> None:
-    """Loads a local file and waits until `ready` is true."""
-    self.send('Page.navigate', url='file://' + os.path.abspath(path))
+  def open(self, path: str, ready: str = 'document.body && document.body.dataset.ready === "1"',
+           fragment: str | None = None) -> None:
+    """Loads a local file (at `#fragment` when given) and waits until `ready` is true."""
+    url = 'file://' + os.path.abspath(path)
+    if fragment is not None:  # a fresh load: from the same page, only the hash would change
+      self.send('Page.navigate', url='about:blank')
+      url += '#' + fragment
+    self.send('Page.navigate', url=url)
     deadline = time.time() + self.timeout
     while not self.eval(f'!!({ready})'):
       if time.time() > deadline:
         raise TimeoutError(f'{path} never became ready')
       time.sleep(0.05)
 
-  def click(self, selector: str) -> None:
-    """A left click at the centre of the first element matching `selector`, as a user's."""
-    box = self.eval(f'(() => {{ const e = document.querySelector({json.dumps(selector)}); '
-                    'e.scrollIntoView({block: "center"}); const r = e.getBoundingClientRect(); '
-                    'return [r.left + r.width / 2, r.top + r.height / 2]; })()')
+  def _point(self, selector: str, at: tuple[float, float] | None) -> list[float]:
+    """Viewport coordinates of `at` (x, y from the element's top-left corner; default: its centre), in view."""
+    return self.eval(f'(() => {{ const e = document.querySelector({json.dumps(selector)}); '
+                     'e.scrollIntoView({block: "nearest"}); const r = e.getBoundingClientRect(); '
+                     f'const at = {json.dumps(at)}; '
+                     'return at ? [r.left + at[0], r.top + at[1]] : [r.left + r.width / 2, r.top + r.height / 2]; })()')
+
+  def move(self, selector: str, at: tuple[float, float] | None = None) -> None:
+    """Moves the mouse onto the first element matching `selector` (at `at`, see `click`), as a user's."""
+    x, y = self._point(selector, at)
+    self.send('Input.dispatchMouseEvent', type='mouseMoved', x=x, y=y)
+
+  def click(self, selector: str, at: tuple[float, float] | None = None) -> None:
+    """A left click on the first element matching `selector`, as a user's: at its centre, or at `at` (x, y in CSS
+    pixels from its top-left corner, border included)."""
+    x, y = self._point(selector, at)
     for kind in ('mouseMoved', 'mousePressed', 'mouseReleased'):
-      self.send('Input.dispatchMouseEvent', type=kind, x=box[0], y=box[1], button='left', clickCount=1)
+      self.send('Input.dispatchMouseEvent', type=kind, x=x, y=y, button='left', clickCount=1)
 
   def screenshot(self, path: str) -> str:
     """The viewport as a PNG file."""

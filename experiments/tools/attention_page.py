@@ -2,7 +2,9 @@
 
 The page (`attention_page.html`, plain JavaScript, no network) gets the numbers of
 `inference.attention_details` embedded as base64 little-endian float32, so what it draws is
-bit for bit what the model computed (and what attention.npz holds).
+bit for bit what the model computed (and what attention.npz holds). The model view ranks every
+layer × head by the weight from one token to another (the search), thumbnails name their tokens on
+hover, and the URL's hash (#view=head&layer=3&head=1&token=10&from=10&to=2) holds what is shown.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ from tools import attention_page as attention_html
 pytestmark = pytest.mark.slow  # a browser and real checkpoints
 
 TEXT_A, TEXT_B = 'The cat sat on the mat, unbothered.', 'Then it fell asleep.'
+# The README's example: which heads link "it" to "animal"?
+EXAMPLE_A, EXAMPLE_B = "The animal didn't cross the street because it was too tired.", 'It lay down and slept.'
+IT, ANIMAL = 10, 2  # token indices: [CLS] the animal didn ' t cross the street because it
 
 
 def _last_json(result):
@@ -33,6 +36,19 @@ def minilm_page(tmp_path_factory):
                                       f'--html={out / "minilm.html"}', '--layer=3', '--head=7'))
   assert summary['html'] == str(out / 'minilm.html')
   return summary['html'], np.load(summary['npz']), pretrained.load_pretrained(checkpoint)
+
+
+@pytest.fixture(scope='module')
+def example_page(tmp_path_factory):
+  """(html path, npz contents) for all-MiniLM-L6-v2 on the README's example, as its command makes them."""
+  checkpoint = minilm_dir_or_skip()
+  out = tmp_path_factory.mktemp('example')
+  summary = _last_json(run_experiment('attention.py', f'--checkpoint={checkpoint}', f'--text={EXAMPLE_A}',
+                                      f'--text_pair={EXAMPLE_B}', f'--output={out / "maps"}',
+                                      f'--html={out / "example.html"}', '--layer=3', '--head=1'))
+  npz = np.load(summary['npz'])
+  assert npz['tokens'][IT] == 'it' and npz['tokens'][ANIMAL] == 'animal'
+  return summary['html'], npz
 
 
 @pytest.fixture(scope='module')
@@ -134,6 +150,131 @@ def test_screenshots_of_each_view(minilm_page, browser, tmp_path):
     browser.click(f'nav button[data-view={view}]')
     with open(browser.screenshot(str(tmp_path / f'{view}.png')), 'rb') as f:
       assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def _ranking(browser):
+  return browser.eval('[...document.querySelectorAll("#mv-rank tr[data-layer]")].map(r => '
+                      '[+r.dataset.layer, +r.dataset.head, +r.dataset.weight])')
+
+
+def _expected_ranking(probs, source, target):
+  """Every (layer, head, weight) from the npz, strongest first (ties in layer, head order, as the page sorts)."""
+  weights = probs[:, :, source, target]
+  return [(*divmod(int(i), weights.shape[1]), float(weights.flat[i])) for i in np.argsort(-weights, None, 'stable')]
+
+
+def _assert_ranking(shown, expected):
+  assert [(l, h) for l, h, _ in shown] == [(l, h) for l, h, _ in expected]
+  np.testing.assert_allclose([w for *_, w in shown], [w for *_, w in expected], rtol=0, atol=1e-6)
+
+
+def _visible_lines(browser):
+  """[head, from, to, opacity] of each line the head view shows now."""
+  return browser.eval('[...document.querySelectorAll("#hv-lines line")].filter(l => l.style.display !== "none")'
+                      '.map(l => [+l.dataset.head, +l.dataset.from, +l.dataset.to, '
+                      '+l.getAttribute("stroke-opacity")])')
+
+
+def _select(browser, element_id, value):
+  browser.eval(f'(() => {{ const s = document.getElementById("{element_id}"); s.value = "{value}"; '
+               's.dispatchEvent(new Event("change")); })()')
+
+
+def test_one_click_on_a_token_pair_ranks_every_head_and_finds_it_to_animal(example_page, browser):
+  html, npz = example_page
+  probs = npz['probs']
+  browser.open(html)
+  browser.click('nav button[data-view=model]')
+  margin, cell = browser.eval('[+document.getElementById("mv-pairs").dataset.margin, '
+                              '+document.getElementById("mv-pairs").dataset.cell]')
+  assert margin > 0 and cell >= 6  # token labels on both axes
+  browser.click('#mv-pairs', at=(margin + (ANIMAL + 0.5) * cell, margin + (IT + 0.5) * cell))  # the one click
+  expected = _expected_ranking(probs, IT, ANIMAL)
+  _assert_ranking(_ranking(browser), expected)
+  best_layer, best_head, best_weight = expected[0]
+  assert (best_layer, best_head) == (5, 11) and best_weight > 0.5  # MiniLM's "it" -> "animal" head (then 3/1)
+  assert browser.eval('[document.getElementById("mv-from").value, document.getElementById("mv-to").value]') == [
+      str(IT), str(ANIMAL)]
+  assert browser.eval('document.getElementById("mv-summary").textContent').startswith(
+      f'it → animal: strongest in layer 5, head 11 ({best_weight:.4f})')
+  # The model view marks the strongest five, the best apart.
+  marked = browser.eval('[...document.querySelectorAll("#mv-grid td.best canvas, #mv-grid td.top canvas")].map(c => '
+                        '[+c.dataset.layer, +c.dataset.head, c.parentNode.className])')
+  assert sorted(marked) == sorted([[l, h, 'best' if i == 0 else 'top'] for i, (l, h, _) in enumerate(expected[:5])])
+  assert 'from=10&to=2' in browser.eval('location.hash')
+  # A result opens its head in the head view with the "from" token's lines alone.
+  browser.click('#mv-rank tr[data-layer]')
+  assert browser.eval('document.getElementById("head-view").classList.contains("active")')
+  assert browser.eval('document.getElementById("hv-layer").value') == '5'
+  lines = _visible_lines(browser)
+  assert {(h, t) for h, t, _, _ in lines} == {(11, IT)}
+  assert [abs(w - best_weight) <= 5e-4 for _, _, s, w in lines if s == ANIMAL] == [True]
+  assert browser.eval('location.hash') == f'#view=head&layer=5&head=11&token={IT}&from={IT}&to={ANIMAL}'
+
+
+def test_search_with_the_select_boxes(example_page, browser):
+  html, npz = example_page
+  probs = npz['probs']
+  browser.open(html)
+  browser.click('nav button[data-view=model]')
+  assert _ranking(browser) == []
+  _select(browser, 'mv-from', 16)  # the second sentence's "it"
+  assert _ranking(browser) == []  # no "to" yet
+  _select(browser, 'mv-to', ANIMAL)
+  _assert_ranking(_ranking(browser), _expected_ranking(probs, 16, ANIMAL))
+  browser.click('#mv-clear')
+  assert _ranking(browser) == [] and 'from=' not in browser.eval('location.hash')
+  assert not browser.eval('document.querySelectorAll("#mv-grid td.best, #mv-grid td.top").length')
+
+
+def test_hovering_a_thumbnail_cell_shows_its_tokens_and_weight(example_page, browser):
+  html, npz = example_page
+  probs, tokens = npz['probs'], npz['tokens']
+  browser.open(html)
+  browser.click('nav button[data-view=model]')
+  thumbnail = '#mv-grid canvas[data-layer="3"][data-head="1"]'
+  border, cell = browser.eval(f'[document.querySelector(\'{thumbnail}\').clientLeft, '
+                              f'+document.querySelector(\'{thumbnail}\').dataset.cell]')
+  for t, s in ((IT, ANIMAL), (0, 0), (22, 15)):
+    browser.move(thumbnail, at=(border + (s + 0.5) * cell, border + (t + 0.5) * cell))
+    card = browser.eval('(() => { const c = document.getElementById("mv-card"); return [getComputedStyle(c).display, '
+                        'c.textContent, +c.dataset.from, +c.dataset.to, '
+                        '+document.getElementById("mv-card-canvas").dataset.margin]; })()')
+    assert card[:4] == ['block', f'layer 3, head 1: {tokens[t]} → {tokens[s]}: {probs[3, 1, t, s]:.4f}', t, s]
+    assert card[4] > 0  # the enlarged head has its token labels
+  browser.move('h1')
+  assert browser.eval('getComputedStyle(document.getElementById("mv-card")).display') == 'none'
+
+
+def test_url_hash_opens_a_chosen_view_and_follows_changes(minilm_page, browser):
+  html, npz, _ = minilm_page
+  probs = npz['probs']
+  browser.open(html, fragment='view=neuron&layer=2&head=5&token=4')
+  assert browser.eval('document.getElementById("neuron-view").classList.contains("active")')
+  assert browser.eval('["nv-layer", "nv-head", "nv-token"].map(id => document.getElementById(id).value)') == [
+      '2', '5', '4']
+  row = browser.eval('[...document.querySelectorAll("#nv-table td.softmax")].map(td => +td.dataset.value)')
+  np.testing.assert_allclose(row, probs[2, 5, 4], rtol=0, atol=1e-6)
+  browser.click('nav button[data-view=head]')
+  assert browser.eval('location.hash') == '#view=head&layer=2&head=5&token=4'
+  browser.open(html, fragment='view=head&layer=4&head=3&heads=0,3&token=6')
+  assert browser.eval('document.getElementById("head-view").classList.contains("active")')
+  assert browser.eval('document.getElementById("hv-layer").value') == '4'
+  lines = _visible_lines(browser)
+  assert {h for h, *_ in lines} == {0, 3} and {t for _, t, *_ in lines} == {6}
+  _select(browser, 'hv-layer', 1)
+  assert browser.eval('location.hash') == '#view=head&layer=1&head=3&heads=0,3&token=6'
+  browser.click('nav button[data-view=model]')
+  browser.click('#mv-grid canvas[data-layer="5"][data-head="2"]')
+  assert browser.eval('location.hash') == '#view=head&layer=5&head=2&token=6'
+  # A hash changed in place (a pasted link, back and forward) is followed; nonsense falls back to the defaults.
+  browser.eval('new Promise(done => { addEventListener("hashchange", () => setTimeout(done), {once: true}); '
+               'location.hash = "#view=model&from=3&to=1"; })')
+  assert browser.eval('document.getElementById("model-view").classList.contains("active")')
+  _assert_ranking(_ranking(browser), _expected_ranking(probs, 3, 1))
+  browser.open(html, fragment='view=nope&layer=99&head=x&from=-1')
+  assert browser.eval('[document.querySelector("nav button.active").dataset.view, location.hash]') == [
+      'head', '#view=head&layer=3&head=7']
 
 
 def test_main_job_style_workdir_page(tiny_workdir, tmp_path):
