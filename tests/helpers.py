@@ -288,3 +288,12 @@ def features(lengths, seed=0):
                   token_type_ids=(np.arange(n) > n // 2).astype(np.int32), label=i % 3,
                   token_labels=np.where(np.arange(n) % 2, IGNORE, i % 3).astype(np.int32),
                   start=1, end=n - 1, example_index=i) for i, n in enumerate(lengths)]
+
+
+def png_size(path) -> tuple[int, int]:
+  """(width, height) of a PNG file from its IHDR chunk, after checking its signature."""
+  import struct  # pylint: disable=g-import-not-at-top
+  with open(path, 'rb') as f:
+    head = f.read(24)
+  assert head[:8] == b'\x89PNG\r\n\x1a\n' and head[12:16] == b'IHDR', path
+  return struct.unpack('>II', head[16:24])

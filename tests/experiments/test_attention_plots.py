@@ -1,23 +1,13 @@
 """Attention pictures: valid PNG files of sane size, one per layer plus one head; bad shapes refused."""
 
-import struct
 
 import numpy as np
 import pytest
 
 from bert_jax.errors import ConfigError
 
+from helpers import png_size
 from tools import attention_plots as plots
-
-PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
-
-
-def _png_size(path):
-  """(width, height) from the IHDR chunk, after checking the signature."""
-  with open(path, 'rb') as f:
-    head = f.read(24)
-  assert head[:8] == PNG_SIGNATURE and head[12:16] == b'IHDR', path
-  return struct.unpack('>II', head[16:24])
 
 
 def _probs(shape, seed=0):
@@ -33,7 +23,7 @@ def test_grid_and_head_pictures(tmp_path):
   grid = plots.plot_attention_grid(TOKENS, probs, str(tmp_path / 'grid.png'), 'layer 0')
   head = plots.plot_attention_head(TOKENS, probs[1], str(tmp_path / 'sub' / 'head.png'), 'layer 0, head 1')
   for path in (grid, head):
-    width, height = _png_size(path)
+    width, height = png_size(path)
     assert 300 <= width <= 4000 and 300 <= height <= 4000, (path, width, height)
     assert 5_000 < (tmp_path / path).stat().st_size < 1_000_000
 
@@ -41,9 +31,9 @@ def test_grid_and_head_pictures(tmp_path):
 def test_long_inputs_stay_bounded(tmp_path):
   tokens = [f'▁w{i}' for i in range(200)]
   probs = _probs((12, 200, 200))
-  width, height = _png_size(plots.plot_attention_grid(tokens, probs, str(tmp_path / 'g.png'), 'long'))
+  width, height = png_size(plots.plot_attention_grid(tokens, probs, str(tmp_path / 'g.png'), 'long'))
   assert width <= 2000 and height <= 2000
-  width, height = _png_size(plots.plot_attention_head(tokens, probs[0], str(tmp_path / 'h.png'), 'long'))
+  width, height = png_size(plots.plot_attention_head(tokens, probs[0], str(tmp_path / 'h.png'), 'long'))
   assert width <= 3200 and height <= 3200
 
 
@@ -53,7 +43,7 @@ def test_write_attention_pictures(tmp_path):
   assert [p.rsplit('/', 1)[1] for p in out['layers']] == ['layer_0.png', 'layer_1.png', 'layer_2.png']
   assert out['head'].endswith('layer2_head1.png')
   for path in out['layers'] + [out['head']]:
-    _png_size(path)
+    png_size(path)
   saved = np.load(out['npz'])
   np.testing.assert_array_equal(saved['probs'], probs)
   assert saved['tokens'].tolist() == TOKENS

@@ -2,7 +2,6 @@
 
 import json
 import os
-import struct
 
 import matplotlib.image
 import pytest
@@ -10,15 +9,7 @@ import pytest
 from bert_jax.errors import ConfigError
 from bert_jax.train import curves
 
-PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
-
-
-def _png_size(path):
-  """(width, height) from the IHDR chunk, after checking the signature."""
-  with open(path, 'rb') as f:
-    head = f.read(24)
-  assert head[:8] == PNG_SIGNATURE and head[12:16] == b'IHDR', path
-  return struct.unpack('>II', head[16:24])
+from helpers import png_size
 
 
 def _write_jsonl(path, records, tail=''):
@@ -49,7 +40,7 @@ def test_run_curves_from_a_killed_and_resumed_run(tmp_path):
   assert curves.series(records, 'learning_rate')[0].tolist() == [2, 4, 6, 8]
   path = curves.plot_run_curves(workdir)
   assert path == os.path.join(workdir, 'curves.png')
-  assert _png_size(path) == (1200, 800)
+  assert png_size(path) == (1200, 800)
   assert matplotlib.image.imread(path).shape == (800, 1200, 4)  # decodes whole
   assert 20_000 < os.path.getsize(path) < 1_000_000
   assert sorted(os.listdir(workdir)) == ['curves.png', 'metrics_eval.jsonl', 'metrics_train.jsonl']  # no .tmp
@@ -64,7 +55,7 @@ def test_run_curves_of_fine_tuning_seeds(tmp_path):
   runs = curves._runs(str(tmp_path))  # pylint: disable=protected-access
   assert [label for label, _, _ in runs] == ['seed 0', 'seed 1']
   path = curves.plot_run_curves(str(tmp_path), metrics=['dev_accuracy'])
-  assert _png_size(path) == (1200, 800)
+  assert png_size(path) == (1200, 800)
 
 
 def test_run_curves_without_metrics_draw_nothing(tmp_path):
@@ -78,7 +69,7 @@ def test_run_curves_without_metrics_draw_nothing(tmp_path):
 def test_eval_steps_plot(tmp_path):
   results = [{'step': s, 'mlm_accuracy': s / 10, 'mlm_loss': 5.0 - s / 10, 'loss': 5.5 - s / 10} for s in (4, 8)]
   path = curves.plot_eval_steps(results, str(tmp_path / 'out' / 'steps.png'), 'two checkpoints')
-  assert _png_size(path) == (1200, 450)
+  assert png_size(path) == (1200, 450)
   with pytest.raises(ConfigError, match='no held-out metric'):
     curves.plot_eval_steps([{'step': 4}], str(tmp_path / 'none.png'), 'x')
   assert not os.path.exists(tmp_path / 'none.png')
