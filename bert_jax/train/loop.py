@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -32,7 +32,11 @@ class TrainingDivergedError(BertJaxError, FloatingPointError):
 
 
 class Batches(Protocol):
-  """This process's block of each global batch, in order; `position` = batches consumed."""
+  """This process's block of each global batch, in order; `position` = batches consumed.
+
+  An iterator that builds the whole batch on every process may also set `last_sizes` (the global
+  batch's rows, row_tokens, real_tokens and examples) for exact throughput and padding figures.
+  """
 
   position: int
 
@@ -49,7 +53,7 @@ class Report:
 
   Attributes:
     workdir: metrics_{train,eval}.jsonl and tb/ go here.
-    label: prefixes every line ('seed 0 ' in fine-tuning).
+    label: prefixes every line ('seed 0: ' in fine-tuning).
     progress_keys: train metrics shown in the progress line (all are written to the JSONL).
     eval_keys: held-out metrics shown in the eval line (all numbers are written).
     curves_dir: where curves.png is redrawn after each evaluation (None: not here).
@@ -74,7 +78,7 @@ class FitResult:
   stats: dict[str, float]  # train_steps, train_wall_s, train_padding_fraction
 
 
-def fit(model: StepModel, state: dict[str, Any], batches: Batches | Iterator[dict[str, np.ndarray]], *,
+def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
         total_steps: int, ckpt: Checkpointer, preempt: Preemption, report: Report, log_every: int,
         checkpoint_config: dict[str, Any], checkpoint_extra: dict[str, Any] | None = None,
         evaluate: Callable[[Any, int], dict[str, Any]] | None = None, eval_every: int = 0,
