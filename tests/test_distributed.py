@@ -188,8 +188,7 @@ def finetune_runs(tiny_checkpoint, tmp_path_factory):
                        + [launch_process(GLUE, _glue_args(tiny_checkpoint, root / 'glue_single'), 8),
                           launch_process(SQUAD, _squad_args(tiny_checkpoint, root / 'squad_single'), 8)])[:2]
   shutil.copytree(root / 'squad_single', root / 'squad_multi')
-  for name in ('final_metrics.json', 'seed_0/final_metrics.json', 'seed_0/predictions_eval.json'):
-    (root / 'squad_multi' / name).unlink()  # the 2-process evaluation writes them again
+  # The 2-process evaluation writes beside the training results (eval_step2*), never over them.
   squad_outs = succeed(start_two(SQUAD, [*_squad_args(tiny_checkpoint, root / 'squad_multi'),
                                            '--config.eval_only=True']))
   return dict(root=root, glue_outs=glue_outs, squad_outs=squad_outs)
@@ -220,13 +219,16 @@ def test_two_processes_finetune_like_one(finetune_runs):
 
 def test_two_processes_restore_and_evaluate_spans_like_one(finetune_runs):
   root = finetune_runs['root']
-  multi, single = _final(root / 'squad_multi'), _final(root / 'squad_single')
+  multi = json.loads((root / 'squad_multi' / 'eval_step2.json').read_text())
+  single = _final(root / 'squad_single')
   assert multi['step'] == single['step'] == 2
   for name in ('eval_exact_match', 'eval_f1', 'eval_num_examples'):
     np.testing.assert_allclose(multi[name], single[name], rtol=1e-5)
-  predictions = [json.loads((root / name / 'seed_0' / 'predictions_eval.json').read_text())
-                 for name in ('squad_multi', 'squad_single')]
+  predictions = [json.loads(path.read_text()) for path in
+                 (root / 'squad_multi' / 'seed_0' / 'eval_step2' / 'predictions_eval.json',
+                  root / 'squad_single' / 'seed_0' / 'predictions_eval.json')]
   assert predictions[0] == predictions[1]
+  assert _final(root / 'squad_multi') == single  # the training results stay as they were
 
 
 def test_only_process_0_prints_when_fine_tuning(finetune_runs):
