@@ -288,3 +288,25 @@ def features(lengths, seed=0):
                   token_type_ids=(np.arange(n) > n // 2).astype(np.int32), label=i % 3,
                   token_labels=np.where(np.arange(n) % 2, IGNORE, i % 3).astype(np.int32),
                   start=1, end=n - 1, example_index=i) for i, n in enumerate(lengths)]
+
+
+def reference_first_fit_decreasing(lengths, row_length, max_per_row=None):
+  """packing.first_fit_decreasing as first written (every length, longest first, scans every row in order): the
+  spec the faster one is tested against (tests/data/test_packing.py, test_loader.py)."""
+  order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+  free, count, placed = [], [], [(0, 0)] * len(lengths)
+  for i in order:
+    n = lengths[i]
+    if n > row_length:
+      raise ValueError(f'feature of length {n} does not fit rows of {row_length}')
+    for r, room in enumerate(free):
+      if room >= n and (max_per_row is None or count[r] < max_per_row):
+        placed[i] = (r, row_length - room)
+        free[r] -= n
+        count[r] += 1
+        break
+    else:
+      placed[i] = (len(free), 0)
+      free.append(row_length - n)
+      count.append(1)
+  return placed
