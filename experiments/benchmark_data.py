@@ -125,7 +125,8 @@ def run_shapes(seq_lens: list[int]) -> dict[int, str]:
   for shape in _SHAPES.value:
     if shape not in bm.SHAPES:
       raise BertJaxError(f'unknown corpus shape {shape!r} in --shapes; expected some of {", ".join(bm.SHAPES)}')
-  source = readers.resolve_files(_CORPUS.value)
+  # Only the enwiki copies and their jsonl need --corpus.
+  source = readers.resolve_files(_CORPUS.value) if set(_SHAPES.value) - {'docs'} else []
   files = {shape: bm.shape_corpus(shape, source, os.path.join(_SCRATCH.value, 'corpora'), _SHAPE_MB.value)
            for shape in _SHAPES.value}
   if _TOKENIZER.value:
