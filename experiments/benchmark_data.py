@@ -4,6 +4,9 @@
   python experiments/benchmark_data.py --tokenizer=/path/tokenizer.model --workers=1,2
   # A synthetic 1 GB corpus (copies of ../shared/data/enwiki-2015 with per-copy changes):
   python experiments/benchmark_data.py --synthesize_mb=1000 --tokenizer=... --workers=1,2
+  # One row per corpus shape (enwiki prose, docs with code, jsonl of long documents) and vocabulary size,
+  # 64 MB each, with given SentencePiece models of 8,000 and 30,522 pieces (trained once on all shapes):
+  python experiments/benchmark_data.py --shapes=enwiki,docs,jsonl --shape_mb=64 --vocab_sizes=8000,30522 --workers=2
   # SentencePiece training alone, on a sample of 1M sentences:
   python experiments/benchmark_data.py --tokenizer_only=1000000
   # Loader only, over an existing cache:
@@ -45,6 +48,11 @@ _LOADER_WORKERS = flags.DEFINE_list('loader_workers', ['0', '1', '2'], 'Loader w
 _BATCHES = flags.DEFINE_integer('batches', 200, 'Timed loader batches.')
 _PACK = flags.DEFINE_bool('pack', False, 'Time packed batches too.')
 _LOADER_ONLY = flags.DEFINE_string('loader_only', '', 'A prepared cache directory: time the loader only.')
+_SHAPES = flags.DEFINE_list('shapes', [], f'Instead of --corpus: synthesised corpora of these shapes '
+                            f'({", ".join(bm.SHAPES)}), --shape_mb each, a table row per shape and vocabulary size.')
+_SHAPE_MB = flags.DEFINE_float('shape_mb', 64, 'With --shapes: MB of each corpus shape.')
+_VOCABS = flags.DEFINE_list('vocab_sizes', ['8000', '30522'], 'With --shapes: a SentencePiece model of each size is '
+                            'trained once on every shape (or --tokenizer is given, of --vocab_size) and given.')
 _SPM_ONLY = flags.DEFINE_integer('tokenizer_only', 0, 'Only time SentencePiece training (--vocab_size pieces) on '
                                  'this many distinct sentences of --corpus (topped up with word-order variants).')
 
@@ -70,7 +78,9 @@ def run():
     return
   seq_lens = [int(s) for s in _SEQ.value]
   caches = {}
-  if _LOADER_ONLY.value:
+  if _SHAPES.value and not _LOADER_ONLY.value:
+    caches = run_shapes(seq_lens)
+  elif _LOADER_ONLY.value:
     caches = {int(json.load(open(os.path.join(_LOADER_ONLY.value, 'meta.json')))['data_config']['max_seq_length']):
               _LOADER_ONLY.value}
   else:
@@ -104,6 +114,44 @@ def run():
           print(json.dumps(row), flush=True)
   print('\nloader:\n')
   print(bm.format_table(loader_rows, ['seq_len', 'batch_size', 'workers', 'pack', 'tokens_per_s', 'batches_per_s']))
+
+
+_SHAPE_COLUMNS = ['shape', 'vocab', 'seq_len', 'workers', 'mb', 'seconds', 'mb_per_s', 'mb_per_s_per_worker',
+                  'peak_rss_gib', 'read_mb_per_s', 'tokenize_mb_per_s', 'pairs_write_mb_per_s', 'train_pairs']
+
+
+def run_shapes(seq_lens: list[int]) -> dict[int, str]:
+  """Prepares every corpus shape with every vocabulary and worker count; prints the table. {seq_len: a cache}."""
+  for shape in _SHAPES.value:
+    if shape not in bm.SHAPES:
+      raise BertJaxError(f'unknown corpus shape {shape!r} in --shapes; expected some of {", ".join(bm.SHAPES)}')
+  # Only the enwiki copies and their jsonl need --corpus.
+  source = readers.resolve_files(_CORPUS.value) if set(_SHAPES.value) - {'docs'} else []
+  files = {shape: bm.shape_corpus(shape, source, os.path.join(_SCRATCH.value, 'corpora'), _SHAPE_MB.value)
+           for shape in _SHAPES.value}
+  if _TOKENIZER.value:
+    tokenizers = {_VOCAB.value: _TOKENIZER.value}
+  else:
+    tokenizers = {int(v): bm.given_tokenizer(files, int(v), _SCRATCH.value) for v in _VOCABS.value}
+  rows, caches = [], {}
+  for shape, shape_files in files.items():
+    fields = bm.SHAPES[shape][1]
+    for vocab, tokenizer in tokenizers.items():
+      for seq in seq_lens:
+        for workers in [int(w) for w in _WORKERS.value]:
+          cache = os.path.join(_SCRATCH.value, f'cache_{shape}_v{vocab}_seq{seq}_w{workers}')
+          shutil.rmtree(cache, ignore_errors=True)
+          cfg = DataConfig(train_files=','.join(shape_files), cache_dir=cache, tokenizer=tokenizer,
+                           num_workers=workers, unit_mb=_UNIT_MB.value, max_seq_length=seq,
+                           max_predictions_per_seq=max(1, seq * 20 // 128), **fields)
+          row = bm.time_prepare(cfg, vocab, log=lambda m: print(m, flush=True))
+          row.update(shape=shape, vocab=vocab, seq_len=seq)
+          rows.append(row)
+          caches[seq] = row['dir']
+          print(json.dumps(row), flush=True)
+  print('\npreparation by corpus shape (whole process tree; phase rates are MB per worker-second):\n')
+  print(bm.format_table(rows, _SHAPE_COLUMNS))
+  return caches
 
 
 if __name__ == '__main__':

@@ -297,3 +297,25 @@ def png_size(path) -> tuple[int, int]:
     head = f.read(24)
   assert head[:8] == b'\x89PNG\r\n\x1a\n' and head[12:16] == b'IHDR', path
   return struct.unpack('>II', head[16:24])
+
+
+def reference_first_fit_decreasing(lengths, row_length, max_per_row=None):
+  """packing.first_fit_decreasing as first written (every length, longest first, scans every row in order): the
+  spec the faster one is tested against (tests/data/test_packing.py, test_loader.py)."""
+  order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+  free, count, placed = [], [], [(0, 0)] * len(lengths)
+  for i in order:
+    n = lengths[i]
+    if n > row_length:
+      raise ValueError(f'feature of length {n} does not fit rows of {row_length}')
+    for r, room in enumerate(free):
+      if room >= n and (max_per_row is None or count[r] < max_per_row):
+        placed[i] = (r, row_length - room)
+        free[r] -= n
+        count[r] += 1
+        break
+    else:
+      placed[i] = (len(free), 0)
+      free.append(row_length - n)
+      count.append(1)
+  return placed

@@ -172,9 +172,9 @@ def packed_mlm_width(cfg: DataConfig) -> int:
   return int(best_u[t])
 
 
-def _placement(lengths: Sequence[int], cfg: DataConfig) -> tuple[list[tuple[int, int]], int]:
-  placed = packing.first_fit_decreasing(lengths, cfg.max_seq_length, cfg.max_segments_per_row)
-  return placed, max((r for r, _ in placed), default=-1) + 1
+def _placement(lengths: Sequence[int] | np.ndarray, cfg: DataConfig) -> tuple[np.ndarray, np.ndarray, int]:
+  """(rows, offsets, number of rows) of `packing.fit_rows` for examples of these lengths."""
+  return packing.fit_rows(lengths, cfg.max_seq_length, cfg.max_segments_per_row)
 
 
 def packed_num_rows(lengths_per_process: Sequence[Sequence[int]], cfg: DataConfig) -> int:
@@ -190,7 +190,7 @@ def packed_num_rows(lengths_per_process: Sequence[Sequence[int]], cfg: DataConfi
     lengths_per_process: the token counts of each process's examples (0 = padding example).
     cfg: max_seq_length, max_segments_per_row, pack_rows_multiple.
   """
-  return _rounded_rows(max(_placement([n for n in lengths if n], cfg)[1] for lengths in lengths_per_process), cfg)
+  return _rounded_rows(max(_placement([n for n in lengths if n], cfg)[2] for lengths in lengths_per_process), cfg)
 
 
 def _rounded_rows(needed: int, cfg: DataConfig) -> int:
@@ -215,7 +215,7 @@ def pack_batch(batch: dict, cfg: DataConfig, num_rows: int | None = None) -> dic
   """
   lengths = batch['attention_mask'].sum(1)
   real = np.flatnonzero(lengths > 0)
-  placed, needed = _placement(lengths[real].tolist(), cfg)
+  rows, offsets, needed = _placement(lengths[real], cfg)
   if num_rows is None:
     num_rows = _rounded_rows(needed, cfg)
   if num_rows < needed:
@@ -226,29 +226,69 @@ def pack_batch(batch: dict, cfg: DataConfig, num_rows: int | None = None) -> dic
   out.update(masked_lm_positions=np.zeros((r, pp), np.int32), masked_lm_ids=np.zeros((r, pp), np.int32),
              masked_lm_weights=np.zeros((r, pp), np.float32), cls_positions=np.zeros((r, k), np.int32),
              next_sentence_labels=np.zeros((r, k), np.int32), nsp_weights=np.zeros((r, k), np.float32))
-  segments = np.zeros((r,), np.int64)
-  predictions = np.zeros((r,), np.int64)
-  for e, (row, offset) in zip(real.tolist(), placed):
-    n, s = int(lengths[e]), int(segments[row])
-    cols = slice(offset, offset + n)
-    segments[row] += 1
-    out['input_ids'][row, cols] = batch['input_ids'][e, :n]
-    out['token_type_ids'][row, cols] = batch['token_type_ids'][e, :n]
-    out['attention_mask'][row, cols] = 1
-    out['position_ids'][row, cols] = np.arange(n)
-    out['segment_ids'][row, cols] = s + 1
-    out['cls_positions'][row, s] = offset
-    out['next_sentence_labels'][row, s] = batch['next_sentence_labels'][e]
-    out['nsp_weights'][row, s] = batch['nsp_weights'][e]
-    slots = np.flatnonzero(batch['masked_lm_weights'][e])
-    j = int(predictions[row])
-    if j + len(slots) > pp:
-      raise DataError(f'a packed row needs more than {pp} masked-LM slots; packed_mlm_width no '
-                      'longer bounds masking.mask_tokens')
-    out['masked_lm_positions'][row, j:j + len(slots)] = batch['masked_lm_positions'][e, slots] + offset
-    out['masked_lm_ids'][row, j:j + len(slots)] = batch['masked_lm_ids'][e, slots]
-    out['masked_lm_weights'][row, j:j + len(slots)] = batch['masked_lm_weights'][e, slots]
-    predictions[row] += len(slots)
+  if not len(real):
+    return out
+  b, width = batch['input_ids'].shape
+  n = lengths[real]
+  slots = _before_within(rows)  # a row's examples in batch order
+  # Every packed position reads one position of the unpacked arrays followed by `t` zeros: the
+  # rows' examples in offset order, each its first n tokens, then padding from the zeros. The
+  # reads are runs, gathered through one running-sum index (as nsp's records).
+  used = np.bincount(rows, weights=n, minlength=r).astype(np.int64)
+  starts = np.concatenate([rows * t + offsets, np.arange(r) * t + used])  # in the packed rows
+  sources = np.concatenate([real * width, np.full(r, b * width)])
+  runs = np.concatenate([n, t - used])
+  order = np.argsort(starts, kind='stable')
+  starts, sources, runs = starts[order], sources[order], runs[order]
+  keep = runs > 0
+  starts, sources, runs = starts[keep], sources[keep], runs[keep]
+  index = np.ones(r * t, np.int64)
+  jumps = sources.copy()
+  jumps[1:] -= sources[:-1] + runs[:-1] - 1
+  index[starts] = jumps
+  np.cumsum(index, out=index)
+  zeros = np.zeros(t, np.int32)
+  for name in ('input_ids', 'token_type_ids'):
+    out[name] = np.concatenate([batch[name].ravel(), zeros])[index].reshape(r, t)
+  out['attention_mask'] = (index < b * width).astype(np.int32).reshape(r, t)
+  out['position_ids'] = _positions(b, width, t)[index].reshape(r, t)
+  segment = np.zeros(b, np.int32)
+  segment[real] = slots + 1
+  out['segment_ids'] = np.concatenate([np.repeat(segment, width), zeros])[index].reshape(r, t)
+  out['cls_positions'][rows, slots] = offsets
+  out['next_sentence_labels'][rows, slots] = batch['next_sentence_labels'][real]
+  out['nsp_weights'][rows, slots] = batch['nsp_weights'][real]
+  # Masked-LM slots: a row's predictions are its examples' (in batch order, each in slot order).
+  e, p = np.nonzero(batch['masked_lm_weights'][real])  # by example, then slot
+  count = np.bincount(e, minlength=len(real))
+  # Slot j in the row: the predictions of the row's examples before e, then e's own before this one.
+  j = _before_within(rows, count)[e] + np.arange(len(e)) - np.repeat(np.cumsum(count) - count, count)
+  if len(j) and j.max() >= pp:
+    raise DataError(f'a packed row needs more than {pp} masked-LM slots; packed_mlm_width no '
+                    'longer bounds masking.mask_tokens')
+  p_width = batch['masked_lm_weights'].shape[1]
+  dst, src = rows[e] * pp + j, real[e] * p_width + p
+  out['masked_lm_positions'].ravel()[dst] = batch['masked_lm_positions'].ravel()[src] + offsets[e]
+  out['masked_lm_ids'].ravel()[dst] = batch['masked_lm_ids'].ravel()[src]
+  out['masked_lm_weights'].ravel()[dst] = batch['masked_lm_weights'].ravel()[src]
+  return out
+
+
+@functools.lru_cache(maxsize=8)
+def _positions(rows: int, width: int, pad: int) -> np.ndarray:
+  """Each position's column in `rows` rows of `width`, then `pad` zeros (read-only)."""
+  out = np.concatenate([np.tile(np.arange(width, dtype=np.int32), rows), np.zeros(pad, np.int32)])
+  out.flags.writeable = False
+  return out
+
+
+def _before_within(groups: np.ndarray, values: np.ndarray | None = None) -> np.ndarray:
+  """For each element, the sum of `values` (1 each by default) over the earlier elements of its group."""
+  values = np.ones(len(groups), np.int64) if values is None else values
+  order = np.argsort(groups, kind='stable')
+  grouped, before = groups[order], np.cumsum(values[order]) - values[order]
+  out = np.empty(len(groups), np.int64)
+  out[order] = before - before[np.searchsorted(grouped, grouped, side='left')]
   return out
 
 

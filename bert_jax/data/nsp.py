@@ -2,7 +2,8 @@
 
 A unit's text is held as one flat token array: documents are runs of sentences and
 sentences runs of tokens, so every segment of a pair is a contiguous slice and a pair is
-five integers (`PAIR_FIELDS`). Records are then assembled for all pairs at once.
+five integers (`PAIR_FIELDS`) and a record a few runs of that array (`RecordRuns`), gathered
+for many records at once.
 
 The algorithm is google-research/bert's `create_instances_from_document`, with the
 randomness of a `random.Random` seeded per unit and split, so a unit's pairs depend only on
@@ -14,6 +15,8 @@ up to `data.unit_mb` of whole documents, several files when they are small).
 
 from __future__ import annotations
 
+import array
+import bisect
 import dataclasses
 import random
 
@@ -65,6 +68,13 @@ def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: fl
   half of the time and one-sentence documents give no pairs, so labels stay near 50/50 even
   when sentences are long, and a random document is always another document.
 
+  The draws are sequential (where a chunk ends depends on earlier draws), so this is one loop
+  over chunks; what the draws do not decide is looked up, not walked: a chunk's last sentence
+  and a random segment's end are binary searches over the sentence boundaries. Draws go
+  straight to `rng.random` and `rng.getrandbits` with `random.Random.randrange`'s own
+  arithmetic (`_below`), so the stream of draws and the pairs are those of the sentence-by-
+  sentence loop this replaced (tests/data/test_nsp.py keeps it as the reference).
+
   Args:
     docs: the documents to pair.
     max_seq_length: T; a pair has at most T - 3 tokens (room for [CLS] [SEP] [SEP]).
@@ -82,49 +92,73 @@ def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: fl
   pool, pool_is_docs = docs, True
   if docs.num_docs < 2 and random_pool is not None and random_pool.num_docs:
     pool, pool_is_docs = random_pool, False
-  sent = docs.sentence_starts
-  pool_sent, pool_docs = pool.sentence_starts, pool.doc_starts
+  # Python ints: a list read is several times cheaper than a numpy scalar read.
+  sent = docs.sentence_starts.tolist()
+  pool_sent = sent if pool_is_docs else pool.sentence_starts.tolist()
+  pool_docs = pool.doc_starts.tolist()
+  doc_starts = docs.doc_starts.tolist()
+  # Only documents of two sentences or more give pairs (the others are still random segments).
+  paired = np.flatnonzero(np.diff(docs.doc_starts) >= 2).tolist()
   num_pool = pool.num_docs - (1 if pool_is_docs else 0)  # other documents to draw from
   max_tokens = max_seq_length - 3
-  out: list[tuple[int, int, int, int, int]] = []
+  uniform, getrandbits, bisect_left = rng.random, rng.getrandbits, bisect.bisect_left
+
+  def below(n: int) -> int:  # rng.randrange(n), draw for draw
+    k = n.bit_length()
+    r = getrandbits(k)
+    while r >= n:
+      r = getrandbits(k)
+    return r
+
+  out = array.array('q')
+  pool_bits = num_pool.bit_length()
   for _ in range(dupe_factor):
-    for d in range(docs.num_docs):
-      first, last = int(docs.doc_starts[d]), int(docs.doc_starts[d + 1])
-      if last - first < 2:
-        continue  # could only give random-next pairs; still a source of random segments
+    for d in paired:
+      first, last = doc_starts[d], doc_starts[d + 1]
       target = max_tokens
-      if rng.random() < short_seq_prob:
-        target = rng.randint(2, max_tokens)
-      chunk_start, i = first, first
-      while i < last:
-        chunk_len = int(sent[i + 1] - sent[chunk_start])
-        if i == last - 1 or chunk_len >= target:
-          n = i + 1 - chunk_start
-          if n == 1 and i + 1 < last and rng.random() >= 0.5:
-            i += 1  # a lone (long) sentence gets its true continuation half of the time
-            a_end, is_random = chunk_start + 1, False
-          else:
-            a_end = chunk_start + (rng.randrange(1, n) if n >= 2 else 1)
-            is_random = num_pool > 0 and (n == 1 or rng.random() < 0.5)
-          a = (int(sent[chunk_start]), int(sent[a_end]))
-          if is_random:
-            other = rng.randrange(num_pool)
-            if pool_is_docs and other >= d:
-              other += 1
-            o_first, o_last = int(pool_docs[other]), int(pool_docs[other + 1])
-            j = o_first + rng.randrange(o_last - o_first)
-            b_target = target - (a[1] - a[0])
-            k = j
-            while k < o_last - 1 and pool_sent[k + 1] - pool_sent[j] < b_target:
-              k += 1
-            b = (int(pool_sent[j]), int(pool_sent[k + 1]))
-            i = a_end - 1  # the unused sentences start the next chunk
-          else:
-            b = (int(sent[a_end]), int(sent[i + 1]))
-          out.append((*_truncate(a, b, max_tokens, rng), int(is_random)))
-          chunk_start = i + 1
-        i += 1
-  return np.array(out, np.int64).reshape(-1, len(PAIR_FIELDS))
+      if uniform() < short_seq_prob:
+        target = 2 + below(max_tokens - 1)  # rng.randint(2, max_tokens)
+      chunk_start = first
+      while chunk_start < last:
+        # The chunk ends at the first sentence that brings it to `target` tokens, or the document's last.
+        i = bisect_left(sent, sent[chunk_start] + target, chunk_start + 1, last + 1) - 1
+        if i == last:
+          i -= 1
+        n = i + 1 - chunk_start
+        if n >= 2:
+          k = (n - 1).bit_length()  # a_end = chunk_start + rng.randrange(1, n)
+          r = getrandbits(k)
+          while r >= n - 1:
+            r = getrandbits(k)
+          a_end = chunk_start + 1 + r
+          is_random = num_pool > 0 and uniform() < 0.5
+        elif i + 1 < last and uniform() >= 0.5:
+          i += 1  # a lone (long) sentence gets its true continuation half of the time
+          a_end, is_random = chunk_start + 1, False
+        else:
+          a_end, is_random = chunk_start + 1, num_pool > 0
+        a0, a1 = sent[chunk_start], sent[a_end]
+        if is_random:
+          other = getrandbits(pool_bits)  # rng.randrange(num_pool)
+          while other >= num_pool:
+            other = getrandbits(pool_bits)
+          if pool_is_docs and other >= d:
+            other += 1
+          o_first, o_last = pool_docs[other], pool_docs[other + 1]
+          j = o_first + below(o_last - o_first)
+          # Sentences j..k: up to the first that brings B to the rest of the target, or the document's last.
+          k = bisect_left(pool_sent, pool_sent[j] + target - (a1 - a0), j + 1, o_last + 1) - 1
+          if k == o_last:
+            k -= 1
+          b0, b1 = pool_sent[j], pool_sent[k + 1]
+          i = a_end - 1  # the unused sentences start the next chunk
+        else:
+          b0, b1 = sent[a_end], sent[i + 1]
+        if a1 - a0 + b1 - b0 > max_tokens:
+          a0, a1, b0, b1 = _truncate((a0, a1), (b0, b1), max_tokens, rng)
+        out.extend((a0, a1, b0, b1, is_random))
+        chunk_start = i + 1
+  return np.frombuffer(out, np.int64).reshape(-1, len(PAIR_FIELDS)) if out else np.zeros((0, 5), np.int64)
 
 
 def _truncate(a, b, max_tokens, rng):
@@ -156,9 +190,47 @@ def _coin_flips(rng: random.Random, n: int) -> int:
   return rng.getrandbits(n).bit_count() if n else 0
 
 
-def assemble_records(docs: TokenizedDocs, pairs: np.ndarray, *, cls_id: int, sep_id: int,
-                     pool: TokenizedDocs | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """Every pair's tokens, [CLS] A [SEP] B [SEP], back to back in one flat array.
+@dataclasses.dataclass
+class RecordRuns:
+  """Records as runs of one source array: record r is runs [r * k, (r + 1) * k) back to back.
+
+  A run is `source[start:start + length]`; the tokens are only gathered when asked for, all at
+  once (`tokens`) or a block of records at a time (`blocks`: bounded memory, and the index
+  arrays stay in cache).
+
+  Attributes:
+    source: every token a record takes: the text's, then [CLS] and [SEP].
+    starts: int64[R * k], where each run starts in `source`.
+    lengths: int64[R * k], each run's length (0 for an empty segment).
+    bounds: int64[R + 1], record r is tokens bounds[r]:bounds[r + 1] of all records.
+    runs_per_record: k.
+  """
+
+  source: np.ndarray
+  starts: np.ndarray
+  lengths: np.ndarray
+  bounds: np.ndarray
+  runs_per_record: int
+
+  def tokens(self, first: int = 0, last: int | None = None) -> np.ndarray:
+    """The tokens of records first..last - 1 (all by default), back to back."""
+    k = self.runs_per_record
+    last = len(self.bounds) - 1 if last is None else last
+    return _concat_runs(self.source, self.starts[first * k:last * k], self.lengths[first * k:last * k])
+
+  def blocks(self, block_tokens: int = 1 << 20):
+    """Yields `tokens()` in consecutive pieces of whole records, about `block_tokens` each."""
+    first, num = 0, len(self.bounds) - 1
+    while first < num:
+      last = int(np.searchsorted(self.bounds, self.bounds[first] + block_tokens, side='right')) - 1
+      last = min(max(last, first + 1), num)
+      yield self.tokens(first, last)
+      first = last
+
+
+def record_runs(docs: TokenizedDocs, pairs: np.ndarray, *, cls_id: int, sep_id: int,
+                pool: TokenizedDocs | None = None, dtype=np.int32) -> RecordRuns:
+  """Every pair's record, [CLS] A [SEP] B [SEP], as five runs of the tokens.
 
   Args:
     docs: the documents the pairs index.
@@ -166,35 +238,50 @@ def assemble_records(docs: TokenizedDocs, pairs: np.ndarray, *, cls_id: int, sep
     cls_id: the tokenizer's [CLS].
     sep_id: the tokenizer's [SEP].
     pool: the `random_pool` the pairs drew from when it was not `docs`, else None.
-
-  Returns:
-    (int32 tokens of all records, int64[num_pairs + 1] record boundaries in it).
+    dtype: of the tokens (the shard's `records.token_dtype`: written without a copy).
   """
   a0, a1, b0, b1, rnd = (pairs[:, k] for k in range(5))
   len_a, len_b = a1 - a0, b1 - b0
   bounds = np.concatenate([[0], np.cumsum(len_a + len_b + 3)]).astype(np.int64)
-  out = np.empty(int(bounds[-1]), np.int32)
-  start = bounds[:-1]
-  out[start] = cls_id
-  out[start + 1 + len_a] = sep_id
-  out[bounds[1:] - 1] = sep_id
-  # B comes from the pool for random pairs drawn there; the tokens of both in one array.
-  b_from_pool = (rnd == 1) & (pool is not None)
-  source = docs.tokens if pool is None else np.concatenate([docs.tokens, pool.tokens])
-  b_offset = np.where(b_from_pool, len(docs.tokens), 0)
-  _gather(out, start + 1, a0, len_a, source)
-  _gather(out, start + 2 + len_a, b0 + b_offset, len_b, source)
-  return out, bounds
+  # One source for every run: the documents' tokens, the pool's (B of random pairs drawn
+  # there), then [CLS] and [SEP].
+  parts = [docs.tokens] + ([pool.tokens] if pool is not None else [])
+  source = np.concatenate([*parts, np.array([cls_id, sep_id], docs.tokens.dtype)]).astype(dtype, copy=False)
+  cls_at, sep_at = len(source) - 2, len(source) - 1
+  b_from = b0 + np.where((rnd == 1) & (pool is not None), len(docs.tokens), 0)
+  ones = np.ones_like(a0)
+  starts = np.stack([cls_at * ones, a0, sep_at * ones, b_from, sep_at * ones], axis=1).ravel()
+  lengths = np.stack([ones, len_a, ones, len_b, ones], axis=1).ravel()
+  return RecordRuns(source, starts, lengths, bounds, 5)
 
 
-def _gather(out, dst_starts, src_starts, lengths, source):
-  """out[dst_starts[i] + k] = source[src_starts[i] + k] for k < lengths[i], for every i at once."""
+def assemble_records(docs: TokenizedDocs, pairs: np.ndarray, *, cls_id: int, sep_id: int,
+                     pool: TokenizedDocs | None = None, dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+  """Every pair's tokens, [CLS] A [SEP] B [SEP], back to back in one flat array (`record_runs`' args).
+
+  Returns:
+    (tokens of all records, int64[num_pairs + 1] record boundaries in it).
+  """
+  runs = record_runs(docs, pairs, cls_id=cls_id, sep_id=sep_id, pool=pool, dtype=dtype)
+  return runs.tokens(), runs.bounds
+
+
+def _concat_runs(source: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+  """source[starts[i]:starts[i] + lengths[i]] for every i, back to back, in one gather.
+
+  The index array is a running sum: each index is the one before plus one, except at the
+  start of a run, which jumps to the run's start in `source`.
+  """
+  keep = lengths > 0
+  starts, lengths = starts[keep], lengths[keep]
   total = int(lengths.sum())
-  if not total:
-    return
-  run_offsets = np.repeat(np.cumsum(lengths) - lengths, lengths)
-  within = np.arange(total) - run_offsets
-  out[np.repeat(dst_starts, lengths) + within] = source[np.repeat(src_starts, lengths) + within]
+  index = np.ones(total, np.int32 if len(source) < 2**31 else np.int64)
+  if total:
+    jumps = starts.copy()
+    jumps[1:] -= starts[:-1] + lengths[:-1] - 1
+    index[np.cumsum(lengths) - lengths] = jumps
+    np.cumsum(index, out=index)
+  return source[index]
 
 
 def full_sentence_records(docs: TokenizedDocs, *, max_seq_length: int, sep_id: int
@@ -226,30 +313,47 @@ def full_sentence_records(docs: TokenizedDocs, *, max_seq_length: int, sep_id: i
   lengths = np.diff(sent)
   within = np.arange(len(docs.tokens)) - np.repeat(sent[:-1], lengths)
   stream[np.repeat(pos[:-1], lengths) + within] = docs.tokens
-  out: list[tuple[int, int]] = []
+  # Where sentence k's tokens end in the stream (before the [SEP] when the next starts a document).
+  next_first = np.zeros(num_sentences, np.int64)
+  next_first[:-1] = first_of_doc[1:]
+  begins, ends = pos[:-1].tolist(), (pos[1:] - next_first).tolist()
+  out = array.array('q')
   start = None  # stream position where the open record starts
-  for k in range(num_sentences):
-    begin, end = int(pos[k]), int(pos[k + 1]) - (1 if k + 1 < num_sentences and first_of_doc[k + 1] else 0)
-    if start is not None and end - start > budget:
-      out.append((start, int(pos[k]) - (1 if first_of_doc[k] else 0)))  # close before sentence k
-      start = None
-    if start is None:
+  k = 0  # the next sentence not in a record
+  while k < num_sentences:
+    if start is None:  # sentence k opens a record
+      begin, end = begins[k], ends[k]
       while end - begin > budget:  # a sentence longer than a record: whole pieces of it
-        out.append((begin, begin + budget))
+        out.extend((begin, begin + budget))
         begin += budget
-      start = begin if end > begin else None
+      k += 1
+      if end == begin:
+        continue
+      start = begin
+    # The open record takes the sentences that fit whole: up to the first that would pass the budget.
+    k = bisect.bisect_right(ends, start + budget, k, num_sentences)
+    if k == num_sentences:
+      break
+    out.extend((start, ends[k - 1]))
+    start = None
   if start is not None and pos[-1] > start:
-    out.append((start, int(pos[-1])))
-  return np.array(out, np.int64).reshape(-1, 2), stream
+    out.extend((start, int(pos[-1])))
+  return np.frombuffer(out, np.int64).reshape(-1, 2) if out else np.zeros((0, 2), np.int64), stream
 
 
-def assemble_full_sentences(ranges: np.ndarray, stream: np.ndarray, *, cls_id: int, sep_id: int
-                            ) -> tuple[np.ndarray, np.ndarray]:
-  """[CLS] stream[start:end] [SEP] for every range, back to back (as `assemble_records`)."""
+def full_sentence_runs(ranges: np.ndarray, stream: np.ndarray, *, cls_id: int, sep_id: int,
+                       dtype=np.int32) -> RecordRuns:
+  """[CLS] stream[start:end] [SEP] for every range, as three runs (as `record_runs`)."""
   lengths = ranges[:, 1] - ranges[:, 0]
   bounds = np.concatenate([[0], np.cumsum(lengths + 2)]).astype(np.int64)
-  out = np.empty(int(bounds[-1]), np.int32)
-  out[bounds[:-1]] = cls_id
-  out[bounds[1:] - 1] = sep_id
-  _gather(out, bounds[:-1] + 1, ranges[:, 0], lengths, stream)
-  return out, bounds
+  source = np.concatenate([stream, np.array([cls_id, sep_id], stream.dtype)]).astype(dtype, copy=False)
+  ones = np.ones_like(lengths)
+  starts = np.stack([(len(source) - 2) * ones, ranges[:, 0], (len(source) - 1) * ones], axis=1).ravel()
+  return RecordRuns(source, starts, np.stack([ones, lengths, ones], axis=1).ravel(), bounds, 3)
+
+
+def assemble_full_sentences(ranges: np.ndarray, stream: np.ndarray, *, cls_id: int, sep_id: int,
+                            dtype=np.int32) -> tuple[np.ndarray, np.ndarray]:
+  """[CLS] stream[start:end] [SEP] for every range, back to back (as `assemble_records`)."""
+  runs = full_sentence_runs(ranges, stream, cls_id=cls_id, sep_id=sep_id, dtype=dtype)
+  return runs.tokens(), runs.bounds

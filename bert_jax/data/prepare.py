@@ -568,7 +568,8 @@ def _build_unit(job: _Job, unit: Unit, _) -> dict:
   out = dict(unit=unit.index, bytes=int(read_stats.get('bytes', 0)),
              invalid_utf8=int(read_stats.get('invalid_utf8', 0)),
              formats=read_stats.get('formats', {}), splits={})
-  for code, split in enumerate(('train', 'eval')):
+  dtype = records.token_dtype(job.vocab_size)  # records are assembled in it: written without a copy
+  for split in ('train', 'eval'):
     t = tokenized[split]
     if job.nsp:
       pool = tokenized['train'] if split == 'eval' else None
@@ -577,27 +578,36 @@ def _build_unit(job: _Job, unit: Unit, _) -> dict:
                                dupe_factor=job.dupe_factor if split == 'train' else 1, rng=rng,
                                random_pool=pool)
       used_pool = pool if (pool is not None and t.num_docs < 2 and pool.num_docs) else None
-      flat, bounds = nsp.assemble_records(t, pairs, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id,
-                                          pool=used_pool)
+      runs = nsp.record_runs(t, pairs, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pool=used_pool,
+                             dtype=dtype)
       len_a, random_next = pairs[:, 1] - pairs[:, 0], pairs[:, 4]
     else:  # masked LM only: FULL-SENTENCES records, all segment A (len_a = length - 2), label 0
       ranges, stream = nsp.full_sentence_records(t, max_seq_length=job.max_seq_length, sep_id=tokenizer.sep_id)
-      flat, bounds = nsp.assemble_full_sentences(ranges, stream, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id)
+      runs = nsp.full_sentence_runs(ranges, stream, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, dtype=dtype)
       len_a, random_next = ranges[:, 1] - ranges[:, 0], np.zeros(len(ranges), np.int64)
-    index = records.make_index(bounds, len_a, random_next)
+    index = records.make_index(runs.bounds, len_a, random_next)
     base = os.path.join(job.build_dir, _UNITS_DIR, f'{unit.index:05d}.{split}')
+    counts = np.zeros(job.vocab_size, '<i8') if split == 'train' else None
     if len(len_a):
       _atomic(os.path.join(job.build_dir, records.shard_name(split, unit.index)),
-              lambda p: records.write_shard(p, flat, records.token_dtype(job.vocab_size)))
+              lambda p: _write_records(p, runs, counts))
     _atomic(base + '.index.npy', lambda p: _save_npy(p, index))
-    if split == 'train':
-      counts = np.bincount(flat, minlength=job.vocab_size).astype('<i8')
+    if counts is not None:
       _atomic(base + '.counts.npy', lambda p: _save_npy(p, counts))
     out['splits'][split] = dict(documents=t.num_docs, sentences=int(len(t.sentence_starts) - 1),
                                 tokens=int(len(t.tokens)), pairs=int(len(len_a)), random_next=int(random_next.sum()))
   out['seconds'] = dict(read=t_read - t0, tokenize=t_tokenize - t_read, pairs_write=time.time() - t_tokenize)
   _write_json(_marker(job.build_dir, unit.index), out)  # last: the unit is complete
   return out
+
+
+def _write_records(path: str, runs: nsp.RecordRuns, counts: np.ndarray | None) -> None:
+  """Writes the records' tokens to a shard a block at a time, adding them to `counts` (int64[vocab]) if given."""
+  with open(path, 'wb') as f:
+    for block in runs.blocks():
+      records.write_tokens(f, block)
+      if counts is not None:
+        counts += np.bincount(block, minlength=len(counts))
 
 
 # ---------------------------------------------------------------------------- manifest

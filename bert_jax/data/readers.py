@@ -70,8 +70,10 @@ _DOCUMENT_BREAK = re.compile(r'\n(?:[^\S\n]*\n){2,}')
 # A candidate sentence end: terminal punctuation, closing quotes/brackets glued to it,
 # whitespace, then (looked ahead) an optional opening quote/bracket and a capital or digit.
 _BOUNDARY = re.compile(r'[.!?]+["\'”’)\]]*(\s+)(?=["\'“‘(\[]?\s?[A-Z0-9])')
-# The word that carries the final '.', to tell abbreviations from sentence ends.
-_LAST_WORD = re.compile(r'(\S*)\.["\'”’)\]]*$')
+# _BOUNDARY in `_clean`ed paragraphs joined by '\n': their only whitespace within is ' ', and
+# no match crosses into the next paragraph.
+_BOUNDARY_CLEAN = re.compile(r'[.!?]+["\'”’)\]]*( +)(?=["\'“‘(\[]? ?[A-Z0-9])')
+_CLOSERS = '"\'”’)]'
 _ABBREVIATIONS = frozenset("""
     mr mrs ms dr st jr sr prof rev hon gen col lt sgt capt cmdr adm gov sen rep pres
     vs etc e.g i.e cf al ca approx inc ltd co corp bros dept univ mt ft est
@@ -460,7 +462,7 @@ def read_documents(pieces: Sequence[Piece], opts: ReaderOptions,
       else:
         raw_docs = (_wikiextractor_docs if fmt == 'wikiextractor' else _wikitext_docs)(text)
       for paragraphs in raw_docs:
-        doc = [s for p in paragraphs for s in split_sentences(p)]
+        doc = _document_sentences(paragraphs)
         if doc:
           stats['documents'] += 1
           stats['sentences'] += len(doc)
@@ -622,13 +624,41 @@ def split_sentences(text: str) -> list[str]:
   return [s for s in sentences if s]
 
 
+def _document_sentences(paragraphs: list[str]) -> list[str]:
+  """`split_sentences` of every paragraph, in order, for `_clean`ed (non-empty) paragraphs.
+
+  One regex pass over the paragraphs joined by '\n' rather than a call per paragraph (most
+  lines of code or documentation have no sentence boundary at all). In cleaned text the only
+  whitespace is single spaces, so `_BOUNDARY_CLEAN` finds there what `_BOUNDARY` finds in
+  each paragraph, and a piece from one cut to the next, stripped, is the sentence: the space
+  (or ' " ') after a sentence's end falls to `strip`.
+  """
+  text = '\n'.join(paragraphs)
+  cuts = [0]
+  for m in _BOUNDARY_CLEAN.finditer(text):
+    if not _is_sentence_end(text, m):
+      continue
+    cut = m.end(1)
+    if text.startswith('" ', cut):  # as in split_sentences: an unmatched '"' keeps the closing quote
+      end = m.start(1)
+      start = max(cuts[-1], text.rfind('\n', 0, end) + 1)  # this sentence's start in its paragraph
+      if text.count('"', start, end) % 2 == 1:
+        cut += 2
+    cuts.append(cut)
+  if len(cuts) == 1:
+    return paragraphs
+  cuts.append(len(text))
+  return [t for a, b in zip(cuts, cuts[1:]) for s in text[a:b].split('\n') if (t := s.strip())]
+
+
 def _is_sentence_end(text: str, m: re.Match) -> bool:
   head = text[m.start():m.start(1)]
   if not head.startswith('.') or head.startswith('..'):
     return True  # '!', '?' and ellipses always end a sentence
-  # A bounded window keeps this O(1) per boundary on huge single-line inputs.
-  word = _LAST_WORD.search(text[max(0, m.start(1) - 40):m.start(1)])
-  word = word.group(1).lstrip('(["\'“‘') if word else ''
+  # The word that carries the final '.' (with any closing quotes or brackets after it), to tell
+  # abbreviations from sentence ends; a bounded window keeps this O(1) per boundary on huge
+  # single-line inputs.
+  word = _last_word(text[max(0, m.start(1) - 40):m.start(1)]).lstrip('(["\'“‘')
   if not word:
     return True  # ' . ' in WikiText: a tokenised full stop
   lower = word.lower()
@@ -637,6 +667,18 @@ def _is_sentence_end(text: str, m: re.Match) -> bool:
   if lower in _NUMBER_ABBREVIATIONS:
     return not text[m.end():m.end() + 1].isdigit()
   return True
+
+
+def _last_word(text: str) -> str:
+  """The run of non-space characters before a final '.' (closing quotes or brackets may follow it), or ''.
+
+  What the regex `(\\S*)\\.["\'”’)\\]]*$` captures in text that does not end in a line break, without
+  trying it at every position.
+  """
+  dot = len(text.rstrip(_CLOSERS)) - 1
+  if dot > 0 and text[dot] == '.' and not text[dot - 1].isspace():
+    return text[:dot].rsplit(None, 1)[-1]
+  return ''
 
 
 def _clean(line: str) -> str:

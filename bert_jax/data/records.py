@@ -133,7 +133,12 @@ class RecordReader:
 def write_shard(path: str, tokens: np.ndarray, dtype: str) -> None:
   """Writes a shard's tokens (already checked to fit `dtype`)."""
   with open(path, 'wb') as f:
-    f.write(tokens.astype(dtype, copy=False).tobytes())
+    write_tokens(f, tokens.astype(dtype, copy=False))
+
+
+def write_tokens(f, tokens: np.ndarray) -> None:
+  """Appends tokens to an open shard file as little-endian values of their dtype (no copy when they are)."""
+  f.write(np.ascontiguousarray(tokens, tokens.dtype.newbyteorder('<')).data.cast('B'))
 
 
 @dataclasses.dataclass(frozen=True)

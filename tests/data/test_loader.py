@@ -8,10 +8,11 @@ import time
 import numpy as np
 import pytest
 
+from bert_jax.config import DataConfig
 from bert_jax.data import loader as ip, masking, tokenization
-from bert_jax.errors import ConfigError
+from bert_jax.errors import ConfigError, DataError
 
-from helpers import SpyDataset
+from helpers import SpyDataset, reference_first_fit_decreasing
 
 # ----------------------------------------------------------------------------- setup
 
@@ -378,3 +379,89 @@ def test_worker_processes_give_the_same_stream(prepared):
       next(resumed)
   finally:
     resumed.close()
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def _reference_pack_batch(batch, cfg, num_rows=None):
+  """pack_batch as first written, a loop over the examples; the vectorised one must give the same arrays."""
+  lengths = batch['attention_mask'].sum(1)
+  real = np.flatnonzero(lengths > 0)
+  placed = reference_first_fit_decreasing(lengths[real].tolist(), cfg.max_seq_length, cfg.max_segments_per_row)
+  needed = max((r for r, _ in placed), default=-1) + 1
+  if num_rows is None:
+    num_rows = ip._rounded_rows(needed, cfg)
+  r, t, k, pp = num_rows, cfg.max_seq_length, cfg.max_segments_per_row, ip.packed_mlm_width(cfg)
+  out = {name: np.zeros((r, t), np.int32) for name in
+         ('input_ids', 'token_type_ids', 'attention_mask', 'position_ids', 'segment_ids')}
+  out.update(masked_lm_positions=np.zeros((r, pp), np.int32), masked_lm_ids=np.zeros((r, pp), np.int32),
+             masked_lm_weights=np.zeros((r, pp), np.float32), cls_positions=np.zeros((r, k), np.int32),
+             next_sentence_labels=np.zeros((r, k), np.int32), nsp_weights=np.zeros((r, k), np.float32))
+  segments, predictions = np.zeros((r,), np.int64), np.zeros((r,), np.int64)
+  for e, (row, offset) in zip(real.tolist(), placed):
+    n, s = int(lengths[e]), int(segments[row])
+    cols = slice(offset, offset + n)
+    segments[row] += 1
+    out['input_ids'][row, cols] = batch['input_ids'][e, :n]
+    out['token_type_ids'][row, cols] = batch['token_type_ids'][e, :n]
+    out['attention_mask'][row, cols] = 1
+    out['position_ids'][row, cols] = np.arange(n)
+    out['segment_ids'][row, cols] = s + 1
+    out['cls_positions'][row, s] = offset
+    out['next_sentence_labels'][row, s] = batch['next_sentence_labels'][e]
+    out['nsp_weights'][row, s] = batch['nsp_weights'][e]
+    slots = np.flatnonzero(batch['masked_lm_weights'][e])
+    j = int(predictions[row])
+    if j + len(slots) > pp:
+      raise DataError('too many masked-LM slots')
+    out['masked_lm_positions'][row, j:j + len(slots)] = batch['masked_lm_positions'][e, slots] + offset
+    out['masked_lm_ids'][row, j:j + len(slots)] = batch['masked_lm_ids'][e, slots]
+    out['masked_lm_weights'][row, j:j + len(slots)] = batch['masked_lm_weights'][e, slots]
+    predictions[row] += len(slots)
+  return out
+
+
+def _random_unpacked_batch(rng, batch_size, seq, predictions):
+  """A make_batch-like batch: random lengths (0 = padding row), tokens, segments and masks."""
+  lengths = rng.integers(0, seq + 1, batch_size) * (rng.random(batch_size) < 0.9)
+  if rng.random() < 0.5:  # BERT pairs: mostly near full
+    lengths = np.clip((rng.normal(0.8, 0.3, batch_size) * seq).astype(int), 0, seq)
+  mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+  weights = np.zeros((batch_size, predictions), np.float32)
+  positions, ids = np.zeros((batch_size, predictions), np.int32), np.zeros((batch_size, predictions), np.int32)
+  for row, n in enumerate(lengths.tolist()):
+    m = int(rng.integers(0, min(predictions, max(n - 3, 0), masking.num_predictions(n, predictions, 0.15)) + 1))
+    weights[row, :m] = 1
+    positions[row, :m] = np.sort(rng.choice(np.arange(1, max(n, 2)), m, replace=False))
+    ids[row, :m] = rng.integers(5, 1000, m)
+  return dict(input_ids=rng.integers(5, 1000, (batch_size, seq)).astype(np.int32) * mask,
+              token_type_ids=(rng.random((batch_size, seq)) < 0.5).astype(np.int32) * mask, attention_mask=mask,
+              masked_lm_positions=positions, masked_lm_ids=ids, masked_lm_weights=weights,
+              next_sentence_labels=rng.integers(0, 2, batch_size).astype(np.int32),
+              nsp_weights=(lengths > 0).astype(np.float32))
+
+
+def test_pack_batch_matches_the_per_example_loop():
+  rng = np.random.default_rng(0)
+  refused = 0
+  for trial in range(300):
+    seq = int(rng.choice([16, 64, 128]))
+    cfg = DataConfig(max_seq_length=seq, max_segments_per_row=int(rng.choice([1, 2, 4, 8])),
+                     pack_rows_multiple=int(rng.choice([1, 8])))
+    batch = _random_unpacked_batch(rng, int(rng.integers(0, 64)), seq, cfg.max_predictions_per_seq)
+    lengths = batch['attention_mask'].sum(1)
+    num_rows = None if trial % 2 else ip._placement(lengths[lengths > 0], cfg)[2] + trial % 3
+    try:
+      want = _reference_pack_batch(batch, cfg, num_rows)
+    except DataError:  # more masked positions than masking gives: refused by both
+      with pytest.raises(DataError, match='masked-LM slots'):
+        ip.pack_batch(batch, cfg, num_rows)
+      refused += 1
+      continue
+    got = ip.pack_batch(batch, cfg, num_rows)
+    assert want.keys() == got.keys()
+    for key in want:
+      assert got[key].dtype == want[key].dtype, key
+      np.testing.assert_array_equal(got[key], want[key], err_msg=f'{key} (trial {trial})')
+  assert refused < 30  # nearly every batch is packed and compared

@@ -172,3 +172,146 @@ def test_full_sentences_cut_a_sentence_longer_than_a_record():
   assert [r.tolist() for r in out] == [[CLS_ID, 7, 7, 7, SEP_ID], [CLS_ID] + [8] * 10 + [SEP_ID],
                                       [CLS_ID] + [8] * 10 + [SEP_ID],
                                       [CLS_ID] + [8] * 5 + [9, 9, SEP_ID], [CLS_ID] + [10] * 4 + [SEP_ID]]
+
+
+# ----------------------------------------------------------------------------- the reference loops
+# create_pairs and full_sentence_records as first written: a sentence-by-sentence walk with
+# random.Random's own methods. The faster ones must give the same pairs from the same draws,
+# which is what keeps the records of a given corpus and seed byte-identical.
+
+
+def _reference_create_pairs(docs, *, max_seq_length, short_seq_prob, dupe_factor, rng, random_pool=None):
+  pool, pool_is_docs = docs, True
+  if docs.num_docs < 2 and random_pool is not None and random_pool.num_docs:
+    pool, pool_is_docs = random_pool, False
+  sent = docs.sentence_starts
+  pool_sent, pool_docs = pool.sentence_starts, pool.doc_starts
+  num_pool = pool.num_docs - (1 if pool_is_docs else 0)  # other documents to draw from
+  max_tokens = max_seq_length - 3
+  out: list[tuple[int, int, int, int, int]] = []
+  for _ in range(dupe_factor):
+    for d in range(docs.num_docs):
+      first, last = int(docs.doc_starts[d]), int(docs.doc_starts[d + 1])
+      if last - first < 2:
+        continue  # could only give random-next pairs; still a source of random segments
+      target = max_tokens
+      if rng.random() < short_seq_prob:
+        target = rng.randint(2, max_tokens)
+      chunk_start, i = first, first
+      while i < last:
+        chunk_len = int(sent[i + 1] - sent[chunk_start])
+        if i == last - 1 or chunk_len >= target:
+          n = i + 1 - chunk_start
+          if n == 1 and i + 1 < last and rng.random() >= 0.5:
+            i += 1  # a lone (long) sentence gets its true continuation half of the time
+            a_end, is_random = chunk_start + 1, False
+          else:
+            a_end = chunk_start + (rng.randrange(1, n) if n >= 2 else 1)
+            is_random = num_pool > 0 and (n == 1 or rng.random() < 0.5)
+          a = (int(sent[chunk_start]), int(sent[a_end]))
+          if is_random:
+            other = rng.randrange(num_pool)
+            if pool_is_docs and other >= d:
+              other += 1
+            o_first, o_last = int(pool_docs[other]), int(pool_docs[other + 1])
+            j = o_first + rng.randrange(o_last - o_first)
+            b_target = target - (a[1] - a[0])
+            k = j
+            while k < o_last - 1 and pool_sent[k + 1] - pool_sent[j] < b_target:
+              k += 1
+            b = (int(pool_sent[j]), int(pool_sent[k + 1]))
+            i = a_end - 1  # the unused sentences start the next chunk
+          else:
+            b = (int(sent[a_end]), int(sent[i + 1]))
+          out.append((*nsp._truncate(a, b, max_tokens, rng), int(is_random)))
+          chunk_start = i + 1
+        i += 1
+  return np.array(out, np.int64).reshape(-1, len(nsp.PAIR_FIELDS))
+
+
+def _reference_full_sentence_records(docs, *, max_seq_length, sep_id):
+  budget = max_seq_length - 2
+  sent = docs.sentence_starts
+  num_sentences = len(sent) - 1
+  # Stream positions: every sentence shifts right by the [SEP]s of the documents before its own.
+  doc_of = np.repeat(np.arange(docs.num_docs), np.diff(docs.doc_starts))
+  shift = np.zeros(num_sentences + 1, np.int64)
+  shift[:num_sentences] = doc_of
+  shift[num_sentences] = max(docs.num_docs - 1, 0)
+  pos = sent + shift
+  first_of_doc = np.zeros(num_sentences, bool)
+  first_of_doc[docs.doc_starts[:-1][np.diff(docs.doc_starts) > 0]] = True
+  stream = np.full(int(pos[-1]), sep_id, np.int32)
+  lengths = np.diff(sent)
+  within = np.arange(len(docs.tokens)) - np.repeat(sent[:-1], lengths)
+  stream[np.repeat(pos[:-1], lengths) + within] = docs.tokens
+  out: list[tuple[int, int]] = []
+  start = None  # stream position where the open record starts
+  for k in range(num_sentences):
+    begin, end = int(pos[k]), int(pos[k + 1]) - (1 if k + 1 < num_sentences and first_of_doc[k + 1] else 0)
+    if start is not None and end - start > budget:
+      out.append((start, int(pos[k]) - (1 if first_of_doc[k] else 0)))  # close before sentence k
+      start = None
+    if start is None:
+      while end - begin > budget:  # a sentence longer than a record: whole pieces of it
+        out.append((begin, begin + budget))
+        begin += budget
+      start = begin if end > begin else None
+  if start is not None and pos[-1] > start:
+    out.append((start, int(pos[-1])))
+  return np.array(out, np.int64).reshape(-1, 2), stream
+
+
+def _random_docs(rng, num_docs, max_sentences, max_len):
+  """Documents of random sentences, some of them empty (dropped by TokenizedDocs.from_lists)."""
+  return [[[rng.randrange(5, 999) for _ in range(rng.randint(0, max_len))] for _ in range(rng.randint(0, max_sentences))]
+          for _ in range(num_docs)]
+
+
+def test_create_pairs_matches_the_reference_loop_draw_for_draw():
+  rng = random.Random(0)
+  total = 0
+  for trial in range(400):
+    docs = nsp.TokenizedDocs.from_lists(_random_docs(rng, rng.randint(0, 8), rng.choice([1, 3, 10, 40]),
+                                                     rng.choice([1, 5, 30, 200])))
+    pool = nsp.TokenizedDocs.from_lists(_random_docs(rng, rng.randint(0, 4), 10, 20)) if rng.random() < 0.5 else None
+    args = dict(max_seq_length=rng.choice([5, 6, 16, 64, 128, 512]), short_seq_prob=rng.choice([0, 0.1, 0.5, 1]),
+                dupe_factor=rng.randint(1, 3), random_pool=pool)
+    ours, theirs = random.Random(f'{trial}'), random.Random(f'{trial}')
+    got = nsp.create_pairs(docs, rng=ours, **args)
+    want = _reference_create_pairs(docs, rng=theirs, **args)
+    assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all(), (trial, args)
+    assert ours.getstate() == theirs.getstate()  # the same draws, so what follows them is the same too
+    total += len(got)
+  assert total > 5000
+
+
+def test_full_sentence_records_match_the_reference_loop():
+  rng = random.Random(0)
+  for trial in range(400):
+    sizes = [rng.choice([0, 1, 1, 2, 5, 20]) for _ in range(rng.randint(0, 8))]  # empty documents too
+    lengths = [rng.choice([1, 2, 3, 7, 20, 60, 200]) for _ in range(sum(sizes))]
+    docs = nsp.TokenizedDocs(np.arange(5, 5 + sum(lengths), dtype=np.int32),
+                             np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                             np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+    max_seq_length = rng.choice([5, 6, 8, 16, 64, 128])
+    got = nsp.full_sentence_records(docs, max_seq_length=max_seq_length, sep_id=SEP_ID)
+    want = _reference_full_sentence_records(docs, max_seq_length=max_seq_length, sep_id=SEP_ID)
+    for a, b in zip(got, want):
+      assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all(), (trial, sizes, lengths, max_seq_length)
+
+
+def test_record_blocks_are_the_records():
+  rng = random.Random(0)
+  docs = nsp.TokenizedDocs.from_lists(_random_docs(rng, 6, 30, 40))
+  pairs = nsp.create_pairs(docs, max_seq_length=64, short_seq_prob=0.1, dupe_factor=3, rng=random.Random(1))
+  runs = nsp.record_runs(docs, pairs, cls_id=CLS_ID, sep_id=SEP_ID, dtype='<u2')
+  flat = runs.tokens()
+  assert flat.dtype == np.dtype('<u2') and len(flat) == runs.bounds[-1]
+  for block_tokens in (1, 7, 100, 10**9):
+    blocks = list(runs.blocks(block_tokens))
+    np.testing.assert_array_equal(np.concatenate(blocks), flat)
+    # Whole records: every block ends at a record boundary, and only a lone record passes the size.
+    ends = np.cumsum([len(b) for b in blocks])
+    assert np.isin(ends, runs.bounds).all()
+    assert all(len(b) <= block_tokens or np.isin([len(b)], np.diff(runs.bounds)).all() for b in blocks)

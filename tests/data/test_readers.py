@@ -8,6 +8,7 @@ import logging
 import lzma
 import os
 import random
+import re
 import shutil
 
 import pytest
@@ -401,6 +402,30 @@ def test_multi_file_units_read_like_whole_files(tmp_path):
 ])
 def test_split_sentences(text, expected):
   assert readers.split_sentences(text) == expected
+
+
+# Sentence-boundary material: abbreviations, initials, quotes, brackets, numbers, odd whitespace.
+_SENTENCE_FUZZ = ['Word. ', 'Next one', 'e.g. This', 'Mr. Smith. ', '"Quoted." ', '(1990.) ', 'No. 5 ', 'no. 5',
+                  '...', '?! ', '. " ', ' " ', '"', 'A.', 'U.S. ', 'H. ', '\n', ' ', '\t', '\f', '\r', '\xa0',
+                  '\u2028', '\x85', 'é', ' . ', '.)', '.” ', '.’ ', "'", '“', '‘', '(', '[', 'Zz', '9',
+                  'x' * 45 + '. ', 'etc.', 'vol.', 'Fig. 3', '!.', '.?"', ') ', ']. ']
+
+
+def test_document_sentences_are_split_sentences_of_each_paragraph():
+  rng = random.Random(0)
+  for _ in range(3000):
+    text = ''.join(rng.choice(_SENTENCE_FUZZ) for _ in range(rng.randint(1, 40)))
+    paragraphs = [p for p in (readers._clean(line) for line in text.split('\n')) if p]
+    assert readers._document_sentences(paragraphs) == [s for p in paragraphs for s in readers.split_sentences(p)]
+
+
+def test_last_word_is_what_the_regex_captures():
+  regex = re.compile(r'(\S*)\.["\'”’)\]]*$')
+  rng = random.Random(0)
+  for _ in range(20000):
+    text = ''.join(rng.choice(['.', 'a', 'Mr', ' ', '\t', '\xa0', '"', "'", ')', ']', '”', '(', '?']) for _ in range(rng.randint(0, 8)))
+    m = regex.search(text)
+    assert readers._last_word(text) == (m.group(1) if m else ''), repr(text)
 
 
 def test_invalid_utf8_is_replaced_and_counted(tmp_path, caplog):
