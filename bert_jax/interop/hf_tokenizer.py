@@ -8,7 +8,7 @@ builds one that encodes as SentencePiece does:
   them fused into one, as SentencePiece does);
 - normalizer: the model's own precompiled character map (its nmt_nfkc / nmt_nfkc_cf rules), then
   SentencePiece's whitespace handling (trim, collapse runs of spaces, spaces as '▁');
-- pre-tokenizer: the dummy '▁' prefix; the whole text is one Viterbi lattice, as in SentencePiece;
+- pre-tokenizer: the dummy '▁' prefix, words at each '▁' (pieces never hold an inner one);
 - [PAD] [UNK] [CLS] [SEP] [MASK] as special tokens that match in the raw text (bert_jax's
   `encode_inputs` splits on them alike), and BERT's `[CLS] A [SEP] B [SEP]` template with token types.
 
@@ -18,8 +18,8 @@ README (1 line in 42,000 of WikiText and Wikipedia each):
 - Its Precompiled normalizer rewrites a whole grapheme cluster by the rule of its first
   character, where SentencePiece takes the longest matching rule: a character that has a rule
   (NBSP, a full-width form; every capital in a lower-casing model) followed by a combining mark
-  that does not compose with it loses the mark. Lower-casing models get NFC first, so decomposed
-  (NFD) accented capitals compose before that and match.
+  that does not compose with it loses the mark. NFC runs first, so decomposed (NFD) text composes
+  before that and matches.
 - Viterbi ties: segmentations with the same pieces in another order ('1 3 33' / '1 33 3') have
   the same score; SentencePiece sums float32 scores and the rounding picks one, `tokenizers`
   sums float64 and keeps the first found.
@@ -80,11 +80,10 @@ def sentencepiece_to_tokenizers(tokenizer: tk.SentencePieceTokenizer) -> tokeniz
   vocab = [(p.piece, _SPECIAL_SCORE if i < tk.NUM_SPECIAL else p.score) for i, p in enumerate(proto.pieces)]
   fast = tokenizers.Tokenizer(models.Unigram(vocab, unk_id=tk.UNK_ID, byte_fallback=False))
   spec = proto.normalizer_spec
-  steps = []
-  if tokenizer.normalize('A') == tokenizer.normalize('a'):
-    # Lower-casing: compose first, or a decomposed capital ('E' + U+0301) would lose its accent in
-    # the grapheme-wise Precompiled normalizer ('E' alone has a rule).
-    steps.append(normalizers.NFC())
+  # Compose first: Precompiled rewrites a grapheme cluster by its shortest matching rule, so decomposed text
+  # ('E' + U+0301 in a lower-casing model, where 'E' alone has a rule; 'u' + U+0308 + U+0300, where 'u' + U+0308
+  # has one) would lose marks that SentencePiece's longest match composes.
+  steps = [normalizers.NFC()]
   if spec.precompiled_charsmap:
     steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
   steps += [
@@ -94,8 +93,10 @@ def sentencepiece_to_tokenizers(tokenizer: tk.SentencePieceTokenizer) -> tokeniz
       # SentencePiece adds the dummy '▁' even before a '▁' in the text; Metaspace would not.
       normalizers.Replace(Regex(rf'\A{tk.WORD_START}'), tk.WORD_START * 2)]
   fast.normalizer = normalizers.Sequence(steps)
-  # split=False: one lattice over the whole text, as SentencePiece's Viterbi (pieces never hold an inner '▁').
-  fast.pre_tokenizer = pre_tokenizers.Metaspace(replacement=tk.WORD_START, prepend_scheme='always', split=False)
+  # Words at each '▁': the same segmentation as SentencePiece's one lattice over the whole text, since pieces
+  # hold a '▁' only at their start, and transformers gets word ids (the question-answering pipeline aligns
+  # answers to them, the token-classification one groups sub-words by them).
+  fast.pre_tokenizer = pre_tokenizers.Metaspace(replacement=tk.WORD_START, prepend_scheme='always', split=True)
   fast.decoder = decoders.Sequence([decoders.Replace(tk.WORD_START, ' '), decoders.Fuse(),
                                     decoders.Strip(content=' ', left=1, right=0)])
   fast.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in tk.SPECIAL_TOKENS])
