@@ -26,8 +26,8 @@ from bert_jax.train import workdir
 
 import cli
 
-_CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'A bert_jax pretraining or fine-tuning workdir, or an HF directory.',
-                                  required=True)
+_CHECKPOINT = flags.DEFINE_string(
+    'checkpoint', None, 'A bert_jax pretraining or fine-tuning workdir, or an HF directory.', required=True)
 _OUTPUT = flags.DEFINE_string('output', None, 'Directory to write (must be empty or absent).', required=True)
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step of a workdir (default: latest).')
 _SEED = flags.DEFINE_integer('seed', None, 'Seed of a fine-tuning workdir to export (default: its first).')

@@ -179,7 +179,8 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
   has_mlm, has_nsp = 'mlm' in present, 'nsp' in present
   task_heads = sorted(present & set(TASK_HEADS))
   if task_heads and (has_mlm or has_nsp or len(task_heads) > 1):
-    raise CheckpointError(f'{directory}/{WEIGHTS_FILE} holds the heads {", ".join(sorted(present - {"bert", "pooler"}))} '
+    held = ', '.join(sorted(present - {'bert', 'pooler'}))
+    raise CheckpointError(f'{directory}/{WEIGHTS_FILE} holds the heads {held} '
                           'together; a transformers BERT has pretraining heads or one task head')
   num_labels = _task_head_labels(directory, get('classifier.weight'), cfg) if 'classifier' in present else 2
   shapes = _param_shapes(cfg, num_labels)

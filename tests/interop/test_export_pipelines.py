@@ -26,7 +26,8 @@ from bert_jax.pretraining import run as pretraining
 
 from helpers import assert_one_line_error, run_experiment, shared_data_or_skip, tiny_pretrain_config, write_small_corpus
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e,
+              pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')]  # its numpy 2 copy= notes
 transformers = pytest.importorskip('transformers')
 pytest.importorskip('torch')
 TOL = 1e-5  # probabilities: float32 JAX on CPU against float32 PyTorch
@@ -98,6 +99,7 @@ def test_fill_mask_pipeline_on_an_exported_sentencepiece_workdir(sp_workdir, tmp
   assert line['architecture'] == 'BertForPreTraining' and line['tokenizer'] == 'SentencePieceTokenizer'
   fill = transformers.pipeline('fill-mask', model=out, top_k=5)
   pretrained = load_pretrained(sp_workdir)
+  worst = 0.0
   for text in ['the [MASK] of the song was released .', 'In 1998 , the [MASK] won the cup in [MASK] .',
                'Crème brûlée and [MASK] at the café']:
     theirs = fill(text)
@@ -106,9 +108,12 @@ def test_fill_mask_pipeline_on_an_exported_sentencepiece_workdir(sp_workdir, tmp
     assert len(theirs) == len(ours) == text.count('[MASK]')
     for their_top, our_top in zip(theirs, ours):
       assert [t['token'] for t in their_top] == [pretrained.tokenizer.token_to_id(tok) for tok, _ in our_top], text
-      assert np.allclose([t['score'] for t in their_top], [p for _, p in our_top], rtol=0, atol=TOL)
+      diff = np.abs(np.array([t['score'] for t in their_top]) - [p for _, p in our_top]).max()
+      worst = max(worst, float(diff))
+      assert diff <= TOL
       words = [(t['token_str'], pretrained.tokenizer.decode([t['token']])) for t in their_top if t['token'] >= 5]
       assert all(a == b for a, b in words), words  # a piece's text ([CLS]... decode to '' in bert_jax)
+  print(f'fill-mask: top-5 ids equal, max |probability difference| {worst:.2e}')
 
 
 @pytest.mark.parametrize('init', ['sentencepiece', 'wordpiece'])
@@ -124,11 +129,15 @@ def test_text_classification_pipeline(init, sp_workdir, tiny_checkpoint, tmp_pat
   assert transformers.AutoConfig.from_pretrained(out).id2label == dict(enumerate(labels))
   pairs = [(s, None) for s in SENTENCES] + [(SENTENCES[0], SENTENCES[1])]
   theirs = classify(SENTENCES) + [classify({'text': SENTENCES[0], 'text_pair': SENTENCES[1]})]
+  worst = 0.0
   for logits, scores in zip(_logits(tuned, pairs), theirs):
     probs = np.asarray(jax.nn.softmax(logits))
     assert {s['label']: s['score'] for s in scores}.keys() == set(labels)
-    assert np.allclose([{s['label']: s['score'] for s in scores}[name] for name in labels], probs, atol=TOL)
+    worst = max(worst, float(np.abs(np.array([{s['label']: s['score'] for s in scores}[n] for n in labels])
+                                    - probs).max()))
+    assert worst <= TOL
     assert scores[0]['label'] == labels[int(np.argmax(probs))]
+  print(f'text-classification ({init}): labels equal, max |probability difference| {worst:.2e}')
 
 
 def test_token_classification_pipeline(tiny_checkpoint, tmp_path):
@@ -141,12 +150,16 @@ def test_token_classification_pipeline(tiny_checkpoint, tmp_path):
   tag = transformers.pipeline('token-classification', model=out, ignore_labels=[])
   sentences = [' '.join(words) for words, _ in conll.read_conll(
       os.path.join(shared_data_or_skip('conll2003'), conll.DEV_FILE))[:20]] + SENTENCES
+  worst, tokens = 0.0, 0
   for text, logits in zip(sentences, _logits(tuned, [(s, None) for s in sentences])):
     probs = np.asarray(jax.nn.softmax(logits, axis=-1))[1:-1]  # [CLS] and [SEP] are not reported
     theirs = tag(text)
     assert [t['index'] for t in theirs] == list(range(1, len(probs) + 1)), text
     assert [t['entity'] for t in theirs] == [conll.LABELS[i] for i in probs.argmax(-1)], text
-    assert np.allclose([t['score'] for t in theirs], probs.max(-1), atol=TOL)
+    worst, tokens = max(worst, float(np.abs(np.array([t['score'] for t in theirs]) - probs.max(-1)).max())), \
+        tokens + len(theirs)
+    assert worst <= TOL
+  print(f'token-classification: {tokens} tokens, tags equal, max |score difference| {worst:.2e}')
 
 
 def test_question_answering_pipeline(sp_workdir, tmp_path):
@@ -168,6 +181,7 @@ def test_question_answering_pipeline(sp_workdir, tmp_path):
                                       max_query_length=64, train=False)
   assert len(features) == len(examples)  # one window each
   model = tuned.head_model()
+  worst = 0.0
   for example, feature, offs in zip(examples, features, offsets):
     logits = np.asarray(model(jnp.asarray([feature.input_ids]), jnp.asarray([feature.token_type_ids]))[0])
     allowed = np.array([o is not None for o in offs])
@@ -183,8 +197,10 @@ def test_question_answering_pipeline(sp_workdir, tmp_path):
                     max_seq_len=max_seq_len, align_to_words=False)
     # A SentencePiece word's first piece covers the space before it ('▁' stands for it): strip that.
     assert theirs['answer'].strip() == example.context[offs[s][0]:offs[e][1]], example.question
-    assert abs(theirs['score'] - float(span[s, e])) <= TOL
+    worst = max(worst, abs(theirs['score'] - float(span[s, e])))
+    assert worst <= TOL
     assert example.context[theirs['start']:theirs['end']] == theirs['answer']
+  print(f'question-answering: {len(examples)} answers equal, max |score difference| {worst:.2e}')
 
 
 def test_export_refuses_bad_fine_tuning_input(tiny_checkpoint, tmp_path):

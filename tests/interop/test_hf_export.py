@@ -47,7 +47,8 @@ def _tiny(vocab_size=1000, max_position_embeddings=512):
 
 
 ODD_TEXTS = ['Crème brûlée at the Café Ångström, naïve façade', 'E\u0301COLE normale supe\u0301rieure (decomposed)',
-             '東京都 北京 서울 カタカナ', '3.14159, 1,234,567 and 2024-01-31 at 12:30', 'pneumonoultramicroscopicsilicovolcanoconiosis',
+             '東京都 北京 서울 カタカナ', '3.14159, 1,234,567 and 2024-01-31 at 12:30',
+             'pneumonoultramicroscopicsilicovolcanoconiosis',
              'the [MASK] sat on the [MASK] .', '[CLS] literal specials [SEP] [PAD] [UNK]', '  spaces\tand\nnewlines  ',
              'non\u00a0breaking\u3000space', 'ＦＵＬＬ ｗｉｄｔｈ ﬁne', 'emoji 👍🏽 and 🇫🇷', '']
 
