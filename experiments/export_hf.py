@@ -1,10 +1,16 @@
 """Exports a bert_jax workdir (or re-exports an HF directory) as a Hugging Face BERT directory.
 
   python experiments/export_hf.py --checkpoint=/tmp/bert_mini --output=/tmp/bert_mini_hf [--step=N]
+  python experiments/export_hf.py --checkpoint=/tmp/sst2 --output=/tmp/sst2_hf [--seed=N] [--step=N]
 
-The result holds config.json, model.safetensors and the tokenizer files; transformers loads it
-as BertModel / BertForPreTraining, and `load_pretrained` reads it back bit-exactly. Ends with
-one JSON line.
+A pretraining workdir becomes BertForPreTraining (BertForMaskedLM without NSP); a fine-tuning
+workdir (one seed, default its first) becomes BertForSequenceClassification,
+BertForTokenClassification or BertForQuestionAnswering with its task's label names as id2label.
+The result holds config.json, model.safetensors and the tokenizer files: WordPiece as transformers'
+own, SentencePiece as a tokenizer.json that transformers' fast tokenizer runs with the same ids as
+bert_jax (a model for which that cannot be made exact is refused) plus spiece.model for bert_jax.
+`load_pretrained` reads the encoder back bit-exactly, `hf.load_hf_checkpoint` the head too. Ends
+with one JSON line.
 """
 
 import json
@@ -15,14 +21,16 @@ from absl import flags
 from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.interop import hf
-from bert_jax.interop.pretrained import load_pretrained
+from bert_jax.interop.pretrained import load_finetuned, load_pretrained
 from bert_jax.train import workdir
 
 import cli
 
-_CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'A bert_jax workdir or an HF directory.', required=True)
+_CHECKPOINT = flags.DEFINE_string(
+    'checkpoint', None, 'A bert_jax pretraining or fine-tuning workdir, or an HF directory.', required=True)
 _OUTPUT = flags.DEFINE_string('output', None, 'Directory to write (must be empty or absent).', required=True)
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step of a workdir (default: latest).')
+_SEED = flags.DEFINE_integer('seed', None, 'Seed of a fine-tuning workdir to export (default: its first).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace the files in a non-empty --output.')
 
 
@@ -33,11 +41,30 @@ def main(_):
                       'export into another directory (--overwrite never applies to the source)')
   files.check_output(_OUTPUT.value, 'directory')
   workdir.check_kind(_OUTPUT.value, 'export', what='--output')
-  pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value)
-  hf.save_hf_checkpoint(_OUTPUT.value, pretrained.config, pretrained.params, pretrained.tokenizer,
-                        overwrite=_OVERWRITE.value)
-  print(json.dumps({'output': _OUTPUT.value, 'source': pretrained.source, 'step': pretrained.step,
-                    'heads': sorted(set(pretrained.params) - {'bert'})}), flush=True)
+  kind = workdir.kind_of(_CHECKPOINT.value) if os.path.isdir(_CHECKPOINT.value) else None
+  if _SEED.value is not None and kind != 'finetuning':
+    raise ConfigError(f'--seed applies to fine-tuning workdirs only; {_CHECKPOINT.value} is not one')
+  task, seed = None, None
+  if kind == 'finetuning':
+    tuned = load_finetuned(_CHECKPOINT.value, seed=_SEED.value, step=_STEP.value)
+    config, params, tokenizer, task, source_kind, step, seed = (
+        tuned.config, tuned.params, tuned.tokenizer, tuned.task, 'bert_jax', tuned.step, tuned.seed)
+  elif kind == 'export' and hf.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, with its head
+    config, params, _, _ = hf.load_hf_checkpoint(_CHECKPOINT.value)
+    task, tokenizer, source_kind, step = (hf.read_hf_task(_CHECKPOINT.value), hf.load_hf_tokenizer(_CHECKPOINT.value),
+                                          'hf', None)
+  else:
+    pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value)
+    config, params, tokenizer, source_kind, step = (pretrained.config, pretrained.params, pretrained.tokenizer,
+                                                    pretrained.source, pretrained.step)
+  hf.save_hf_checkpoint(_OUTPUT.value, config, params, tokenizer, overwrite=_OVERWRITE.value, task=task)
+  with open(os.path.join(_OUTPUT.value, hf.CONFIG_FILE), encoding='utf-8') as f:
+    architecture = json.load(f)['architectures'][0]
+  line = {'output': _OUTPUT.value, 'source': source_kind, 'step': step, 'architecture': architecture,
+          'heads': sorted(set(params) - {'bert'}), 'tokenizer': type(tokenizer).__name__}
+  if task is not None:
+    line.update(task=task.get('name', ''), kind=task['kind'], seed=seed)
+  print(json.dumps(line), flush=True)
 
 
 if __name__ == '__main__':

@@ -31,6 +31,8 @@ SPECIAL_TOKENS = ('[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]')
 PAD_TOKEN, UNK_TOKEN, CLS_TOKEN, SEP_TOKEN, MASK_TOKEN = SPECIAL_TOKENS
 NUM_SPECIAL = len(SPECIAL_TOKENS)
 WORD_START = '\u2581'  # '▁', SentencePiece's word-boundary mark
+# Splits a text at the special tokens spelled in it, keeping them (odd items of the split).
+_SPECIAL_SPLIT = re.compile('(' + '|'.join(re.escape(t) for t in SPECIAL_TOKENS) + ')')
 
 # SentencePiece splits the EM statistics by thread index, so the model bytes depend on
 # the thread count (not on timing): fix it so every host trains the identical model.
@@ -141,6 +143,14 @@ class SentencePieceTokenizer:
   def vocab_size(self) -> int:
     return self._sp.get_piece_size()
 
+  def serialized_model(self) -> bytes:
+    """The model file's bytes (its ModelProto)."""
+    return self._sp.serialized_model_proto()
+
+  def normalize(self, text: str) -> str:
+    """`text` as the model's normalizer leaves it ('▁' for spaces, with the dummy prefix)."""
+    return self._sp.normalize(text)
+
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, without [CLS]/[SEP]."""
     return self._sp.encode(text, out_type=int)
@@ -190,9 +200,10 @@ class SentencePieceTokenizer:
                     max_length: int) -> tuple[list[int], list[int], bool]:
     """Model inputs for one text or a pair: [CLS] a [SEP] (b [SEP]), truncated longest-first.
 
-    A literal "[MASK]" in the text becomes MASK_ID (the text is split on it and the pieces
-    encoded separately), so fill-mask works on our own checkpoints; `encode` never produces
-    special ids.
+    A special token spelled in the text ("[MASK]", also "[CLS]", "[SEP]", "[PAD]", "[UNK]")
+    becomes its id (the text is split on them and the pieces encoded separately), so fill-mask
+    works on our own checkpoints, and the ids are what WordPiece and transformers' fast
+    tokenizer give (interop/hf_tokenizer.py); `encode` never produces special ids.
 
     Args:
       text_a: the first (or only) text.
@@ -208,10 +219,10 @@ class SentencePieceTokenizer:
 
   def _encode_with_masks(self, text: str) -> list[int]:
     ids = []
-    for i, chunk in enumerate(text.split(MASK_TOKEN)):
-      if i:
-        ids.append(MASK_ID)
-      if chunk.strip():
+    for i, chunk in enumerate(_SPECIAL_SPLIT.split(text)):
+      if i % 2:  # a special token spelled in the text
+        ids.append(SPECIAL_TOKENS.index(chunk))
+      elif chunk.strip():
         ids.extend(self.encode(chunk))
     return ids
 
@@ -301,6 +312,7 @@ def check_vocab_size(tokenizer: SentencePieceTokenizer, model_vocab_size: int) -
 
 _TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_CONFIG = 'tokenizer.json', 'vocab.txt', 'tokenizer_config.json'
 SPIECE_FILE = 'tokenizer.model'  # the name a SentencePiece model has in a cache or workdir
+HF_SPIECE_FILE = 'spiece.model'  # its name in a Hugging Face directory that bert_jax exported
 _UNUSED = re.compile(r'^\[unused\d+\]$')
 
 
@@ -511,15 +523,17 @@ def load_tokenizer(path: str) -> Tokenizer:
 
   Args:
     path: a SentencePiece `.model` file; a Hugging Face checkpoint or tokenizer directory
-      (tokenizer.json, else vocab.txt); such a directory's tokenizer.json or vocab.txt; or a
-      prepared cache / pretraining workdir (its tokenizer.model or tokenizer.json).
+      (spiece.model when bert_jax exported a SentencePiece model into it, else tokenizer.json,
+      else vocab.txt); such a directory's tokenizer.json or vocab.txt; or a prepared cache /
+      pretraining workdir (its tokenizer.model or tokenizer.json).
 
   Returns:
     The tokenizer. DataError when the path holds none.
   """
   if os.path.isdir(path):
-    if os.path.isfile(os.path.join(path, SPIECE_FILE)):
-      return SentencePieceTokenizer(os.path.join(path, SPIECE_FILE))
+    for name in (SPIECE_FILE, HF_SPIECE_FILE):  # an exported directory's tokenizer.json is its conversion
+      if os.path.isfile(os.path.join(path, name)):
+        return SentencePieceTokenizer(os.path.join(path, name))
     return WordPieceTokenizer.from_directory(path)
   if os.path.basename(path) in (_TOKENIZER_JSON, _VOCAB_TXT) and os.path.isfile(path):
     return WordPieceTokenizer.from_directory(os.path.dirname(path) or '.')

@@ -5,6 +5,11 @@ and the rule that converts between the two layouts; import and export both read 
 cannot drift apart. Our attention kernels keep an explicit heads axis ((D, N, H) for q/k/v,
 (N, H, D) for the output projection) where PyTorch stores flat (out, in) Linear weights.
 
+The heads are BertForPreTraining's (MLM, NSP) and the fine-tuning ones (`classifier` of
+BertForSequenceClassification / BertForTokenClassification, `qa_outputs` of
+BertForQuestionAnswering): a fine-tuned model exports as that transformers class, with its
+task's label names as `id2label`.
+
 Only safetensors are read: a `pytorch_model.bin` is a pickle, and unpickling runs code.
 """
 
@@ -26,10 +31,11 @@ from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
 from bert_jax.files import check_regular
-from bert_jax.model.heads import BertForPreTraining
+from bert_jax.interop import hf_tokenizer
+from bert_jax.model.heads import BertForPreTraining, head_model
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = 'config.json', 'model.safetensors', 'model.safetensors.index.json'
-SPIECE_FILE = 'spiece.model'  # our SentencePiece model inside an exported directory
+SPIECE_FILE = tokenization.HF_SPIECE_FILE  # our SentencePiece model inside an exported directory
 
 ParamPath = tuple  # a parameter path in the pure dict, e.g. ('bert', 'layers', 0, 'output', 'kernel')
 
@@ -56,11 +62,11 @@ class _Entry:
   path: ParamPath
   hf_name: str  # encoder names without the 'bert.' prefix that models with heads add
   rule: _Rule
-  group: str  # 'bert', 'pooler', 'mlm' or 'nsp'
+  group: str  # 'bert', 'pooler', 'mlm', 'nsp' (pretraining heads), 'classifier' or 'qa_outputs' (task heads)
 
 
 def _name_table(num_layers: int) -> list[_Entry]:
-  """Every parameter of BertForPreTraining with its Hugging Face name and conversion rule."""
+  """Every parameter of BertForPreTraining and of the task heads with its Hugging Face name and conversion rule."""
   def norm(path, hf, group='bert'):
     return [_Entry(path + ('scale',), hf + '.weight', _SAME, group),
             _Entry(path + ('bias',), hf + '.bias', _SAME, group)]
@@ -89,7 +95,19 @@ def _name_table(num_layers: int) -> list[_Entry]:
   table += norm(('mlm', 'layer_norm'), 'cls.predictions.transform.LayerNorm', group='mlm')
   table.append(_Entry(('mlm', 'bias'), 'cls.predictions.bias', _SAME, 'mlm'))
   table += dense(('nsp',), 'cls.seq_relationship', group='nsp')
+  # Task heads: BertFor{Sequence,Token}Classification's `classifier`, BertForQuestionAnswering's `qa_outputs`.
+  table += dense(('classifier',), 'classifier', group='classifier')
+  table += dense(('qa_outputs',), 'qa_outputs', group='qa_outputs')
   return table
+
+
+PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), ('classifier', 'qa_outputs')
+# Our head kind (heads.HEAD_KINDS) <-> the transformers class, and the head it has.
+TASK_ARCHITECTURES = {'classification': 'BertForSequenceClassification', 'regression': 'BertForSequenceClassification',
+                      'token': 'BertForTokenClassification', 'span': 'BertForQuestionAnswering'}
+_TASK_HEAD = {'classification': 'classifier', 'regression': 'classifier', 'token': 'classifier', 'span': 'qa_outputs'}
+# transformers builds these two without a pooler (add_pooling_layer=False): ours is not exported with them.
+_NO_POOLER = ('token', 'span')
 
 
 def _hf_name(entry: _Entry, prefix: str) -> str:
@@ -123,16 +141,19 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
   """Reads a Hugging Face BERT checkpoint directory.
 
   BertModel checkpoints (names without a 'bert.' prefix) and BertForPreTraining /
-  BertForMaskedLM / BertForNextSentencePrediction ones (with it) are accepted. A
-  BertForMaskedLM checkpoint has no pooler; its pooler is set to zeros, with a warning.
+  BertForMaskedLM / BertForNextSentencePrediction / BertForSequenceClassification /
+  BertForTokenClassification / BertForQuestionAnswering ones (with it) are accepted. A
+  checkpoint without a pooler (BertForMaskedLM, and transformers' token classification and
+  question answering models) gets a pooler of zeros, with a warning.
 
   Args:
     directory: holds config.json and model.safetensors (or a sharded safetensors index).
 
   Returns:
     (config, params, has_mlm_head, has_nsp_head): `params` is a pure dict of float32 numpy
-    arrays shaped like `nnx.to_pure_dict(nnx.state(BertForPreTraining(config), nnx.Param))`,
-    with 'bert' always and 'mlm' / 'nsp' when the checkpoint has those heads.
+    arrays in our layout (`nnx.to_pure_dict(nnx.state(BertForPreTraining(config), nnx.Param))`
+    and the task heads'), with 'bert' always, 'mlm' / 'nsp' when the checkpoint has those heads,
+    and 'classifier' or 'qa_outputs' when it has a task head (`read_hf_task` names the task).
   """
   cfg = read_hf_config(directory)
   tensors = _read_tensors(directory)
@@ -142,7 +163,6 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
                           'weight/bias names for one tensor; re-save it with transformers')
   prefix = 'bert.' if any(n.startswith('bert.') for n in names) else ''
   table = _name_table(cfg.num_layers)
-  shapes = _param_shapes(cfg)
 
   def get(hf_name):
     return tensors[names[hf_name]] if hf_name in names else None
@@ -157,10 +177,17 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
 
   present = {e.group for e in table if _hf_name(e, prefix) in names}
   has_mlm, has_nsp = 'mlm' in present, 'nsp' in present
-  fill_pooler = 'pooler' not in present and has_mlm
+  task_heads = sorted(present & set(TASK_HEADS))
+  if task_heads and (has_mlm or has_nsp or len(task_heads) > 1):
+    held = ', '.join(sorted(present - {'bert', 'pooler'}))
+    raise CheckpointError(f'{directory}/{WEIGHTS_FILE} holds the heads {held} '
+                          'together; a transformers BERT has pretraining heads or one task head')
+  num_labels = _task_head_labels(directory, get('classifier.weight'), cfg) if 'classifier' in present else 2
+  shapes = _param_shapes(cfg, num_labels)
+  fill_pooler = 'pooler' not in present and (has_mlm or bool(task_heads))
   if fill_pooler:
-    logging.warning('%s has no pooler (a BertForMaskedLM checkpoint); its pooler is set to zeros, '
-                    'so pooler_output is meaningless', directory)
+    logging.warning('%s has no pooler (a %s checkpoint); its pooler is set to zeros, so pooler_output is '
+                    'meaningless', directory, _hf_class(directory))
   wanted = [e for e in table if e.group in ('bert', 'pooler') or e.group in present]
   missing = [_hf_name(e, prefix) for e in wanted if _hf_name(e, prefix) not in names
              and not (fill_pooler and e.group == 'pooler')]
@@ -171,8 +198,9 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
   unknown = [names[n] for n in names if n not in known and n.removeprefix(prefix) not in _BUFFERS]
   if unknown:
     raise CheckpointError(f'{directory}/{WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer '
-                          f'BERT with pretraining heads lacks: {_some(unknown)}; bert_jax imports '
-                          'BertModel, BertForPreTraining and BertForMaskedLM checkpoints')
+                          f'BERT with pretraining or task heads lacks: {_some(unknown)}; bert_jax imports '
+                          'BertModel, BertForPreTraining, BertForMaskedLM and BertFor{Sequence,Token}'
+                          'Classification / BertForQuestionAnswering checkpoints')
 
   flat = {}
   for e in wanted:
@@ -189,34 +217,91 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
   return cfg, traverse_util.unflatten_dict(flat), has_mlm, has_nsp
 
 
+def _task_head_labels(directory: str, weight, cfg: ModelConfig) -> int:
+  """The classifier's number of labels, checked against config.json's id2label / num_labels."""
+  task = read_hf_task(directory)
+  if weight.ndim != 2 or weight.shape[1] != cfg.hidden_size:
+    raise CheckpointError(f'{directory}: tensor classifier.weight has shape {weight.shape} but config.json '
+                          f'implies (num_labels, {cfg.hidden_size})')
+  if task is not None and task['num_labels'] != weight.shape[0]:
+    raise CheckpointError(f'{directory}: classifier.weight has {weight.shape[0]} rows but config.json has '
+                          f'{task["num_labels"]} labels (id2label)')
+  return int(weight.shape[0])
+
+
+def read_hf_task(directory: str) -> dict[str, Any] | None:
+  """The task of a fine-tuned Hugging Face BERT directory, from its config.json; None for other classes.
+
+  Returns:
+    {'name' (config.json's finetuning_task, or ''), 'kind' ('classification', 'regression', 'token' or
+    'span'), 'num_labels', 'label_names' (id2label in id order)}, the form `load_finetuned` gives.
+  """
+  hf_config = _read_json_config(directory)
+  arch = (hf_config.get('architectures') or [''])[0]
+  if arch not in TASK_ARCHITECTURES.values():
+    return None
+  id2label = hf_config.get('id2label') or {}
+  try:
+    labels = [str(id2label[k]) for k in sorted(id2label, key=int)]
+  except (ValueError, TypeError):
+    raise CheckpointError(f'{os.path.join(directory, CONFIG_FILE)}: id2label keys are not label ids') from None
+  num_labels = int(hf_config.get('num_labels') or len(labels) or 2)
+  if arch == 'BertForQuestionAnswering':
+    kind = 'span'
+  elif arch == 'BertForTokenClassification':
+    kind = 'token'
+  else:
+    kind = 'regression' if hf_config.get('problem_type') == 'regression' else 'classification'
+  return {'name': hf_config.get('finetuning_task') or '', 'kind': kind, 'num_labels': num_labels,
+          'label_names': labels if kind in ('classification', 'token') else []}
+
+
 def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
-                       overwrite: bool = False) -> None:
+                       overwrite: bool = False, task: dict[str, Any] | None = None) -> None:
   """Writes a Hugging Face BERT directory that transformers loads and that reloads bit-exactly.
 
-  The architecture is BertModel without heads, BertForPreTraining with both, BertForMaskedLM
-  with only the MLM head. A WordPiece tokenizer is written as vocab.txt + tokenizer.json +
-  tokenizer_config.json (transformers' BertTokenizer reads them). A SentencePiece tokenizer is
-  copied as spiece.model and named in config.json under `bert_jax_tokenizer`: transformers
-  cannot load it as a BertTokenizer, but `load_hf_tokenizer` (and so bert_jax) can.
+  The architecture is BertModel without heads, BertForPreTraining with both pretraining heads,
+  BertForMaskedLM with only the MLM head, and for a fine-tuned model (`task`) the transformers
+  class of its head: BertForSequenceClassification (classification; regression with
+  problem_type='regression'), BertForTokenClassification or BertForQuestionAnswering, with the
+  task's label names as id2label / label2id. The last two have no pooler in transformers, so
+  ours is left out.
+
+  A WordPiece tokenizer is written as vocab.txt + tokenizer.json + tokenizer_config.json
+  (transformers' BertTokenizer reads them). A SentencePiece tokenizer is written as tokenizer.json
+  (its conversion, `hf_tokenizer.sentencepiece_to_tokenizers`, checked against SentencePiece
+  first: a model that would tokenize differently is refused) + tokenizer_config.json +
+  special_tokens_map.json for transformers' fast tokenizer, and as spiece.model, which bert_jax
+  reads back bit-exactly (`load_hf_tokenizer`).
 
   Args:
     directory: output directory; must be empty or absent unless `overwrite`.
     cfg: the model's configuration.
-    params: pure dict (or nnx.State) of BertForPreTraining parameters: 'bert', and optionally
-      'mlm' and 'nsp' (a bare BertEncoder's parameters go under 'bert').
+    params: pure dict (or nnx.State) of BertForPreTraining parameters ('bert', and optionally
+      'mlm' and 'nsp'; a bare BertEncoder's parameters go under 'bert'), or of a fine-tuned head
+      model ('bert' and 'classifier' or 'qa_outputs').
     tokenizer: a WordPieceTokenizer or SentencePieceTokenizer to ship alongside, or None.
     overwrite: replace this function's files in a non-empty directory.
+    task: for a fine-tuned model, {'kind', 'num_labels', 'label_names', 'name'} as `load_finetuned` gives it.
+
+  Raises:
+    CheckpointError: parameters that do not fit the config or the task; DataError: a tokenizer that
+      cannot be exported exactly. Nothing is written then.
   """
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
   heads = {p[0] for p in flat} - {'bert'}
-  table = [e for e in _name_table(cfg.num_layers) if e.group in ('bert', 'pooler') or e.group in heads]
-  shapes = _param_shapes(cfg)
-  unknown = sorted('/'.join(map(str, p)) for p in set(flat) - {e.path for e in table})
+  num_labels = _check_task(task, heads)
+  groups = {'bert'} | heads | ({'pooler'} if task is None or task['kind'] not in _NO_POOLER else set())
+  table = [e for e in _name_table(cfg.num_layers) if e.group in groups]
+  shapes = _param_shapes(cfg, num_labels)
+  exported = {e.path for e in table}
+  unknown = sorted('/'.join(map(str, p)) for p in set(flat) - exported
+                   if not (p[:2] == ('bert', 'pooler') and 'pooler' not in groups))
   if unknown:
     raise CheckpointError(f'parameters {_some(unknown)} are not part of a {cfg.num_layers}-layer '
-                          "BERT with pretraining heads; pass {'bert': params['bert']} (plus 'mlm' "
+                          "BERT with pretraining or task heads; pass {'bert': params['bert']} (plus 'mlm' "
                           "and 'nsp' if present) to export the encoder; nothing written")
   missing = ['/'.join(map(str, e.path)) for e in table if e.path not in flat]
   if missing:
@@ -231,8 +316,10 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
   if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
     raise CheckpointError(f'tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens but the '
                           f'model only {cfg.vocab_size} embeddings; export the matching tokenizer')
-  spiece = None
+  spiece = fast = None
   if isinstance(tokenizer, tokenization.SentencePieceTokenizer):
+    fast = hf_tokenizer.sentencepiece_to_tokenizers(tokenizer)  # DataError: not convertible
+    hf_tokenizer.check_exact(tokenizer, fast)  # DataError: other ids than ours
     with open(tokenizer.path, 'rb') as f:  # before overwrite may delete it (an in-place export)
       spiece = f.read()
 
@@ -241,30 +328,52 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
   tensors = {_hf_name(e, prefix): np.ascontiguousarray(
       e.rule.to_hf(np.asarray(jax.device_get(flat[e.path]), np.float32))) for e in table}
   st_numpy.save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={'format': 'pt'})
-  config = _hf_config(cfg, heads, tokenizer)
+  config = _hf_config(cfg, heads, tokenizer, task)
   if isinstance(tokenizer, tokenization.WordPieceTokenizer):
     tokenizer.save(directory, model_max_length=cfg.max_position_embeddings)
   elif spiece is not None:
     with open(os.path.join(directory, SPIECE_FILE), 'wb') as f:
       f.write(spiece)
-    config['bert_jax_tokenizer'] = SPIECE_FILE
+    hf_tokenizer.save_for_transformers(tokenizer, directory, model_max_length=cfg.max_position_embeddings, fast=fast)
   with open(os.path.join(directory, CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)
+
+
+def _check_task(task: dict[str, Any] | None, heads: set) -> int:
+  """The task head's number of labels (2 without one); CheckpointError when task and heads disagree."""
+  task_heads = heads & set(TASK_HEADS)
+  if task is None:
+    if task_heads:
+      raise CheckpointError(f'params hold the task head {", ".join(sorted(task_heads))} but no task was given '
+                            "(task={'kind', 'num_labels', 'label_names'}); nothing written")
+    return 2
+  kind = task.get('kind')
+  if kind not in TASK_ARCHITECTURES:
+    raise CheckpointError(f'task kind {kind!r} is not one of {", ".join(TASK_ARCHITECTURES)}; nothing written')
+  if heads != {_TASK_HEAD[kind]}:
+    raise CheckpointError(f'a {kind} model has the head {_TASK_HEAD[kind]!r} only, but params hold '
+                          f'{", ".join(sorted(heads)) or "none"}; nothing written')
+  num_labels = 2 if kind == 'span' else int(task['num_labels'])
+  names = list(task.get('label_names') or [])
+  if names and len(names) != num_labels:
+    raise CheckpointError(f'task has {num_labels} labels but {len(names)} label names; nothing written')
+  return num_labels
 
 
 def load_hf_tokenizer(directory: str):
   """The tokenizer shipped in a checkpoint directory.
 
   Args:
-    directory: holds tokenizer.json or vocab.txt (WordPiece), or spiece.model (our export).
+    directory: holds spiece.model (a SentencePiece model bert_jax exported; its tokenizer.json is
+      only the conversion for transformers), or else tokenizer.json or vocab.txt (WordPiece).
 
   Returns:
-    A WordPieceTokenizer or SentencePieceTokenizer; DataError when there is no vocabulary.
+    A SentencePieceTokenizer or WordPieceTokenizer; DataError when there is no vocabulary.
   """
-  if any(os.path.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
-    return tokenization.WordPieceTokenizer.from_directory(directory)
   if os.path.isfile(os.path.join(directory, SPIECE_FILE)):
     return tokenization.SentencePieceTokenizer(os.path.join(directory, SPIECE_FILE))
+  if any(os.path.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
+    return tokenization.WordPieceTokenizer.from_directory(directory)
   raise DataError(f'{directory} has no vocabulary (tokenizer.json, vocab.txt or {SPIECE_FILE}); '
                   'copy the tokenizer files of the checkpoint into it')
 
@@ -275,18 +384,7 @@ def read_hf_config(directory: str) -> ModelConfig:
     raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
                           f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')
   path = os.path.join(directory, CONFIG_FILE)
-  check_regular(path, 'checkpoint config')
-  if not os.path.isfile(path):
-    raise CheckpointError(f'{directory} has no {CONFIG_FILE}; it is not a Hugging Face checkpoint '
-                          'directory (save one with save_pretrained)')
-  try:
-    with open(path, encoding='utf-8') as f:
-      hf = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise CheckpointError(f'{path} is not valid JSON ({e})') from None
-  if not isinstance(hf, dict):
-    raise CheckpointError(f'{path} holds a JSON {type(hf).__name__}, not a config object')
-  hf = {**_HF_DEFAULTS, **hf}
+  hf = {**_HF_DEFAULTS, **_read_json_config(directory)}
   if hf.get('model_type', 'bert') != 'bert':
     raise CheckpointError(f"{path}: model_type={hf['model_type']!r}; only 'bert' checkpoints "
                           'can be imported')
@@ -303,6 +401,22 @@ def read_hf_config(directory: str) -> ModelConfig:
     return ModelConfig(**{ours: hf[theirs] for ours, theirs in _CONFIG_KEYS.items()})
   except (BertJaxError, TypeError) as e:
     raise CheckpointError(f'{path}: {e}') from None
+
+
+def _read_json_config(directory: str) -> dict[str, Any]:
+  path = os.path.join(directory, CONFIG_FILE)
+  check_regular(path, 'checkpoint config')
+  if not os.path.isfile(path):
+    raise CheckpointError(f'{directory} has no {CONFIG_FILE}; it is not a Hugging Face checkpoint '
+                          'directory (save one with save_pretrained)')
+  try:
+    with open(path, encoding='utf-8') as f:
+      hf = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise CheckpointError(f'{path} is not valid JSON ({e})') from None
+  if not isinstance(hf, dict):
+    raise CheckpointError(f'{path} holds a JSON {type(hf).__name__}, not a config object')
+  return hf
 
 
 def _read_tensors(directory: str) -> dict[str, np.ndarray]:
@@ -372,10 +486,16 @@ def _check_tied(directory, tied, source, tied_name, source_name):
 
 
 @functools.lru_cache(maxsize=8)
-def _param_shapes(cfg: ModelConfig) -> dict[ParamPath, tuple]:
-  """Our parameter shapes for `cfg`, from the model code itself (no arrays are allocated)."""
+def _param_shapes(cfg: ModelConfig, num_labels: int = 2) -> dict[ParamPath, tuple]:
+  """Our parameter shapes for `cfg` (and a classifier of `num_labels`), from the model code itself
+  (no arrays are allocated)."""
   abstract = nnx.eval_shape(lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(0)))
   flat = traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
+  for kind in ('token', 'span'):  # the task heads (a sequence classifier's is a token classifier's)
+    head = _TASK_HEAD[kind]
+    abstract = nnx.eval_shape(lambda k=kind: head_model(k, cfg, num_labels, rngs=nnx.Rngs(0)))
+    flat.update((path, x) for path, x in traverse_util.flatten_dict(
+        nnx.to_pure_dict(nnx.state(abstract, nnx.Param))).items() if path[0] == head)
   return {path: tuple(x.shape) for path, x in flat.items()}
 
 
@@ -384,13 +504,25 @@ def _hf_shape(entry: _Entry, our_shape: tuple) -> tuple:
   return entry.rule.to_hf(np.broadcast_to(np.float32(0), our_shape)).shape
 
 
-def _hf_config(cfg: ModelConfig, heads: set, tokenizer) -> dict:
+def _hf_config(cfg: ModelConfig, heads: set, tokenizer, task: dict[str, Any] | None = None) -> dict:
   arch = {frozenset(): 'BertModel', frozenset({'mlm', 'nsp'}): 'BertForPreTraining',
           frozenset({'mlm'}): 'BertForMaskedLM', frozenset({'nsp'}): 'BertForNextSentencePrediction'}
-  config = {**_HF_DEFAULTS, 'architectures': [arch[frozenset(heads)]], 'model_type': 'bert',
+  config = {**_HF_DEFAULTS, 'model_type': 'bert',
             'pad_token_id': tokenizer.pad_id if tokenizer is not None else tokenization.PAD_ID,
             'tie_word_embeddings': True}
   config.update({theirs: getattr(cfg, ours) for ours, theirs in _CONFIG_KEYS.items()})
+  if task is None:
+    config['architectures'] = [arch[frozenset(heads)]]
+    return config
+  config['architectures'] = [TASK_ARCHITECTURES[task['kind']]]
+  if task.get('name'):
+    config['finetuning_task'] = task['name']
+  if task['kind'] != 'span':  # a QA model keeps transformers' default: 2 outputs (start, end)
+    names = list(task.get('label_names') or []) or [f'LABEL_{i}' for i in range(int(task['num_labels']))]
+    config['id2label'] = {str(i): name for i, name in enumerate(names)}
+    config['label2id'] = {name: i for i, name in enumerate(names)}
+  if task['kind'] in ('classification', 'regression'):
+    config['problem_type'] = 'regression' if task['kind'] == 'regression' else 'single_label_classification'
   return config
 
 

@@ -203,6 +203,8 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
     problem = state_problem(params)  # a bert_jax workdir's restore checks its own
     if problem:
       raise CheckpointError(f'checkpoint {path} is unusable: {problem}')
+    # A fine-tuned export's task head is not part of a pretrained BERT: its encoder is (hf.read_hf_task names it).
+    params = {k: v for k, v in params.items() if k not in hf.TASK_HEADS}
     return PretrainedBert(cfg, params, hf.load_hf_tokenizer(path), 'hf', path)
   raise CheckpointError(f'{path} is neither a Hugging Face checkpoint (config.json + model.safetensors) '
                         'nor a bert_jax workdir (config.json + checkpoints/)')

@@ -96,10 +96,16 @@ def _edit_config(directory, **changes):
 
 
 def test_name_table_covers_every_parameter_once():
+  """One entry per parameter of BertForPreTraining and of every task head model, each HF name once."""
   cfg = config.preset('tiny', vocab_size=64)
   table = hf._name_table(cfg.num_layers)  # pylint: disable=protected-access
-  shapes = hf._param_shapes(cfg)  # pylint: disable=protected-access
-  assert sorted(map(str, (e.path for e in table))) == sorted(map(str, shapes))
+  ours = set(traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(
+      nnx.eval_shape(lambda: heads.BertForPreTraining(cfg, rngs=nnx.Rngs(0))), nnx.Param))))
+  for kind in heads.HEAD_KINDS:
+    ours |= set(traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(
+        nnx.eval_shape(lambda k=kind: heads.head_model(k, cfg, 3, rngs=nnx.Rngs(0))), nnx.Param))))
+  assert sorted(map(str, (e.path for e in table))) == sorted(map(str, ours))
+  assert set(hf._param_shapes(cfg, 3)) == ours  # pylint: disable=protected-access
   names = [e.hf_name for e in table]
   assert len(set(names)) == len(names)
 
@@ -403,9 +409,16 @@ def test_bad_checkpoint_directories(tmp_path):
   with pytest.raises(CheckpointError, match='lacks 1 tensor.*: bert.encoder.layer.0.output.dense.bias'):
     hf.load_hf_checkpoint(missing)
   extra = variant('extra')
-  _edit_weights(extra, lambda t: t.update({'classifier.weight': np.zeros((3, 64), np.float32)}))
-  with pytest.raises(CheckpointError, match='a 2-layer BERT with pretraining heads lacks: classifier.weight'):
+  _edit_weights(extra, lambda t: t.update({'bert.encoder.layer.0.adapter.weight': np.zeros((3, 64), np.float32)}))
+  with pytest.raises(CheckpointError, match='a 2-layer BERT with pretraining or task heads lacks: '
+                     'bert.encoder.layer.0.adapter.weight'):
     hf.load_hf_checkpoint(extra)
+  mixed = variant('mixed')
+  _edit_weights(mixed, lambda t: t.update({'classifier.weight': np.zeros((3, 64), np.float32),
+                                           'classifier.bias': np.zeros((3,), np.float32)}))
+  with pytest.raises(CheckpointError, match='holds the heads classifier, mlm, nsp together') as e:
+    hf.load_hf_checkpoint(mixed)
+  _one_line(e)
   untied = variant('untied')
   _edit_weights(untied, lambda t: t.update(
       {'cls.predictions.decoder.weight': np.zeros((64, 64), np.float32)}))

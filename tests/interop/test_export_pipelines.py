@@ -1,0 +1,221 @@
+"""transformers' pipelines on exported tiny models give bert_jax's own outputs.
+
+A tiny pretraining workdir with its SentencePiece tokenizer is fine-tuned briefly on SST-2 and SQuAD, the tiny
+WordPiece checkpoint (MiniLM's vocabulary) on CoNLL-2003 and SST-2; each is exported with experiments/export_hf.py and
+run through pipeline('fill-mask' / 'text-classification' / 'token-classification' / 'question-answering'). The
+reference is the library itself on the same texts: `inference.fill_mask`, and the logits of
+`FinetunedBert.head_model()` on `encode_inputs` ids (SQuAD: `squad.featurize`), turned into what each pipeline reports.
+"""
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import inference
+from bert_jax.config import FinetuneConfig
+from bert_jax.finetuning import run as finetuning
+from bert_jax.finetuning.tasks import conll, squad
+from bert_jax.interop import hf
+from bert_jax.interop.pretrained import load_finetuned, load_pretrained
+from bert_jax.pretraining import run as pretraining
+
+from helpers import assert_one_line_error, run_experiment, shared_data_or_skip, tiny_pretrain_config, write_small_corpus
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e,
+              pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')]  # its numpy 2 copy= notes
+transformers = pytest.importorskip('transformers')
+pytest.importorskip('torch')
+TOL = 1e-5  # probabilities: float32 JAX on CPU against float32 PyTorch
+
+SENTENCES = ['a charming and often affecting journey .', 'unflinchingly bleak and desperate',
+             'The movie was not good, but the actors were great!', 'Crème brûlée at the Café Ångström: 3.14 stars.',
+             'an EXTRAORDINARILY long-winded, over-the-top melodrama (2002)']
+
+
+@pytest.fixture(scope='module')
+def sp_workdir(tmp_path_factory):
+  """A tiny pretraining workdir (6 steps) with the SentencePiece tokenizer it trained (1000 pieces, lower-casing)."""
+  root = tmp_path_factory.mktemp('pretrained')
+  workdir = str(root / 'run')
+  pretraining.train_and_evaluate(tiny_pretrain_config(write_small_corpus(root), str(root / 'cache'), eval_every=100),
+                                 workdir)
+  return workdir
+
+
+def _export(source, out, *flags):
+  result = run_experiment('export_hf.py', f'--checkpoint={source}', f'--output={out}', *flags)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _head(path, n, tmp):
+  """The first `n` lines (TSV: the header and n rows; CoNLL: up to the n-th blank line) of a task file, in `tmp`."""
+  with open(path, encoding='utf-8') as f:
+    lines = f.read().split('\n')
+  if path.endswith('.tsv'):
+    lines = lines[:n + 1]
+  else:
+    blank = [i for i, line in enumerate(lines) if not line.strip()]
+    lines = lines[:blank[min(n, len(blank) - 1)]]
+  out = os.path.join(str(tmp), os.path.basename(path))
+  with open(out, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(lines) + '\n')
+  return out
+
+
+def _finetune(task, init, workdir, train_file='', eval_file='', data_dir='', **fields):
+  """A few steps of fine-tuning (small train and eval files: the evaluation is not what is tested)."""
+  cfg = FinetuneConfig(task=task, init_checkpoint=init, data_dir=data_dir, train_file=train_file, eval_file=eval_file,
+                       max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e-3, max_steps=4,
+                       max_train_samples=32, log_every=2)
+  finetuning.finetune(dataclasses.replace(cfg, **fields), workdir)
+  return load_finetuned(workdir)
+
+
+def _sst2(init, workdir, tmp, **fields):
+  data = shared_data_or_skip('sst2')
+  return _finetune('sst2', init, workdir, _head(os.path.join(data, 'train.tsv'), 64, tmp),
+                   _head(os.path.join(data, 'dev.tsv'), 32, tmp), **fields)
+
+
+def _logits(tuned, pairs):
+  """The head model's float32 logits of each (text_a, text_b) as bert_jax tokenizes it (no truncation)."""
+  model = tuned.head_model()
+  out = []
+  for a, b in pairs:
+    ids, types, _ = tuned.tokenizer.encode_inputs(a, b, max_length=tuned.config.max_position_embeddings)
+    out.append(np.asarray(model(jnp.asarray([ids]), jnp.asarray([types]))[0], np.float32))
+  return out
+
+
+def test_fill_mask_pipeline_on_an_exported_sentencepiece_workdir(sp_workdir, tmp_path):
+  out = str(tmp_path / 'hf')
+  line = _export(sp_workdir, out)
+  assert line['architecture'] == 'BertForPreTraining' and line['tokenizer'] == 'SentencePieceTokenizer'
+  fill = transformers.pipeline('fill-mask', model=out, top_k=5)
+  pretrained = load_pretrained(sp_workdir)
+  worst = 0.0
+  for text in ['the [MASK] of the song was released .', 'In 1998 , the [MASK] won the cup in [MASK] .',
+               'Crème brûlée and [MASK] at the café']:
+    theirs = fill(text)
+    theirs = [theirs] if isinstance(theirs[0], dict) else theirs  # one list per [MASK]
+    ours = inference.fill_mask(pretrained, text, top_k=5)
+    assert len(theirs) == len(ours) == text.count('[MASK]')
+    for their_top, our_top in zip(theirs, ours):
+      assert [t['token'] for t in their_top] == [pretrained.tokenizer.token_to_id(tok) for tok, _ in our_top], text
+      diff = np.abs(np.array([t['score'] for t in their_top]) - [p for _, p in our_top]).max()
+      worst = max(worst, float(diff))
+      assert diff <= TOL
+      words = [(t['token_str'], pretrained.tokenizer.decode([t['token']])) for t in their_top if t['token'] >= 5]
+      assert all(a == b for a, b in words), words  # a piece's text ([CLS]... decode to '' in bert_jax)
+  print(f'fill-mask: top-5 ids equal, max |probability difference| {worst:.2e}')
+
+
+@pytest.mark.parametrize('init', ['sentencepiece', 'wordpiece'])
+def test_text_classification_pipeline(init, sp_workdir, tiny_checkpoint, tmp_path):
+  source = sp_workdir if init == 'sentencepiece' else tiny_checkpoint
+  tuned = _sst2(source, str(tmp_path / 'sst2'), tmp_path)
+  out = str(tmp_path / 'hf')
+  line = _export(str(tmp_path / 'sst2'), out)
+  assert (line['architecture'], line['kind'], line['task'], line['seed']) == (
+      'BertForSequenceClassification', 'classification', 'sst2', 0)
+  classify = transformers.pipeline('text-classification', model=out, top_k=None)
+  labels = tuned.task['label_names']
+  assert transformers.AutoConfig.from_pretrained(out).id2label == dict(enumerate(labels))
+  pairs = [(s, None) for s in SENTENCES] + [(SENTENCES[0], SENTENCES[1])]
+  theirs = classify(SENTENCES) + [classify({'text': SENTENCES[0], 'text_pair': SENTENCES[1]})]
+  worst = 0.0
+  for logits, scores in zip(_logits(tuned, pairs), theirs):
+    probs = np.asarray(jax.nn.softmax(logits))
+    assert {s['label']: s['score'] for s in scores}.keys() == set(labels)
+    worst = max(worst, float(np.abs(np.array([{s['label']: s['score'] for s in scores}[n] for n in labels])
+                                    - probs).max()))
+    assert worst <= TOL
+    assert scores[0]['label'] == labels[int(np.argmax(probs))]
+  print(f'text-classification ({init}): labels equal, max |probability difference| {worst:.2e}')
+
+
+def test_token_classification_pipeline(tiny_checkpoint, tmp_path):
+  data = shared_data_or_skip('conll2003')
+  tuned = _finetune('conll2003', tiny_checkpoint, str(tmp_path / 'conll'), _head(os.path.join(data, conll.TRAIN_FILE),
+                    64, tmp_path), _head(os.path.join(data, conll.DEV_FILE), 16, tmp_path), learning_rate=5e-3,
+                    max_steps=8)
+  out = str(tmp_path / 'hf')
+  assert _export(str(tmp_path / 'conll'), out)['architecture'] == 'BertForTokenClassification'
+  tag = transformers.pipeline('token-classification', model=out, ignore_labels=[])
+  sentences = [' '.join(words) for words, _ in conll.read_conll(
+      os.path.join(shared_data_or_skip('conll2003'), conll.DEV_FILE))[:20]] + SENTENCES
+  worst, tokens = 0.0, 0
+  for text, logits in zip(sentences, _logits(tuned, [(s, None) for s in sentences])):
+    probs = np.asarray(jax.nn.softmax(logits, axis=-1))[1:-1]  # [CLS] and [SEP] are not reported
+    theirs = tag(text)
+    assert [t['index'] for t in theirs] == list(range(1, len(probs) + 1)), text
+    assert [t['entity'] for t in theirs] == [conll.LABELS[i] for i in probs.argmax(-1)], text
+    worst, tokens = max(worst, float(np.abs(np.array([t['score'] for t in theirs]) - probs.max(-1)).max())), \
+        tokens + len(theirs)
+    assert worst <= TOL
+  print(f'token-classification: {tokens} tokens, tags equal, max |score difference| {worst:.2e}')
+
+
+def test_question_answering_pipeline(sp_workdir, tmp_path):
+  """Answers of the pipeline equal the best span of bert_jax's logits under the pipeline's rule: start and end
+  probabilities (a softmax over the context tokens and [CLS], [CLS] then zeroed), the best product with end >= start
+  and at most max_answer_len tokens. Contexts short enough for one window, so windows cannot differ."""
+  if 'question-answering' not in transformers.pipelines.SUPPORTED_TASKS:
+    pytest.skip(f'transformers {transformers.__version__} has no question-answering pipeline (removed in 5.3); '
+                'tests/requirements.txt pins 5.2.0')
+  tuned = _finetune('squad', sp_workdir, str(tmp_path / 'squad'), data_dir=shared_data_or_skip('squad-v1.1'),
+                    max_seq_length=128, doc_stride=32, train_articles=1, eval_articles=1, max_steps=4)
+  out = str(tmp_path / 'hf')
+  assert _export(str(tmp_path / 'squad'), out)['architecture'] == 'BertForQuestionAnswering'
+  max_answer_len, max_seq_len = 15, tuned.config.max_position_embeddings
+  answer = transformers.pipeline('question-answering', model=out)
+  examples = squad.articles_to_examples(squad.read_articles(
+      os.path.join(shared_data_or_skip('squad-v1.1'), 'dev-v1.1.json'))[:1])[:25]
+  features, offsets = squad.featurize(examples, tuned.tokenizer, max_seq_length=max_seq_len, doc_stride=128,
+                                      max_query_length=64, train=False)
+  assert len(features) == len(examples)  # one window each
+  model = tuned.head_model()
+  worst = 0.0
+  for example, feature, offs in zip(examples, features, offsets):
+    logits = np.asarray(model(jnp.asarray([feature.input_ids]), jnp.asarray([feature.token_type_ids]))[0])
+    allowed = np.array([o is not None for o in offs])
+    allowed[0] = True  # the pipeline keeps [CLS] in the softmax, then zeroes it
+    probs = [np.array(jax.nn.softmax(np.where(allowed, logits[:, k], -10000.0))) for k in (0, 1)]
+    for p in probs:
+      p[0] = 0.0
+    span = np.triu(np.outer(*probs)) * np.tril(np.ones((len(offs),) * 2), max_answer_len - 1)
+    span[~allowed] = span[:, ~allowed] = 0
+    s, e = np.unravel_index(np.argmax(span), span.shape)
+    # align_to_words=False: the span's own tokens (by default the pipeline widens it to whole words).
+    theirs = answer(question=example.question, context=example.context, max_answer_len=max_answer_len,
+                    max_seq_len=max_seq_len, align_to_words=False)
+    # A SentencePiece word's first piece covers the space before it ('▁' stands for it): strip that.
+    assert theirs['answer'].strip() == example.context[offs[s][0]:offs[e][1]], example.question
+    worst = max(worst, abs(theirs['score'] - float(span[s, e])))
+    assert worst <= TOL
+    assert example.context[theirs['start']:theirs['end']] == theirs['answer']
+  print(f'question-answering: {len(examples)} answers equal, max |score difference| {worst:.2e}')
+
+
+def test_export_refuses_bad_fine_tuning_input(tiny_checkpoint, tmp_path):
+  workdir = str(tmp_path / 'sst2')
+  _sst2(tiny_checkpoint, workdir, tmp_path, max_steps=2)
+  assert_one_line_error(run_experiment('export_hf.py', f'--checkpoint={workdir}', f'--output={tmp_path / "a"}',
+                                       '--seed=3'), 'has no seed 3 (it has seed_0)')
+  assert_one_line_error(run_experiment('export_hf.py', f'--checkpoint={workdir}', f'--output={tmp_path / "b"}',
+                                       '--step=1'), 'no checkpoint for step 1')
+  assert_one_line_error(run_experiment('export_hf.py', f'--checkpoint={tiny_checkpoint}',
+                                       f'--output={tmp_path / "c"}', '--seed=0'), '--seed applies to fine-tuning')
+  assert not any(os.path.exists(tmp_path / name) for name in 'abc')
+  # An exported fine-tuned model re-exports with its head; bert_jax reads its encoder as a pretrained BERT.
+  _export(workdir, str(tmp_path / 'hf'))
+  line = _export(str(tmp_path / 'hf'), str(tmp_path / 'again'))
+  assert (line['architecture'], line['source']) == ('BertForSequenceClassification', 'hf')
+  assert set(load_pretrained(str(tmp_path / 'again')).params) == {'bert'}
+  assert hf.read_hf_task(str(tmp_path / 'again')) == hf.read_hf_task(str(tmp_path / 'hf'))
