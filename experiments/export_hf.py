@@ -1,10 +1,12 @@
-"""Exports a bert_jax workdir (or re-exports an HF directory) as a Hugging Face BERT directory.
+"""Exports a bert_jax workdir (or re-exports an HF directory) as a Hugging Face BERT or ModernBERT directory.
 
   python experiments/export_hf.py --checkpoint=/tmp/bert_mini --output=/tmp/bert_mini_hf [--step=N]
 
 The result holds config.json, model.safetensors and the tokenizer files; transformers loads it
-as BertModel / BertForPreTraining, and `load_pretrained` reads it back bit-exactly. Ends with
-one JSON line.
+as BertModel / BertForPreTraining (the default architecture) or as ModernBertModel /
+ModernBertForMaskedLM (a ModernBERT-shaped one: model.norm_position=pre, position_embedding=rotary,
+mlp=geglu, type_vocab_size=0), and `load_pretrained` reads it back bit-exactly. Other combinations
+of the architecture switches have no Hugging Face class: one error line. Ends with one JSON line.
 """
 
 import json

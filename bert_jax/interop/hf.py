@@ -1,5 +1,8 @@
 """Import and export of Hugging Face BERT checkpoints (config.json + model.safetensors).
 
+ModernBERT-shaped models and checkpoints (model_type 'modernbert') go to `interop.modernbert`;
+other architectures export as bert_jax only.
+
 One table, `_name_table`, pairs each of our parameter paths with its Hugging Face tensor name
 and the rule that converts between the two layouts; import and export both read it, so they
 cannot drift apart. Our attention kernels keep an explicit heads axis ((D, N, H) for q/k/v,
@@ -135,6 +138,9 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     with 'bert' always and 'mlm' / 'nsp' when the checkpoint has those heads.
   """
   cfg = read_hf_config(directory)
+  from bert_jax.interop import modernbert  # pylint: disable=g-import-not-at-top  (it imports this module)
+  if modernbert.hf_architecture(cfg) == 'modernbert':
+    return modernbert.load_checkpoint(directory, cfg)
   tensors = _read_tensors(directory)
   names = {_modern_name(n): n for n in tensors}
   if len(names) != len(tensors):
@@ -207,6 +213,9 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     tokenizer: a WordPieceTokenizer or SentencePieceTokenizer to ship alongside, or None.
     overwrite: replace this function's files in a non-empty directory.
   """
+  from bert_jax.interop import modernbert  # pylint: disable=g-import-not-at-top  (it imports this module)
+  if modernbert.hf_architecture(cfg) == 'modernbert':  # other architectures than BERT's: one line
+    return modernbert.save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite)
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
@@ -286,9 +295,12 @@ def read_hf_config(directory: str) -> ModelConfig:
     raise CheckpointError(f'{path} is not valid JSON ({e})') from None
   if not isinstance(hf, dict):
     raise CheckpointError(f'{path} holds a JSON {type(hf).__name__}, not a config object')
+  if hf.get('model_type') == 'modernbert':
+    from bert_jax.interop import modernbert  # pylint: disable=g-import-not-at-top  (it imports this module)
+    return modernbert.model_config(path, hf)
   hf = {**_HF_DEFAULTS, **hf}
   if hf.get('model_type', 'bert') != 'bert':
-    raise CheckpointError(f"{path}: model_type={hf['model_type']!r}; only 'bert' checkpoints "
+    raise CheckpointError(f"{path}: model_type={hf['model_type']!r}; only 'bert' and 'modernbert' checkpoints "
                           'can be imported')
   if hf['hidden_act'] != 'gelu':
     raise CheckpointError(f"{path}: hidden_act={hf['hidden_act']!r}, but bert_jax implements only "
