@@ -16,7 +16,7 @@ from absl import flags
 
 from bert_jax import files
 from bert_jax.errors import ConfigError
-from bert_jax.interop import hf
+from bert_jax.interop import hf, modernbert
 from bert_jax.interop.pretrained import load_pretrained
 from bert_jax.train import workdir
 
@@ -38,8 +38,12 @@ def main(_):
   pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value)
   hf.save_hf_checkpoint(_OUTPUT.value, pretrained.config, pretrained.params, pretrained.tokenizer,
                         overwrite=_OVERWRITE.value)
+  heads = set(pretrained.params) - {'bert'}
+  if modernbert.hf_architecture(pretrained.config) == 'modernbert':
+    heads -= {'nsp'}  # ModernBertForMaskedLM has no NSP head
   print(json.dumps({'output': _OUTPUT.value, 'source': pretrained.source, 'step': pretrained.step,
-                    'heads': sorted(set(pretrained.params) - {'bert'})}), flush=True)
+                    'architecture': modernbert.hf_architecture(pretrained.config), 'heads': sorted(heads)}),
+        flush=True)
 
 
 if __name__ == '__main__':
