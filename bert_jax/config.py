@@ -32,15 +32,21 @@ ATTENTION_IMPLS = ('', 'xla', 'cudnn', 'einsum')
 REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
 # model.dropout_impl: hashed masks (bert_jax/dropout.py) or jax.random.bernoulli, as nnx.Dropout.
 DROPOUT_IMPLS = ('hash', 'threefry')
+# Architecture switches (ModelConfig); the first value of each is BERT's.
+NORM_POSITIONS = ('post', 'pre')
+POSITION_EMBEDDINGS = ('learned', 'rotary')
+MLPS = ('gelu', 'geglu')
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """BERT architecture and how it is computed.
 
-  `dtype` is the compute dtype; parameters stay float32. `attention_impl`, `remat_policy`
-  and `scan_layers` are speed switches: each computes the same function (tests/test_speed.py)
-  and none changes the parameter tree, so checkpoints move freely between settings.
+  The architecture switches (`norm_position` to `global_attention_every`) default to BERT; together
+  (pre-LN, rotary, GeGLU, no token types) they give a ModernBERT-shaped encoder. `dtype` is the
+  compute dtype; parameters stay float32. `attention_impl`, `remat_policy` and `scan_layers` are
+  speed switches: each computes the same function (tests/model/test_speed_switches.py) and none
+  changes the parameter tree, so checkpoints move freely between settings.
   """
 
   vocab_size: int = 30522
@@ -48,14 +54,40 @@ class ModelConfig:
   num_layers: int = 12
   num_heads: int = 12
   intermediate_size: int = 3072
+  # The longest sequence: the rows of the learned position table, a bound on inputs with rotary positions.
   max_position_embeddings: int = 512
-  type_vocab_size: int = 2
+  type_vocab_size: int = 2  # token type (segment A/B) embeddings; 0 = none (ModernBERT), token_type_ids ignored
   hidden_dropout: float = 0.1
   attention_dropout: float = 0.1
   initializer_range: float = 0.02
   layer_norm_eps: float = 1e-12
   # [PAD]'s id: without an explicit attention mask, tokens attend to every non-[PAD] token.
   pad_token_id: int = 0
+  # --- Architecture switches: the defaults are BERT's (tests/model/test_architecture.py). Each changes the
+  # function the parameters compute, so checkpoints carry them; Hugging Face export: bert_jax.interop.modernbert.
+  # 'post': x = LN(x + f(x)) after each sub-layer (BERT). 'pre': x = x + f(LN(x)) and a final LayerNorm after the
+  # last layer; the embeddings keep their LayerNorm, so the first layer has no LayerNorm before its attention
+  # (it would normalise a normalised input), as in ModernBERT.
+  norm_position: str = 'post'
+  # 'learned': a max_position_embeddings x hidden table added to the embeddings (BERT). 'rotary': RoPE on every
+  # layer's queries and keys (rotate-half layout, as RoFormer and ModernBERT): no table, attention scores depend
+  # on relative positions only.
+  position_embedding: str = 'learned'
+  # RoPE base of global-attention layers, and of local-window ones (ModernBERT: 160000 and 10000).
+  rope_theta: float = 10000.0
+  local_rope_theta: float = 10000.0
+  # 'gelu': dense -> exact GELU -> dense (BERT). 'geglu': GELU(x W) * (x V) -> dense, with W and V side by side
+  # in one intermediate kernel [hidden, 2, intermediate_size] (ModernBERT).
+  mlp: str = 'gelu'
+  # False: no bias in any dense layer or LayerNorm of the encoder (pooler included) or of the MLM transform. The
+  # output layers keep theirs: the MLM decoder's per-token bias, the NSP and task classifiers (as ModernBERT).
+  use_bias: bool = True
+  # 0: every layer attends to the whole sequence. > 0 (even): local layers attend only to keys at most
+  # attention_window / 2 positions away (the window of Longformer and ModernBERT's local_attention).
+  attention_window: int = 0
+  # With an attention_window: layers 0, N, 2N, ... stay global (ModernBERT: N = 3) and the others are local;
+  # 0 = every layer local.
+  global_attention_every: int = 0
   # 'float32' or 'bfloat16': matmul dtype; LayerNorm, softmax, logits and losses stay float32.
   dtype: str = 'float32'
   # Attention kernel. '' = automatic, logged when a model is built: 'cudnn' (flash) on an NVIDIA
@@ -92,13 +124,39 @@ class ModelConfig:
       raise ConfigError(f'model.remat_policy must be one of {", ".join(REMAT_POLICIES)}, '
                         f'got {self.remat_policy!r}')
     for name in ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
-                 'max_position_embeddings', 'type_vocab_size'):
+                 'max_position_embeddings'):
       if getattr(self, name) <= 0:
         raise ConfigError(f'model.{name} must be positive, got {getattr(self, name)}')
+    for name, choices in (('norm_position', NORM_POSITIONS), ('position_embedding', POSITION_EMBEDDINGS),
+                          ('mlp', MLPS)):
+      if getattr(self, name) not in choices:
+        raise ConfigError(f'model.{name} must be one of {", ".join(choices)}, got {getattr(self, name)!r}')
+    for name in ('type_vocab_size', 'attention_window', 'global_attention_every'):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+        raise ConfigError(f'model.{name} must be a non-negative integer, got {getattr(self, name)!r}')
+    if self.attention_window % 2:
+      raise ConfigError(f'model.attention_window={self.attention_window} must be even: local layers attend '
+                        f'attention_window / 2 positions to each side')
+    if self.global_attention_every and not self.attention_window:
+      raise ConfigError(f'model.global_attention_every={self.global_attention_every} needs model.attention_window '
+                        '> 0: without a window every layer is global')
+    for name in ('rope_theta', 'local_rope_theta'):
+      if not getattr(self, name) > 0:
+        raise ConfigError(f'model.{name} must be positive, got {getattr(self, name)}')
+    if self.position_embedding == 'rotary' and self.head_dim % 2:
+      raise ConfigError(f'model.position_embedding=rotary needs an even head dim (hidden_size / num_heads = '
+                        f'{self.head_dim})')
 
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
+
+  @property
+  def layer_windows(self) -> tuple[int, ...]:
+    """Each layer's attention window: 0 = global, else `attention_window` (local)."""
+    every = self.global_attention_every
+    return tuple(0 if not self.attention_window or (every and i % every == 0) else self.attention_window
+                 for i in range(self.num_layers))
 
   @classmethod
   def from_saved(cls, d: dict[str, Any]) -> 'ModelConfig':

@@ -253,8 +253,10 @@ class AttentionDetails:
   """Everything the attention explorer shows for one text (or pair), from one forward pass.
 
   probs[l, n, t] is query token t's distribution over the keys in layer l, head n; query and
-  key are that head's projected vectors and scores their scaled dot products q·k/√d (before
-  the mask: a single text has none), so softmax(scores[l, n, t]) is probs[l, n, t].
+  key are that head's projected vectors (rotated, with rotary positions) and scores their scaled
+  dot products q·k/√d (before the mask: a single text has none), so softmax(scores[l, n, t]) is
+  probs[l, n, t]; in a local-attention layer (model.attention_window) the keys outside the
+  window are masked first.
   """
   tokens: list[str]  # as the tokenizer made them, [CLS]/[SEP] included
   segment_ids: np.ndarray  # int32 [T]: 0 for segment A, 1 for B
@@ -301,13 +303,14 @@ def _attention_details(graphdef, state, input_ids_1t, token_type_ids_1t):
   encoder = nnx.merge(graphdef, state)
   positions_1t = jnp.arange(input_ids_1t.shape[1])[None]
   x_btd = encoder.embeddings(input_ids_1t, token_type_ids_1t, positions_1t, deterministic=True)
-  mask_b11s = attention_mask_b11s(jnp.ones_like(input_ids_1t))
+  contexts, kinds = encoder.layer_contexts(attention_mask_b11s(jnp.ones_like(input_ids_1t)), positions_1t)
   out = []
-  for layer in encoder.layers:
-    q_btnh, k_btnh = layer.attention.query(x_btd), layer.attention.key(x_btd)
+  for layer, kind in zip(encoder.layers, kinds):
+    # The queries and keys as the layer's attention forms them (after a pre-LN norm, rotated with rotary positions).
+    q_btnh, k_btnh = layer.attention.queries_keys(layer.attention_input(x_btd), contexts[kind][1])
     scores_bnts = jnp.einsum('btnh,bsnh->bnts', q_btnh, k_btnh,
                              preferred_element_type=jnp.float32) * q_btnh.shape[-1] ** -0.5
-    x_btd, probs_bnts = layer(x_btd, mask_b11s, deterministic=True, return_probs=True)
+    x_btd, probs_bnts = layer(x_btd, *contexts[kind], deterministic=True, return_probs=True)
     out.append((probs_bnts[0], q_btnh[0].transpose(1, 0, 2), k_btnh[0].transpose(1, 0, 2), scores_bnts[0]))
   return tuple(jnp.stack(a).astype(jnp.float32) for a in zip(*out))
 

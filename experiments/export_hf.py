@@ -1,16 +1,18 @@
-"""Exports a bert_jax workdir (or re-exports an HF directory) as a Hugging Face BERT directory.
+"""Exports a bert_jax workdir (or re-exports an HF directory) as a Hugging Face BERT or ModernBERT directory.
 
   python experiments/export_hf.py --checkpoint=/tmp/bert_mini --output=/tmp/bert_mini_hf [--step=N]
   python experiments/export_hf.py --checkpoint=/tmp/sst2 --output=/tmp/sst2_hf [--seed=N] [--step=N]
 
-A pretraining workdir becomes BertForPreTraining (BertForMaskedLM without NSP); a fine-tuning
-workdir (one seed, default its first) becomes BertForSequenceClassification,
-BertForTokenClassification or BertForQuestionAnswering with its task's label names as id2label.
-The result holds config.json, model.safetensors and the tokenizer files: WordPiece as transformers'
-own, SentencePiece as a tokenizer.json that transformers' fast tokenizer runs with the same ids as
-bert_jax (a model for which that cannot be made exact is refused) plus spiece.model for bert_jax.
-`load_pretrained` reads the encoder back bit-exactly, `hf.load_hf_checkpoint` the head too. Ends
-with one JSON line.
+A pretraining workdir becomes BertForPreTraining (BertForMaskedLM without NSP), or
+ModernBertForMaskedLM for a ModernBERT-shaped one (model.norm_position=pre, position_embedding=rotary,
+mlp=geglu, type_vocab_size=0); other combinations of the architecture switches have no Hugging Face
+class: one error line. A fine-tuning workdir (one seed, default its first) becomes
+BertForSequenceClassification, BertForTokenClassification or BertForQuestionAnswering with its task's
+label names as id2label. The result holds config.json, model.safetensors and the tokenizer files:
+WordPiece as transformers' own, SentencePiece as a tokenizer.json that transformers' fast tokenizer
+runs with the same ids as bert_jax (a model for which that cannot be made exact is refused) plus
+spiece.model for bert_jax. `load_pretrained` reads the encoder back bit-exactly, `hf.load_hf_checkpoint`
+the head too. Ends with one JSON line.
 """
 
 import json
@@ -20,7 +22,7 @@ from absl import flags
 
 from bert_jax import files
 from bert_jax.errors import ConfigError
-from bert_jax.interop import hf
+from bert_jax.interop import hf, modernbert
 from bert_jax.interop.pretrained import load_finetuned, load_pretrained
 from bert_jax.train import workdir
 
@@ -60,8 +62,11 @@ def main(_):
   hf.save_hf_checkpoint(_OUTPUT.value, config, params, tokenizer, overwrite=_OVERWRITE.value, task=task)
   with open(os.path.join(_OUTPUT.value, hf.CONFIG_FILE), encoding='utf-8') as f:
     architecture = json.load(f)['architectures'][0]
+  heads = set(params) - {'bert'}
+  if modernbert.hf_architecture(config) == 'modernbert':
+    heads -= {'nsp'}  # ModernBertForMaskedLM has no NSP head
   line = {'output': _OUTPUT.value, 'source': source_kind, 'step': step, 'architecture': architecture,
-          'heads': sorted(set(params) - {'bert'}), 'tokenizer': type(tokenizer).__name__}
+          'heads': sorted(heads), 'tokenizer': type(tokenizer).__name__}
   if task is not None:
     line.update(task=task.get('name', ''), kind=task['kind'], seed=seed)
   print(json.dumps(line), flush=True)

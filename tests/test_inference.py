@@ -223,6 +223,27 @@ def test_attention_details_are_the_encoders_attention_and_explain_it(tiny):
                              atol=1e-6)
 
 
+def test_attention_details_with_pre_ln_rotary_and_a_local_window(tiny):
+  """The explorer's queries and keys are the ones attention uses (after the pre-LN norm, rotated); scores
+  explain the probabilities in global layers, and local layers put no weight outside their window."""
+  cfg = config.preset('tiny', vocab_size=tiny.config.vocab_size, max_position_embeddings=128, initializer_range=0.2,
+                      norm_position='pre', position_embedding='rotary', mlp='geglu', use_bias=False, type_vocab_size=0,
+                      attention_window=4, global_attention_every=2)
+  params = nnx.to_pure_dict(nnx.state(heads.BertForPreTraining(cfg, rngs=nnx.Rngs(0)), nnx.Param))
+  modern = PretrainedBert(cfg, jax.device_get(params), tiny.tokenizer, 'bert_jax', tiny.path)
+  d = inference.attention_details(modern, 'The game began development in 2010 .', 'It was released .')
+  t = len(d.tokens)
+  _, _, probs_ref = jax.jit(lambda i: modern.encoder()(i, return_attention=True))(
+      np.array([modern.tokenizer.encode_inputs('The game began development in 2010 .', 'It was released .',
+                                               max_length=128)[0]]))
+  np.testing.assert_allclose(d.probs, np.asarray(probs_ref)[:, 0], atol=1e-6)
+  np.testing.assert_allclose(jax.nn.softmax(d.scores[0], axis=-1), d.probs[0], atol=1e-6)  # layer 0: global
+  offset = np.abs(np.arange(t)[:, None] - np.arange(t)[None, :])
+  assert np.all(d.probs[1][:, offset > 2] == 0) and np.all(d.probs[0][:, offset > 2] > 0)  # layer 1: local
+  window_scores = np.where(offset <= 2, d.scores[1], -np.inf)
+  np.testing.assert_allclose(jax.nn.softmax(window_scores, axis=-1), d.probs[1], atol=1e-6)
+
+
 def test_encoder_attention_probs_ignore_padding(tiny):
   ids, types, _ = tiny.tokenizer.encode_inputs('The game began development .', max_length=128)
   n, pad = len(ids), 5

@@ -1,5 +1,8 @@
 """Import and export of Hugging Face BERT checkpoints (config.json + model.safetensors).
 
+ModernBERT-shaped models and checkpoints (model_type 'modernbert') go to `interop.modernbert`;
+other architectures export as bert_jax only.
+
 One table, `_name_table`, pairs each of our parameter paths with its Hugging Face tensor name
 and the rule that converts between the two layouts; import and export both read it, so they
 cannot drift apart. Our attention kernels keep an explicit heads axis ((D, N, H) for q/k/v,
@@ -156,6 +159,9 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     and 'classifier' or 'qa_outputs' when it has a task head (`read_hf_task` names the task).
   """
   cfg = read_hf_config(directory)
+  from bert_jax.interop import modernbert  # pylint: disable=g-import-not-at-top  (it imports this module)
+  if modernbert.hf_architecture(cfg) == 'modernbert':
+    return modernbert.load_checkpoint(directory, cfg)
   tensors = _read_tensors(directory)
   names = {_modern_name(n): n for n in tensors}
   if len(names) != len(tensors):
@@ -288,6 +294,12 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     CheckpointError: parameters that do not fit the config or the task; DataError: a tokenizer that
       cannot be exported exactly. Nothing is written then.
   """
+  from bert_jax.interop import modernbert  # pylint: disable=g-import-not-at-top  (it imports this module)
+  if modernbert.hf_architecture(cfg) == 'modernbert':  # other architectures than BERT's: one line
+    if task is not None:
+      raise CheckpointError('a fine-tuned ModernBERT-shaped model exports as bert_jax only: its task head has no '
+                            'Hugging Face counterpart here')
+    return modernbert.save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite)
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
@@ -384,9 +396,13 @@ def read_hf_config(directory: str) -> ModelConfig:
     raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
                           f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')
   path = os.path.join(directory, CONFIG_FILE)
-  hf = {**_HF_DEFAULTS, **_read_json_config(directory)}
+  hf = _read_json_config(directory)
+  if hf.get('model_type') == 'modernbert':
+    from bert_jax.interop import modernbert  # pylint: disable=g-import-not-at-top  (it imports this module)
+    return modernbert.model_config(path, hf)
+  hf = {**_HF_DEFAULTS, **hf}
   if hf.get('model_type', 'bert') != 'bert':
-    raise CheckpointError(f"{path}: model_type={hf['model_type']!r}; only 'bert' checkpoints "
+    raise CheckpointError(f"{path}: model_type={hf['model_type']!r}; only 'bert' and 'modernbert' checkpoints "
                           'can be imported')
   if hf['hidden_act'] != 'gelu':
     raise CheckpointError(f"{path}: hidden_act={hf['hidden_act']!r}, but bert_jax implements only "

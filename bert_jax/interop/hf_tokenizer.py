@@ -186,7 +186,8 @@ def _without_specials(fast: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
 
 
 def save_for_transformers(tokenizer: tk.SentencePieceTokenizer, directory: str, *,
-                          model_max_length: int | None = None, fast: tokenizers.Tokenizer | None = None) -> None:
+                          model_max_length: int | None = None, fast: tokenizers.Tokenizer | None = None,
+                          token_types: bool = True) -> None:
   """Writes tokenizer.json, tokenizer_config.json and special_tokens_map.json for transformers' AutoTokenizer.
 
   Args:
@@ -194,6 +195,7 @@ def save_for_transformers(tokenizer: tk.SentencePieceTokenizer, directory: str, 
     directory: where to write (it exists).
     model_max_length: recorded for transformers' truncation.
     fast: its conversion, when already built (and checked).
+    token_types: the model takes token_type_ids (BERT; ModernBERT does not).
   """
   fast = fast or sentencepiece_to_tokenizers(tokenizer)
   fast.save(os.path.join(directory, TOKENIZER_JSON))
@@ -201,7 +203,7 @@ def save_for_transformers(tokenizer: tk.SentencePieceTokenizer, directory: str, 
               'cls_token': tk.CLS_TOKEN, 'mask_token': tk.MASK_TOKEN}
   # PreTrainedTokenizerFast: the class that runs tokenizer.json as it is (BertTokenizer would build WordPiece).
   config = {'tokenizer_class': 'PreTrainedTokenizerFast', **specials, 'clean_up_tokenization_spaces': False,
-            'model_input_names': ['input_ids', 'token_type_ids', 'attention_mask']}
+            'model_input_names': ['input_ids', *(['token_type_ids'] if token_types else []), 'attention_mask']}
   if model_max_length is not None:
     config['model_max_length'] = model_max_length
   for name, content in ((TOKENIZER_CONFIG, config), (SPECIAL_TOKENS_MAP, specials)):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from bert_jax.config import ModelConfig
 from bert_jax.errors import ConfigError
 from bert_jax.model.dropout import Dropout
-from bert_jax.model.layers import Dense, compute_dtype
+from bert_jax.model.layers import Dense, compute_dtype, rotate
 
 
 def current_platform() -> str:
@@ -95,21 +95,32 @@ class SelfAttention(nnx.Module):
   `jax.nn.dot_product_attention`, or, while training with BERT's attention_probs_dropout
   (which that function lacks), explicit einsums with dropout on the probabilities. All three
   take the softmax in float32. A query row with no visible key (a padding token of a packed
-  row) attends uniformly to every key: finite, and ignored downstream.
+  row) attends uniformly to every key: finite, and ignored downstream. Rotary positions
+  (`rope`: RoPE's cos/sin tables) rotate the queries and keys first; a local attention window
+  arrives as part of the mask.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d, n, h, std = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.initializer_range
-    dtype = compute_dtype(cfg)
-    self.query = Dense((d,), (n, h), ('embed', 'heads', 'kv'), std=std, dtype=dtype, rngs=rngs)
-    self.key = Dense((d,), (n, h), ('embed', 'heads', 'kv'), std=std, dtype=dtype, rngs=rngs)
-    self.value = Dense((d,), (n, h), ('embed', 'heads', 'kv'), std=std, dtype=dtype, rngs=rngs)
-    self.output = Dense((n, h), (d,), ('heads', 'kv', 'embed'), std=std, dtype=dtype, rngs=rngs)
+    dense = dict(std=std, dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias)
+    self.query = Dense((d,), (n, h), ('embed', 'heads', 'kv'), **dense)
+    self.key = Dense((d,), (n, h), ('embed', 'heads', 'kv'), **dense)
+    self.value = Dense((d,), (n, h), ('embed', 'heads', 'kv'), **dense)
+    self.output = Dense((n, h), (d,), ('heads', 'kv', 'embed'), **dense)
     self.probs_dropout = Dropout(cfg.attention_dropout, impl=cfg.dropout_impl, rngs=rngs)
     self.cfg = cfg
 
-  def __call__(self, x_btd, mask_b11s, *, deterministic: bool, return_probs: bool = False):
-    q_btnh, k_bsnh, v_bsnh = self.query(x_btd), self.key(x_btd), self.value(x_btd)
+  def queries_keys(self, x_btd, rope=None) -> tuple[jax.Array, jax.Array]:
+    """The queries and keys [B, T, N, H] that meet in the attention scores (rotated when `rope` is given)."""
+    q_btnh, k_btnh = self.query(x_btd), self.key(x_btd)
+    if rope is not None:
+      q_btnh, k_btnh = rotate(q_btnh, *rope), rotate(k_btnh, *rope)
+    return q_btnh, k_btnh
+
+  def __call__(self, x_btd, mask_b11s, rope=None, *, deterministic: bool, return_probs: bool = False):
+    """Attends under `mask_b11s` (boolean, [B, 1, 1 or T, S]); `rope`: (cos, sin) [B, T, H / 2] or None."""
+    q_btnh, k_bsnh = self.queries_keys(x_btd, rope)
+    v_bsnh = self.value(x_btd)
     b, t, s = q_btnh.shape[0], q_btnh.shape[1], k_bsnh.shape[1]
     impl = 'einsum' if return_probs else choose_attention(
         self.cfg, current_platform(), training=not deterministic, seq_len=t)

@@ -1,4 +1,4 @@
-"""BERT building blocks (flax.nnx): Dense, LayerNorm, Embed and Embeddings.
+"""BERT building blocks (flax.nnx): Dense, LayerNorm, Embed, Embeddings and rotary position tables.
 
 Every parameter carries Flax's partitioning metadata (`nnx.with_partitioning`) with logical axis
 names ('vocab', 'embed', 'heads', 'kv', 'mlp'); activations are pinned with names of their own
@@ -15,6 +15,7 @@ from typing import Sequence
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bert_jax.config import ModelConfig
 from bert_jax.model.dropout import Dropout
@@ -72,11 +73,12 @@ class Dense(nnx.Module):
 
 
 class LayerNorm(nnx.Module):
-  """LayerNorm computed in float32 (BERT: eps 1e-12), output cast to the compute dtype."""
+  """LayerNorm computed in float32 (BERT: eps 1e-12), output cast to the compute dtype; no bias
+  (`use_bias=False`) as in ModernBERT."""
 
-  def __init__(self, features: int, *, eps: float, dtype):
+  def __init__(self, features: int, *, eps: float, dtype, use_bias: bool = True):
     self.scale = param(jax.nn.initializers.ones, None, (features,), ('embed',))
-    self.bias = param(jax.nn.initializers.zeros, None, (features,), ('embed',))
+    self.bias = param(jax.nn.initializers.zeros, None, (features,), ('embed',)) if use_bias else None
     self.eps = eps
     self.dtype = dtype
 
@@ -84,7 +86,9 @@ class LayerNorm(nnx.Module):
     x = x.astype(jnp.float32)
     mean = x.mean(-1, keepdims=True)
     var = jnp.square(x - mean).mean(-1, keepdims=True)
-    y = (x - mean) * jax.lax.rsqrt(var + self.eps) * self.scale[...] + self.bias[...]
+    y = (x - mean) * jax.lax.rsqrt(var + self.eps) * self.scale[...]
+    if self.bias is not None:
+      y = y + self.bias[...]
     return y.astype(self.dtype)
 
 
@@ -110,20 +114,52 @@ class Embed(nnx.Module):
 
 
 class Embeddings(nnx.Module):
-  """word + learned position + token type, then LayerNorm and dropout."""
+  """word + learned position + token type, then LayerNorm and dropout.
+
+  Without a position table (`position_embedding='rotary'`: positions act inside attention) or a
+  token type table (`type_vocab_size=0`), those terms are absent and their ids unused.
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     std = cfg.initializer_range
     self.word_embeddings = Embed(cfg.vocab_size, cfg.hidden_size, ('vocab', 'embed'), std=std, rngs=rngs)
     self.position_embeddings = Embed(cfg.max_position_embeddings, cfg.hidden_size, (None, 'embed'),
-                                     std=std, rngs=rngs)
+                                     std=std, rngs=rngs) if cfg.position_embedding == 'learned' else None
     self.token_type_embeddings = Embed(cfg.type_vocab_size, cfg.hidden_size, (None, 'embed'), std=std,
-                                       rngs=rngs)
-    self.layer_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg))
+                                       rngs=rngs) if cfg.type_vocab_size else None
+    self.layer_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg),
+                                use_bias=cfg.use_bias)
     self.dropout = Dropout(cfg.hidden_dropout, impl=cfg.dropout_impl, rngs=rngs)
 
   def __call__(self, input_ids_bt, token_type_ids_bt, position_ids_bt, *, deterministic: bool):
-    x_btd = (self.word_embeddings(input_ids_bt) + self.position_embeddings(position_ids_bt)
-             + self.token_type_embeddings(token_type_ids_bt))
+    x_btd = self.word_embeddings(input_ids_bt)
+    if self.position_embeddings is not None:
+      x_btd = x_btd + self.position_embeddings(position_ids_bt)
+    if self.token_type_embeddings is not None:
+      x_btd = x_btd + self.token_type_embeddings(token_type_ids_bt)
     x_btd = constrain(x_btd, ('activation_batch', 'activation_length', 'activation_embed'))
     return self.dropout(self.layer_norm(x_btd), deterministic=deterministic)
+
+
+def rotary_tables(position_ids_bt: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+  """RoPE's (cos, sin) [B, T, head_dim / 2], float32, for `rotate`.
+
+  Frequency k is theta^(-2k / head_dim), computed in float32 as transformers does (RoFormer, Llama,
+  ModernBERT), so imported models rotate by the same angles.
+  """
+  exponent_k = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+  inv_freq_k = np.float32(1.0) / np.power(np.float32(theta), exponent_k)
+  angle_btk = position_ids_bt.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq_k)
+  return jnp.cos(angle_btk), jnp.sin(angle_btk)
+
+
+def rotate(x_btnh: jax.Array, cos_btk: jax.Array, sin_btk: jax.Array) -> jax.Array:
+  """Rotates each (x[k], x[k + head_dim/2]) pair of every head by its position's angle (rotate-half layout).
+
+  Computed in float32, cast back to x's dtype: transformers' `apply_rotary_pos_emb` term for term.
+  """
+  h = x_btnh.shape[-1] // 2
+  x32_btnh = x_btnh.astype(jnp.float32)
+  x1, x2 = x32_btnh[..., :h], x32_btnh[..., h:]
+  cos, sin = cos_btk[:, :, None], sin_btk[:, :, None]  # broadcast over heads
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x_btnh.dtype)

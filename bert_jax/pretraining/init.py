@@ -23,7 +23,8 @@ from bert_jax.train.checkpoints import CONFIG_FILE, read_config
 # function they compute. Dropout rates, dtype and the speed switches stay the config's.
 INIT_FIELDS = ('vocab_size', 'hidden_size', 'num_layers', 'num_heads', 'intermediate_size',
                'max_position_embeddings', 'type_vocab_size', 'initializer_range', 'layer_norm_eps',
-               'pad_token_id')
+               'pad_token_id', 'norm_position', 'position_embedding', 'rope_theta', 'local_rope_theta', 'mlp',
+               'use_bias', 'attention_window', 'global_attention_every')
 _PART_NAMES = {'bert': 'encoder', 'mlm': 'MLM head (decoder tied to the word embeddings)', 'nsp': 'NSP head'}
 
 

@@ -1,0 +1,375 @@
+"""Import and export of Hugging Face ModernBERT checkpoints (ModernBertModel, ModernBertForMaskedLM).
+
+A ModelConfig is ModernBERT-shaped when its architecture switches are ModernBERT's: pre-LN,
+rotary positions, a GeGLU MLP and no token type embeddings, with biases or without, and any
+pattern of global and local-window layers that bert_jax expresses (global at 0, N, 2N, ...).
+Such a model exports as transformers' ModernBertForMaskedLM (ModernBertModel without an MLM
+head) and imports back bit-exactly; transformers computes the same function (parity tests in
+tests/interop/test_modernbert.py, fixture from data/make_hf_modernbert_reference.py). A BERT-shaped
+config (the defaults) exports as BertForPreTraining & co (`interop.hf`); every other combination
+of switches has no Hugging Face architecture and exports as bert_jax only: `hf_architecture`
+says so in one line.
+
+Correspondence with transformers' ModernBERT (modeling_modernbert.py):
+  embeddings.tok_embeddings, embeddings.norm   word_embeddings, the embeddings' layer_norm
+  layers.i.attn_norm (none in layer 0)         layers/i/attention_norm (none in layer 0)
+  layers.i.attn.Wqkv [3 x N*H, D]              query, key, value kernels [D, N, H], packed in that order
+  layers.i.attn.Wo, mlp_norm, mlp.Wo           attention/output, mlp_norm, output
+  layers.i.mlp.Wi [2 x I, D]                   intermediate [D, 2, I]: [:, 0] through GELU, [:, 1] the gate
+  final_norm, head.dense, head.norm            final_norm, mlm/transform, mlm/layer_norm
+  decoder (weight tied), decoder.bias          the tied word embeddings, mlm/bias
+  local_attention, layer_types                 attention_window, global_attention_every
+  rope_parameters (full / sliding)             rope_theta / local_rope_theta
+ModernBERT has no pooler and no NSP head: an import's pooler is zeros (as a BertForMaskedLM
+import's), and an export leaves both out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Callable
+
+from absl import logging
+from flax import nnx, traverse_util
+import jax
+import numpy as np
+from safetensors import numpy as st_numpy
+
+from bert_jax.config import ModelConfig
+from bert_jax.data import tokenization
+from bert_jax.errors import BertJaxError, CheckpointError
+from bert_jax.interop import hf_tokenizer
+
+# The switches that make a config ModernBERT-shaped, and BERT-shaped (what interop.hf exports).
+MODERNBERT_SHAPE = dict(norm_position='pre', position_embedding='rotary', mlp='geglu', type_vocab_size=0)
+BERT_SHAPE = dict(norm_position='post', position_embedding='learned', mlp='gelu', use_bias=True, attention_window=0)
+
+# ModernBertConfig's defaults (transformers 5.x), for keys a config.json leaves out.
+_HF_DEFAULTS = dict(vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=22,
+                    num_attention_heads=12, hidden_activation='gelu', max_position_embeddings=8192,
+                    initializer_range=0.02, norm_eps=1e-5, norm_bias=False, pad_token_id=50283,
+                    attention_bias=False, attention_dropout=0.0, local_attention=128, embedding_dropout=0.0,
+                    mlp_bias=False, mlp_dropout=0.0, decoder_bias=True, classifier_bias=False,
+                    classifier_activation='gelu', global_attn_every_n_layers=3, global_rope_theta=160000.0,
+                    local_rope_theta=10000.0, tie_word_embeddings=True)
+_BIAS_KEYS = ('attention_bias', 'mlp_bias', 'norm_bias', 'classifier_bias')
+_FULL, _SLIDING = 'full_attention', 'sliding_attention'
+
+ParamPath = tuple
+
+
+def hf_architecture(cfg: ModelConfig) -> str:
+  """'bert' or 'modernbert': the Hugging Face architecture `cfg` exports as.
+
+  Raises:
+    CheckpointError: neither (one line naming the switches that differ from each).
+  """
+  def differs(shape):
+    return [f'{k}={getattr(cfg, k)!r}' for k, v in shape.items() if getattr(cfg, k) != v]
+
+  bert = differs(BERT_SHAPE) + (['type_vocab_size=0'] if not cfg.type_vocab_size else [])
+  if not bert:
+    return 'bert'
+  modern = differs(MODERNBERT_SHAPE)
+  if not modern:
+    return 'modernbert'
+  raise CheckpointError(
+      f'this architecture exports as bert_jax only: Hugging Face has BERT ({_describe(BERT_SHAPE)}, '
+      f'type_vocab_size>0; this model has {", ".join(bert)}) and ModernBERT ({_describe(MODERNBERT_SHAPE)}; '
+      f'this model has {", ".join(modern)}); keep the bert_jax workdir, or train one of those two shapes')
+
+
+def _describe(shape: dict[str, Any]) -> str:
+  return ', '.join(f'{k}={v!r}' for k, v in shape.items())
+
+
+# --- the name table --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+  """Converts one of our tensors: `to_hf(ours)` and `from_hf(theirs, our_shape)`; both exact."""
+  to_hf: Callable[[Any], Any]
+  from_hf: Callable[[Any, tuple], Any]
+
+
+_SAME = _Rule(lambda x: x, lambda x, shape: x)
+_VECTOR = _Rule(lambda x: x.reshape(-1), lambda x, shape: x.reshape(shape))
+
+
+def _kernel(num_in: int) -> _Rule:
+  """A Dense kernel (its `num_in` input axes first) <-> nn.Linear's flat (out, in) weight."""
+  return _Rule(lambda x: x.reshape(math.prod(x.shape[:num_in]), -1).T, lambda x, shape: x.T.reshape(shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  """One Hugging Face tensor: our parameter(s), several when it packs them along its first axis (Wqkv)."""
+  paths: tuple[ParamPath, ...]
+  hf_name: str  # encoder names without the 'model.' prefix that ModernBertForMaskedLM adds
+  rule: _Rule  # per packed part
+  group: str  # 'bert' or 'mlm'
+
+  def to_hf(self, ours: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([self.rule.to_hf(x) for x in ours], axis=0)
+
+  def from_hf(self, theirs: np.ndarray, shapes: list[tuple]) -> list[np.ndarray]:
+    return [self.rule.from_hf(part, shape) for part, shape in zip(np.split(theirs, len(shapes)), shapes)]
+
+
+def _name_table(cfg: ModelConfig) -> list[_Entry]:
+  """Every parameter of a ModernBERT-shaped BertForPreTraining but the pooler and NSP head, with its HF name."""
+  def norm(path, hf, group='bert'):
+    out = [_Entry((path + ('scale',),), hf + '.weight', _VECTOR, group)]
+    return out + ([_Entry((path + ('bias',),), hf + '.bias', _VECTOR, group)] if cfg.use_bias else [])
+
+  def dense(paths, hf, num_in=1, group='bert'):
+    out = [_Entry(tuple(p + ('kernel',) for p in paths), hf + '.weight', _kernel(num_in), group)]
+    return out + ([_Entry(tuple(p + ('bias',) for p in paths), hf + '.bias', _VECTOR, group)] if cfg.use_bias else [])
+
+  emb = ('bert', 'embeddings')
+  table = [_Entry((emb + ('word_embeddings', 'embedding'),), 'embeddings.tok_embeddings.weight', _SAME, 'bert')]
+  table += norm(emb + ('layer_norm',), 'embeddings.norm')
+  for i in range(cfg.num_layers):
+    ours, theirs = ('bert', 'layers', i), f'layers.{i}'
+    if i:  # the first layer's attention reads the embeddings' LayerNorm output directly
+      table += norm(ours + ('attention_norm',), f'{theirs}.attn_norm')
+    table += dense([ours + ('attention', name) for name in ('query', 'key', 'value')], f'{theirs}.attn.Wqkv')
+    table += dense([ours + ('attention', 'output')], f'{theirs}.attn.Wo', num_in=2)
+    table += norm(ours + ('mlp_norm',), f'{theirs}.mlp_norm')
+    table += dense([ours + ('intermediate',)], f'{theirs}.mlp.Wi')
+    table += dense([ours + ('output',)], f'{theirs}.mlp.Wo')
+  table += norm(('bert', 'final_norm'), 'final_norm')
+  table += dense([('mlm', 'transform')], 'head.dense', group='mlm')
+  table += norm(('mlm', 'layer_norm'), 'head.norm', group='mlm')
+  table.append(_Entry((('mlm', 'bias'),), 'decoder.bias', _VECTOR, 'mlm'))
+  return table
+
+
+def _hf_name(entry: _Entry, prefix: str) -> str:
+  return prefix + entry.hf_name if entry.group == 'bert' else entry.hf_name
+
+
+_DECODER_WEIGHT = 'decoder.weight'  # tied to the word embeddings; save_pretrained leaves it out
+_NOT_EXPORTED = ('pooler', 'nsp')  # ModernBERT has neither
+
+
+# --- config ----------------------------------------------------------------------------------
+
+
+def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
+  """The ModelConfig of a ModernBERT config.json (`hf`, already parsed; `path` names it in errors)."""
+  hf = {**_HF_DEFAULTS, **hf}
+  for key in ('hidden_activation', 'classifier_activation'):
+    if hf[key] != 'gelu':
+      raise CheckpointError(f"{path}: {key}={hf[key]!r}, but bert_jax implements only the exact (erf) GELU, "
+                            "'gelu'; this model's outputs would not match")
+  biases = {k: bool(hf[k]) for k in _BIAS_KEYS}
+  if len(set(biases.values())) > 1:
+    raise CheckpointError(f'{path}: {", ".join(f"{k}={v}" for k, v in biases.items())}; bert_jax has one '
+                          'switch for every bias (model.use_bias)')
+  if not hf['tie_word_embeddings']:
+    raise CheckpointError(f'{path}: tie_word_embeddings=false; bert_jax ties the MLM decoder to the word '
+                          'embeddings, so an untied decoder cannot be imported')
+  layer_types = hf.get('layer_types') or [
+      _SLIDING if i % hf['global_attn_every_n_layers'] else _FULL for i in range(hf['num_hidden_layers'])]
+  window, every = _window_pattern(path, layer_types, hf['local_attention'])
+  global_theta, local_theta = _rope_thetas(path, hf)
+  fields = dict(vocab_size=hf['vocab_size'], hidden_size=hf['hidden_size'], num_layers=hf['num_hidden_layers'],
+                num_heads=hf['num_attention_heads'], intermediate_size=hf['intermediate_size'],
+                max_position_embeddings=hf['max_position_embeddings'], hidden_dropout=hf['mlp_dropout'],
+                attention_dropout=hf['attention_dropout'], initializer_range=hf['initializer_range'],
+                layer_norm_eps=hf['norm_eps'], pad_token_id=hf['pad_token_id'], use_bias=biases['norm_bias'],
+                attention_window=window, global_attention_every=every, rope_theta=float(global_theta),
+                local_rope_theta=float(local_theta), **MODERNBERT_SHAPE)
+  try:
+    return ModelConfig(**fields)
+  except (BertJaxError, TypeError) as e:
+    raise CheckpointError(f'{path}: {e}') from None
+
+
+def _window_pattern(path: str, layer_types: list[str], local_attention: int) -> tuple[int, int]:
+  """(attention_window, global_attention_every) of ModernBERT's per-layer types."""
+  unknown = sorted(set(layer_types) - {_FULL, _SLIDING})
+  if unknown:
+    raise CheckpointError(f'{path}: layer_types has {unknown}; ModernBERT layers are {_FULL!r} or {_SLIDING!r}')
+  if _SLIDING not in layer_types:
+    return 0, 0
+  if local_attention < 2:
+    raise CheckpointError(f'{path}: local_attention={local_attention}; bert_jax windows reach at least one '
+                          'position to each side (attention_window >= 2)')
+  # transformers' sliding layers see keys at most local_attention // 2 positions away.
+  window = 2 * (local_attention // 2)
+  full = [i for i, t in enumerate(layer_types) if t == _FULL]
+  every = 0 if not full else (full[1] - full[0] if len(full) > 1 else len(layer_types))
+  if full != [i for i in range(len(layer_types)) if every and i % every == 0]:
+    raise CheckpointError(f'{path}: global layers {full} of {len(layer_types)}; bert_jax places them at 0, N, '
+                          '2N, ... (model.global_attention_every=N) or nowhere')
+  return window, every
+
+
+def _rope_thetas(path: str, hf: dict[str, Any]) -> tuple[float, float]:
+  """(global, local) RoPE bases from rope_parameters (transformers 5) or global/local_rope_theta (4.x)."""
+  params = hf.get('rope_parameters') or {}
+  if hf.get('rope_scaling'):
+    params = {_FULL: hf['rope_scaling'], _SLIDING: hf['rope_scaling']}
+  thetas = []
+  for kind, fallback in ((_FULL, hf['global_rope_theta']), (_SLIDING, hf['local_rope_theta'])):
+    p = params.get(kind) or {}
+    if p.get('rope_type', 'default') != 'default':
+      raise CheckpointError(f"{path}: rope_type={p['rope_type']!r} ({kind}); bert_jax implements only "
+                            "'default' RoPE")
+    thetas.append(p.get('rope_theta', fallback))
+  if thetas[1] is None:  # transformers 4.x: no local base means the global one
+    thetas[1] = thetas[0]
+  return thetas[0], thetas[1]
+
+
+def _hf_config(cfg: ModelConfig, with_mlm: bool, tokenizer) -> dict[str, Any]:
+  windows = cfg.layer_windows
+  layer_types = [_SLIDING if w else _FULL for w in windows]
+  tok = tokenizer if tokenizer is not None else None
+  cls_id = tok.cls_id if tok is not None else tokenization.CLS_ID
+  sep_id = tok.sep_id if tok is not None else tokenization.SEP_ID
+  config = {
+      'architectures': ['ModernBertForMaskedLM' if with_mlm else 'ModernBertModel'], 'model_type': 'modernbert',
+      'vocab_size': cfg.vocab_size, 'hidden_size': cfg.hidden_size, 'intermediate_size': cfg.intermediate_size,
+      'num_hidden_layers': cfg.num_layers, 'num_attention_heads': cfg.num_heads,
+      'max_position_embeddings': cfg.max_position_embeddings, 'initializer_range': cfg.initializer_range,
+      'norm_eps': cfg.layer_norm_eps, 'hidden_activation': 'gelu', 'classifier_activation': 'gelu',
+      **{k: cfg.use_bias for k in _BIAS_KEYS}, 'decoder_bias': True, 'tie_word_embeddings': True,
+      'attention_dropout': cfg.attention_dropout, 'embedding_dropout': cfg.hidden_dropout,
+      'mlp_dropout': cfg.hidden_dropout, 'layer_types': layer_types,
+      # Without local layers the window is unused; 128 is ModernBertConfig's default.
+      'local_attention': cfg.attention_window or 128,
+      'rope_parameters': {_FULL: {'rope_type': 'default', 'rope_theta': cfg.rope_theta},
+                          _SLIDING: {'rope_type': 'default', 'rope_theta': cfg.local_rope_theta}},
+      # transformers 4.x reads these instead of layer_types / rope_parameters.
+      'global_rope_theta': cfg.rope_theta, 'local_rope_theta': cfg.local_rope_theta,
+      'pad_token_id': tok.pad_id if tok is not None else tokenization.PAD_ID,
+      'cls_token_id': cls_id, 'bos_token_id': cls_id, 'sep_token_id': sep_id, 'eos_token_id': sep_id,
+  }
+  every = cfg.global_attention_every if cfg.attention_window else 1
+  if every:  # all-local layers have no global_attn_every_n_layers (4.x makes layer 0 global)
+    config['global_attn_every_n_layers'] = every
+  return config
+
+
+# --- import ----------------------------------------------------------------------------------
+
+
+def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict, bool, bool]:
+  """Reads a ModernBertModel or ModernBertForMaskedLM directory whose config.json gave `cfg`.
+
+  Returns:
+    (config, params, has_mlm_head, False) as `hf.load_hf_checkpoint`: `params` shaped like a
+    ModernBERT-shaped BertForPreTraining's ('bert', and 'mlm' with a masked-LM head), its pooler zeros.
+  """
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top  (hf imports this module)
+  tensors = hf._read_tensors(directory)  # pylint: disable=protected-access
+  prefix = 'model.' if any(n.startswith('model.') for n in tensors) else ''
+  table, shapes = _name_table(cfg), hf._param_shapes(cfg)  # pylint: disable=protected-access
+  words = tensors.get(prefix + 'embeddings.tok_embeddings.weight')
+  decoder = tensors.get(_DECODER_WEIGHT)
+  if decoder is not None and (words is None or decoder.shape != words.shape or not np.array_equal(decoder, words)):
+    raise CheckpointError(f'{directory}: {_DECODER_WEIGHT} differs from {prefix}embeddings.tok_embeddings.weight; '
+                          'bert_jax ties the MLM decoder to them, so an untied decoder cannot be imported')
+  has_mlm = any(e.group == 'mlm' and e.hf_name in tensors for e in table)
+  with open(os.path.join(directory, hf.CONFIG_FILE), encoding='utf-8') as f:
+    decoder_bias = json.load(f).get('decoder_bias', True)
+  wanted = [e for e in table if e.group == 'bert' or has_mlm]
+  zero_decoder_bias = has_mlm and not decoder_bias  # decoder_bias=false: the same function with zeros
+  missing = [_hf_name(e, prefix) for e in wanted if _hf_name(e, prefix) not in tensors
+             and not (zero_decoder_bias and e.hf_name == 'decoder.bias')]
+  if missing:
+    raise CheckpointError(f'{directory}/{hf.WEIGHTS_FILE} lacks {len(missing)} tensor(s) a {cfg.num_layers}-layer '
+                          f'ModernBERT{" (biases on)" if cfg.use_bias else ""} needs: {hf._some(missing)}')  # pylint: disable=protected-access
+  known = {_hf_name(e, prefix) for e in table} | {_DECODER_WEIGHT}
+  unknown = sorted(n for n in tensors if n not in known)
+  if unknown:
+    raise CheckpointError(f'{directory}/{hf.WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer ModernBERT '
+                          f'with a masked-LM head lacks: {hf._some(unknown)}; bert_jax imports ModernBertModel and '  # pylint: disable=protected-access
+                          'ModernBertForMaskedLM checkpoints')
+  flat = {}
+  for e in wanted:
+    our_shapes = [shapes[p] for p in e.paths]
+    theirs = tensors.get(_hf_name(e, prefix))
+    if theirs is None:  # decoder_bias=false
+      flat[e.paths[0]] = np.zeros(our_shapes[0], np.float32)
+      continue
+    expected = e.to_hf([np.broadcast_to(np.float32(0), s) for s in our_shapes]).shape
+    if theirs.shape != expected:
+      raise CheckpointError(f'{directory}: tensor {_hf_name(e, prefix)} has shape {theirs.shape} but config.json '
+                            f'implies {expected}')
+    for path, x in zip(e.paths, e.from_hf(theirs, our_shapes)):
+      flat[path] = np.ascontiguousarray(x)
+  logging.warning('%s is a ModernBERT checkpoint: it has no pooler, whose parameters are set to zeros '
+                  '(pooler_output is meaningless until fine-tuning trains it)', directory)
+  for path, shape in shapes.items():
+    if path[:2] == ('bert', 'pooler'):
+      flat[path] = np.zeros(shape, np.float32)
+  return cfg, traverse_util.unflatten_dict(flat), has_mlm, False
+
+
+# --- export ----------------------------------------------------------------------------------
+
+
+def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False) -> None:
+  """Writes a ModernBERT-shaped model as a Hugging Face ModernBertForMaskedLM directory (ModernBertModel
+  without an MLM head) that transformers loads and that reloads bit-exactly; arguments as
+  `hf.save_hf_checkpoint`. The pooler and an NSP head are left out (ModernBERT has neither)."""
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top  (hf imports this module)
+  if isinstance(params, nnx.State):
+    params = nnx.to_pure_dict(params)
+  flat = traverse_util.flatten_dict(dict(params))
+  if any(p[0] == 'nsp' for p in flat):
+    logging.warning('ModernBertForMaskedLM has no next-sentence head: the NSP head and the pooler are not exported')
+  flat = {p: x for p, x in flat.items() if p[0] != 'nsp' and p[:2] != ('bert', 'pooler')}
+  with_mlm = any(p[0] == 'mlm' for p in flat)
+  table = [e for e in _name_table(cfg) if e.group == 'bert' or with_mlm]
+  shapes = hf._param_shapes(cfg)  # pylint: disable=protected-access
+  ours = {p for e in table for p in e.paths}
+  unknown = sorted('/'.join(map(str, p)) for p in set(flat) - ours)
+  if unknown:
+    raise CheckpointError(f'parameters {hf._some(unknown)} are not part of a {cfg.num_layers}-layer ModernBERT '  # pylint: disable=protected-access
+                          "with a masked-LM head; pass {'bert': params['bert']} (plus 'mlm') to export the "
+                          'encoder; nothing written')
+  missing = sorted('/'.join(map(str, p)) for p in ours - set(flat))
+  if missing:
+    raise CheckpointError(f'params lack {hf._some(missing)}; nothing written')  # pylint: disable=protected-access
+  for p in ours:
+    if tuple(flat[p].shape) != shapes[p]:
+      raise CheckpointError(f'parameter {"/".join(map(str, p))} has shape {tuple(flat[p].shape)} but the config '
+                            f'implies {shapes[p]}')
+  if tokenizer is not None and not isinstance(
+      tokenizer, (tokenization.WordPieceTokenizer, tokenization.SentencePieceTokenizer)):
+    raise TypeError(f'tokenizer must be a WordPiece or SentencePiece tokenizer, got {tokenizer!r}')
+  if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
+    raise CheckpointError(f'tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens but the model only '
+                          f'{cfg.vocab_size} embeddings; export the matching tokenizer')
+  spiece = fast = None
+  if isinstance(tokenizer, tokenization.SentencePieceTokenizer):
+    fast = hf_tokenizer.sentencepiece_to_tokenizers(tokenizer)  # DataError: not convertible
+    hf_tokenizer.check_exact(tokenizer, fast)  # DataError: other ids than ours
+    with open(tokenizer.path, 'rb') as f:  # before overwrite may delete it (an in-place export)
+      spiece = f.read()
+
+  hf._prepare_directory(directory, overwrite)  # pylint: disable=protected-access
+  prefix = 'model.' if with_mlm else ''
+  host = {p: np.asarray(jax.device_get(x), np.float32) for p, x in flat.items()}
+  tensors = {_hf_name(e, prefix): np.ascontiguousarray(e.to_hf([host[p] for p in e.paths])) for e in table}
+  st_numpy.save_file(tensors, os.path.join(directory, hf.WEIGHTS_FILE), metadata={'format': 'pt'})
+  config = _hf_config(cfg, with_mlm, tokenizer)
+  if isinstance(tokenizer, tokenization.WordPieceTokenizer):
+    tokenizer.save(directory, model_max_length=cfg.max_position_embeddings)
+  elif spiece is not None:
+    with open(os.path.join(directory, hf.SPIECE_FILE), 'wb') as f:
+      f.write(spiece)
+    hf_tokenizer.save_for_transformers(tokenizer, directory, model_max_length=cfg.max_position_embeddings, fast=fast,
+                                       token_types=False)
+    config['bert_jax_tokenizer'] = hf.SPIECE_FILE
+  with open(os.path.join(directory, hf.CONFIG_FILE), 'w', encoding='utf-8') as f:
+    json.dump(config, f, indent=2, sort_keys=True)
