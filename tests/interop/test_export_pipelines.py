@@ -138,6 +138,17 @@ def test_text_classification_pipeline(init, sp_workdir, tiny_checkpoint, tmp_pat
     assert worst <= TOL
     assert scores[0]['label'] == labels[int(np.argmax(probs))]
   print(f'text-classification ({init}): labels equal, max |probability difference| {worst:.2e}')
+  # predict.py on the workdir gives the pipeline's labels and probabilities.
+  texts = tmp_path / 'texts.txt'
+  texts.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
+  result = run_experiment('predict.py', f'--workdir={tmp_path / "sst2"}', f'--input={texts}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  predicted = [json.loads(line) for line in result.stdout.strip().splitlines()]
+  assert [p['text'] for p in predicted] == list(SENTENCES)
+  for p, scores in zip(predicted, theirs):
+    assert p['label'] == scores[0]['label']
+    for s in scores:
+      assert abs(p['probabilities'][s['label']] - s['score']) <= TOL
 
 
 def test_token_classification_pipeline(tiny_checkpoint, tmp_path):
