@@ -26,6 +26,9 @@ PRESETS: dict[str, tuple[int, int, int, int]] = {
 }
 
 
+# data.objective and data.masking (DataConfig).
+OBJECTIVES = ('nsp', 'sop', 'none')
+MASKINGS = ('token', 'whole_word', 'span')
 # model.attention_impl: '' chooses per call (layers.choose_attention); the others force a kernel.
 ATTENTION_IMPLS = ('', 'xla', 'cudnn', 'einsum')
 # model.remat_policy: what each encoder layer keeps for the backward pass (model.REMAT_POLICIES).
@@ -207,14 +210,25 @@ class DataConfig:
   # Masked-LM slots per sequence; 0 = derived: ceil(masked_lm_prob * max_seq_length) (20 at 128).
   max_predictions_per_seq: int = 0
   masked_lm_prob: float = 0.15
-  # True: BERT's sentence pairs with the next-sentence-prediction objective. False: masked LM only,
-  # on RoBERTa's FULL-SENTENCES inputs ([CLS] contiguous sentences [SEP], crossing document
-  # boundaries with a [SEP]; built once, as masking is dynamic), no NSP head or loss.
-  nsp: bool = True
-  short_seq_prob: float = 0.1  # NSP pairs only
-  # Passes over the documents when building NSP pairs (each pass pairs differently).
+  # > 0: a mask-rate schedule, the rate moving linearly from masked_lm_prob at the first step to
+  # this at the last (Ankner et al. 2023: 0.3 -> 0.15); held-out batches are masked at this rate.
+  masked_lm_prob_end: float = 0.0
+  # The sentence-level objective beside masked LM, on records built for it (its own cache):
+  # 'nsp': BERT's pairs, B the next segment or (half of the time) one from another document;
+  # 'sop': ALBERT's sentence order, A and B always consecutive and swapped half of the time
+  #   (the same two-way head; label 1 = swapped; reported as sop_*);
+  # 'none': masked LM only, on RoBERTa's FULL-SENTENCES inputs ([CLS] contiguous sentences [SEP],
+  #   crossing document boundaries with a [SEP]; built once, as masking is dynamic), no pair head.
+  objective: str = 'nsp'
+  short_seq_prob: float = 0.1  # NSP/SOP pairs only
+  # Passes over the documents when building NSP/SOP pairs (each pass pairs differently).
   dupe_factor: int = 5
-  whole_word_masking: bool = False
+  # What masked LM predicts: 'token' (BERT: any tokens), 'whole_word' (every piece of the words
+  # chosen), 'span' (SpanBERT: runs of whole words, lengths geometric with span_p, at most
+  # span_max_words; one 80/10/10 choice per span).
+  masking: str = 'token'
+  span_p: float = 0.2
+  span_max_words: int = 10
   # Processes that build training batches beside the training loop (grain's multiprocessing
   # prefetch); 0 builds them in a thread of the training process; -1 = automatic: none on a
   # CPU backend (its cores train), else one per local accelerator, at most half the cores.
@@ -234,9 +248,40 @@ class DataConfig:
   max_segments_per_row: int = 4
 
   def __post_init__(self):
+    if self.objective not in OBJECTIVES:
+      raise ConfigError(f'data.objective must be one of {", ".join(OBJECTIVES)}, got {self.objective!r}')
+    if self.masking not in MASKINGS:
+      raise ConfigError(f'data.masking must be one of {", ".join(MASKINGS)}, got {self.masking!r}')
+    for name in ('masked_lm_prob', 'masked_lm_prob_end'):
+      if not 0 <= getattr(self, name) < 1:
+        raise ConfigError(f'data.{name} must lie in [0, 1), got {getattr(self, name)}')
+    if not 0 < self.span_p <= 1 or self.span_max_words < 1:
+      raise ConfigError(f'data.span_p must lie in (0, 1] and data.span_max_words be >= 1, got '
+                        f'{self.span_p} and {self.span_max_words}')
     if self.max_predictions_per_seq == 0:  # frozen: the derived value is set once, here
       object.__setattr__(self, 'max_predictions_per_seq',
-                         max(1, math.ceil(self.masked_lm_prob * self.max_seq_length - 1e-9)))
+                         max(1, math.ceil(self.max_masked_lm_prob * self.max_seq_length - 1e-9)))
+
+  @property
+  def sentence_pairs(self) -> bool:
+    """Records are sentence pairs with a label (NSP or SOP) and the model has the two-way head."""
+    return self.objective != 'none'
+
+  @property
+  def max_masked_lm_prob(self) -> float:
+    """The highest masking rate of the run (the schedule's start or end)."""
+    return max(self.masked_lm_prob, self.masked_lm_prob_end)
+
+  def masked_lm_prob_at(self, fraction: float) -> float:
+    """The masking rate `fraction` of the way through training (0 = first step, 1 = last)."""
+    if not self.masked_lm_prob_end:
+      return self.masked_lm_prob
+    return self.masked_lm_prob + (self.masked_lm_prob_end - self.masked_lm_prob) * min(max(fraction, 0.0), 1.0)
+
+  @property
+  def eval_masked_lm_prob(self) -> float:
+    """Held-out batches are masked at the rate training ends at."""
+    return self.masked_lm_prob_end or self.masked_lm_prob
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,6 +404,20 @@ class FinetuneConfig:
   @classmethod
   def from_dict(cls, d: dict[str, Any]) -> 'FinetuneConfig':
     return _from_dict(cls, dict(d), prefix='')
+
+
+def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
+  """A saved config (config.json, a checkpoint's meta) in today's field names: data.nsp became
+  data.objective and data.whole_word_masking data.masking. Returns a new dict when it changes."""
+  data = config.get('data')
+  if not isinstance(data, dict) or not {'nsp', 'whole_word_masking'} & set(data):
+    return config
+  data = dict(data)
+  if 'nsp' in data:
+    data.setdefault('objective', 'nsp' if data.pop('nsp') else 'none')
+  if 'whole_word_masking' in data:
+    data.setdefault('masking', 'whole_word' if data.pop('whole_word_masking') else 'token')
+  return {**config, 'data': data}
 
 
 def _from_dict(cls, d: dict[str, Any], prefix: str):

@@ -33,8 +33,8 @@ _OUTPUT_JSONL = flags.DEFINE_string('output_jsonl', None,
 _OUTPUT_PLOT = flags.DEFINE_string('output_plot', None,
                                    'With --all_steps: the PNG to write (default <workdir>/eval_all_steps.png).')
 # The table's columns, those a result has, in this order.
-_COLUMNS = ('mlm_accuracy', 'mlm_loss', 'nsp_accuracy', 'nsp_loss', 'loss', 'mlm_baseline_accuracy',
-            'nsp_baseline_accuracy', 'num_examples')
+_COLUMNS = ('mlm_accuracy', 'mlm_loss', 'nsp_accuracy', 'nsp_loss', 'sop_accuracy', 'sop_loss', 'loss',
+            'mlm_baseline_accuracy', 'nsp_baseline_accuracy', 'sop_baseline_accuracy', 'num_examples')
 
 
 def _outputs(workdir: str) -> dict[str, str]:

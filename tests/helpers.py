@@ -199,7 +199,7 @@ def restore_pretraining_state(workdir: str, cfg, step=None):
   from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
   from bert_jax.train.checkpoints import Checkpointer  # pylint: disable=g-import-not-at-top
   model = pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps),
-                           sharding.make_mesh(cfg.mesh), nsp=cfg.data.nsp)
+                           sharding.make_mesh(cfg.mesh), objective=cfg.data.objective)
   state, meta = Checkpointer(workdir, read_only=True).restore(step, model.abstract_state)
   return jax.device_get(state), meta
 

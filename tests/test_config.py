@@ -1,11 +1,12 @@
 """Config blocks: presets, round trip through dicts, unknown keys and bad values named clearly."""
 
+import copy
 import dataclasses
 
 import pytest
 
 from bert_jax import config
-from bert_jax.errors import ConfigError
+from bert_jax.errors import CheckpointError, ConfigError
 
 
 def test_presets_match_the_issue():
@@ -54,3 +55,36 @@ def test_resume_identity_compares_paths_as_the_files_they_name(tmp_path, monkeyp
   assert config.config_diffs(old, same, ()) == []
   moved = {**same, 'data_dir': str(tmp_path / 'other'), 'seed': 1}
   assert config.config_diffs(old, moved, ()) == [f"data_dir: 'glue/sst2' -> '{tmp_path}/other'", 'seed: 0 -> 1']
+
+
+def test_objective_and_masking_values_and_the_schedule():
+  for bad, pattern in ((dict(objective='nsp+sop'), 'data.objective must be one of nsp, sop, none'),
+                       (dict(masking='ngram'), 'data.masking must be one of token, whole_word, span'),
+                       (dict(masked_lm_prob_end=1.0), r'masked_lm_prob_end must lie in \[0, 1\)'),
+                       (dict(span_p=0.0), 'span_p must lie in'), (dict(span_max_words=0), 'span_max_words')):
+    with pytest.raises(ConfigError, match=pattern):
+      config.DataConfig(**bad)
+  data = config.DataConfig(masked_lm_prob=0.3, masked_lm_prob_end=0.15)
+  assert data.max_predictions_per_seq == 39  # ceil(0.3 * 128): the highest rate's
+  assert [data.masked_lm_prob_at(f) for f in (0, 0.5, 1, 2)] == pytest.approx([0.3, 0.225, 0.15, 0.15])
+  assert data.eval_masked_lm_prob == 0.15 and config.DataConfig().eval_masked_lm_prob == 0.15
+  assert config.DataConfig().masked_lm_prob_at(0.7) == 0.15
+  assert config.DataConfig(objective='sop').sentence_pairs and not config.DataConfig(objective='none').sentence_pairs
+
+
+def test_configs_saved_before_objective_and_masking_resume_as_the_same_run():
+  for nsp, wwm, objective, masking in ((True, False, 'nsp', 'token'), (False, True, 'none', 'whole_word')):
+    new = config.PretrainConfig(data=config.DataConfig(objective=objective, masking=masking)).to_dict()
+    old = copy.deepcopy(new)
+    for name in ('objective', 'masking', 'masked_lm_prob_end', 'span_p', 'span_max_words'):
+      del old['data'][name]
+    old['data'].update(nsp=nsp, whole_word_masking=wwm)
+    upgraded = config.upgrade_saved(old)
+    assert 'nsp' in old['data'] and 'nsp' not in upgraded['data']  # a new dict; the old one untouched
+    config.check_resume(upgraded, new, (), '', 'workdir w')  # no difference
+    assert config.PretrainConfig.from_dict({**upgraded, 'data': {**new['data'], **upgraded['data']}}) \
+        == config.PretrainConfig.from_dict(new)
+    with pytest.raises(CheckpointError, match="data.objective: 'nsp' -> 'sop'" if nsp else 'data.objective'):
+      config.check_resume(upgraded, config.PretrainConfig(data=config.DataConfig(objective='sop')).to_dict(), (),
+                          '', 'workdir w')
+  assert config.upgrade_saved(new) is new

@@ -13,7 +13,8 @@ Batch format (B local batch, T max_seq_length, P max_predictions_per_seq):
   input_ids int32[B,T] (padded with the tokenizer's [PAD]), token_type_ids int32[B,T],
   attention_mask int32[B,T], masked_lm_positions int32[B,P], masked_lm_ids int32[B,P],
   masked_lm_weights float32[B,P], next_sentence_labels int32[B] (0 = B follows A, 1 = random),
-  nsp_weights float32[B] (0 for padding rows, and everywhere with data.nsp=False).
+  nsp_weights float32[B] (0 for padding rows, and everywhere with data.objective=none).
+  With data.objective=sop the label is 1 when A and B are swapped.
 
 Packed training batches (`data.pack`; `pack_batch`) hold the same examples and masks in R
 rows of up to K = data.max_segments_per_row examples each (first-fit decreasing):
@@ -103,7 +104,7 @@ class Vocab:
 
   special_ids: SpecialIds
   special_v: np.ndarray  # bool[V]: never masked or drawn
-  word_starts_v: np.ndarray | None  # bool[V] for whole-word masking, else None
+  word_starts_v: np.ndarray | None  # bool[V] for whole-word and span masking, else None
 
   @functools.cached_property  # computed once per Vocab (per worker process)
   def replace_ids(self) -> np.ndarray:
@@ -112,26 +113,29 @@ class Vocab:
     return ids[ids != self.special_ids.unk].astype(np.int32)
 
   @classmethod
-  def from_tokenizer(cls, tokenizer, special_ids: SpecialIds, whole_word_masking: bool) -> 'Vocab':
+  def from_tokenizer(cls, tokenizer, special_ids: SpecialIds, masking: str = 'token') -> 'Vocab':
+    """`masking` as data.masking: word starts are looked up for whole-word and span masking."""
     return cls(special_ids, tokenizer.special_table(),
-               tokenizer.word_start_table() if whole_word_masking else None)
+               tokenizer.word_start_table() if masking != 'token' else None)
 
 
-def make_batch(rows: Rows, keys_b: np.ndarray, *, cfg: DataConfig, vocab: Vocab) -> dict:
+def make_batch(rows: Rows, keys_b: np.ndarray, *, cfg: DataConfig, vocab: Vocab,
+               masked_lm_prob: float | None = None) -> dict:
   """Pads and dynamically masks records into one batch (format in the module docstring).
 
   Args:
     rows: the records (`PretrainingDataset.gather`, max_seq_length wide); a row of length 0
       gives an all-padding, zero-weight row.
     keys_b: uint64[B], each row's masking key (`hashing.key(seed, purpose, position)`).
-    cfg: max_seq_length, max_predictions_per_seq, masked_lm_prob, whole_word_masking.
+    cfg: max_seq_length, max_predictions_per_seq, masked_lm_prob, masking, objective.
     vocab: the tokenizer's special ids and tables.
+    masked_lm_prob: the masking rate of this batch (a schedule's); None = cfg.masked_lm_prob.
 
   Returns:
     A dict of numpy arrays with B rows.
   """
-  if cfg.whole_word_masking and vocab.word_starts_v is None:
-    raise ConfigError('data.whole_word_masking needs the tokenizer word_start_table()')
+  if cfg.masking != 'token' and vocab.word_starts_v is None:
+    raise ConfigError(f'data.masking={cfg.masking} needs the tokenizer word_start_table()')
   t = cfg.max_seq_length
   if rows.tokens.shape[1] != t:
     raise ValueError(f'rows are {rows.tokens.shape[1]} tokens wide, data.max_seq_length is {t}')
@@ -139,7 +143,9 @@ def make_batch(rows: Rows, keys_b: np.ndarray, *, cfg: DataConfig, vocab: Vocab)
   ids_bt, positions, ids, weights = masking.mask_batch(
       rows.tokens, lengths_b, keys_b, special_v=vocab.special_v, replace_ids=vocab.replace_ids,
       mask_id=vocab.special_ids.mask, max_predictions=cfg.max_predictions_per_seq,
-      masked_lm_prob=cfg.masked_lm_prob, word_starts_v=vocab.word_starts_v if cfg.whole_word_masking else None)
+      masked_lm_prob=cfg.masked_lm_prob if masked_lm_prob is None else masked_lm_prob,
+      word_starts_v=vocab.word_starts_v if cfg.masking != 'token' else None,
+      span=(cfg.span_p, cfg.span_max_words) if cfg.masking == 'span' else None)
   cols = np.arange(t)
   real_bt = cols < lengths_b[:, None]
   ids_bt = np.where(real_bt, ids_bt, vocab.special_ids.pad).astype(np.int32)
@@ -149,7 +155,7 @@ def make_batch(rows: Rows, keys_b: np.ndarray, *, cfg: DataConfig, vocab: Vocab)
       attention_mask=real_bt.astype(np.int32),
       masked_lm_positions=positions, masked_lm_ids=ids, masked_lm_weights=weights,
       next_sentence_labels=rows.random_next.astype(np.int32),
-      nsp_weights=((lengths_b > 0) & cfg.nsp).astype(np.float32))  # data.nsp=False: no NSP loss
+      nsp_weights=((lengths_b > 0) & cfg.sentence_pairs).astype(np.float32))  # objective none: no pair loss
 
 
 # ----------------------------------------------------------------------------- packing
@@ -164,7 +170,7 @@ def packed_mlm_width(cfg: DataConfig) -> int:
   T, found by a small dynamic programme (seq 128, P 20, K 4: 21 slots, where one full example
   needs 19).
   """
-  t, p, prob = cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.masked_lm_prob
+  t, p, prob = cfg.max_seq_length, cfg.max_predictions_per_seq, cfg.max_masked_lm_prob
   n_l = np.array([0] + [min(masking.num_predictions(l, p, prob), max(l - 3, 0)) for l in range(1, t + 1)])
   best_u = np.zeros(t + 1, np.int64)  # best_u[u]: most predictions of the examples so far in u tokens
   for _ in range(cfg.max_segments_per_row):
@@ -297,12 +303,13 @@ class BatchMaker:
 
   Global batch k holds stream positions s in [k*B, (k+1)*B); position s is record
   permute(s % N, key(seed, 0, s // N)) of the training split (a new order every epoch), masked
-  with key(seed, 1, s). Process p builds rows [p*B/P, (p+1)*B/P). Picklable, numpy only: grain
-  worker processes call it.
+  with key(seed, 1, s) at the rate of batch k in a mask-rate schedule of `total_steps` batches
+  (data.masked_lm_prob_end). Process p builds rows [p*B/P, (p+1)*B/P). Picklable, numpy only:
+  grain worker processes call it.
   """
 
   def __init__(self, dataset: PretrainingDataset, *, global_batch_size: int, seed: int, cfg: DataConfig,
-               vocab: Vocab, process_index: int = 0, process_count: int = 1):
+               vocab: Vocab, process_index: int = 0, process_count: int = 1, total_steps: int = 0):
     if global_batch_size <= 0 or global_batch_size % process_count:
       raise ConfigError(f'global batch size {global_batch_size} must be a positive multiple '
                         f'of the process count {process_count}')
@@ -315,6 +322,11 @@ class BatchMaker:
     self.local_batch_size = global_batch_size // process_count
     self.row_offset = process_index * self.local_batch_size
     self.process_count = process_count
+    self.total_steps = total_steps
+
+  def masked_lm_prob(self, k: int) -> float:
+    """The masking rate of global batch k (constant without a schedule)."""
+    return self.cfg.masked_lm_prob_at(k / max(self.total_steps - 1, 1))
 
   def record_indices(self, positions: np.ndarray) -> np.ndarray:
     """The records at stream positions (int64[...]): the epoch's keyed permutation."""
@@ -335,7 +347,8 @@ class BatchMaker:
     indices = self.record_indices(every if self.cfg.pack and self.process_count > 1 else every[mine])
     local = indices[mine] if len(indices) > self.local_batch_size else indices
     batch = make_batch(self.dataset.gather(local, self.cfg.max_seq_length),
-                       hashing.key(self.seed, _TRAIN_MASKS, every[mine]), cfg=self.cfg, vocab=self.vocab)
+                       hashing.key(self.seed, _TRAIN_MASKS, every[mine]), cfg=self.cfg, vocab=self.vocab,
+                       masked_lm_prob=self.masked_lm_prob(k))
     if not self.cfg.pack:
       return batch
     num_rows = None  # one process: as many rows as its own examples need
@@ -364,7 +377,7 @@ class PretrainingBatches:
 
   def __init__(self, dataset: PretrainingDataset, *, global_batch_size: int, seed: int,
                cfg: DataConfig, vocab: Vocab, process_index: int = 0, process_count: int = 1,
-               start_position: int = 0, prefetch: int = 2, workers: int = 0):
+               start_position: int = 0, prefetch: int = 2, workers: int = 0, total_steps: int = 0):
     """Starts the stream (call `close()` when done).
 
     Args:
@@ -378,11 +391,12 @@ class PretrainingBatches:
       start_position: global batches already consumed (from a checkpoint).
       prefetch: batches built ahead per worker (or in the thread); 0 with workers=0 builds on demand.
       workers: grain worker processes; 0 = a thread.
+      total_steps: the run's length, for a mask-rate schedule (data.masked_lm_prob_end).
     """
     if start_position < 0:
       raise ConfigError(f'bad stream arguments: start_position={start_position}')
     self.maker = BatchMaker(dataset, global_batch_size=global_batch_size, seed=seed, cfg=cfg, vocab=vocab,
-                            process_index=process_index, process_count=process_count)
+                            process_index=process_index, process_count=process_count, total_steps=total_steps)
     self.position = start_position
     self._error: BaseException | None = None
     self._queue: queue.Queue | None = None
@@ -468,7 +482,8 @@ class PretrainingBatches:
 
 def eval_batches(dataset: PretrainingDataset, *, batch_size: int, seed: int, cfg: DataConfig,
                  vocab: Vocab, process_index: int = 0, process_count: int = 1) -> Iterator[dict]:
-  """One pass over a split in record order, with fixed masks (keyed by (seed, 2, index)).
+  """One pass over a split in record order, with fixed masks (keyed by (seed, 2, index)) at the
+  rate a schedule ends at (`DataConfig.eval_masked_lm_prob`).
 
   Every process yields ceil(N / batch_size) batches; rows past the end are padding
   with nsp_weights and masked_lm_weights 0.
@@ -495,6 +510,7 @@ def eval_batches(dataset: PretrainingDataset, *, batch_size: int, seed: int, cfg
       start = k * batch_size + process_index * local
       indices = np.arange(start, start + local, dtype=np.int64)
       rows = dataset.gather(indices[indices < n], cfg.max_seq_length).padded(local)
-      yield make_batch(rows, hashing.key(seed, _EVAL_MASKS, indices), cfg=cfg, vocab=vocab)
+      yield make_batch(rows, hashing.key(seed, _EVAL_MASKS, indices), cfg=cfg, vocab=vocab,
+                       masked_lm_prob=cfg.eval_masked_lm_prob)
 
   return generate()

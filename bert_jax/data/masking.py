@@ -8,6 +8,12 @@ does not fit the remaining budget being skipped; each chosen token becomes [MASK
 probability 0.8, stays unchanged 0.1, or becomes a random token 0.1 (one uniform draw per
 position).
 
+Span masking (SpanBERT) cuts each row's words into consecutive spans of geometric length
+(`span_p`, truncated to at most `span_max_words` words: mean 3.8 at SpanBERT's 0.2 and 10; a
+span also ends where the candidates do, e.g. at [SEP]) and takes spans as whole-word masking
+takes words: in random order while they fit, so the chosen spans keep nearly that length
+distribution (a span that no longer fits is skipped). The 80/10/10 choice is made once per span.
+
 Randomness is counter-based (`bert_jax.data.hashing`): each row's masks are a pure function of
 its 64-bit key, tokens and length, whatever other rows share its batch and however wide the
 batch is padded (T), so processes that each build a block of a global batch produce exactly the
@@ -23,6 +29,7 @@ from bert_jax.data import hashing
 # Streams of hashing's per-row randomness (one per purpose).
 _STREAM_ORDER = 1  # candidate (or word) order: element j is column j's sort key
 _STREAM_ACTION = 2  # the i-th chosen position's (ascending) 80/10/10 draw and random replacement
+_STREAM_SPAN = 3  # span masking: the j-th span's length draw
 
 # Sort keys are uint64: 46 random bits, then the column in the low 16 bits (so keys are
 # distinct and a row's order does not depend on T); excluded columns' keys are 2**62.
@@ -46,7 +53,8 @@ def num_predictions(length, max_predictions: int, masked_lm_prob: float):
 
 def mask_batch(tokens_bt: np.ndarray, lengths_b: np.ndarray, keys_b: np.ndarray, *, special_v: np.ndarray,
                replace_ids: np.ndarray, mask_id: int, max_predictions: int, masked_lm_prob: float = 0.15,
-               word_starts_v: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+               word_starts_v: np.ndarray | None = None,
+               span: tuple[float, int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """Chooses and corrupts the tokens the MLM head must predict, for a batch of rows.
 
   Args:
@@ -63,6 +71,8 @@ def mask_batch(tokens_bt: np.ndarray, lengths_b: np.ndarray, keys_b: np.ndarray,
     word_starts_v: optional bool[V] (`tokenizer.word_start_table()`) for whole-word masking: a
       word is a start piece and the non-start pieces right after it; a special token or any
       non-candidate also ends a word. Words are taken in random order while they fit.
+    span: (span_p, span_max_words) for span masking (needs `word_starts_v`): spans of whole
+      words are taken instead of words, each with one 80/10/10 choice.
 
   Returns:
     input_ids int32[B, T]: tokens_bt with the chosen positions corrupted (0 from each row's
@@ -97,11 +107,16 @@ def mask_batch(tokens_bt: np.ndarray, lengths_b: np.ndarray, keys_b: np.ndarray,
   n_b = num_predictions(lengths_b, p, masked_lm_prob)
 
   k = min(p, t)
+  first_bk = None  # span masking: each chosen slot's span's first slot (its 80/10/10 draw)
+  if span is not None and word_starts_v is None:
+    raise ValueError('span masking needs word_starts_v')
   if word_starts_v is None:
     positions_bk, count_b = _choose_tokens(keys_b, cand_bt, n_b, k)
   else:
-    positions_bk, count_b = _choose_whole_words(keys_b, cand_bt, input_ids, np.asarray(word_starts_v, dtype=bool),
-                                                n_b, k)
+    start_bt = _word_starts(cand_bt, input_ids, np.asarray(word_starts_v, dtype=bool))
+    if span is not None:
+      start_bt = _span_starts(keys_b, start_bt, cand_bt, *span)
+    positions_bk, count_b, first_bk = _choose_whole_words(keys_b, cand_bt, start_bt, n_b, k)
 
   valid_bk = np.arange(k) < count_b[:, None]
   positions_bk = np.where(valid_bk, positions_bk, 0)
@@ -112,6 +127,8 @@ def mask_batch(tokens_bt: np.ndarray, lengths_b: np.ndarray, keys_b: np.ndarray,
   # (floor(u * R), as hashing.randint).
   draws_bk2 = hashing.uniform(keys_b, (k, 2), _STREAM_ACTION)
   action_bk = draws_bk2[:, :, 0]
+  if span is not None:
+    action_bk = np.take_along_axis(action_bk, first_bk, axis=1)
   random_bk = replace_ids[(draws_bk2[:, :, 1] * replace_ids.size).astype(np.int64)]
   new_bk = np.where(action_bk < 0.8, np.int32(mask_id), np.where(action_bk < 0.9, labels_bk, random_bk))
   flat_bk = positions_bk + (np.arange(b, dtype=np.int64) * t)[:, None]
@@ -162,20 +179,55 @@ def _choose_tokens(keys_b, cand_bt, n_b, k):
   return cols_bk, count_b
 
 
-def _choose_whole_words(keys_b, cand_bt, ids_bt, word_starts_v, n_b, k):
-  """Whole words in random order, each taken if it fits the row's remaining budget.
-
-  A word is keyed by its start column's key (`_lowest_keys`), so one-piece words are ordered
-  as `_choose_tokens` orders tokens. The greedy pass looks at each row's 2k + 16 first words
-  only; a row still short of its budget after them that has more words is redone with all
-  of its words (rare), so the result is that of the full pass.
-  """
-  b, t = cand_bt.shape
+def _previous(cand_bt):
   prev_cand_bt = np.zeros_like(cand_bt)
   prev_cand_bt[:, 1:] = cand_bt[:, :-1]
-  start_bt = cand_bt & (word_starts_v[ids_bt] | ~prev_cand_bt)
+  return prev_cand_bt
+
+
+def _word_starts(cand_bt, ids_bt, word_starts_v):
+  """bool[B, T]: candidates that start a word (a start piece, or the first after a non-candidate)."""
+  return cand_bt & (word_starts_v[ids_bt] | ~_previous(cand_bt))
+
+
+def _span_starts(keys_b, start_bt, cand_bt, span_p, max_words):
+  """bool[B, T]: the word starts that start a span. Row b's words (counted from its first) are cut
+  into spans of Geometric(span_p) words truncated to 1 .. max_words, the j-th length from element
+  j of stream _STREAM_SPAN; a run of candidates starts a span of its own (where spans also end)."""
+  b, t = start_bt.shape
+  u_bt = hashing.uniform(keys_b, (t,), _STREAM_SPAN)  # at most T spans per row
+  if span_p >= 1:
+    length_bt = np.ones((b, t), np.int64)
+  else:  # inverse CDF of the geometric distribution on 1 .. max_words (renormalised, as SpanBERT)
+    q = 1.0 - span_p
+    length_bt = 1 + np.floor(np.log1p(-u_bt * (1.0 - q ** max_words)) / np.log(q)).astype(np.int64)
+  ends_bt = np.cumsum(np.minimum(length_bt, max_words), axis=1)  # word index after each span
+  first_word_bt = np.zeros((b, t + 1), bool)
+  first_word_bt[:, 0] = True
+  rows_bt = np.broadcast_to(np.arange(b)[:, None], (b, t))
+  inside = ends_bt < t
+  first_word_bt[rows_bt[inside], ends_bt[inside]] = True
+  word_bt = np.cumsum(start_bt, axis=1) - 1  # each position's word index in its row
+  return start_bt & (first_word_bt[np.arange(b)[:, None], np.maximum(word_bt, 0)] | ~_previous(cand_bt))
+
+
+def _choose_whole_words(keys_b, cand_bt, start_bt, n_b, k):
+  """Whole units (words, or spans of words) in random order, each taken if it fits the row's
+  remaining budget; a unit runs from a start in `start_bt` to the next start or non-candidate.
+
+  A unit is keyed by its start column's key (`_lowest_keys`), so one-piece words are ordered
+  as `_choose_tokens` orders tokens. The greedy pass looks at each row's 2k + 16 first units
+  only; a row still short of its budget after them that has more units is redone with all
+  of its units (rare), so the result is that of the full pass.
+
+  Returns (columns int64[B, k] as `_choose_tokens`, count int64[B], and for each slot the slot
+  of its unit's first piece, int64[B, k]).
+  """
+  b, t = cand_bt.shape
+  prev_cand_bt = _previous(cand_bt)
+  none = (np.full((b, k), t, np.int64), np.zeros(b, np.int64), np.zeros((b, k), np.int64))
   if not b * t:
-    return np.full((b, k), t, np.int64), np.zeros(b, np.int64)
+    return none
   # A word runs from its start to the next boundary: a start, the end of a run of candidates
   # (a non-candidate) or the end of the row (the next row's column 0 or the end).
   bound_bt = start_bt | (prev_cand_bt & ~cand_bt)
@@ -184,7 +236,7 @@ def _choose_whole_words(keys_b, cand_bt, ids_bt, word_starts_v, n_b, k):
   is_start_f = start_bt.reshape(-1)[bound_f]
   start_f = bound_f[is_start_f]  # flat position of every word's first piece
   if not start_f.size:
-    return np.full((b, k), t, np.int64), np.zeros(b, np.int64)
+    return none
   # Lengths at the start positions, clipped to the longest that can ever be taken plus one
   # (so uint16 suffices); other entries are never read.
   too_long = min(int(n_b.max()) + 1, np.iinfo(np.uint16).max)
@@ -217,8 +269,11 @@ def _choose_whole_words(keys_b, cand_bt, ids_bt, word_starts_v, n_b, k):
   piece_row = piece_pos // t
   row_first_b = np.cumsum(count_b) - count_b  # each row's first piece
   cols_bk = np.full((b, k), t, np.int64)
-  cols_bk[piece_row, piece - row_first_b[piece_row]] = piece_pos - piece_row * t
-  return cols_bk, count_b
+  slot = piece - row_first_b[piece_row]
+  cols_bk[piece_row, slot] = piece_pos - piece_row * t
+  first_bk = np.zeros((b, k), np.int64)
+  first_bk[piece_row, slot] = np.repeat(np.cumsum(len_c) - len_c, len_c) - row_first_b[piece_row]
+  return cols_bk, count_b, first_bk
 
 
 def _greedy_fill(len_bw, n_b):

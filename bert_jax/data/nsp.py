@@ -57,8 +57,8 @@ class TokenizedDocs:
 
 def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: float,
                  dupe_factor: int, rng: random.Random,
-                 random_pool: TokenizedDocs | None = None) -> np.ndarray:
-  """Builds NSP pairs (`PAIR_FIELDS` per row) as google-research/bert does.
+                 random_pool: TokenizedDocs | None = None, sentence_order: bool = False) -> np.ndarray:
+  """Builds NSP pairs (`PAIR_FIELDS` per row) as google-research/bert does, or SOP pairs.
 
   Per document, sentences are accumulated up to a target length (max_seq_length - 3, or with
   probability `short_seq_prob` a random shorter one) and split at a random sentence boundary
@@ -67,6 +67,11 @@ def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: fl
   side at a random end. Unlike the original, a one-sentence chunk gets its true next sentence
   half of the time and one-sentence documents give no pairs, so labels stay near 50/50 even
   when sentences are long, and a random document is always another document.
+
+  With `sentence_order` (ALBERT's sentence-order prediction) the chunks are the same but B is
+  always the true continuation (a lone sentence takes the next one; a document's last sentence
+  alone gives no pair) and, after truncation, A and B are swapped with probability 0.5, the
+  label (`is_random_next`) then 1.
 
   The draws are sequential (where a chunk ends depends on earlier draws), so this is one loop
   over chunks; what the draws do not decide is looked up, not walked: a chunk's last sentence
@@ -84,12 +89,16 @@ def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: fl
     random_pool: where random-next segments come from when `docs` has a single document
       (the held-out documents of a unit with one of them borrow the unit's training text);
       None: from `docs` only. With no other document at all, every pair is a true pair.
+      Unused with `sentence_order`.
+    sentence_order: SOP pairs instead of NSP pairs.
 
   Returns:
     int64[num_pairs, 5]: token ranges of A and B in `docs.tokens` (B in the pool's tokens
     when `is_random_next` and the pool is another one), and the label.
   """
   pool, pool_is_docs = docs, True
+  if sentence_order:
+    random_pool = None
   if docs.num_docs < 2 and random_pool is not None and random_pool.num_docs:
     pool, pool_is_docs = random_pool, False
   # Python ints: a list read is several times cheaper than a numpy scalar read.
@@ -99,7 +108,7 @@ def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: fl
   doc_starts = docs.doc_starts.tolist()
   # Only documents of two sentences or more give pairs (the others are still random segments).
   paired = np.flatnonzero(np.diff(docs.doc_starts) >= 2).tolist()
-  num_pool = pool.num_docs - (1 if pool_is_docs else 0)  # other documents to draw from
+  num_pool = 0 if sentence_order else pool.num_docs - (1 if pool_is_docs else 0)  # other documents to draw from
   max_tokens = max_seq_length - 3
   uniform, getrandbits, bisect_left = rng.random, rng.getrandbits, bisect.bisect_left
 
@@ -132,9 +141,11 @@ def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: fl
             r = getrandbits(k)
           a_end = chunk_start + 1 + r
           is_random = num_pool > 0 and uniform() < 0.5
-        elif i + 1 < last and uniform() >= 0.5:
-          i += 1  # a lone (long) sentence gets its true continuation half of the time
+        elif i + 1 < last and (sentence_order or uniform() >= 0.5):
+          i += 1  # a lone (long) sentence gets its true continuation (NSP: half of the time)
           a_end, is_random = chunk_start + 1, False
+        elif sentence_order:  # a document's last sentence alone: no continuation to order
+          break
         else:
           a_end, is_random = chunk_start + 1, num_pool > 0
         a0, a1 = sent[chunk_start], sent[a_end]
@@ -156,7 +167,10 @@ def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: fl
           b0, b1 = sent[a_end], sent[i + 1]
         if a1 - a0 + b1 - b0 > max_tokens:
           a0, a1, b0, b1 = _truncate((a0, a1), (b0, b1), max_tokens, rng)
-        out.extend((a0, a1, b0, b1, is_random))
+        if sentence_order and uniform() < 0.5:
+          out.extend((b0, b1, a0, a1, 1))
+        else:
+          out.extend((a0, a1, b0, b1, is_random))
         chunk_start = i + 1
   return np.frombuffer(out, np.int64).reshape(-1, len(PAIR_FIELDS)) if out else np.zeros((0, 5), np.int64)
 

@@ -88,14 +88,14 @@ class _Job:
   dupe_factor: int
   vocab_size: int
   tokenizer_path: str = ''
-  nsp: bool = True
+  objective: str = 'nsp'
 
 
 def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
                              process_index: int = 0, process_count: int = 1,
                              sync: Callable[[bool], bool] | None = None,
                              log: Callable[[str], None] | None = None) -> PreparedData:
-  """Builds (or reuses) the prepared NSP records for `cfg`.
+  """Builds (or reuses) the prepared records (NSP or SOP pairs, or full sentences) for `cfg`.
 
   Args:
     cfg: the data config.
@@ -295,7 +295,7 @@ class _Builder:
     tokenizer = tokenization.load_tokenizer(os.path.join(self.dir, self.tokenizer_file))
     stats, splits = _merge_unit_stats(self.dir, self.units, self.vocab_size, tokenizer)
     train_name = f'corpus {self.cfg.train_files!r}'
-    if self.cfg.nsp:
+    if self.cfg.sentence_pairs:
       _check_pairs(self.cfg, stats, splits, train_name, bool(self.eval_paths), self.log)
     elif not splits['train']['num'] or not splits['eval']['num']:
       raise DataError(f'{train_name} gave {splits["train"]["num"]} training and {splits["eval"]["num"]} held-out '
@@ -310,7 +310,7 @@ class _Builder:
                 train_shard_records=splits['train']['shard_records'],
                 eval_shard_records=splits['eval']['shard_records'],
                 most_frequent_token=stats.pop('most_frequent_token'), num_units=len(self.units), stats=stats,
-                data_config={f: getattr(self.cfg, f) for f in ('train_files', 'eval_files', 'tokenizer', 'nsp',
+                data_config={f: getattr(self.cfg, f) for f in ('train_files', 'eval_files', 'tokenizer', 'objective',
                                                                 *RECORD_FIELDS)})
     self.seconds['manifest'] = time.time() - t0
     build = dict(workers=self.workers, processes=self.process_count,
@@ -318,8 +318,9 @@ class _Builder:
                  worker_seconds=stats.pop('worker_seconds', None))
     _write_json(os.path.join(self.dir, records.BUILD_FILE), build)
     _write_json(os.path.join(self.dir, META_FILE), meta)  # last: it marks the cache complete
-    what = (f'pairs ({stats["random_next_fraction"]:.1%} random-next)' if self.cfg.nsp
-            else 'full-sentence sequences (masked LM only)')
+    what = {'nsp': f'NSP pairs ({stats["random_next_fraction"]:.1%} random-next)',
+            'sop': f'SOP pairs ({stats["random_next_fraction"]:.1%} swapped)',
+            'none': 'full-sentence sequences (masked LM only)'}[self.cfg.objective]
     self.log(f'prepare: {stats["documents"]:,} documents, {stats["sentences"]:,} sentences -> '
              f'{meta["num_train"]:,} training and {meta["num_eval"]:,} held-out {what}, '
              f'{stats["train_tokens"]:,} training tokens')
@@ -330,7 +331,7 @@ class _Builder:
     c = self.cfg
     return _Job(build_dir=self.dir, reader=self.reader, seed=self.seed, eval_fraction=c.eval_fraction,
                 max_seq_length=c.max_seq_length, short_seq_prob=c.short_seq_prob, dupe_factor=c.dupe_factor,
-                vocab_size=self.vocab_size, nsp=c.nsp,
+                vocab_size=self.vocab_size, objective=c.objective,
                 tokenizer_path=os.path.join(self.dir, self.tokenizer_file) if self.tokenizer_file else '')
 
   def _map(self, fn, job: _Job, units: Sequence[Unit], arg, what: str):
@@ -571,12 +572,12 @@ def _build_unit(job: _Job, unit: Unit, _) -> dict:
   dtype = records.token_dtype(job.vocab_size)  # records are assembled in it: written without a copy
   for split in ('train', 'eval'):
     t = tokenized[split]
-    if job.nsp:
-      pool = tokenized['train'] if split == 'eval' else None
+    if job.objective != 'none':
+      pool = tokenized['train'] if split == 'eval' and job.objective == 'nsp' else None
       rng = random.Random(f'{job.seed}-{unit.index}-{split}')  # str seeds hash alike everywhere
       pairs = nsp.create_pairs(t, max_seq_length=job.max_seq_length, short_seq_prob=job.short_seq_prob,
                                dupe_factor=job.dupe_factor if split == 'train' else 1, rng=rng,
-                               random_pool=pool)
+                               random_pool=pool, sentence_order=job.objective == 'sop')
       used_pool = pool if (pool is not None and t.num_docs < 2 and pool.num_docs) else None
       runs = nsp.record_runs(t, pairs, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pool=used_pool,
                              dtype=dtype)
@@ -614,10 +615,14 @@ def _write_records(path: str, runs: nsp.RecordRuns, counts: np.ndarray | None) -
 
 
 def _check_pairs(cfg: DataConfig, stats: dict, splits: dict, train_name: str, has_eval_files: bool, log) -> None:
-  """Refuses a corpus that gives no NSP pairs on either side; warns when labels are unbalanced."""
+  """Refuses a corpus that gives no NSP/SOP pairs on either side; warns when labels are unbalanced."""
+  task = cfg.objective.upper()
   if not splits['train']['num'] and not splits['eval']['num']:
-    raise DataError(f'no document in {train_name} has two sentences; NSP needs documents of several '
-                    'sentences (in plain text, blank lines separate documents; or set data.nsp=False)')
+    raise DataError(f'no document in {train_name} has two sentences; {task} needs documents of several '
+                    'sentences (in plain text, blank lines separate documents; or set data.objective=none)')
+  if cfg.objective == 'sop' and not splits['train']['num']:
+    raise DataError(f'{train_name} gave no training pairs; SOP needs a training document of two sentences '
+                    '(add text, or lower data.eval_fraction)')
   if stats['train_documents'] < 2 or not splits['train']['num']:
     raise DataError(f'{train_name} has {stats["train_documents"]} training document(s), '
                     f'{splits["train"]["num"]} training pairs; NSP needs two documents at least, one of '
@@ -629,7 +634,7 @@ def _check_pairs(cfg: DataConfig, stats: dict, splits: dict, train_name: str, ha
     raise DataError(f'{where}; raise data.eval_fraction or set data.eval_files')
   fraction = stats['random_next_fraction']
   if abs(fraction - 0.5) > 0.05:
-    log(f'warning: {fraction:.0%} of NSP pairs are random-next, not about 50% (few multi-sentence '
+    log(f'warning: {fraction:.0%} of {task} pairs have label 1, not about 50% (few multi-sentence '
         'documents?)')
 
 
@@ -740,8 +745,8 @@ def _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed) -> str:
       fields={f: getattr(cfg, f) for f in RECORD_FIELDS})
   if not given:  # a trained tokenizer's bytes depend on how it is trained
     key['tokenizer_training'] = tokenization.SENTENCEPIECE_TRAINING
-  if not cfg.nsp:  # only then: caches of NSP pairs keep their fingerprints
-    key['objective'] = 'mlm_full_sentences'
+  if cfg.objective != 'nsp':  # only then: caches of NSP pairs keep their fingerprints
+    key['objective'] = {'none': 'mlm_full_sentences', 'sop': 'sop'}[cfg.objective]
   return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 

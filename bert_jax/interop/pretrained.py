@@ -232,6 +232,6 @@ def _load_workdir(path: str, step: int | None) -> PretrainedBert:
     raise CheckpointError(f'{path} has no tokenizer ({" or ".join(TOKENIZER_FILES)}); it was written by an older '
                           'bert_jax — copy the tokenizer from its data cache into the workdir')
   cfg = workdir_config(path)
-  params, at = restore_params(path, lambda rngs: BertForPreTraining(cfg.model, rngs=rngs, nsp_head=cfg.data.nsp),
+  params, at = restore_params(path, lambda rngs: BertForPreTraining(cfg.model, rngs=rngs, nsp_head=cfg.data.sentence_pairs),
                               step)
   return PretrainedBert(cfg.model, params, load_tokenizer(path), 'bert_jax', path, step=at)

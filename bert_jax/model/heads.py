@@ -46,7 +46,7 @@ class MaskedLMHead(nnx.Module):
 
 class BertForPreTraining(nnx.Module):
   """BERT with the MLM head (only at masked positions) and the NSP classifier (`nsp_head`;
-  masked-LM-only pretraining, data.nsp=False, has none)."""
+  masked-LM-only pretraining, data.objective=none, has none)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, nsp_head: bool = True):
     self.cfg = cfg

@@ -128,10 +128,10 @@ def load_init_params(source: InitSource, step: int | None = None) -> tuple[dict[
 def initial_params(cfg: PretrainConfig, source: InitSource) -> dict[str, Any]:
   """The loaded parts of a continued run's first state ('bert', and the heads the checkpoint has), logged."""
   params, step = load_init_params(source, None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
-  if not cfg.data.nsp:
+  if not cfg.data.sentence_pairs:
     params = {k: v for k, v in params.items() if k != 'nsp'}
   loaded = sorted(params)
-  fresh = [k for k in ('mlm', 'nsp') if k not in params and (k == 'mlm' or cfg.data.nsp)]
+  fresh = [k for k in ('mlm', 'nsp') if k not in params and (k == 'mlm' or cfg.data.sentence_pairs)]
   at = f' step {step}' if step is not None else ''
   reporting.log(f'initialised from {source.kind} checkpoint {source.path}{at}: loaded '
                 + ', '.join(_PART_NAMES[k] for k in loaded)

@@ -1,9 +1,11 @@
-"""Masked LM + next-sentence prediction (or masked LM alone): the pretraining `Objective`.
+"""Masked LM + next-sentence or sentence-order prediction (or masked LM alone): the pretraining `Objective`.
 
 Losses are cross-entropies at the masked positions (weighted: padding slots have weight 0)
 and on each sequence's [CLS] (packed rows: each example's own [CLS], NSP arrays [R, K]).
 Held-out sums add the baselines the run reports: always predicting the most frequent
-training token (MLM) and the held-out majority class (NSP).
+training token (MLM) and the held-out majority class (NSP). Sentence-order prediction (SOP)
+trains the same two-way head on other labels: its sums are the head's (nsp_*), its metrics
+are reported as sop_*.
 """
 
 from __future__ import annotations
@@ -69,9 +71,10 @@ def summarize(sums: dict[str, Any]) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Pretraining:
-  """The pretraining `Objective` of `BertForPreTraining` (`nsp`: with the NSP head and loss)."""
+  """The pretraining `Objective` of `BertForPreTraining`; `pair_task` as data.objective: 'nsp' or
+  'sop' (the two-way head and its loss, metrics named after the task) or 'none' (masked LM only)."""
 
-  nsp: bool = True
+  pair_task: str = 'nsp'
   terms: tuple[str, ...] = ('mlm', 'nsp')
 
   def forward(self, module, batch, *, deterministic: bool):
@@ -87,8 +90,10 @@ class Pretraining:
 
   def summarize(self, sums) -> dict[str, Any]:
     out = summarize(sums)
-    if not self.nsp:  # masked LM only: the NSP sums are empty, their means meaningless zeros
-      out = {k: v for k, v in out.items() if not k.startswith('nsp_')}
+    if self.pair_task == 'none':  # masked LM only: the NSP sums are empty, their means meaningless zeros
+      return {k: v for k, v in out.items() if not k.startswith('nsp_')}
+    if self.pair_task != 'nsp':
+      out = {(self.pair_task + k[3:] if k.startswith('nsp_') else k): v for k, v in out.items()}
     return out
 
   def eval_sums(self, outputs, batch, baseline_token) -> dict[str, jax.Array]:

@@ -21,7 +21,8 @@ import numpy as np
 import optax
 
 from bert_jax import distributed, files, sharding as shd
-from bert_jax.config import ModelConfig, PretrainConfig, check_resume, check_resume_allow, diff_model_configs
+from bert_jax.config import (ModelConfig, PretrainConfig, check_resume, check_resume_allow, diff_model_configs,
+                             upgrade_saved)
 from bert_jax.data import loader as input_pipeline, prepare as pretraining_data, tokenization
 from bert_jax.data.records import PreparedData
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
@@ -29,7 +30,7 @@ from bert_jax.interop.pretrained import workdir_config
 from bert_jax.model.attention import describe_attention
 from bert_jax.model.heads import BertForPreTraining
 from bert_jax.pretraining import init
-from bert_jax.pretraining.objective import Pretraining, summarize
+from bert_jax.pretraining.objective import Pretraining
 from bert_jax.train import optim, reporting, workdir as workdir_lib
 from bert_jax.train.checkpoints import Checkpointer, read_config, write_config
 from bert_jax.train.loop import Report, fit
@@ -38,8 +39,9 @@ from bert_jax.train.step import StepModel
 
 FINAL_METRICS_FILE = 'final_metrics.json'
 # What the progress and eval lines show (every metric goes to the JSONL files).
-PROGRESS_KEYS = ('loss', 'mlm_accuracy', 'nsp_accuracy')
-EVAL_KEYS = ('mlm_loss', 'mlm_accuracy', 'mlm_baseline_accuracy', 'nsp_loss', 'nsp_accuracy')
+PROGRESS_KEYS = ('loss', 'mlm_accuracy', 'nsp_accuracy', 'sop_accuracy')
+EVAL_KEYS = ('mlm_loss', 'mlm_accuracy', 'mlm_baseline_accuracy', 'nsp_loss', 'nsp_accuracy', 'sop_loss',
+             'sop_accuracy')
 
 
 def validate_config(cfg: PretrainConfig, mesh=None) -> None:
@@ -98,7 +100,7 @@ _FREE_ON_RESUME = ('log_every', 'eval_every', 'eval_batch_size', 'checkpoint_eve
 def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, workdir: str) -> None:
   """Refuses to resume a checkpoint (its `meta`) written by a run with another identity: another
   config outside _FREE_ON_RESUME and `cfg.resume_allow`, or another data cache `fingerprint`."""
-  old = {**meta.get('config', {}), 'data_fingerprint': meta.get('data_fingerprint')}
+  old = {**upgrade_saved(meta.get('config', {})), 'data_fingerprint': meta.get('data_fingerprint')}
   new = {**cfg.to_dict(), 'data_fingerprint': fingerprint}
   # The same fingerprint is the same data (it covers the files' contents and the tokenizer's): the
   # paths they were read from may differ (a copied corpus, another mount point).
@@ -123,16 +125,19 @@ def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
                           'use a new --workdir or the same model config')
 
 
-def pretraining_model(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, *, nsp: bool = True,
+def pretraining_model(model_cfg: ModelConfig, tx: optax.GradientTransformation, mesh, *, objective: str = 'nsp',
                       grad_accum_steps: int = 1, schedule=None, rules=shd.LOGICAL_AXIS_RULES) -> StepModel:
-  """BertForPreTraining (with the NSP head when `nsp`) under the pretraining objective, as a StepModel."""
-  return StepModel(lambda rngs: BertForPreTraining(model_cfg, rngs=rngs, nsp_head=nsp), Pretraining(nsp=nsp), tx,
-                   mesh, grad_accum_steps=grad_accum_steps, schedule=schedule, rules=rules)
+  """BertForPreTraining under the pretraining objective (`objective` as data.objective: the two-way
+  head for 'nsp' and 'sop'), as a StepModel."""
+  head = objective != 'none'
+  return StepModel(lambda rngs: BertForPreTraining(model_cfg, rngs=rngs, nsp_head=head), Pretraining(objective),
+                   tx, mesh, grad_accum_steps=grad_accum_steps, schedule=schedule, rules=rules)
 
 
 def build_model(cfg: PretrainConfig, mesh) -> StepModel:
   """The run's model: `pretraining_model` with its optimizer, schedule and accumulation."""
-  return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh, nsp=cfg.data.nsp,
+  return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
+                           objective=cfg.data.objective,
                            grad_accum_steps=cfg.optim.grad_accum_steps,
                            schedule=optim.learning_rate_schedule(cfg.optim, cfg.num_train_steps),
                            rules=shd.rules(cfg.mesh.rules))
@@ -154,8 +159,7 @@ def prepare_data(cfg: PretrainConfig) -> tuple[PreparedData, input_pipeline.Voca
       cfg.data, vocab_size=cfg.model.vocab_size, seed=cfg.seed, process_index=jax.process_index(),
       process_count=jax.process_count(), sync=sync, log=reporting.log)
   tokenizer = tokenization.load_tokenizer(prepared.tokenizer_path)
-  return prepared, input_pipeline.Vocab.from_tokenizer(tokenizer, prepared.special_ids,
-                                                       cfg.data.whole_word_masking)
+  return prepared, input_pipeline.Vocab.from_tokenizer(tokenizer, prepared.special_ids, cfg.data.masking)
 
 
 def _eval_iter(cfg: PretrainConfig, prepared, vocab, mesh) -> Iterator[dict[str, np.ndarray]]:
@@ -184,12 +188,9 @@ def evaluate(model: StepModel, params, batches, baseline_token: int) -> dict[str
   if totals is None:
     raise BertJaxError('the held-out split is empty')
   totals = jax.device_get(totals)
-  out = {k: float(v) for k, v in summarize(totals).items()}
+  out = {k: float(v) for k, v in model.objective.summarize(totals).items()}
   out['num_masked_tokens'] = int(totals['mlm_count'])
   out['num_examples'] = int(totals['num_sequences'])
-  if not totals['nsp_count']:  # masked LM only (data.nsp=False): no NSP to report
-    out = {k: v for k, v in out.items() if not k.startswith('nsp_')}
-    out['loss'] = out['mlm_loss']
   return out
 
 
@@ -264,16 +265,18 @@ def _train_batches(cfg: PretrainConfig, prepared, vocab, mesh, data_position: in
                 + (f'{workers} loader process(es)' if workers else 'a loader thread'))
   return input_pipeline.PretrainingBatches(
       train_ds, global_batch_size=cfg.batch_size, seed=cfg.seed, cfg=cfg.data, vocab=vocab,
-      process_index=block, process_count=num_blocks, start_position=data_position, workers=workers)
+      process_index=block, process_count=num_blocks, start_position=data_position, workers=workers,
+      total_steps=cfg.num_train_steps)
 
 
 def describe_result(result: dict[str, Any]) -> str:
-  """One line: held-out MLM (and NSP) accuracy beside their trivial baselines."""
+  """One line: held-out MLM (and NSP or SOP) accuracy beside their trivial baselines."""
   out = (f'held-out MLM accuracy {result["mlm_accuracy"]:.4f} (most-frequent-token baseline '
          f'{result["mlm_baseline_accuracy"]:.4f})')
-  if 'nsp_accuracy' in result:
-    out += (f', NSP accuracy {result["nsp_accuracy"]:.4f} (majority-class baseline '
-            f'{result["nsp_baseline_accuracy"]:.4f})')
+  for task in ('nsp', 'sop'):
+    if f'{task}_accuracy' in result:
+      out += (f', {task.upper()} accuracy {result[f"{task}_accuracy"]:.4f} (majority-class baseline '
+              f'{result[f"{task}_baseline_accuracy"]:.4f})')
   return out
 
 

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bert_jax.config import upgrade_saved
 from bert_jax.errors import CheckpointError, CheckpointWriteError
 from bert_jax.files import WRITE_FAILURES, check_regular
 from bert_jax.train import workdir as workdir_lib
@@ -60,7 +61,7 @@ def read_config(workdir: str) -> dict[str, Any] | None:
                           'workdir') from None
   if not isinstance(saved, dict):
     raise CheckpointError(f'{path} is not a JSON object')
-  return saved
+  return upgrade_saved(saved)
 
 
 def write_config(workdir: str, config: dict[str, Any]) -> None:

@@ -41,7 +41,7 @@ def save_png(fig: Figure, path: str) -> str:
 # Curves of a run: what pretraining and fine-tuning log in their workdir, redrawn at each evaluation.
 
 CURVES_FILE = 'curves.png'
-_LOSSES = ('loss', 'mlm_loss', 'nsp_loss')
+_LOSSES = ('loss', 'mlm_loss', 'nsp_loss', 'sop_loss')
 _THROUGHPUT = ('tokens_per_s', 'examples_per_s')  # the first one logged is drawn
 _STYLES = ('-', '--', ':', '-.')
 _MARKERS = ('o', 's', '^', 'D', 'v', 'P')

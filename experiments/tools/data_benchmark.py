@@ -382,7 +382,7 @@ def time_loader(data_dir: str, cfg: DataConfig, *, batch_size: int, workers: int
   """Loader throughput over a prepared cache: tokens/s of `batches` batches after a warm-up."""
   prepared = loader.load_prepared_data(data_dir)
   tokenizer = tokenization.load_tokenizer(prepared.tokenizer_path)
-  vocab = loader.Vocab.from_tokenizer(tokenizer, prepared.special_ids, cfg.whole_word_masking)
+  vocab = loader.Vocab.from_tokenizer(tokenizer, prepared.special_ids, cfg.masking)
   dataset = loader.PretrainingDataset(prepared, 'train')
   with loader.PretrainingBatches(dataset, global_batch_size=batch_size, seed=seed, cfg=cfg, vocab=vocab,
                                  workers=workers, prefetch=4) as stream:

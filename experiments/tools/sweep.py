@@ -11,6 +11,10 @@ Each run is the command after `--` with `{name}` (e.g. `learning_rate=1e-4,num_t
 `{index}` (1-based run number) substituted and `--key=value` appended for every grid key. A run whose
 workdir already holds `final_metrics.json` is done and skipped, so an interrupted sweep continues where
 it stopped. The runs' final metrics are gathered into `sweep_results.csv` and `sweep_results.md`.
+
+Variants of one config file are a grid over `config`: `config=experiments/configs/pretrain.py:cpu,sop,span`
+runs `--config=experiments/configs/pretrain.py:cpu`, `...:sop` and `...:span` (a bare value takes the
+file of the value before it), and names the runs by variant (`config=sop`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from bert_jax.files import write_text_atomic
 
 FINAL_METRICS_FILE = 'final_metrics.json'  # what the training scripts write last, atomically
 RESULTS_BASENAME = 'sweep_results'
+CONFIG_KEY = 'config'  # config_flags' --config=FILE:VARIANT
 NAME_PLACEHOLDER = '{name}'
 INDEX_PLACEHOLDER = '{index}'
 STATUS_OK = 'ok'
@@ -101,8 +106,25 @@ def parse_grid(text: str) -> list[tuple[str, list[str]]]:
     values = values_text.split(',')
     if not values_text or any(not v for v in values):
       raise ConfigError(f'grid entry {entry!r} has an empty value: expected key=v1,v2,...')
+    if key == CONFIG_KEY:
+      values = _config_variants(entry, values)
     grid.append((key, values))
   return grid
+
+
+def _config_variants(entry: str, values: list[str]) -> list[str]:
+  """Config values with a bare variant name completed by the file of the value before it."""
+  out, file = [], None
+  for value in values:
+    if ':' in value or '/' in value or value.endswith('.py'):
+      file = value.partition(':')[0]
+      out.append(value)
+    elif file is None:
+      raise ConfigError(f'grid entry {entry!r}: variant {value!r} has no config file before it '
+                        '(e.g. config=experiments/configs/pretrain.py:cpu,sop)')
+    else:
+      out.append(f'{file}:{value}')
+  return out
 
 
 def expand(grid: Sequence[tuple[str, Sequence[str]]]) -> list[dict[str, str]]:
@@ -137,7 +159,8 @@ def run_name(values: dict[str, str]) -> str:
   """
   shorts = [short_key(k) for k in values]
   use_short = len(set(shorts)) == len(shorts)
-  name = ','.join(f'{short_key(k) if use_short else k}={v}' for k, v in values.items())
+  shown = {k: v.rpartition(':')[2] or v if k == CONFIG_KEY else v for k, v in values.items()}
+  name = ','.join(f'{short_key(k) if use_short else k}={v}' for k, v in shown.items())
   return _UNSAFE.sub('_', name)
 
 

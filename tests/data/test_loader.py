@@ -18,13 +18,13 @@ from helpers import SpyDataset, reference_first_fit_decreasing
 
 
 @functools.cache
-def _vocab(tokenizer_path, special_ids, whole_word_masking=False):
+def _vocab(tokenizer_path, special_ids, masking='token'):
   tokenizer = tokenization.load_tokenizer(tokenizer_path)
-  return ip.Vocab.from_tokenizer(tokenizer, special_ids, whole_word_masking)
+  return ip.Vocab.from_tokenizer(tokenizer, special_ids, masking)
 
 
-def vocab_of(data, whole_word_masking=False):
-  return _vocab(data.tokenizer_path, data.special_ids, whole_word_masking)
+def vocab_of(data, masking='token'):
+  return _vocab(data.tokenizer_path, data.special_ids, masking)
 
 
 def _batches(prepared, split='train', fail_on_call=None, fail_on_index=None, spy=True, **kwargs):
@@ -254,10 +254,10 @@ def test_producer_errors_reach_the_consumer(prepared):
 
 def test_whole_word_batches(prepared):
   cfg, data = prepared
-  wwm_cfg = dataclasses.replace(cfg, whole_word_masking=True)
-  with pytest.raises(ConfigError, match='whole_word_masking'):
+  wwm_cfg = dataclasses.replace(cfg, masking='whole_word')
+  with pytest.raises(ConfigError, match='masking=whole_word'):
     next(_batches(prepared, cfg=wwm_cfg, prefetch=0))
-  vocab = vocab_of(data, whole_word_masking=True)
+  vocab = vocab_of(data, masking='whole_word')
   batches = _batches(prepared, cfg=wwm_cfg, vocab=vocab, prefetch=0)
   dataset = ip.PretrainingDataset(data)
   whole_words = 0
@@ -279,6 +279,47 @@ def test_whole_word_batches(prepared):
         whole_words += int(pieces.all() and len(pieces) > 1)
       assert not masked[~candidate].any()
   assert whole_words > 0
+
+
+def test_span_batches_take_whole_words_in_runs(prepared):
+  cfg, data = prepared
+  words = _batches(prepared, cfg=dataclasses.replace(cfg, masking='whole_word'),
+                   vocab=vocab_of(data, masking='whole_word'), prefetch=0).batch_at(0)
+  span_cfg = dataclasses.replace(cfg, masking='span')
+  with pytest.raises(ConfigError, match='masking=span'):
+    next(_batches(prepared, cfg=span_cfg, prefetch=0))
+  spans = _batches(prepared, cfg=span_cfg, vocab=vocab_of(data, masking='span'), prefetch=0).batch_at(0)
+
+  def runs(batch):  # maximal runs of consecutive masked positions
+    return [len(r) for row, w in zip(batch['masked_lm_positions'], batch['masked_lm_weights'])
+            for r in np.split(row[w > 0], np.flatnonzero(np.diff(row[w > 0]) != 1) + 1)]
+  # Spans of 3.8 words on average against single words: far longer runs, about as many predictions.
+  assert np.mean(runs(spans)) > 1.8 * np.mean(runs(words))
+  n_spans, n_words = spans['masked_lm_weights'].sum(), words['masked_lm_weights'].sum()
+  assert abs(n_spans - n_words) < 0.1 * n_words
+
+
+def test_mask_rate_schedule_moves_linearly_and_eval_masks_at_its_end(prepared):
+  cfg, data = prepared
+  sched = dataclasses.replace(cfg, masked_lm_prob=0.3, masked_lm_prob_end=0.1, max_predictions_per_seq=0)
+  assert sched.max_predictions_per_seq == 20  # ceil(0.3 * 64): the schedule's highest rate
+  batches = _batches(prepared, cfg=sched, prefetch=0, total_steps=11, global_batch_size=32)
+  rates = [batches.maker.masked_lm_prob(k) for k in (0, 5, 10, 20)]
+  np.testing.assert_allclose(rates, [0.3, 0.2, 0.1, 0.1])
+  for k, rate in ((0, 0.3), (5, 0.2), (10, 0.1)):
+    batch = batches.batch_at(k)
+    real = batch['attention_mask'].sum(1)
+    np.testing.assert_array_equal(batch['masked_lm_weights'].sum(1),
+                                  np.minimum(masking.num_predictions(real, 20, rate), real - 3))
+  # The same rows and keys at a constant rate of 0.2 give batch 5 exactly.
+  flat = _batches(prepared, cfg=dataclasses.replace(sched, masked_lm_prob=0.2, masked_lm_prob_end=0.0),
+                  prefetch=0, global_batch_size=32)
+  _assert_same(flat.batch_at(5), batches.batch_at(5))
+  held_out = next(ip.eval_batches(ip.PretrainingDataset(data, 'eval'), batch_size=32, seed=0, cfg=sched,
+                                  vocab=vocab_of(data)))
+  real = held_out['attention_mask'].sum(1)
+  np.testing.assert_array_equal(held_out['masked_lm_weights'].sum(1),
+                                np.where(real > 0, np.minimum(masking.num_predictions(real, 20, 0.1), real - 3), 0))
 
 
 def test_eval_batches_pad_the_last_batch(prepared):

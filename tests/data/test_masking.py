@@ -313,3 +313,105 @@ def test_bad_arguments():
   with pytest.raises(ValueError):
     masking.mask_batch(tokens, lengths, _keys(2), special_v=SPECIAL, replace_ids=np.array([], np.int32),
                        mask_id=MASK_ID, max_predictions=20)
+
+
+def _mask_spans(tokens, lengths, keys, span=(0.2, 10), word_starts=WORD_STARTS, max_predictions=20):
+  return masking.mask_batch(tokens, lengths, keys, special_v=SPECIAL, replace_ids=REPLACE, mask_id=MASK_ID,
+                            max_predictions=max_predictions, word_starts_v=word_starts, span=span)
+
+
+def _runs(positions):
+  """Maximal runs of consecutive positions."""
+  runs = []
+  for pos in positions:
+    if runs and pos == runs[-1][-1] + 1:
+      runs[-1].append(pos)
+    else:
+      runs.append([pos])
+  return runs
+
+
+def _span_units(ids_t, length, key, span, word_starts):
+  """The row's spans (masking's segmentation, protected helpers) as lists of positions."""
+  # pylint: disable=protected-access
+  cand = np.zeros((1, len(ids_t)), bool)
+  cand[0, :length] = ~SPECIAL[ids_t[:length]]
+  starts = masking._span_starts(np.asarray([key]), masking._word_starts(cand, ids_t[None], word_starts), cand,
+                                *span)[0]
+  units = []
+  for pos in range(length):
+    if starts[pos]:
+      units.append([pos])
+    elif cand[0, pos] and units and units[-1][-1] == pos - 1:
+      units[-1].append(pos)
+  return units
+
+
+def test_span_masking_takes_whole_spans_of_geometric_length():
+  every = np.ones(VOCAB, bool)  # every piece a word: span lengths in words are lengths in tokens
+  tokens, lengths = _rows(np.random.default_rng(8), 1000, seq_len=256)
+  inner = SPECIAL[tokens]
+  inner[:, 0] = False
+  inner[np.arange(len(tokens)), lengths - 1] = False
+  tokens[inner] = 500  # no special token inside: spans end only at the row's last [SEP]
+  keys = _keys(1000)
+  outputs = _mask_spans(tokens, lengths, keys, word_starts=every, max_predictions=40)
+  counts = _check_structure(tokens, lengths, outputs, 40)
+  assert np.mean(counts == 38) > 0.9  # round(0.15 * 256) = 38 predictions, as token masking
+  all_spans, chosen = [], []
+  for b in range(len(tokens)):
+    picked = set(outputs[1][b, :counts[b]].tolist())
+    units = _span_units(tokens[b], lengths[b], keys[b], (0.2, 10), every)
+    all_spans += [len(u) for u in units[:-1]]  # the last one is cut by the row's end
+    for unit in units:
+      assert set(unit) <= picked or not set(unit) & picked, 'a span was masked partially'
+      if set(unit) <= picked:
+        chosen.append(len(unit))
+  all_spans, chosen = np.array(all_spans), np.array(chosen)
+  # Geometric(0.2) truncated to 1..10 (SpanBERT): P(l) = 0.2 * 0.8**(l - 1) / (1 - 0.8**10), mean 3.80.
+  expected = 0.2 * 0.8 ** np.arange(10) / (1 - 0.8 ** 10)
+  assert abs(all_spans.mean() - np.sum(expected * np.arange(1, 11))) < 0.05 and all_spans.max() == 10
+  np.testing.assert_allclose(np.bincount(all_spans, minlength=11)[1:] / len(all_spans), expected, atol=0.01)
+  # Spans are taken in random order while they fit, so the chosen ones are a little shorter.
+  assert 3.2 < chosen.mean() < all_spans.mean()
+
+
+def test_span_masking_keeps_words_whole_and_one_choice_per_span():
+  tokens, lengths = _rows(np.random.default_rng(9), 1000)
+  keys = _keys(1000)
+  masked, positions, labels, weights = _mask_spans(tokens, lengths, keys, span=(0.2, 10))
+  counts = _check_structure(tokens, lengths, (masked, positions, labels, weights), 20)
+  kinds = {'mask': 0, 'keep': 0, 'random': 0}
+  mixed = 0
+  for r in range(len(tokens)):
+    picked = set(positions[r, :counts[r]].tolist())
+    for word in _words(tokens[r], lengths[r]):
+      assert set(word) <= picked or not set(word) & picked, 'a word was masked partially'
+    for run in _runs(sorted(picked)):
+      fate = ['mask' if masked[r, p] == MASK_ID else 'keep' if masked[r, p] == tokens[r, p] else 'random'
+              for p in run]
+      for f in fate:
+        kinds[f] += 1
+      # A run may join two spans; a span's tokens share one choice, so runs of one span are uniform:
+      # a random replacement can equal the original, so only [MASK] against a non-[MASK] is counted.
+      mixed += len(set(f == 'mask' for f in fate)) > 1
+  total = sum(kinds.values())
+  assert 0.75 < kinds['mask'] / total < 0.85 and 0.07 < kinds['random'] / total < 0.13
+  runs = sum(len(_runs(positions[r, :counts[r]].tolist())) for r in range(len(tokens)))
+  assert mixed < 0.2 * runs  # only where two adjacent spans were both chosen
+
+
+def test_span_masking_is_a_function_of_the_row_key_and_differs_from_whole_words():
+  tokens, lengths = _rows(np.random.default_rng(10), 64)
+  keys = _keys(64)
+  full = _mask_spans(tokens, lengths, keys)
+  for b in (0, 17, 63):
+    alone = _mask_spans(tokens[b:b + 1, :lengths[b]], lengths[b:b + 1], keys[b:b + 1])
+    np.testing.assert_array_equal(alone[0][0], full[0][b, :lengths[b]])
+    np.testing.assert_array_equal(alone[1][0], full[1][b])
+  words = _mask(tokens, lengths, keys, whole_words=True)
+  assert not np.array_equal(words[1], full[1])
+  with pytest.raises(ValueError, match='span masking needs word_starts_v'):
+    _mask_spans(tokens, lengths, keys, word_starts=None)
+  # span_p 1: every span one word, so the choice of units is whole-word masking's.
+  np.testing.assert_array_equal(_mask_spans(tokens, lengths, keys, span=(1.0, 10))[1], words[1])

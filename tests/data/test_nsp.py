@@ -8,12 +8,12 @@ from bert_jax.data import nsp, records
 from bert_jax.data.tokenization import CLS_ID, SEP_ID
 
 
-def _pairs(docs, *, max_seq_length, short_seq_prob, dupe_factor, rng, pool=None):
+def _pairs(docs, *, max_seq_length, short_seq_prob, dupe_factor, rng, pool=None, sentence_order=False):
   """create_pairs + assemble_records, decoded back to (tokens_a, tokens_b, is_random_next) lists."""
   tokenized = nsp.TokenizedDocs.from_lists(docs)
   pool = nsp.TokenizedDocs.from_lists(pool) if pool else None
   pairs = nsp.create_pairs(tokenized, max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
-                           dupe_factor=dupe_factor, rng=rng, random_pool=pool)
+                           dupe_factor=dupe_factor, rng=rng, random_pool=pool, sentence_order=sentence_order)
   used_pool = pool if pool is not None and tokenized.num_docs < 2 else None
   flat, bounds = nsp.assemble_records(tokenized, pairs, cls_id=CLS_ID, sep_id=SEP_ID, pool=used_pool)
   out = []
@@ -72,6 +72,44 @@ def test_nsp_labels_stay_balanced_when_sentences_are_long():
     doc_a, sent_a = _doc_sentence(a[0])
     doc_b, sent_b = _doc_sentence(b[0])
     assert (doc_a != doc_b) if is_random_next else (doc_a == doc_b and sent_b == sent_a + 1)
+
+
+def test_sop_pairs_are_consecutive_segments_swapped_half_of_the_time():
+  max_len = 32
+  instances = _pairs(_coded_documents(), max_seq_length=max_len, short_seq_prob=0.1, dupe_factor=10,
+                     rng=random.Random(1), pool=_coded_documents(2, seed=5), sentence_order=True)
+  nsp_count = len(_pairs(_coded_documents(), max_seq_length=max_len, short_seq_prob=0.1, dupe_factor=10,
+                         rng=random.Random(1)))
+  # NSP makes more: after a random-next pair, the chunk's unused sentences start the next chunk.
+  assert 0.6 * nsp_count < len(instances) < nsp_count
+  assert 0.47 < np.mean([r for _, _, r in instances]) < 0.53
+  untruncated = {False: 0, True: 0}
+  for a, b, swapped in instances:
+    assert a and b and len(a) + len(b) <= max_len - 3
+    (doc_a,), (doc_b,) = {_doc_sentence(t)[0] for t in a}, {_doc_sentence(t)[0] for t in b}
+    assert doc_a == doc_b  # never another document, the pool unused
+    sents_a = sorted({_doc_sentence(t)[1] for t in a})
+    sents_b = sorted({_doc_sentence(t)[1] for t in b})
+    first, second = (sents_b, sents_a) if swapped else (sents_a, sents_b)
+    assert second[0] > first[-1]
+    if len(a) + len(b) < max_len - 3:  # not truncated: the two segments are consecutive text
+      assert second[0] == first[-1] + 1
+      untruncated[swapped] += 1
+  assert min(untruncated.values()) > 50
+
+
+def test_sop_pairs_a_long_sentence_with_the_next_and_drops_a_last_one_alone():
+  rng = random.Random(0)
+  docs = [[[5 + 100 * d + j] * rng.randint(30, 60) for j in range(20)] for d in range(5)]
+  instances = _pairs(docs, max_seq_length=32, short_seq_prob=0.0, dupe_factor=1, rng=random.Random(2),
+                     sentence_order=True)
+  assert len(instances) == 5 * 10  # sentences 0+1, 2+3, ... of every document
+  for a, b, swapped in instances:
+    (doc_a, sent_a), (doc_b, sent_b) = _doc_sentence(a[0]), _doc_sentence(b[0])
+    assert doc_a == doc_b and (sent_a == sent_b + 1 if swapped else sent_b == sent_a + 1)
+  odd = [doc[:3] for doc in docs]  # three sentences: 0+1, then 2 alone gives no pair
+  assert len(_pairs(odd, max_seq_length=32, short_seq_prob=0.0, dupe_factor=1, rng=random.Random(2),
+                    sentence_order=True)) == 5
 
 
 def test_short_seq_prob_gives_shorter_pairs():

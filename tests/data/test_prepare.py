@@ -111,7 +111,7 @@ def test_prepare_reuses_cache(prepared, monkeypatch):
     with pytest.raises(AssertionError, match='rebuilt'):
       prepare.prepare_pretraining_data(other_cfg, vocab_size=VOCAB, seed=seed)
   # Masking settings and the worker count do not change the records and share the cache.
-  same_cfg = dataclasses.replace(cfg, masked_lm_prob=0.2, whole_word_masking=True, num_workers=3)
+  same_cfg = dataclasses.replace(cfg, masked_lm_prob=0.2, masking='whole_word', num_workers=3)
   assert prepare.prepare_pretraining_data(same_cfg, vocab_size=VOCAB, seed=0).dir == data.dir
 
 
@@ -128,7 +128,7 @@ def test_prepare_with_given_tokenizer(prepared, tmp_path):
 
 def test_mlm_only_cache_holds_full_sentences(prepared, tmp_path):
   cfg, data = prepared
-  mlm = dataclasses.replace(cfg, tokenizer=data.tokenizer_path, cache_dir=str(tmp_path), nsp=False, masked_lm_prob=0.3,
+  mlm = dataclasses.replace(cfg, tokenizer=data.tokenizer_path, cache_dir=str(tmp_path), objective='none', masked_lm_prob=0.3,
                             max_predictions_per_seq=0)
   assert mlm.max_predictions_per_seq == 20  # derived: ceil(0.3 * 64)
   out = prepare.prepare_pretraining_data(mlm, vocab_size=VOCAB, seed=0)
@@ -143,13 +143,45 @@ def test_mlm_only_cache_holds_full_sentences(prepared, tmp_path):
     assert tokens[0] == CLS_ID and tokens[-1] == SEP_ID and len_a == len(tokens) - 2 and not is_random_next
   batches = ip.PretrainingBatches(train, global_batch_size=64, seed=0, cfg=mlm,
                                   vocab=ip.Vocab.from_tokenizer(SentencePieceTokenizer(out.tokenizer_path),
-                                                                out.special_ids, False))
+                                                                out.special_ids))
   batch = next(batches)
   batches.close()
   assert not batch['token_type_ids'].any() and not batch['nsp_weights'].any()  # one segment, no NSP
   # Dynamic masking at 30%: round(0.3 * length) predictions per row, capped by the derived 20.
   real = batch['attention_mask'].sum(1)
   np.testing.assert_array_equal(batch['masked_lm_weights'].sum(1), np.minimum(np.rint(0.3 * real), 20))
+
+
+def test_sop_cache_holds_consecutive_segments_in_either_order(prepared, tmp_path):
+  cfg, data = prepared
+  sop = dataclasses.replace(cfg, tokenizer=data.tokenizer_path, cache_dir=str(tmp_path), objective='sop')
+  out = prepare.prepare_pretraining_data(sop, vocab_size=VOCAB, seed=0)
+  assert os.path.basename(out.dir) != os.path.basename(data.dir)  # its own fingerprint
+  with open(os.path.join(out.dir, 'meta.json'), encoding='utf-8') as f:
+    assert json.load(f)['data_config']['objective'] == 'sop'
+  assert 0.4 < out.stats['random_next_fraction'] < 0.6 and 0.3 < out.stats['eval_random_next_fraction'] < 0.7
+  # The masked-LM-only cache's records, back to back, are the training documents' token stream:
+  # an untruncated SOP pair, put back in order, is a slice of it within one document.
+  full = prepare.prepare_pretraining_data(dataclasses.replace(sop, objective='none'), vocab_size=VOCAB, seed=0)
+  full_ds = ip.PretrainingDataset(full.dir, 'train')
+  stream = np.concatenate([full_ds[i][0][1:-1] for i in range(len(full_ds))]).astype('<i4').tobytes()
+  def find(tokens):
+    at = stream.find(tokens.astype('<i4').tobytes())
+    while at % 4:  # a match must start at a token
+      at = stream.find(tokens.astype('<i4').tobytes(), at + 1)
+    return at
+
+  train = ip.PretrainingDataset(out.dir, 'train')
+  untruncated = {0: 0, 1: 0}
+  for i in range(len(train)):
+    tokens, len_a, swapped = train[i]
+    a, b = tokens[1:1 + len_a], tokens[2 + len_a:-1]
+    assert len(a) and len(b) and tokens[len_a + 1] == SEP_ID and SEP_ID not in a and SEP_ID not in b
+    assert find(a) >= 0 and find(b) >= 0
+    if len(tokens) < cfg.max_seq_length:  # not truncated: the segments are adjacent
+      assert find(np.concatenate([b, a] if swapped else [a, b])) >= 0
+      untruncated[int(swapped)] += 1
+  assert min(untruncated.values()) >= 5
 
 
 def test_bad_data_config(tmp_path):
@@ -271,7 +303,7 @@ def test_wordpiece_corpus_has_the_checkpoint_tokenizers_ids(tmp_path, wordpiece)
     for segment in (tokens[1:len_a + 1], tokens[len_a + 2:-1]):
       needle = ' ' + ' '.join(str(t) for t in segment.tolist()) + ' '
       assert any(needle in s for s in streams)
-  vocab = ip.Vocab.from_tokenizer(tokenization.load_tokenizer(data.tokenizer_path), data.special_ids, False)
+  vocab = ip.Vocab.from_tokenizer(tokenization.load_tokenizer(data.tokenizer_path), data.special_ids)
   assert vocab.special_v[[0, 1, 101, 102, 103]].tolist() == [True, True, True, True, True]  # [unused0] is 1
   assert not vocab.special_v[100] and 100 not in vocab.replace_ids  # [UNK] is text, never drawn
 

@@ -167,12 +167,12 @@ def write_corpora(directory: str) -> dict[str, str]:
 _COMMON = dict(unit_mb=1, max_predictions_per_seq=10, eval_fraction=0.1, num_workers=1)
 CASES = {
     'wikitext_nsp64': ('wikitext', dict(max_seq_length=64, dupe_factor=1)),
-    'wikitext_mlm128': ('wikitext', dict(max_seq_length=128, nsp=False)),
+    'wikitext_mlm128': ('wikitext', dict(max_seq_length=128, objective='none')),
     'jsonl_nsp128': ('jsonl', dict(max_seq_length=128, dupe_factor=2, short_seq_prob=0.3, text_field='body')),
-    'jsonl_wrapped_mlm64': ('jsonl_wrapped', dict(max_seq_length=64, nsp=False, text_field='body',
+    'jsonl_wrapped_mlm64': ('jsonl_wrapped', dict(max_seq_length=64, objective='none', text_field='body',
                                                   hard_wrapped=True)),
     'short_nsp64': ('short', dict(max_seq_length=64, dupe_factor=2)),
-    'short_mlm128': ('short', dict(max_seq_length=128, nsp=False)),
+    'short_mlm128': ('short', dict(max_seq_length=128, objective='none')),
     'wikiextractor_eval_nsp128': ('wikiextractor', dict(max_seq_length=128, dupe_factor=3,
                                                         eval_files='wikiextractor_eval')),
     'wrapped_nsp64': ('wrapped', dict(max_seq_length=64, dupe_factor=1, short_seq_prob=0.5, hard_wrapped=True,

@@ -77,6 +77,18 @@ def test_run_name():
   assert sweep.run_name({'a.lr': '1', 'b.lr': '2'}) == 'a.lr=1,b.lr=2'
 
 
+def test_config_variants_take_the_file_before_them():
+  grid = sweep.parse_grid('config=experiments/configs/pretrain.py:cpu,sop,span config.seed=0')
+  assert grid[0] == ('config', ['experiments/configs/pretrain.py:cpu', 'experiments/configs/pretrain.py:sop',
+                                'experiments/configs/pretrain.py:span'])
+  runs = sweep.expand(grid)
+  assert [sweep.run_name(r) for r in runs] == ['config=cpu,seed=0', 'config=sop,seed=0', 'config=span,seed=0']
+  assert sweep.build_command(['p', '--workdir=w/{name}'], runs[1], 'config=sop,seed=0', 2) == [
+      'p', '--workdir=w/config=sop,seed=0', '--config=experiments/configs/pretrain.py:sop', '--config.seed=0']
+  with pytest.raises(ConfigError, match='no config file before it'):
+    sweep.parse_grid('config=sop,span')
+
+
 def test_build_command_substitutes_placeholders():
   template = ['python', 'train.py', '--workdir=out/{name}', '--seed={index}', '--tag', 'r{index}-{name}']
   values = {'config.learning_rate': '1e-4', 'config.num_train_epochs': '2'}

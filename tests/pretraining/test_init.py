@@ -54,7 +54,7 @@ def hf_heads(tmp_path_factory):
 
 def _model(cfg: PretrainConfig):
   return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps),
-                          sharding.make_mesh(cfg.mesh), nsp=cfg.data.nsp)
+                          sharding.make_mesh(cfg.mesh), objective=cfg.data.objective)
 
 
 def _assert_trees_equal(a, b):

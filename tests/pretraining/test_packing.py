@@ -41,7 +41,7 @@ def prepared(tmp_path_factory):
 
 @functools.cache
 def _vocab(tokenizer_path, special_ids):
-  return ip.Vocab.from_tokenizer(tokenization.load_tokenizer(tokenizer_path), special_ids, False)
+  return ip.Vocab.from_tokenizer(tokenization.load_tokenizer(tokenizer_path), special_ids)
 
 
 def _synthetic_vocab(size):

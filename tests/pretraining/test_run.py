@@ -125,10 +125,28 @@ def test_workdir_of_another_model_is_refused_untouched(small_corpus, tmp_path):
 
 
 @pytest.mark.slow
+def test_sop_span_and_schedule_run_reports_sop_and_resumes(small_corpus, tmp_path):
+  workdir = str(tmp_path / 'run')
+  data = dataclasses.replace(tiny_config(small_corpus, '').data, cache_dir=str(tmp_path / 'cache'), objective='sop',
+                             masking='span', masked_lm_prob=0.3, masked_lm_prob_end=0.15, max_predictions_per_seq=0)
+  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), data=data, num_train_steps=4)
+  result = pretraining.train_and_evaluate(cfg, workdir)
+  assert {'sop_accuracy', 'sop_loss', 'sop_baseline_accuracy'} <= set(result)
+  assert not [k for k in result if k.startswith('nsp')]
+  assert result['loss'] == pytest.approx(result['mlm_loss'] + result['sop_loss'], rel=1e-6)
+  lines = [json.loads(l) for l in open(os.path.join(workdir, 'metrics_train.jsonl'))]
+  assert all('sop_accuracy' in l and 'nsp_accuracy' not in l for l in lines)
+  state, _ = restore_pretraining_state(workdir, cfg)
+  assert set(state['params']) == {'bert', 'mlm', 'nsp'}  # SOP trains the two-way head
+  more = pretraining.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6), workdir)
+  assert more['step'] == 6
+
+
+@pytest.mark.slow
 def test_mlm_only_run_has_no_nsp_head_and_restores(small_corpus, tmp_path):
   from bert_jax.interop.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'run')
-  data = dataclasses.replace(tiny_config(small_corpus, '').data, cache_dir=str(tmp_path / 'cache'), nsp=False)
+  data = dataclasses.replace(tiny_config(small_corpus, '').data, cache_dir=str(tmp_path / 'cache'), objective='none')
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), data=data, num_train_steps=4)
   result = pretraining.train_and_evaluate(cfg, workdir)
   assert result['num_examples'] > 0 and result['loss'] == result['mlm_loss']
