@@ -21,8 +21,14 @@ import numpy as np
 import optax
 
 from bert_jax import distributed, files, sharding as shd
-from bert_jax.config import (ModelConfig, PretrainConfig, check_resume, check_resume_allow, diff_model_configs,
-                             upgrade_saved)
+from bert_jax.config import (
+  ModelConfig,
+  PretrainConfig,
+  check_resume,
+  check_resume_allow,
+  diff_model_configs,
+  upgrade_saved,
+)
 from bert_jax.data import loader as input_pipeline, prepare as pretraining_data, tokenization
 from bert_jax.data.records import PreparedData
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
