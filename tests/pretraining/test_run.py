@@ -138,7 +138,8 @@ def test_sop_span_and_schedule_run_reports_sop_and_resumes(small_corpus, tmp_pat
   assert all('sop_accuracy' in l and 'nsp_accuracy' not in l for l in lines)
   state, _ = restore_pretraining_state(workdir, cfg)
   assert set(state['params']) == {'bert', 'mlm', 'nsp'}  # SOP trains the two-way head
-  more = pretraining.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6), workdir)
+  more = pretraining.train_and_evaluate(dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps'),
+                                       workdir)
   assert more['step'] == 6
 
 
