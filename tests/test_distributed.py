@@ -153,7 +153,8 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both_and_loses_none(tmp_p
   assert f'at step {step} ' in again[0].stdout
   # Every logged loss and the final held-out metrics are those of the uninterrupted run.
   assert _losses(stopped) == _losses(straight)
-  assert _final(stopped) == _final(straight)
+  held_out = lambda final: {k: v for k, v in final.items() if not k.startswith('train_') and k != 'wall_s'}  # pylint: disable=unnecessary-lambda-assignment
+  assert held_out(_final(stopped)) == held_out(_final(straight))  # the run stats are the last invocation's
 
 
 GLUE = os.path.join(REPO, 'experiments', 'finetune.py')
