@@ -19,7 +19,6 @@ Only safetensors are read: a `pytorch_model.bin` is a pickle, and unpickling run
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 from typing import Any, Callable
@@ -28,19 +27,13 @@ from absl import logging
 from flax import nnx, traverse_util
 import jax
 import numpy as np
-from safetensors import SafetensorError, numpy as st_numpy
+from safetensors import numpy as st_numpy
 
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
-from bert_jax.files import check_regular
-from bert_jax.interop import hf_tokenizer
-from bert_jax.model.heads import BertForPreTraining, head_model
-
-CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = 'config.json', 'model.safetensors', 'model.safetensors.index.json'
-SPIECE_FILE = tokenization.HF_SPIECE_FILE  # our SentencePiece model inside an exported directory
-
-ParamPath = tuple  # a parameter path in the pure dict, e.g. ('bert', 'layers', 0, 'output', 'kernel')
+from bert_jax.interop import hf_files, hf_tokenizer, modernbert
+from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE, ParamPath
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +112,6 @@ def _hf_name(entry: _Entry, prefix: str) -> str:
 
 # Tensors a checkpoint may carry that hold nothing we need: int buffers transformers
 # recreates itself.
-_BUFFERS = ('embeddings.position_ids', 'embeddings.token_type_ids')
 # The MLM decoder is tied to the word embeddings (and its bias to cls.predictions.bias);
 # older checkpoints store the tied copies anyway.
 _DECODER_WEIGHT, _DECODER_BIAS = 'cls.predictions.decoder.weight', 'cls.predictions.decoder.bias'
@@ -159,10 +151,9 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     and 'classifier' or 'qa_outputs' when it has a task head (`read_hf_task` names the task).
   """
   cfg = read_hf_config(directory)
-  from bert_jax.interop import modernbert  # pylint: disable=g-import-not-at-top  (it imports this module)
   if modernbert.hf_architecture(cfg) == 'modernbert':
     return modernbert.load_checkpoint(directory, cfg)
-  tensors = _read_tensors(directory)
+  tensors = hf_files.read_tensors(directory)
   names = {_modern_name(n): n for n in tensors}
   if len(names) != len(tensors):
     raise CheckpointError(f'{directory}: the checkpoint holds both LayerNorm gamma/beta and '
@@ -189,22 +180,22 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     raise CheckpointError(f'{directory}/{WEIGHTS_FILE} holds the heads {held} '
                           'together; a transformers BERT has pretraining heads or one task head')
   num_labels = _task_head_labels(directory, get('classifier.weight'), cfg) if 'classifier' in present else 2
-  shapes = _param_shapes(cfg, num_labels)
+  shapes = hf_files.param_shapes(cfg, num_labels)
   fill_pooler = 'pooler' not in present and (has_mlm or bool(task_heads))
   if fill_pooler:
     logging.warning('%s has no pooler (a %s checkpoint); its pooler is set to zeros, so pooler_output is '
-                    'meaningless', directory, _hf_class(directory))
+                    'meaningless', directory, hf_files.hf_class(directory))
   wanted = [e for e in table if e.group in ('bert', 'pooler') or e.group in present]
   missing = [_hf_name(e, prefix) for e in wanted if _hf_name(e, prefix) not in names
              and not (fill_pooler and e.group == 'pooler')]
   if missing:
     raise CheckpointError(f'{directory}/{WEIGHTS_FILE} lacks {len(missing)} tensor(s) a BERT with '
-                          f'{cfg.num_layers} layers needs: {_some(missing)}')
+                          f'{cfg.num_layers} layers needs: {hf_files.some(missing)}')
   known = {_hf_name(e, prefix) for e in table} | {_DECODER_WEIGHT, _DECODER_BIAS}
-  unknown = [names[n] for n in names if n not in known and n.removeprefix(prefix) not in _BUFFERS]
+  unknown = [names[n] for n in names if n not in known and n.removeprefix(prefix) not in hf_files.BUFFERS]
   if unknown:
     raise CheckpointError(f'{directory}/{WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer '
-                          f'BERT with pretraining or task heads lacks: {_some(unknown)}; bert_jax imports '
+                          f'BERT with pretraining or task heads lacks: {hf_files.some(unknown)}; bert_jax imports '
                           'BertModel, BertForPreTraining, BertForMaskedLM and BertFor{Sequence,Token}'
                           'Classification / BertForQuestionAnswering checkpoints')
 
@@ -242,7 +233,7 @@ def read_hf_task(directory: str) -> dict[str, Any] | None:
     {'name' (config.json's finetuning_task, or ''), 'kind' ('classification', 'regression', 'token' or
     'span'), 'num_labels', 'label_names' (id2label in id order)}, the form `load_finetuned` gives.
   """
-  hf_config = _read_json_config(directory)
+  hf_config = hf_files.read_json_config(directory)
   arch = (hf_config.get('architectures') or [''])[0]
   if arch not in TASK_ARCHITECTURES.values():
     return None
@@ -294,7 +285,6 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     CheckpointError: parameters that do not fit the config or the task; DataError: a tokenizer that
       cannot be exported exactly. Nothing is written then.
   """
-  from bert_jax.interop import modernbert  # pylint: disable=g-import-not-at-top  (it imports this module)
   if modernbert.hf_architecture(cfg) == 'modernbert':  # other architectures than BERT's: one line
     if task is not None:
       raise CheckpointError('a fine-tuned ModernBERT-shaped model exports as bert_jax only: its task head has no '
@@ -307,17 +297,17 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
   num_labels = _check_task(task, heads)
   groups = {'bert'} | heads | ({'pooler'} if task is None or task['kind'] not in _NO_POOLER else set())
   table = [e for e in _name_table(cfg.num_layers) if e.group in groups]
-  shapes = _param_shapes(cfg, num_labels)
+  shapes = hf_files.param_shapes(cfg, num_labels)
   exported = {e.path for e in table}
   unknown = sorted('/'.join(map(str, p)) for p in set(flat) - exported
                    if not (p[:2] == ('bert', 'pooler') and 'pooler' not in groups))
   if unknown:
-    raise CheckpointError(f'parameters {_some(unknown)} are not part of a {cfg.num_layers}-layer '
+    raise CheckpointError(f'parameters {hf_files.some(unknown)} are not part of a {cfg.num_layers}-layer '
                           "BERT with pretraining or task heads; pass {'bert': params['bert']} (plus 'mlm' "
                           "and 'nsp' if present) to export the encoder; nothing written")
   missing = ['/'.join(map(str, e.path)) for e in table if e.path not in flat]
   if missing:
-    raise CheckpointError(f'params lack {_some(missing)}; nothing written')
+    raise CheckpointError(f'params lack {hf_files.some(missing)}; nothing written')
   for e in table:
     if tuple(flat[e.path].shape) != shapes[e.path]:
       raise CheckpointError(f'parameter {"/".join(map(str, e.path))} has shape '
@@ -335,7 +325,7 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     with open(tokenizer.path, 'rb') as f:  # before overwrite may delete it (an in-place export)
       spiece = f.read()
 
-  _prepare_directory(directory, overwrite)
+  hf_files.prepare_directory(directory, overwrite)
   prefix = 'bert.' if heads else ''
   tensors = {_hf_name(e, prefix): np.ascontiguousarray(
       e.rule.to_hf(np.asarray(jax.device_get(flat[e.path]), np.float32))) for e in table}
@@ -396,9 +386,8 @@ def read_hf_config(directory: str) -> ModelConfig:
     raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
                           f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')
   path = os.path.join(directory, CONFIG_FILE)
-  hf = _read_json_config(directory)
+  hf = hf_files.read_json_config(directory)
   if hf.get('model_type') == 'modernbert':
-    from bert_jax.interop import modernbert  # pylint: disable=g-import-not-at-top  (it imports this module)
     return modernbert.model_config(path, hf)
   hf = {**_HF_DEFAULTS, **hf}
   if hf.get('model_type', 'bert') != 'bert':
@@ -419,72 +408,6 @@ def read_hf_config(directory: str) -> ModelConfig:
     raise CheckpointError(f'{path}: {e}') from None
 
 
-def _read_json_config(directory: str) -> dict[str, Any]:
-  path = os.path.join(directory, CONFIG_FILE)
-  check_regular(path, 'checkpoint config')
-  if not os.path.isfile(path):
-    raise CheckpointError(f'{directory} has no {CONFIG_FILE}; it is not a Hugging Face checkpoint '
-                          'directory (save one with save_pretrained)')
-  try:
-    with open(path, encoding='utf-8') as f:
-      hf = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise CheckpointError(f'{path} is not valid JSON ({e})') from None
-  if not isinstance(hf, dict):
-    raise CheckpointError(f'{path} holds a JSON {type(hf).__name__}, not a config object')
-  return hf
-
-
-def _read_tensors(directory: str) -> dict[str, np.ndarray]:
-  """All tensors of the checkpoint (one file or an index of shards), floats as float32."""
-  index = os.path.join(directory, INDEX_FILE)
-  for name in (WEIGHTS_FILE, INDEX_FILE):
-    check_regular(os.path.join(directory, name), 'checkpoint file')
-  if os.path.isfile(os.path.join(directory, WEIGHTS_FILE)):
-    files = [WEIGHTS_FILE]
-  elif os.path.isfile(index):
-    try:
-      with open(index, encoding='utf-8') as f:
-        files = sorted(set(json.load(f)['weight_map'].values()))
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError) as e:
-      raise CheckpointError(f'{index} is not a safetensors index ({e!r})') from None
-  elif any(os.path.isfile(os.path.join(directory, f))
-           for f in ('pytorch_model.bin', 'pytorch_model.bin.index.json')):
-    raise CheckpointError(
-        f'{directory} has only pytorch_model.bin (a pickle, which bert_jax never loads); convert '
-        f'it once with: python -c "from transformers import {_hf_class(directory)} as M; '
-        f"M.from_pretrained('{directory}').save_pretrained('{directory}', "
-        'safe_serialization=True)"')
-  else:
-    raise CheckpointError(f'{directory} has no {WEIGHTS_FILE}; download the safetensors weights '
-                          'of the checkpoint into it')
-  tensors = {}
-  for name in files:
-    path = os.path.join(directory, name)
-    check_regular(path, 'checkpoint file')
-    try:
-      tensors.update(st_numpy.load_file(path))
-    except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
-      raise CheckpointError(f'{path} cannot be read as safetensors ({type(e).__name__}: {e})') from None
-  for name, x in tensors.items():
-    if np.issubdtype(x.dtype, np.floating) or x.dtype.name == 'bfloat16':
-      # Always a copy (exact from float16/bfloat16): the loaded arrays may map the file itself.
-      tensors[name] = np.array(x, dtype=np.float32)
-    elif not any(name.endswith(b) for b in _BUFFERS):
-      raise CheckpointError(f'{directory}: tensor {name} has dtype {x.dtype}, not a float')
-  return tensors
-
-
-def _hf_class(directory: str) -> str:
-  """The transformers class named in config.json when it is a BERT one, else BertModel."""
-  try:
-    with open(os.path.join(directory, CONFIG_FILE), encoding='utf-8') as f:
-      arch = (json.load(f).get('architectures') or ['BertModel'])[0]
-  except (OSError, ValueError, AttributeError, IndexError):
-    arch = 'BertModel'
-  return arch if arch.startswith('Bert') else 'BertModel'
-
-
 def _modern_name(name: str) -> str:
   # TF-era checkpoints call LayerNorm's weight/bias gamma/beta; transformers renames them too.
   if 'LayerNorm' in name:
@@ -499,20 +422,6 @@ def _check_tied(directory, tied, source, tied_name, source_name):
                            or not np.array_equal(tied, source)):
     raise CheckpointError(f'{directory}: {tied_name} differs from {source_name}; bert_jax ties the '
                           'MLM decoder to them, so an untied decoder cannot be imported')
-
-
-@functools.lru_cache(maxsize=8)
-def _param_shapes(cfg: ModelConfig, num_labels: int = 2) -> dict[ParamPath, tuple]:
-  """Our parameter shapes for `cfg` (and a classifier of `num_labels`), from the model code itself
-  (no arrays are allocated)."""
-  abstract = nnx.eval_shape(lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(0)))
-  flat = traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
-  for kind in ('token', 'span'):  # the task heads (a sequence classifier's is a token classifier's)
-    head = _TASK_HEAD[kind]
-    abstract = nnx.eval_shape(lambda k=kind: head_model(k, cfg, num_labels, rngs=nnx.Rngs(0)))
-    flat.update((path, x) for path, x in traverse_util.flatten_dict(
-        nnx.to_pure_dict(nnx.state(abstract, nnx.Param))).items() if path[0] == head)
-  return {path: tuple(x.shape) for path, x in flat.items()}
 
 
 def _hf_shape(entry: _Entry, our_shape: tuple) -> tuple:
@@ -540,23 +449,3 @@ def _hf_config(cfg: ModelConfig, heads: set, tokenizer, task: dict[str, Any] | N
   if task['kind'] in ('classification', 'regression'):
     config['problem_type'] = 'regression' if task['kind'] == 'regression' else 'single_label_classification'
   return config
-
-
-def _prepare_directory(directory: str, overwrite: bool) -> None:
-  if os.path.exists(directory) and not os.path.isdir(directory):
-    raise CheckpointError(f'{directory} is a file; pass a directory to export into')
-  if os.path.isdir(directory) and os.listdir(directory):
-    if not overwrite:
-      raise CheckpointError(f'{directory} is not empty; pass overwrite=True (--overwrite) to '
-                            'replace its checkpoint files, or choose a new directory')
-    # Stale files from an earlier export (another tokenizer, a shard index) would be read back.
-    for name in (CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE, SPIECE_FILE, 'tokenizer.json', 'vocab.txt',
-                 'tokenizer_config.json', 'special_tokens_map.json'):
-      if os.path.isfile(os.path.join(directory, name)):
-        os.remove(os.path.join(directory, name))
-  os.makedirs(directory, exist_ok=True)
-
-
-def _some(names: list[str], limit: int = 6) -> str:
-  shown = ', '.join(names[:limit])
-  return shown + (f' (and {len(names) - limit} more)' if len(names) > limit else '')

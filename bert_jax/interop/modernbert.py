@@ -41,7 +41,7 @@ from safetensors import numpy as st_numpy
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
-from bert_jax.interop import hf_tokenizer
+from bert_jax.interop import hf_files, hf_tokenizer
 
 # The switches that make a config ModernBERT-shaped, and BERT-shaped (what interop.hf exports).
 MODERNBERT_SHAPE = dict(norm_position='pre', position_embedding='rotary', mlp='geglu', type_vocab_size=0)
@@ -268,30 +268,29 @@ def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict
     (config, params, has_mlm_head, False) as `hf.load_hf_checkpoint`: `params` shaped like a
     ModernBERT-shaped BertForPreTraining's ('bert', and 'mlm' with a masked-LM head), its pooler zeros.
   """
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top  (hf imports this module)
-  tensors = hf._read_tensors(directory)  # pylint: disable=protected-access
+  tensors = hf_files.read_tensors(directory)
   prefix = 'model.' if any(n.startswith('model.') for n in tensors) else ''
-  table, shapes = _name_table(cfg), hf._param_shapes(cfg)  # pylint: disable=protected-access
+  table, shapes = _name_table(cfg), hf_files.param_shapes(cfg)
   words = tensors.get(prefix + 'embeddings.tok_embeddings.weight')
   decoder = tensors.get(_DECODER_WEIGHT)
   if decoder is not None and (words is None or decoder.shape != words.shape or not np.array_equal(decoder, words)):
     raise CheckpointError(f'{directory}: {_DECODER_WEIGHT} differs from {prefix}embeddings.tok_embeddings.weight; '
                           'bert_jax ties the MLM decoder to them, so an untied decoder cannot be imported')
   has_mlm = any(e.group == 'mlm' and e.hf_name in tensors for e in table)
-  with open(os.path.join(directory, hf.CONFIG_FILE), encoding='utf-8') as f:
+  with open(os.path.join(directory, hf_files.CONFIG_FILE), encoding='utf-8') as f:
     decoder_bias = json.load(f).get('decoder_bias', True)
   wanted = [e for e in table if e.group == 'bert' or has_mlm]
   zero_decoder_bias = has_mlm and not decoder_bias  # decoder_bias=false: the same function with zeros
   missing = [_hf_name(e, prefix) for e in wanted if _hf_name(e, prefix) not in tensors
              and not (zero_decoder_bias and e.hf_name == 'decoder.bias')]
   if missing:
-    raise CheckpointError(f'{directory}/{hf.WEIGHTS_FILE} lacks {len(missing)} tensor(s) a {cfg.num_layers}-layer '
-                          f'ModernBERT{" (biases on)" if cfg.use_bias else ""} needs: {hf._some(missing)}')  # pylint: disable=protected-access
+    raise CheckpointError(f'{directory}/{hf_files.WEIGHTS_FILE} lacks {len(missing)} tensor(s) a {cfg.num_layers}-layer '
+                          f'ModernBERT{" (biases on)" if cfg.use_bias else ""} needs: {hf_files.some(missing)}')
   known = {_hf_name(e, prefix) for e in table} | {_DECODER_WEIGHT}
   unknown = sorted(n for n in tensors if n not in known)
   if unknown:
-    raise CheckpointError(f'{directory}/{hf.WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer ModernBERT '
-                          f'with a masked-LM head lacks: {hf._some(unknown)}; bert_jax imports ModernBertModel and '  # pylint: disable=protected-access
+    raise CheckpointError(f'{directory}/{hf_files.WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer ModernBERT '
+                          f'with a masked-LM head lacks: {hf_files.some(unknown)}; bert_jax imports ModernBertModel and '
                           'ModernBertForMaskedLM checkpoints')
   flat = {}
   for e in wanted:
@@ -321,7 +320,6 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
   """Writes a ModernBERT-shaped model as a Hugging Face ModernBertForMaskedLM directory (ModernBertModel
   without an MLM head) that transformers loads and that reloads bit-exactly; arguments as
   `hf.save_hf_checkpoint`. The pooler and an NSP head are left out (ModernBERT has neither)."""
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top  (hf imports this module)
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
@@ -330,16 +328,16 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
   flat = {p: x for p, x in flat.items() if p[0] != 'nsp' and p[:2] != ('bert', 'pooler')}
   with_mlm = any(p[0] == 'mlm' for p in flat)
   table = [e for e in _name_table(cfg) if e.group == 'bert' or with_mlm]
-  shapes = hf._param_shapes(cfg)  # pylint: disable=protected-access
+  shapes = hf_files.param_shapes(cfg)
   ours = {p for e in table for p in e.paths}
   unknown = sorted('/'.join(map(str, p)) for p in set(flat) - ours)
   if unknown:
-    raise CheckpointError(f'parameters {hf._some(unknown)} are not part of a {cfg.num_layers}-layer ModernBERT '  # pylint: disable=protected-access
+    raise CheckpointError(f'parameters {hf_files.some(unknown)} are not part of a {cfg.num_layers}-layer ModernBERT '
                           "with a masked-LM head; pass {'bert': params['bert']} (plus 'mlm') to export the "
                           'encoder; nothing written')
   missing = sorted('/'.join(map(str, p)) for p in ours - set(flat))
   if missing:
-    raise CheckpointError(f'params lack {hf._some(missing)}; nothing written')  # pylint: disable=protected-access
+    raise CheckpointError(f'params lack {hf_files.some(missing)}; nothing written')
   for p in ours:
     if tuple(flat[p].shape) != shapes[p]:
       raise CheckpointError(f'parameter {"/".join(map(str, p))} has shape {tuple(flat[p].shape)} but the config '
@@ -357,19 +355,19 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
     with open(tokenizer.path, 'rb') as f:  # before overwrite may delete it (an in-place export)
       spiece = f.read()
 
-  hf._prepare_directory(directory, overwrite)  # pylint: disable=protected-access
+  hf_files.prepare_directory(directory, overwrite)
   prefix = 'model.' if with_mlm else ''
   host = {p: np.asarray(jax.device_get(x), np.float32) for p, x in flat.items()}
   tensors = {_hf_name(e, prefix): np.ascontiguousarray(e.to_hf([host[p] for p in e.paths])) for e in table}
-  st_numpy.save_file(tensors, os.path.join(directory, hf.WEIGHTS_FILE), metadata={'format': 'pt'})
+  st_numpy.save_file(tensors, os.path.join(directory, hf_files.WEIGHTS_FILE), metadata={'format': 'pt'})
   config = _hf_config(cfg, with_mlm, tokenizer)
   if isinstance(tokenizer, tokenization.WordPieceTokenizer):
     tokenizer.save(directory, model_max_length=cfg.max_position_embeddings)
   elif spiece is not None:
-    with open(os.path.join(directory, hf.SPIECE_FILE), 'wb') as f:
+    with open(os.path.join(directory, hf_files.SPIECE_FILE), 'wb') as f:
       f.write(spiece)
     hf_tokenizer.save_for_transformers(tokenizer, directory, model_max_length=cfg.max_position_embeddings, fast=fast,
                                        token_types=False)
-    config['bert_jax_tokenizer'] = hf.SPIECE_FILE
-  with open(os.path.join(directory, hf.CONFIG_FILE), 'w', encoding='utf-8') as f:
+    config['bert_jax_tokenizer'] = hf_files.SPIECE_FILE
+  with open(os.path.join(directory, hf_files.CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)

@@ -19,7 +19,7 @@ from safetensors import numpy as st_numpy
 from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError, ConfigError, DataError
-from bert_jax.interop import hf
+from bert_jax.interop import hf, hf_files
 from bert_jax.model import encoder as model, heads
 
 from helpers import FIXTURES, minilm_dir
@@ -105,7 +105,7 @@ def test_name_table_covers_every_parameter_once():
     ours |= set(traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(
         nnx.eval_shape(lambda k=kind: heads.head_model(k, cfg, 3, rngs=nnx.Rngs(0))), nnx.Param))))
   assert sorted(map(str, (e.path for e in table))) == sorted(map(str, ours))
-  assert set(hf._param_shapes(cfg, 3)) == ours  # pylint: disable=protected-access
+  assert set(hf_files.param_shapes(cfg, 3)) == ours
   names = [e.hf_name for e in table]
   assert len(set(names)) == len(names)
 
@@ -275,7 +275,7 @@ def test_sharded_float16_checkpoint(tmp_path):
   for i, (shard, shard_names) in enumerate(shards.items()):
     st_numpy.save_file({n: tensors[n].astype(np.float16 if i else np.float32) for n in shard_names},
                        os.path.join(out, shard), metadata={'format': 'pt'})
-  with open(os.path.join(out, hf.INDEX_FILE), 'w', encoding='utf-8') as f:
+  with open(os.path.join(out, hf_files.INDEX_FILE), 'w', encoding='utf-8') as f:
     json.dump({'weight_map': {n: s for s, shard_names in shards.items() for n in shard_names}}, f)
   _, loaded, _, _ = hf.load_hf_checkpoint(out)
   for path, x in traverse_util.flatten_dict(params).items():

@@ -20,7 +20,7 @@ from safetensors import numpy as st_numpy
 from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError
-from bert_jax.interop import hf, modernbert
+from bert_jax.interop import hf, hf_files, modernbert
 from bert_jax.model import heads
 
 from helpers import FIXTURES
@@ -41,7 +41,7 @@ def _random_params(cfg, seed=0, nsp=False):
   """Pure params of a BertForPreTraining, all random: LayerNorm scales 1 + N(0, 0.1), the rest N(0, 0.1)."""
   rng = np.random.default_rng(seed)
   flat = {path: (path[-1] == 'scale') + rng.normal(0, 0.1, shape).astype(np.float32)
-          for path, shape in hf._param_shapes(cfg).items() if path[0] in ('bert', 'mlm') or nsp and path[0] == 'nsp'}  # pylint: disable=protected-access
+          for path, shape in hf_files.param_shapes(cfg).items() if path[0] in ('bert', 'mlm') or nsp and path[0] == 'nsp'}
   return traverse_util.unflatten_dict(flat)
 
 
@@ -91,7 +91,7 @@ def _one_line(excinfo):
 def test_name_table_covers_every_parameter_but_the_pooler_once(use_bias):
   cfg = _modern_cfg(use_bias=use_bias)
   table = modernbert._name_table(cfg)  # pylint: disable=protected-access
-  shapes = hf._param_shapes(cfg)  # pylint: disable=protected-access
+  shapes = hf_files.param_shapes(cfg)
   paths = [p for e in table for p in e.paths]
   assert sorted(map(str, paths)) == sorted(str(p) for p in shapes if p[:2] != ('bert', 'pooler') and p[0] in ('bert', 'mlm'))
   names = [e.hf_name for e in table]

@@ -1,0 +1,131 @@
+"""What every Hugging Face checkpoint directory shares, for the BERT (`hf`) and ModernBERT (`modernbert`)
+name tables: file names, reading config.json and safetensors tensors, preparing an output directory, and our
+parameter shapes for a config."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+from flax import nnx, traverse_util
+import numpy as np
+from safetensors import SafetensorError, numpy as st_numpy
+
+from bert_jax.config import ModelConfig
+from bert_jax.data import tokenization
+from bert_jax.errors import CheckpointError
+from bert_jax.files import check_regular
+from bert_jax.model.heads import BertForPreTraining, head_model
+
+CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = 'config.json', 'model.safetensors', 'model.safetensors.index.json'
+SPIECE_FILE = tokenization.HF_SPIECE_FILE  # our SentencePiece model inside an exported directory
+# Integer buffers transformers may save beside the weights (not parameters).
+BUFFERS = ('embeddings.position_ids', 'embeddings.token_type_ids')
+
+ParamPath = tuple  # a parameter path in the pure dict, e.g. ('bert', 'layers', 0, 'output', 'kernel')
+
+
+def read_json_config(directory: str) -> dict[str, Any]:
+  path = os.path.join(directory, CONFIG_FILE)
+  check_regular(path, 'checkpoint config')
+  if not os.path.isfile(path):
+    raise CheckpointError(f'{directory} has no {CONFIG_FILE}; it is not a Hugging Face checkpoint '
+                          'directory (save one with save_pretrained)')
+  try:
+    with open(path, encoding='utf-8') as f:
+      hf = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise CheckpointError(f'{path} is not valid JSON ({e})') from None
+  if not isinstance(hf, dict):
+    raise CheckpointError(f'{path} holds a JSON {type(hf).__name__}, not a config object')
+  return hf
+
+
+
+def read_tensors(directory: str) -> dict[str, np.ndarray]:
+  """All tensors of the checkpoint (one file or an index of shards), floats as float32."""
+  index = os.path.join(directory, INDEX_FILE)
+  for name in (WEIGHTS_FILE, INDEX_FILE):
+    check_regular(os.path.join(directory, name), 'checkpoint file')
+  if os.path.isfile(os.path.join(directory, WEIGHTS_FILE)):
+    files = [WEIGHTS_FILE]
+  elif os.path.isfile(index):
+    try:
+      with open(index, encoding='utf-8') as f:
+        files = sorted(set(json.load(f)['weight_map'].values()))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError) as e:
+      raise CheckpointError(f'{index} is not a safetensors index ({e!r})') from None
+  elif any(os.path.isfile(os.path.join(directory, f))
+           for f in ('pytorch_model.bin', 'pytorch_model.bin.index.json')):
+    raise CheckpointError(
+        f'{directory} has only pytorch_model.bin (a pickle, which bert_jax never loads); convert '
+        f'it once with: python -c "from transformers import {hf_class(directory)} as M; '
+        f"M.from_pretrained('{directory}').save_pretrained('{directory}', "
+        'safe_serialization=True)"')
+  else:
+    raise CheckpointError(f'{directory} has no {WEIGHTS_FILE}; download the safetensors weights '
+                          'of the checkpoint into it')
+  tensors = {}
+  for name in files:
+    path = os.path.join(directory, name)
+    check_regular(path, 'checkpoint file')
+    try:
+      tensors.update(st_numpy.load_file(path))
+    except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
+      raise CheckpointError(f'{path} cannot be read as safetensors ({type(e).__name__}: {e})') from None
+  for name, x in tensors.items():
+    if np.issubdtype(x.dtype, np.floating) or x.dtype.name == 'bfloat16':
+      # Always a copy (exact from float16/bfloat16): the loaded arrays may map the file itself.
+      tensors[name] = np.array(x, dtype=np.float32)
+    elif not any(name.endswith(b) for b in BUFFERS):
+      raise CheckpointError(f'{directory}: tensor {name} has dtype {x.dtype}, not a float')
+  return tensors
+
+
+
+def hf_class(directory: str) -> str:
+  """The transformers class named in config.json when it is a BERT one, else BertModel."""
+  try:
+    with open(os.path.join(directory, CONFIG_FILE), encoding='utf-8') as f:
+      arch = (json.load(f).get('architectures') or ['BertModel'])[0]
+  except (OSError, ValueError, AttributeError, IndexError):
+    arch = 'BertModel'
+  return arch if arch.startswith('Bert') else 'BertModel'
+
+
+
+@functools.lru_cache(maxsize=8)
+def param_shapes(cfg: ModelConfig, num_labels: int = 2) -> dict[ParamPath, tuple]:
+  """Our parameter shapes for `cfg` (and a classifier of `num_labels`), from the model code itself
+  (no arrays are allocated)."""
+  abstract = nnx.eval_shape(lambda: BertForPreTraining(cfg, rngs=nnx.Rngs(0)))
+  flat = traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(abstract, nnx.Param)))
+  for kind in ('token', 'span'):  # the task heads (a sequence classifier's is a token classifier's)
+    abstract = nnx.eval_shape(lambda k=kind: head_model(k, cfg, num_labels, rngs=nnx.Rngs(0)))
+    flat.update((path, x) for path, x in traverse_util.flatten_dict(
+        nnx.to_pure_dict(nnx.state(abstract, nnx.Param))).items() if path[0] != 'bert')
+  return {path: tuple(x.shape) for path, x in flat.items()}
+
+
+
+def prepare_directory(directory: str, overwrite: bool) -> None:
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise CheckpointError(f'{directory} is a file; pass a directory to export into')
+  if os.path.isdir(directory) and os.listdir(directory):
+    if not overwrite:
+      raise CheckpointError(f'{directory} is not empty; pass overwrite=True (--overwrite) to '
+                            'replace its checkpoint files, or choose a new directory')
+    # Stale files from an earlier export (another tokenizer, a shard index) would be read back.
+    for name in (CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE, SPIECE_FILE, 'tokenizer.json', 'vocab.txt',
+                 'tokenizer_config.json', 'special_tokens_map.json'):
+      if os.path.isfile(os.path.join(directory, name)):
+        os.remove(os.path.join(directory, name))
+  os.makedirs(directory, exist_ok=True)
+
+
+
+def some(names: list[str], limit: int = 6) -> str:
+  shown = ', '.join(names[:limit])
+  return shown + (f' (and {len(names) - limit} more)' if len(names) > limit else '')
