@@ -32,7 +32,7 @@ from safetensors import numpy as st_numpy
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
-from bert_jax.interop import hf_files, hf_tokenizer, modernbert
+from bert_jax.interop import hf_files, modernbert
 from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE, ParamPath
 
 
@@ -312,18 +312,7 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     if tuple(flat[e.path].shape) != shapes[e.path]:
       raise CheckpointError(f'parameter {"/".join(map(str, e.path))} has shape '
                             f'{tuple(flat[e.path].shape)} but the config implies {shapes[e.path]}')
-  if tokenizer is not None and not isinstance(
-      tokenizer, (tokenization.WordPieceTokenizer, tokenization.SentencePieceTokenizer)):
-    raise TypeError(f'tokenizer must be a WordPiece or SentencePiece tokenizer, got {tokenizer!r}')
-  if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
-    raise CheckpointError(f'tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens but the '
-                          f'model only {cfg.vocab_size} embeddings; export the matching tokenizer')
-  spiece = fast = None
-  if isinstance(tokenizer, tokenization.SentencePieceTokenizer):
-    fast = hf_tokenizer.sentencepiece_to_tokenizers(tokenizer)  # DataError: not convertible
-    hf_tokenizer.check_exact(tokenizer, fast)  # DataError: other ids than ours
-    with open(tokenizer.path, 'rb') as f:  # before overwrite may delete it (an in-place export)
-      spiece = f.read()
+  tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
 
   hf_files.prepare_directory(directory, overwrite)
   prefix = 'bert.' if heads else ''
@@ -331,12 +320,8 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
       e.rule.to_hf(np.asarray(jax.device_get(flat[e.path]), np.float32))) for e in table}
   st_numpy.save_file(tensors, os.path.join(directory, WEIGHTS_FILE), metadata={'format': 'pt'})
   config = _hf_config(cfg, heads, tokenizer, task)
-  if isinstance(tokenizer, tokenization.WordPieceTokenizer):
-    tokenizer.save(directory, model_max_length=cfg.max_position_embeddings)
-  elif spiece is not None:
-    with open(os.path.join(directory, SPIECE_FILE), 'wb') as f:
-      f.write(spiece)
-    hf_tokenizer.save_for_transformers(tokenizer, directory, model_max_length=cfg.max_position_embeddings, fast=fast)
+  if tokenizer_files is not None:
+    tokenizer_files.write(directory, cfg.max_position_embeddings)
   with open(os.path.join(directory, CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)
 

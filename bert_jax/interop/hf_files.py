@@ -4,6 +4,7 @@ parameter shapes for a config."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -17,6 +18,7 @@ from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import CheckpointError
 from bert_jax.files import check_regular
+from bert_jax.interop import hf_tokenizer
 from bert_jax.model.heads import BertForPreTraining, head_model
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = 'config.json', 'model.safetensors', 'model.safetensors.index.json'
@@ -129,3 +131,42 @@ def prepare_directory(directory: str, overwrite: bool) -> None:
 def some(names: list[str], limit: int = 6) -> str:
   shown = ', '.join(names[:limit])
   return shown + (f' (and {len(names) - limit} more)' if len(names) > limit else '')
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerExport:
+  """A tokenizer checked for export before anything is written; `write` adds its files beside the weights.
+
+  WordPiece is written as transformers' own files; SentencePiece as spiece.model (read now: an in-place export's
+  directory is emptied first) plus the tokenizer.json transformers runs with the same ids (`hf_tokenizer`).
+  """
+
+  tokenizer: Any
+  spiece: bytes | None = None
+  fast: Any = None  # the SentencePiece model's conversion for transformers
+
+  @classmethod
+  def check(cls, tokenizer, cfg: ModelConfig) -> 'TokenizerExport | None':
+    """None for no tokenizer; TypeError, CheckpointError or DataError (not exactly convertible) otherwise."""
+    if tokenizer is None:
+      return None
+    if not isinstance(tokenizer, (tokenization.WordPieceTokenizer, tokenization.SentencePieceTokenizer)):
+      raise TypeError(f'tokenizer must be a WordPiece or SentencePiece tokenizer, got {tokenizer!r}')
+    if tokenizer.vocab_size > cfg.vocab_size:
+      raise CheckpointError(f'tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens but the '
+                            f'model only {cfg.vocab_size} embeddings; export the matching tokenizer')
+    if isinstance(tokenizer, tokenization.WordPieceTokenizer):
+      return cls(tokenizer)
+    fast = hf_tokenizer.sentencepiece_to_tokenizers(tokenizer)  # DataError: not convertible
+    hf_tokenizer.check_exact(tokenizer, fast)  # DataError: other ids than ours
+    with open(tokenizer.path, 'rb') as f:
+      return cls(tokenizer, f.read(), fast)
+
+  def write(self, directory: str, model_max_length: int, token_types: bool = True) -> None:
+    if self.spiece is None:
+      self.tokenizer.save(directory, model_max_length=model_max_length)
+      return
+    with open(os.path.join(directory, SPIECE_FILE), 'wb') as f:
+      f.write(self.spiece)
+    hf_tokenizer.save_for_transformers(self.tokenizer, directory, model_max_length=model_max_length, fast=self.fast,
+                                       token_types=token_types)

@@ -41,7 +41,7 @@ from safetensors import numpy as st_numpy
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
-from bert_jax.interop import hf_files, hf_tokenizer
+from bert_jax.interop import hf_files
 
 # The switches that make a config ModernBERT-shaped, and BERT-shaped (what interop.hf exports).
 MODERNBERT_SHAPE = dict(norm_position='pre', position_embedding='rotary', mlp='geglu', type_vocab_size=0)
@@ -342,18 +342,7 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
     if tuple(flat[p].shape) != shapes[p]:
       raise CheckpointError(f'parameter {"/".join(map(str, p))} has shape {tuple(flat[p].shape)} but the config '
                             f'implies {shapes[p]}')
-  if tokenizer is not None and not isinstance(
-      tokenizer, (tokenization.WordPieceTokenizer, tokenization.SentencePieceTokenizer)):
-    raise TypeError(f'tokenizer must be a WordPiece or SentencePiece tokenizer, got {tokenizer!r}')
-  if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
-    raise CheckpointError(f'tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens but the model only '
-                          f'{cfg.vocab_size} embeddings; export the matching tokenizer')
-  spiece = fast = None
-  if isinstance(tokenizer, tokenization.SentencePieceTokenizer):
-    fast = hf_tokenizer.sentencepiece_to_tokenizers(tokenizer)  # DataError: not convertible
-    hf_tokenizer.check_exact(tokenizer, fast)  # DataError: other ids than ours
-    with open(tokenizer.path, 'rb') as f:  # before overwrite may delete it (an in-place export)
-      spiece = f.read()
+  tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
 
   hf_files.prepare_directory(directory, overwrite)
   prefix = 'model.' if with_mlm else ''
@@ -361,13 +350,7 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
   tensors = {_hf_name(e, prefix): np.ascontiguousarray(e.to_hf([host[p] for p in e.paths])) for e in table}
   st_numpy.save_file(tensors, os.path.join(directory, hf_files.WEIGHTS_FILE), metadata={'format': 'pt'})
   config = _hf_config(cfg, with_mlm, tokenizer)
-  if isinstance(tokenizer, tokenization.WordPieceTokenizer):
-    tokenizer.save(directory, model_max_length=cfg.max_position_embeddings)
-  elif spiece is not None:
-    with open(os.path.join(directory, hf_files.SPIECE_FILE), 'wb') as f:
-      f.write(spiece)
-    hf_tokenizer.save_for_transformers(tokenizer, directory, model_max_length=cfg.max_position_embeddings, fast=fast,
-                                       token_types=False)
-    config['bert_jax_tokenizer'] = hf_files.SPIECE_FILE
+  if tokenizer_files is not None:
+    tokenizer_files.write(directory, cfg.max_position_embeddings, token_types=False)
   with open(os.path.join(directory, hf_files.CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)
