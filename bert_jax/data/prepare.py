@@ -26,8 +26,10 @@ the directory renamed to `<cache_dir>/<fingerprint>/`, the only place training r
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import ctypes
+import functools
 import dataclasses
 import hashlib
 import heapq
@@ -36,6 +38,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import signal
 import threading
@@ -313,9 +316,10 @@ class _Builder:
                 data_config={f: getattr(self.cfg, f) for f in ('train_files', 'eval_files', 'tokenizer', 'objective',
                                                                 *RECORD_FIELDS)})
     self.seconds['manifest'] = time.time() - t0
+    special_text = stats.pop('special_text')  # in build.json: meta.json stays as earlier versions wrote it
     build = dict(workers=self.workers, processes=self.process_count,
                  seconds={k: round(v, 2) for k, v in self.seconds.items()},
-                 worker_seconds=stats.pop('worker_seconds', None))
+                 worker_seconds=stats.pop('worker_seconds', None), special_tokens_as_text=special_text)
     _write_json(os.path.join(self.dir, records.BUILD_FILE), build)
     _write_json(os.path.join(self.dir, META_FILE), meta)  # last: it marks the cache complete
     what = {'nsp': f'NSP pairs ({stats["random_next_fraction"]:.1%} random-next)',
@@ -324,6 +328,10 @@ class _Builder:
     self.log(f'prepare: {stats["documents"]:,} documents, {stats["sentences"]:,} sentences -> '
              f'{meta["num_train"]:,} training and {meta["num_eval"]:,} held-out {what}, '
              f'{stats["train_tokens"]:,} training tokens')
+    if special_text:
+      self.log(f'prepare: the corpus spells special tokens {sum(special_text.values()):,} times ('
+               + ', '.join(f'{t} {n:,}' for t, n in special_text.items()) + '); they were tokenised as text, '
+               'never as control tokens (counts in build.json)')
 
   # ------------------------------------------------------------------ helpers
 
@@ -533,12 +541,20 @@ def _sample_unit(job: _Job, unit: Unit, k: int) -> list[tuple[int, str]]:
   return sample.items()
 
 
-def _tokenize(tokenizer, docs: list[list[str]]) -> nsp.TokenizedDocs:
-  """Documents of sentences -> flat token ids, in bounded batches."""
+def _tokenize(tokenizer, docs: list[list[str]], specials_seen: collections.Counter) -> nsp.TokenizedDocs:
+  """Documents of sentences -> flat token ids, in bounded batches.
+
+  A special token spelled in the text ("[SEP]" in a paper about BERT) is tokenised as text, never
+  as its id: a record holds exactly the specials of its format. Each such spelling is counted in
+  `specials_seen`, so the summary can say the corpus holds them.
+  """
   sentences = [s for d in docs for s in d]
   flat_parts, length_parts = [], []
+  spelled = _special_pattern(tokenizer.special_strings)
   for i in range(0, len(sentences), _ENCODE_BATCH):
-    ids = tokenizer.encode_batch(sentences[i:i + _ENCODE_BATCH], num_threads=1)  # a worker is one core
+    batch = sentences[i:i + _ENCODE_BATCH]
+    specials_seen.update(spelled.findall('\n'.join(batch)))
+    ids = tokenizer.encode_batch(batch, num_threads=1, specials_as_text=True)  # a worker is one core
     lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
     flat_parts.append(np.fromiter(itertools.chain.from_iterable(ids), np.int32, count=int(lengths.sum())))
     length_parts.append(lengths)
@@ -555,6 +571,11 @@ def _tokenize(tokenizer, docs: list[list[str]]) -> nsp.TokenizedDocs:
   return nsp.TokenizedDocs(tokens, sentence_starts, doc_starts)
 
 
+@functools.lru_cache(maxsize=4)
+def _special_pattern(strings: tuple[str, ...]) -> re.Pattern:
+  return re.compile('|'.join(re.escape(t) for t in sorted(strings, key=len, reverse=True)))
+
+
 def _build_unit(job: _Job, unit: Unit, _) -> dict:
   """Reads, tokenises, pairs and writes one unit; leaves its marker last. Returns its stats."""
   t0 = time.time()
@@ -564,11 +585,12 @@ def _build_unit(job: _Job, unit: Unit, _) -> dict:
     docs[split].append(doc)
   t_read = time.time()
   tokenizer = _tokenizer(job.tokenizer_path)
-  tokenized = {split: _tokenize(tokenizer, d) for split, d in docs.items()}
+  specials_seen = collections.Counter()
+  tokenized = {split: _tokenize(tokenizer, d, specials_seen) for split, d in docs.items()}
   t_tokenize = time.time()
   out = dict(unit=unit.index, bytes=int(read_stats.get('bytes', 0)),
              invalid_utf8=int(read_stats.get('invalid_utf8', 0)),
-             formats=read_stats.get('formats', {}), splits={})
+             formats=read_stats.get('formats', {}), special_text=dict(specials_seen), splits={})
   dtype = records.token_dtype(job.vocab_size)  # records are assembled in it: written without a copy
   for split in ('train', 'eval'):
     t = tokenized[split]
@@ -641,7 +663,7 @@ def _check_pairs(cfg: DataConfig, stats: dict, splits: dict, train_name: str, ha
 def _merge_unit_stats(build_dir: str, units: Sequence[Unit], vocab_size: int, tokenizer):
   """Sums the units' markers in unit order; writes the split index files. (stats, splits)."""
   splits = {s: dict(num=0, shards=[], shard_records=[], documents=0, sentences=0, tokens=0, random=0) for s in ('train', 'eval')}
-  totals = dict(bytes=0, invalid_utf8=0, formats={})
+  totals = dict(bytes=0, invalid_utf8=0, formats={}, special_text=collections.Counter())
   counts = np.zeros(vocab_size, np.int64)
   worker_seconds = dict(read=0.0, tokenize=0.0, pairs_write=0.0)
   for u in units:
@@ -649,6 +671,7 @@ def _merge_unit_stats(build_dir: str, units: Sequence[Unit], vocab_size: int, to
       m = json.load(f)
     totals['bytes'] += m['bytes']
     totals['invalid_utf8'] += m['invalid_utf8']
+    totals['special_text'].update(m.get('special_text', {}))  # a marker written before counting: none
     for name, n in m['formats'].items():
       totals['formats'][name] = totals['formats'].get(name, 0) + n
     for k in worker_seconds:
@@ -681,7 +704,8 @@ def _merge_unit_stats(build_dir: str, units: Sequence[Unit], vocab_size: int, to
       eval_random_next_fraction=round(evals['random'] / max(evals['num'], 1), 4),
       invalid_utf8=totals['invalid_utf8'], formats=totals['formats'],
       most_frequent_token=int(np.argmax(counts)),
-      worker_seconds={k: round(v, 2) for k, v in worker_seconds.items()})
+      worker_seconds={k: round(v, 2) for k, v in worker_seconds.items()},
+      special_text=dict(totals['special_text'].most_common()))
   return stats, splits
 
 
@@ -745,6 +769,8 @@ def _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed) -> str:
       fields={f: getattr(cfg, f) for f in RECORD_FIELDS})
   if not given:  # a trained tokenizer's bytes depend on how it is trained
     key['tokenizer_training'] = tokenization.SENTENCEPIECE_TRAINING
+  elif isinstance(given, tokenization.WordPieceTokenizer):  # earlier caches turned spelled specials into ids
+    key['special_strings'] = 'as_text'
   if cfg.objective != 'nsp':  # only then: caches of NSP pairs keep their fingerprints
     key['objective'] = {'none': 'mlm_full_sentences', 'sop': 'sop'}[cfg.objective]
   return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

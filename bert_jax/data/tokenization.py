@@ -155,9 +155,17 @@ class SentencePieceTokenizer:
     """Token ids of `text`, without [CLS]/[SEP]."""
     return self._sp.encode(text, out_type=int)
 
-  def encode_batch(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
-    """Token ids of each text, on `num_threads` threads (0: one per core)."""
+  def encode_batch(self, texts: Sequence[str], num_threads: int = 0,
+                   specials_as_text: bool = False) -> list[list[int]]:
+    """Token ids of each text, on `num_threads` threads (0: one per core).
+
+    `specials_as_text` changes nothing here: the specials are control symbols, which SentencePiece
+    never produces from text ("[SEP]" in a text is encoded as the pieces of its characters).
+    """
+    del specials_as_text
     return self._sp.encode(list(texts), out_type=int, num_threads=num_threads or os.cpu_count() or 1)
+
+  special_strings = property(lambda self: SPECIAL_TOKENS)
 
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     """Token ids of `text` (no specials) and each token's (start, end) character span in it."""
@@ -341,6 +349,7 @@ class WordPieceTokenizer:
       tokenizer.post_processor = _bert_post_processor(tokenizer)
     self._tok = tokenizer
     self._truncating: dict[int, tokenizers.Tokenizer] = {}
+    self._as_text: tokenizers.Tokenizer | None = None  # a copy that splits special tokens as text
     self.path = path
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
@@ -389,15 +398,34 @@ class WordPieceTokenizer:
     enc = self._tok.encode(text, add_special_tokens=False)
     return enc.ids, [tuple(o) for o in enc.offsets]
 
-  def encode_batch(self, texts: Sequence[str], num_threads: int = 0) -> list[list[int]]:
-    """Token ids of each text: on one thread if num_threads == 1, else on the library's thread pool."""
+  @property
+  def special_strings(self) -> tuple[str, ...]:
+    """The texts that `encode` turns into special ids ([CLS], [SEP], ..., and any other special added token)."""
+    added = [a.content for a in self._tok.get_added_tokens_decoder().values() if a.special]
+    return tuple(dict.fromkeys([*SPECIAL_TOKENS, *added]))
+
+  def encode_batch(self, texts: Sequence[str], num_threads: int = 0,
+                   specials_as_text: bool = False) -> list[list[int]]:
+    """Token ids of each text: on one thread if num_threads == 1, else on the library's thread pool.
+
+    By default a special token spelled in a text ("[MASK]") becomes its id, as in Hugging Face's
+    tokenizer. With `specials_as_text` it is split as ordinary text ('[', 'mask', ']'; the library's
+    `encode_special_tokens`, transformers' `split_special_tokens`), as corpus preparation needs: a
+    "[SEP]" in a document must not become a segment boundary.
+    """
+    tok = self._tok
+    if specials_as_text:
+      if self._as_text is None:
+        self._as_text = tokenizers.Tokenizer.from_str(self._tok.to_str())
+        self._as_text.encode_special_tokens = True
+      tok = self._as_text
     if num_threads != 1:
-      return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+      return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
     # The library has no per-call thread count; it reads this variable on every batch call.
     before = os.environ.get('TOKENIZERS_PARALLELISM')
     os.environ['TOKENIZERS_PARALLELISM'] = 'false'
     try:
-      return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+      return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
     finally:
       if before is None:
         del os.environ['TOKENIZERS_PARALLELISM']

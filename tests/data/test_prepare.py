@@ -308,6 +308,65 @@ def test_wordpiece_corpus_has_the_checkpoint_tokenizers_ids(tmp_path, wordpiece)
   assert not vocab.special_v[100] and 100 not in vocab.replace_ids  # [UNK] is text, never drawn
 
 
+def _corpus_spelling_specials(directory) -> str:
+  """The small corpus with 2 special-token spellings (of 5 kinds, "[SEP]" ... "[UNK]") put into every line of
+  over five words, and a line of them alone."""
+  rng = np.random.default_rng(0)
+  spellings = list(tokenization.SPECIAL_TOKENS)
+  with open(WIKITEXT, encoding='utf-8') as f:
+    lines = [next(f) for _ in range(700)]
+  out = []
+  for line in lines:
+    words = line.split(' ')
+    if len(words) > 5:
+      for _ in range(2):
+        words.insert(int(rng.integers(len(words))), spellings[int(rng.integers(len(spellings)))])
+    out.append(' '.join(words))
+  out[3] = ' '.join(spellings) + ' [SEP][SEP] [MASK].\n'
+  path = os.path.join(str(directory), 'specials.txt')
+  with open(path, 'w', encoding='utf-8') as f:
+    f.writelines(out)
+  return path
+
+
+@pytest.mark.parametrize('kind,objective', [('wordpiece', 'nsp'), ('wordpiece', 'none'), ('sentencepiece', 'sop')])
+def test_special_tokens_spelled_in_the_corpus_are_text(tmp_path, capsys, kind, objective):
+  corpus = _corpus_spelling_specials(tmp_path)
+  # The sentences the reader keeps (headings go): the spellings never overlap, so str.count counts them.
+  text = '\n'.join(s for d in readers.read_all([corpus]) for s in d)
+  spelled = {t: text.count(t) for t in tokenization.SPECIAL_TOKENS}
+  given = minilm_dir_or_skip() if kind == 'wordpiece' else ''
+  cfg = small_data_config(str(tmp_path), train_files=corpus, tokenizer=given, objective=objective)
+  data = prepare.prepare_pretraining_data(cfg, vocab_size=30522 if given else VOCAB, seed=0)
+  sp = data.special_ids
+  checked = 0
+  for split in ('train', 'eval'):
+    reader, between_documents = data.reader(split), 0
+    for i in range(len(reader)):
+      tokens, len_a, _ = reader[i]
+      # Exactly the format's specials: [CLS] first, [SEP] after each segment (full sentences: also between
+      # documents); no [PAD], [MASK] or other [CLS].
+      seps = np.flatnonzero(tokens == sp.sep).tolist()
+      if objective == 'none':
+        assert seps[-1] == len(tokens) - 1, (split, i)
+        between_documents += len(seps) - 1
+      else:
+        assert seps == [len_a + 1, len(tokens) - 1], (split, i)
+      assert np.flatnonzero(tokens == sp.cls).tolist() == [0], (split, i)
+      assert not np.isin(tokens, [sp.pad, sp.mask]).any(), (split, i)
+      checked += 1
+    assert between_documents < data.stats[f'{split}_documents']  # the corpus spells [SEP] more often than that
+  assert checked == data.num_train + data.num_eval > 100
+  assert spelled['[SEP]'] > data.stats['documents']
+  with open(os.path.join(data.dir, 'build.json'), encoding='utf-8') as f:
+    assert json.load(f)['special_tokens_as_text'] == spelled  # every spelling counted, none missed
+  lines = [l for l in capsys.readouterr().out.splitlines() if 'spells special tokens' in l]
+  assert len(lines) == 1 and f'{sum(spelled.values()):,} times' in lines[0], lines
+  if given:  # the spellings were text: the tokenizer's own ids of '[', 'sep', ']' are in the records
+    bracket = tokenization.WordPieceTokenizer.from_directory(given).encode('[')[0]
+    assert any(bracket in data.reader('train')[i][0] for i in range(len(data.reader('train'))))
+
+
 def test_streaming_hold_out_is_deterministic_and_disjoint(tmp_path):
   cfg = _bundled_cfg(tmp_path)
   data = prepare.prepare_pretraining_data(cfg, vocab_size=2000, seed=0, log=lambda _: None)
