@@ -22,6 +22,10 @@ class CheckpointError(BertJaxError, ValueError):
   """A workdir or checkpoint does not match the model being built."""
 
 
+class UnusableCheckpoint(CheckpointError):
+  """A checkpoint whose own bytes do not read back, or that holds a non-finite or exploded state."""
+
+
 class CheckpointWriteError(CheckpointError):
   """Saving failed on the filesystem (full disk, quota, read-only); the last complete checkpoint is kept."""
 

@@ -77,4 +77,4 @@ def main(_):
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, text_flags=('text', 'text_pair'))

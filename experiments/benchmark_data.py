@@ -20,14 +20,14 @@ import json
 import os
 import platform
 import shutil
-import sys
 
-from absl import app, flags
+from absl import flags
 
 from bert_jax.config import DataConfig
 from bert_jax.data import readers
-from bert_jax.errors import BertJaxError
+from bert_jax.errors import BertJaxError, ConfigError
 
+import cli
 from tools import data_benchmark as bm
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,17 +57,30 @@ _SPM_ONLY = flags.DEFINE_integer('tokenizer_only', 0, 'Only time SentencePiece t
                                  'this many distinct sentences of --corpus (topped up with word-order variants).')
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+def _ints(flag, minimum: int) -> list[int]:
+  """The values of a list flag as integers >= minimum; ConfigError naming the flag otherwise."""
   try:
-    run()
-  except BertJaxError as e:
-    print(f'error: {e}', file=sys.stderr, flush=True)
-    sys.exit(1)
+    values = [int(v) for v in flag.value]
+  except ValueError:
+    values = []
+  if not values or min(values) < minimum:
+    raise ConfigError(f'--{flag.name}={",".join(flag.value)}: give comma-separated integers >= {minimum}')
+  return values
 
 
-def run():
+def _check_flags() -> None:
+  for flag, minimum in ((_WORKERS, 0), (_BATCH, 1), (_SEQ, 8), (_LOADER_WORKERS, 0), (_VOCABS, 6)):
+    _ints(flag, minimum)
+  for flag, positive in ((_SYNTH, False), (_SHAPE_MB, True), (_BATCHES, True), (_SPM_ONLY, False), (_UNIT_MB, True),
+                         (_SAMPLE, True), (_VOCAB, True)):
+    if flag.value < 0 or (positive and flag.value == 0):
+      raise ConfigError(f'--{flag.name}={flag.value} must be {"positive" if positive else ">= 0"}')
+  if _LOADER_ONLY.value and not os.path.isfile(os.path.join(_LOADER_ONLY.value, 'meta.json')):
+    raise ConfigError(f'--loader_only={_LOADER_ONLY.value} is not a prepared cache directory (no meta.json)')
+
+
+def main(_):
+  _check_flags()
   print(f'machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; python '
         f'{platform.python_version()}')
   if _SPM_ONLY.value:
@@ -155,4 +168,4 @@ def run_shapes(seq_lens: list[int]) -> dict[int, str]:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.run(main, multihost=False)

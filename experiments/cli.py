@@ -33,13 +33,18 @@ _FILESYSTEM_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, err
 _MULTIHOST_FLAGS = (_DISTRIBUTED, _COORDINATOR_ADDRESS, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICE_IDS)
 
 
-def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
+def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags: tuple[str, ...] = (),
+        multihost: bool = True) -> None:
   """`absl.app.run(main)`, turning a BertJaxError into 'error: ...' on stderr and exit code 1
   (a preemption into 'preempted: ...' and preemption.EXIT_CODE).
 
   Args:
     main: gets absl's argv (program name, then any non-flag arguments).
     allow_args: pass non-flag arguments on to `main` instead of rejecting them as a usage error.
+    text_flags: flags whose values are text for the model: bytes that are not UTF-8 are an error
+      line (paths may hold any bytes, as the filesystem allows).
+    multihost: start jax.distributed from the multi-host flags (False: a tool that never runs jax
+      across processes; those flags are then not its own).
   """
 
   def wrapped(argv):
@@ -49,7 +54,10 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
     if len(argv) > 1 and not allow_args:
       raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
     try:
-      _initialize_distributed()
+      for name in text_flags:
+        _check_utf8(name, flags.FLAGS[name].value)
+      if multihost:
+        _initialize_distributed()
       main(argv)
     except Preempted as e:
       print(f'preempted: {e}', file=sys.stderr, flush=True)
@@ -75,7 +83,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False) -> None:
             flush=True)
       sys.exit(1)
 
-  for holder in _MULTIHOST_FLAGS:  # --help of every entry point lists them beside its own flags
+  for holder in _MULTIHOST_FLAGS if multihost else ():  # --help of every entry point lists them beside its own
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
   app.run(wrapped, flags_parser=_parse_flags)
 
@@ -89,6 +97,14 @@ def _quiet_orbax(record) -> bool:
   if record.exc_info and record.exc_info[1] is not None:
     text += str(record.exc_info[1])
   return not any(m in text for m in files.WRITE_FAILURES + ('read_only=True', 'read only='))
+
+
+def _check_utf8(name: str, value: str | None) -> None:
+  """ConfigError for a flag value with bytes that are not UTF-8 (Python keeps them as lone surrogates)."""
+  bad = next((i for i, ch in enumerate(value or '') if '\udc80' <= ch <= '\udcff'), None)
+  if bad is not None:
+    raise ConfigError(f'--{name} is not UTF-8 text (byte 0x{ord(value[bad]) - 0xdc00:02x} at character {bad}); '
+                      'give UTF-8, e.g. convert it with iconv -f latin1 -t utf-8')
 
 
 def _fail(message: str) -> None:

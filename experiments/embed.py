@@ -9,6 +9,10 @@ encoder, first seed). The input has one text per
 line, or two tab-separated texts for a sentence pair; row i of every array is line i. OUT.npz
 holds input_ids, token_type_ids, attention_mask, last_hidden_state, pooler_output and
 sentence_embedding (see `bert_jax.inference.embed`). Ends by printing one JSON line.
+
+A special token spelled in a text ("[SEP]", "[CLS]", "[MASK]", "[PAD]") is read as that token, as
+Hugging Face's tokenizer (and sentence-transformers) read it; texts longer than --max_length are
+truncated, with one warning.
 """
 
 import json

@@ -68,4 +68,4 @@ def main(_):
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, text_flags=('text',))

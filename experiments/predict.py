@@ -11,6 +11,11 @@ SQuAD), JSONL, or the task's own files (a GLUE TSV with its header, CoNLL column
 see `bert_jax.finetuning.predict.read_rows`. Rows are batched in one process. The predictions
 go to stdout as one JSON line each, or to --output (.jsonl or .tsv). --seed and --step pick the
 checkpoint (default: the run's first seed, latest step). The workdir is only read.
+
+A special token spelled in the text ("[SEP]", "[CLS]", "[MASK]", "[PAD]") is read as that token,
+as Hugging Face's tokenizer and its pipelines read it: "a [SEP] b" is two segments. Texts longer
+than the run's max_seq_length are truncated, with one warning line on stderr. A GLUE task takes
+what it was fine-tuned on: one sentence (SST-2, CoLA) or a pair (RTE, MRPC, ...), else one error line.
 """
 
 import json
@@ -62,7 +67,7 @@ def _log(message: str) -> None:  # stdout carries the predictions
 
 def main(_):
   _check_flags()
-  tuned = load_finetuned(_WORKDIR.value, _SEED.value, _STEP.value)
+  tuned = load_finetuned(_WORKDIR.value, _SEED.value, _STEP.value, log=_log)
   kind = tuned.task['kind']
   if _INPUT.value:
     rows = predict.read_rows(_INPUT.value, kind, tuned.task['name'], _FORMAT.value)
@@ -87,4 +92,4 @@ def main(_):
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, text_flags=('text', 'text_pair', 'question', 'context'))

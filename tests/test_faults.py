@@ -162,18 +162,25 @@ def test_non_finite_checkpoint_is_never_resumed(trained, tmp_path, capsys):
   assert result['step'] == 6 and np.isfinite(result['mlm_loss'])
 
 
-def _zero_array_data(workdir, step):
+def _damage_array_data(workdir, step, how='zeros'):
   # The arrays' bytes only: the manifest and metadata read, the values do not (tensorstore fails mid-read).
   data = os.path.join(workdir, 'checkpoints', str(step), 'state', 'd')
+  rng = np.random.default_rng(0)
   for name in os.listdir(data):
+    size = os.path.getsize(os.path.join(data, name))
     with open(os.path.join(data, name), 'r+b') as f:
-      f.write(b'\x00' * os.path.getsize(os.path.join(data, name)))
+      if how == 'zeros':
+        f.write(b'\x00' * size)
+      else:  # a few random bytes in the middle
+        f.seek(size // 3)
+        f.write(rng.integers(0, 256, min(64, size), np.uint8).tobytes())
 
 
 @pytest.mark.e2e
-def test_reading_a_corrupt_checkpoint_prints_one_warning_and_nothing_else(trained, tmp_path):
+@pytest.mark.parametrize('how', ['zeros', 'random_bytes'])
+def test_reading_a_corrupt_checkpoint_prints_one_warning_and_nothing_else(trained, tmp_path, how):
   _, workdir = _copy(trained, tmp_path)
-  _zero_array_data(workdir, 4)
+  _damage_array_data(workdir, 4, how)
   before = tree_digest(workdir)
   for _ in range(2):  # tensorstore's late callbacks (hundreds of tracebacks before) come in most runs
     r = run_experiment('evaluate.py', f'--workdir={workdir}')
@@ -182,6 +189,28 @@ def test_reading_a_corrupt_checkpoint_prints_one_warning_and_nothing_else(traine
         l for l in r.stdout.splitlines() if l.startswith('warning: checkpoint step 4 is unusable')]
     assert r.stderr.strip() == '', r.stderr[-3000:]
   assert tree_digest(workdir) == before  # evaluation reads only
+
+
+@pytest.mark.e2e
+def test_evaluate_all_steps_names_an_unusable_checkpoint_and_evaluates_the_others(trained, tmp_path):
+  _, workdir = _copy(trained, tmp_path)
+  _damage_array_data(workdir, 2)  # the older one: the newer one must still be evaluated
+  before = tree_digest(workdir)
+  out = tmp_path / 'out'
+  out.mkdir()
+  r = run_experiment('evaluate.py', f'--workdir={workdir}', '--all_steps', f'--output_jsonl={out}/steps.jsonl',
+                     f'--output_plot={out}/steps.png')
+  assert r.returncode == 0, r.stderr[-3000:]
+  warnings = [l for l in r.stdout.splitlines() if 'unusable' in l]
+  assert len(warnings) == 1 and warnings[0].startswith('warning: checkpoint step 2 ') and 'skipped' in warnings[0]
+  assert r.stderr.strip() == '', r.stderr[-3000:]
+  with open(out / 'steps.jsonl', encoding='utf-8') as f:
+    assert [json.loads(l)['step'] for l in f] == [4]
+  assert os.path.getsize(out / 'steps.png') > 0
+  assert tree_digest(workdir) == before  # evaluation reads only
+  _damage_array_data(workdir, 4)
+  assert_one_line_error(run_experiment('evaluate.py', f'--workdir={workdir}', '--all_steps', f'--output_jsonl={out}/x'),
+                        'no usable checkpoint')
 
 
 # --- a resume that changes the request, not a corrupt checkpoint ---------------------------------

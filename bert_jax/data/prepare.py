@@ -29,8 +29,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import ctypes
-import functools
 import dataclasses
+import functools
 import hashlib
 import heapq
 import itertools

@@ -17,6 +17,7 @@ import os
 import random
 import re
 import shutil
+import tempfile
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -146,6 +147,8 @@ class SentencePieceTokenizer:
   def serialized_model(self) -> bytes:
     """The model file's bytes (its ModelProto)."""
     return self._sp.serialized_model_proto()
+
+  identity = serialized_model  # what defines its ids: equal for the same tokenizer
 
   def normalize(self, text: str) -> str:
     """`text` as the model's normalizer leaves it ('▁' for spaces, with the dummy prefix)."""
@@ -494,16 +497,28 @@ class WordPieceTokenizer:
       model_max_length: recorded in tokenizer_config.json for transformers' truncation.
     """
     os.makedirs(directory, exist_ok=True)
-    self._tok.save(os.path.join(directory, _TOKENIZER_JSON))
-    self._tok.model.save(directory)  # vocab.txt, for tools that read only that
-    config = {'tokenizer_class': 'BertTokenizer', 'unk_token': UNK_TOKEN, 'sep_token': SEP_TOKEN,
-              'pad_token': PAD_TOKEN, 'cls_token': CLS_TOKEN, 'mask_token': MASK_TOKEN}
-    if self.do_lower_case is not None:
-      config['do_lower_case'] = self.do_lower_case
-    if model_max_length is not None:
-      config['model_max_length'] = model_max_length
-    with open(os.path.join(directory, _TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
-      json.dump(config, f, indent=2)
+    # Each file is written beside its final name and renamed, tokenizer.json (what readers look for) last:
+    # a write killed half-way never leaves a file that reads as a broken tokenizer.
+    staging = tempfile.mkdtemp(prefix='.tokenizer-', dir=directory)
+    try:
+      self._tok.model.save(staging)  # vocab.txt, for tools that read only that
+      config = {'tokenizer_class': 'BertTokenizer', 'unk_token': UNK_TOKEN, 'sep_token': SEP_TOKEN,
+                'pad_token': PAD_TOKEN, 'cls_token': CLS_TOKEN, 'mask_token': MASK_TOKEN}
+      if self.do_lower_case is not None:
+        config['do_lower_case'] = self.do_lower_case
+      if model_max_length is not None:
+        config['model_max_length'] = model_max_length
+      with open(os.path.join(staging, _TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
+        json.dump(config, f, indent=2)
+      self._tok.save(os.path.join(staging, _TOKENIZER_JSON))
+      for name in (_VOCAB_TXT, _TOKENIZER_CONFIG, _TOKENIZER_JSON):
+        os.replace(os.path.join(staging, name), os.path.join(directory, name))
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
+
+  def identity(self) -> str:
+    """What defines its ids (vocabulary, normaliser, pre-tokeniser, specials): equal for the same tokenizer."""
+    return self._tok.to_str()
 
 
 def _read_tokenizer_config(directory: str) -> dict:

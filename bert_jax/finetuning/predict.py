@@ -194,11 +194,15 @@ class Predictor:
 def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size: int = 64, n_best: int = 5,
             log=reporting.log) -> list[dict[str, Any]]:
   """Predictions for `rows` (see `read_rows`), one dict per row in order (module docstring); progress to `log`."""
-  predictor = Predictor(tuned, batch_size, log)
-  kind, ft, tokenizer = predictor.kind, tuned.finetune, tuned.tokenizer
+  kind, ft, tokenizer = tuned.task['kind'], tuned.finetune, tuned.tokenizer
   if kind in ('classification', 'regression'):
-    features = [glue.featurize(r['text'], r.get('text_pair'), tokenizer, ft.max_seq_length) for r in rows]
-    return [_sequence_output(kind, label_names(tuned.task), l) for l in predictor.logits(features)]
+    check_pairs(tuned.task['name'], rows)
+  predictor = Predictor(tuned, batch_size, log)
+  if kind in ('classification', 'regression'):
+    featurized = [glue.featurize(r['text'], r.get('text_pair'), tokenizer, ft.max_seq_length) for r in rows]
+    _warn_cut(log, sum(cut for _, cut in featurized), len(rows), f'texts were longer than max_seq_length='
+              f'{ft.max_seq_length} tokens (the run\'s) and were truncated')
+    return [_sequence_output(kind, label_names(tuned.task), l) for l in predictor.logits([f for f, _ in featurized])]
   if kind == 'token':
     features, data = conll.featurize([(r['words'], ['O'] * len(r['words'])) for r in rows], tokenizer,
                                      ft.max_seq_length)
@@ -206,12 +210,35 @@ def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size:
             for words, l, first in zip(data.words, predictor.logits(features), data.first_positions)]
   examples = [squad.SquadExample(str(r.get('id', i)), r['question'].lstrip(), r['context'], [])
               for i, r in enumerate(rows)]
+  _warn_cut(log, sum(len(q) > ft.max_query_length for q in tokenizer.encode_batch([e.question for e in examples])),
+            len(rows), f'questions were longer than max_query_length={ft.max_query_length} tokens and were cut '
+            '(contexts are read in overlapping windows, never cut)')
   features, offsets = squad.featurize(examples, tokenizer, max_seq_length=ft.max_seq_length,
                                       doc_stride=ft.doc_stride, max_query_length=ft.max_query_length, train=False)
   answers, _ = squad.n_best_answers(examples, features, offsets, predictor.logits(features),
                                     n_best_size=ft.n_best_size, max_answer_length=ft.max_answer_length,
                                     keep=max(n_best, 1))
   return [_span_output(a) for a in answers]
+
+
+def check_pairs(task_name: str, rows: Sequence[dict[str, Any]]) -> None:
+  """DataError when rows do not match what a GLUE task reads: one sentence (SST-2, CoLA) or a pair (RTE, ...)."""
+  task = glue.TASKS.get(task_name)
+  if task is None:
+    return
+  pair = task.text_b is not None
+  for i, r in enumerate(rows):
+    if (r.get('text_pair') is not None) != pair:
+      where = f'row {i + 1}' if len(rows) > 1 else 'the input'
+      raise DataError(f'{where}: {task_name} classifies sentence pairs: give the second text (--text_pair, or '
+                      'a<TAB>b in --input)' if pair else
+                      f'{where}: {task_name} classifies single sentences: drop the second text (--text_pair, or '
+                      'the part after a tab in --input); the model never saw pairs')
+
+
+def _warn_cut(log, cut: int, total: int, what: str) -> None:
+  if cut:
+    log(f'warning: {cut:,} of {total:,} {what}')
 
 
 def label_names(task: dict[str, Any]) -> list[str]:

@@ -30,13 +30,14 @@ import optax
 
 from bert_jax import distributed, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig, check_resume, check_resume_allow
+from bert_jax.data.tokenization import load_tokenizer, save_tokenizer
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.files import write_json_atomic
 from bert_jax.finetuning import batching
 from bert_jax.finetuning.objective import Finetuning
 from bert_jax.finetuning.tasks import get_task
 from bert_jax.finetuning.tasks.base import EvalSet, Feature, Task
-from bert_jax.interop.pretrained import PretrainedBert, load_pretrained
+from bert_jax.interop.pretrained import PretrainedBert, load_pretrained, own_tokenizer_file
 from bert_jax.model.attention import describe_attention
 from bert_jax.model.heads import head_model
 from bert_jax.train import optim, reporting, workdir as workdir_lib
@@ -144,11 +145,13 @@ def finetune(cfg: FinetuneConfig, workdir: str) -> dict[str, Any]:
   with (workdir_lib.claim(workdir, 'finetuning', owner=jax.process_index() == 0, log=reporting.log),
         Preemption() as preempt):
     with preempt.immediately('loading the checkpoint and featurising the task'):
-      run = _prepare(cfg, task)
+      run = _prepare(cfg, task, workdir)
     if not cfg.eval_only:  # evaluation keeps the training run's config.json
       write_config(workdir, {'finetune': cfg.to_dict(), 'model': dataclasses.asdict(run.pretrained.config),
                              'task': {'name': task.name, 'kind': task.kind, 'num_labels': task.num_labels,
                                       'label_names': list(getattr(task, 'label_names', []))}})
+      if jax.process_index() == 0 and not own_tokenizer_file(workdir):  # the workdir is used on its own later
+        save_tokenizer(run.pretrained.tokenizer, workdir)
     per_seed = [_run_seed(run, seed, os.path.join(workdir, f'seed_{seed}'), preempt)
                 for seed in range(cfg.seed, cfg.seed + cfg.num_seeds)]
   summary = summarize_seeds(per_seed, main_metric=_main_key(run))
@@ -182,10 +185,22 @@ def finetuning_model(model_cfg: ModelConfig, kind: str, num_labels: int, tx: opt
                    rules=rules)
 
 
-def _prepare(cfg: FinetuneConfig, task: Task) -> _Run:
-  """Loads the starting weights, featurises the task and builds the model every seed shares."""
+def _prepare(cfg: FinetuneConfig, task: Task, workdir: str) -> _Run:
+  """Loads the starting weights, featurises the task and builds the model every seed shares.
+
+  A workdir that holds a tokenizer (saved when its training started) featurises with it; training
+  refuses a starting checkpoint whose tokenizer is no longer that one.
+  """
   loaded = load_pretrained(cfg.init_checkpoint, None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
-  pretrained = dataclasses.replace(loaded, config=dataclasses.replace(loaded.config, dtype=cfg.dtype))
+  tokenizer, own = loaded.tokenizer, own_tokenizer_file(workdir)
+  if own:
+    tokenizer = load_tokenizer(own)
+    if not cfg.eval_only and tokenizer.identity() != loaded.tokenizer.identity():
+      raise ConfigError(f'the tokenizer of the starting checkpoint {cfg.init_checkpoint} is not the one this run '
+                        f'was fine-tuned with ({own}): that path now holds another model. Restore it, or use a new '
+                        '--workdir')
+  pretrained = dataclasses.replace(loaded, tokenizer=tokenizer,
+                                   config=dataclasses.replace(loaded.config, dtype=cfg.dtype))
   mesh = shd.make_mesh(cfg.mesh)
   validate_config(cfg, pretrained, mesh)
   t0 = time.time()

@@ -144,14 +144,49 @@ class FinetunedBert:
     return PretrainedBert(self.config, {'bert': self.params['bert']}, self.tokenizer, 'bert_jax', self.path, self.step)
 
 
-def load_finetuned(workdir: str, seed: int | None = None, step: int | None = None) -> FinetunedBert:
-  """A fine-tuning workdir's model: seed `seed` (default the run's first), checkpoint `step` (latest when None).
+def own_tokenizer_file(workdir: str) -> str | None:
+  """The tokenizer file a bert_jax workdir holds (TOKENIZER_FILES), or None."""
+  return next((os.path.join(workdir, f) for f in TOKENIZER_FILES if os.path.isfile(os.path.join(workdir, f))),
+              None)
 
-  Parameters only, on one device; the workdir is only read. Its tokenizer is its starting checkpoint's.
+
+def finetuning_tokenizer_path(workdir: str, saved: dict[str, Any], log=reporting.log) -> str:
+  """What `load_tokenizer` reads for a fine-tuning workdir: its own tokenizer files.
+
+  A workdir written before fine-tuning saved them depends on its starting checkpoint's path as it
+  is today: that is used, with one warning line through `log`.
 
   Raises:
-    CheckpointError: not a complete fine-tuning workdir, no such seed or step, or its starting
-      checkpoint (for the tokenizer) is gone.
+    CheckpointError: neither is there.
+  """
+  own = own_tokenizer_file(workdir)
+  if own:
+    return own
+  parent = saved['finetune'].get('init_checkpoint', '')
+  if not parent or not os.path.isdir(parent):
+    raise CheckpointError(f'{workdir}: its starting checkpoint {parent!r} (which holds its tokenizer) is gone')
+  if workdir_lib.kind_of(parent) == 'finetuning':
+    parent_saved = read_config(parent)
+    path = finetuning_tokenizer_path(parent, parent_saved, log) if parent_saved else parent
+  else:
+    path = parent
+  log(f'warning: {workdir} holds no tokenizer of its own (an earlier bert_jax wrote it): its starting '
+      f'checkpoint\'s is read from {parent}, which is wrong if that path now holds another model; copy its '
+      f'tokenizer files into {workdir} to make the workdir self-contained')
+  return path
+
+
+def load_finetuned(workdir: str, seed: int | None = None, step: int | None = None,
+                   log=reporting.log) -> FinetunedBert:
+  """A fine-tuning workdir's model: seed `seed` (default the run's first), checkpoint `step` (latest when None).
+
+  Parameters only, on one device; the workdir is only read. Its tokenizer is its own (the
+  starting checkpoint's, copied in when fine-tuning started; see `finetuning_tokenizer_path` for
+  older workdirs). Warnings go to `log`.
+
+  Raises:
+    CheckpointError: not a complete fine-tuning workdir, no such seed or step, or no tokenizer (an
+      older workdir whose starting checkpoint is gone or holds a larger vocabulary than the model).
   """
   saved = read_config(workdir)
   if saved is None or 'finetune' not in saved:
@@ -166,17 +201,17 @@ def load_finetuned(workdir: str, seed: int | None = None, step: int | None = Non
     raise CheckpointError(f'{workdir} has no seed {seed} (it has {", ".join(seeds) or "none"})')
   params, at = restore_params(seed_dir, lambda rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs),
                               step)
-  parent = ft.init_checkpoint
-  if not parent or not os.path.isdir(parent):
-    raise CheckpointError(f'{workdir}: its starting checkpoint {parent!r} (which holds its tokenizer) is gone')
-  tokenizer = hf.load_hf_tokenizer(parent) if not os.path.isdir(os.path.join(parent, 'checkpoints')) \
-      else load_tokenizer(parent)
+  tokenizer = load_tokenizer(finetuning_tokenizer_path(workdir, saved, log))
+  if tokenizer.vocab_size > cfg.vocab_size:  # ids past the embedding table would give NaN, silently
+    raise CheckpointError(f'{workdir}: the tokenizer of its starting checkpoint {ft.init_checkpoint} has '
+                          f'{tokenizer.vocab_size} tokens but the model {cfg.vocab_size}: that path now holds '
+                          'another model than the one this run was fine-tuned from')
   return FinetunedBert(cfg, ft, task, params, tokenizer, workdir, seed, at)
 
 
 def finetuned_encoder(workdir: str, step: int | None = None) -> tuple[ModelConfig, dict[str, Any], int]:
   """(model config, {'bert': encoder + pooler}, step) of a fine-tuning workdir's first seed."""
-  tuned = load_finetuned(workdir, step=step)
+  tuned = load_finetuned(workdir, step=step, log=lambda _: None)  # the caller described the source already
   return tuned.config, {'bert': tuned.params['bert']}, tuned.step
 
 

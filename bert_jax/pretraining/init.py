@@ -41,7 +41,8 @@ class InitSource:
 def describe_source(path: str) -> InitSource:
   """The architecture and tokenizer of a Hugging Face directory or a bert_jax workdir.
 
-  A fine-tuning workdir keeps no tokenizer: its own starting checkpoint's is used.
+  A fine-tuning workdir's tokenizer is its own copy of its starting checkpoint's (older workdirs:
+  the starting checkpoint's, with a warning).
   """
   if not os.path.isdir(path):
     raise CheckpointError(f'init_checkpoint {path} is not a directory (give a Hugging Face checkpoint '
@@ -51,17 +52,13 @@ def describe_source(path: str) -> InitSource:
   saved = read_config(path) if is_workdir else None  # an HF directory's config.json is not ours
   if kind == 'finetuning' and saved is not None and 'finetune' in saved:
     cfg = ModelConfig.from_saved(saved['model'])
-    parent = saved['finetune'].get('init_checkpoint', '')
-    if not parent or not os.path.isdir(parent):
-      raise CheckpointError(f'{path} is a fine-tuning workdir whose starting checkpoint {parent!r} (for its '
-                            'tokenizer) is gone')
-    return InitSource('finetuning', path, cfg, describe_source(parent).tokenizer_path)
+    return InitSource('finetuning', path, cfg, pretrained.finetuning_tokenizer_path(path, saved))
   if saved is not None:
-    tok = [f for f in pretrained.TOKENIZER_FILES if os.path.isfile(os.path.join(path, f))]
+    tok = pretrained.own_tokenizer_file(path)
     if not tok:
       raise CheckpointError(f'{path} has no tokenizer ({" or ".join(pretrained.TOKENIZER_FILES)}); it was written '
                             'by an older bert_jax — copy the tokenizer from its data cache into the workdir')
-    return InitSource('pretraining', path, PretrainConfig.from_dict(saved).model, os.path.join(path, tok[0]))
+    return InitSource('pretraining', path, PretrainConfig.from_dict(saved).model, tok)
   if os.path.exists(os.path.join(path, CONFIG_FILE)):
     spiece = os.path.join(path, hf.SPIECE_FILE)  # a bert_jax export of a SentencePiece model
     return InitSource('hf', path, hf.read_hf_config(path), spiece if os.path.isfile(spiece) else path)

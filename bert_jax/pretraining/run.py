@@ -32,7 +32,7 @@ from bert_jax.config import (
 )
 from bert_jax.data import loader as input_pipeline, prepare as pretraining_data, tokenization
 from bert_jax.data.records import PreparedData
-from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, UnusableCheckpoint
 from bert_jax.interop.pretrained import workdir_config
 from bert_jax.model.attention import describe_attention
 from bert_jax.model.heads import BertForPreTraining
@@ -319,29 +319,38 @@ def evaluate_all_checkpoints(workdir: str, on_result: Callable[[dict[str, Any]],
     on_result: called with each step's result as soon as it is evaluated (e.g. to print a row).
 
   Returns:
-    One result per checkpoint step: {'step', mlm_loss, mlm_accuracy, nsp_* (with NSP), ...}.
+    One result per readable checkpoint step: {'step', mlm_loss, mlm_accuracy, nsp_* (with NSP), ...};
+    an unusable checkpoint is named in one warning line and skipped.
 
   Raises:
-    CheckpointError: not a pretraining workdir, no checkpoint, or a checkpoint that is unusable.
+    CheckpointError: not a pretraining workdir, or no usable checkpoint.
   """
   return evaluate_checkpoints(workdir, None, on_result)
 
 
 def evaluate_checkpoints(workdir: str, steps: list[int | None] | None,
                          on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-  """Held-out metrics of `steps` of a workdir (None in the list: the latest; `steps` None: all),
-  reading parameters only; the model and data are built once."""
+  """Held-out metrics of `steps` of a workdir (None in the list: the latest; `steps` None: all, skipping
+  the unusable ones with a warning), reading parameters only; the model and data are built once."""
   cfg, model = _workdir_model(workdir)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
-    if steps is None:
+    every = steps is None
+    if every:
       steps = sorted(ckpt.all_steps())
       if not steps:
         raise CheckpointError(f'no checkpoint in {ckpt.directory}')
     prepared = vocab = None
-    results = []
+    results, unusable = [], []
     for step in steps:
-      state, meta = ckpt.restore(step, model.abstract_state, log=reporting.log, params_only=True)
+      try:
+        state, meta = ckpt.restore(step, model.abstract_state, log=reporting.log, params_only=True)
+      except UnusableCheckpoint as e:
+        if not every:
+          raise
+        reporting.log(f'warning: {e}; skipped')
+        unusable.append(step)
+        continue
       if prepared is None:  # after the first restore: a bad workdir fails before data work
         prepared, vocab = prepare_data(cfg)
       results.append({'step': int(meta['step']),
@@ -352,4 +361,6 @@ def evaluate_checkpoints(workdir: str, steps: list[int | None] | None,
         on_result(results[-1])
   finally:
     ckpt.close()
+  if not results:
+    raise CheckpointError(f'no usable checkpoint in {ckpt.directory}: steps {unusable} are unusable (see above)')
   return results

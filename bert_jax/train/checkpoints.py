@@ -32,7 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bert_jax.config import upgrade_saved
-from bert_jax.errors import CheckpointError, CheckpointWriteError
+from bert_jax.errors import CheckpointError, CheckpointWriteError, UnusableCheckpoint
 from bert_jax.files import WRITE_FAILURES, check_regular
 from bert_jax.train import workdir as workdir_lib
 
@@ -109,36 +109,48 @@ def _agree(problem: str | None) -> str | None:
 
 
 def _quiet_closed_loop_callbacks() -> None:
-  """Drops tensorstore's 'Event loop is closed' reports after a failed read; passes on anything else.
+  """Drops the late reports of reads a failed restore abandoned; passes on anything else.
 
   When one array of a restore (or save) fails, Orbax stops waiting and closes its event loop while
-  tensorstore still completes the other reads in flight; each completion then fails to reach the
-  closed loop and is reported through sys.unraisablehook, hundreds of tracebacks for one failure
-  that the checkpointer already reports in one line.
+  tensorstore still completes the other reads in flight. Each of them is then reported on its own,
+  hundreds to thousands of tracebacks for one failure that the checkpointer already reports in one
+  line: through sys.unraisablehook ("Exception ignored in: <coroutine ...>", "Event loop is
+  closed") and through asyncio's logger ("Task/Future exception was never retrieved", "Task was
+  destroyed but it is pending").
   """
   previous = sys.unraisablehook
   if getattr(previous, 'bert_jax_quiet', False):
     return
 
   def hook(unraisable):
-    exc = unraisable.exc_value
-    if isinstance(exc, RuntimeError) and str(exc) == 'Event loop is closed':
-      return
-    previous(unraisable)
+    if not _abandoned_read(unraisable.exc_value, unraisable.object):
+      previous(unraisable)
 
   hook.bert_jax_quiet = True
   sys.unraisablehook = hook
-  # The read tasks Orbax stopped waiting for are also reported as "Task exception was never retrieved".
-  logging.getLogger('asyncio').addFilter(_unretrieved_read_failure)
+  logging.getLogger('asyncio').addFilter(_report_of_other_failure)
 
 
-def _unretrieved_read_failure(record: logging.LogRecord) -> bool:
-  """False for asyncio's report of a checkpoint read that failed after the restore already gave up."""
+def _abandoned_read(exc: BaseException | None, origin: Any = None) -> bool:
+  """Whether an exception reported late (unraisable or never retrieved) comes from Orbax/tensorstore I/O."""
+  if isinstance(exc, RuntimeError) and str(exc) in ('Event loop is closed', 'coroutine ignored GeneratorExit'):
+    return True
+  code = getattr(origin, 'cr_code', None) or getattr(getattr(origin, 'get_coro', lambda: None)(), 'cr_code', None)
+  if code is not None and any(m in code.co_filename for m in ('orbax', 'tensorstore')):
+    return True
+  return exc is not None and any(m in str(exc) for m in ('tensorstore', 'DATA_LOSS', 'OCDBT', 'zarr'))
+
+
+def _report_of_other_failure(record: logging.LogRecord) -> bool:
+  """False for asyncio's reports of checkpoint reads that failed or were left pending after a restore gave up."""
+  text = record.getMessage()
+  if not text.startswith(('Task exception was never retrieved', 'Future exception was never retrieved',
+                          'Task was destroyed but it is pending')):
+    return True
   exc = record.exc_info[1] if record.exc_info else getattr(record, 'exception', None)
   if exc is None and isinstance(record.args, dict):
     exc = record.args.get('exception')
-  text = record.getMessage()
-  return not (text.startswith('Task exception was never retrieved') and 'tensorstore_spec' in f'{text} {exc}')
+  return not (_abandoned_read(exc) or any(m in text for m in ('orbax', 'tensorstore', 'DATA_LOSS')))
 
 
 class _KeepStep:
@@ -308,7 +320,7 @@ class Checkpointer:
         raise CheckpointError(f'no checkpoint for step {step} in {self.directory}; available: {steps or "none"}')
       restored, problem = self._try_restore(step, abstract_state, log, check_meta, fresh_opt_state, params_only)
       if problem:
-        raise CheckpointError(f'checkpoint step {step} in {self.directory} is unusable: {problem}')
+        raise UnusableCheckpoint(f'checkpoint step {step} in {self.directory} is unusable: {problem}')
       return restored
     if not steps:
       raise CheckpointError(f'no checkpoint in {self.directory}')

@@ -3,17 +3,18 @@ input formats, outputs and bad input; the workdir is never written."""
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 from bert_jax.config import FinetuneConfig
-from bert_jax.errors import DataError
+from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import predict, run as finetuning
 from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop.pretrained import load_finetuned
 
-from helpers import assert_one_line_error, run_experiment, shared_data_or_skip, tree_digest
+from helpers import FIXTURES, assert_one_line_error, run_experiment, shared_data_or_skip, tree_digest
 
 pytestmark = pytest.mark.slow  # each fixture fine-tunes a tiny model
 
@@ -70,9 +71,40 @@ def test_predict_cli_text_input_and_outputs(sst2, tmp_path):
                         (('--text=a', f'--output={tmp_path}/p.csv'), '.jsonl or .tsv'),
                         ((f'--input={tmp_path}/none.txt',), 'does not exist'),
                         (('--text=a', '--seed=7'), 'has no seed 7'),
-                        (('--text=a', '--step=999'), 'no checkpoint for step 999')):
+                        (('--text=a', '--step=999'), 'no checkpoint for step 999'),
+                        (('--text=a', '--text_pair=b'), 'sst2 classifies single sentences'),
+                        (('--text=caf\udce9',), '--text is not UTF-8 text (byte 0xe9 at character 3)')):
     assert_one_line_error(run_experiment('predict.py', f'--workdir={sst2}', *args), message)
+  (tmp_path / 'pairs.txt').write_text('fine\nA film.\tA film.\n', encoding='utf-8')
+  assert_one_line_error(run_experiment('predict.py', f'--workdir={sst2}', f'--input={tmp_path}/pairs.txt'),
+                        'row 2: sst2 classifies single sentences')
+  r = run_experiment('predict.py', f'--workdir={sst2}', '--text=' + 'a long review ' * 40)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert [l for l in r.stderr.splitlines() if l.startswith('warning:')] == [
+      'warning: 1 of 1 texts were longer than max_seq_length=64 tokens (the run\'s) and were truncated']
   assert tree_digest(sst2) == before
+
+
+def test_a_workdir_keeps_its_tokenizer_when_the_starting_checkpoint_changes(tiny_checkpoint, tmp_path):
+  start, workdir = tmp_path / 'start', str(tmp_path / 'sst2')
+  shutil.copytree(tiny_checkpoint, start)
+  cfg = FinetuneConfig(task='sst2', init_checkpoint=str(start), data_dir=shared_data_or_skip('sst2'),
+                       max_seq_length=32, batch_size=16, max_steps=2, max_train_samples=32)
+  finetuning.finetune(cfg, workdir)
+  assert {'tokenizer.json', 'vocab.txt', 'tokenizer_config.json'} <= set(os.listdir(workdir))
+  rows = [predict.text_row('classification', t) for t in ('A gripping, funny film.', 'Dull and far too long.')]
+  before_outputs = predict.predict(load_finetuned(workdir), rows)
+  # The starting path now holds another model (another run, a newer download): the workdir does not care.
+  shutil.rmtree(start)
+  shutil.copytree(os.path.join(FIXTURES, 'legacy', 'pretrain'), start)  # SentencePiece, 300 pieces
+  before = tree_digest(workdir)
+  assert predict.predict(load_finetuned(workdir), rows) == before_outputs
+  r = run_experiment('predict.py', f'--workdir={workdir}', '--text=A gripping, funny film.')
+  assert r.returncode == 0 and 'warning' not in r.stderr, r.stderr[-3000:]
+  assert json.loads(r.stdout.strip().splitlines()[-1])['probabilities'] == before_outputs[0]['probabilities']
+  with pytest.raises(ConfigError, match='is not the one this run was fine-tuned with'):
+    finetuning.finetune(cfg, workdir)  # resuming on other weights would mix two models
+  assert tree_digest(workdir) == before
 
 
 def test_token_classification_dev_set_gets_the_evaluation_tags(tmp_path_factory, tiny_checkpoint):

@@ -1,5 +1,9 @@
 """Orbax checkpoints: bitwise round trip with data position, mismatched models named clearly."""
 
+import logging
+import sys
+import types
+
 import jax
 import numpy as np
 import pytest
@@ -7,7 +11,7 @@ import pytest
 from bert_jax import config, sharding
 from bert_jax.errors import CheckpointError
 from bert_jax.pretraining.run import pretraining_model
-from bert_jax.train import optim
+from bert_jax.train import checkpoints, optim
 from bert_jax.train.checkpoints import Checkpointer
 
 from helpers import random_pretraining_batch
@@ -58,3 +62,41 @@ def test_restoring_into_another_model_names_the_tensor(tmp_path):
     Checkpointer(str(tmp_path), read_only=True).restore(None, _model(hidden=32).abstract_state)
   with pytest.raises(CheckpointError, match='no checkpoint for step 5'):
     Checkpointer(str(tmp_path), read_only=True).restore(5, model.abstract_state)
+
+
+def test_late_reports_of_abandoned_reads_are_dropped_and_others_kept():
+  """After a failed restore, tensorstore's reads still in flight report themselves one by one (thousands of
+  lines); the checkpointer's hooks drop exactly those and pass every other report on."""
+  passed_on = []
+  before = sys.unraisablehook
+  sys.unraisablehook = passed_on.append
+  checkpoints._quiet_closed_loop_callbacks()  # pylint: disable=protected-access  # what Checkpointer() installs
+  namespace = {}
+  exec(compile('async def read_array():\n  pass\n', '/site-packages/orbax/checkpoint/fake.py', 'exec'), namespace)
+  orbax_coroutine = namespace['read_array']()
+  async def ours():
+    pass
+  our_coroutine = ours()
+  data_loss = ValueError('DATA_LOSS: Error opening "zarr" driver: Error reading "params.x/.zarray" in OCDBT database')
+  for exc, origin, dropped in ((RuntimeError('Event loop is closed'), None, True),
+                               (RuntimeError('coroutine ignored GeneratorExit'), our_coroutine, True),
+                               (ValueError('anything'), orbax_coroutine, True),
+                               (data_loss, None, True),
+                               (ValueError('a bug of ours'), our_coroutine, False)):
+    sys.unraisablehook(types.SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=None,
+                                             err_msg='Exception ignored in', object=origin))
+    assert bool(passed_on and passed_on[-1].exc_value is exc) == (not dropped), exc
+  sys.unraisablehook = before
+  orbax_coroutine.close()
+  our_coroutine.close()
+  asyncio_log = logging.getLogger('asyncio')
+  def shown(message, *args, exc=None):
+    record = asyncio_log.makeRecord('asyncio', logging.ERROR, 'base_events.py', 1, message, args,
+                                    (type(exc), exc, None) if exc else None)
+    return bool(asyncio_log.filter(record))
+  assert not shown('Future exception was never retrieved\nfuture: <Future finished exception=%r>', data_loss)
+  assert not shown('Task exception was never retrieved', exc=data_loss)
+  assert not shown('Task was destroyed but it is pending!\ntask: <Task pending coro=<read() running at '
+                   '/site-packages/orbax/checkpoint/fake.py:1>>')
+  assert shown('Task exception was never retrieved', exc=ValueError('a bug of ours'))
+  assert shown('Executing <Task> took 0.5 seconds')

@@ -227,12 +227,12 @@ def _text(path: str, line_no: int, value: str) -> str:
 
 
 def featurize(text_a: str, text_b: str | None, tokenizer, max_length: int, label: int | float = 0,
-              index: int = 0) -> Feature:
-  """[CLS] text_a [SEP] (text_b [SEP]), truncated longest-first to `max_length`."""
-  ids, type_ids, _ = tokenizer.encode_inputs(text_a, text_b, max_length=max_length)
+              index: int = 0) -> tuple[Feature, bool]:
+  """([CLS] text_a [SEP] (text_b [SEP]) truncated longest-first to `max_length`, whether it was cut)."""
+  ids, type_ids, truncated = tokenizer.encode_inputs(text_a, text_b, max_length=max_length)
   return Feature(input_ids=np.asarray(ids, np.int32), token_type_ids=np.asarray(type_ids, np.int32),
-                 label=label, example_index=index)
+                 label=label, example_index=index), truncated
 
 
 def _feature(example: Example, tokenizer, max_length: int) -> Feature:
-  return featurize(example.text_a, example.text_b, tokenizer, max_length, example.label, example.row)
+  return featurize(example.text_a, example.text_b, tokenizer, max_length, example.label, example.row)[0]
