@@ -47,9 +47,16 @@ def test_docs_shape_is_short_lines_and_tiny_documents(tmp_path):
   assert any(s.startswith('def ') for s in sentences) and any('>>>' in s for s in sentences)  # code
 
 
-def test_an_unknown_shape_is_one_error_line(tmp_path):
-  result = run_experiment('benchmark_data.py', '--shapes=enwiki,books', f'--scratch={tmp_path}', timeout=120)
-  assert_one_line_error(result, "unknown corpus shape 'books'")
+@pytest.mark.parametrize('args,message', [
+    (('--shapes=enwiki,books',), "unknown corpus shape 'books'"),
+    (('--workers=two',), '--workers=two: give comma-separated integers >= 0'),
+    (('--seq_len=128,-1',), '--seq_len=128,-1: give comma-separated integers >= 8'),
+    (('--batches=0',), '--batches=0 must be positive'),
+    (('--loader_only=/nonexistent',), 'is not a prepared cache directory'),
+    (('--unknown_flag=1',), "Unknown command line flag 'unknown_flag'")])
+def test_bad_flags_are_one_error_line(tmp_path, args, message):
+  result = run_experiment('benchmark_data.py', *args, f'--scratch={tmp_path}', timeout=120)
+  assert_one_line_error(result, message)
   assert not os.listdir(tmp_path)
 
 
