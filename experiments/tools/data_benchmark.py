@@ -108,7 +108,7 @@ def synthesize_corpus(source_files: list[str], out_dir: str, target_mb: float, s
       if not os.path.exists(path):
         with open(src, encoding='utf-8') as f:
           text = f.read()
-        rng = random.Random(f'{seed}-{copy}-{src}')
+        rng = random.Random(f'{seed}-{copy}-{os.path.basename(src)}')  # the same copy wherever the source lies
         _write_changed(text, path, copy, rng)
       written.append(path)
       total += os.path.getsize(path)

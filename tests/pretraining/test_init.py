@@ -161,7 +161,7 @@ def test_from_a_fine_tuning_workdir(small_corpus, tmp_path, tiny_checkpoint):
   assert step == 3 and not np.array_equal(encoder['bert']['pooler']['kernel'], original['bert']['pooler']['kernel'])
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), init_checkpoint=tuned)
   resolved, source = init.resolve_init_checkpoint(cfg)
-  assert source.kind == 'finetuning' and resolved.data.tokenizer == tiny_checkpoint  # its starting checkpoint's
+  assert source.kind == 'finetuning' and resolved.data.tokenizer == os.path.join(tuned, 'tokenizer.json')  # its own copy
   state = _model(resolved).init_state(init.initial_params(resolved, source), seed=resolved.seed)
   _assert_trees_equal(jax.device_get(state['params']['bert']), encoder['bert'])
 
