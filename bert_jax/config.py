@@ -1,9 +1,15 @@
-"""Frozen configuration blocks: model presets, data, optimizer, training.
+"""Frozen configuration blocks: model presets, data, optimizer, and the two runs' configs.
 
-The dataclasses here are the one source of truth for defaults. Experiment configs
-(`experiments/configs/*.py`) start from `PretrainConfig().to_dict()` as an
-ml_collections ConfigDict and turn the result back with `PretrainConfig.from_dict`,
-which rejects unknown keys with a message naming them.
+One schema: `TrainingConfig` is what every run shares (optimizer, mesh, seed, batch sizes, steps or
+epochs, log/eval/checkpoint cadence, checkpoints kept, resume rules, the checkpoint to start from);
+`PretrainConfig` adds the model and the corpus, `FinetuneConfig` the task and its data. The
+dataclasses are the one source of truth for defaults and for the facts about each field, kept as
+field metadata (`facts`): free on resume, a path, fixed by a checkpoint, an evaluation setting.
+
+Experiment configs (`experiments/configs/*.py`) start from `PretrainConfig().to_dict()` (or
+`FinetuneConfig`) as an ml_collections ConfigDict and turn the result back with `from_dict`, which
+rejects unknown keys with a message naming them, and names the new field of a renamed one.
+Configs saved by earlier versions load through `upgrade_saved`.
 """
 
 from __future__ import annotations
@@ -14,6 +20,36 @@ import os
 from typing import Any
 
 from bert_jax.errors import CheckpointError, ConfigError
+
+
+def _f(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, free: bool = False,
+       path: bool = False, checkpoint: str = '', evaluation: bool = False) -> Any:
+  """A config field with the facts the runs need about it (its `metadata`, read with `facts`).
+
+  Args:
+    default / factory: the field's default (value, or a function making it).
+    free: a resumed run may change it (evaluation, logging, checkpoint cadence, mesh, workers, speed).
+    path: it names files (comma-separated lists too): it compares as the files it names.
+    checkpoint: how a starting checkpoint (init_checkpoint) sets it: 'fixed' (it shapes the
+      parameters or the function they compute: the checkpoint's value, a clashing explicit one is
+      an error), 'default' (the checkpoint's unless given explicitly); '' the config's.
+    evaluation: evaluating a workdir again may set it (experiments/evaluate.py --config.X).
+  """
+  return dataclasses.field(default=default, default_factory=factory,
+                           metadata=dict(free=free, path=path, checkpoint=checkpoint, evaluation=evaluation))
+
+
+def facts(cls, fact: str, prefix: str = '') -> tuple[str, ...]:
+  """The dotted names of `cls`'s fields (nested blocks too) whose metadata `fact` is true (or equal to a
+  non-empty string), e.g. facts(PretrainConfig, 'free') -> ('log_every', ..., 'data.cache_dir')."""
+  out = []
+  for f in dataclasses.fields(cls):
+    sub = _block(f)
+    if f.metadata.get(fact):
+      out.append(prefix + f.name)
+    elif sub is not None:
+      out += facts(sub, fact, prefix + f.name + '.')
+  return tuple(out)
 
 # name: (num_layers, hidden_size, num_heads, intermediate_size)
 PRESETS: dict[str, tuple[int, int, int, int]] = {
@@ -45,72 +81,76 @@ MLPS = ('gelu', 'geglu')
 class ModelConfig:
   """BERT architecture and how it is computed.
 
-  The architecture switches (`norm_position` to `global_attention_every`) default to BERT; together
+  Every field may change when a run resumes (`free`): the fields that shape the parameters or the
+  function they compute (`checkpoint='fixed'`) are checked against the workdir's checkpoints on
+  their own, by `architecture_diffs`, and are taken from a starting checkpoint. The architecture
+  switches (`norm_position` to `global_attention_every`) default to BERT; together
   (pre-LN, rotary, GeGLU, no token types) they give a ModernBERT-shaped encoder. `dtype` is the
   compute dtype; parameters stay float32. `attention_impl`, `remat_policy` and `scan_layers` are
   speed switches: each computes the same function (tests/model/test_speed_switches.py) and none
   changes the parameter tree, so checkpoints move freely between settings.
   """
 
-  vocab_size: int = 30522
-  hidden_size: int = 768
-  num_layers: int = 12
-  num_heads: int = 12
-  intermediate_size: int = 3072
+  vocab_size: int = _f(30522, free=True, checkpoint='fixed')
+  hidden_size: int = _f(768, free=True, checkpoint='fixed')
+  num_layers: int = _f(12, free=True, checkpoint='fixed')
+  num_heads: int = _f(12, free=True, checkpoint='fixed')
+  intermediate_size: int = _f(3072, free=True, checkpoint='fixed')
   # The longest sequence: the rows of the learned position table, a bound on inputs with rotary positions.
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2  # token type (segment A/B) embeddings; 0 = none (ModernBERT), token_type_ids ignored
-  hidden_dropout: float = 0.1
-  attention_dropout: float = 0.1
-  initializer_range: float = 0.02
-  layer_norm_eps: float = 1e-12
+  max_position_embeddings: int = _f(512, free=True, checkpoint='fixed')
+  # Token type (segment A/B) embeddings; 0 = none (ModernBERT): token_type_ids are ignored.
+  type_vocab_size: int = _f(2, free=True, checkpoint='fixed')
+  hidden_dropout: float = _f(0.1, free=True, checkpoint='default')
+  attention_dropout: float = _f(0.1, free=True, checkpoint='default')
+  initializer_range: float = _f(0.02, free=True, checkpoint='fixed')
+  layer_norm_eps: float = _f(1e-12, free=True, checkpoint='fixed')
   # [PAD]'s id: without an explicit attention mask, tokens attend to every non-[PAD] token.
-  pad_token_id: int = 0
+  pad_token_id: int = _f(0, free=True, checkpoint='fixed')
   # --- Architecture switches: the defaults are BERT's (tests/model/test_architecture.py). Each changes the
   # function the parameters compute, so checkpoints carry them; Hugging Face export: bert_jax.interop.modernbert.
   # 'post': x = LN(x + f(x)) after each sub-layer (BERT). 'pre': x = x + f(LN(x)) and a final LayerNorm after the
   # last layer; the embeddings keep their LayerNorm, so the first layer has no LayerNorm before its attention
   # (it would normalise a normalised input), as in ModernBERT.
-  norm_position: str = 'post'
+  norm_position: str = _f('post', free=True, checkpoint='fixed')
   # 'learned': a max_position_embeddings x hidden table added to the embeddings (BERT). 'rotary': RoPE on every
   # layer's queries and keys (rotate-half layout, as RoFormer and ModernBERT): no table, attention scores depend
   # on relative positions only.
-  position_embedding: str = 'learned'
+  position_embedding: str = _f('learned', free=True, checkpoint='fixed')
   # RoPE base of global-attention layers, and of local-window ones (ModernBERT: 160000 and 10000).
-  rope_theta: float = 10000.0
-  local_rope_theta: float = 10000.0
+  rope_theta: float = _f(10000.0, free=True, checkpoint='fixed')
+  local_rope_theta: float = _f(10000.0, free=True, checkpoint='fixed')
   # 'gelu': dense -> exact GELU -> dense (BERT). 'geglu': GELU(x W) * (x V) -> dense, with W and V side by side
   # in one intermediate kernel [hidden, 2, intermediate_size] (ModernBERT).
-  mlp: str = 'gelu'
+  mlp: str = _f('gelu', free=True, checkpoint='fixed')
   # False: no bias in any dense layer or LayerNorm of the encoder (pooler included) or of the MLM transform. The
   # output layers keep theirs: the MLM decoder's per-token bias, the NSP and task classifiers (as ModernBERT).
-  use_bias: bool = True
+  use_bias: bool = _f(True, free=True, checkpoint='fixed')
   # 0: every layer attends to the whole sequence. > 0 (even): local layers attend only to keys at most
   # attention_window / 2 positions away (the window of Longformer and ModernBERT's local_attention).
-  attention_window: int = 0
+  attention_window: int = _f(0, free=True, checkpoint='fixed')
   # With an attention_window: layers 0, N, 2N, ... stay global (ModernBERT: N = 3) and the others are local;
   # 0 = every layer local.
-  global_attention_every: int = 0
+  global_attention_every: int = _f(0, free=True, checkpoint='fixed')
   # 'float32' or 'bfloat16': matmul dtype; LayerNorm, softmax, logits and losses stay float32.
-  dtype: str = 'float32'
+  dtype: str = _f('float32', free=True)
   # Attention kernel. '' = automatic, logged when a model is built: 'cudnn' (flash) on an NVIDIA
   # GPU in bfloat16 with head_dim <= 128, else 'xla' (both jax.nn.dot_product_attention), and
   # 'einsum' (explicit softmax, the only path with dropout on the probabilities) while training
   # with attention_dropout > 0. 'xla'/'cudnn' force that kernel wherever no attention dropout is
   # active; 'einsum' forces the explicit path everywhere.
-  attention_impl: str = ''
+  attention_impl: str = _f('', free=True)
   # Rematerialisation of each encoder layer in the backward pass: 'none' keeps every activation;
   # 'full' recomputes the layer (least memory); 'dots' keeps matmul outputs and recomputes the
   # elementwise ops; 'dots_no_batch' keeps only matmuls without batch dimensions (the weight
   # matmuls, not attention's QK^T and PV). Maps to jax.checkpoint_policies.
-  remat_policy: str = 'none'
+  remat_policy: str = _f('none', free=True)
   # Dropout masks: 'hash' (a counter-based hash of each element's index, ~10x cheaper than threefry
   # on CPU, where per-element threefry is half of a BERT-base step; bert_jax/dropout.py) or
   # 'threefry' (jax.random.bernoulli, as flax's nnx.Dropout). Same rates, different masks.
-  dropout_impl: str = 'hash'
+  dropout_impl: str = _f('hash', free=True)
   # Runs the encoder layers as one jax.lax.scan over their stacked parameters: compile time
   # independent of depth. The parameter tree (layers/0, layers/1, ...) is unchanged.
-  scan_layers: bool = False
+  scan_layers: bool = _f(False, free=True)
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -183,10 +223,10 @@ class DataConfig:
   """Pretraining corpus, its preparation (bert_jax/data/prepare.py) and example construction."""
 
   # Comma-separated files, globs or directories; gzip/bz2/xz files are read as they are.
-  train_files: str = 'data/wikitext-2-raw'
+  train_files: str = _f('data/wikitext-2-raw', path=True)
   # Held-out files; when empty, documents are held out by a keyed hash of their text with
   # probability `eval_fraction`.
-  eval_files: str = ''
+  eval_files: str = _f('', path=True)
   eval_fraction: float = 0.05
   # Corpus format (readers.FORMATS): 'auto' detects wikiextractor, jsonl, wikitext or plain per file.
   format: str = 'auto'
@@ -197,15 +237,15 @@ class DataConfig:
   # A SentencePiece .model, or a Hugging Face WordPiece tokenizer (a checkpoint directory, its
   # tokenizer.json or vocab.txt: the ids of that checkpoint's own tokenizer). Empty: train a
   # SentencePiece model (vocab = model.vocab_size) on a sample of the training sentences.
-  tokenizer: str = ''
+  tokenizer: str = _f('', path=True)
   tokenizer_sample_sentences: int = 1_000_000
   lower_case: bool = True  # for a trained tokenizer; a given one keeps its own normalisation
   # Where prepared records (and a trained tokenizer) are cached, keyed by a fingerprint.
-  cache_dir: str = 'data/cache'
+  cache_dir: str = _f('data/cache', free=True, path=True)
   # Preparation works on units of whole documents of about this many MB of input, one worker
   # process each: memory grows with unit_mb x num_workers, not with the corpus.
   unit_mb: int = 16
-  num_workers: int = 0  # preparation worker processes per host; 0 = every local core
+  num_workers: int = _f(0, free=True)  # preparation worker processes per host; 0 = every local core
   max_seq_length: int = 128
   # Masked-LM slots per sequence; 0 = derived: ceil(masked_lm_prob * max_seq_length) (20 at 128).
   max_predictions_per_seq: int = 0
@@ -232,7 +272,7 @@ class DataConfig:
   # Processes that build training batches beside the training loop (grain's multiprocessing
   # prefetch); 0 builds them in a thread of the training process; -1 = automatic: none on a
   # CPU backend (its cores train), else one per local accelerator, at most half the cores.
-  loader_workers: int = -1
+  loader_workers: int = _f(-1, free=True)
   # Training batches only: pack each global batch's examples (the same examples and masks as
   # unpacked) several per row, with per-example attention, positions and [CLS] pooling — the same
   # function on fewer rows. BERT pairs mostly fill max_seq_length, so the gain depends on the data
@@ -291,12 +331,36 @@ class OptimConfig:
   name: str = 'adamw'  # or 'lamb' (layer-wise trust ratio, for large-batch pretraining)
   learning_rate: float = 1e-4
   warmup_steps: int = 100
+  # > 0: the warmup is this fraction of the run's steps (rounded up) instead of warmup_steps.
+  warmup_ratio: float = 0.0
   weight_decay: float = 0.01
   b1: float = 0.9
   b2: float = 0.999
   eps: float = 1e-6
   clip_norm: float = 1.0
   grad_accum_steps: int = 1
+
+  def __post_init__(self):
+    if self.name not in ('adamw', 'lamb'):
+      raise ConfigError(f"optim.name must be 'adamw' or 'lamb', got {self.name!r}")
+    # A negative rate is gradient ascent; NaN trains nothing.
+    if not (isinstance(self.learning_rate, (int, float)) and math.isfinite(self.learning_rate)
+            and self.learning_rate > 0):
+      raise ConfigError(f'optim.learning_rate must be a positive number, got {self.learning_rate}')
+    if self.warmup_steps < 0 or not 0 <= self.warmup_ratio <= 1:
+      raise ConfigError(f'optim.warmup_steps ({self.warmup_steps}) must be >= 0 and optim.warmup_ratio '
+                        f'({self.warmup_ratio}) in [0, 1]')
+    if self.weight_decay < 0 or self.eps <= 0 or self.clip_norm < 0:
+      raise ConfigError(f'optim.weight_decay ({self.weight_decay}) and clip_norm ({self.clip_norm}) must be >= 0 '
+                        f'and eps ({self.eps}) > 0')
+    if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
+      raise ConfigError(f'optim.b1 ({self.b1}) and b2 ({self.b2}) must be in [0, 1)')
+    if self.grad_accum_steps < 1:
+      raise ConfigError(f'optim.grad_accum_steps must be >= 1, got {self.grad_accum_steps}')
+
+  def warmup(self, total_steps: int) -> int:
+    """Warmup steps of a run of `total_steps`."""
+    return math.ceil(self.warmup_ratio * total_steps) if self.warmup_ratio > 0 else self.warmup_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,103 +376,165 @@ class MeshConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class PretrainConfig:
-  """Everything a pretraining run needs."""
+class TrainingConfig:
+  """What every run shares: optimizer, mesh, seed, batch, length, cadence, checkpoints, resume rules and
+  the checkpoint it starts from. `PretrainConfig` and `FinetuneConfig` extend it."""
 
-  model: ModelConfig = dataclasses.field(default_factory=lambda: preset('mini', vocab_size=8000))
-  data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
-  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  optim: OptimConfig = _f(factory=OptimConfig)
+  mesh: MeshConfig = _f(factory=MeshConfig, free=True, evaluation=True)
   seed: int = 0
   batch_size: int = 32  # global batch per optimizer step
+  eval_batch_size: int = _f(64, free=True, evaluation=True)
+  # The run's length: num_train_steps when > 0, else num_train_epochs passes over the training examples.
   num_train_steps: int = 1000
-  log_every: int = 50
-  eval_every: int = 500
-  eval_batch_size: int = 64
-  checkpoint_every: int = 500
-  keep_checkpoints: int = 3
+  num_train_epochs: float = 0.0
+  log_every: int = _f(50, free=True, evaluation=True)
+  eval_every: int = _f(500, free=True)  # 0: evaluate at the end only
+  checkpoint_every: int = _f(500, free=True)  # 0: save at the end only
+  keep_checkpoints: int = _f(3, free=True)
+  # Also keep the checkpoint with the best held-out main metric (a checkpoint is saved at each evaluation;
+  # needs eval_every > 0); the run's final results are then the best step's.
+  keep_best: bool = _f(False, free=True)
   # Resuming refuses a checkpoint whose run differs in data, batch, seed, steps or optimizer;
   # comma-separated fields (or sections, e.g. 'optim') listed here may change deliberately.
-  resume_allow: str = ''
-  # Continue pretraining from published or earlier weights: a Hugging Face directory or a bert_jax
-  # workdir (pretraining or fine-tuning), only ever read. Its architecture, vocabulary and tokenizer
-  # replace the config's; the encoder (and the MLM/NSP heads it has) start the run, while the
-  # optimizer, step and data position start fresh. Not resuming: that is re-running in one workdir.
-  init_checkpoint: str = ''
+  resume_allow: str = _f('', free=True)
+  # The weights a run starts from: a Hugging Face directory or a bert_jax workdir (pretraining or
+  # fine-tuning), only ever read. Its architecture, vocabulary and tokenizer replace the config's; the
+  # encoder (and the heads it has that the run uses) start the run, while the optimizer, step and data
+  # position start fresh. Not resuming: that is re-running in one workdir.
+  init_checkpoint: str = _f('', path=True)
   init_checkpoint_step: int = -1  # for a bert_jax workdir: -1 = latest
+
+  def __post_init__(self):
+    """The checks that need neither the mesh nor the model (those are the runs' `check`)."""
+    for name in ('batch_size', 'eval_batch_size', 'log_every', 'keep_checkpoints'):
+      if getattr(self, name) <= 0:
+        raise ConfigError(f'{name} must be positive, got {getattr(self, name)}')
+    for name in ('eval_every', 'checkpoint_every', 'num_train_steps', 'num_train_epochs'):
+      if getattr(self, name) < 0:
+        raise ConfigError(f'{name} must be >= 0, got {getattr(self, name)}')
+    if self.num_train_steps <= 0 and self.num_train_epochs <= 0:
+      raise ConfigError('set num_train_steps > 0 or num_train_epochs > 0')
+    if self.keep_best and self.eval_every <= 0:
+      raise ConfigError(f'eval_every={self.eval_every}: give a positive number of steps between evaluations '
+                        '(keep_best ranks the checkpoints saved at each evaluation)')
+    if self.batch_size % self.optim.grad_accum_steps:
+      raise ConfigError(f'batch_size={self.batch_size} must be a multiple of optim.grad_accum_steps='
+                        f'{self.optim.grad_accum_steps}')
+    check_resume_allow(self.resume_allow, self.to_dict(), extra=('data_fingerprint',))
+
+  def total_steps(self, num_train_examples: int) -> int:
+    """The run's optimizer steps: num_train_steps, or num_train_epochs over `num_train_examples`."""
+    if self.num_train_steps > 0:
+      return self.num_train_steps
+    return max(1, math.ceil(self.num_train_epochs * math.ceil(num_train_examples / self.batch_size)))
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
 
   @classmethod
-  def from_dict(cls, d: dict[str, Any]) -> 'PretrainConfig':
-    """Builds a config from a (nested) dict, naming any unknown key."""
+  def from_dict(cls, d: dict[str, Any]):
+    """Builds a config from a (nested) dict, naming any unknown key (and the new name of a renamed one)."""
     return _from_dict(cls, dict(d), prefix='')
 
 
 @dataclasses.dataclass(frozen=True)
-class FinetuneConfig:
-  """A fine-tuning run: task, starting checkpoint, data, budget and evaluation."""
+class PretrainConfig(TrainingConfig):
+  """A pretraining run: the shared training block, the model and its corpus."""
 
-  task: str = 'sst2'  # a GLUE task name, 'conll2003', 'squad' or 'squad_v2'
-  # A Hugging Face directory or a bert_jax pretraining workdir (never written to).
-  init_checkpoint: str = ''
-  init_checkpoint_step: int = -1  # for a bert_jax workdir: -1 = latest
-  data_dir: str = ''
-  train_file: str = ''  # overrides the task's file in data_dir
-  eval_file: str = ''
-  max_seq_length: int = 128
-  batch_size: int = 32
-  eval_batch_size: int = 64
-  learning_rate: float = 5e-5
+  model: ModelConfig = _f(factory=lambda: preset('mini', vocab_size=8000))
+  data: DataConfig = _f(factory=DataConfig)
+
+  def __post_init__(self):
+    super().__post_init__()
+    d = self.data
+    if d.max_seq_length < 8:
+      raise ConfigError(f'data.max_seq_length={d.max_seq_length} is too short for [CLS] A [SEP] B [SEP]')
+    if not 0 < d.max_predictions_per_seq <= d.max_seq_length:
+      raise ConfigError(f'data.max_predictions_per_seq={d.max_predictions_per_seq} must be in '
+                        f'(0, max_seq_length={d.max_seq_length}]')
+    if d.pack and (d.pack_rows_multiple < 1 or d.max_segments_per_row < 1):
+      raise ConfigError(f'data.pack_rows_multiple={d.pack_rows_multiple} and data.max_segments_per_row='
+                        f'{d.max_segments_per_row} must be positive')
+
+
+def _finetuning_optim() -> OptimConfig:
+  # Hugging Face Trainer's defaults: Adam epsilon 1e-8, a warmup of 10% of the steps.
+  return OptimConfig(learning_rate=5e-5, warmup_steps=0, warmup_ratio=0.1, eps=1e-8)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneConfig(TrainingConfig):
+  """A fine-tuning run: the shared training block, the task and its data.
+
+  The model's architecture is its init_checkpoint's (required); `model` sets how it is computed
+  (dtype, attention kernel, rematerialisation) and, when given, its dropout rates.
+  """
+
+  optim: OptimConfig = _f(factory=_finetuning_optim)
+  # Each seed trains in its own seed_<n>/: seed and num_seeds may change when a workdir is run again.
+  seed: int = _f(0, free=True, evaluation=True)
+  num_seeds: int = _f(1, free=True, evaluation=True)  # seeds seed .. seed + num_seeds - 1, and their mean +- std
+  num_train_steps: int = 0
   num_train_epochs: float = 3.0
-  max_steps: int = 0  # > 0 overrides num_train_epochs
+  log_every: int = _f(25, free=True, evaluation=True)
+  eval_every: int = _f(0, free=True)
+  checkpoint_every: int = _f(0, free=True)
+  keep_checkpoints: int = _f(1, free=True)
+  model: ModelConfig = _f(factory=ModelConfig)
+  task: str = 'sst2'  # a GLUE task name, 'conll2003', 'squad' or 'squad_v2'
+  data_dir: str = _f('', path=True)
+  train_file: str = _f('', path=True)  # overrides the task's file in data_dir
+  eval_file: str = _f('', free=True, path=True, evaluation=True)
+  max_seq_length: int = 128
   max_train_samples: int = 0  # > 0: the first N training examples in file order
-  warmup_ratio: float = 0.1  # warmup steps = ceil(ratio * total steps)
-  weight_decay: float = 0.01
-  adam_eps: float = 1e-8
-  clip_norm: float = 1.0
-  seed: int = 0
-  num_seeds: int = 1  # runs seeds seed .. seed + num_seeds - 1, reports each and mean +- std
   shuffle: bool = True  # reshuffle the training set every epoch
   # Packs several examples into each row (per-example attention, restarted positions);
   # the same function as padding each one, with no compute spent on padding.
   pack: bool = True
-  dtype: str = 'float32'
-  # Restore and evaluate a trained workdir again (the training config is the workdir's own; only the
-  # evaluation fields given here apply); results go beside the training ones, in seed_<n>/eval_step<N>[_<file>]/.
-  eval_only: bool = False
-  eval_step: int = -1  # with eval_only: -1 = latest checkpoint
-  eval_every: int = 0  # evaluate the dev set(s) every N steps (metrics_eval.jsonl, curves.png); 0 = at the end
-  # Keep the checkpoint with the best main dev metric (needs eval_every; a checkpoint is saved at each
-  # evaluation) and report it: the final evaluation, predictions and final_metrics are the best step's.
-  keep_best: bool = False
-  log_every: int = 25
-  checkpoint_every: int = 0  # 0 = only at the end
-  keep_checkpoints: int = 1
-  resume_allow: str = ''  # fields a resumed seed may change, comma-separated (see PretrainConfig)
   # SQuAD
   doc_stride: int = 128  # overlap in tokens between consecutive windows (HF run_qa convention)
   max_query_length: int = 64
-  n_best_size: int = 20
-  max_answer_length: int = 30
-  null_score_diff_threshold: float = 0.0  # SQuAD 2.0: predict no answer above this
-  tune_null_threshold: bool = True  # SQuAD 2.0: also report the best threshold on the eval set
+  n_best_size: int = _f(20, free=True, evaluation=True)
+  max_answer_length: int = _f(30, free=True, evaluation=True)
+  null_score_diff_threshold: float = _f(0.0, free=True, evaluation=True)  # SQuAD 2.0: no answer above this
+  tune_null_threshold: bool = _f(True, free=True, evaluation=True)  # SQuAD 2.0: also report the best threshold
   train_articles: int = 40  # without a train file: the first N articles of dev-v1.1.json train
-  eval_articles: int = 8  # ... and the last N evaluate
-  mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+  eval_articles: int = _f(8, free=True, evaluation=True)  # ... and the last N evaluate
 
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+  def __post_init__(self):
+    super().__post_init__()
+    if self.max_seq_length < 8:
+      raise ConfigError(f'max_seq_length={self.max_seq_length} is too short')
+    if self.num_seeds <= 0:
+      raise ConfigError(f'num_seeds must be positive, got {self.num_seeds}')
 
-  @classmethod
-  def from_dict(cls, d: dict[str, Any]) -> 'FinetuneConfig':
-    return _from_dict(cls, dict(d), prefix='')
+
+# Fine-tuning fields of earlier versions (one flat block): where they went, and the two that became a tool.
+RENAMED = {'learning_rate': 'optim.learning_rate', 'adam_eps': 'optim.eps', 'weight_decay': 'optim.weight_decay',
+           'clip_norm': 'optim.clip_norm', 'warmup_ratio': 'optim.warmup_ratio', 'max_steps': 'num_train_steps',
+           'dtype': 'model.dtype'}
+REMOVED = {'eval_only': 'evaluate a workdir again with experiments/evaluate.py --workdir=DIR',
+           'eval_step': 'evaluate one checkpoint with experiments/evaluate.py --workdir=DIR --step=N'}
 
 
 def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
-  """A saved config (config.json, a checkpoint's meta) in today's field names: data.nsp became
-  data.objective and data.whole_word_masking data.masking. Returns a new dict when it changes."""
+  """A saved config (config.json, a checkpoint's meta) in today's field names; a new dict when it changes.
+
+  Pretraining: data.nsp became data.objective and data.whole_word_masking data.masking. Fine-tuning
+  (config.json's 'finetune' block, or a checkpoint's config): the flat fields of RENAMED moved into
+  the shared blocks, eval_only/eval_step went to experiments/evaluate.py, and config.json's
+  top-level 'model' (the starting checkpoint's architecture) became the config's own `model`.
+  """
+  if 'finetune' in config:
+    finetune = _upgrade_finetune(config['finetune'])
+    if 'model' in config:  # the starting checkpoint's architecture, with the run's dtype (a flat field then)
+      finetune = {**finetune, 'model': {**config['model'], **finetune.get('model', {})}}
+    elif finetune is config['finetune']:
+      return config
+    return {k: v for k, v in {**config, 'finetune': finetune}.items() if k != 'model'}
+  if 'task' in config and 'data' not in config:  # a fine-tuning checkpoint's config
+    return _upgrade_finetune(config)
   data = config.get('data')
   if not isinstance(data, dict) or not {'nsp', 'whole_word_masking'} & set(data):
     return config
@@ -420,46 +546,58 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
   return {**config, 'data': data}
 
 
+def _upgrade_finetune(flat: dict[str, Any]) -> dict[str, Any]:
+  if not (set(RENAMED) | set(REMOVED)) & set(flat):
+    return flat
+  out = {k: v for k, v in flat.items() if k not in RENAMED and k not in REMOVED}
+  for old, new in RENAMED.items():
+    if old in flat:
+      section, name = new.split('.') if '.' in new else ('', new)
+      if section:
+        out[section] = {**out.get(section, {}), name: flat[old]}
+      else:
+        out[name] = flat[old]
+  if 'optim' in out:  # the warmup was a ratio then: no fixed number of steps
+    out['optim'] = {'warmup_steps': 0, **out['optim']}
+  return out
+
+
 def _from_dict(cls, d: dict[str, Any], prefix: str):
   fields = {f.name: f for f in dataclasses.fields(cls)}
+  moved = [f'{prefix}{k} is now {prefix}{RENAMED[k]}' for k in sorted(set(d) - set(fields)) if k in RENAMED]
+  gone = [f'{prefix}{k} is gone: {REMOVED[k]}' for k in sorted(set(d) - set(fields)) if k in REMOVED]
+  if moved or gone:
+    raise ConfigError('; '.join(moved + gone))
   unknown = sorted(set(d) - set(fields))
   if unknown:
     raise ConfigError(f'unknown config key(s): {", ".join(prefix + k for k in unknown)}; '
                       f'valid keys under {prefix or "the top level"}: {", ".join(fields)}')
   kwargs = {}
   for name, value in d.items():
-    sub = _DATACLASS_FIELDS.get((cls, name))
-    kwargs[name] = _from_dict(sub, dict(value), prefix + name + '.') if sub else value
+    sub = _block(fields[name])
+    kwargs[name] = _from_dict(sub, dict(value), prefix + name + '.') if sub and isinstance(value, dict) else value
   try:
     return cls(**kwargs)
   except TypeError as e:
     raise ConfigError(f'bad config under {prefix or "the top level"}: {e}') from None
 
 
-_DATACLASS_FIELDS = {
-    (PretrainConfig, 'model'): ModelConfig,
-    (PretrainConfig, 'data'): DataConfig,
-    (PretrainConfig, 'optim'): OptimConfig,
-    (PretrainConfig, 'mesh'): MeshConfig,
-    (FinetuneConfig, 'mesh'): MeshConfig,
-}
+def _block(f: dataclasses.Field) -> type | None:
+  """The config block (a dataclass) a field holds, or None for a plain value."""
+  default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+  return type(default) if dataclasses.is_dataclass(default) else None
 
 
-def diff_model_configs(saved: dict[str, Any], current: ModelConfig) -> list[str]:
-  """Lists 'field: saved -> current' for architecture fields that differ."""
-  out = []
-  for f in dataclasses.fields(ModelConfig):
-    if f.name in ('hidden_dropout', 'attention_dropout', 'dtype', 'attention_impl', 'remat_policy',
-                  'scan_layers', 'dropout_impl', 'pad_token_id'):
-      continue  # do not change parameter shapes
-    if f.name in saved and saved[f.name] != getattr(current, f.name):
-      out.append(f'{f.name}: {saved[f.name]} (checkpoint) vs {getattr(current, f.name)} (config)')
-  return out
+def from_checkpoint(how: str) -> tuple[str, ...]:
+  """The ModelConfig fields a starting checkpoint sets: 'fixed' (it shapes the parameters or the function
+  they compute) or 'default' (its value unless given)."""
+  return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata['checkpoint'] == how)
 
 
-# Config fields that hold paths (comma-separated lists too): they compare as the files they name.
-PATH_FIELDS = ('init_checkpoint', 'data_dir', 'train_file', 'eval_file', 'data.train_files', 'data.eval_files',
-               'data.tokenizer', 'data.cache_dir')
+def architecture_diffs(saved: dict[str, Any], current: ModelConfig) -> list[str]:
+  """'field: saved (checkpoint) vs current (config)' for each field fixed by a checkpoint that differs."""
+  return [f'{name}: {saved[name]} (checkpoint) vs {getattr(current, name)} (config)'
+          for name in from_checkpoint('fixed') if name in saved and saved[name] != getattr(current, name)]
 
 
 def _same_paths(a: Any, b: Any) -> bool:
@@ -473,8 +611,8 @@ def _same_paths(a: Any, b: Any) -> bool:
 
 def config_diffs(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...], prefix: str = '') -> list[str]:
   """'name: old -> new' for every leaf that differs, skipping names (or sections) in `free` and
-  fields the old config lacks (added since it was written). Paths (PATH_FIELDS) compare resolved:
-  'data/x', './data/x' and its absolute form are the same."""
+  fields the old config lacks (added since it was written). Paths (fields with the `path` fact)
+  compare resolved: 'data/x', './data/x' and its absolute form are the same."""
   out = []
   for key in sorted(set(old) | set(new)):
     name = prefix + key
@@ -483,7 +621,7 @@ def config_diffs(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...]
     a, b = old[key], new.get(key)
     if isinstance(a, dict) and isinstance(b, dict):
       out += config_diffs(a, b, free, name + '.')
-    elif a != b and not (name in PATH_FIELDS and _same_paths(a, b)):
+    elif a != b and not (name in _PATHS and _same_paths(a, b)):
       out.append(f'{name}: {a!r} -> {b!r}')
   return out
 
@@ -520,3 +658,6 @@ def check_resume(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...]
     raise CheckpointError(f'{where} holds another run{at}: ' + '; '.join(diffs)
                           + '. Use a new --workdir, or allow the change with --config.resume_allow='
                           + ','.join(d.split(':')[0] for d in diffs))
+
+
+_PATHS = frozenset(facts(PretrainConfig, 'path') + facts(FinetuneConfig, 'path'))

@@ -11,7 +11,6 @@ import functools
 import time
 from typing import Sequence
 
-from absl import logging
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -21,7 +20,7 @@ from bert_jax import files
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.interop.pretrained import PretrainedBert
 from bert_jax.model.encoder import attention_mask_b11s
-from bert_jax.train import reporting
+from bert_jax.runs import reporting
 
 POOLINGS = ('mean', 'cls')
 # Padded lengths are rounded up to a multiple of this, so the encoder compiles once per bucket
@@ -48,8 +47,8 @@ def _tokenize(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]
     types.append(token_type_ids)
     num_truncated += bool(truncated)
   if num_truncated:
-    logging.warning('%d of %d texts were longer than max_length=%d tokens and were truncated',
-                    num_truncated, len(texts), max_length)
+    reporting.log(f'warning: {num_truncated} of {len(texts)} texts were longer than max_length={max_length} tokens '
+                  'and were truncated')
   return ids, types
 
 
@@ -335,8 +334,8 @@ def read_texts(path: str) -> list[tuple[str, str | None]]:
     text = data.decode('utf-8')
   except UnicodeDecodeError:
     text = data.decode('utf-8', errors='replace')
-    logging.warning('%s is not valid UTF-8: %d undecodable byte sequences were replaced by U+FFFD', path,
-                    text.count('\ufffd'))
+    reporting.log(f'warning: {path} is not valid UTF-8: {text.count(chr(0xfffd))} undecodable byte sequences were '
+                  'replaced by U+FFFD')
   # Only '\n' ends a line (str.splitlines would also split at form feeds, U+2028, ...).
   lines = [line.removesuffix('\r') for line in text.split('\n')]
   while lines and not lines[-1].strip():

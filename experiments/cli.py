@@ -16,6 +16,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bert_jax import distributed, files
+from bert_jax.config import REMOVED, RENAMED
 from bert_jax.errors import BertJaxError, CheckpointWriteError, ConfigError, Preempted
 from bert_jax.train.preemption import EXIT_CODE
 
@@ -129,8 +130,13 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def _unknown_key(e: Exception) -> None:
   key = str(e).strip('\'"')
   given = [a.split('=')[0] for a in sys.argv[1:] if a.startswith('--config.') and key in a.split('=')[0]]
-  _fail(f'unknown config key {key!r} in {given[0] if given else "a --config.* flag"}; the config file\'s '
-        'fields are the valid keys (see --helpfull)')
+  flag = given[0] if given else 'a --config.* flag'
+  name = flag[len('--config.'):] if given else key
+  if name in RENAMED:
+    _fail(f'{flag} is now --config.{RENAMED[name]}')
+  if name in REMOVED:
+    _fail(f'{flag} is gone: {REMOVED[name]}')
+  _fail(f'unknown config key {key!r} in {flag}; the config file\'s fields are the valid keys (see --helpfull)')
 
 
 def define_config(default: str, help_text: str):

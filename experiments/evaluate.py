@@ -1,15 +1,22 @@
-"""Restores pretraining checkpoints and evaluates them held-out (MLM/NSP loss and accuracy).
+"""Evaluates a workdir's checkpoints again, pretraining or fine-tuning; the training results are never touched.
 
-One checkpoint (default the latest), printed as one JSON line; the workdir is only read:
+Pretraining: held-out MLM/NSP loss and accuracy of one checkpoint (default the latest), printed as
+one JSON line; the workdir is only read:
   python experiments/evaluate.py --workdir=/tmp/bert_mini [--step=N]
 
-Every checkpoint of the workdir, oldest first (the model and data are built once): a table on
-stdout, one JSON line per step in <workdir>/eval_all_steps.jsonl and the metrics against step in
-<workdir>/eval_all_steps.png:
+Every checkpoint of a pretraining workdir, oldest first (the model and data are built once): a
+table on stdout, one JSON line per step in <workdir>/eval_all_steps.jsonl and the metrics against
+step in <workdir>/eval_all_steps.png (an unusable checkpoint is named and skipped):
   python experiments/evaluate.py --workdir=/tmp/bert_mini --all_steps \
     [--output_jsonl=/tmp/steps.jsonl] [--output_plot=/tmp/steps.png]
-The checkpoints are only read; a read-only workdir gets the table and a warning instead of the
-default files (give --output_jsonl/--output_plot elsewhere to keep them).
+A read-only workdir gets the table and a warning instead of the default files.
+
+Fine-tuning: each seed's checkpoint (default the latest) on the dev set(s), or another file;
+results and predictions go beside the training ones (seed_<n>/eval_step<N>[_<file>]/ and
+eval_step<N>[_<file>].json), the main metric and one JSON line on stdout:
+  python experiments/evaluate.py --workdir=/tmp/sst2 [--step=N] [--config.eval_file=PATH] [--config.num_seeds=3]
+
+Only the evaluation settings (experiments/configs/evaluate.py) may be given; the rest is the workdir's.
 """
 
 import json
@@ -20,12 +27,16 @@ import jax
 
 from bert_jax import files
 from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.finetuning import run as finetuning
 from bert_jax.pretraining import run
-from bert_jax.train import curves, reporting
+from bert_jax.runs import curves, reporting
+from bert_jax.runs.workdir import Workdir
 
 import cli
 
-_WORKDIR = flags.DEFINE_string('workdir', None, 'A pretraining workdir.', required=True)
+_CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'evaluate.py'),
+                            'The evaluation settings (give --config.FIELD to change one).')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A pretraining or fine-tuning workdir.', required=True)
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step to restore (default: latest).')
 _ALL_STEPS = flags.DEFINE_bool('all_steps', False, 'Evaluate every checkpoint: a table, a JSONL and a plot.')
 _OUTPUT_JSONL = flags.DEFINE_string('output_jsonl', None,
@@ -69,7 +80,7 @@ def _row(result: dict, columns: list[str]) -> str:
   return ' '.join([f'{result["step"]:>8}'] + cells)
 
 
-def _all_steps(workdir: str) -> None:
+def _all_steps(workdir: str, overrides: dict) -> None:
   outputs = _outputs(workdir)
   columns: list[str] = []
 
@@ -79,7 +90,7 @@ def _all_steps(workdir: str) -> None:
       reporting.log(' '.join([f'{"step":>8}'] + [f'{c:>{_width(c)}}' for c in columns]))
     reporting.log(_row(result, columns))
 
-  results = run.evaluate_all_checkpoints(workdir, on_result=print_row)
+  results = run.evaluate_all_checkpoints(workdir, on_result=print_row, overrides=overrides)
   if jax.process_index():
     return  # process 0 writes the files
   try:
@@ -95,16 +106,35 @@ def _all_steps(workdir: str) -> None:
     reporting.log('wrote ' + ', '.join(outputs.values()))
 
 
+def _overrides() -> dict:
+  """The evaluation settings given on the command line (whole blocks: --config.mesh.data sets mesh)."""
+  given = {name.split('.')[0] for name in cli.config_overrides()}
+  values = _CONFIG.value.to_dict()
+  return {name: values[name] for name in sorted(given)}
+
+
 def main(_):
+  overrides, kind = _overrides(), Workdir(_WORKDIR.value).kind
+  if kind == 'finetuning':
+    given = [f'--{f.name}' for f in (_ALL_STEPS, _OUTPUT_JSONL, _OUTPUT_PLOT) if f.value]
+    if given:
+      raise ConfigError(f'{" and ".join(given)} apply to pretraining workdirs; a fine-tuning workdir is evaluated '
+                        'at one step (--step, default the latest) of each seed')
+    finetuning.print_summary(finetuning.evaluate_again(_WORKDIR.value, _STEP.value, overrides))
+    return
+  unknown = sorted(set(overrides) - set(run.EVALUATION_FIELDS))
+  if unknown:
+    raise ConfigError(f'--config.{", --config.".join(unknown)} apply to fine-tuning workdirs; a pretraining '
+                      f'workdir takes {", ".join(run.EVALUATION_FIELDS)}')
   if not _ALL_STEPS.value:
     given = [f'--{f.name}' for f in (_OUTPUT_JSONL, _OUTPUT_PLOT) if f.value]
     if given:
       raise ConfigError(f'{" and ".join(given)} only apply with --all_steps')
-    reporting.log(json.dumps(run.evaluate_checkpoint(_WORKDIR.value, _STEP.value)))  # process 0 only
+    reporting.log(json.dumps(run.evaluate_checkpoint(_WORKDIR.value, _STEP.value, overrides)))  # process 0 only
     return
   if _STEP.value is not None:
     raise ConfigError('--all_steps evaluates every checkpoint: drop --step')
-  _all_steps(_WORKDIR.value)
+  _all_steps(_WORKDIR.value, overrides)
 
 
 if __name__ == '__main__':

@@ -24,7 +24,7 @@ from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.interop import hf, modernbert
 from bert_jax.interop.pretrained import load_finetuned, load_pretrained
-from bert_jax.train import workdir
+from bert_jax.runs import workdir
 
 import cli
 

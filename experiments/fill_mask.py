@@ -18,6 +18,7 @@ from absl import flags
 from bert_jax import files, inference
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.interop import pretrained
+from bert_jax.runs import reporting
 
 import cli
 
@@ -50,6 +51,7 @@ def _texts() -> list[str]:
 
 
 def main(_):
+  reporting.log_to(sys.stderr)  # stdout carries the results
   texts = _texts()  # bad input fails before the (slow) checkpoint load
   model = pretrained.load_pretrained(_CHECKPOINT.value)
   predictions = inference.fill_masks(model, texts, top_k=_TOP_K.value, batch_size=_BATCH_SIZE.value)

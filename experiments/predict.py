@@ -28,6 +28,7 @@ from bert_jax import files
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import predict
 from bert_jax.interop.pretrained import load_finetuned
+from bert_jax.runs import reporting
 
 import cli
 
@@ -61,13 +62,10 @@ def _check_flags() -> None:
                         'elsewhere')
 
 
-def _log(message: str) -> None:  # stdout carries the predictions
-  print(message, file=sys.stderr, flush=True)
-
-
 def main(_):
   _check_flags()
-  tuned = load_finetuned(_WORKDIR.value, _SEED.value, _STEP.value, log=_log)
+  reporting.log_to(sys.stderr)  # stdout carries the results
+  tuned = load_finetuned(_WORKDIR.value, _SEED.value, _STEP.value, log=reporting.log)
   kind = tuned.task['kind']
   if _INPUT.value:
     rows = predict.read_rows(_INPUT.value, kind, tuned.task['name'], _FORMAT.value)
@@ -75,8 +73,8 @@ def main(_):
     rows = [predict.text_row(kind, _TEXT.value, _TEXT_PAIR.value, _QUESTION.value, _CONTEXT.value)]
   if not rows:
     raise DataError(f'no rows to predict in {_INPUT.value}')
-  _log(f'predict: {len(rows):,} rows, {tuned.task["name"]} ({kind}), seed {tuned.seed} step {tuned.step}')
-  outputs = predict.predict(tuned, rows, batch_size=_BATCH_SIZE.value, n_best=_N_BEST.value, log=_log)
+  reporting.log(f'predict: {len(rows):,} rows, {tuned.task["name"]} ({kind}), seed {tuned.seed} step {tuned.step}')
+  outputs = predict.predict(tuned, rows, batch_size=_BATCH_SIZE.value, n_best=_N_BEST.value, log=reporting.log)
   if _OUTPUT.value and _OUTPUT.value.endswith('.tsv'):
     files.write_text_atomic(_OUTPUT.value, '\n'.join(predict.tsv_lines(kind, rows, outputs)) + '\n')
   else:

@@ -15,7 +15,7 @@ import os
 
 from bert_jax.config import PretrainConfig
 from bert_jax.pretraining import run
-from bert_jax.train import reporting
+from bert_jax.runs import reporting
 from bert_jax.train.preemption import Preemption
 
 import cli

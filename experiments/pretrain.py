@@ -16,7 +16,7 @@ from absl import flags
 
 from bert_jax.config import PretrainConfig
 from bert_jax.pretraining import run
-from bert_jax.train import reporting
+from bert_jax.runs import reporting
 
 import cli
 

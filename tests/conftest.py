@@ -8,7 +8,12 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 os.environ['PYTHONPATH'] = os.pathsep.join(
     p for p in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get('PYTHONPATH')) if p)
 
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# The tests are the entry point here: grain (the loader's worker processes) reads its settings from absl
+# flags, which the experiments/ scripts parse.
+flags.FLAGS.mark_as_parsed()
 
 from helpers import SMALL_VOCAB, minilm_dir_or_skip, small_data_config, write_small_corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
 

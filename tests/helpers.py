@@ -155,6 +155,13 @@ def tiny_pretrain_config(corpus: str, cache_dir: str, **overrides):
   return dataclasses.replace(cfg, **overrides)
 
 
+def finetune_config(learning_rate: float | None = None, warmup_ratio: float | None = None, **fields):
+  """A FinetuneConfig with fine-tuning's optimizer defaults and, if given, another learning rate or warmup."""
+  from bert_jax.config import FinetuneConfig  # pylint: disable=g-import-not-at-top
+  given = {k: v for k, v in (('learning_rate', learning_rate), ('warmup_ratio', warmup_ratio)) if v is not None}
+  return FinetuneConfig(optim=dataclasses.replace(FinetuneConfig().optim, **given), **fields)
+
+
 def pretrain_subprocess(corpus: str, cache: str, workdir: str, steps: int, patch: str = '', extra=()) -> list[str]:
   """A command running experiments/pretrain.py (tiny variant; checkpoints and logs every 10 steps; `extra`
   flags) in a fresh Python that first runs `patch`: code that wraps a library function to inject a fault."""
@@ -196,8 +203,8 @@ def restore_pretraining_state(workdir: str, cfg, step=None):
 
   from bert_jax import sharding
   from bert_jax.pretraining.run import pretraining_model  # pylint: disable=g-import-not-at-top
+  from bert_jax.runs.checkpoints import Checkpointer  # pylint: disable=g-import-not-at-top
   from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
-  from bert_jax.train.checkpoints import Checkpointer  # pylint: disable=g-import-not-at-top
   model = pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps),
                            sharding.make_mesh(cfg.mesh), objective=cfg.data.objective)
   state, meta = Checkpointer(workdir, read_only=True).restore(step, model.abstract_state)

@@ -42,8 +42,8 @@ def test_bad_values():
 
 def test_model_diff_ignores_dropout_but_names_shape_changes():
   saved = dataclasses.asdict(config.preset('tiny'))
-  assert config.diff_model_configs(saved, config.preset('tiny', hidden_dropout=0.0)) == []
-  assert config.diff_model_configs(saved, config.preset('tiny', num_layers=3)) == [
+  assert config.architecture_diffs(saved, config.preset('tiny', hidden_dropout=0.0)) == []
+  assert config.architecture_diffs(saved, config.preset('tiny', num_layers=3)) == [
       'num_layers: 2 (checkpoint) vs 3 (config)']
 
 

@@ -159,21 +159,22 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both_and_loses_none(tmp_p
 
 GLUE = os.path.join(REPO, 'experiments', 'finetune.py')
 SQUAD = os.path.join(REPO, 'experiments', 'finetune.py')
+EVALUATE = os.path.join(REPO, 'experiments', 'evaluate.py')
 FT_STEPS = 4
 
 
 def _glue_args(checkpoint, workdir):
   return ['--config=experiments/configs/finetune.py:sst2', f'--workdir={workdir}',
           f'--config.init_checkpoint={checkpoint}', f'--config.data_dir={shared_data_or_skip("sst2")}',
-          f'--config.max_steps={FT_STEPS}', '--config.max_train_samples=64', '--config.batch_size=16',
-          '--config.eval_batch_size=64', '--config.learning_rate=1e-3', '--config.log_every=1']
+          f'--config.num_train_steps={FT_STEPS}', '--config.max_train_samples=64', '--config.batch_size=16',
+          '--config.eval_batch_size=64', '--config.optim.learning_rate=1e-3', '--config.log_every=1']
 
 
 def _squad_args(checkpoint, workdir):
   return ['--config=experiments/configs/finetune.py:squad', f'--workdir={workdir}',
           f'--config.init_checkpoint={checkpoint}', f'--config.data_dir={shared_data_or_skip("squad-v1.1")}',
           '--config.max_seq_length=128', '--config.doc_stride=32', '--config.train_articles=1',
-          '--config.eval_articles=1', '--config.max_train_samples=16', '--config.max_steps=2',
+          '--config.eval_articles=1', '--config.max_train_samples=16', '--config.num_train_steps=2',
           '--config.batch_size=8', '--config.eval_batch_size=32', '--config.log_every=1']
 
 
@@ -181,7 +182,7 @@ def _squad_args(checkpoint, workdir):
 def finetune_runs(tiny_checkpoint, tmp_path_factory):
   """SST-2 trained by 2 processes and by 1; SQuAD trained by 1 process, then evaluated again by 2.
 
-  The three training runs share the cores at once. The 2-process SQuAD evaluation (eval_only)
+  The three training runs share the cores at once. The 2-process SQuAD evaluation (evaluate.py)
   restores the 1-process checkpoint onto its mesh and gathers span logits over packed rows.
   """
   root = tmp_path_factory.mktemp('finetune')
@@ -190,8 +191,7 @@ def finetune_runs(tiny_checkpoint, tmp_path_factory):
                           launch_process(SQUAD, _squad_args(tiny_checkpoint, root / 'squad_single'), 8)])[:2]
   shutil.copytree(root / 'squad_single', root / 'squad_multi')
   # The 2-process evaluation writes beside the training results (eval_step2*), never over them.
-  squad_outs = succeed(start_two(SQUAD, [*_squad_args(tiny_checkpoint, root / 'squad_multi'),
-                                           '--config.eval_only=True']))
+  squad_outs = succeed(start_two(EVALUATE, [f'--workdir={root / "squad_multi"}']))
   return dict(root=root, glue_outs=glue_outs, squad_outs=squad_outs)
 
 
@@ -243,8 +243,8 @@ def test_bad_fine_tuning_input_stops_every_process_with_one_error_line(tiny_chec
   # Every process validates the same config: each stops with the same error, none waits for the other.
   results = wait_all(start_two(GLUE, [*_glue_args(tiny_checkpoint, tmp_path / 'w'), '--config.batch_size=12']))
   for result in results:
-    assert_one_line_error(result, 'batch_size=12 must be a multiple of the 8 batch shards (mesh data x fsdp over '
-                          '2 processes)')
+    assert_one_line_error(result, 'batch_size (per micro-batch: 12) must divide evenly over 8 batch shards (mesh '
+                          'data x fsdp) and 2 processes')
   assert not (tmp_path / 'w').exists()
 
 

@@ -22,12 +22,14 @@ from bert_jax import config, files
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.finetuning import batching, run as finetuning
 from bert_jax.pretraining import run as pretraining
-from bert_jax.train import checkpoints as checkpointing, preemption, workdir as workdir_lib
-from bert_jax.train.checkpoints import Checkpointer
+from bert_jax.runs import checkpoints as checkpointing, workdir as workdir_lib
+from bert_jax.runs.checkpoints import Checkpointer
+from bert_jax.train import preemption
 
 from helpers import (
   REPO,
   assert_one_line_error,
+  finetune_config,
   pretrain_subprocess,
   restore_pretraining_state,
   run_experiment,
@@ -96,9 +98,9 @@ def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(tmp_path):
 def test_sigterm_in_finetuning_loses_no_step(tiny_checkpoint, tmp_path, monkeypatch):
   if threading.current_thread() is not threading.main_thread():
     pytest.skip('signal handlers need the main thread')
-  cfg = config.FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
+  cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
                               max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e-3,
-                              max_steps=10, max_train_samples=48, log_every=4)
+                              num_train_steps=10, max_train_samples=48, log_every=4)
   finetuning.finetune(cfg, str(tmp_path / 'straight'))
   indices = batching.batch_indices
 
@@ -283,9 +285,9 @@ def test_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(trained,
 # --- finite state -------------------------------------------------------------------------------
 
 def test_finetuning_never_saves_an_exploded_state(tiny_checkpoint, tmp_path):
-  cfg = config.FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
+  cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
                               max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e8,
-                              warmup_ratio=0.0, max_steps=6, max_train_samples=32, log_every=100,
+                              warmup_ratio=0.0, num_train_steps=6, max_train_samples=32, log_every=100,
                               checkpoint_every=2)
   with pytest.raises(BertJaxError, match='seed 0: the (parameters exploded|loss became)'):
     finetuning.finetune(cfg, str(tmp_path))
@@ -334,7 +336,7 @@ def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
       (('pretrain.py', f'--workdir={finetune_dir}'), 'is a finetuning directory, not a pretraining one'),
       (('finetune.py', f'--workdir={workdir}', f'--config.init_checkpoint={tmp_path}/none'),
        'is a pretraining directory, not a finetuning one'),
-      (('evaluate.py', f'--workdir={finetune_dir}'), 'is a finetuning directory, not a pretraining workdir'),
+      (('evaluate.py', f'--workdir={finetune_dir}', '--all_steps'), '--all_steps apply to pretraining workdirs'),
       (('export_hf.py', f'--checkpoint={workdir}', f'--output={workdir}', '--overwrite'),
        'is (or holds, or is inside) the checkpoint being exported'),
       (('fill_mask.py', f'--checkpoint={workdir}', '--text=' + 'word ' * 600 + '[MASK].'),

@@ -102,10 +102,10 @@ def test_pairs_get_token_type_one_after_the_first_sep(tiny):
       assert not types.any()
 
 
-def test_long_texts_are_truncated_with_one_warning(tiny, monkeypatch):
-  warnings = []
-  monkeypatch.setattr(inference.logging, 'warning', lambda msg, *args: warnings.append(msg % args))
+def test_long_texts_are_truncated_with_one_warning(tiny, capsys):
+  capsys.readouterr()
   out = inference.embed(tiny, TEXTS, max_length=8)
+  warnings = [l for l in capsys.readouterr().out.splitlines() if l.startswith('warning:')]
   assert out['input_ids'].shape[1] == 8
   truncated = sum(tiny.tokenizer.encode_inputs(a, b, max_length=8)[2] for a, b in TEXTS)
   assert 2 <= truncated < len(TEXTS)

@@ -69,14 +69,13 @@ def test_old_workdirs_export_fill_masks_and_evaluate(legacy, tmp_path):
 
 
 def test_old_workdirs_evaluate_again_and_start_new_runs(legacy):
-  r = _run(legacy, 'finetune.py', '--workdir=sst2', f'--config={REPO}/experiments/configs/finetune.py:sst2',
-           '--config.init_checkpoint=pretrain', '--config.data_dir=shared_data/sst2', '--config.eval_only=True')
+  r = _run(legacy, 'evaluate.py', '--workdir=sst2')
   assert r.returncode == 0, r.stderr[-3000:]
   with open(legacy / 'sst2' / 'eval_step2.json', encoding='utf-8') as f:
     with open(legacy / 'sst2' / 'final_metrics.json', encoding='utf-8') as g:
       assert json.load(f)['dev_accuracy'] == json.load(g)['dev_accuracy']  # the same weights, the same tokenizer
   r = _run(legacy, 'finetune.py', '--workdir=sst2_again', f'--config={REPO}/experiments/configs/finetune.py:sst2',
-           '--config.init_checkpoint=pretrain', '--config.data_dir=shared_data/sst2', '--config.max_steps=2',
+           '--config.init_checkpoint=pretrain', '--config.data_dir=shared_data/sst2', '--config.num_train_steps=2',
            '--config.max_train_samples=32', '--config.max_seq_length=32')
   assert r.returncode == 0, r.stderr[-3000:]
   r = _run(legacy, 'pretrain.py', '--workdir=from_sst2', f'--config={REPO}/experiments/configs/pretrain.py:tiny',

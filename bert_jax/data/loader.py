@@ -398,15 +398,14 @@ class PretrainingBatches:
     self.maker = BatchMaker(dataset, global_batch_size=global_batch_size, seed=seed, cfg=cfg, vocab=vocab,
                             process_index=process_index, process_count=process_count, total_steps=total_steps)
     self.position = start_position
+    self.last_sizes: dict[str, int] | None = None
     self._error: BaseException | None = None
     self._queue: queue.Queue | None = None
     self._grain = None
     self._stop = threading.Event()
     if workers > 0:
-      from absl import flags  # pylint: disable=g-import-not-at-top
+      # grain reads its settings from absl flags, parsed by the entry points (tests: conftest.py).
       import grain  # pylint: disable=g-import-not-at-top
-      if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()  # grain reads its absl flags' defaults when it starts workers
       ds = grain.MapDataset.range(start_position, start_position + (1 << 40)).map(self.maker)
       # No threads or read-ahead inside a worker (grain's defaults: 16 threads, 500 elements):
       # each worker builds `prefetch` batches ahead, one at a time.
@@ -456,8 +455,20 @@ class PretrainingBatches:
         self._error = item.error
         raise item.error
       batch = item
+    self.last_sizes = self._global_sizes(self.position, batch)
     self.position += 1
     return batch
+
+  def _global_sizes(self, k: int, local: dict) -> dict[str, int]:
+    """Global batch k's rows, row tokens, real tokens and examples (`train.loop.Batches.last_sizes`): its
+    record lengths come from the index, every process's block has the same rows."""
+    maker = self.maker
+    every = np.arange(k * maker.global_batch_size, (k + 1) * maker.global_batch_size, dtype=np.int64)
+    lengths = maker.dataset.lengths[maker.record_indices(every)]
+    rows = local['input_ids'].shape[0] * maker.process_count
+    return {'rows': rows, 'row_tokens': rows * local['input_ids'].shape[1],
+            'real_tokens': int(np.minimum(lengths, maker.cfg.max_seq_length).sum()),
+            'examples': maker.global_batch_size}
 
   def close(self) -> None:
     """Stops the prefetch thread or worker processes (idempotent)."""

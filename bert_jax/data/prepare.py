@@ -317,6 +317,7 @@ class _Builder:
                                                                 *RECORD_FIELDS)})
     self.seconds['manifest'] = time.time() - t0
     special_text = stats.pop('special_text')  # in build.json: meta.json stays as earlier versions wrote it
+    invalid_first = stats.pop('invalid_utf8_first')
     build = dict(workers=self.workers, processes=self.process_count,
                  seconds={k: round(v, 2) for k, v in self.seconds.items()},
                  worker_seconds=stats.pop('worker_seconds', None), special_tokens_as_text=special_text)
@@ -328,6 +329,9 @@ class _Builder:
     self.log(f'prepare: {stats["documents"]:,} documents, {stats["sentences"]:,} sentences -> '
              f'{meta["num_train"]:,} training and {meta["num_eval"]:,} held-out {what}, '
              f'{stats["train_tokens"]:,} training tokens')
+    if stats['invalid_utf8']:
+      self.log(f'warning: {stats["invalid_utf8"]:,} invalid UTF-8 byte sequence(s) in the corpus were replaced '
+               f'with U+FFFD (the first in {invalid_first})')
     if special_text:
       self.log(f'prepare: the corpus spells special tokens {sum(special_text.values()):,} times ('
                + ', '.join(f'{t} {n:,}' for t, n in special_text.items()) + '); they were tokenised as text, '
@@ -590,6 +594,7 @@ def _build_unit(job: _Job, unit: Unit, _) -> dict:
   t_tokenize = time.time()
   out = dict(unit=unit.index, bytes=int(read_stats.get('bytes', 0)),
              invalid_utf8=int(read_stats.get('invalid_utf8', 0)),
+             invalid_utf8_first=read_stats.get('invalid_utf8_first'),
              formats=read_stats.get('formats', {}), special_text=dict(specials_seen), splits={})
   dtype = records.token_dtype(job.vocab_size)  # records are assembled in it: written without a copy
   for split in ('train', 'eval'):
@@ -671,6 +676,7 @@ def _merge_unit_stats(build_dir: str, units: Sequence[Unit], vocab_size: int, to
       m = json.load(f)
     totals['bytes'] += m['bytes']
     totals['invalid_utf8'] += m['invalid_utf8']
+    totals['invalid_utf8_first'] = totals.get('invalid_utf8_first') or m.get('invalid_utf8_first')
     totals['special_text'].update(m.get('special_text', {}))  # a marker written before counting: none
     for name, n in m['formats'].items():
       totals['formats'][name] = totals['formats'].get(name, 0) + n
@@ -705,7 +711,7 @@ def _merge_unit_stats(build_dir: str, units: Sequence[Unit], vocab_size: int, to
       invalid_utf8=totals['invalid_utf8'], formats=totals['formats'],
       most_frequent_token=int(np.argmax(counts)),
       worker_seconds={k: round(v, 2) for k, v in worker_seconds.items()},
-      special_text=dict(totals['special_text'].most_common()))
+      special_text=dict(totals['special_text'].most_common()), invalid_utf8_first=totals.get('invalid_utf8_first'))
   return stats, splits
 
 

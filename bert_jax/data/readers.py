@@ -40,7 +40,6 @@ import re
 from typing import BinaryIO, Callable, Iterator, Sequence
 import zlib
 
-from absl import logging
 from etils import epath
 
 from bert_jax.errors import ConfigError, DataError
@@ -467,11 +466,9 @@ def read_documents(pieces: Sequence[Piece], opts: ReaderOptions,
           stats['documents'] += 1
           stats['sentences'] += len(doc)
           yield doc
-    if replaced:
-      where = f'{piece.path} (bytes {piece.start}-{piece.end})' if piece.start else piece.path
-      logging.warning('%s: %d invalid UTF-8 byte sequence(s) replaced with U+FFFD', where,
-                      replaced)
+    if replaced:  # reported once for the corpus, by the preparation (this may run in a worker process)
       stats['invalid_utf8'] += replaced
+      stats.setdefault('invalid_utf8_first', piece.path)
 
 
 def read_all(paths: Sequence[str], opts: ReaderOptions = ReaderOptions(),

@@ -33,7 +33,7 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def make_batch(features: Sequence[Feature], kind: str, *, batch_size: int, row_length: int, pack: bool,
-               rows_multiple: int = 1, pad_multiple: int = 16) -> dict[str, np.ndarray]:
+               rows_multiple: int = 1, pad_multiple: int = 16, num_rows: int | None = None) -> dict[str, np.ndarray]:
   """Arrays for up to `batch_size` features (fewer: the rest are zero-weight padding examples).
 
   Args:
@@ -44,19 +44,21 @@ def make_batch(features: Sequence[Feature], kind: str, *, batch_size: int, row_l
     pack: pack several features per row; else one per row.
     rows_multiple: round the number of rows up to a multiple of this.
     pad_multiple: unpacked rows are padded to a multiple of this (at most `row_length`).
+    num_rows: at least this many rows (the same shapes for several batches); unpacked rows are then
+      `row_length` wide.
   """
   if len(features) > batch_size:
     raise ValueError(f'{len(features)} features for a batch of {batch_size}')
   lengths = [len(f) for f in features]
   if pack:
     placed = first_fit_decreasing(lengths, row_length)
-    num_rows = max([r for r, _ in placed], default=0) + 1
+    needed = max([r for r, _ in placed], default=0) + 1
     width = row_length
   else:
     placed = [(i, 0) for i in range(len(features))]
-    num_rows = batch_size
-    width = min(row_length, _round_up(max(lengths, default=1), pad_multiple))
-  num_rows = _round_up(num_rows, rows_multiple)
+    needed = batch_size
+    width = row_length if num_rows else min(row_length, _round_up(max(lengths, default=1), pad_multiple))
+  num_rows = max(_round_up(needed, rows_multiple), num_rows or 0)
   batch = {k: np.zeros((num_rows, width), np.int32)
            for k in ('input_ids', 'token_type_ids', 'segment_ids', 'position_ids')}
   for k in ('example_row', 'example_offset'):
@@ -124,13 +126,29 @@ def process_block(host: dict[str, np.ndarray], index: int, count: int) -> dict[s
   return out
 
 
+def interleave(micro: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """k self-contained micro-batches as one batch whose every k-th row (and example slot) is micro-batch i's.
+
+  The train step splits a batch into micro-batches by taking every k-th row (`train.step`), so each
+  stays spread over every batch shard; the per-example arrays point at rows of their own micro-batch.
+  Every micro-batch must have the same shapes (`make_batch(..., num_rows=...)`).
+  """
+  return {k: np.stack([m[k] for m in micro], axis=1).reshape(-1, *micro[0][k].shape[1:]) for k in micro[0]}
+
+
 class TrainBatches:
-  """This process's block of each training step's batch, from step `start` on (`train.loop.Batches`)."""
+  """This process's block of each training step's batch, from step `start` on (`train.loop.Batches`).
+
+  With `micro_batches` k > 1 (gradient accumulation) the batch is k micro-batches of batch_size / k
+  examples, each packed on its own, interleaved (`interleave`).
+  """
 
   def __init__(self, features: Sequence[Feature], kind: str, *, batch_size: int, row_length: int, pack: bool,
-               rows_multiple: int, seed: int, shuffle: bool, start: int, block: tuple[int, int]):
+               rows_multiple: int, seed: int, shuffle: bool, start: int, block: tuple[int, int],
+               micro_batches: int = 1):
     self.features, self.kind, self.seed, self.shuffle, self.block = features, kind, seed, shuffle, block
     self.batch_size, self.row_length, self.pack, self.rows_multiple = batch_size, row_length, pack, rows_multiple
+    self.micro_batches = micro_batches
     self.position = start
     self.last_sizes: dict[str, int] | None = None  # of the whole (host) batch: see train.loop
 
@@ -138,8 +156,17 @@ class TrainBatches:
     chosen = batch_indices(len(self.features), self.batch_size, self.seed, self.position, self.shuffle)
     self.position += 1
     features = [self.features[i] for i in chosen]
-    host = make_batch(features, self.kind, batch_size=self.batch_size, row_length=self.row_length, pack=self.pack,
-                      rows_multiple=self.rows_multiple)
+    k = self.micro_batches
+    if k == 1:
+      host = make_batch(features, self.kind, batch_size=self.batch_size, row_length=self.row_length, pack=self.pack,
+                        rows_multiple=self.rows_multiple)
+    else:
+      size, multiple = self.batch_size // k, self.rows_multiple // k
+      parts = [features[i * size:(i + 1) * size] for i in range(k)]
+      rows = max(make_batch(p, self.kind, batch_size=size, row_length=self.row_length, pack=self.pack,
+                            rows_multiple=multiple)['input_ids'].shape[0] for p in parts)
+      host = interleave([make_batch(p, self.kind, batch_size=size, row_length=self.row_length, pack=self.pack,
+                                    rows_multiple=multiple, num_rows=rows) for p in parts])
     self.last_sizes = {'real_tokens': sum(len(f) for f in features), 'row_tokens': host['input_ids'].size,
                        'rows': host['input_ids'].shape[0], 'examples': len(features)}
     return process_block(host, *self.block)

@@ -32,7 +32,7 @@ from bert_jax.finetuning.objective import Finetuning
 from bert_jax.finetuning.tasks import conll, get_task, glue, metrics, squad
 from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.interop.pretrained import FinetunedBert
-from bert_jax.train import reporting
+from bert_jax.runs import reporting
 
 FORMATS = ('auto', 'txt', 'tsv', 'jsonl', 'glue', 'conll', 'squad')
 # Words of raw text for NER: runs of letters/digits, or single other symbols (CoNLL splits punctuation).

@@ -23,7 +23,6 @@ import json
 import os
 from typing import Any, Callable
 
-from absl import logging
 from flax import nnx, traverse_util
 import jax
 import numpy as np
@@ -34,6 +33,7 @@ from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
 from bert_jax.interop import hf_files, modernbert
 from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE, ParamPath
+from bert_jax.runs import reporting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,8 +183,8 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
   shapes = hf_files.param_shapes(cfg, num_labels)
   fill_pooler = 'pooler' not in present and (has_mlm or bool(task_heads))
   if fill_pooler:
-    logging.warning('%s has no pooler (a %s checkpoint); its pooler is set to zeros, so pooler_output is '
-                    'meaningless', directory, hf_files.hf_class(directory))
+    reporting.log(f'warning: {directory} has no pooler (a {hf_files.hf_class(directory)} checkpoint); its pooler is '
+                  'set to zeros, so pooler_output is meaningless')
   wanted = [e for e in table if e.group in ('bert', 'pooler') or e.group in present]
   missing = [_hf_name(e, prefix) for e in wanted if _hf_name(e, prefix) not in names
              and not (fill_pooler and e.group == 'pooler')]

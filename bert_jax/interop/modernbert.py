@@ -32,7 +32,6 @@ import math
 import os
 from typing import Any, Callable
 
-from absl import logging
 from flax import nnx, traverse_util
 import jax
 import numpy as np
@@ -42,6 +41,7 @@ from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
 from bert_jax.interop import hf_files
+from bert_jax.runs import reporting
 
 # The switches that make a config ModernBERT-shaped, and BERT-shaped (what interop.hf exports).
 MODERNBERT_SHAPE = dict(norm_position='pre', position_embedding='rotary', mlp='geglu', type_vocab_size=0)
@@ -305,8 +305,8 @@ def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict
                             f'implies {expected}')
     for path, x in zip(e.paths, e.from_hf(theirs, our_shapes)):
       flat[path] = np.ascontiguousarray(x)
-  logging.warning('%s is a ModernBERT checkpoint: it has no pooler, whose parameters are set to zeros '
-                  '(pooler_output is meaningless until fine-tuning trains it)', directory)
+  reporting.log(f'warning: {directory} is a ModernBERT checkpoint: it has no pooler, whose parameters are set to '
+                'zeros (pooler_output is meaningless until fine-tuning trains it)')
   for path, shape in shapes.items():
     if path[:2] == ('bert', 'pooler'):
       flat[path] = np.zeros(shape, np.float32)
@@ -324,7 +324,8 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
   if any(p[0] == 'nsp' for p in flat):
-    logging.warning('ModernBertForMaskedLM has no next-sentence head: the NSP head and the pooler are not exported')
+    reporting.log('warning: ModernBertForMaskedLM has no next-sentence head: the NSP head and the pooler are not '
+                  'exported')
   flat = {p: x for p, x in flat.items() if p[0] != 'nsp' and p[:2] != ('bert', 'pooler')}
   with_mlm = any(p[0] == 'mlm' for p in flat)
   table = [e for e in _name_table(cfg) if e.group == 'bert' or with_mlm]

@@ -1,10 +1,12 @@
-"""Loading any BERT checkpoint's weights: a Hugging Face directory or a bert_jax workdir.
+"""Any BERT checkpoint, described and loaded: a Hugging Face directory or a bert_jax workdir.
 
-`load_pretrained(path)` returns the model config, the parameters (our pure-dict layout of
-`BertForPreTraining`; the 'mlm' / 'nsp' subtrees are absent when the checkpoint has no such
-head) and the tokenizer that goes with them. A bert_jax workdir is restored parameters-only
-(the optimizer state is never read), from a pretraining workdir or from the first seed of a
-fine-tuning one (its encoder). Nothing here builds an optimizer or imports a training loop.
+`describe(path)` says what a directory is (a `Source`: kind, architecture, tokenizer) without
+reading weights; every tool and both runs ask it. `load_pretrained(path)` returns the model
+config, the parameters (our pure-dict layout of `BertForPreTraining`; the 'mlm' / 'nsp' subtrees
+are absent when the checkpoint has no such head) and the tokenizer that goes with them;
+`load_finetuned` a fine-tuning workdir's head model. A bert_jax workdir is restored
+parameters-only (the optimizer state is never read). Nothing here builds an optimizer or imports
+the trainer: checkpoints and workdirs are bert_jax.runs'.
 """
 
 from __future__ import annotations
@@ -12,24 +14,22 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-from typing import Any
+from typing import Any, Collection
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 
 from bert_jax import sharding as shd
-from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, PretrainConfig
+from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, PretrainConfig, from_checkpoint
 from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
-from bert_jax.errors import CheckpointError
+from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.interop import hf
 from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model
-from bert_jax.train import reporting, workdir as workdir_lib
-from bert_jax.train.checkpoints import CONFIG_FILE, Checkpointer, read_config, state_problem
-
-# A pretraining workdir's tokenizer: SentencePiece, or WordPiece when its data used a Hugging Face one.
-TOKENIZER_FILES = ('tokenizer.model', 'tokenizer.json')
+from bert_jax.runs import reporting
+from bert_jax.runs.checkpoints import Checkpointer, state_problem
+from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir
 
 
 def packaged_minilm() -> str:
@@ -144,13 +144,96 @@ class FinetunedBert:
     return PretrainedBert(self.config, {'bert': self.params['bert']}, self.tokenizer, 'bert_jax', self.path, self.step)
 
 
-def own_tokenizer_file(workdir: str) -> str | None:
-  """The tokenizer file a bert_jax workdir holds (TOKENIZER_FILES), or None."""
-  return next((os.path.join(workdir, f) for f in TOKENIZER_FILES if os.path.isfile(os.path.join(workdir, f))),
-              None)
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """Any checkpoint, described without reading its weights: the one answer to "what is this directory?".
+
+  Attributes:
+    kind: 'hf' (a Hugging Face directory), 'pretraining' or 'finetuning' (a bert_jax workdir).
+    path: the directory.
+    model: its architecture (a fine-tuning workdir's: the model it fine-tuned).
+    tokenizer_path: what `tokenization.load_tokenizer` reads for it.
+    saved: a bert_jax workdir's config.json (upgraded), else None.
+  """
+
+  kind: str
+  path: str
+  model: ModelConfig
+  tokenizer_path: str
+  saved: dict[str, Any] | None = None
+
+  def tokenizer(self):
+    return load_tokenizer(self.tokenizer_path)
+
+  def model_config(self, model: ModelConfig, explicit: Collection[str] = (), log=reporting.log) -> ModelConfig:
+    """`model` with what this checkpoint sets: its architecture (fields with checkpoint='fixed'), and its
+    dropout rates (checkpoint='default') unless given in `explicit`; how it is computed stays `model`'s.
+
+    Raises:
+      ConfigError: an explicitly given architecture field disagrees with the checkpoint's.
+    """
+    fixed = from_checkpoint('fixed')
+    clashes = [f'model.{f}={getattr(model, f)} (the checkpoint has {getattr(self.model, f)})'
+               for f in fixed if f in explicit and getattr(model, f) != getattr(self.model, f)]
+    if clashes:
+      raise ConfigError(f'init_checkpoint {self.path} fixes the architecture, but ' + '; '.join(clashes)
+                        + ' was given: drop those flags')
+    theirs = {f: getattr(self.model, f) for f in fixed + from_checkpoint('default') if f not in explicit or f in fixed}
+    changed = [f'{f} {getattr(model, f)} -> {v}' for f, v in theirs.items() if getattr(model, f) != v]
+    if changed:
+      log(f'init_checkpoint {self.path}: its architecture replaces the config\'s (' + ', '.join(changed) + ')')
+    return dataclasses.replace(model, **theirs)
+
+  def params(self, step: int | None = None) -> tuple[dict[str, Any], int | None]:
+    """Its parameters as host arrays: {'bert'} plus the pretraining heads it has ('mlm', 'nsp'); a
+    fine-tuning workdir's first seed's encoder. Returns (params, the bert_jax checkpoint step or None)."""
+    if self.kind == 'finetuning':
+      tuned = load_finetuned(self.path, step=step, log=lambda _: None)  # described (and warned) already
+      return {'bert': tuned.params['bert']}, tuned.step
+    if self.kind == 'pretraining':
+      cfg = PretrainConfig.from_dict(self.saved)
+      return restore_params(self.path, lambda rngs: BertForPreTraining(cfg.model, rngs=rngs,
+                                                                      nsp_head=cfg.data.sentence_pairs), step)
+    _, params, _, _ = hf.load_hf_checkpoint(self.path)
+    problem = state_problem(params)  # a bert_jax workdir's restore checks its own
+    if problem:
+      raise CheckpointError(f'checkpoint {self.path} is unusable: {problem}')
+    # A fine-tuned export's task head is not part of a pretrained BERT: its encoder is (hf.read_hf_task names it).
+    return {k: v for k, v in params.items() if k not in hf.TASK_HEADS}, None
 
 
-def finetuning_tokenizer_path(workdir: str, saved: dict[str, Any], log=reporting.log) -> str:
+def describe(path: str, what: str = 'checkpoint', log=reporting.log) -> Source:
+  """What `path` is: a Hugging Face directory, or a bert_jax pretraining or fine-tuning workdir.
+
+  Raises:
+    CheckpointError: it is none of them, or incomplete (no config.json, no tokenizer).
+  """
+  if not os.path.isdir(path):
+    raise CheckpointError(f'{what} {path} is not a directory (give a Hugging Face checkpoint directory or a '
+                          'bert_jax workdir)')
+  workdir = Workdir(path)
+  kind = workdir.kind
+  if kind in ('pretraining', 'finetuning') or os.path.isdir(workdir.checkpoints):
+    saved = workdir.config()  # an HF directory's config.json is not ours
+    if kind == 'finetuning' and saved is not None and 'finetune' in saved:
+      model = ModelConfig.from_saved(saved['finetune']['model'])
+      return Source('finetuning', path, model, finetuning_tokenizer_path(workdir, saved, log), saved)
+    if saved is None or kind == 'finetuning':
+      raise CheckpointError(f'{workdir.file(CONFIG_FILE)} is missing: not a complete workdir (run '
+                            'experiments/pretrain.py or finetune.py --workdir=... first)')
+    tokenizer = workdir.tokenizer_file()
+    if tokenizer is None:
+      raise CheckpointError(f'{path} has no tokenizer ({" or ".join(TOKENIZER_FILES)}); it was written by an older '
+                            'bert_jax — copy the tokenizer from its data cache into the workdir')
+    return Source('pretraining', path, PretrainConfig.from_dict(saved).model, tokenizer, saved)
+  if os.path.exists(workdir.file(CONFIG_FILE)):
+    spiece = os.path.join(path, hf.SPIECE_FILE)  # a bert_jax export of a SentencePiece model
+    return Source('hf', path, hf.read_hf_config(path), spiece if os.path.isfile(spiece) else path)
+  raise CheckpointError(f'{what} {path} is neither a Hugging Face checkpoint (config.json + model.safetensors) '
+                        'nor a bert_jax workdir (config.json + checkpoints/)')
+
+
+def finetuning_tokenizer_path(workdir: Workdir, saved: dict[str, Any], log=reporting.log) -> str:
   """What `load_tokenizer` reads for a fine-tuning workdir: its own tokenizer files.
 
   A workdir written before fine-tuning saved them depends on its starting checkpoint's path as it
@@ -159,21 +242,16 @@ def finetuning_tokenizer_path(workdir: str, saved: dict[str, Any], log=reporting
   Raises:
     CheckpointError: neither is there.
   """
-  own = own_tokenizer_file(workdir)
+  own = workdir.tokenizer_file()
   if own:
     return own
   parent = saved['finetune'].get('init_checkpoint', '')
   if not parent or not os.path.isdir(parent):
-    raise CheckpointError(f'{workdir}: its starting checkpoint {parent!r} (which holds its tokenizer) is gone')
-  if workdir_lib.kind_of(parent) == 'finetuning':
-    parent_saved = read_config(parent)
-    path = finetuning_tokenizer_path(parent, parent_saved, log) if parent_saved else parent
-  else:
-    path = parent
-  log(f'warning: {workdir} holds no tokenizer of its own (an earlier bert_jax wrote it): its starting '
+    raise CheckpointError(f'{workdir.path}: its starting checkpoint {parent!r} (which holds its tokenizer) is gone')
+  log(f'warning: {workdir.path} holds no tokenizer of its own (an earlier bert_jax wrote it): its starting '
       f'checkpoint\'s is read from {parent}, which is wrong if that path now holds another model; copy its '
-      f'tokenizer files into {workdir} to make the workdir self-contained')
-  return path
+      f'tokenizer files into {workdir.path} to make the workdir self-contained')
+  return describe(parent, 'starting checkpoint', log=lambda _: None).tokenizer_path
 
 
 def load_finetuned(workdir: str, seed: int | None = None, step: int | None = None,
@@ -188,31 +266,25 @@ def load_finetuned(workdir: str, seed: int | None = None, step: int | None = Non
     CheckpointError: not a complete fine-tuning workdir, no such seed or step, or no tokenizer (an
       older workdir whose starting checkpoint is gone or holds a larger vocabulary than the model).
   """
-  saved = read_config(workdir)
+  wd = Workdir(workdir)
+  saved = wd.config()
   if saved is None or 'finetune' not in saved:
     raise CheckpointError(f'{workdir} is not a complete fine-tuning workdir (no config.json with a finetune '
                           'section); give the --workdir of experiments/finetune.py')
-  cfg, ft = ModelConfig.from_saved(saved['model']), FinetuneConfig.from_dict(saved['finetune'])
-  task = dict(saved['task'])  # name, kind, num_labels and (since they are recorded) label_names
+  ft = FinetuneConfig.from_dict(saved['finetune'])
+  cfg, task = ft.model, dict(saved['task'])  # name, kind, num_labels and (since they are recorded) label_names
   seed = ft.seed if seed is None else seed
-  seed_dir = os.path.join(workdir, f'seed_{seed}')
-  if not os.path.isdir(seed_dir):
-    seeds = sorted(n for n in os.listdir(workdir) if n.startswith('seed_'))
-    raise CheckpointError(f'{workdir} has no seed {seed} (it has {", ".join(seeds) or "none"})')
-  params, at = restore_params(seed_dir, lambda rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs),
-                              step)
-  tokenizer = load_tokenizer(finetuning_tokenizer_path(workdir, saved, log))
+  if seed not in wd.seeds():
+    raise CheckpointError(f'{workdir} has no seed {seed} (it has '
+                          f'{", ".join(f"seed_{n}" for n in wd.seeds()) or "none"})')
+  params, at = restore_params(wd.seed_dir(seed), lambda rngs: head_model(task['kind'], cfg, task['num_labels'],
+                                                                        rngs=rngs), step)
+  tokenizer = load_tokenizer(finetuning_tokenizer_path(wd, saved, log))
   if tokenizer.vocab_size > cfg.vocab_size:  # ids past the embedding table would give NaN, silently
     raise CheckpointError(f'{workdir}: the tokenizer of its starting checkpoint {ft.init_checkpoint} has '
                           f'{tokenizer.vocab_size} tokens but the model {cfg.vocab_size}: that path now holds '
                           'another model than the one this run was fine-tuned from')
   return FinetunedBert(cfg, ft, task, params, tokenizer, workdir, seed, at)
-
-
-def finetuned_encoder(workdir: str, step: int | None = None) -> tuple[ModelConfig, dict[str, Any], int]:
-  """(model config, {'bert': encoder + pooler}, step) of a fine-tuning workdir's first seed."""
-  tuned = load_finetuned(workdir, step=step, log=lambda _: None)  # the caller described the source already
-  return tuned.config, {'bert': tuned.params['bert']}, tuned.step
 
 
 def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
@@ -227,46 +299,19 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
   """
   if not os.path.isdir(path):
     raise CheckpointError(f'checkpoint directory {path} does not exist')
-  if workdir_lib.kind_of(path) == 'finetuning':
+  if Workdir(path).kind == 'finetuning':
     raise CheckpointError(f'{path} is a fine-tuning workdir: its encoder was fine-tuned with a task head and has no '
                           'masked-LM head; use experiments/predict.py on it, or give a pretraining workdir or a '
                           'Hugging Face BertForMaskedLM / BertForPreTraining directory')
-  if os.path.isdir(os.path.join(path, 'checkpoints')):
-    return _load_workdir(path, step)
-  if os.path.exists(os.path.join(path, CONFIG_FILE)):
-    cfg, params, _, _ = hf.load_hf_checkpoint(path)
-    problem = state_problem(params)  # a bert_jax workdir's restore checks its own
-    if problem:
-      raise CheckpointError(f'checkpoint {path} is unusable: {problem}')
-    # A fine-tuned export's task head is not part of a pretrained BERT: its encoder is (hf.read_hf_task names it).
-    params = {k: v for k, v in params.items() if k not in hf.TASK_HEADS}
-    return PretrainedBert(cfg, params, hf.load_hf_tokenizer(path), 'hf', path)
-  raise CheckpointError(f'{path} is neither a Hugging Face checkpoint (config.json + model.safetensors) '
-                        'nor a bert_jax workdir (config.json + checkpoints/)')
+  source = describe(path)
+  params, at = source.params(step)
+  return PretrainedBert(source.model, params, source.tokenizer(), 'hf' if source.kind == 'hf' else 'bert_jax', path,
+                        step=at)
 
 
 def load_encoder(path: str, step: int | None = None) -> PretrainedBert:
   """Any checkpoint's encoder for the tools that need no head (embeddings, attention maps): an HF
   directory, a pretraining workdir, or a fine-tuning workdir (its first seed's fine-tuned encoder)."""
-  if workdir_lib.kind_of(path) == 'finetuning':
+  if Workdir(path).kind == 'finetuning':
     return load_finetuned(path, step=step).as_pretrained()
   return load_pretrained(path, step)
-
-
-def workdir_config(path: str) -> PretrainConfig:
-  """A pretraining workdir's config (its config.json)."""
-  saved = read_config(path)
-  if saved is None:
-    raise CheckpointError(f'{os.path.join(path, CONFIG_FILE)} is missing: not a complete pretraining '
-                          'workdir (run experiments/pretrain.py --workdir=... first)')
-  return PretrainConfig.from_dict(saved)
-
-
-def _load_workdir(path: str, step: int | None) -> PretrainedBert:
-  if read_config(path) is not None and not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
-    raise CheckpointError(f'{path} has no tokenizer ({" or ".join(TOKENIZER_FILES)}); it was written by an older '
-                          'bert_jax — copy the tokenizer from its data cache into the workdir')
-  cfg = workdir_config(path)
-  params, at = restore_params(path, lambda rngs: BertForPreTraining(cfg.model, rngs=rngs, nsp_head=cfg.data.sentence_pairs),
-                              step)
-  return PretrainedBert(cfg.model, params, load_tokenizer(path), 'bert_jax', path, step=at)

@@ -1,18 +1,16 @@
-"""Pretraining runs: train_and_evaluate, and evaluating a workdir's checkpoints.
+"""Pretraining: what a pretraining run brings to the one scaffold (`train.run`), and evaluating its checkpoints.
 
-Everything here is driven by a `PretrainConfig`; nothing reads flags. Order of work in
-`train_and_evaluate`: validate every input (config, corpus, tokenizer, workdir) before
-writing anything, take the workdir's lock, prepare the data, build the sharded state (fresh, or
-restored from the newest good checkpoint with its data position, refused when the run's
-identity changed), then `train.loop.fit` with periodic logging, evaluation and asynchronous
-checkpoints. SIGTERM/SIGINT save the current step and stop; a non-finite or exploded state is
-never saved.
+Everything here is driven by a `PretrainConfig`; nothing reads flags. `train_and_evaluate` resolves
+the starting checkpoint, then `train.run.train` runs a `PretrainingJob`: the corpus prepared (or
+its cache reused), BertForPreTraining under the masked-LM (+ NSP/SOP) objective, the loader's
+batches from a data position, and the held-out evaluation with its baselines. A resumed run must
+be the same run: the same config outside the fields free on resume, and the same data (the
+prepared cache's fingerprint).
 """
 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Callable, Collection, Iterator
 
 import jax
@@ -21,74 +19,38 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax import distributed, files, sharding as shd
-from bert_jax.config import (
-  ModelConfig,
-  PretrainConfig,
-  check_resume,
-  check_resume_allow,
-  diff_model_configs,
-  upgrade_saved,
-)
+from bert_jax import distributed, sharding as shd
+from bert_jax.config import ModelConfig, PretrainConfig, architecture_diffs, facts, upgrade_saved
 from bert_jax.data import loader as input_pipeline, prepare as pretraining_data, tokenization
 from bert_jax.data.records import PreparedData
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, UnusableCheckpoint
-from bert_jax.interop.pretrained import workdir_config
+from bert_jax.interop.pretrained import Source, describe
 from bert_jax.model.attention import describe_attention
 from bert_jax.model.heads import BertForPreTraining
 from bert_jax.pretraining import init
 from bert_jax.pretraining.objective import Pretraining
-from bert_jax.train import optim, reporting, workdir as workdir_lib
-from bert_jax.train.checkpoints import Checkpointer, read_config, write_config
-from bert_jax.train.loop import Report, fit
-from bert_jax.train.preemption import Preemption
+from bert_jax.runs import reporting
+from bert_jax.runs.checkpoints import Checkpointer
+from bert_jax.runs.workdir import Workdir
+from bert_jax.train import optim, run as scaffold
+from bert_jax.train.loop import Report
 from bert_jax.train.step import StepModel
 
-FINAL_METRICS_FILE = 'final_metrics.json'
 # What the progress and eval lines show (every metric goes to the JSONL files).
 PROGRESS_KEYS = ('loss', 'mlm_accuracy', 'nsp_accuracy', 'sop_accuracy')
 EVAL_KEYS = ('mlm_loss', 'mlm_accuracy', 'mlm_baseline_accuracy', 'nsp_loss', 'nsp_accuracy', 'sop_loss',
              'sop_accuracy')
 
 
-def validate_config(cfg: PretrainConfig, mesh=None) -> None:
-  """Checks values that would otherwise fail deep inside jit or the data pipeline."""
-  m, d = cfg.model, cfg.data
-  if d.max_seq_length > m.max_position_embeddings:
+def validate_config(cfg: PretrainConfig, mesh) -> None:
+  """What needs the model or the mesh (the config checked the rest when it was built)."""
+  if cfg.data.max_seq_length > cfg.model.max_position_embeddings:
     of = f' of init_checkpoint {cfg.init_checkpoint}' if cfg.init_checkpoint else ''
-    raise ConfigError(f'data.max_seq_length={d.max_seq_length} exceeds model.max_position_embeddings='
-                      f'{m.max_position_embeddings}{of}: the model has no positions beyond that')
-  if d.max_seq_length < 8:
-    raise ConfigError(f'data.max_seq_length={d.max_seq_length} is too short for [CLS] A [SEP] B [SEP]')
-  if not 0 < d.max_predictions_per_seq <= d.max_seq_length:
-    raise ConfigError(f'data.max_predictions_per_seq={d.max_predictions_per_seq} must be in '
-                      f'(0, max_seq_length={d.max_seq_length}]')
-  for name in ('num_train_steps', 'batch_size', 'eval_batch_size', 'log_every', 'eval_every',
-               'checkpoint_every', 'keep_checkpoints'):
-    if getattr(cfg, name) <= 0:
-      raise ConfigError(f'{name} must be positive, got {getattr(cfg, name)}')
-  optim.validate(cfg.optim)
-  check_resume_allow(cfg.resume_allow, cfg.to_dict(), extra=('data_fingerprint',))
-  accum = cfg.optim.grad_accum_steps
-  if accum <= 0 or cfg.batch_size % accum:
-    raise ConfigError(f'batch_size={cfg.batch_size} must be a positive multiple of '
-                      f'optim.grad_accum_steps={accum}')
-  if mesh is not None:
-    shards = shd.num_batch_shards(mesh)
-    for name, size in (('batch_size', cfg.batch_size // accum), ('eval_batch_size', cfg.eval_batch_size)):
-      if size % shards or size % jax.process_count():
-        raise ConfigError(f'{name} (per micro-batch: {size}) must divide evenly over {shards} batch '
-                          f'shards (mesh data x fsdp) and {jax.process_count()} processes')
-  if d.pack:
-    _validate_packing(cfg, mesh)
-
-
-def _validate_packing(cfg: PretrainConfig, mesh) -> None:
+    raise ConfigError(f'data.max_seq_length={cfg.data.max_seq_length} exceeds model.max_position_embeddings='
+                      f'{cfg.model.max_position_embeddings}{of}: the model has no positions beyond that')
+  scaffold.check_batch_sizes(cfg, mesh)
   d, accum = cfg.data, cfg.optim.grad_accum_steps
-  if d.pack_rows_multiple < 1 or d.max_segments_per_row < 1:
-    raise ConfigError(f'data.pack_rows_multiple={d.pack_rows_multiple} and data.max_segments_per_row='
-                      f'{d.max_segments_per_row} must be positive')
-  if mesh is not None:
+  if d.pack:
     # Every data block (process) emits a multiple of pack_rows_multiple rows; the global rows are
     # split into grad_accum_steps micro-batches, each over all batch shards.
     shards, blocks = shd.num_batch_shards(mesh), distributed.process_batch_block(mesh)[1]
@@ -98,37 +60,25 @@ def _validate_packing(cfg: PretrainConfig, mesh) -> None:
                         'fsdp): packed rows are split over both')
 
 
-# What makes a resumed run the same run: the data stream and the optimisation trajectory.
-# Evaluation, logging, checkpoint cadence, mesh, worker counts and the model's speed switches may change.
-_FREE_ON_RESUME = ('log_every', 'eval_every', 'eval_batch_size', 'checkpoint_every', 'keep_checkpoints',
-                   'resume_allow', 'mesh', 'model', 'data.num_workers', 'data.loader_workers', 'data.cache_dir')
-
-
-def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, workdir: str) -> None:
+def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, where: str) -> None:
   """Refuses to resume a checkpoint (its `meta`) written by a run with another identity: another
-  config outside _FREE_ON_RESUME and `cfg.resume_allow`, or another data cache `fingerprint`."""
+  config outside the fields free on resume and `cfg.resume_allow`, or another data cache `fingerprint`."""
   old = {**upgrade_saved(meta.get('config', {})), 'data_fingerprint': meta.get('data_fingerprint')}
-  new = {**cfg.to_dict(), 'data_fingerprint': fingerprint}
   # The same fingerprint is the same data (it covers the files' contents and the tokenizer's): the
   # paths they were read from may differ (a copied corpus, another mount point).
   same_data = ('data.train_files', 'data.eval_files', 'data.tokenizer') if old['data_fingerprint'] == fingerprint else ()
-  check_resume(old, new, _FREE_ON_RESUME + same_data, cfg.resume_allow, f'workdir {workdir}', meta.get('step'))
+  scaffold.check_same_run(old, cfg, where, meta.get('step'), more_free=same_data,
+                          extra_new={'data_fingerprint': fingerprint})
 
 
-def _allows_optimizer(cfg: PretrainConfig) -> bool:
-  """Whether cfg.resume_allow lets a resume start a fresh optimizer state ('optim' or an optim.* field)."""
-  return any(n.strip() == 'optim' or n.strip().startswith('optim.') for n in cfg.resume_allow.split(','))
-
-
-def check_workdir(workdir: str, cfg: PretrainConfig) -> None:
-  """Refuses a workdir of another kind, or whose checkpoints belong to a different architecture."""
-  workdir_lib.check_kind(workdir, 'pretraining')
-  saved = read_config(workdir)
+def check_workdir(workdir: Workdir, cfg: PretrainConfig) -> None:
+  """Refuses a workdir whose checkpoints belong to a different architecture."""
+  saved = workdir.config()
   if saved is None:
     return
-  diffs = diff_model_configs(saved.get('model', {}), cfg.model)
+  diffs = architecture_diffs(saved.get('model', {}), cfg.model)
   if diffs:
-    raise CheckpointError(f'workdir {workdir} holds checkpoints of another model ({"; ".join(diffs)}); '
+    raise CheckpointError(f'workdir {workdir.path} holds checkpoints of another model ({"; ".join(diffs)}); '
                           'use a new --workdir or the same model config')
 
 
@@ -141,12 +91,11 @@ def pretraining_model(model_cfg: ModelConfig, tx: optax.GradientTransformation, 
                    tx, mesh, grad_accum_steps=grad_accum_steps, schedule=schedule, rules=rules)
 
 
-def build_model(cfg: PretrainConfig, mesh) -> StepModel:
+def build_model(cfg: PretrainConfig, mesh, total_steps: int) -> StepModel:
   """The run's model: `pretraining_model` with its optimizer, schedule and accumulation."""
-  return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps), mesh,
-                           objective=cfg.data.objective,
-                           grad_accum_steps=cfg.optim.grad_accum_steps,
-                           schedule=optim.learning_rate_schedule(cfg.optim, cfg.num_train_steps),
+  return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, total_steps), mesh,
+                           objective=cfg.data.objective, grad_accum_steps=cfg.optim.grad_accum_steps,
+                           schedule=optim.learning_rate_schedule(cfg.optim, total_steps),
                            rules=shd.rules(cfg.mesh.rules))
 
 
@@ -201,10 +150,77 @@ def evaluate(model: StepModel, params, batches, baseline_token: int) -> dict[str
   return out
 
 
-def _copy_tokenizer(tokenizer_path: str, workdir: str) -> None:
-  # A workdir carries its tokenizer, so fill-mask/embed/export need nothing else.
-  if jax.process_index() == 0:
-    tokenization.save_tokenizer(tokenization.load_tokenizer(tokenizer_path), workdir)
+class PretrainingJob:
+  """A pretraining run for the scaffold (`train.run.Job`): one run directory, the workdir itself."""
+
+  kind = 'pretraining'
+  main_metric = 'mlm_accuracy'
+  preparing = 'preparing the data'
+
+  def __init__(self, cfg: PretrainConfig, source: Source | None):
+    self.cfg, self.source = cfg, source
+    self.eval_first = source is not None  # the starting weights' held-out metrics, before step 1
+    self.checkpoint_extra = None
+
+  def check(self, mesh, workdir: Workdir) -> None:
+    validate_config(self.cfg, mesh)
+    check_workdir(workdir, self.cfg)
+
+  def prepare(self, mesh) -> None:
+    cfg = self.cfg
+    self.prepared, self.vocab = prepare_data(cfg)
+    self.tokenizer = tokenization.load_tokenizer(self.prepared.tokenizer_path)
+    self.fingerprint = os.path.basename(os.path.normpath(self.prepared.dir))
+    self.checkpoint_extra = {'data_fingerprint': self.fingerprint}
+    self.train_set = input_pipeline.PretrainingDataset(self.prepared, 'train')
+    self.total_steps = cfg.total_steps(len(self.train_set))
+    reporting.log(describe_attention(cfg.model))
+    self.model = build_model(cfg, mesh, self.total_steps)
+
+  def saved_config(self) -> dict[str, Any]:
+    return self.cfg.to_dict()
+
+  def run_dirs(self, workdir: Workdir) -> list[tuple[int, str]]:
+    return [(self.cfg.seed, workdir.path)]
+
+  def check_meta(self, meta: dict[str, Any], run_dir: str) -> None:
+    check_same_run(meta, self.cfg, self.fingerprint, f'workdir {run_dir}')
+
+  def initial_params(self) -> dict[str, Any] | None:
+    return init.initial_params(self.cfg, self.source) if self.source else None
+
+  def batches(self, seed: int, position: int, step: int):
+    cfg, mesh = self.cfg, self.model.mesh
+    # This process's rows of each global batch: the block its devices hold in the batch sharding.
+    block, num_blocks = distributed.process_batch_block(mesh)
+    workers = loader_workers(cfg)
+    reporting.log(f'training {self.total_steps - step} steps ({step} done) on {len(self.train_set)} examples; '
+                  f'{jax.device_count()} devices, mesh {dict(mesh.shape)}; input: '
+                  + (f'{workers} loader process(es)' if workers else 'a loader thread'))
+    return input_pipeline.PretrainingBatches(
+        self.train_set, global_batch_size=cfg.batch_size, seed=seed, cfg=cfg.data, vocab=self.vocab,
+        process_index=block, process_count=num_blocks, start_position=position, workers=workers,
+        total_steps=self.total_steps)
+
+  def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
+    del step, output_dir  # held-out metrics only: no predictions to write
+    return evaluate(self.model, params, _eval_iter(self.cfg, self.prepared, self.vocab, self.model.mesh),
+                    self.prepared.most_frequent_token)
+
+  def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
+    return reporting_of(run_dir)
+
+  def run_done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
+    pass  # its one run's results are the workdir's
+
+  def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    result = dict(per_run[0])
+    del result['seed']
+    stats = {k: result.pop(k) for k in ('train_steps', 'train_wall_s', 'train_padding_fraction') if k in result}
+    final = {**result}
+    if stats.get('train_steps'):  # what this invocation trained (a finished run resumed trains nothing)
+      final.update(stats, wall_s=wall_s)  # wall_s: data preparation and evaluation too
+    return final
 
 
 def train_and_evaluate(cfg: PretrainConfig, workdir: str, explicit_model_fields: Collection[str] = ()
@@ -214,69 +230,13 @@ def train_and_evaluate(cfg: PretrainConfig, workdir: str, explicit_model_fields:
   With cfg.init_checkpoint the run starts from that checkpoint's weights (`init.resolve_init_checkpoint`;
   `explicit_model_fields` as there); re-running in `workdir` resumes it like any other run.
   """
-  start = time.monotonic()
   cfg, source = init.resolve_init_checkpoint(cfg, explicit_model_fields)
-  mesh = shd.make_mesh(cfg.mesh)
-  validate_config(cfg, mesh)
-  if source:
-    workdir_lib.check_outside(workdir, source.path, 'init_checkpoint')
-  check_workdir(workdir, cfg)
-  with (workdir_lib.claim(workdir, 'pretraining', owner=jax.process_index() == 0, log=reporting.log),
-        Preemption() as preempt):
-    with preempt.immediately('preparing the data'):
-      prepared, vocab = prepare_data(cfg)
-    reporting.log(describe_attention(cfg.model))
-    model = build_model(cfg, mesh)
-    ckpt = Checkpointer(workdir, save_every=cfg.checkpoint_every, keep=cfg.keep_checkpoints)
-    fingerprint = os.path.basename(os.path.normpath(prepared.dir))
-    try:
-      resumed = ckpt.latest_step() is not None
-      if resumed:
-        state, meta = ckpt.restore(None, model.abstract_state, log=reporting.log,
-                                   check_meta=lambda meta: check_same_run(meta, cfg, fingerprint, workdir),
-                                   fresh_opt_state=model.init_opt_state if _allows_optimizer(cfg) else None)
-        data_position = int(meta['data_position'])
-        reporting.log(f'resumed from {ckpt.directory} at step {int(state["step"])} (data position {data_position})')
-      else:
-        state = model.init_state(init.initial_params(cfg, source) if source else None, seed=cfg.seed)
-        data_position = 0
-      write_config(workdir, cfg.to_dict())
-      _copy_tokenizer(prepared.tokenizer_path, workdir)
-      held_out = lambda params, step: evaluate(model, params, _eval_iter(cfg, prepared, vocab, mesh),  # pylint: disable=unnecessary-lambda-assignment
-                                               prepared.most_frequent_token)
-      result = fit(model, state, _train_batches(cfg, prepared, vocab, mesh, data_position, int(state['step'])),
-                   total_steps=cfg.num_train_steps, ckpt=ckpt, preempt=preempt,
-                   report=reporting_of(workdir), log_every=cfg.log_every, checkpoint_config=cfg.to_dict(),
-                   checkpoint_extra={'data_fingerprint': fingerprint}, evaluate=held_out,
-                   eval_every=cfg.eval_every, eval_first=source is not None and not resumed)
-    finally:
-      ckpt.close()
-    last_eval = result.last_eval or held_out(result.state['params'], result.step)  # a finished run resumed
-  final = {'step': result.step, **last_eval}
-  if result.stats.get('train_steps'):  # what this invocation trained (a finished run resumed trains nothing)
-    final.update(result.stats, wall_s=time.monotonic() - start)  # wall_s: data preparation and evaluation too
-  if jax.process_index() == 0:
-    files.write_json_atomic(os.path.join(workdir, FINAL_METRICS_FILE), final)
-  return final
+  return scaffold.train(PretrainingJob(cfg, source), workdir)
 
 
 def reporting_of(workdir: str) -> Report:
   return Report(workdir, progress_keys=PROGRESS_KEYS, eval_keys=EVAL_KEYS, curves_dir=workdir,
                 divergence_hint='Lower --config.optim.learning_rate or raise --config.optim.warmup_steps')
-
-
-def _train_batches(cfg: PretrainConfig, prepared, vocab, mesh, data_position: int, step: int):
-  train_ds = input_pipeline.PretrainingDataset(prepared, 'train')
-  # This process's rows of each global batch: the block its devices hold in the batch sharding.
-  block, num_blocks = distributed.process_batch_block(mesh)
-  workers = loader_workers(cfg)
-  reporting.log(f'training {cfg.num_train_steps - step} steps ({step} done) on {len(train_ds)} examples; '
-                f'{jax.device_count()} devices, mesh {dict(mesh.shape)}; input: '
-                + (f'{workers} loader process(es)' if workers else 'a loader thread'))
-  return input_pipeline.PretrainingBatches(
-      train_ds, global_batch_size=cfg.batch_size, seed=cfg.seed, cfg=cfg.data, vocab=vocab,
-      process_index=block, process_count=num_blocks, start_position=data_position, workers=workers,
-      total_steps=cfg.num_train_steps)
 
 
 def describe_result(result: dict[str, Any]) -> str:
@@ -290,25 +250,30 @@ def describe_result(result: dict[str, Any]) -> str:
   return out
 
 
-def _workdir_model(workdir: str) -> tuple[PretrainConfig, StepModel]:
-  """A pretraining workdir's config (its config.json) and the model it describes, on its own mesh config."""
-  kind = workdir_lib.kind_of(workdir)
-  if kind not in (None, 'pretraining'):
-    hint = (' (evaluate it with experiments/finetune.py and --config.eval_only=True)' if kind == 'finetuning'
-            else '')
-    raise CheckpointError(f'{workdir} is a {kind} directory, not a pretraining workdir{hint}')
-  cfg = workdir_config(workdir)
-  validate_config(cfg, shd.make_mesh(cfg.mesh))
-  return cfg, build_model(cfg, shd.make_mesh(cfg.mesh))
+# What evaluating a pretraining workdir again may change (the `evaluation` fact of its fields).
+EVALUATION_FIELDS = facts(PretrainConfig, 'evaluation')
 
 
-def evaluate_checkpoint(workdir: str, step: int | None = None) -> dict[str, Any]:
+def _workdir_model(workdir: str, overrides: dict[str, Any] | None = None) -> tuple[PretrainConfig, StepModel]:
+  """A pretraining workdir's config (its config.json, with `overrides` of EVALUATION_FIELDS) and the model it
+  describes."""
+  source = describe(workdir, 'workdir')
+  if source.kind != 'pretraining':
+    raise CheckpointError(f'{workdir} is a {source.kind} directory, not a pretraining workdir')
+  cfg = PretrainConfig.from_dict({**source.saved, **(overrides or {})})
+  mesh = shd.make_mesh(cfg.mesh)
+  validate_config(cfg, mesh)
+  return cfg, build_model(cfg, mesh, max(cfg.num_train_steps, 1))  # the schedule's length is never used here
+
+
+def evaluate_checkpoint(workdir: str, step: int | None = None, overrides: dict[str, Any] | None = None
+                        ) -> dict[str, Any]:
   """Restores `step` (latest when None) from a pretraining workdir and evaluates it held-out."""
-  return evaluate_checkpoints(workdir, [step])[0]
+  return evaluate_checkpoints(workdir, [step], overrides=overrides)[0]
 
 
-def evaluate_all_checkpoints(workdir: str, on_result: Callable[[dict[str, Any]], None] | None = None
-                             ) -> list[dict[str, Any]]:
+def evaluate_all_checkpoints(workdir: str, on_result: Callable[[dict[str, Any]], None] | None = None,
+                             overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
   """Evaluates every checkpoint of a pretraining workdir held-out, oldest first; the workdir is only read.
 
   The model, the data and the compiled evaluation are built once; each step's result is what
@@ -325,14 +290,15 @@ def evaluate_all_checkpoints(workdir: str, on_result: Callable[[dict[str, Any]],
   Raises:
     CheckpointError: not a pretraining workdir, or no usable checkpoint.
   """
-  return evaluate_checkpoints(workdir, None, on_result)
+  return evaluate_checkpoints(workdir, None, on_result, overrides)
 
 
 def evaluate_checkpoints(workdir: str, steps: list[int | None] | None,
-                         on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                         on_result: Callable[[dict[str, Any]], None] | None = None,
+                         overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
   """Held-out metrics of `steps` of a workdir (None in the list: the latest; `steps` None: all, skipping
   the unusable ones with a warning), reading parameters only; the model and data are built once."""
-  cfg, model = _workdir_model(workdir)
+  cfg, model = _workdir_model(workdir, overrides)
   ckpt = Checkpointer(workdir, read_only=True)
   try:
     every = steps is None

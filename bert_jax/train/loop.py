@@ -19,10 +19,9 @@ from typing import Any, Callable, Protocol, Sequence
 import jax
 import numpy as np
 
-from bert_jax import distributed
 from bert_jax.errors import BertJaxError, Preempted
-from bert_jax.train import reporting
-from bert_jax.train.checkpoints import Checkpointer, state_problem
+from bert_jax.runs import reporting
+from bert_jax.runs.checkpoints import Checkpointer, state_problem
 from bert_jax.train.preemption import Preemption
 from bert_jax.train.step import StepModel
 
@@ -32,13 +31,16 @@ class TrainingDivergedError(BertJaxError, FloatingPointError):
 
 
 class Batches(Protocol):
-  """This process's block of each global batch, in order; `position` = batches consumed.
+  """This process's block of each global batch, in order.
 
-  An iterator that builds the whole batch on every process may also set `last_sizes` (the global
-  batch's rows, row_tokens, real_tokens and examples) for exact throughput and padding figures.
+  Attributes:
+    position: batches consumed (saved in checkpoints: where a resume continues).
+    last_sizes: the last global batch's 'rows', 'row_tokens', 'real_tokens' and 'examples' (throughput,
+      padding): every process knows them exactly, without communication.
   """
 
   position: int
+  last_sizes: dict[str, int]
 
   def __next__(self) -> dict[str, np.ndarray]:
     ...
@@ -112,7 +114,6 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
   start = int(jax.device_get(state['step']))
   step, pending, last_eval, last_good = start, [], None, ckpt.latest_step()
   progress = reporting.Progress(start, total_steps)
-  blocks = distributed.process_batch_block(model.mesh)[1]
   writers = _Writers(report)
   t0 = time.time()
   try:
@@ -123,7 +124,7 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
     while step < total_steps:
       t_wait = time.perf_counter()
       local = next(batches)
-      progress.add(_global_sizes(batches, local, blocks), local['input_ids'].shape[1], time.perf_counter() - t_wait)
+      progress.add(batches.last_sizes, local['input_ids'].shape[1], time.perf_counter() - t_wait)
       state, step_metrics = model.train_step(state, model.global_batch(local), model.rest)
       pending.append(step_metrics)
       step += 1
@@ -197,28 +198,6 @@ def _numbers(metrics: dict[str, Any] | None) -> dict[str, float] | None:
   if not metrics:
     return None
   return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def _global_sizes(batches, local: dict[str, np.ndarray], blocks: int) -> dict[str, int]:
-  """The global batch's real tokens, row tokens, rows and examples.
-
-  Exact from `batches.last_sizes` where the iterator knows the whole batch (fine-tuning builds
-  it on every process); else this process's block times the number of blocks.
-  """
-  sizes = getattr(batches, 'last_sizes', None)
-  if sizes is not None:
-    return sizes
-  ids = local['input_ids']
-  real = local['segment_ids'] if 'segment_ids' in local else local['attention_mask']
-  if 'weights' in local:  # weighted examples (padding examples weigh 0)
-    examples = np.count_nonzero(local['weights'])
-  elif 'segment_ids' in local:  # packed rows: the segments that start in each row
-    seg = local['segment_ids']
-    examples = np.count_nonzero((seg > 0) & (seg != np.pad(seg, ((0, 0), (1, 0)))[:, :-1]))
-  else:
-    examples = np.count_nonzero(np.any(local['attention_mask'], axis=-1))
-  return {'real_tokens': int(np.count_nonzero(real)) * blocks, 'row_tokens': ids.size * blocks,
-          'rows': ids.shape[0] * blocks, 'examples': int(examples) * blocks}
 
 
 def _diverged(report: Report, what: str, step: int, last_good: int | None) -> TrainingDivergedError:

@@ -23,8 +23,10 @@ Variants:
                   no-answer threshold tuned on dev
 
 init_checkpoint is a Hugging Face directory or a bert_jax workdir (pretraining, or fine-tuning: its
-encoder), only ever read. Several seeds with mean and std: --config.num_seeds=5. Evaluate a trained
-workdir again: --config.eval_only=True [--config.eval_step=N].
+encoder), only ever read; its architecture is the model's. The fields are pretraining's where they
+mean the same (--config.optim.learning_rate, --config.num_train_steps, --config.model.dtype, ...;
+LAMB, b1/b2 and --config.optim.grad_accum_steps too). Several seeds with mean and std:
+--config.num_seeds=5. Evaluate a trained workdir again: experiments/evaluate.py --workdir=DIR [--step=N].
 """
 
 import os
@@ -37,22 +39,20 @@ from bert_jax.interop.pretrained import packaged_minilm
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_DATA = os.path.join(os.path.dirname(REPO), 'shared', 'data')
 GLUE_TASKS = ('cola', 'mrpc', 'mnli', 'qnli', 'qqp', 'stsb', 'wnli')
-# variant: (task, data folder, fields)
+# variant: (task, data folder, learning rate, fields)
 VARIANTS = {
-    'sst2': ('sst2', 'sst2', dict(max_seq_length=64, batch_size=32, learning_rate=1e-4, num_train_epochs=1.0,
-                                  max_train_samples=9600)),
-    'sst2_full': ('sst2', 'sst2', dict(max_seq_length=64, batch_size=32, learning_rate=5e-5, num_train_epochs=3.0)),
-    'rte': ('rte', 'rte', dict(max_seq_length=128, batch_size=16, learning_rate=5e-5, num_train_epochs=3.0)),
-    **{t: (t, t, dict(max_seq_length=128, batch_size=32, learning_rate=2e-5, num_train_epochs=3.0))
-       for t in GLUE_TASKS},
-    'conll2003': ('conll2003', 'conll2003', dict(max_seq_length=128, batch_size=32, learning_rate=1e-4,
-                                                 num_train_epochs=1.0, max_train_samples=4000)),
-    'conll2003_full': ('conll2003', 'conll2003', dict(max_seq_length=128, batch_size=32, learning_rate=5e-5,
-                                                      num_train_epochs=3.0)),
-    'squad': ('squad', 'squad-v1.1', dict(max_seq_length=384, batch_size=16, learning_rate=1e-4,
-                                          num_train_epochs=1.0, eval_batch_size=32)),
-    'squad_v2': ('squad_v2', 'squad-v2.0', dict(max_seq_length=384, batch_size=16, learning_rate=5e-5,
-                                                num_train_epochs=2.0, eval_batch_size=32)),
+    'sst2': ('sst2', 'sst2', 1e-4, dict(max_seq_length=64, batch_size=32, num_train_epochs=1.0,
+                                        max_train_samples=9600)),
+    'sst2_full': ('sst2', 'sst2', 5e-5, dict(max_seq_length=64, batch_size=32, num_train_epochs=3.0)),
+    'rte': ('rte', 'rte', 5e-5, dict(max_seq_length=128, batch_size=16, num_train_epochs=3.0)),
+    **{t: (t, t, 2e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)) for t in GLUE_TASKS},
+    'conll2003': ('conll2003', 'conll2003', 1e-4, dict(max_seq_length=128, batch_size=32, num_train_epochs=1.0,
+                                                       max_train_samples=4000)),
+    'conll2003_full': ('conll2003', 'conll2003', 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
+    'squad': ('squad', 'squad-v1.1', 1e-4, dict(max_seq_length=384, batch_size=16, num_train_epochs=1.0,
+                                                eval_batch_size=32)),
+    'squad_v2': ('squad_v2', 'squad-v2.0', 5e-5, dict(max_seq_length=384, batch_size=16, num_train_epochs=2.0,
+                                                      eval_batch_size=32)),
 }
 
 
@@ -60,8 +60,9 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
   variant = arg or 'sst2'
   if variant not in VARIANTS:
     raise ValueError(f'unknown finetune config variant {variant!r}: {", ".join(VARIANTS)}')
-  task, folder, fields = VARIANTS[variant]
+  task, folder, learning_rate, fields = VARIANTS[variant]
   cfg = FinetuneConfig(task=task, init_checkpoint=packaged_minilm(),
                        data_dir=os.path.join(SHARED_DATA, folder)).to_dict()
   cfg.update(fields)
+  cfg['optim']['learning_rate'] = learning_rate
   return ml_collections.ConfigDict(cfg)

@@ -1,7 +1,7 @@
 """PNG pictures of attention probabilities (matplotlib, headless): a grid of a layer's heads, one head.
 
 Figures are built with `matplotlib.figure.Figure` and rendered by the Agg canvas directly (no
-pyplot, so no display is needed), written atomically by `bert_jax.train.curves.save_png`.
+pyplot, so no display is needed), written atomically by `bert_jax.runs.curves.save_png`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 import numpy as np
 
 from bert_jax.errors import ConfigError
-from bert_jax.train.curves import save_png as _save
+from bert_jax.runs.curves import save_png as _save
 
 _CMAP = 'viridis'
 # Token labels are drawn on the grid only up to this many tokens; beyond it they overlap.

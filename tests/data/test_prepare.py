@@ -367,6 +367,16 @@ def test_special_tokens_spelled_in_the_corpus_are_text(tmp_path, capsys, kind, o
     assert any(bracket in data.reader('train')[i][0] for i in range(len(data.reader('train'))))
 
 
+def test_invalid_utf8_in_the_corpus_is_one_warning_line(tmp_path, capsys):
+  corpus = tmp_path / 'bad.txt'
+  with open(WIKITEXT, 'rb') as f:
+    corpus.write_bytes(b'Bad \xff\xfe bytes here. And more.\n' + b''.join(f.readlines()[:700]))
+  prepare.prepare_pretraining_data(small_data_config(str(tmp_path), train_files=str(corpus)), vocab_size=VOCAB, seed=0)
+  warnings = [l for l in capsys.readouterr().out.splitlines() if l.startswith('warning:')]
+  assert warnings == [f'warning: 2 invalid UTF-8 byte sequence(s) in the corpus were replaced with U+FFFD (the first '
+                      f'in {corpus})']
+
+
 def test_streaming_hold_out_is_deterministic_and_disjoint(tmp_path):
   cfg = _bundled_cfg(tmp_path)
   data = prepare.prepare_pretraining_data(cfg, vocab_size=2000, seed=0, log=lambda _: None)

@@ -7,6 +7,7 @@ import pytest
 
 from helpers import (
   assert_one_line_error,
+  finetune_config,
   minilm_dir_or_skip,
   run_experiment as run,
   tiny_pretrain_config,
@@ -149,13 +150,12 @@ def test_many_texts_in_one_process(workdir, tmp_path):
 
 
 def test_encoder_tools_take_a_fine_tuning_workdir(tiny_checkpoint, tmp_path):
-  from bert_jax.config import FinetuneConfig  # pylint: disable=g-import-not-at-top
   from bert_jax.finetuning import run as finetuning  # pylint: disable=g-import-not-at-top
 
   from helpers import shared_data_or_skip  # pylint: disable=g-import-not-at-top
   tuned = str(tmp_path / 'sst2')
-  finetuning.finetune(FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                                     max_seq_length=32, batch_size=16, max_steps=2, max_train_samples=32), tuned)
+  finetuning.finetune(finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
+                                     max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32), tuned)
   texts = tmp_path / 'texts.txt'
   texts.write_text('A fine film .\n', encoding='utf-8')
   summary = last_json(run('embed.py', f'--checkpoint={tuned}', f'--input={texts}', f'--output={tmp_path}/e.npz'))

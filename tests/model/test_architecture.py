@@ -169,8 +169,8 @@ def test_bad_switch_values_are_one_line():
 
 def test_switches_are_architecture_in_checkpoints_and_configs():
   saved = dataclasses.asdict(_cfg())
-  assert config.diff_model_configs(saved, _cfg('pre_ln')) == ["norm_position: post (checkpoint) vs pre (config)"]
-  assert config.diff_model_configs(saved, _cfg(attention_window=8)) == [
+  assert config.architecture_diffs(saved, _cfg('pre_ln')) == ["norm_position: post (checkpoint) vs pre (config)"]
+  assert config.architecture_diffs(saved, _cfg(attention_window=8)) == [
       'attention_window: 0 (checkpoint) vs 8 (config)']
   cfg = config.PretrainConfig(model=_cfg('modernbert'))
   assert config.PretrainConfig.from_dict(cfg.to_dict()) == cfg

@@ -60,7 +60,7 @@ def test_forced_attention_impl_is_honoured():
     _cfg(attention_impl='flash')
   with pytest.raises(ConfigError, match='model.remat_policy must be one of'):
     _cfg(remat_policy='some')
-  assert config.diff_model_configs(dataclasses.asdict(_cfg()), _cfg(remat_policy='full', scan_layers=True)) == []
+  assert config.architecture_diffs(dataclasses.asdict(_cfg()), _cfg(remat_policy='full', scan_layers=True)) == []
 
 
 def _naive_attention(attn, x_btd, mask_b1ts):

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 
 from bert_jax import inference
-from bert_jax.config import FinetuneConfig
 from bert_jax.finetuning import run as finetuning
 from bert_jax.interop import hf
 from bert_jax.interop.pretrained import load_pretrained
 from bert_jax.pretraining import init, run as pretraining
 
-from helpers import shared_data_or_skip, tiny_pretrain_config, write_small_corpus
+from helpers import finetune_config, shared_data_or_skip, tiny_pretrain_config, write_small_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -90,8 +89,8 @@ def test_modernbert_shaped_pretrains_exports_and_finetunes(corpus, tmp_path):
   assert all(getattr(cont.model, k) == v for k, v in MODERN.items())
 
   # Fine-tuning from the export (its pooler starts at zeros, as ModernBERT has none) lowers the loss.
-  ft = FinetuneConfig(task='sst2', init_checkpoint=export, data_dir=shared_data_or_skip('sst2'), max_seq_length=64,
-                      batch_size=16, eval_batch_size=64, learning_rate=5e-3, max_steps=24, max_train_samples=16,
+  ft = finetune_config(task='sst2', init_checkpoint=export, data_dir=shared_data_or_skip('sst2'), max_seq_length=64,
+                      batch_size=16, eval_batch_size=64, learning_rate=5e-3, num_train_steps=24, max_train_samples=16,
                       log_every=4)
   ft_result = finetuning.finetune(ft, str(tmp_path / 'ft'))
   assert 0 <= ft_result['dev_accuracy'] <= 1

@@ -24,6 +24,7 @@ from helpers import (
   REPO,
   WIKITEXT,
   assert_one_line_error,
+  finetune_config,
   pretrain_subprocess,
   restore_pretraining_state,
   run_experiment,
@@ -148,15 +149,14 @@ def test_phase_two_starts_from_phase_one_and_resumes_bitwise(small_corpus, tmp_p
 
 @pytest.mark.slow
 def test_from_a_fine_tuning_workdir(small_corpus, tmp_path, tiny_checkpoint):
-  from bert_jax.config import FinetuneConfig  # pylint: disable=g-import-not-at-top
   from bert_jax.finetuning import run as finetuning  # pylint: disable=g-import-not-at-top
 
   from helpers import shared_data_or_skip  # pylint: disable=g-import-not-at-top
   tuned = str(tmp_path / 'sst2')
-  finetuning.finetune(FinetuneConfig(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                                       max_seq_length=32, batch_size=16, max_steps=3, max_train_samples=48,
+  finetuning.finetune(finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
+                                       max_seq_length=32, batch_size=16, num_train_steps=3, max_train_samples=48,
                                        learning_rate=1e-2), tuned)
-  encoder, step = pretrained.finetuned_encoder(tuned)[1:]
+  encoder, step = pretrained.describe(tuned).params()
   _, original, _, _ = hf.load_hf_checkpoint(tiny_checkpoint)
   assert step == 3 and not np.array_equal(encoder['bert']['pooler']['kernel'], original['bert']['pooler']['kernel'])
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), init_checkpoint=tuned)

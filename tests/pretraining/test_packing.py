@@ -305,10 +305,12 @@ def test_train_and_evaluate_with_packing(small_corpus, tmp_path):
     (dict(pack_rows_multiple=0), {}, 'pack_rows_multiple=0'),
 ])
 def test_bad_packing_config_is_refused(tmp_path, data, optim_, pattern):
-  cfg = tiny_pretrain_config('corpus.txt', str(tmp_path))
-  cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pack=True, **data),
-                            optim=dataclasses.replace(cfg.optim, **optim_))
-  mesh = sharding.make_mesh(cfg.mesh)  # 8 batch shards
-  with pytest.raises(ConfigError, match=pattern):
+  base = tiny_pretrain_config('corpus.txt', str(tmp_path))
+  mesh = sharding.make_mesh(base.mesh)  # 8 batch shards
+  with pytest.raises(ConfigError, match=pattern):  # when the config is built, or checked against the mesh
+    cfg = dataclasses.replace(base, data=dataclasses.replace(base.data, pack=True, **data),
+                              optim=dataclasses.replace(base.optim, **optim_))
     pretraining.validate_config(cfg, mesh)
-  pretraining.validate_config(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pack=False)), mesh)
+  unpacked = dataclasses.replace(base, data=dataclasses.replace(base.data, pack=False, **data),
+                                 optim=dataclasses.replace(base.optim, **optim_))
+  pretraining.validate_config(unpacked, mesh)

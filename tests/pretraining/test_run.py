@@ -15,7 +15,7 @@ import pytest
 from bert_jax import config
 from bert_jax.errors import CheckpointError
 from bert_jax.pretraining import run as pretraining
-from bert_jax.train.checkpoints import Checkpointer
+from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train.loop import TrainingDivergedError
 
 from helpers import REPO, pretrain_subprocess, restore_pretraining_state, tiny_pretrain_config as tiny_config
@@ -64,7 +64,7 @@ def test_train_evaluate_and_restore(small_corpus, tmp_path):
 # Kill -9 ourselves right after the save call of step 30 (its async write in flight).
 _KILL_AFTER_SAVE_30 = """
 import os, signal
-from bert_jax.train import checkpoints as checkpointing
+from bert_jax.runs import checkpoints as checkpointing
 save = checkpointing.Checkpointer.save
 def killing_save(self, step, *a, **k):
   out = save(self, step, *a, **k)

@@ -13,7 +13,7 @@ from bert_jax import config, sharding
 from bert_jax.finetuning import batching
 from bert_jax.finetuning.run import finetuning_model
 from bert_jax.pretraining.run import pretraining_model
-from bert_jax.train.checkpoints import Checkpointer
+from bert_jax.runs.checkpoints import Checkpointer
 
 from helpers import FIXTURES, features, random_pretraining_batch
 

@@ -14,13 +14,13 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
-from absl import logging
 import numpy as np
 
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.files import check_regular, write_text_atomic
 from bert_jax.finetuning.tasks import metrics
 from bert_jax.finetuning.tasks.base import IGNORE, EvalSet, Feature
+from bert_jax.runs import reporting
 
 LABELS = ['O', 'B-PER', 'I-PER', 'B-LOC', 'I-LOC', 'B-ORG', 'I-ORG', 'B-MISC', 'I-MISC']
 LABEL_INDEX = {label: i for i, label in enumerate(LABELS)}
@@ -123,8 +123,8 @@ def featurize(sentences: Sequence[tuple[list[str], list[str]]], tokenizer, max_s
     data.n_cut_words += n_cut
   if data.n_cut_words:
     n_words = sum(len(w) for w in data.words)
-    logging.warning('%s: %d of %d words cut off by max_seq_length=%d; they are predicted O',
-                    path or 'CoNLL data', data.n_cut_words, n_words, max_seq_length)
+    reporting.log(f'warning: {path or "CoNLL data"}: {data.n_cut_words} of {n_words} words cut off by '
+                  f'max_seq_length={max_seq_length}; they are predicted O')
   return features, data
 
 

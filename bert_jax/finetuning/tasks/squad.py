@@ -20,12 +20,12 @@ import re
 import string
 from typing import Any, Sequence
 
-from absl import logging
 import numpy as np
 
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.files import check_regular, write_json_atomic
 from bert_jax.finetuning.tasks.base import EvalSet, Feature
+from bert_jax.runs import reporting
 
 Offset = tuple[int, int] | None  # a token's (start, end) character span; None off-context
 _PUNCTUATION = frozenset(string.punctuation)
@@ -148,8 +148,8 @@ def load_examples(cfg, version_2: bool) -> tuple[list[SquadExample], list[SquadE
   if cfg.train_file or os.path.isfile(train_path):
     train = articles_to_examples(read_articles(train_path), train_path)
     evals = articles_to_examples(eval_articles, eval_path)
-    logging.info('SQuAD: training on %s (%d questions), evaluating on %s (%d questions)',
-                 train_path, len(train), eval_path, len(evals))
+    reporting.log(f'SQuAD: training on {train_path} ({len(train)} questions), evaluating on {eval_path} '
+                  f'({len(evals)} questions)')
   else:
     train, evals = _split_by_article(eval_articles, cfg, eval_path, train_path)
   if cfg.max_train_samples > 0:
@@ -167,9 +167,8 @@ def _split_by_article(articles, cfg, eval_path: str, train_path: str):
                     f'eval_articles={n_eval}; lower them')
   train = articles_to_examples(articles[:n_train], eval_path)
   evals = articles_to_examples(articles[n - n_eval:], eval_path)
-  logging.info('SQuAD: no training file %s; splitting %s by article: [0, %d) train (%d questions), '
-               '[%d, %d) evaluate (%d questions)', train_path, eval_path, n_train, len(train),
-               n - n_eval, n, len(evals))
+  reporting.log(f'SQuAD: no training file {train_path}; splitting {eval_path} by article: [0, {n_train}) train '
+                f'({len(train)} questions), [{n - n_eval}, {n}) evaluate ({len(evals)} questions)')
   return train, evals
 
 
@@ -292,11 +291,11 @@ def _log_featurize(examples, questions, max_query_length: int, skipped: int, num
                    train: bool) -> None:
   kind = 'training' if train else 'evaluation'
   if skipped:
-    logging.warning('skipped %d of %d SQuAD training questions whose answer text is not found in '
-                    'the context at answer_start (or that have no answer)', skipped, len(examples))
+    reporting.log(f'warning: skipped {skipped} of {len(examples)} SQuAD training questions whose answer text is not '
+                  'found in the context at answer_start (or that have no answer)')
   cut = sum(len(q) > max_query_length for q in questions)
-  logging.info('SQuAD %s: %d questions -> %d features (%d questions cut to %d tokens)', kind,
-               len(examples) - skipped, num_features, cut, max_query_length)
+  reporting.log(f'SQuAD {kind}: {len(examples) - skipped} questions -> {num_features} features ({cut} questions cut '
+                f'to {max_query_length} tokens)')
 
 
 # ----------------------------------------------------------------------------- predictions

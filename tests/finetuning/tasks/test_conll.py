@@ -189,9 +189,7 @@ def test_first_sub_token_labels(wordpiece):
   assert data.tags == [['B-PER', 'O', 'O', 'B-LOC']] and data.n_cut_words == 0
 
 
-def test_truncation_predicts_o_for_cut_words(wordpiece, monkeypatch):
-  warnings = []
-  monkeypatch.setattr(conll.logging, 'warning', lambda msg, *args: warnings.append(msg % args))
+def test_truncation_predicts_o_for_cut_words(wordpiece, capsys):
   words, tags = ['Peter', 'unaffable', '\u200b', 'Paris'], ['I-PER', 'O', 'O', 'I-LOC']
   # Room for 2 sub-tokens: 'peter' and the first piece of 'unaffable'; 'Paris' is cut.
   (feature,), data = conll.featurize([(words, tags)], wordpiece, 4, path='small')
@@ -199,7 +197,8 @@ def test_truncation_predicts_o_for_cut_words(wordpiece, monkeypatch):
   assert feature.token_labels.tolist() == [IGNORE, 1, 0, IGNORE]
   assert data.first_positions[0].tolist() == [1, 2, -1, -1]
   assert data.n_cut_words == 1  # the empty word is not counted as cut
-  assert warnings == ['small: 1 of 4 words cut off by max_seq_length=4; they are predicted O']
+  assert capsys.readouterr().out.splitlines() == [
+      'warning: small: 1 of 4 words cut off by max_seq_length=4; they are predicted O']
   eval_set = EvalSet('dev', [feature], data)
   result = conll.Conll2003().evaluate(eval_set, _gold_logits([feature]), None)
   assert (result['n_gold'], result['n_pred'], result['n_correct']) == (2, 1, 1)

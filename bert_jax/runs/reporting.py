@@ -134,14 +134,28 @@ def write_curves(workdir: str, metrics: Sequence[str] | None = None) -> None:
   """
   if jax.process_index() != 0:
     return
-  from bert_jax.train import curves  # pylint: disable=g-import-not-at-top  # matplotlib: only where curves are drawn
+  from bert_jax.runs import curves  # pylint: disable=g-import-not-at-top  # matplotlib: only where curves are drawn
   try:
     curves.plot_run_curves(workdir, metrics=metrics)
   except Exception as e:  # pylint: disable=broad-except
     log(f'warning: {os.path.join(workdir, curves.CURVES_FILE)} not written ({type(e).__name__}: {e})')
 
 
+_stream = None  # None: sys.stdout (as it is when a line is printed)
+
+
 def log(message: str) -> None:
-  """Prints on process 0 only, flushed (progress must show even when stdout is a pipe)."""
+  """The library's one log channel: a line on process 0, flushed (progress must show even in a pipe).
+
+  Lines go to stdout (or where `log_to` sends them), printed as MaxText's max_logging does: absl
+  logging stays at WARNING in the entry points, as jax and Orbax are chatty at INFO, and a line of
+  ours must show whatever its level. Warnings are lines that start with 'warning: '.
+  """
   if jax.process_index() == 0:
-    print(message, file=sys.stdout, flush=True)
+    print(message, file=_stream or sys.stdout, flush=True)
+
+
+def log_to(stream) -> None:
+  """Sends the library's lines to `stream` (a tool whose stdout carries its results sends them to stderr)."""
+  global _stream  # pylint: disable=global-statement
+  _stream = stream

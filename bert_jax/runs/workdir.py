@@ -1,4 +1,15 @@
-"""Workdir ownership: what kind of directory a path is, one run at a time, and config history.
+"""The one owner of a workdir's layout, what kind of directory a path is, and one run at a time.
+
+A workdir (pretraining or fine-tuning) holds
+  config.json          the run's config (pretraining: PretrainConfig; fine-tuning: {'finetune':
+                       FinetuneConfig, 'task': {name, kind, num_labels, label_names}}), earlier
+                       versions of it in config_history.jsonl
+  tokenizer.model | tokenizer.json (+ vocab.txt, tokenizer_config.json)   its tokenizer
+  checkpoints/         the Orbax checkpoints of a pretraining run
+  seed_<n>/            a fine-tuning seed's checkpoints/, metrics and predictions
+  final_metrics.json   the results, written last (atomically)
+  metrics_{train,eval}.jsonl, tb/, curves.png   (per seed in seed_<n>/ for fine-tuning)
+`Workdir` is the only code that knows these names.
 
 Every entry point that writes a workdir calls `claim(path, kind)` before writing anything:
 it refuses a path that is a file, unwritable, or a workdir of another kind (pretraining,
@@ -14,16 +25,110 @@ import contextlib
 import datetime
 import json
 import os
+import re
 from typing import Any, Iterator
 
+import jax
+
 from bert_jax import files
-from bert_jax.errors import ConfigError
-from bert_jax.files import write_json_atomic
+from bert_jax.config import upgrade_saved
+from bert_jax.errors import CheckpointError, ConfigError
+from bert_jax.files import check_regular, write_json_atomic
 
 LOCK_FILE = '.lock'
 CONFIG_FILE = 'config.json'
 HISTORY_FILE = 'config_history.jsonl'
+FINAL_METRICS_FILE = 'final_metrics.json'
+CHECKPOINTS_DIR = 'checkpoints'
+# A workdir's tokenizer: SentencePiece, or WordPiece (tokenizer.json with vocab.txt beside it).
+TOKENIZER_FILES = ('tokenizer.model', 'tokenizer.json')
 KINDS = ('pretraining', 'finetuning', 'export')
+_SEED_DIR = re.compile(r'seed_(\d+)')
+
+
+class Workdir:
+  """A pretraining or fine-tuning workdir: the paths of what it holds, and reading/writing its files.
+
+  Writes happen on process 0 only (the workdir is shared by a pod's processes).
+  """
+
+  def __init__(self, path: str):
+    self.path = path
+
+  def __repr__(self) -> str:
+    return f'Workdir({self.path!r})'
+
+  @property
+  def kind(self) -> str | None:
+    """'pretraining', 'finetuning', 'export' (a Hugging Face directory) or None (new, empty or unknown)."""
+    return kind_of(self.path)
+
+  def file(self, name: str) -> str:
+    return os.path.join(self.path, name)
+
+  @property
+  def checkpoints(self) -> str:
+    """Its checkpoints/ directory (a seed's: `Workdir(seed_dir(n)).checkpoints`)."""
+    return checkpoint_dir(self.path)
+
+  def seed_dir(self, seed: int) -> str:
+    """A fine-tuning seed's directory."""
+    return os.path.join(self.path, f'seed_{int(seed)}')
+
+  def seeds(self) -> list[int]:
+    """The seeds that have a directory here, in order."""
+    names = os.listdir(self.path) if os.path.isdir(self.path) else []
+    return sorted(int(m.group(1)) for m in map(_SEED_DIR.fullmatch, names) if m)
+
+  def config(self) -> dict[str, Any] | None:
+    """config.json in today's field names (`config.upgrade_saved`), None when absent."""
+    path = self.file(CONFIG_FILE)
+    if not os.path.exists(path):
+      return None
+    check_regular(path, 'workdir config')
+    try:
+      with open(path, encoding='utf-8') as f:
+        saved = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+      first = (str(e).strip().splitlines() or [''])[0][:200]
+      raise CheckpointError(f'{path} is unreadable ({type(e).__name__}: {first}); restore it from '
+                            'config_history.jsonl or the checkpoints\' meta, or use a new workdir') from None
+    if not isinstance(saved, dict):
+      raise CheckpointError(f'{path} is not a JSON object')
+    return upgrade_saved(saved)
+
+  def write_config(self, config: dict[str, Any]) -> None:
+    """Writes config.json atomically, keeping a different earlier one in config_history.jsonl."""
+    if jax.process_index() == 0:
+      write_config(self.path, config)
+
+  def tokenizer_file(self) -> str | None:
+    """The tokenizer file it holds (what `tokenization.load_tokenizer` reads), or None."""
+    return next((self.file(f) for f in TOKENIZER_FILES if os.path.isfile(self.file(f))), None)
+
+  def save_tokenizer(self, tokenizer) -> None:
+    """Writes the tokenizer's files (process 0), unless it holds a tokenizer already."""
+    from bert_jax.data import tokenization  # pylint: disable=g-import-not-at-top  # sentencepiece: only when saving
+    if jax.process_index() == 0 and self.tokenizer_file() is None:
+      tokenization.save_tokenizer(tokenizer, self.path)
+
+  def write_results(self, results: dict[str, Any], directory: str | None = None) -> None:
+    """final_metrics.json in the workdir, or in `directory` (a seed's, an evaluation's)."""
+    self.write_json(os.path.join(directory or self.path, FINAL_METRICS_FILE), results)
+
+  def write_json(self, path: str, obj: Any) -> None:
+    """Writes a JSON file of the workdir (a path in it) atomically, on process 0."""
+    if jax.process_index() == 0:
+      write_json_atomic(path, obj)
+
+  def claim(self, kind: str, *, owner: bool = True, log=print):
+    """`claim(self.path, kind, ...)`: the lock, held while the block runs."""
+    return claim(self.path, kind, owner=owner, log=log)
+
+
+def checkpoint_dir(run_dir: str) -> str:
+  """The checkpoints/ directory of a run directory; a remote one (gs://...) keeps its path as given."""
+  return os.path.join(run_dir if '://' in run_dir else os.path.abspath(run_dir), CHECKPOINTS_DIR)
 
 
 def kind_of(path: str) -> str | None:
@@ -45,9 +150,9 @@ def kind_of(path: str) -> str | None:
   if not os.path.isdir(path):
     return None
   names = os.listdir(path)
-  if any(n.startswith('seed_') for n in names):
+  if any(_SEED_DIR.fullmatch(n) for n in names):
     return 'finetuning'
-  if 'checkpoints' in names:
+  if CHECKPOINTS_DIR in names:
     return 'pretraining'
   if any(n.endswith('.safetensors') for n in names):
     return 'export'

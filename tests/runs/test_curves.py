@@ -7,7 +7,7 @@ import matplotlib.image
 import pytest
 
 from bert_jax.errors import ConfigError
-from bert_jax.train import curves
+from bert_jax.runs import curves
 
 from helpers import png_size
 

@@ -2,9 +2,8 @@
 
 A checkpoint holds two items: `state` (params, optimizer state, step, RNG key — arrays,
 restored straight into their target shardings) and `meta` (JSON: data-iterator position,
-step and the run's config, so a checkpoint directory describes itself). The config is also
-written as `workdir/config.json`, beside the checkpoints (earlier versions kept in
-config_history.jsonl).
+step and the run's config, so a checkpoint directory describes itself). The workdir's own
+files (config.json, ...) are `runs.workdir`'s.
 
 Faults: `restore(None, ...)` uses the newest checkpoint that reads back and holds a sane state
 (finite, not exploded); one that does not is reported in one line and moved to
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import math
 import os
@@ -31,44 +29,14 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax.config import upgrade_saved
 from bert_jax.errors import CheckpointError, CheckpointWriteError, UnusableCheckpoint
-from bert_jax.files import WRITE_FAILURES, check_regular
-from bert_jax.train import workdir as workdir_lib
+from bert_jax.files import WRITE_FAILURES
+from bert_jax.runs import workdir as workdir_lib
 
-CONFIG_FILE = workdir_lib.CONFIG_FILE
 CORRUPT_DIR = 'corrupt_checkpoints'
 # A parameter beyond this magnitude means training blew up (BERT's stay within ~10-100):
 # such a state evaluates to NaN even when every value is still finite.
 EXPLODED = 1e6
-
-
-def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), 'checkpoints')
-
-
-def read_config(workdir: str) -> dict[str, Any] | None:
-  """workdir/config.json, None when absent; CheckpointError when unreadable."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    return None
-  check_regular(path, 'workdir config')
-  try:
-    with open(path, encoding='utf-8') as f:
-      saved = json.load(f)
-  except (OSError, UnicodeDecodeError, ValueError) as e:
-    raise CheckpointError(f'{path} is unreadable ({type(e).__name__}: {_first_line(e)}); '
-                          'restore it from config_history.jsonl or the checkpoints\' meta, or use a new '
-                          'workdir') from None
-  if not isinstance(saved, dict):
-    raise CheckpointError(f'{path} is not a JSON object')
-  return upgrade_saved(saved)
-
-
-def write_config(workdir: str, config: dict[str, Any]) -> None:
-  """Writes workdir/config.json atomically (process 0), keeping a different earlier one in the history."""
-  if jax.process_index() == 0:
-    workdir_lib.write_config(workdir, config)
 
 
 @jax.jit
@@ -190,7 +158,7 @@ class Checkpointer:
         create=not read_only,
         read_only=read_only,
     )
-    self.directory = checkpoint_dir(workdir)
+    self.directory = workdir_lib.checkpoint_dir(workdir)
     self.read_only = read_only
     # Handlers named up front so metadata (for shape checks) is readable before any restore.
     self.manager = ocp.CheckpointManager(

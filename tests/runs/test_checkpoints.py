@@ -11,8 +11,9 @@ import pytest
 from bert_jax import config, sharding
 from bert_jax.errors import CheckpointError
 from bert_jax.pretraining.run import pretraining_model
-from bert_jax.train import checkpoints, optim
-from bert_jax.train.checkpoints import Checkpointer
+from bert_jax.runs import checkpoints
+from bert_jax.runs.checkpoints import Checkpointer
+from bert_jax.train import optim
 
 from helpers import random_pretraining_batch
 

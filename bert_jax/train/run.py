@@ -1,0 +1,190 @@
+"""The one run scaffold of pretraining and fine-tuning, and evaluating a workdir again.
+
+`train(job, workdir)` runs a `Job` (what differs between the kinds of run: its objective and
+model, the batches at a data position, its held-out evaluation and its results) in this order:
+
+  1. validate: the config checked itself when it was built (mesh-free checks); here what needs the
+     mesh and the model, then the workdir (its kind; what it already holds belongs to this run);
+  2. claim the workdir (one run at a time) and catch preemption signals; prepare the data;
+  3. for each run directory (the workdir; a fine-tuning seed's seed_<n>/), one checkpointer and the
+     init decision, in this order:
+       resume   the newest usable checkpoint of the directory (refused when another run wrote it);
+       source   else init_checkpoint's parameters (those the model has): optimizer, step and data
+                position start fresh;
+       scratch  else parameters from the seed;
+     then `fit()`, and the held-out evaluation of the final (or the best) step;
+  4. final_metrics.json, atomically, last.
+
+`evaluate(workdir, ...)` evaluates a workdir of either kind again, reading its checkpoints only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Protocol
+
+import jax
+
+from bert_jax import sharding as shd
+from bert_jax.config import TrainingConfig, check_resume, facts
+from bert_jax.errors import CheckpointError, ConfigError
+from bert_jax.runs import reporting
+from bert_jax.runs.checkpoints import Checkpointer
+from bert_jax.runs.workdir import Workdir, check_kind, check_outside
+from bert_jax.train.loop import Batches, Report, fit
+from bert_jax.train.preemption import Preemption
+from bert_jax.train.step import StepModel
+
+
+class Job(Protocol):
+  """What a kind of run brings to the scaffold.
+
+  Attributes:
+    kind: 'pretraining' or 'finetuning' (the workdir's kind).
+    cfg: the run's config (after its starting checkpoint resolved the model).
+    main_metric: the held-out metric `keep_best` ranks by (known after `prepare`).
+    preparing: what `prepare` does, for the preemption message.
+  """
+
+  kind: str
+  cfg: TrainingConfig
+  main_metric: str
+  preparing: str
+  eval_first: bool  # evaluate before the first step (a run continued from other weights)
+  checkpoint_extra: dict[str, Any] | None  # more meta in each checkpoint (a data fingerprint)
+
+  def check(self, mesh, workdir: Workdir) -> None:
+    """Refuses what needs the mesh or the model, and a workdir that holds another run."""
+
+  def prepare(self, mesh) -> None:
+    """Prepares the data and builds the model (`model`, `total_steps`, `tokenizer`)."""
+
+  model: StepModel
+  total_steps: int
+  tokenizer: Any
+
+  def saved_config(self) -> dict[str, Any]:
+    """The workdir's config.json."""
+
+  def run_dirs(self, workdir: Workdir) -> list[tuple[int, str]]:
+    """(seed, directory) of each run it trains: the workdir itself, or one seed_<n>/ per seed."""
+
+  def check_meta(self, meta: dict[str, Any], run_dir: str) -> None:
+    """Refuses a checkpoint another run wrote (its meta: config, step, ...)."""
+
+  def initial_params(self) -> dict[str, Any] | None:
+    """The starting checkpoint's parameters the model has, or None to start from scratch."""
+
+  def batches(self, seed: int, position: int, step: int) -> Batches:
+    """This process's block of each training batch from data position `position` on."""
+
+  def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
+    """Held-out metrics of `params` (predictions written to `output_dir` when given)."""
+
+  def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
+    """The run directory's lines and files."""
+
+  def run_done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
+    """After each run directory: its own results and lines, if the kind has any."""
+
+  def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """The workdir's final metrics from each run directory's."""
+
+
+def check_batch_sizes(cfg: TrainingConfig, mesh) -> None:
+  """ConfigError unless every (micro-)batch divides evenly over the batch shards and the processes."""
+  shards, accum = shd.num_batch_shards(mesh), cfg.optim.grad_accum_steps
+  for name, size in (('batch_size', cfg.batch_size // accum), ('eval_batch_size', cfg.eval_batch_size)):
+    if size % shards or size % jax.process_count():
+      raise ConfigError(f'{name} (per micro-batch: {size}) must divide evenly over {shards} batch shards (mesh '
+                        f'data x fsdp) and {jax.process_count()} processes: every batch is split over them')
+
+
+def check_same_run(old: dict[str, Any], new: TrainingConfig, where: str, step: int | None = None,
+                   more_free: tuple[str, ...] = (), extra_new: dict[str, Any] | None = None) -> None:
+  """Refuses to continue `old` (a saved config) as `new`: fields outside `free_on_resume` that differ."""
+  check_resume(old, {**new.to_dict(), **(extra_new or {})}, facts(type(new), 'free') + more_free,
+               new.resume_allow, where, step)
+
+
+def allows_fresh_optimizer(cfg: TrainingConfig) -> bool:
+  """Whether resume_allow lets a resume start a fresh optimizer state ('optim' or an optim.* field)."""
+  return any(n.strip() == 'optim' or n.strip().startswith('optim.') for n in cfg.resume_allow.split(','))
+
+
+def train(job: Job, workdir: str) -> dict[str, Any]:
+  """Trains (or resumes) `job` in `workdir`, every run directory of it; returns the final metrics."""
+  start = time.monotonic()
+  cfg, wd = job.cfg, Workdir(workdir)
+  mesh = shd.make_mesh(cfg.mesh)
+  if cfg.init_checkpoint:
+    check_outside(workdir, cfg.init_checkpoint, 'init_checkpoint')
+  check_kind(workdir, job.kind)
+  job.check(mesh, wd)
+  with wd.claim(job.kind, owner=jax.process_index() == 0, log=reporting.log), Preemption() as preempt:
+    with preempt.immediately(job.preparing):
+      job.prepare(mesh)
+
+    def started() -> None:  # once a run directory resumed (the same run) or started: nothing is written before
+      wd.write_config(job.saved_config())
+      wd.save_tokenizer(job.tokenizer)  # the workdir is used on its own later (predict, export, init_checkpoint)
+
+    per_run = []
+    for seed, run_dir in job.run_dirs(wd):
+      per_run.append(_train_run(job, wd, seed, run_dir, preempt, started))
+      job.run_done(seed, run_dir, per_run[-1], wd)
+  final = job.results(per_run, wall_s=time.monotonic() - start)
+  wd.write_results(final)
+  return final
+
+
+def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preemption,
+               started: Callable[[], None]) -> dict[str, Any]:
+  """One run directory: checkpointer, the init decision, fit, the final (or best) evaluation."""
+  cfg, model = job.cfg, job.model
+  report = job.report(seed, run_dir, wd)
+  ckpt = Checkpointer(run_dir, save_every=cfg.eval_every if cfg.keep_best else cfg.checkpoint_every or job.total_steps,
+                      keep=cfg.keep_checkpoints, best_metric=job.main_metric if cfg.keep_best else None)
+  try:
+    resumed = ckpt.latest_step() is not None
+    if resumed:  # 1. resume
+      state, meta = ckpt.restore(None, model.abstract_state, log=reporting.log,
+                                 check_meta=lambda meta: job.check_meta(meta, run_dir),
+                                 fresh_opt_state=model.init_opt_state if allows_fresh_optimizer(cfg) else None)
+      position = int(meta['data_position'])
+      reporting.log(f'{report.label}resumed from {ckpt.directory} at step {int(state["step"])} '
+                    f'(data position {position})')
+    else:  # 2. from a source, or 3. from scratch
+      state, position = model.init_state(job.initial_params(), seed=seed), 0
+    started()
+    # Predictions are written at the last step, unless the best step's are wanted.
+    final_dir = None if cfg.keep_best else run_dir
+    def held_out(params, step: int) -> dict[str, Any]:
+      return job.evaluate(params, step, final_dir if step == job.total_steps else None)
+
+    fitted = fit(model, state, job.batches(seed, position, int(jax.device_get(state['step']))),
+                 total_steps=job.total_steps, ckpt=ckpt, preempt=preempt, report=report, log_every=cfg.log_every,
+                 checkpoint_config=cfg.to_dict(), checkpoint_extra=job.checkpoint_extra, evaluate=held_out,
+                 eval_every=cfg.eval_every, eval_first=job.eval_first and not resumed)
+    ckpt.wait()
+    result = {'seed': seed, 'step': fitted.step, **fitted.stats}
+    result.update(fitted.last_eval or job.evaluate(fitted.state['params'], fitted.step, final_dir))  # a finished run
+    if cfg.keep_best:
+      best = ckpt.best_step(job.main_metric)
+      state, _ = ckpt.restore(best, model.abstract_state, log=reporting.log, params_only=True)
+      result.update({'best_step': best, **job.evaluate(state['params'], best, run_dir)})
+  finally:
+    ckpt.close()
+  return result
+
+
+def restore_for_evaluation(run_dir: str, model: StepModel, step: int | None) -> tuple[Any, int]:
+  """(params, step) of a run directory's checkpoint `step` (None: the newest usable), read only."""
+  ckpt = Checkpointer(run_dir, read_only=True)
+  try:
+    if ckpt.latest_step() is None:
+      raise CheckpointError(f'no checkpoint in {ckpt.directory}; train first')
+    state, meta = ckpt.restore(step, model.abstract_params, log=reporting.log, params_only=True)
+  finally:
+    ckpt.close()
+  return state['params'], int(meta['step'])
