@@ -1,6 +1,6 @@
 """Runs a command once per point of a hyperparameter grid and tabulates the runs' final metrics.
 
-  python experiments/sweep.py --grid="config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3" \
+  python experiments/sweep.py --grid="config.optim.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3" \
       -- python experiments/finetune.py --config=experiments/configs/finetune.py:rte \
       --workdir=DIR/{name} --config.init_checkpoint=PATH
 
@@ -26,7 +26,7 @@ import cli
 from tools import sweep
 
 _GRID = flags.DEFINE_string('grid', None, 'Space-separated key=v1,v2,... entries, e.g. '
-                            '"config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3".')
+                            '"config.optim.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3".')
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print one shell-quoted command per pending run; run nothing.')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where sweep_results.{csv,md} go; default: the common '
                                   'parent directory of the run workdirs.')
@@ -49,7 +49,7 @@ def main(argv):
   if len(argv) > 1:
     raise ConfigError(f'unexpected arguments {" ".join(argv[1:])!r}: the command to sweep goes after "--"')
   if _GRID.value is None:
-    raise ConfigError('--grid is required, e.g. --grid="config.learning_rate=1e-4,5e-5"')
+    raise ConfigError('--grid is required, e.g. --grid="config.optim.learning_rate=1e-4,5e-5"')
   if _MODE.value not in ('max', 'min'):
     raise ConfigError(f'--mode must be max or min, not {_MODE.value!r}')
   runs = sweep.plan(sweep.parse_grid(_GRID.value), _COMMAND)

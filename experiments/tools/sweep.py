@@ -3,7 +3,7 @@
 The library behind experiments/sweep.py; it reads no flags. Typical use through the script:
 
   python experiments/sweep.py \
-      --grid="config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3" \
+      --grid="config.optim.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3" \
       -- python experiments/finetune.py --config=experiments/configs/finetune.py:rte \
       --workdir=DIR/{name} --config.init_checkpoint=PATH
 

@@ -86,3 +86,31 @@ def test_train_steps_on_8_devices_lower_the_loss(kind):
     losses.append(float(m['loss']))
   assert losses[-1] < 0.5 * losses[0], losses
   assert int(state['step']) == 15
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('kind', ['classification', 'token', 'span'])
+def test_gradient_accumulation_steps_as_the_whole_batch(kind):
+  """Two interleaved micro-batches (each packed on its own) give the update of the whole batch in one."""
+  feats = _features([12, 3, 20, 7, 9, 30, 5, 16, 11, 4, 25, 8, 6, 14, 10, 2], seed=2)
+  mesh = shd.make_mesh(MeshConfig())
+  states = {}
+  for k in (1, 2):
+    model = finetuning_model(CFG, kind, 3, optax.sgd(0.5), mesh, grad_accum_steps=k)
+    batches = batching.TrainBatches(feats, kind, batch_size=16, row_length=48, pack=True, rows_multiple=8 * k,
+                                    seed=0, shuffle=True, start=0, block=(0, 1), micro_batches=k)
+    state = model.init_state(None, seed=0)
+    states[k], metrics = model.train_step(state, model.global_batch(next(batches)), model.rest)
+    states[k] = (jax.device_get(states[k]['params']), float(metrics['loss']))
+  assert states[1][1] == pytest.approx(states[2][1], rel=1e-5)
+  for a, b in zip(jax.tree.leaves(states[1][0]), jax.tree.leaves(states[2][0])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_interleaved_micro_batches_are_every_kth_row_and_example():
+  parts = [batching.make_batch(_features([5, 9, 3], seed=i), 'token', batch_size=4, row_length=16, pack=True,
+                               rows_multiple=4, num_rows=4) for i in range(2)]
+  both = batching.interleave(parts)
+  for i, part in enumerate(parts):
+    for key, value in part.items():
+      np.testing.assert_array_equal(both[key][i::2], value)
