@@ -288,6 +288,25 @@ class DataConfig:
   max_segments_per_row: int = 4
 
   def __post_init__(self):
+    problems = []
+    if not 8 <= self.max_seq_length <= 65535:  # [CLS] A [SEP] B [SEP] with room for text; uint16 record lengths
+      problems.append(f'data.max_seq_length={self.max_seq_length} must be in [8, 65535]')
+    if self.max_predictions_per_seq < 0:
+      problems.append(f'data.max_predictions_per_seq={self.max_predictions_per_seq} must be >= 0 (0 = derived)')
+    if not 0 <= self.short_seq_prob <= 1:
+      problems.append(f'data.short_seq_prob={self.short_seq_prob} must be in [0, 1]')
+    for name in ('dupe_factor', 'unit_mb', 'tokenizer_sample_sentences'):
+      if getattr(self, name) < 1:
+        problems.append(f'data.{name}={getattr(self, name)} must be >= 1')
+    if self.num_workers < 0:
+      problems.append(f'data.num_workers={self.num_workers} must be >= 0 (0 = every local core)')
+    if not self.eval_files and not 0 < self.eval_fraction < 1:
+      problems.append(f'data.eval_fraction={self.eval_fraction} must be in (0, 1) when data.eval_files is empty')
+    if self.pack and (self.pack_rows_multiple < 1 or self.max_segments_per_row < 1):
+      problems.append(f'data.pack_rows_multiple={self.pack_rows_multiple} and data.max_segments_per_row='
+                      f'{self.max_segments_per_row} must be positive')
+    if problems:
+      raise ConfigError('; '.join(problems))
     if self.objective not in OBJECTIVES:
       raise ConfigError(f'data.objective must be one of {", ".join(OBJECTIVES)}, got {self.objective!r}')
     if self.masking not in MASKINGS:
@@ -301,6 +320,9 @@ class DataConfig:
     if self.max_predictions_per_seq == 0:  # frozen: the derived value is set once, here
       object.__setattr__(self, 'max_predictions_per_seq',
                          max(1, math.ceil(self.max_masked_lm_prob * self.max_seq_length - 1e-9)))
+    if self.max_predictions_per_seq > self.max_seq_length:
+      raise ConfigError(f'data.max_predictions_per_seq={self.max_predictions_per_seq} must be in '
+                        f'(0, max_seq_length={self.max_seq_length}]')
 
   @property
   def sentence_pairs(self) -> bool:
@@ -445,18 +467,6 @@ class PretrainConfig(TrainingConfig):
   model: ModelConfig = _f(factory=lambda: preset('mini', vocab_size=8000))
   data: DataConfig = _f(factory=DataConfig)
 
-  def __post_init__(self):
-    super().__post_init__()
-    d = self.data
-    if d.max_seq_length < 8:
-      raise ConfigError(f'data.max_seq_length={d.max_seq_length} is too short for [CLS] A [SEP] B [SEP]')
-    if not 0 < d.max_predictions_per_seq <= d.max_seq_length:
-      raise ConfigError(f'data.max_predictions_per_seq={d.max_predictions_per_seq} must be in '
-                        f'(0, max_seq_length={d.max_seq_length}]')
-    if d.pack and (d.pack_rows_multiple < 1 or d.max_segments_per_row < 1):
-      raise ConfigError(f'data.pack_rows_multiple={d.pack_rows_multiple} and data.max_segments_per_row='
-                        f'{d.max_segments_per_row} must be positive')
-
 
 def _finetuning_optim() -> OptimConfig:
   # Hugging Face Trainer's defaults: Adam epsilon 1e-8, a warmup of 10% of the steps.
@@ -505,7 +515,7 @@ class FinetuneConfig(TrainingConfig):
   def __post_init__(self):
     super().__post_init__()
     if self.max_seq_length < 8:
-      raise ConfigError(f'max_seq_length={self.max_seq_length} is too short')
+      raise ConfigError(f'max_seq_length={self.max_seq_length} must be at least 8')
     if self.num_seeds <= 0:
       raise ConfigError(f'num_seeds must be positive, got {self.num_seeds}')
 

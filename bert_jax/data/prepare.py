@@ -52,7 +52,7 @@ from bert_jax import files
 from bert_jax.config import DataConfig
 from bert_jax.data import nsp, readers, records, tokenization
 from bert_jax.data.records import META_FILE, PreparedData, load_prepared_data
-from bert_jax.errors import BertJaxError, ConfigError, DataError
+from bert_jax.errors import BertJaxError, DataError
 
 # DataConfig fields that change the records (masking happens later, per batch); with the
 # inputs' contents, the seed and records.FORMAT_VERSION they make the cache fingerprint.
@@ -118,7 +118,6 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
   sync = sync or (lambda failed: failed)
   error = None
   try:  # every process checks its inputs, then all agree, so none waits at a barrier for one that left
-    _check_config(cfg)
     given = tokenization.load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
     if given is not None:  # fail on a vocab mismatch before any slow work
       tokenization.check_vocab_size(given, vocab_size)
@@ -728,33 +727,6 @@ def _join_indexes(path: str, build_dir: str, units: Sequence[Unit], split: str, 
 
 
 # ---------------------------------------------------------------------------- small helpers
-
-
-def _check_config(cfg: DataConfig) -> None:
-  problems = []
-  if cfg.max_seq_length < 5:
-    problems.append(f'data.max_seq_length={cfg.max_seq_length} must be at least 5')
-  if cfg.max_predictions_per_seq < 1:
-    problems.append(f'data.max_predictions_per_seq={cfg.max_predictions_per_seq} must be >= 1')
-  if not 0 < cfg.masked_lm_prob < 1:
-    problems.append(f'data.masked_lm_prob={cfg.masked_lm_prob} must be in (0, 1)')
-  if not 0 <= cfg.short_seq_prob <= 1:
-    problems.append(f'data.short_seq_prob={cfg.short_seq_prob} must be in [0, 1]')
-  if cfg.dupe_factor < 1:
-    problems.append(f'data.dupe_factor={cfg.dupe_factor} must be >= 1')
-  if cfg.unit_mb < 1:
-    problems.append(f'data.unit_mb={cfg.unit_mb} must be >= 1')
-  if cfg.num_workers < 0:
-    problems.append(f'data.num_workers={cfg.num_workers} must be >= 0 (0 = every local core)')
-  if cfg.tokenizer_sample_sentences < 1:
-    problems.append(f'data.tokenizer_sample_sentences={cfg.tokenizer_sample_sentences} must be >= 1')
-  if not cfg.eval_files and not 0 < cfg.eval_fraction < 1:
-    problems.append(f'data.eval_fraction={cfg.eval_fraction} must be in (0, 1) when '
-                    'data.eval_files is empty')
-  if cfg.max_seq_length > 65535:
-    problems.append(f'data.max_seq_length={cfg.max_seq_length} must be < 65536')
-  if problems:
-    raise ConfigError('; '.join(problems))
 
 
 def _file_sha256(path: str) -> str:

@@ -82,10 +82,7 @@ class FinetuningJob:
       self.cfg = dataclasses.replace(self.cfg, model=self.source.model_config(self.cfg.model,
                                                                               self.explicit_model_fields))
     cfg = self.cfg
-    positions = cfg.model.max_position_embeddings
-    if cfg.max_seq_length > positions:
-      raise ConfigError(f'max_seq_length={cfg.max_seq_length} exceeds the checkpoint\'s '
-                        f'max_position_embeddings={positions} ({cfg.init_checkpoint})')
+    scaffold.check_sequence_length(cfg, 'max_seq_length', cfg.max_seq_length, cfg.model)
     scaffold.check_batch_sizes(cfg, mesh)
     saved = workdir.config()
     if saved is not None and not self.evaluation:

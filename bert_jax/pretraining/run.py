@@ -44,10 +44,7 @@ EVAL_KEYS = ('mlm_loss', 'mlm_accuracy', 'mlm_baseline_accuracy', 'nsp_loss', 'n
 
 def validate_config(cfg: PretrainConfig, mesh) -> None:
   """What needs the model or the mesh (the config checked the rest when it was built)."""
-  if cfg.data.max_seq_length > cfg.model.max_position_embeddings:
-    of = f' of init_checkpoint {cfg.init_checkpoint}' if cfg.init_checkpoint else ''
-    raise ConfigError(f'data.max_seq_length={cfg.data.max_seq_length} exceeds model.max_position_embeddings='
-                      f'{cfg.model.max_position_embeddings}{of}: the model has no positions beyond that')
+  scaffold.check_sequence_length(cfg, 'data.max_seq_length', cfg.data.max_seq_length, cfg.model)
   scaffold.check_batch_sizes(cfg, mesh)
   d, accum = cfg.data, cfg.optim.grad_accum_steps
   if d.pack:

@@ -91,6 +91,14 @@ class Job(Protocol):
     """The workdir's final metrics from each run directory's."""
 
 
+def check_sequence_length(cfg: TrainingConfig, name: str, length: int, model) -> None:
+  """ConfigError when sequences of `length` (the field `name`) need positions the model does not have."""
+  if length > model.max_position_embeddings:
+    of = f' of init_checkpoint {cfg.init_checkpoint}' if cfg.init_checkpoint else ''
+    raise ConfigError(f'{name}={length} exceeds model.max_position_embeddings={model.max_position_embeddings}{of}: '
+                      'the model has no positions beyond that')
+
+
 def check_batch_sizes(cfg: TrainingConfig, mesh) -> None:
   """ConfigError unless every (micro-)batch divides evenly over the batch shards and the processes."""
   shards, accum = shd.num_batch_shards(mesh), cfg.optim.grad_accum_steps

@@ -133,7 +133,7 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_pat
   base = ['--config=experiments/configs/finetune.py:sst2', f'--config.init_checkpoint={tiny_checkpoint}',
           f'--config.data_dir={_data("sst2")}']
   cases = [
-      (['--config.max_seq_length=1024'], 'exceeds the checkpoint'),
+      (['--config.max_seq_length=1024'], 'max_seq_length=1024 exceeds model.max_position_embeddings=512 of init'),
       ([f'--config.data_dir={tmp_path / "nowhere"}'], 'does not exist'),
       (['--config.task=nosuchtask'], 'unknown task'),
       (['--config.batch_size=12'], 'batch_size (per micro-batch: 12) must divide evenly over 8 batch shards'),
