@@ -78,6 +78,15 @@ def test_old_workdirs_evaluate_again_and_start_new_runs(legacy):
            '--config.init_checkpoint=pretrain', '--config.data_dir=shared_data/sst2', '--config.num_train_steps=2',
            '--config.max_train_samples=32', '--config.max_seq_length=32')
   assert r.returncode == 0, r.stderr[-3000:]
+  # From the fine-tuned encoder, with what fine-tuning gained from the shared schema: LAMB, accumulation.
+  r = _run(legacy, 'finetune.py', '--workdir=sst2_from_sst2', f'--config={REPO}/experiments/configs/finetune.py:sst2',
+           '--config.init_checkpoint=sst2', '--config.data_dir=shared_data/sst2', '--config.num_train_steps=2',
+           '--config.max_train_samples=32', '--config.max_seq_length=32', '--config.optim.name=lamb',
+           '--config.optim.grad_accum_steps=2')
+  assert r.returncode == 0, r.stderr[-3000:]
+  with open(legacy / 'sst2_from_sst2' / 'config.json', encoding='utf-8') as f:
+    saved = json.load(f)['finetune']
+  assert (saved['optim']['name'], saved['optim']['grad_accum_steps'], saved['model']['hidden_size']) == ('lamb', 2, 32)
   r = _run(legacy, 'pretrain.py', '--workdir=from_sst2', f'--config={REPO}/experiments/configs/pretrain.py:tiny',
            '--config.init_checkpoint=sst2', '--config.data.train_files=corpus.txt', '--config.data.cache_dir=cache',
            '--config.data.eval_fraction=0.4', '--config.num_train_steps=2')

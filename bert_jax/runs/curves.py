@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from typing import Any, Sequence
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -19,6 +18,7 @@ from matplotlib.ticker import MaxNLocator
 import numpy as np
 
 from bert_jax.errors import ConfigError
+from bert_jax.runs.workdir import Workdir
 
 _DPI = 100
 
@@ -84,12 +84,9 @@ def series(records: Sequence[dict[str, Any]], key: str) -> tuple[np.ndarray, np.
 def _runs(workdir: str) -> list[tuple[str, list[dict], list[dict]]]:
   """(label, train records, held-out records) of the workdir itself (pretraining) and of each
   seed_<n>/ in it (fine-tuning), those with any record."""
-  try:
-    seeds = sorted((n for n in os.listdir(workdir) if re.fullmatch(r'seed_\d+', n)), key=lambda n: int(n[5:]))
-  except OSError:
-    seeds = []
+  wd = Workdir(workdir)
   out = []
-  for label, d in [('', workdir)] + [(n.replace('_', ' '), os.path.join(workdir, n)) for n in seeds]:
+  for label, d in [('', workdir)] + [(f'seed {n}', wd.seed_dir(n)) for n in wd.seeds()]:
     train = read_jsonl(os.path.join(d, 'metrics_train.jsonl'))
     held_out = read_jsonl(os.path.join(d, 'metrics_eval.jsonl'))
     if train or held_out:

@@ -34,8 +34,8 @@ from typing import Any, Sequence
 
 from bert_jax.errors import ConfigError
 from bert_jax.files import write_text_atomic
+from bert_jax.runs.workdir import FINAL_METRICS_FILE  # what the training scripts write last, atomically
 
-FINAL_METRICS_FILE = 'final_metrics.json'  # what the training scripts write last, atomically
 RESULTS_BASENAME = 'sweep_results'
 CONFIG_KEY = 'config'  # config_flags' --config=FILE:VARIANT
 NAME_PLACEHOLDER = '{name}'
