@@ -144,9 +144,9 @@ class ModelConfig:
   # elementwise ops; 'dots_no_batch' keeps only matmuls without batch dimensions (the weight
   # matmuls, not attention's QK^T and PV). Maps to jax.checkpoint_policies.
   remat_policy: str = _f('none', free=True)
-  # Dropout masks: 'hash' (a counter-based hash of each element's index, ~10x cheaper than threefry
-  # on CPU, where per-element threefry is half of a BERT-base step; bert_jax/dropout.py) or
-  # 'threefry' (jax.random.bernoulli, as flax's nnx.Dropout). Same rates, different masks.
+  # Dropout masks: 'hash' (a counter-based hash of each element's index: one threefry call per
+  # dropout site instead of one per element, the bulk of a BERT-base CPU step; bert_jax/dropout.py)
+  # or 'threefry' (jax.random.bernoulli, as flax's nnx.Dropout). Same rates, different masks.
   dropout_impl: str = _f('hash', free=True)
   # Runs the encoder layers as one jax.lax.scan over their stacked parameters: compile time
   # independent of depth. The parameter tree (layers/0, layers/1, ...) is unchanged.
@@ -276,7 +276,7 @@ class DataConfig:
   # Training batches only: pack each global batch's examples (the same examples and masks as
   # unpacked) several per row, with per-example attention, positions and [CLS] pooling — the same
   # function on fewer rows. BERT pairs mostly fill max_seq_length, so the gain depends on the data
-  # (bundled corpus, batch 32, pack_rows_multiple=1: seq 128 31.3 rows instead of 32; seq 512 26.8).
+  # (the bundled corpus's: docs/results.md).
   pack: bool = False
   # Packed rows are rounded up to a multiple of this (few shapes to compile, but fewer rows saved:
   # 8 saves nothing at seq 128 batch 32); times the process count it must be a multiple of

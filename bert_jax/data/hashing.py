@@ -116,7 +116,7 @@ def bits(keys: np.ndarray, shape_tail: tuple[int, ...], stream: int) -> np.ndarr
   flat_base = base.reshape(-1)
   out = np.empty((flat_base.size, count), np.uint64)
   # Blocks of keys small enough for the cache: the mix makes several passes over its data
-  # (and big temporaries can cost page faults); this is 2-3x faster at 256 x 128.
+  # (and big temporaries can cost page faults).
   step = max(1, _BLOCK_ELEMENTS // max(count, 1))
   with np.errstate(over='ignore'):
     for i in range(0, flat_base.size, step):

@@ -423,8 +423,8 @@ def _cores() -> list[int]:
 def _pin(k: int) -> set[int] | None:
   """Pins the calling thread to the k-th allowed core (mod their count); returns the old set.
 
-  A worker left to the scheduler migrates between cores; on the 2-core VM that made the same
-  pure-Python work 20-40% slower than pinned.
+  A worker left to the scheduler migrates between cores, which slows pure-Python work
+  (docs/results.md has the figure).
   """
   if not hasattr(os, 'sched_setaffinity'):
     return None

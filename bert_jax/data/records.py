@@ -13,11 +13,10 @@ A complete cache directory holds
                      tokens start in its shard, its length, len(A) and the NSP label
 
 A record is [CLS] A [SEP] B [SEP] plus (len_a, is_random_next). Both files are memory-mapped
-for reading, so a record costs one index row and one slice: a batch of 256 random records
-reads in ~0.3 ms however many shards it spans. (ArrayRecord with one record per chunk was
-measured at ~22 us a record plus ~0.5 ms a shard per batched read: 5.6 ms for such a batch
-on the enwiki sample, 30 ms on a 60-shard corpus.) Like Megatron-LM's indexed datasets, this
-needs the cache on a local or mounted (gcsfuse) filesystem.
+for reading, so a record costs one index row and one slice, however many shards a batch spans
+(ArrayRecord, one record per chunk, cost a read per record and per shard: docs/results.md).
+Like Megatron-LM's indexed datasets, this needs the cache on a local or mounted (gcsfuse)
+filesystem.
 """
 
 from __future__ import annotations

@@ -12,9 +12,8 @@ builds one that encodes as SentencePiece does:
 - [PAD] [UNK] [CLS] [SEP] [MASK] as special tokens that match in the raw text (bert_jax's
   `encode_inputs` splits on them alike), and BERT's `[CLS] A [SEP] B [SEP]` template with token types.
 
-Two gaps cannot be closed with the `tokenizers` building blocks; both are rare in real text (measured
-in the README: no difference on WikiText-2, SST-2, RTE, SQuAD; 1 to 13 of 168,228 Wikipedia lines and
-0 to 3 of 30,289 CoNLL-2003 words, depending on the model):
+Two gaps cannot be closed with the `tokenizers` building blocks; both are rare in real text (the
+counts on real corpora: docs/results.md):
 
 - Its Precompiled normalizer rewrites a whole grapheme cluster by its shortest matching rule (often
   its first character's), where SentencePiece takes the longest one: a character that has a rule

@@ -60,8 +60,7 @@ class Dense(nnx.Module):
     # One 2-D matmul over flattened views (free reshapes of contiguous axes). Contracting
     # several axes at once, or keeping batch axes, makes XLA canonicalise the dot with
     # physical transposes of the kernel (dx) and of the activations (dW) in the backward pass;
-    # the 2-D form needs none (BERT-base CPU train step: 424 -> 184 copy/transpose fusions,
-    # ~5% faster with the attention change below).
+    # the 2-D form needs none (its effect on the BERT-base step: docs/results.md).
     kernel = self.kernel[...].astype(self.dtype)
     in_shape, out_shape = kernel.shape[:self.num_in], kernel.shape[self.num_in:]
     lead = x.shape[:x.ndim - self.num_in]

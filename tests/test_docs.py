@@ -1,0 +1,151 @@
+"""The docs cannot drift from the code: every --config field, entry-point flag and relative link they name exists,
+every entry point's --help has an example, the site builds in strict mode, and the README's commands run."""
+
+import dataclasses
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax import config
+
+from helpers import REPO, shared_data_or_skip
+
+DOCS = [os.path.join(REPO, 'README.md'), *sorted(glob.glob(os.path.join(REPO, 'docs', '*.md')))]
+ENTRY_POINTS = sorted(p for p in glob.glob(os.path.join(REPO, 'experiments', '*.py')) if not p.endswith('cli.py'))
+_CLI_FLAGS = ('distributed', 'coordinator_address', 'num_processes', 'process_id', 'local_device_ids')
+
+
+def _read(path):
+  with open(path, encoding='utf-8') as f:
+    return f.read()
+
+
+def _field(cls, dotted: str) -> bool:
+  """Whether `dotted` ('optim.learning_rate', 'model.*') names a field (or a block's fields) of config class `cls`."""
+  name, _, rest = dotted.partition('.')
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  if name not in fields:
+    return False
+  block = config._block(fields[name])  # pylint: disable=protected-access
+  if not rest:
+    return True
+  return block is not None and (rest == '*' or _field(block, rest))
+
+
+def test_the_readme_is_a_map():
+  lines = _read(os.path.join(REPO, 'README.md')).splitlines()
+  assert len(lines) <= 200
+  assert lines.index('## The two commands') < 12  # the two commands come first
+  assert len(glob.glob(os.path.join(REPO, 'docs', '*.md'))) >= 5
+
+
+def test_every_config_field_the_docs_name_exists():
+  missing = []
+  for path in DOCS:
+    for name in re.findall(r'--config\.([a-z_][a-z0-9_.*]*[a-z0-9_*])', _read(path)):
+      if all(len(part) == 1 for part in name.split('.')):  # a placeholder: --config.a.b
+        continue
+      if not any(_field(cls, name) for cls in (config.PretrainConfig, config.FinetuneConfig)):
+        missing.append(f'{os.path.relpath(path, REPO)}: --config.{name}')
+  assert not missing, missing
+
+
+def test_every_relative_link_resolves():
+  broken = []
+  for path in DOCS:
+    for target in re.findall(r'\]\(([^)\s]+)\)', _read(path)):
+      if re.match(r'[a-z]+:', target) or target.startswith('#'):
+        continue
+      if not os.path.exists(os.path.join(os.path.dirname(path), target.split('#')[0])):
+        broken.append(f'{os.path.relpath(path, REPO)}: {target}')
+  assert not broken, broken
+
+
+def _defined_flags(script: str) -> set[str]:
+  return set(re.findall(r"DEFINE_[a-z_]+\(\s*'([a-z_0-9]+)'", _read(script))) | {'config', 'help', 'helpfull'}
+
+
+def _commands(text: str):
+  """(script name, its flags) of every `experiments/NAME.py ...` command in `text`, continuation lines joined;
+  the command after a sweep's ` -- ` is a command of its own."""
+  text = re.sub(r'\\\n\s*', ' ', text)
+  for line in text.splitlines():
+    for part in line.split(' -- '):
+      m = re.search(r'(?<![\w/])experiments/([a-z_]+)\.py((?:\s+[^\s|`]+)*)', part)
+      if m:
+        yield m.group(1), re.findall(r'(?<![\w-])--([a-z_0-9]+)(?=[=\s\]`]|$)', m.group(2))
+
+
+def test_every_entry_point_flag_the_docs_name_exists():
+  missing = []
+  for path in DOCS:
+    for script, used in _commands(_read(path)):
+      source = os.path.join(REPO, 'experiments', f'{script}.py')
+      if not os.path.exists(source):
+        missing.append(f'{os.path.relpath(path, REPO)}: experiments/{script}.py does not exist')
+        continue
+      known = _defined_flags(source) | set(_CLI_FLAGS)
+      missing += [f'{os.path.relpath(path, REPO)}: {script}.py --{flag}' for flag in used if flag not in known]
+  assert not missing, missing
+
+
+@pytest.mark.parametrize('script', [os.path.basename(p) for p in ENTRY_POINTS])
+def test_every_entry_point_says_what_it_does_with_an_example(script):
+  """Its docstring, which absl prints first in --help: what it does, an example, every required flag."""
+  source = _read(os.path.join(REPO, 'experiments', script))
+  doc = re.match(r'\s*"""(.*?)"""', source, re.S)
+  assert doc, f'{script} has no module docstring'
+  assert re.search(rf'python3? experiments/{script}', doc.group(1)), f'{script}: no example in its docstring'
+  for flag in re.findall(r"DEFINE_[a-z_]+\(\s*'([a-z_0-9]+)'[^)]*required=True", source, re.S):
+    assert f'--{flag}' in doc.group(1), f'{script}: its docstring does not show the required --{flag}'
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+  pytest.importorskip('mkdocs', reason='MkDocs is not installed (tests/requirements.txt installs it)')
+  r = subprocess.run([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir', str(tmp_path / 'site')],
+                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert os.path.exists(tmp_path / 'site' / 'results' / 'index.html')
+
+
+# What the README's commands get added, to run in seconds: tiny budgets, the same code paths.
+_BUDGETS = {
+    'pretrain.py': ['--config.num_train_steps=2', '--config.eval_every=2', '--config.checkpoint_every=2',
+                    '--config.log_every=1'],
+    'finetune.py': ['--config.num_train_steps=2', '--config.max_train_samples=32', '--config.num_seeds=1',
+                    '--config.log_every=1'],
+}
+
+
+def _readme_commands(tmp) -> list[list[str]]:
+  """The README's commands (the main job, then the tour), /tmp/ moved to `tmp`, with tiny budgets."""
+  readme = _read(os.path.join(REPO, 'README.md'))
+  blocks = re.findall(r'```bash\n(.*?)```', readme, re.S)
+  lines = [l.split('&& ')[-1] for b in blocks[:2] for l in b.splitlines()
+           if 'experiments/' in l and not l.lstrip().startswith('#')]
+  out = []
+  for line in lines:
+    argv = shlex.split(line.replace('/tmp/', f'{tmp}/'))
+    inner = argv.index('--') if '--' in argv else len(argv)
+    script = os.path.basename(next(a for a in argv[inner:] + argv if a.startswith('experiments/')))
+    out.append(argv[:inner] + (argv[inner:] + _BUDGETS.get(script, []) if inner < len(argv) else
+                               _BUDGETS.get(os.path.basename(argv[1]), [])))
+  return out
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_the_readmes_commands_run(tmp_path):
+  shared_data_or_skip('sst2')
+  commands = _readme_commands(tmp_path)
+  assert len(commands) >= 10 and commands[0][1] == 'experiments/pretrain.py'
+  for argv in commands:
+    argv = [sys.executable if a == 'python3' else a for a in argv]
+    r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (argv, r.stderr[-3000:])
+  assert os.path.exists(tmp_path / 'sst2_hf' / 'model.safetensors') and os.path.exists(tmp_path / 'attn.html')
