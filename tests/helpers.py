@@ -197,6 +197,27 @@ loader.PretrainingBatches.__next__ = next_batch
 """
 
 
+@contextlib.contextmanager
+def signal_at_finetuning_batch(monkeypatch, step: int, signum=None):
+  """Sends `signum` (SIGTERM) to this process when fine-tuning fetches the batch of step `step` (the step before
+  trains meanwhile), for the block's duration."""
+  import signal  # pylint: disable=g-import-not-at-top
+
+  from bert_jax.finetuning import batching  # pylint: disable=g-import-not-at-top
+  indices = batching.batch_indices
+
+  def signalling(num_train, batch_size, seed, k, shuffle=True):
+    if k == step:
+      os.kill(os.getpid(), signum or signal.SIGTERM)
+    return indices(num_train, batch_size, seed, k, shuffle)
+
+  monkeypatch.setattr(batching, 'batch_indices', signalling)
+  try:
+    yield
+  finally:
+    monkeypatch.setattr(batching, 'batch_indices', indices)
+
+
 def restore_pretraining_state(workdir: str, cfg, step=None):
   """(the whole train state as numpy, the checkpoint meta) of a pretraining workdir's `step` (latest when None)."""
   import jax  # pylint: disable=g-import-not-at-top

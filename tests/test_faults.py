@@ -20,7 +20,7 @@ import pytest
 
 from bert_jax import config, files
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
-from bert_jax.finetuning import batching, run as finetuning
+from bert_jax.finetuning import run as finetuning
 from bert_jax.pretraining import run as pretraining
 from bert_jax.runs import checkpoints as checkpointing, workdir as workdir_lib
 from bert_jax.runs.checkpoints import Checkpointer
@@ -34,6 +34,7 @@ from helpers import (
   restore_pretraining_state,
   run_experiment,
   shared_data_or_skip,
+  signal_at_finetuning_batch,
   sigterm_at_batch,
   tiny_pretrain_config,
   tmpfs,
@@ -99,20 +100,11 @@ def test_sigterm_in_finetuning_loses_no_step(tiny_checkpoint, tmp_path, monkeypa
   if threading.current_thread() is not threading.main_thread():
     pytest.skip('signal handlers need the main thread')
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                              max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e-3,
-                              num_train_steps=10, max_train_samples=48, log_every=4)
+                        max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e-3,
+                        num_train_steps=10, max_train_samples=48, log_every=4)
   finetuning.finetune(cfg, str(tmp_path / 'straight'))
-  indices = batching.batch_indices
-
-  def signalling(num_train, batch_size, seed, step, shuffle=True):
-    if step == 5:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return indices(num_train, batch_size, seed, step, shuffle)
-
-  monkeypatch.setattr(batching, 'batch_indices', signalling)
-  with pytest.raises(preemption.Preempted, match='saved step 6'):
+  with signal_at_finetuning_batch(monkeypatch, 5), pytest.raises(preemption.Preempted, match='saved step 6'):
     finetuning.finetune(cfg, str(tmp_path / 'preempted'))
-  monkeypatch.setattr(batching, 'batch_indices', indices)
   assert Checkpointer(str(tmp_path / 'preempted' / 'seed_0'), read_only=True).all_steps() == [6]
   finetuning.finetune(cfg, str(tmp_path / 'preempted'))
   ckpts = [Checkpointer(str(tmp_path / d / 'seed_0'), read_only=True) for d in ('straight', 'preempted')]
@@ -286,9 +278,9 @@ def test_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(trained,
 
 def test_finetuning_never_saves_an_exploded_state(tiny_checkpoint, tmp_path):
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                              max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e8,
-                              warmup_ratio=0.0, num_train_steps=6, max_train_samples=32, log_every=100,
-                              checkpoint_every=2)
+                        max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e8,
+                        warmup_ratio=0.0, num_train_steps=6, max_train_samples=32, log_every=100,
+                        checkpoint_every=2)
   with pytest.raises(BertJaxError, match='seed 0: the (parameters exploded|loss became)'):
     finetuning.finetune(cfg, str(tmp_path))
   assert Checkpointer(str(tmp_path / 'seed_0'), read_only=True).all_steps() == []

@@ -155,7 +155,7 @@ def test_encoder_tools_take_a_fine_tuning_workdir(tiny_checkpoint, tmp_path):
   from helpers import shared_data_or_skip  # pylint: disable=g-import-not-at-top
   tuned = str(tmp_path / 'sst2')
   finetuning.finetune(finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                                     max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32), tuned)
+                                      max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32), tuned)
   texts = tmp_path / 'texts.txt'
   texts.write_text('A fine film .\n', encoding='utf-8')
   summary = last_json(run('embed.py', f'--checkpoint={tuned}', f'--input={texts}', f'--output={tmp_path}/e.npz'))

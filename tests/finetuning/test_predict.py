@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # each fixture fine-tunes a tiny model
 def _tune(tmp_path_factory, tiny_checkpoint, name, task, **fields):
   workdir = str(tmp_path_factory.mktemp(name) / 'run')
   finetuning.finetune(finetune_config(task=task, init_checkpoint=tiny_checkpoint, learning_rate=1e-3,
-                                     eval_batch_size=32, **fields), workdir)
+                                      eval_batch_size=32, **fields), workdir)
   return workdir
 
 
@@ -88,7 +88,7 @@ def test_a_workdir_keeps_its_tokenizer_when_the_starting_checkpoint_changes(tiny
   start, workdir = tmp_path / 'start', str(tmp_path / 'sst2')
   shutil.copytree(tiny_checkpoint, start)
   cfg = finetune_config(task='sst2', init_checkpoint=str(start), data_dir=shared_data_or_skip('sst2'),
-                       max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32)
+                        max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32)
   finetuning.finetune(cfg, workdir)
   assert {'tokenizer.json', 'vocab.txt', 'tokenizer_config.json'} <= set(os.listdir(workdir))
   rows = [predict.text_row('classification', t) for t in ('A gripping, funny film.', 'Dull and far too long.')]

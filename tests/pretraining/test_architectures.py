@@ -90,8 +90,8 @@ def test_modernbert_shaped_pretrains_exports_and_finetunes(corpus, tmp_path):
 
   # Fine-tuning from the export (its pooler starts at zeros, as ModernBERT has none) lowers the loss.
   ft = finetune_config(task='sst2', init_checkpoint=export, data_dir=shared_data_or_skip('sst2'), max_seq_length=64,
-                      batch_size=16, eval_batch_size=64, learning_rate=5e-3, num_train_steps=24, max_train_samples=16,
-                      log_every=4)
+                       batch_size=16, eval_batch_size=64, learning_rate=5e-3, num_train_steps=24, max_train_samples=16,
+                       log_every=4)
   ft_result = finetuning.finetune(ft, str(tmp_path / 'ft'))
   assert 0 <= ft_result['dev_accuracy'] <= 1
   with open(tmp_path / 'ft' / 'seed_0' / 'metrics_train.jsonl', encoding='utf-8') as f:

@@ -154,8 +154,8 @@ def test_from_a_fine_tuning_workdir(small_corpus, tmp_path, tiny_checkpoint):
   from helpers import shared_data_or_skip  # pylint: disable=g-import-not-at-top
   tuned = str(tmp_path / 'sst2')
   finetuning.finetune(finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                                       max_seq_length=32, batch_size=16, num_train_steps=3, max_train_samples=48,
-                                       learning_rate=1e-2), tuned)
+                                      max_seq_length=32, batch_size=16, num_train_steps=3, max_train_samples=48,
+                                      learning_rate=1e-2), tuned)
   encoder, step = pretrained.describe(tuned).params()
   _, original, _, _ = hf.load_hf_checkpoint(tiny_checkpoint)
   assert step == 3 and not np.array_equal(encoder['bert']['pooler']['kernel'], original['bert']['pooler']['kernel'])
