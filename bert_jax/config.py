@@ -346,15 +346,29 @@ class DataConfig:
     return self.masked_lm_prob_end or self.masked_lm_prob
 
 
+OPTIMIZERS = ('adamw', 'lamb', 'stable_adamw')
+SCHEDULES = ('linear', 'wsd')
+DECAYS = ('linear', 'cosine', '1-sqrt')
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-  """AdamW (BERT's settings) or LAMB, with linear warmup then linear decay."""
+  """AdamW (BERT's settings), LAMB or StableAdamW, with a warmup then linear decay or warmup-stable-decay."""
 
-  name: str = 'adamw'  # or 'lamb' (layer-wise trust ratio, for large-batch pretraining)
+  # 'adamw'; 'lamb' (layer-wise trust ratio, for large-batch pretraining); 'stable_adamw' (AdamW whose update
+  # is scaled per tensor by 1 / max(1, RMS(g^2 / v)), as ModernBERT trains).
+  name: str = 'adamw'
   learning_rate: float = 1e-4
   warmup_steps: int = 100
   # > 0: the warmup is this fraction of the run's steps (rounded up) instead of warmup_steps.
   warmup_ratio: float = 0.0
+  # 'linear': after the warmup, linear decay to 0 at the last step (BERT). 'wsd': warmup, then stable at the peak,
+  # then `decay` down to min_lr_ratio x the peak over the decay phase (a phase with lr='decay'), or over the
+  # last decay_fraction of the run without phases.
+  schedule: str = 'linear'
+  decay: str = 'linear'  # the WSD decay's shape: 'linear', 'cosine' or '1-sqrt'
+  decay_fraction: float = 0.1
+  min_lr_ratio: float = 0.0
   weight_decay: float = 0.01
   b1: float = 0.9
   b2: float = 0.999
@@ -363,8 +377,12 @@ class OptimConfig:
   grad_accum_steps: int = 1
 
   def __post_init__(self):
-    if self.name not in ('adamw', 'lamb'):
-      raise ConfigError(f"optim.name must be 'adamw' or 'lamb', got {self.name!r}")
+    for name, choices in (('name', OPTIMIZERS), ('schedule', SCHEDULES), ('decay', DECAYS)):
+      if getattr(self, name) not in choices:
+        raise ConfigError(f'optim.{name} must be one of {", ".join(choices)}, got {getattr(self, name)!r}')
+    if not (0 < self.decay_fraction <= 1 and 0 <= self.min_lr_ratio < 1):
+      raise ConfigError(f'optim.decay_fraction ({self.decay_fraction}) must be in (0, 1] and optim.min_lr_ratio '
+                        f'({self.min_lr_ratio}) in [0, 1)')
     # A negative rate is gradient ascent; NaN trains nothing.
     if not (isinstance(self.learning_rate, (int, float)) and math.isfinite(self.learning_rate)
             and self.learning_rate > 0):

@@ -67,3 +67,33 @@ def test_unknown_optimizer_is_a_config_error():
   from bert_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   with pytest.raises(ConfigError, match='adamw'):
     optim.make_optimizer(OptimConfig(name='sgd'), 10)
+
+
+def test_warmup_stable_decay_in_every_shape():
+  points = (0, 5, 10, 50, 90, 95, 100)
+  for decay, mid in (('linear', 0.5), ('cosine', 0.5), ('1-sqrt', 1 - np.sqrt(0.5))):
+    sched = optim.learning_rate_schedule(OptimConfig(learning_rate=1.0, warmup_steps=10, schedule='wsd', decay=decay,
+                                                     decay_fraction=0.1), 100)
+    np.testing.assert_allclose([sched(s) for s in points], [0.0, 0.5, 1.0, 1.0, 1.0, mid, 0.0], atol=1e-6)
+  floor = optim.learning_rate_schedule(OptimConfig(learning_rate=2.0, warmup_steps=0, schedule='wsd', min_lr_ratio=0.1),
+                                       100, decay_start=40)  # a decay phase that starts at step 40
+  np.testing.assert_allclose([floor(s) for s in (0, 39, 40, 70, 100)], [2.0, 2.0, 2.0, 1.1, 0.2], atol=1e-6)
+
+
+def test_stable_adamw_clips_an_update_that_jumps_above_its_running_scale():
+  b1, b2, eps = 0.9, 0.999, 1e-8
+  stable, adam = optim.scale_by_stable_adam(b1, b2, eps), optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+  params = {'w': jnp.zeros(4)}
+  s_state, a_state = stable.init(params), adam.init(params)
+  for g in (jnp.full(4, 0.01), jnp.full(4, 0.01), jnp.array([10.0, 0.01, 0.01, 0.01])):
+    s_up, s_state = stable.update({'w': g}, s_state, params)
+    a_up, a_state = adam.update({'w': g}, a_state, params)
+  # Steady gradients: Adam's update exactly. A jump: the same direction, scaled by 1 / RMS(g^2 / v_hat).
+  v_hat = a_state.nu['w'] / (1 - b2 ** 3)
+  rms = float(jnp.sqrt(jnp.mean(jnp.square(g) / v_hat)))
+  assert rms > 1
+  np.testing.assert_allclose(s_up['w'], a_up['w'] / rms, rtol=1e-5)
+  quiet = stable.update({'w': jnp.full(4, 0.01)}, stable.init(params), params)[0]
+  np.testing.assert_allclose(quiet['w'], adam.update({'w': jnp.full(4, 0.01)}, adam.init(params), params)[0]['w'])
+  tx = optim.make_optimizer(OptimConfig(name='stable_adamw', learning_rate=0.1, warmup_steps=0), 10)
+  assert jax.tree.leaves(tx.update(params, tx.init(params), params)[0])  # it runs as one of the run's optimizers
