@@ -9,9 +9,10 @@ The public API, importable from the package itself:
   bert_jax.embed(model, [('A sentence.', None)])
 
 The package is laid out as the pipeline: `data/` (corpus -> prepared records -> batches),
-`model/` (nnx modules), `train/` (the one trainer: step, loop, checkpoints), `pretraining/` and
-`finetuning/` (their objectives and runs), `interop/` (Hugging Face, loading weights). Names are
-imported on first use, so `import bert_jax.data...` in a data worker process does not start jax.
+`model/` (nnx modules), `runs/` (workdir layout, checkpoints, reporting), `train/` (the one trainer:
+step, loop, the run scaffold), `pretraining/` and `finetuning/` (their objectives and runs), `interop/`
+(Hugging Face, loading weights). Names are imported on first use, so `import bert_jax.data...` in a
+data worker process does not start jax.
 """
 
 import importlib
@@ -25,7 +26,7 @@ _API = {
     **dict.fromkeys(('BertJaxError', 'CheckpointError', 'ConfigError', 'DataError', 'Preempted'), 'bert_jax.errors'),
     **dict.fromkeys(('train_and_evaluate', 'evaluate_checkpoint', 'evaluate_all_checkpoints', 'prepare_data'),
                     'bert_jax.pretraining.run'),
-    'finetune': 'bert_jax.finetuning.run',
+    **dict.fromkeys(('finetune', 'evaluate_again'), 'bert_jax.finetuning.run'),
     **dict.fromkeys(('PretrainedBert', 'load_pretrained'), 'bert_jax.interop.pretrained'),
     **dict.fromkeys(('load_hf_checkpoint', 'save_hf_checkpoint'), 'bert_jax.interop.hf'),
     **dict.fromkeys(('embed', 'fill_mask', 'attention_maps', 'attention_details'), 'bert_jax.inference'),

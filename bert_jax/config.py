@@ -69,7 +69,7 @@ MASKINGS = ('token', 'whole_word', 'span')
 ATTENTION_IMPLS = ('', 'xla', 'cudnn', 'einsum')
 # model.remat_policy: what each encoder layer keeps for the backward pass (model.REMAT_POLICIES).
 REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
-# model.dropout_impl: hashed masks (bert_jax/dropout.py) or jax.random.bernoulli, as nnx.Dropout.
+# model.dropout_impl: hashed masks (bert_jax/model/dropout.py) or jax.random.bernoulli, as nnx.Dropout.
 DROPOUT_IMPLS = ('hash', 'threefry')
 # Architecture switches (ModelConfig); the first value of each is BERT's.
 NORM_POSITIONS = ('post', 'pre')
@@ -145,7 +145,7 @@ class ModelConfig:
   # matmuls, not attention's QK^T and PV). Maps to jax.checkpoint_policies.
   remat_policy: str = _f('none', free=True)
   # Dropout masks: 'hash' (a counter-based hash of each element's index: one threefry call per
-  # dropout site instead of one per element, the bulk of a BERT-base CPU step; bert_jax/dropout.py)
+  # dropout site instead of one per element, the bulk of a BERT-base CPU step; bert_jax/model/dropout.py)
   # or 'threefry' (jax.random.bernoulli, as flax's nnx.Dropout). Same rates, different masks.
   dropout_impl: str = _f('hash', free=True)
   # Runs the encoder layers as one jax.lax.scan over their stacked parameters: compile time
@@ -436,7 +436,8 @@ class TrainingConfig:
   # needs eval_every > 0); the run's final results are then the best step's.
   keep_best: bool = _f(False, free=True)
   # Resuming refuses a checkpoint whose run differs in data, batch, seed, steps or optimizer;
-  # comma-separated fields (or sections, e.g. 'optim') listed here may change deliberately.
+  # comma-separated fields (or sections, e.g. 'optim') listed here may change deliberately
+  # (checked when a run starts, so a saved config naming a field renamed since still loads).
   resume_allow: str = _f('', free=True)
   # The weights a run starts from: a Hugging Face directory or a bert_jax workdir (pretraining or
   # fine-tuning), only ever read. Its architecture, vocabulary and tokenizer replace the config's; the
@@ -461,7 +462,6 @@ class TrainingConfig:
     if self.batch_size % self.optim.grad_accum_steps:
       raise ConfigError(f'batch_size={self.batch_size} must be a multiple of optim.grad_accum_steps='
                         f'{self.optim.grad_accum_steps}')
-    check_resume_allow(self.resume_allow, self.to_dict(), extra=('data_fingerprint',))
 
   def total_steps(self, num_train_examples: int) -> int:
     """The run's optimizer steps: num_train_steps, or num_train_epochs over `num_train_examples`."""
@@ -554,6 +554,9 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
   the shared blocks, eval_only/eval_step went to experiments/evaluate.py, and config.json's
   top-level 'model' (the starting checkpoint's architecture) became the config's own `model`.
   """
+  if isinstance(config.get('resume_allow'), str):  # the fields it names, renamed too
+    renamed = _rename_list(config['resume_allow'], {**RENAMED, **_PRETRAINING_RENAMED})
+    config = config if renamed == config['resume_allow'] else {**config, 'resume_allow': renamed}
   if 'finetune' in config:
     finetune = _upgrade_finetune(config['finetune'])
     if 'model' in config:  # the starting checkpoint's architecture, with the run's dtype (a flat field then)
@@ -574,7 +577,17 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
   return {**config, 'data': data}
 
 
+_PRETRAINING_RENAMED = {'data.nsp': 'data.objective', 'data.whole_word_masking': 'data.masking'}
+
+
+def _rename_list(names: str, renamed: dict[str, str]) -> str:
+  """A comma-separated list of field names with the renamed ones in today's names."""
+  return ','.join(renamed.get(n.strip(), n.strip()) for n in names.split(',') if n.strip())
+
+
 def _upgrade_finetune(flat: dict[str, Any]) -> dict[str, Any]:
+  if isinstance(flat.get('resume_allow'), str) and _rename_list(flat['resume_allow'], RENAMED) != flat['resume_allow']:
+    flat = {**flat, 'resume_allow': _rename_list(flat['resume_allow'], RENAMED)}
   if not (set(RENAMED) | set(REMOVED)) & set(flat):
     return flat
   out = {k: v for k, v in flat.items() if k not in RENAMED and k not in REMOVED}
@@ -592,8 +605,9 @@ def _upgrade_finetune(flat: dict[str, Any]) -> dict[str, Any]:
 
 def _from_dict(cls, d: dict[str, Any], prefix: str):
   fields = {f.name: f for f in dataclasses.fields(cls)}
-  moved = [f'{prefix}{k} is now {prefix}{RENAMED[k]}' for k in sorted(set(d) - set(fields)) if k in RENAMED]
-  gone = [f'{prefix}{k} is gone: {REMOVED[k]}' for k in sorted(set(d) - set(fields)) if k in REMOVED]
+  old = sorted(set(d) - set(fields)) if not prefix else []  # the old flat names were top-level fields
+  moved = [f'{k} is now {RENAMED[k]}' for k in old if k in RENAMED]
+  gone = [f'{k} is gone: {REMOVED[k]}' for k in old if k in REMOVED]
   if moved or gone:
     raise ConfigError('; '.join(moved + gone))
   unknown = sorted(set(d) - set(fields))

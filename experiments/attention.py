@@ -17,12 +17,14 @@ heads count from 0. Prints one JSON line per text with the tokens and the paths.
 
 import json
 import os
+import sys
 
 from absl import flags
 
 from bert_jax import files, inference
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.interop import pretrained
+from bert_jax.runs import reporting
 
 import cli
 from tools import attention_page, attention_plots
@@ -50,6 +52,7 @@ def _rows() -> list[tuple[str, str | None]]:
 
 
 def main(_):
+  reporting.log_to(sys.stderr)  # stdout carries the result lines
   rows = _rows()
   if not _OUTPUT.value and not _HTML.value:
     raise ConfigError('give --output (npz and PNGs), --html (the explorer page) or both')

@@ -17,6 +17,7 @@ truncated, with one warning.
 
 import json
 import os
+import sys
 import time
 
 from absl import flags
@@ -24,6 +25,7 @@ import numpy as np
 
 from bert_jax import files, inference
 from bert_jax.interop import pretrained
+from bert_jax.runs import reporting
 
 import cli
 
@@ -39,6 +41,7 @@ _NORMALIZE = flags.DEFINE_boolean('normalize', True, 'L2-normalise sentence_embe
 
 
 def main(_):
+  reporting.log_to(sys.stderr)  # stdout carries the result lines
   start = time.time()
   texts = inference.read_texts(_INPUT.value)  # bad input fails before the (slow) checkpoint load
   files.check_output(_OUTPUT.value, 'file')

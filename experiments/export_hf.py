@@ -17,6 +17,7 @@ the head too. Ends with one JSON line.
 
 import json
 import os
+import sys
 
 from absl import flags
 
@@ -24,7 +25,7 @@ from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.interop import hf, modernbert
 from bert_jax.interop.pretrained import load_finetuned, load_pretrained
-from bert_jax.runs import workdir
+from bert_jax.runs import reporting, workdir
 
 import cli
 
@@ -37,6 +38,7 @@ _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace the files in a non-e
 
 
 def main(_):
+  reporting.log_to(sys.stderr)  # stdout carries the result line
   source, output = os.path.realpath(_CHECKPOINT.value), os.path.realpath(_OUTPUT.value)
   if output == source or output.startswith(source + os.sep) or source.startswith(output + os.sep):
     raise ConfigError(f'--output {_OUTPUT.value} is (or holds, or is inside) the checkpoint being exported; '

@@ -88,3 +88,20 @@ def test_configs_saved_before_objective_and_masking_resume_as_the_same_run():
       config.check_resume(upgraded, config.PretrainConfig(data=config.DataConfig(objective='sop')).to_dict(), (),
                           '', 'workdir w')
   assert config.upgrade_saved(new) is new
+
+
+def test_saved_resume_allow_entries_are_renamed_with_their_fields():
+  """A workdir whose run allowed a field renamed since still loads, the allowance under the new name."""
+  old = config.PretrainConfig().to_dict()
+  old['data'] = {k: v for k, v in old['data'].items() if k not in ('objective', 'masking')}
+  old['data'].update(nsp=True, whole_word_masking=False)
+  old['resume_allow'] = 'num_train_steps, data.nsp'
+  upgraded = config.upgrade_saved(old)
+  assert upgraded['resume_allow'] == 'num_train_steps,data.objective' and old['resume_allow'].endswith('data.nsp')
+  flat = {'task': 'sst2', 'max_steps': 5, 'learning_rate': 1e-4, 'resume_allow': 'max_steps,learning_rate'}
+  loaded = config.FinetuneConfig.from_dict(config.upgrade_saved(flat))
+  assert loaded.resume_allow == 'num_train_steps,optim.learning_rate' and loaded.num_train_steps == 5
+  nested = config.upgrade_saved({'finetune': flat, 'model': {'hidden_size': 32}})
+  assert nested['finetune']['resume_allow'] == 'num_train_steps,optim.learning_rate'
+  # A name no field has is refused when a run starts, not when a saved config loads.
+  assert config.PretrainConfig(resume_allow='num_steps').resume_allow == 'num_steps'

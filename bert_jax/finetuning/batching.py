@@ -163,10 +163,12 @@ class TrainBatches:
     else:
       size, multiple = self.batch_size // k, self.rows_multiple // k
       parts = [features[i * size:(i + 1) * size] for i in range(k)]
-      rows = max(make_batch(p, self.kind, batch_size=size, row_length=self.row_length, pack=self.pack,
-                            rows_multiple=multiple)['input_ids'].shape[0] for p in parts)
-      host = interleave([make_batch(p, self.kind, batch_size=size, row_length=self.row_length, pack=self.pack,
-                                    rows_multiple=multiple, num_rows=rows) for p in parts])
+      pack = lambda p, **rows: make_batch(p, self.kind, batch_size=size, row_length=self.row_length,  # pylint: disable=unnecessary-lambda-assignment
+                                          pack=self.pack, rows_multiple=multiple, **rows)
+      micro = [pack(p) for p in parts]
+      rows = max(m['input_ids'].shape[0] for m in micro)  # all micro-batches get as many rows: repack the shorter
+      host = interleave([m if m['input_ids'].shape[0] == rows else pack(p, num_rows=rows)
+                         for m, p in zip(micro, parts)])
     self.last_sizes = {'real_tokens': sum(len(f) for f in features), 'row_tokens': host['input_ids'].size,
                        'rows': host['input_ids'].shape[0], 'examples': len(features)}
     return process_block(host, *self.block)

@@ -174,7 +174,7 @@ class Predictor:
                                                                    deterministic=True))
 
   def logits(self, features: Sequence[Feature]) -> list[np.ndarray]:
-    """Per feature, as `finetuning.run.predict` gives them (see tasks.base for the shapes)."""
+    """Per feature, as `predict` gives them (see tasks.base for the shapes)."""
     out: list[np.ndarray] = []
     ft, size = self.tuned.finetune, self.batch_size
     for i in range(0, len(features), size):
@@ -210,9 +210,7 @@ def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size:
             for words, l, first in zip(data.words, predictor.logits(features), data.first_positions)]
   examples = [squad.SquadExample(str(r.get('id', i)), r['question'].lstrip(), r['context'], [])
               for i, r in enumerate(rows)]
-  _warn_cut(log, sum(len(q) > ft.max_query_length for q in tokenizer.encode_batch([e.question for e in examples])),
-            len(rows), f'questions were longer than max_query_length={ft.max_query_length} tokens and were cut '
-            '(contexts are read in overlapping windows, never cut)')
+  # featurize warns of questions cut to max_query_length
   features, offsets = squad.featurize(examples, tokenizer, max_seq_length=ft.max_seq_length,
                                       doc_stride=ft.doc_stride, max_query_length=ft.max_query_length, train=False)
   answers, _ = squad.n_best_answers(examples, features, offsets, predictor.logits(features),

@@ -43,6 +43,7 @@ from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
 from bert_jax.train import optim, run as scaffold
 from bert_jax.train.loop import Report
+from bert_jax.train.preemption import Preemption
 from bert_jax.train.step import StepModel
 
 
@@ -231,7 +232,8 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
   mesh = shd.make_mesh(cfg.mesh)
   job.check(mesh, wd)
   per_seed = []
-  with wd.claim('finetuning', owner=jax.process_index() == 0, log=reporting.log):
+  with wd.claim('finetuning', owner=jax.process_index() == 0, log=reporting.log), Preemption() as preempt, \
+      preempt.immediately('evaluating the workdir'):  # a signal: exit 75; the results written so far stay
     job.prepare(mesh)
     for seed, run_dir in job.run_dirs(wd):
       params, at = scaffold.restore_for_evaluation(run_dir, job.model, step)

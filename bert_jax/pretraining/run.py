@@ -24,14 +24,14 @@ from bert_jax.config import ModelConfig, PretrainConfig, architecture_diffs, fac
 from bert_jax.data import loader as input_pipeline, prepare as pretraining_data, tokenization
 from bert_jax.data.records import PreparedData
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, UnusableCheckpoint
-from bert_jax.interop.pretrained import Source, describe
+from bert_jax.interop.pretrained import Source
 from bert_jax.model.attention import describe_attention
 from bert_jax.model.heads import BertForPreTraining
 from bert_jax.pretraining import init
 from bert_jax.pretraining.objective import Pretraining
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer
-from bert_jax.runs.workdir import Workdir
+from bert_jax.runs.workdir import CONFIG_FILE, Workdir
 from bert_jax.train import optim, run as scaffold
 from bert_jax.train.loop import Report
 from bert_jax.train.step import StepModel
@@ -64,8 +64,16 @@ def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, 
   # The same fingerprint is the same data (it covers the files' contents and the tokenizer's): the
   # paths they were read from may differ (a copied corpus, another mount point).
   same_data = ('data.train_files', 'data.eval_files', 'data.tokenizer') if old['data_fingerprint'] == fingerprint else ()
-  scaffold.check_same_run(old, cfg, where, meta.get('step'), more_free=same_data,
-                          extra_new={'data_fingerprint': fingerprint})
+  try:
+    scaffold.check_same_run(old, cfg, where, meta.get('step'), more_free=same_data,
+                            extra_new={'data_fingerprint': fingerprint})
+  except CheckpointError as e:
+    if old['data_fingerprint'] == fingerprint or 'data_fingerprint' in cfg.resume_allow:
+      raise
+    raise CheckpointError(f'{e} (data_fingerprint: the prepared training data differs: another corpus or '
+                          'tokenizer, or a cache of an earlier bert_jax, whose preparation changed: since 2026-11 '
+                          'WordPiece treats special-token strings in the text as text; resuming on the new data '
+                          'continues the run on other examples)') from None
 
 
 def check_workdir(workdir: Workdir, cfg: PretrainConfig) -> None:
@@ -254,10 +262,15 @@ EVALUATION_FIELDS = facts(PretrainConfig, 'evaluation')
 def _workdir_model(workdir: str, overrides: dict[str, Any] | None = None) -> tuple[PretrainConfig, StepModel]:
   """A pretraining workdir's config (its config.json, with `overrides` of EVALUATION_FIELDS) and the model it
   describes."""
-  source = describe(workdir, 'workdir')
-  if source.kind != 'pretraining':
-    raise CheckpointError(f'{workdir} is a {source.kind} directory, not a pretraining workdir')
-  cfg = PretrainConfig.from_dict({**source.saved, **(overrides or {})})
+  wd = Workdir(workdir)
+  if wd.kind not in (None, 'pretraining'):
+    hint = ' (evaluate it with experiments/evaluate.py, which reads either kind)' if wd.kind == 'finetuning' else ''
+    raise CheckpointError(f'{workdir} is a {wd.kind} directory, not a pretraining workdir{hint}')
+  saved = wd.config()  # the held-out data is the cache's: no tokenizer is read
+  if saved is None:
+    raise CheckpointError(f'{wd.file(CONFIG_FILE)} is missing: not a pretraining workdir (run experiments/pretrain.py '
+                          f'--workdir={workdir} first)')
+  cfg = PretrainConfig.from_dict({**saved, **(overrides or {})})
   mesh = shd.make_mesh(cfg.mesh)
   validate_config(cfg, mesh)
   return cfg, build_model(cfg, mesh, max(cfg.num_train_steps, 1))  # the schedule's length is never used here

@@ -414,6 +414,9 @@ class Checkpointer:
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f'bert_jax moved checkpoint {step} aside')
     self.manager.reload()
+    if self.best_metric and self._best and self._best[1] == step:  # the best among those left keeps its place
+      self._best = self._saved_best(self.best_metric)
+      self._keep_best.step = self._best and self._best[1]
     return target
 
   def wait(self) -> None:

@@ -15,7 +15,8 @@ model, the batches at a data position, its held-out evaluation and its results) 
      then `fit()`, and the held-out evaluation of the final (or the best) step;
   4. final_metrics.json, atomically, last.
 
-`evaluate(workdir, ...)` evaluates a workdir of either kind again, reading its checkpoints only.
+`restore_for_evaluation` reads a run directory's parameters for evaluating a workdir again
+(`finetuning.run.evaluate_again`, `pretraining.run.evaluate_checkpoints`): checkpoints are only read.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Callable, Protocol
 import jax
 
 from bert_jax import sharding as shd
-from bert_jax.config import TrainingConfig, check_resume, facts
+from bert_jax.config import TrainingConfig, check_resume, check_resume_allow, facts
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer
@@ -110,7 +111,8 @@ def check_batch_sizes(cfg: TrainingConfig, mesh) -> None:
 
 def check_same_run(old: dict[str, Any], new: TrainingConfig, where: str, step: int | None = None,
                    more_free: tuple[str, ...] = (), extra_new: dict[str, Any] | None = None) -> None:
-  """Refuses to continue `old` (a saved config) as `new`: fields outside `free_on_resume` that differ."""
+  """Refuses to continue `old` (a saved config) as `new`: fields that differ, except those free on resume
+  (the `free` fact), `more_free` and `new.resume_allow`."""
   check_resume(old, {**new.to_dict(), **(extra_new or {})}, facts(type(new), 'free') + more_free,
                new.resume_allow, where, step)
 
@@ -128,6 +130,7 @@ def train(job: Job, workdir: str) -> dict[str, Any]:
   if cfg.init_checkpoint:
     check_outside(workdir, cfg.init_checkpoint, 'init_checkpoint')
   check_kind(workdir, job.kind)
+  check_resume_allow(cfg.resume_allow, cfg.to_dict(), extra=('data_fingerprint',))
   job.check(mesh, wd)
   with wd.claim(job.kind, owner=jax.process_index() == 0, log=reporting.log), Preemption() as preempt:
     with preempt.immediately(job.preparing):

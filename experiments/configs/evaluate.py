@@ -3,7 +3,7 @@
   python experiments/evaluate.py --workdir=DIR [--step=N] [--config.eval_file=other_dev.tsv]
 
 Every other field is the workdir's own (its config.json); only the fields given on the command line
-apply. A pretraining workdir takes eval_batch_size and mesh; a fine-tuning one all of them.
+apply. A pretraining workdir takes eval_batch_size, log_every and mesh; a fine-tuning one all of them.
 """
 
 import ml_collections

@@ -1,6 +1,7 @@
 """Orbax checkpoints: bitwise round trip with data position, mismatched models named clearly."""
 
 import logging
+import os
 import sys
 import types
 
@@ -63,6 +64,28 @@ def test_restoring_into_another_model_names_the_tensor(tmp_path):
     Checkpointer(str(tmp_path), read_only=True).restore(None, _model(hidden=32).abstract_state)
   with pytest.raises(CheckpointError, match='no checkpoint for step 5'):
     Checkpointer(str(tmp_path), read_only=True).restore(5, model.abstract_state)
+
+
+@pytest.mark.slow
+def test_the_best_left_is_kept_when_the_best_checkpoint_is_moved_aside(tmp_path):
+  """keep_best: the best checkpoint turns out unreadable at a resume and is moved aside; the best of those
+  left is then the one kept (it was deleted at the next saves while the gone step was still ranked)."""
+  state = _model().init_state()
+  ckpt = Checkpointer(str(tmp_path), save_every=1, keep=2, best_metric='acc')
+  for step, acc in ((1, 0.9), (2, 0.5), (3, 0.6), (4, 0.95)):
+    ckpt.save(step, state, data_position=step, config={}, metrics={'acc': acc})
+  ckpt.close()
+  for root, _, names in os.walk(os.path.join(str(tmp_path), 'checkpoints', '4', 'state')):
+    for name in names:
+      with open(os.path.join(root, name), 'r+b') as f:
+        f.write(b'\x00' * max(os.path.getsize(os.path.join(root, name)), 1))
+  ckpt = Checkpointer(str(tmp_path), save_every=1, keep=2, best_metric='acc')
+  _, meta = ckpt.restore(None, _model().abstract_state, log=lambda line: None)
+  assert meta['step'] == 3 and ckpt.best_step('acc') == 3
+  for step, acc in ((5, 0.55), (6, 0.5)):
+    ckpt.save(step, state, data_position=step, config={}, metrics={'acc': acc})
+  ckpt.close()
+  assert Checkpointer(str(tmp_path), read_only=True).all_steps() == [3, 5, 6]
 
 
 def test_late_reports_of_abandoned_reads_are_dropped_and_others_kept():

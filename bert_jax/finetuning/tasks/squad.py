@@ -294,8 +294,10 @@ def _log_featurize(examples, questions, max_query_length: int, skipped: int, num
     reporting.log(f'warning: skipped {skipped} of {len(examples)} SQuAD training questions whose answer text is not '
                   'found in the context at answer_start (or that have no answer)')
   cut = sum(len(q) > max_query_length for q in questions)
-  reporting.log(f'SQuAD {kind}: {len(examples) - skipped} questions -> {num_features} features ({cut} questions cut '
-                f'to {max_query_length} tokens)')
+  if cut:
+    reporting.log(f'warning: {cut:,} of {len(examples):,} questions were longer than max_query_length='
+                  f'{max_query_length} tokens and were cut (contexts are read in overlapping windows, never cut)')
+  reporting.log(f'SQuAD {kind}: {len(examples) - skipped} questions -> {num_features} features')
 
 
 # ----------------------------------------------------------------------------- predictions
