@@ -302,7 +302,8 @@ def _attention_details(graphdef, state, input_ids_1t, token_type_ids_1t):
   encoder = nnx.merge(graphdef, state)
   positions_1t = jnp.arange(input_ids_1t.shape[1])[None]
   x_btd = encoder.embeddings(input_ids_1t, token_type_ids_1t, positions_1t, deterministic=True)
-  contexts, kinds = encoder.layer_contexts(attention_mask_b11s(jnp.ones_like(input_ids_1t)), positions_1t)
+  contexts, kinds = encoder.layer_contexts(attention_mask_b11s(jnp.ones_like(input_ids_1t)), positions_1t,
+                                           full_masks=True)  # maps need every score
   out = []
   for layer, kind in zip(encoder.layers, kinds):
     # The queries and keys as the layer's attention forms them (after a pre-LN norm, rotated with rotary positions).

@@ -4,12 +4,15 @@
   python experiments/benchmark.py --preset=base,large --dtype=bfloat16 --batch_size=8,32 --seq_len=128,512
   /tmp/hfvenv/bin/python3 experiments/benchmark.py --preset=mini --steps=3 --compare_hf
   python experiments/benchmark.py --preset=tiny --hlo_flops --cpu_devices=8
+  python experiments/benchmark.py --attention_layers --seq_len=512,1024,2048,4096 --batch_size=1
 
 One row per preset x dtype x batch x seq_len: median step time, tokens/s, model TFLOP/s, MFU,
 peak device memory, compile time (`tools/benchmark.py`), then one JSON line per row.
 --compare_hf adds Hugging Face Flax BERT on the same batch (needs transformers 4.57.6: see
 the end of tools/benchmark.py). --hlo_flops compiles instead of timing and prints the per-device
-FLOPs of the compiled step for each mesh layout.
+FLOPs of the compiled step for each mesh layout. --attention_layers times forward + backward of one
+ModernBERT-shaped encoder layer of the preset, global and local (--window, the blockwise path), per
+sequence length: a local layer's time should grow linearly, a global one's quadratically.
 """
 
 import json
@@ -43,6 +46,9 @@ _PEAK = flags.DEFINE_float('peak_tflops', None, 'Peak TFLOP/s per device for MFU
                            'needed on CPUs and unlisted accelerators).')
 _HF = flags.DEFINE_bool('compare_hf', False, 'Also time transformers 4.57.6 FlaxBertForPreTraining.')
 _HLO = flags.DEFINE_bool('hlo_flops', False, 'Print per-device compiled FLOPs per mesh layout instead of timing.')
+_ATTN_LAYERS = flags.DEFINE_bool('attention_layers', False, 'Time one global and one local encoder layer per '
+                                  '--seq_len instead of the train step.')
+_WINDOW = flags.DEFINE_integer('window', 128, 'With --attention_layers: the local layer\'s window (ModernBERT: 128).')
 _CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'Number of CPU devices to expose (e.g. 8 for '
                                     '--hlo_flops on a CPU machine); 0 leaves jax alone.')
 
@@ -68,6 +74,9 @@ def main(_):
   device = jax.devices()[0]
   print(f'machine: {device.platform} x{jax.device_count()} ({device.device_kind}); '
         f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores')
+  if _ATTN_LAYERS.value:
+    _attention_layers(batch_sizes, seq_lens)
+    return
   if _HLO.value:
     for name, cfg in configs.items():
       for b in batch_sizes:
@@ -90,6 +99,28 @@ def main(_):
   print(benchmark.format_table(rows))
   for r in rows:
     print(json.dumps(r), flush=True)
+
+
+def _attention_layers(batch_sizes, seq_lens):
+  if _WINDOW.value <= 0 or _WINDOW.value % 2:
+    raise ConfigError(f'--window={_WINDOW.value} must be a positive even number')
+  rows = []
+  for p in _PRESET.value:
+    cfg = preset(p, norm_position='pre', position_embedding='rotary', mlp='geglu', use_bias=False,
+                 attention_window=_WINDOW.value, dtype=_DTYPE.value[0])
+    for b in batch_sizes:
+      for s in seq_lens:
+        for local in (False, True):
+          rows.append(dict(benchmark.time_attention_layer(cfg, batch_size=b, seq_len=s, local=local,
+                                                          steps=_STEPS.value), preset=p))
+          print(json.dumps(rows[-1]), flush=True)
+  print(f'\nforward + backward of one encoder layer, median of {_STEPS.value} calls after compilation\n')
+  print('| preset | layer | batch | seq | fwd+bwd (s) | x the shortest seq |\n|---|---|---|---|---|---|')
+  for r in rows:
+    first = next(q for q in rows if (q['preset'], q['layer'], q['batch_size']) == (r['preset'], r['layer'],
+                                                                                     r['batch_size']))
+    print(f'| {r["preset"]} | {r["layer"]} | {r["batch_size"]} | {r["seq_len"]:,} | {r["fwd_bwd_s"]:.4f} | '
+          f'{r["fwd_bwd_s"] / first["fwd_bwd_s"]:.1f} |')
 
 
 if __name__ == '__main__':

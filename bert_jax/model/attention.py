@@ -9,6 +9,7 @@ from __future__ import annotations
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bert_jax.config import ModelConfig
 from bert_jax.errors import ConfigError
@@ -88,6 +89,60 @@ def describe_attention(cfg: ModelConfig, platform: str | None = None) -> str:
   return line
 
 
+def band_mask(window: int, length: int, key_valid_bs=None, segment_ids_bt=None) -> jax.Array:
+  """A local layer's mask in blocks, [B, 1, nb, w/2, 3 w/2]: query block i against key blocks i-1, i, i+1.
+
+  Query t of block i is position i * w/2 + u; key v of its band is position (i - 1) * w/2 + v. Allowed: the key
+  exists (0 <= position < `length`), is at most w/2 positions from the query, and is a real token
+  (`key_valid_bs` [B, S]: padding) of the query's segment (`segment_ids_bt` [B, T], 0 = padding: packed rows).
+  Built from O(T x w) elements, never T x T.
+  """
+  r = window // 2
+  nb = -(-length // r)
+  q_pos = np.arange(nb)[:, None] * r + np.arange(r)[None, :]  # [nb, r]: static positions
+  k_pos = (np.arange(nb)[:, None] - 1) * r + np.arange(3 * r)[None, :]  # [nb, 3r]
+  in_range = (k_pos >= 0) & (k_pos < length)
+  allowed = (np.abs(q_pos[:, :, None] - k_pos[:, None, :]) <= r) & in_range[:, None, :]  # [nb, r, 3r]
+  mask = jnp.asarray(allowed)[None]
+  k_safe = np.clip(k_pos, 0, length - 1)
+  if key_valid_bs is not None:
+    mask = mask & jnp.asarray(key_valid_bs).astype(bool)[:, k_safe][:, :, None, :]
+  if segment_ids_bt is not None:
+    segment_ids_bt = jnp.asarray(segment_ids_bt)
+    q_seg = jnp.pad(segment_ids_bt, ((0, 0), (0, nb * r - length)))[:, q_pos]  # [B, nb, r]
+    k_seg = segment_ids_bt[:, k_safe]  # [B, nb, 3r]
+    mask = mask & (q_seg[:, :, :, None] == k_seg[:, :, None, :]) & (k_seg > 0)[:, :, None, :]
+  return mask[:, None]
+
+
+def _blocks(x_btnh: jax.Array, r: int, nb: int, pad_blocks: int) -> jax.Array:
+  """[B, T, N, H] -> [B, nb + 2 * pad_blocks, r, N, H]: zero padding, then blocks of r positions."""
+  b, t = x_btnh.shape[:2]
+  x = jnp.pad(x_btnh, ((0, 0), (pad_blocks * r, (nb + pad_blocks) * r - t), (0, 0), (0, 0)))
+  return x.reshape(b, nb + 2 * pad_blocks, r, *x_btnh.shape[2:])
+
+
+def blockwise_local_attention(q_btnh, k_bsnh, v_bsnh, band_b1xqk, dropout, *, deterministic: bool) -> jax.Array:
+  """Local attention at linear cost: each block of w/2 queries against its three neighbouring key blocks.
+
+  The same function as the masked full path under `window_mask_b1ts` (the softmax over the keys of the window;
+  keys outside it get exactly zero weight there), in O(T x 1.5 w) work and memory instead of O(T^2).
+  `band_b1xqk` is `band_mask(...)`; `dropout` drops probabilities as the full path does.
+  """
+  nb, r = band_b1xqk.shape[2], band_b1xqk.shape[3]
+  t = q_btnh.shape[1]
+  q_bxqnh = _blocks(q_btnh, r, nb, 0)
+  k_blocks, v_blocks = _blocks(k_bsnh, r, nb, 1), _blocks(v_bsnh, r, nb, 1)
+  window = lambda x: jnp.concatenate([x[:, :-2], x[:, 1:-1], x[:, 2:]], axis=2)  # pylint: disable=unnecessary-lambda-assignment
+  k_bxknh, v_bxknh = window(k_blocks), window(v_blocks)
+  scale = q_btnh.shape[-1] ** -0.5
+  logits = jnp.einsum('bxqnh,bxknh->bnxqk', q_bxqnh, k_bxknh, preferred_element_type=jnp.float32) * scale
+  logits = jnp.where(band_b1xqk, logits, jnp.finfo(jnp.float32).min)
+  probs = dropout(jax.nn.softmax(logits, axis=-1), deterministic=deterministic)
+  ctx_bxqnh = jnp.einsum('bnxqk,bxknh->bxqnh', probs.astype(v_bsnh.dtype), v_bxknh)
+  return ctx_bxqnh.reshape(q_btnh.shape[0], nb * r, *q_btnh.shape[2:])[:, :t]
+
+
 class SelfAttention(nnx.Module):
   """Multi-head self-attention under a boolean mask ([B, 1, 1, S] padding or [B, 1, T, S] segments).
 
@@ -96,8 +151,9 @@ class SelfAttention(nnx.Module):
   (which that function lacks), explicit einsums with dropout on the probabilities. All three
   take the softmax in float32. A query row with no visible key (a padding token of a packed
   row) attends uniformly to every key: finite, and ignored downstream. Rotary positions
-  (`rope`: RoPE's cos/sin tables) rotate the queries and keys first; a local attention window
-  arrives as part of the mask.
+  (`rope`: RoPE's cos/sin tables) rotate the queries and keys first. A local attention window
+  arrives as part of the mask: a full mask (short rows, attention maps), or `band_mask`'s blocks, which
+  select `blockwise_local_attention` (linear in the row length).
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -121,6 +177,10 @@ class SelfAttention(nnx.Module):
     """Attends under `mask_b11s` (boolean, [B, 1, 1 or T, S]); `rope`: (cos, sin) [B, T, H / 2] or None."""
     q_btnh, k_bsnh = self.queries_keys(x_btd, rope)
     v_bsnh = self.value(x_btd)
+    if mask_b11s.ndim == 5:  # a local layer's band (`band_mask`)
+      ctx_btnh = blockwise_local_attention(q_btnh, k_bsnh, v_bsnh, mask_b11s, self.probs_dropout,
+                                           deterministic=deterministic)
+      return self.output(ctx_btnh)
     b, t, s = q_btnh.shape[0], q_btnh.shape[1], k_bsnh.shape[1]
     impl = 'einsum' if return_probs else choose_attention(
         self.cfg, current_platform(), training=not deterministic, seq_len=t)

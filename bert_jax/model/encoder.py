@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.config import ModelConfig
-from bert_jax.model.attention import SelfAttention
+from bert_jax.model.attention import SelfAttention, band_mask
 from bert_jax.model.dropout import Dropout
 from bert_jax.model.layers import Dense, Embeddings, LayerNorm, compute_dtype, rotary_tables
 from bert_jax.sharding import constrain
@@ -65,24 +65,27 @@ def run_layers(layers, x_btd, contexts, kinds, *, deterministic: bool, remat_pol
   same distribution. With `scan`, each run of structurally identical layers (all of them, or all
   but a pre-LN encoder's first) is one lax.scan over its states stacked along a new leading axis
   inside the computation only (a copy under jit); the modules and the parameter tree keep one
-  entry per layer, so checkpoints, HF import/export and sharding rules are unchanged. Layers of
-  another kind (global or local attention) are data, not structure: the scanned body selects its
-  layer's context. Updated RNG counters are written back, as the plain loop's calls would leave them.
+  entry per layer, so checkpoints, HF import/export and sharding rules are unchanged. Global and
+  local layers run apart (their masks differ in shape: a local layer's is a band), so a
+  ModernBERT-style alternation scans each run of one kind. Updated RNG counters are written back,
+  as the plain loop's calls would leave them.
 
   Args:
     layers: modules called as `layer(x, *context, deterministic=...)`.
     x_btd: [B, T, D] input of the first layer.
-    contexts: per layer kind, the arguments after x: (mask, rope tables or None), pytrees of one structure.
+    contexts: per layer kind, the arguments after x: (mask, rope tables or None).
     kinds: per layer, the index of its context (python ints).
     deterministic: disables dropout.
     remat_policy: a key of REMAT_POLICIES.
-    scan: run each run of identical layers as one jax.lax.scan (compile once, not once per layer).
+    scan: run each run of identical layers of one kind as one jax.lax.scan (compile once, not once per layer).
 
   Returns:
     The last layer's output [B, T, D].
   """
   splits = [nnx.split(layer, nnx.Param, ...) for layer in layers]
   policy = REMAT_POLICIES[remat_policy]
+  # A run is one kind of layer too: global and local layers take masks of different shapes.
+  keys = [(g, kind) for (g, _, _), kind in zip(splits, kinds)]
 
   def make_apply(graphdef):
     def apply(params, rest, x_btd, context):
@@ -95,22 +98,18 @@ def run_layers(layers, x_btd, contexts, kinds, *, deterministic: bool, remat_pol
     return apply
 
   new_rests = []
-  for start, stop in _runs([g for g, _, _ in splits]):
+  for start, stop in _runs(keys):
     apply, group = make_apply(splits[start][0]), splits[start:stop]
     if scan and stop - start > 1:
       params_l = jax.tree.map(lambda *xs: jnp.stack(xs), *[p for _, p, _ in group])
       rest_l = jax.tree.map(lambda *xs: jnp.stack(xs), *[r for _, _, r in group])
-      run_kinds = kinds[start:stop]
+      context = contexts[kinds[start]]
 
-      def body(x_btd, state, run_kinds=run_kinds, apply=apply):
-        params, rest, kind = state
-        if len(set(run_kinds)) == 1:
-          context = contexts[run_kinds[0]]
-        else:  # alternating global / local layers: pick this layer's mask and rotary tables
-          context = jax.tree.map(lambda *xs: jax.lax.select_n(kind, *xs), *contexts)
+      def body(x_btd, state, context=context, apply=apply):
+        params, rest = state
         return apply(params, rest, x_btd, context)
 
-      x_btd, new_rest_l = jax.lax.scan(body, x_btd, (params_l, rest_l, jnp.asarray(run_kinds, jnp.int32)))
+      x_btd, new_rest_l = jax.lax.scan(body, x_btd, (params_l, rest_l))
       new_rests += [jax.tree.map(lambda a, i=i: a[i], new_rest_l) for i in range(stop - start)]
     else:
       for (_, params, rest), kind in zip(group, kinds[start:stop]):
@@ -203,9 +202,11 @@ class BertEncoder(nnx.Module):
     self.pooler = Dense((cfg.hidden_size,), (cfg.hidden_size,), ('embed', 'mlp'),
                         std=cfg.initializer_range, dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias)
 
-  def layer_contexts(self, mask_b11s, position_ids_bt) -> tuple[list[tuple], tuple[int, ...]]:
+  def layer_contexts(self, mask_b11s, position_ids_bt, attention_mask_bt=None, segment_ids_bt=None,
+                     full_masks: bool = False) -> tuple[list[tuple], tuple[int, ...]]:
     """(contexts, kinds): what each layer is called with after its input, per kind (0 global, 1 local),
-    and each layer's kind. A context is (mask, rotary tables or None)."""
+    and each layer's kind. A context is (mask, rotary tables or None); a local layer's mask is a band of
+    blocks (`attention.band_mask`: linear cost) when the row is longer than the window, unless `full_masks`."""
     cfg = self.cfg
     rotary = cfg.position_embedding == 'rotary'
     windows = cfg.layer_windows
@@ -215,9 +216,13 @@ class BertEncoder(nnx.Module):
 
     contexts = [(mask_b11s, rope(cfg.rope_theta))]
     if any(windows):
-      local_mask_b1ts = window_mask_b1ts(mask_b11s, cfg.attention_window)
-      contexts[0] = (jnp.broadcast_to(mask_b11s, local_mask_b1ts.shape), contexts[0][1])  # one shape for scan
-      contexts.append((local_mask_b1ts, rope(cfg.local_rope_theta)))
+      t = position_ids_bt.shape[1]
+      if t > cfg.attention_window and not full_masks:
+        local = band_mask(cfg.attention_window, t, None if segment_ids_bt is not None else attention_mask_bt,
+                          segment_ids_bt)
+      else:
+        local = window_mask_b1ts(mask_b11s, cfg.attention_window)
+      contexts.append((local, rope(cfg.local_rope_theta)))
     return contexts, tuple(int(w > 0) for w in windows)
 
   def __call__(self, input_ids_bt, token_type_ids_bt=None, attention_mask_bt=None, position_ids_bt=None,
@@ -254,7 +259,8 @@ class BertEncoder(nnx.Module):
       mask_b11s = segment_mask_b1ts(segment_ids_bt)
     else:
       mask_b11s = attention_mask_b11s(attention_mask_bt)
-    contexts, kinds = self.layer_contexts(mask_b11s, position_ids_bt)
+    contexts, kinds = self.layer_contexts(mask_b11s, position_ids_bt, attention_mask_bt, segment_ids_bt,
+                                          full_masks=return_attention)
     probs = []
     if not return_attention and (self.cfg.scan_layers or self.cfg.remat_policy != 'none'):
       x_btd = run_layers(self.layers, x_btd, contexts, kinds, deterministic=deterministic,

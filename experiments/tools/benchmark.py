@@ -163,6 +163,38 @@ def time_step(step_fn, state, *args, steps: int) -> Timing:
   return Timing(compiled, compile_s, times, float(metrics['loss']))
 
 
+def time_attention_layer(cfg: ModelConfig, *, batch_size: int, seq_len: int, local: bool, steps: int) -> dict:
+  """Forward + backward of one encoder layer of `cfg` (rotary: ModernBERT's), global or local (its window, the
+  blockwise path): median seconds of `steps` calls after compilation, one device, no dropout."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from bert_jax.model import attention, encoder, layers  # pylint: disable=g-import-not-at-top
+  cfg = dataclasses.replace(cfg, hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=seq_len)
+  layer = encoder.EncoderLayer(cfg, rngs=nnx.Rngs(0))
+  graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+  x_btd = jax.random.normal(jax.random.key(1), (batch_size, seq_len, cfg.hidden_size), jnp.float32)
+  positions = jnp.broadcast_to(jnp.arange(seq_len), (batch_size, seq_len))
+  rope = layers.rotary_tables(positions, cfg.head_dim, cfg.rope_theta) if cfg.position_embedding == 'rotary' else None
+  valid = jnp.ones((batch_size, seq_len), jnp.int32)
+  mask = (attention.band_mask(cfg.attention_window, seq_len, valid) if local
+          else encoder.attention_mask_b11s(valid))
+
+  def loss(params, x_btd):
+    return jnp.sum(nnx.merge(graphdef, params, rest)(x_btd, mask, rope, deterministic=True) ** 2)
+
+  step = jax.jit(jax.grad(loss, argnums=(0, 1)))
+  t0 = time.perf_counter()
+  jax.block_until_ready(step(params, x_btd))
+  compile_s = time.perf_counter() - t0
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(step(params, x_btd))
+    times.append(time.perf_counter() - t0)
+  return {'layer': f'local (window {cfg.attention_window})' if local else 'global', 'seq_len': seq_len,
+          'batch_size': batch_size, 'fwd_bwd_s': statistics.median(times), 'compile_s': compile_s}
+
+
 def _check_shape(cfg: ModelConfig, batch_size: int, seq_len: int, mesh) -> None:
   if seq_len > cfg.max_position_embeddings:
     raise ConfigError(f'seq_len={seq_len} exceeds model.max_position_embeddings={cfg.max_position_embeddings}')

@@ -1,0 +1,119 @@
+"""Local attention at linear cost: the blockwise path (each block of w/2 queries against three key blocks) is
+the masked full path's function, on padded and packed rows, forward and backward, in a layer and a model."""
+
+import dataclasses
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.config import preset
+from bert_jax.model import attention, encoder, heads
+
+from helpers import random_pretraining_batch
+
+
+def _full_local(q, k, v, mask_b11s, window):
+  """The masked full path: softmax over every key, those outside the window masked."""
+  logits = jnp.einsum('btnh,bsnh->bnts', q, k) * q.shape[-1] ** -0.5
+  logits = jnp.where(encoder.window_mask_b1ts(mask_b11s, window), logits, jnp.finfo(jnp.float32).min)
+  return jnp.einsum('bnts,bsnh->btnh', jax.nn.softmax(logits, axis=-1), v)
+
+
+def _inputs(t, seed=0):
+  rng = np.random.default_rng(seed)
+  return [jnp.asarray(rng.normal(size=(2, t, 3, 8)), jnp.float32) for _ in range(3)]
+
+
+def _no_dropout(x, deterministic):
+  del deterministic
+  return x
+
+
+@pytest.mark.parametrize('t,window', [(16, 4), (37, 8), (5, 8), (64, 16), (33, 2)])
+@pytest.mark.parametrize('rows', ['padded', 'packed'])
+def test_blockwise_equals_the_masked_full_path(t, window, rows):
+  q, k, v = _inputs(t)
+  rng = np.random.default_rng(1)
+  if rows == 'padded':
+    valid = np.ones((2, t), np.int32)
+    valid[0, t - t // 3:] = 0  # padding at the end of the first row
+    # Padding queries are compared nowhere: with no real key in reach their output is arbitrary (and unused).
+    band, full, real = (attention.band_mask(window, t, valid), encoder.attention_mask_b11s(jnp.asarray(valid)),
+                        valid > 0)
+  else:  # examples of random lengths back to back, then padding
+    segments = np.zeros((2, t), np.int32)
+    for b in range(2):
+      at, seg = 0, 1
+      while at < t - 2:
+        n = int(rng.integers(1, t // 2 + 2))
+        segments[b, at:at + n] = seg
+        at, seg = at + n, seg + 1
+    band, full, real = attention.band_mask(window, t, None, segments), encoder.segment_mask_b1ts(segments), segments > 0
+
+  def both(q, k, v):
+    blockwise = attention.blockwise_local_attention(q, k, v, band, _no_dropout, deterministic=True)
+    return blockwise, _full_local(q, k, v, full, window)
+
+  got, want = both(q, k, v)
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=1e-5)
+  # Gradients of a loss over the real positions agree too.
+  weight = jnp.asarray(np.random.default_rng(2).normal(size=got.shape), jnp.float32) * real[:, :, None, None]
+  grads = [jax.grad(lambda q, k, v, i=i: jnp.sum(both(q, k, v)[i] * weight), argnums=(0, 1, 2))(q, k, v)
+           for i in (0, 1)]
+  for g_block, g_full in zip(*grads):
+    np.testing.assert_allclose(g_block, g_full, atol=1e-5)
+
+
+def test_the_band_is_linear_in_the_row_length():
+  window, t = 16, 4096
+  band = attention.band_mask(window, t, jnp.ones((1, t), jnp.int32))
+  assert band.shape == (1, 1, t // 8, 8, 24)  # T x 1.5 w elements, not T x T
+  assert int(band.sum()) == int(encoder.window_mask_b1ts(jnp.ones((1, 1, 1, 64), bool), window).sum()) + (t - 64) * 17
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('packed', [False, True])
+def test_a_modernbert_model_is_the_same_function_blockwise(packed):
+  """A ModernBERT-shaped model (every third layer global, window 8) on rows longer than the window: the
+  blockwise local layers give the full path's outputs (the full path is what attention maps use)."""
+  cfg = preset('tiny', vocab_size=100, norm_position='pre', position_embedding='rotary', mlp='geglu',
+               use_bias=False, type_vocab_size=0, attention_window=8, global_attention_every=3, num_layers=4,
+               hidden_dropout=0.0, attention_dropout=0.0)
+  model = heads.BertForPreTraining(cfg, rngs=nnx.Rngs(0)).bert
+  batch = random_pretraining_batch(batch_size=4, seq_len=40, vocab_size=100, seed=5)
+  kwargs = {}
+  if packed:
+    segments = np.repeat(np.array([[1] * 17 + [2] * 15 + [0] * 8]), 4, axis=0).astype(np.int32)
+    kwargs = dict(segment_ids_bt=segments)
+    real = segments > 0
+  else:
+    real = batch['attention_mask'].astype(bool)
+  blockwise, _ = model(batch['input_ids'], None, batch['attention_mask'], **kwargs)
+  full, _, _ = model(batch['input_ids'], None, batch['attention_mask'], **kwargs, return_attention=True)
+  np.testing.assert_allclose(np.asarray(blockwise)[real], np.asarray(full)[real], atol=1e-5)
+  scanned = dataclasses.replace(cfg, scan_layers=True, remat_policy='dots')
+  graphdef, state = nnx.split(model)
+  again = nnx.merge(nnx.split(heads.BertForPreTraining(scanned, rngs=nnx.Rngs(0)).bert)[0], state)
+  np.testing.assert_allclose(np.asarray(again(batch['input_ids'], None, batch['attention_mask'], **kwargs)[0])[real],
+                             np.asarray(blockwise)[real], atol=1e-5)
+  del graphdef
+
+
+def test_a_local_layer_trains_blockwise_with_attention_dropout():
+  """Dropout on the band's probabilities (training): finite outputs and gradients, and some of them dropped."""
+  cfg = preset('tiny', vocab_size=100, norm_position='pre', position_embedding='rotary', mlp='geglu', use_bias=False,
+               type_vocab_size=0, attention_window=8, global_attention_every=2, num_layers=2, attention_dropout=0.5)
+  model = heads.BertForPreTraining(cfg, rngs=nnx.Rngs(0)).bert
+  batch = random_pretraining_batch(batch_size=2, seq_len=40, vocab_size=100, seed=3)
+
+  weight = jnp.asarray(np.random.default_rng(4).normal(size=(2, 40, cfg.hidden_size)), jnp.float32)
+
+  def loss(model, deterministic=False):  # a normed output's sum of squares is constant: weight it
+    return jnp.sum(model(batch['input_ids'], None, batch['attention_mask'], deterministic=deterministic)[0] * weight)
+
+  value, grads = nnx.value_and_grad(loss)(model)
+  assert np.isfinite(float(value)) and all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+  assert float(value) != float(loss(model, deterministic=True))
