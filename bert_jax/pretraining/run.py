@@ -31,7 +31,7 @@ from bert_jax.pretraining import init
 from bert_jax.pretraining.objective import Pretraining
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer
-from bert_jax.runs.workdir import CONFIG_FILE, Workdir
+from bert_jax.runs.workdir import CONFIG_FILE, MERGE_FILE, Workdir, checkpoint_dir
 from bert_jax.train import optim, run as scaffold
 from bert_jax.train.loop import Report
 from bert_jax.train.step import StepModel
@@ -77,7 +77,10 @@ def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, 
 
 
 def check_workdir(workdir: Workdir, cfg: PretrainConfig) -> None:
-  """Refuses a workdir whose checkpoints belong to a different architecture."""
+  """Refuses a workdir whose checkpoints belong to a different architecture, or that is a merge."""
+  if os.path.exists(workdir.file(MERGE_FILE)):
+    raise ConfigError(f'{workdir.path} is a merge of checkpoints ({MERGE_FILE}: parameters only, no optimizer '
+                      f'state); continue from it with --config.init_checkpoint={workdir.path} and a new --workdir')
   saved = workdir.config()
   if saved is None:
     return
@@ -308,35 +311,48 @@ def evaluate_checkpoints(workdir: str, steps: list[int | None] | None,
                          overrides: dict[str, Any] | None = None) -> list[dict[str, Any]]:
   """Held-out metrics of `steps` of a workdir (None in the list: the latest; `steps` None: all, skipping
   the unusable ones with a warning), reading parameters only; the model and data are built once."""
-  cfg, model = _workdir_model(workdir, overrides)
-  ckpt = Checkpointer(workdir, read_only=True)
-  try:
-    every = steps is None
-    if every:
+  if steps is None:
+    ckpt = Checkpointer(workdir, read_only=True)
+    try:
       steps = sorted(ckpt.all_steps())
-      if not steps:
-        raise CheckpointError(f'no checkpoint in {ckpt.directory}')
-    prepared = vocab = None
-    results, unusable = [], []
-    for step in steps:
-      try:
-        state, meta = ckpt.restore(step, model.abstract_state, log=reporting.log, params_only=True)
-      except UnusableCheckpoint as e:
-        if not every:
-          raise
-        reporting.log(f'warning: {e}; skipped')
-        unusable.append(step)
-        continue
-      if prepared is None:  # after the first restore: a bad workdir fails before data work
-        prepared, vocab = prepare_data(cfg)
-      results.append({'step': int(meta['step']),
-                      **evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
-                                 prepared.most_frequent_token)})
-      del state  # one checkpoint's arrays in memory at a time
-      if on_result:
-        on_result(results[-1])
-  finally:
-    ckpt.close()
+    finally:
+      ckpt.close()
+    if not steps:
+      raise CheckpointError(f'no checkpoint in {ckpt.directory}')
+    return evaluate_in(workdir, [(workdir, s) for s in steps], on_result, overrides, skip_unusable=True)
+  return evaluate_in(workdir, [(workdir, s) for s in steps], on_result, overrides)
+
+
+def evaluate_in(workdir: str, checkpoints: list[tuple[str, int | None]],
+                on_result: Callable[[dict[str, Any]], None] | None = None,
+                overrides: dict[str, Any] | None = None, skip_unusable: bool = False) -> list[dict[str, Any]]:
+  """Held-out metrics, on `workdir`'s held-out split and model, of each (pretraining workdir, step) checkpoint
+  of that architecture (e.g. the parts of a merge beside it); with `skip_unusable`, an unusable one is named in
+  a warning and skipped."""
+  cfg, model = _workdir_model(workdir, overrides)
+  prepared = vocab = None
+  results, unusable = [], []
+  for directory, step in checkpoints:
+    ckpt = Checkpointer(directory, read_only=True)
+    try:
+      state, meta = ckpt.restore(step, model.abstract_state, log=reporting.log, params_only=True)
+    except UnusableCheckpoint as e:
+      if not skip_unusable:
+        raise
+      reporting.log(f'warning: {e}; skipped')
+      unusable.append(step)
+      continue
+    finally:
+      ckpt.close()
+    if prepared is None:  # after the first restore: a bad workdir fails before data work
+      prepared, vocab = prepare_data(cfg)
+    results.append({'step': int(meta['step']),
+                    **evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
+                               prepared.most_frequent_token)})
+    del state  # one checkpoint's arrays in memory at a time
+    if on_result:
+      on_result(results[-1])
   if not results:
-    raise CheckpointError(f'no usable checkpoint in {ckpt.directory}: steps {unusable} are unusable (see above)')
+    raise CheckpointError(f'no usable checkpoint in {checkpoint_dir(workdir)}: steps {unusable} are unusable '
+                          '(see above)')
   return results

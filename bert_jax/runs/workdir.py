@@ -40,6 +40,7 @@ CONFIG_FILE = 'config.json'
 HISTORY_FILE = 'config_history.jsonl'
 FINAL_METRICS_FILE = 'final_metrics.json'
 CHECKPOINTS_DIR = 'checkpoints'
+MERGE_FILE = 'merge.json'  # a merge of checkpoints (pretraining.merge): parameters only, never trained in
 # A workdir's tokenizer: SentencePiece, or WordPiece (tokenizer.json with vocab.txt beside it).
 TOKENIZER_FILES = ('tokenizer.model', 'tokenizer.json')
 KINDS = ('pretraining', 'finetuning', 'export')

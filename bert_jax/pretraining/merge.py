@@ -1,0 +1,182 @@
+"""Checkpoint merging: the (weighted) mean of pretraining checkpoints' parameters, written as a new workdir.
+
+Two uses of the field's recipe: the mean of a run's last K checkpoints (a cheap stand-in for a
+decayed learning rate, or a smoother end point), and a "model soup" of several runs of one
+architecture (e.g. decay variants branched from one stable checkpoint, as Ettin and mmBERT release).
+
+The merge is a pretraining workdir that every tool reads (evaluate, fill-mask, embed, export,
+`init_checkpoint` of a pretraining or fine-tuning run): config.json and the tokenizer of the first
+part, one checkpoint holding parameters only, and merge.json naming the parts and their weights.
+It is not trained in (it has no optimizer state): continue from it with `init_checkpoint`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import filecmp
+import os
+import shutil
+from typing import Any
+
+import jax
+import numpy as np
+
+from bert_jax.config import PretrainConfig, architecture_diffs
+from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.errors import CheckpointError, ConfigError
+from bert_jax.interop.pretrained import describe
+from bert_jax.runs import reporting
+from bert_jax.runs.checkpoints import Checkpointer
+from bert_jax.runs.workdir import MERGE_FILE, Workdir, check_outside
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+  """One checkpoint of a merge: a pretraining workdir, its step (None: the latest) and its weight."""
+
+  path: str
+  step: int | None
+  weight: float
+
+
+def parse_parts(sources: list[str], last: int = 0, weights: list[float] | None = None) -> list[Part]:
+  """The parts named by `sources` ('DIR' or 'DIR@STEP'), or the `last` checkpoints of one DIR.
+
+  Raises:
+    ConfigError: a malformed spec, `last` with other than one plain DIR, weights that do not match
+      the parts or are not positive, or the same checkpoint twice.
+  """
+  if not sources:
+    raise ConfigError('give the checkpoints to merge: --sources=DIR[@STEP],DIR[@STEP],... or --sources=DIR --last=K')
+  specs = []
+  for spec in sources:
+    path, _, step = spec.partition('@')
+    if not path:
+      raise ConfigError(f'--sources entry {spec!r} names no directory')
+    try:
+      specs.append((path, int(step) if step else None))
+    except ValueError:
+      raise ConfigError(f'--sources entry {spec!r}: the step after @ must be a whole number') from None
+  if last < 0:
+    raise ConfigError(f'--last={last} must be >= 0')
+  if last:
+    if len(specs) != 1 or specs[0][1] is not None:
+      raise ConfigError('--last=K takes one workdir without @STEP: the mean of its last K checkpoints')
+    path = specs[0][0]
+    steps = _steps(path)
+    if len(steps) < last:
+      raise ConfigError(f'--last={last}: {path} holds {len(steps)} checkpoint(s) ({steps}); keep more with '
+                        '--config.keep_checkpoints when training, or merge fewer')
+    specs = [(path, s) for s in steps[-last:]]
+  if len(specs) < 2:
+    raise ConfigError('a merge needs at least two checkpoints (give several --sources, or --last=K with K >= 2)')
+  if weights is None:
+    weights = [1.0] * len(specs)
+  if len(weights) != len(specs):
+    raise ConfigError(f'--weights has {len(weights)} value(s) for {len(specs)} checkpoints')
+  if not all(np.isfinite(w) and w > 0 for w in weights):
+    raise ConfigError(f'--weights must be positive numbers, got {weights}')
+  seen = set()
+  for path, step in specs:
+    key = (os.path.realpath(path), step if step is not None else _latest(path))
+    if key in seen:
+      raise ConfigError(f'{path} step {key[1]} is named twice')
+    seen.add(key)
+  total = sum(weights)
+  return [Part(path, step, w / total) for (path, step), w in zip(specs, weights)]
+
+
+def _steps(path: str) -> list[int]:
+  _pretraining(path)
+  ckpt = Checkpointer(path, read_only=True)
+  try:
+    return sorted(ckpt.all_steps())
+  finally:
+    ckpt.close()
+
+
+def _latest(path: str) -> int | None:
+  steps = _steps(path)
+  return steps[-1] if steps else None
+
+
+def _pretraining(path: str) -> dict[str, Any]:
+  """A pretraining workdir's config.json; CheckpointError for anything else."""
+  kind = Workdir(path).kind if os.path.isdir(path) else None
+  if kind in ('finetuning', 'export'):
+    what = 'a fine-tuning workdir' if kind == 'finetuning' else 'a Hugging Face directory'
+    raise CheckpointError(f'{path} is {what}: merge.py merges bert_jax pretraining checkpoints')
+  source = describe(path, 'merge source')
+  if source.kind != 'pretraining':
+    raise CheckpointError(f'{path} is a Hugging Face directory: merge.py merges bert_jax pretraining checkpoints')
+  return source.saved
+
+
+def merge(parts: list[Part], output: str) -> dict[str, Any]:
+  """Writes the weighted mean of `parts`' parameters as a new pretraining workdir `output`.
+
+  Every part must have the first one's architecture and heads. The mean is taken in float64 on the
+  host, one part at a time, and stored in the parameters' own dtype. The workdir appears whole or not
+  at all (written beside it, then renamed). Returns merge.json's content.
+
+  Raises:
+    ConfigError: `output` exists and is not empty, or is (inside) a part.
+    CheckpointError: a part is not a pretraining workdir, has another architecture, or is unreadable.
+  """
+  if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+    raise ConfigError(f'--workdir {output} exists and is not empty: a merge is written into a new directory')
+  for part in parts:
+    check_outside(output, part.path, 'a merge source')
+  saved = _pretraining(parts[0].path)
+  first = PretrainConfig.from_dict(saved)
+  tokenizer = Workdir(parts[0].path).tokenizer_file()
+  for part in parts[1:]:
+    other = PretrainConfig.from_dict(_pretraining(part.path))
+    diffs = architecture_diffs(dataclasses.asdict(other.model), first.model)
+    if diffs or other.data.sentence_pairs != first.data.sentence_pairs:
+      heads = [] if other.data.sentence_pairs == first.data.sentence_pairs else ['the NSP/SOP head']
+      raise CheckpointError(f'{part.path} is another architecture than {parts[0].path} '
+                            f'({"; ".join([d.replace("(config)", f"({parts[0].path})") for d in diffs] + heads)}); '
+                            'merged checkpoints must share every parameter')
+    theirs = Workdir(part.path).tokenizer_file()
+    if not (theirs and tokenizer and os.path.basename(theirs) == os.path.basename(tokenizer)
+            and filecmp.cmp(theirs, tokenizer, shallow=False)):
+      raise CheckpointError(f'{part.path} has another tokenizer than {parts[0].path}: their token ids differ')
+  total, steps = None, []
+  for i, part in enumerate(parts):
+    params, step = describe(part.path, 'merge source').params(part.step)
+    steps.append(int(step))
+    reporting.log(f'merge: {i + 1}/{len(parts)} {part.path} step {step} (weight {part.weight:.4g})')
+    scaled = jax.tree.map(lambda a, w=part.weight: np.asarray(a, np.float64) * w, params)
+    total = scaled if total is None else jax.tree.map(np.add, total, scaled)
+    dtypes = jax.tree.map(lambda a: np.asarray(a).dtype, params)
+    del params, scaled
+  merged = jax.tree.map(lambda a, d: a.astype(d), total, dtypes)
+  record = {'parts': [{'path': os.path.abspath(p.path), 'step': s, 'weight': p.weight} for p, s in zip(parts, steps)],
+            'step': max(steps)}
+  _write(output, saved, tokenizer, merged, record)
+  return record
+
+
+def _write(output: str, saved: dict[str, Any], tokenizer: str, params: dict[str, Any], record: dict[str, Any]) -> None:
+  """The workdir, written into a sibling directory first and renamed into place."""
+  staging = os.path.join(os.path.dirname(os.path.abspath(output)), f'.{os.path.basename(output)}.merging')
+  shutil.rmtree(staging, ignore_errors=True)  # a merge killed before it finished
+  try:
+    wd = Workdir(staging)
+    os.makedirs(staging)
+    wd.write_config(saved)
+    wd.save_tokenizer(load_tokenizer(tokenizer))
+    ckpt = Checkpointer(staging, save_every=1, keep=1)
+    try:
+      ckpt.save(record['step'], {'params': params}, data_position=0, config=saved, force=True,
+                extra={'merged_from': record['parts']})
+    finally:
+      ckpt.close()
+    wd.write_json(wd.file(MERGE_FILE), record)
+    if os.path.isdir(output):
+      os.rmdir(output)  # empty (checked)
+    os.replace(staging, output)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+

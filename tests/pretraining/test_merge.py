@@ -1,0 +1,126 @@
+"""Checkpoint merging: the weighted mean of real checkpoints' parameters, a workdir every tool reads, and bad
+input refused in one line with the sources untouched."""
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax.config import preset
+from bert_jax.errors import CheckpointError, ConfigError
+from bert_jax.interop.pretrained import describe, load_pretrained
+from bert_jax.pretraining import merge, run
+
+from helpers import assert_one_line_error, run_experiment, tiny_pretrain_config, tree_digest, write_small_corpus
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+  """Two tiny runs of one architecture and data (two learning rates), checkpoints at steps 2, 4, 6."""
+  tmp = tmp_path_factory.mktemp('merge')
+  corpus = write_small_corpus(tmp)
+  cfg = tiny_pretrain_config(corpus, str(tmp / 'cache'))
+  a, b = str(tmp / 'a'), str(tmp / 'b')
+  run.train_and_evaluate(cfg, a)
+  run.train_and_evaluate(dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, learning_rate=5e-4)), b)
+  return cfg, a, b, tmp
+
+
+def _params(path, step=None):
+  return jax.tree.map(np.asarray, describe(path).params(step)[0])
+
+
+def test_the_merge_is_the_weighted_mean_and_every_tool_reads_it(runs, tmp_path):
+  cfg, a, b, _ = runs
+  last3 = str(tmp_path / 'last3')
+  record = merge.merge(merge.parse_parts([a], last=3), last3)
+  assert [p['step'] for p in record['parts']] == [2, 4, 6] and record['step'] == 6
+  parts = [_params(a, s) for s in (2, 4, 6)]
+  want = jax.tree.map(lambda *x: (sum(np.float64(v) for v in x) / 3).astype(np.float32), *parts)
+  got = _params(last3)
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):  # float64 sums: within one float32 rounding
+    assert g.dtype == np.float32
+    np.testing.assert_allclose(g, w, rtol=1.2e-7, atol=1e-12)
+  soup = str(tmp_path / 'soup')
+  merge.merge(merge.parse_parts([a, f'{b}@4'], weights=[2.0, 1.0]), soup)
+  pa, pb = _params(a), _params(b, 4)
+  for x, y, g in zip(jax.tree.leaves(pa), jax.tree.leaves(pb), jax.tree.leaves(_params(soup))):
+    np.testing.assert_allclose(g, (2 * x.astype(np.float64) + y) / 3, rtol=1e-6, atol=1e-7)
+  # Every reader: held-out evaluation, inference, and a run continued from it.
+  result = run.evaluate_checkpoint(last3)
+  assert result['step'] == 6 and 0 <= result['mlm_accuracy'] <= 1
+  assert load_pretrained(last3).tokenizer.encode_batch(['a test'])[0] == \
+      load_pretrained(a).tokenizer.encode_batch(['a test'])[0]
+  continued = run.train_and_evaluate(dataclasses.replace(cfg, init_checkpoint=last3, num_train_steps=2),
+                                     str(tmp_path / 'continued'))
+  assert np.isfinite(continued['mlm_loss'])
+  # Training in the merge itself is refused (no optimizer state), naming the way that works.
+  before = tree_digest(last3)
+  with pytest.raises(ConfigError, match='is a merge of checkpoints.*init_checkpoint'):
+    run.train_and_evaluate(cfg, last3)
+  assert tree_digest(last3) == before
+
+
+def test_the_command_reports_each_part_and_the_merge(runs, tmp_path):
+  _, a, b, _ = runs
+  out = str(tmp_path / 'merged')
+  result = run_experiment('merge.py', f'--sources={a}@4,{b}@6', f'--workdir={out}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  line = json.loads(result.stdout.strip().splitlines()[-1])
+  assert [p['step'] for p in line['parts']] == [4, 6] and line['merge']['step'] == 6
+  assert '| merge | 1 |' in result.stdout and f'| {os.path.abspath(a)}@4 | 0.5 |' in result.stdout
+  # The parts' figures are those of evaluating them directly (same held-out split: one data config).
+  assert line['parts'][0]['mlm_accuracy'] == pytest.approx(run.evaluate_checkpoint(a, 4)['mlm_accuracy'])
+  assert os.path.exists(os.path.join(out, 'merge.json')) and not os.path.exists(os.path.join(tmp_path, '.merged.merging'))
+
+
+def test_bad_input_is_one_line_and_nothing_is_written(runs, tmp_path):
+  cfg, a, b, tmp = runs
+  other_arch = str(tmp / 'other_arch')
+  if not os.path.exists(other_arch):
+    run.train_and_evaluate(dataclasses.replace(cfg, model=preset('tiny', vocab_size=1000, hidden_size=48),
+                                               num_train_steps=2), other_arch)
+  full = str(tmp_path / 'full')
+  os.makedirs(full)
+  with open(os.path.join(full, 'keep.txt'), 'w') as f:
+    f.write('a user file')
+  seed1 = str(tmp / 'seed1')  # another seed: another tokenizer is trained on the corpus
+  if not os.path.exists(seed1):
+    run.train_and_evaluate(dataclasses.replace(cfg, seed=1, num_train_steps=2), seed1)
+  digests = {d: tree_digest(d) for d in (a, b, full)}
+  out = str(tmp_path / 'out')
+  for args, pattern in (
+      ([f'--sources={a}', '--last=5'], '--last=5: '),
+      ([f'--sources={a}'], 'a merge needs at least two checkpoints'),
+      ([f'--sources={a},{b}', '--weights=1'], '--weights has 1 value(s) for 2 checkpoints'),
+      ([f'--sources={a},{b}', '--weights=1,-1'], '--weights must be positive'),
+      ([f'--sources={a},{b}', '--weights=1,x'], '--weights must be numbers'),
+      ([f'--sources={a}@x,{b}'], 'the step after @ must be a whole number'),
+      ([f'--sources={a},{a}@6'], 'is named twice'),
+      ([f'--sources={a},{b}@99'], 'no checkpoint for step 99'),
+      ([f'--sources={a},{tmp}/missing'], 'is not a directory'),
+      ([f'--sources={a},{other_arch}'], 'is another architecture'),
+      ([f'--sources={a},{seed1}'], 'has another tokenizer'),
+      ([f'--sources={a},{b}', f'--workdir={full}'], 'exists and is not empty'),
+      ([f'--sources={a},{b}', f'--workdir={a}/inside'], 'a merge source'),
+  ):
+    args = args if any(x.startswith('--workdir') for x in args) else [*args, f'--workdir={out}']
+    assert_one_line_error(run_experiment('merge.py', *args), pattern)
+    assert not os.path.exists(out)
+  assert {d: tree_digest(d) for d in digests} == digests
+
+
+def test_a_merge_killed_midway_leaves_nothing_and_runs_again(runs, tmp_path):
+  _, a, b, _ = runs
+  out = str(tmp_path / 'm')
+  staging = str(tmp_path / '.m.merging')  # what a merge killed mid-write leaves
+  os.makedirs(os.path.join(staging, 'checkpoints'))
+  merge.merge(merge.parse_parts([a, b]), out)
+  assert not os.path.exists(staging) and run.evaluate_checkpoint(out)['step'] == 6
+  with pytest.raises(CheckpointError, match='fine-tuning workdir|Hugging Face'):
+    merge.parse_parts([a, os.path.dirname(os.path.dirname(__file__)) + '/fixtures/legacy/sst2'])
