@@ -455,7 +455,8 @@ class TrainingConfig:
       if getattr(self, name) < 0:
         raise ConfigError(f'{name} must be >= 0, got {getattr(self, name)}')
     if self.num_train_steps <= 0 and self.num_train_epochs <= 0:
-      raise ConfigError('set num_train_steps > 0 or num_train_epochs > 0')
+      raise ConfigError('set num_train_steps > 0 or num_train_epochs > 0' + (' (or phases)' if hasattr(self, 'phases')
+                                                                             else ''))
     if self.keep_best and self.eval_every <= 0:
       raise ConfigError(f'eval_every={self.eval_every}: give a positive number of steps between evaluations '
                         '(keep_best ranks the checkpoints saved at each evaluation)')
@@ -479,11 +480,141 @@ class TrainingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PhaseConfig:
+  """One phase of a pretraining run: its length and what changes at its start (0 or '': as the phase before;
+  the first phase starts from the run's own fields).
+
+  The optimizer state, step, RNG and data position carry across phases; each phase reads records
+  prepared at its own sequence length (and files) from the data position its first step is at.
+  """
+
+  order: int = 0  # its place in the run: 1, 2, ... (config dicts keep no order of their own)
+  steps: int = 0  # the phase's length in optimizer steps (> 0)
+  max_seq_length: int = 0  # data.max_seq_length from this phase on (context extension; packing as data.pack)
+  batch_size: int = 0
+  # The masking rate: constant, or a linear ramp over this phase to masked_lm_prob_end (> 0). Unset
+  # (-1), a phase masks at the rate the phase before ended with.
+  masked_lm_prob: float = -1.0
+  masked_lm_prob_end: float = -1.0
+  rope_theta: float = 0.0  # RoPE theta of the global layers (context extension raises it)
+  local_rope_theta: float = 0.0  # ... and of the local layers
+  # '': the run's learning-rate schedule goes on; 'decay': optim.schedule='wsd' decays from this phase's
+  # first step to the run's last (the phase after the stable ones).
+  lr: str = ''
+  train_files: str = _f('', path=True)  # data.train_files from this phase on (a mixture: comma-separated files)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """A phase resolved: its name, 1-based index of `count`, steps [start, end) and the run's config during it."""
+
+  name: str
+  index: int
+  count: int
+  start: int
+  end: int
+  cfg: 'PretrainConfig'
+
+  @property
+  def label(self) -> str:
+    return f'phase {self.index}/{self.count} {self.name}'
+
+
+@dataclasses.dataclass(frozen=True)
 class PretrainConfig(TrainingConfig):
-  """A pretraining run: the shared training block, the model and its corpus."""
+  """A pretraining run: the shared training block, the model and its corpus, and optionally its phases.
+
+  `phases` (name -> PhaseConfig, run in their `order`; empty: one phase of num_train_steps) lays the run out as
+  data: e.g. a stable phase at 128 tokens, an extension to 1,024 with a larger global RoPE theta, then a
+  WSD decay. The run's length is then the sum of the phases' steps (num_train_steps 0 or that sum).
+  """
 
   model: ModelConfig = _f(factory=lambda: preset('mini', vocab_size=8000))
   data: DataConfig = _f(factory=DataConfig)
+  phases: dict[str, PhaseConfig] = _f(factory=dict)
+
+  def __post_init__(self):
+    phases = {}
+    for name, phase in (self.phases or {}).items():
+      steps = phase.get('steps', 0) if isinstance(phase, dict) else phase.steps
+      if not isinstance(steps, int) or steps <= 0:
+        raise ConfigError(f'phases.{name}.steps must be a positive number of steps, got {steps!r}')
+      if isinstance(phase, dict):
+        try:
+          phase = PhaseConfig(**phase)
+        except TypeError:
+          known = ', '.join(f.name for f in dataclasses.fields(PhaseConfig))
+          raise ConfigError(f'phases.{name}: unknown key(s) '
+                            f'{", ".join(sorted(set(phase) - set(known.split(", "))))}; a phase takes {known}') from None
+      phases[name] = phase
+    orders = sorted(p.order for p in phases.values())
+    if orders != list(range(1, len(phases) + 1)):
+      raise ConfigError('phases: give each phase its place in the run, order=1, 2, ... '
+                        f'({", ".join(f"{n}: {p.order}" for n, p in phases.items())})')
+    phases = dict(sorted(phases.items(), key=lambda item: item[1].order))
+    object.__setattr__(self, 'phases', phases)
+    if phases and self.num_train_steps == 0 and self.num_train_epochs == 0:
+      object.__setattr__(self, 'num_train_steps', sum(p.steps for p in phases.values()))  # checked below
+    super().__post_init__()
+    if phases:
+      self.phase_list()  # every phase's config is checked when the run's is built
+
+  def phase_list(self) -> list[Phase]:
+    """The run's phases, resolved (one phase named 'train' without `phases`).
+
+    Raises:
+      ConfigError: a phase's length, learning-rate segment or resulting config is invalid.
+    """
+    if not self.phases:
+      return [Phase('train', 1, 1, 0, self.num_train_steps, self)]
+    total = sum(p.steps for p in self.phases.values())
+    if self.num_train_epochs or self.num_train_steps != total:
+      raise ConfigError(f'with phases the run\'s length is the sum of their steps ({total}); set num_train_steps=0 '
+                        f'(or {total}) and num_train_epochs=0, got {self.num_train_steps} and {self.num_train_epochs}')
+    decay = [name for name, p in self.phases.items() if p.lr == 'decay']
+    out, start, cfg = [], 0, dataclasses.replace(self, phases={})
+    for i, (name, p) in enumerate(self.phases.items()):
+      where = f'phases.{name}'
+      if p.lr not in ('', 'decay'):
+        raise ConfigError(f"{where}.lr must be '' or 'decay', got {p.lr!r}")
+      if decay and i > list(self.phases).index(decay[0]) and p.lr != 'decay':
+        raise ConfigError(f"{where}.lr: the phases after the first decay phase ({decay[0]}) decay too: set lr='decay'")
+      if p.lr == 'decay' and self.optim.schedule != 'wsd':
+        raise ConfigError(f"{where}.lr='decay' needs optim.schedule='wsd' (got {self.optim.schedule!r})")
+      data = cfg.data
+      prob = p.masked_lm_prob if p.masked_lm_prob >= 0 else (data.masked_lm_prob if i == 0 else data.eval_masked_lm_prob)
+      end = p.masked_lm_prob_end if p.masked_lm_prob_end >= 0 else (data.masked_lm_prob_end if i == 0 else 0.0)
+      changes = dict(max_seq_length=p.max_seq_length or data.max_seq_length, masked_lm_prob=prob,
+                     masked_lm_prob_end=end, train_files=p.train_files or data.train_files)
+      if any(changes[k] != getattr(data, k) for k in changes):
+        changes['max_predictions_per_seq'] = 0  # derived again from the phase's length and rates
+        try:
+          data = dataclasses.replace(data, **changes)
+        except ConfigError as e:
+          raise ConfigError(f'{where}: {e}') from None
+      model = dataclasses.replace(cfg.model, rope_theta=p.rope_theta or cfg.model.rope_theta,
+                                  local_rope_theta=p.local_rope_theta or cfg.model.local_rope_theta)
+      cfg = dataclasses.replace(cfg, data=data, model=model, batch_size=p.batch_size or cfg.batch_size,
+                                num_train_steps=p.steps)
+      out.append(Phase(name, i + 1, len(self.phases), start, start + p.steps, cfg))
+      start += p.steps
+    return out
+
+  def decay_start(self) -> int | None:
+    """The step the WSD decay starts at: the first phase with lr='decay' (None: the schedule's default)."""
+    return next((p.start for p in self.phase_list() if self.phases and self.phases[p.name].lr == 'decay'), None)
+
+  def phase_at(self, step: int) -> Phase:
+    """The phase that trains step `step` + 1 (the last phase from its end on)."""
+    phases = self.phase_list()
+    return next((p for p in phases if p.start <= step < p.end), phases[-1])
+
+  def phase_before(self, step: int) -> Phase:
+    """The phase whose training produced the state at `step` (the first phase at step 0)."""
+    return self.phase_at(max(step - 1, 0))
 
 
 def _finetuning_optim() -> OptimConfig:

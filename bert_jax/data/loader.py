@@ -309,7 +309,8 @@ class BatchMaker:
   """
 
   def __init__(self, dataset: PretrainingDataset, *, global_batch_size: int, seed: int, cfg: DataConfig,
-               vocab: Vocab, process_index: int = 0, process_count: int = 1, total_steps: int = 0):
+               vocab: Vocab, process_index: int = 0, process_count: int = 1, total_steps: int = 0,
+               schedule_start: int = 0):
     if global_batch_size <= 0 or global_batch_size % process_count:
       raise ConfigError(f'global batch size {global_batch_size} must be a positive multiple '
                         f'of the process count {process_count}')
@@ -322,11 +323,12 @@ class BatchMaker:
     self.local_batch_size = global_batch_size // process_count
     self.row_offset = process_index * self.local_batch_size
     self.process_count = process_count
-    self.total_steps = total_steps
+    self.total_steps, self.schedule_start = total_steps, schedule_start
 
   def masked_lm_prob(self, k: int) -> float:
-    """The masking rate of global batch k (constant without a schedule)."""
-    return self.cfg.masked_lm_prob_at(k / max(self.total_steps - 1, 1))
+    """The masking rate of global batch k (constant without a schedule; a phase's schedule starts at its
+    first batch, `schedule_start`)."""
+    return self.cfg.masked_lm_prob_at((k - self.schedule_start) / max(self.total_steps - 1, 1))
 
   def record_indices(self, positions: np.ndarray) -> np.ndarray:
     """The records at stream positions (int64[...]): the epoch's keyed permutation."""
@@ -377,7 +379,8 @@ class PretrainingBatches:
 
   def __init__(self, dataset: PretrainingDataset, *, global_batch_size: int, seed: int,
                cfg: DataConfig, vocab: Vocab, process_index: int = 0, process_count: int = 1,
-               start_position: int = 0, prefetch: int = 2, workers: int = 0, total_steps: int = 0):
+               start_position: int = 0, prefetch: int = 2, workers: int = 0, total_steps: int = 0,
+               schedule_start: int = 0):
     """Starts the stream (call `close()` when done).
 
     Args:
@@ -391,12 +394,14 @@ class PretrainingBatches:
       start_position: global batches already consumed (from a checkpoint).
       prefetch: batches built ahead per worker (or in the thread); 0 with workers=0 builds on demand.
       workers: grain worker processes; 0 = a thread.
-      total_steps: the run's length, for a mask-rate schedule (data.masked_lm_prob_end).
+      total_steps: the run's length, for a mask-rate schedule (data.masked_lm_prob_end): a phase's length.
+      schedule_start: the batch a (phase's) mask-rate schedule starts at.
     """
     if start_position < 0:
       raise ConfigError(f'bad stream arguments: start_position={start_position}')
     self.maker = BatchMaker(dataset, global_batch_size=global_batch_size, seed=seed, cfg=cfg, vocab=vocab,
-                            process_index=process_index, process_count=process_count, total_steps=total_steps)
+                            process_index=process_index, process_count=process_count, total_steps=total_steps,
+                            schedule_start=schedule_start)
     self.position = start_position
     self.last_sizes: dict[str, int] | None = None
     self._error: BaseException | None = None

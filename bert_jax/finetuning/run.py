@@ -137,6 +137,9 @@ class FinetuningJob:
                                                      'num_labels': task.num_labels,
                                                      'label_names': list(getattr(task, 'label_names', []))}}
 
+  def stages(self) -> list[scaffold.Stage]:
+    return [scaffold.Stage(self.total_steps, self.model)]
+
   def run_dirs(self, workdir: Workdir) -> list[tuple[int, str]]:
     return [(s, workdir.seed_dir(s)) for s in range(self.cfg.seed, self.cfg.seed + self.cfg.num_seeds)]
 

@@ -10,6 +10,8 @@ prepared cache's fingerprint).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 from typing import Any, Callable, Collection, Iterator
 
@@ -100,10 +102,12 @@ def pretraining_model(model_cfg: ModelConfig, tx: optax.GradientTransformation, 
 
 
 def build_model(cfg: PretrainConfig, mesh, total_steps: int) -> StepModel:
-  """The run's model: `pretraining_model` with its optimizer, schedule and accumulation."""
-  return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, total_steps), mesh,
+  """The run's model: `pretraining_model` with its optimizer, schedule (a WSD decay from the first decay
+  phase, if any) and accumulation."""
+  decay_start = cfg.decay_start()
+  return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, total_steps, decay_start), mesh,
                            objective=cfg.data.objective, grad_accum_steps=cfg.optim.grad_accum_steps,
-                           schedule=optim.learning_rate_schedule(cfg.optim, total_steps),
+                           schedule=optim.learning_rate_schedule(cfg.optim, total_steps, decay_start),
                            rules=shd.rules(cfg.mesh.rules))
 
 
@@ -124,6 +128,22 @@ def prepare_data(cfg: PretrainConfig) -> tuple[PreparedData, input_pipeline.Voca
       process_count=jax.process_count(), sync=sync, log=reporting.log)
   tokenizer = tokenization.load_tokenizer(prepared.tokenizer_path)
   return prepared, input_pipeline.Vocab.from_tokenizer(tokenizer, prepared.special_ids, cfg.data.masking)
+
+
+def prepare_phase_data(cfg: PretrainConfig, log: bool = False) -> list[tuple[PreparedData, input_pipeline.Vocab]]:
+  """`prepare_data` of each phase (`cfg.phase_list()`), in order; phases that share a data config share a cache,
+  and a tokenizer trained for the first phase tokenizes every later one (the same ids in every phase)."""
+  data, trained = {}, None
+  for phase in cfg.phase_list():
+    if phase.cfg.data not in data:
+      if log:
+        reporting.log(f'{phase.label}: data at max_seq_length={phase.cfg.data.max_seq_length}')
+      own = phase.cfg
+      if trained and not own.data.tokenizer:
+        own = dataclasses.replace(own, data=dataclasses.replace(own.data, tokenizer=trained))
+      data[phase.cfg.data] = prepare_data(own)
+      trained = trained or data[phase.cfg.data][0].tokenizer_path
+  return [data[phase.cfg.data] for phase in cfg.phase_list()]
 
 
 def _eval_iter(cfg: PretrainConfig, prepared, vocab, mesh) -> Iterator[dict[str, np.ndarray]]:
@@ -171,19 +191,37 @@ class PretrainingJob:
     self.checkpoint_extra = None
 
   def check(self, mesh, workdir: Workdir) -> None:
-    validate_config(self.cfg, mesh)
+    for phase in self.cfg.phase_list():
+      try:
+        validate_config(phase.cfg, mesh)
+      except ConfigError as e:
+        raise ConfigError(f'{phase.label}: {e}' if self.cfg.phases else str(e)) from None
     check_workdir(workdir, self.cfg)
 
   def prepare(self, mesh) -> None:
     cfg = self.cfg
-    self.prepared, self.vocab = prepare_data(cfg)
+    self.phases = cfg.phase_list()
+    # Each phase's records (its sequence length, files): phases that share a data config share a cache.
+    self.data = [(prepared, vocab, input_pipeline.PretrainingDataset(prepared, 'train'))
+                 for prepared, vocab in prepare_phase_data(cfg, log=bool(cfg.phases))]
+    self.prepared, self.vocab, self.train_set = self.data[0]
     self.tokenizer = tokenization.load_tokenizer(self.prepared.tokenizer_path)
-    self.fingerprint = os.path.basename(os.path.normpath(self.prepared.dir))
+    caches = [os.path.basename(os.path.normpath(p.dir)) for p, _, _ in self.data]
+    self.fingerprint = caches[0] if len(set(caches)) == 1 else hashlib.sha256('+'.join(caches).encode()).hexdigest()[:16]
     self.checkpoint_extra = {'data_fingerprint': self.fingerprint}
-    self.train_set = input_pipeline.PretrainingDataset(self.prepared, 'train')
     self.total_steps = cfg.total_steps(len(self.train_set))
     reporting.log(describe_attention(cfg.model))
     self.model = build_model(cfg, mesh, self.total_steps)
+    self.models = [self.model]
+    for phase in self.phases[1:]:  # a phase that changes the model's function (RoPE theta) gets its own step
+      same = phase.cfg.model == self.phases[len(self.models) - 1].cfg.model
+      self.models.append(self.models[-1] if same else build_model(dataclasses.replace(cfg, model=phase.cfg.model),
+                                                                   mesh, self.total_steps))
+
+  def stages(self) -> list[scaffold.Stage]:
+    if not self.cfg.phases:
+      return [scaffold.Stage(self.total_steps, self.model)]
+    return [scaffold.Stage(p.end, m, f'{p.label}: ', {'phase': p.index}) for p, m in zip(self.phases, self.models)]
 
   def saved_config(self) -> dict[str, Any]:
     return self.cfg.to_dict()
@@ -198,22 +236,32 @@ class PretrainingJob:
     return init.initial_params(self.cfg, self.source) if self.source else None
 
   def batches(self, seed: int, position: int, step: int):
-    cfg, mesh = self.cfg, self.model.mesh
+    mesh = self.model.mesh
+    phase = self.cfg.phase_at(step)
+    cfg, (_, vocab, train_set) = phase.cfg, self.data[phase.index - 1]
     # This process's rows of each global batch: the block its devices hold in the batch sharding.
     block, num_blocks = distributed.process_batch_block(mesh)
     workers = loader_workers(cfg)
-    reporting.log(f'training {self.total_steps - step} steps ({step} done) on {len(self.train_set)} examples; '
+    end = phase.end if self.cfg.phases else self.total_steps
+    at = f'{phase.label}: ' if self.cfg.phases else ''
+    reporting.log(f'{at}training {end - step} steps ({step} done) on {len(train_set)} examples; '
                   f'{jax.device_count()} devices, mesh {dict(mesh.shape)}; input: '
                   + (f'{workers} loader process(es)' if workers else 'a loader thread'))
+    # A phase's data is read from the data position its first step is at (the run's batches so far), and its
+    # mask-rate schedule runs over the phase.
     return input_pipeline.PretrainingBatches(
-        self.train_set, global_batch_size=cfg.batch_size, seed=seed, cfg=cfg.data, vocab=self.vocab,
+        train_set, global_batch_size=cfg.batch_size, seed=seed, cfg=cfg.data, vocab=vocab,
         process_index=block, process_count=num_blocks, start_position=position, workers=workers,
-        total_steps=self.total_steps)
+        total_steps=phase.end - phase.start if self.cfg.phases else self.total_steps,
+        schedule_start=phase.start)
 
   def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
-    del step, output_dir  # held-out metrics only: no predictions to write
-    return evaluate(self.model, params, _eval_iter(self.cfg, self.prepared, self.vocab, self.model.mesh),
-                    self.prepared.most_frequent_token)
+    del output_dir  # held-out metrics only: no predictions to write
+    phase = self.cfg.phase_before(step)  # the phase that trained these parameters: its data and model
+    prepared, vocab, _ = self.data[phase.index - 1]
+    return evaluate(self.models[phase.index - 1], params, _eval_iter(phase.cfg, prepared, vocab, self.model.mesh),
+                    prepared.most_frequent_token)
+
 
   def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
     return reporting_of(run_dir)
@@ -330,7 +378,7 @@ def evaluate_in(workdir: str, checkpoints: list[tuple[str, int | None]],
   of that architecture (e.g. the parts of a merge beside it); with `skip_unusable`, an unusable one is named in
   a warning and skipped."""
   cfg, model = _workdir_model(workdir, overrides)
-  prepared = vocab = None
+  data, models = None, {}
   results, unusable = [], []
   for directory, step in checkpoints:
     ckpt = Checkpointer(directory, read_only=True)
@@ -344,10 +392,17 @@ def evaluate_in(workdir: str, checkpoints: list[tuple[str, int | None]],
       continue
     finally:
       ckpt.close()
-    if prepared is None:  # after the first restore: a bad workdir fails before data work
-      prepared, vocab = prepare_data(cfg)
+    if data is None:  # after the first restore: a bad workdir fails before data work
+      data = prepare_phase_data(cfg)
+    # The phase that trained the checkpoint: its held-out data and model (RoPE theta); one phase without phases.
+    phase = cfg.phase_before(int(meta['step']))
+    if phase.index not in models:
+      same = phase.cfg.model == cfg.model
+      models[phase.index] = model if same else build_model(dataclasses.replace(cfg, model=phase.cfg.model),
+                                                           model.mesh, max(cfg.num_train_steps, 1))
+    prepared, vocab = data[phase.index - 1]
     results.append({'step': int(meta['step']),
-                    **evaluate(model, state['params'], _eval_iter(cfg, prepared, vocab, model.mesh),
+                    **evaluate(models[phase.index], state['params'], _eval_iter(phase.cfg, prepared, vocab, model.mesh),
                                prepared.most_frequent_token)})
     del state  # one checkpoint's arrays in memory at a time
     if on_result:

@@ -21,6 +21,7 @@ model, the batches at a data position, its held-out evaluation and its results) 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Protocol
 
@@ -35,6 +36,17 @@ from bert_jax.runs.workdir import Workdir, check_kind, check_outside
 from bert_jax.train.loop import Batches, Report, fit
 from bert_jax.train.preemption import Preemption
 from bert_jax.train.step import StepModel
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """A stretch of a run that one StepModel trains: up to step `end`; `label` prefixes its lines ('phase 2/3
+  extend: ') and `fields` go into each of its metrics rows ({'phase': 2}). A run without phases is one stage."""
+
+  end: int
+  model: StepModel
+  label: str = ''
+  fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Job(Protocol):
@@ -66,6 +78,9 @@ class Job(Protocol):
 
   def saved_config(self) -> dict[str, Any]:
     """The workdir's config.json."""
+
+  def stages(self) -> list[Stage]:
+    """The run's stages in order, the last ending at `total_steps` (pretraining phases; else one)."""
 
   def run_dirs(self, workdir: Workdir) -> list[tuple[int, str]]:
     """(seed, directory) of each run it trains: the workdir itself, or one seed_<n>/ per seed."""
@@ -173,12 +188,18 @@ def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preempti
     def held_out(params, step: int) -> dict[str, Any]:
       return job.evaluate(params, step, final_dir if step == job.total_steps else None)
 
-    fitted = fit(model, state, job.batches(seed, position, int(jax.device_get(state['step']))),
-                 total_steps=job.total_steps, ckpt=ckpt, preempt=preempt, report=report, log_every=cfg.log_every,
-                 checkpoint_config=cfg.to_dict(), checkpoint_extra=job.checkpoint_extra, evaluate=held_out,
-                 eval_every=cfg.eval_every, eval_first=job.eval_first and not resumed)
+    step, stats = int(jax.device_get(state['step'])), {}
+    stages = job.stages()
+    for stage in [s for s in stages if s.end > step] or stages[-1:]:  # a finished run: the last one, at its end
+      batches = job.batches(seed, position, step)
+      fitted = fit(stage.model, state, batches, total_steps=stage.end, ckpt=ckpt, preempt=preempt,
+                   report=dataclasses.replace(report, label=report.label + stage.label, fields=stage.fields),
+                   log_every=cfg.log_every, checkpoint_config=cfg.to_dict(), checkpoint_extra=job.checkpoint_extra,
+                   evaluate=held_out, eval_every=cfg.eval_every, eval_first=job.eval_first and not resumed)
+      state, step, position = fitted.state, fitted.step, batches.position
+      stats = _add_stats(stats, fitted.stats)
     ckpt.wait()
-    result = {'seed': seed, 'step': fitted.step, **fitted.stats}
+    result = {'seed': seed, 'step': fitted.step, **stats}
     result.update(fitted.last_eval or job.evaluate(fitted.state['params'], fitted.step, final_dir))  # a finished run
     if cfg.keep_best:
       best = ckpt.best_step(job.main_metric)
@@ -187,6 +208,17 @@ def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preempti
   finally:
     ckpt.close()
   return result
+
+
+def _add_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+  """Training statistics of two stages together (padding weighted by steps)."""
+  if not a:
+    return dict(b)
+  out = {'train_steps': a['train_steps'] + b['train_steps'], 'train_wall_s': a['train_wall_s'] + b['train_wall_s']}
+  if 'train_padding_fraction' in a or 'train_padding_fraction' in b:
+    weighted = [(s['train_padding_fraction'], s['train_steps']) for s in (a, b) if 'train_padding_fraction' in s]
+    out['train_padding_fraction'] = sum(f * n for f, n in weighted) / max(sum(n for _, n in weighted), 1)
+  return out
 
 
 def restore_for_evaluation(run_dir: str, model: StepModel, step: int | None) -> tuple[Any, int]:

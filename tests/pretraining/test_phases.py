@@ -1,0 +1,197 @@
+"""A run in phases (the modern recipe): phases resolve from the config, one process goes through them with the
+optimizer state carried, each phase on its own data and model, resume anywhere is bitwise, and the result
+evaluates and exports as its last phase's model."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import config
+from bert_jax.errors import ConfigError
+from bert_jax.pretraining import run
+from bert_jax.runs.checkpoints import Checkpointer
+from bert_jax.train import optim, preemption
+
+from helpers import (REPO, assert_one_line_error, restore_pretraining_state, run_experiment, script_code,
+                     sigterm_at_batch, tree_digest, write_small_corpus)
+
+sys.path.insert(0, os.path.join(REPO, 'experiments'))
+from configs import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _recipe(corpus=None, cache=None, **fields):
+  d = pretrain_configs.get_config('recipe_tiny').to_dict()
+  if corpus:
+    d['data'].update(train_files=corpus, cache_dir=cache, eval_fraction=0.4)
+  d.update(fields)
+  return config.PretrainConfig.from_dict(d)
+
+
+def test_phases_resolve_in_their_order_with_what_changes():
+  cfg = _recipe()
+  phases = cfg.phase_list()
+  assert [(p.label, p.start, p.end) for p in phases] == [('phase 1/3 stable', 0, 4), ('phase 2/3 extend', 4, 8),
+                                                         ('phase 3/3 decay', 8, 12)]
+  assert cfg.num_train_steps == 12 and cfg.decay_start() == 8
+  data = [p.cfg.data for p in phases]
+  assert [d.max_seq_length for d in data] == [32, 64, 64]  # the extension carries into the decay
+  assert [d.masked_lm_prob for d in data] == [0.3, 0.3, 0.15] and [d.max_predictions_per_seq for d in data] == [10, 20, 10]
+  assert [p.cfg.model.rope_theta for p in phases] == [10000.0, 160000.0, 160000.0]
+  assert all(p.cfg.model.local_rope_theta == 10000.0 for p in phases)
+  assert (cfg.phase_at(3).name, cfg.phase_at(4).name, cfg.phase_before(4).name, cfg.phase_at(12).name) == (
+      'stable', 'extend', 'stable', 'decay')
+  # A phase ramping its masking rate; the next one masks at the rate it ended with.
+  ramp = _recipe(phases={'a': dict(order=1, steps=3, masked_lm_prob=0.4, masked_lm_prob_end=0.2),
+                         'b': dict(order=2, steps=2)}, num_train_steps=0)
+  assert [(p.cfg.data.masked_lm_prob, p.cfg.data.masked_lm_prob_end) for p in ramp.phase_list()] == [(0.4, 0.2),
+                                                                                                     (0.2, 0.0)]
+  # Saved and loaded: the same run; the order is the phases' own, whatever order a dict gives them in.
+  again = config.PretrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+  assert again == cfg and list(again.phases) == ['stable', 'extend', 'decay']
+  shuffled = cfg.to_dict()
+  shuffled['phases'] = dict(reversed(list(shuffled['phases'].items())))
+  assert list(config.PretrainConfig.from_dict(shuffled).phases) == ['stable', 'extend', 'decay']
+  assert config.PretrainConfig().phase_list()[0].cfg is not None  # no phases: one, the run itself
+
+
+@pytest.mark.parametrize('change,pattern', [
+    (dict(extend=dict(order=5)), 'order=1, 2, ...'),
+    (dict(extend=dict(steps=0)), 'phases.extend.steps must be a positive number'),
+    (dict(extend=dict(bogus=1)), 'phases.extend: unknown key(s) bogus'),
+    (dict(extend=dict(lr='cosine')), "phases.extend.lr must be '' or 'decay'"),
+    (dict(stable=dict(lr='decay')), 'phases.extend.lr: the phases after the first decay phase (stable) decay too'),
+    (dict(extend=dict(max_seq_length=4)), 'phases.extend: data.max_seq_length=4'),
+])
+def test_bad_phases_are_refused_when_the_config_is_built(change, pattern):
+  d = _recipe().to_dict()
+  d['num_train_steps'] = 0
+  for name, fields in change.items():
+    d['phases'][name].update(fields)
+  with pytest.raises(ConfigError, match=pattern.replace('(', r'\(').replace(')', r'\)')):
+    config.PretrainConfig.from_dict(d)
+
+
+def test_phase_lengths_and_the_schedule_must_agree():
+  d = _recipe().to_dict()
+  with pytest.raises(ConfigError, match=r'sum of their steps \(12\); set num_train_steps=0'):
+    config.PretrainConfig.from_dict({**d, 'num_train_steps': 20})
+  with pytest.raises(ConfigError, match="lr='decay' needs optim.schedule='wsd'"):
+    config.PretrainConfig.from_dict({**d, 'optim': {**d['optim'], 'schedule': 'linear'}})
+
+
+@pytest.fixture(scope='module')
+def phased(tmp_path_factory):
+  """The recipe_tiny run on a small corpus, straight through: (config, corpus, cache, workdir, result)."""
+  tmp = tmp_path_factory.mktemp('phases')
+  corpus, cache = write_small_corpus(tmp), str(tmp / 'cache')
+  cfg = _recipe(corpus, cache)
+  workdir = str(tmp / 'straight')
+  result = run.train_and_evaluate(cfg, workdir)
+  return cfg, corpus, cache, workdir, result
+
+
+@pytest.mark.slow
+def test_one_run_goes_through_its_phases(phased):
+  cfg, _, _, workdir, result = phased
+  evals = [json.loads(l) for l in open(os.path.join(workdir, 'metrics_eval.jsonl'))]
+  assert [(e['step'], e['phase']) for e in evals] == [(4, 1), (8, 2), (12, 3)]  # held-out MLM after each phase
+  train = [json.loads(l) for l in open(os.path.join(workdir, 'metrics_train.jsonl'))]
+  assert [(t['step'], t['phase']) for t in train] == [(2, 1), (4, 1), (6, 2), (8, 2), (10, 3), (12, 3)]
+  # One optimizer over the whole run: warmup, stable, then the decay from the decay phase's first step.
+  schedule = optim.learning_rate_schedule(cfg.optim, 12, 8)
+  for t in train:
+    assert t['learning_rate'] == pytest.approx(float(np.mean([schedule(s) for s in (t['step'] - 2, t['step'] - 1)])))
+  assert train[-1]['learning_rate'] < train[-2]['learning_rate'] < train[-3]['learning_rate']
+  # Each phase's checkpoint evaluates again as that phase's model on its data: the numbers the run logged.
+  assert Checkpointer(workdir, read_only=True).all_steps() == [8, 10, 12]
+  again = {r['step']: r for r in run.evaluate_checkpoints(workdir, [8, 12])}
+  assert again[8]['mlm_loss'] == evals[1]['mlm_loss'] and again[12]['mlm_loss'] == result['mlm_loss']
+  assert again[8]['num_masked_tokens'] > again[12]['num_masked_tokens']  # 30% masking, then 15%
+
+
+_KILL_AFTER_SAVE_6 = """
+import os, signal
+from bert_jax.runs import checkpoints as checkpointing
+save = checkpointing.Checkpointer.save
+def killing_save(self, step, *a, **k):
+  out = save(self, step, *a, **k)
+  if step == 6:
+    self.wait()
+    os.kill(os.getpid(), signal.SIGKILL)
+  return out
+checkpointing.Checkpointer.save = killing_save
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.parametrize('patch,code,at', [
+    (_KILL_AFTER_SAVE_6, -signal.SIGKILL, 6),  # kill -9 in the middle of the extension phase
+    (sigterm_at_batch(4), preemption.EXIT_CODE, 4),  # SIGTERM in the stable phase's last step: saved at the boundary
+])
+def test_resume_anywhere_continues_as_if_uninterrupted(phased, tmp_path, patch, code, at):
+  cfg, corpus, cache, straight, result = phased
+  workdir = str(tmp_path / 'resumed')
+  argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:recipe_tiny',
+          f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}', '--config.data.eval_fraction=0.4']
+  first = subprocess.run([sys.executable, '-c', script_code(argv, patch)], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+  assert first.returncode == code, first.stderr[-3000:]
+  assert Checkpointer(workdir, read_only=True).latest_step() == at
+  second = subprocess.run([sys.executable, '-c', script_code(argv)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert f'resumed from {workdir}/checkpoints at step {at}' in second.stdout
+  assert ('phase 2/3 extend: training' in second.stdout) and 'phase 1/3 stable: training' not in second.stdout
+  a, meta_a = restore_pretraining_state(straight, cfg, 12)
+  b, meta_b = restore_pretraining_state(workdir, cfg, 12)
+  assert meta_a['data_position'] == meta_b['data_position'] == 12
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)  # params, both moments, step, RNG
+  final = json.load(open(os.path.join(workdir, 'final_metrics.json')))
+  assert final['mlm_loss'] == result['mlm_loss']
+
+
+@pytest.mark.slow
+def test_the_result_exports_as_its_last_phase_and_transformers_computes_it(phased, tmp_path):
+  torch, transformers = pytest.importorskip('torch'), pytest.importorskip('transformers')
+  _, _, _, workdir, _ = phased
+  out = str(tmp_path / 'hf')
+  result = run_experiment('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  exported = json.load(open(os.path.join(out, 'config.json')))
+  assert exported['architectures'] == ['ModernBertForMaskedLM'] and exported['global_rope_theta'] == 160000.0
+  assert exported['local_rope_theta'] == 10000.0
+  from bert_jax.interop.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
+  ours = load_pretrained(workdir)
+  assert ours.config.rope_theta == 160000.0
+  text = ' '.join(['the history of the city and its people'] * 6)  # longer than the local window: the band path
+  ids = np.asarray([ours.tokenizer.encode_inputs(text, None, max_length=64)[0]], np.int32)
+  mlm = transformers.ModernBertForMaskedLM.from_pretrained(out).eval()
+  with torch.no_grad():
+    theirs = mlm(input_ids=torch.from_numpy(ids.astype(np.int64))).logits.numpy()
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from bert_jax.model.heads import BertForPreTraining  # pylint: disable=g-import-not-at-top
+  model = BertForPreTraining(ours.config, rngs=nnx.Rngs(0), nsp_head=False)
+  nnx.update(model, ours.params)
+  logits, _ = model(ids, None, np.ones_like(ids), np.arange(ids.shape[1])[None])
+  assert ids.shape[1] > 16 and np.abs(theirs - np.asarray(logits)).max() <= 1e-4
+
+
+def test_bad_phase_flags_are_one_line_and_touch_nothing(tmp_path):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('a user file')
+  before = tree_digest(str(workdir))
+  for flag, pattern in (('--config.phases.extend.order=7', 'order=1, 2, ...'),
+                        ('--config.phases.decay.lr=stable', "phases.decay.lr must be '' or 'decay'"),
+                        ('--config.num_train_steps=50', 'the sum of their steps (12)')):
+    assert_one_line_error(run_experiment('pretrain.py', f'--workdir={workdir}',
+                                         '--config=experiments/configs/pretrain.py:recipe_tiny', flag), pattern)
+  assert tree_digest(str(workdir)) == before
