@@ -18,8 +18,16 @@ from bert_jax.pretraining import run
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train import optim, preemption
 
-from helpers import (REPO, assert_one_line_error, restore_pretraining_state, run_experiment, script_code,
-                     sigterm_at_batch, tree_digest, write_small_corpus)
+from helpers import (
+  REPO,
+  assert_one_line_error,
+  restore_pretraining_state,
+  run_experiment,
+  script_code,
+  sigterm_at_batch,
+  tree_digest,
+  write_small_corpus,
+)
 
 sys.path.insert(0, os.path.join(REPO, 'experiments'))
 from configs import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -177,6 +185,7 @@ def test_the_result_exports_as_its_last_phase_and_transformers_computes_it(phase
   with torch.no_grad():
     theirs = mlm(input_ids=torch.from_numpy(ids.astype(np.int64))).logits.numpy()
   from flax import nnx  # pylint: disable=g-import-not-at-top
+
   from bert_jax.model.heads import BertForPreTraining  # pylint: disable=g-import-not-at-top
   model = BertForPreTraining(ours.config, rngs=nnx.Rngs(0), nsp_head=False)
   nnx.update(model, ours.params)
