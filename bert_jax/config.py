@@ -535,6 +535,12 @@ class PretrainConfig(TrainingConfig):
   model: ModelConfig = _f(factory=lambda: preset('mini', vocab_size=8000))
   data: DataConfig = _f(factory=DataConfig)
   phases: dict[str, PhaseConfig] = _f(factory=dict)
+  # A branch run: this run continues another run's checkpoint (a pretraining workdir, only ever read) with
+  # its whole state (parameters, optimizer, step, RNG, data position), e.g. a WSD decay started from a
+  # checkpoint of the stable phase. Its config may differ from the other run's in `phases`, the run's
+  # length and the schedule's decay; anything else as resume_allow allows.
+  branch_from: str = _f('', path=True)
+  branch_step: int = -1  # the checkpoint of branch_from: -1 = its latest
 
   def __post_init__(self):
     phases = {}
@@ -561,6 +567,9 @@ class PretrainConfig(TrainingConfig):
     super().__post_init__()
     if phases:
       self.phase_list()  # every phase's config is checked when the run's is built
+    if self.branch_from and self.init_checkpoint:
+      raise ConfigError('branch_from continues another run with its whole state; init_checkpoint starts a new one '
+                        'from weights: give one of them')
 
   def phase_list(self) -> list[Phase]:
     """The run's phases, resolved (one phase named 'train' without `phases`).

@@ -140,6 +140,9 @@ class FinetuningJob:
   def stages(self) -> list[scaffold.Stage]:
     return [scaffold.Stage(self.total_steps, self.model)]
 
+  def branch(self) -> None:
+    return None  # fine-tuning has no branch runs
+
   def run_dirs(self, workdir: Workdir) -> list[tuple[int, str]]:
     return [(s, workdir.seed_dir(s)) for s in range(self.cfg.seed, self.cfg.seed + self.cfg.num_seeds)]
 

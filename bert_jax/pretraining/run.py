@@ -178,6 +178,12 @@ def evaluate(model: StepModel, params, batches, baseline_token: int) -> dict[str
   return out
 
 
+# What a branch run may change of the run it continues (beside the fields free on resume): its phases and
+# length, and the decay of its schedule; the data fingerprint covers every phase's records.
+BRANCH_FREE = ('phases', 'num_train_steps', 'optim.schedule', 'optim.decay', 'optim.decay_fraction',
+               'optim.min_lr_ratio', 'branch_from', 'branch_step', 'data_fingerprint')
+
+
 class PretrainingJob:
   """A pretraining run for the scaffold (`train.run.Job`): one run directory, the workdir itself."""
 
@@ -197,6 +203,8 @@ class PretrainingJob:
       except ConfigError as e:
         raise ConfigError(f'{phase.label}: {e}' if self.cfg.phases else str(e)) from None
     check_workdir(workdir, self.cfg)
+    if self.cfg.branch_from and workdir.config() is None:  # a branch that has not started yet
+      self._check_branch_point()
 
   def prepare(self, mesh) -> None:
     cfg = self.cfg
@@ -231,6 +239,39 @@ class PretrainingJob:
 
   def check_meta(self, meta: dict[str, Any], run_dir: str) -> None:
     check_same_run(meta, self.cfg, self.fingerprint, f'workdir {run_dir}')
+
+  def _check_branch_point(self) -> None:
+    """Refuses a branch_from that is no pretraining workdir, lacks the step, or is at or past this run's end
+    (reading its meta only: before anything is written)."""
+    cfg = self.cfg
+    if Workdir(cfg.branch_from).kind != 'pretraining':
+      raise ConfigError(f'branch_from {cfg.branch_from} is not a pretraining workdir')
+    ckpt = Checkpointer(cfg.branch_from, read_only=True)
+    try:
+      step = int(ckpt.meta(None if cfg.branch_step < 0 else cfg.branch_step)['step'])
+    finally:
+      ckpt.close()
+    if cfg.num_train_steps and step >= cfg.num_train_steps:
+      raise ConfigError(f'branch_from {cfg.branch_from} step {step} is not before this run\'s end '
+                        f'({cfg.num_train_steps} steps): nothing would train')
+
+  def branch(self) -> tuple[dict[str, Any], int] | None:
+    cfg = self.cfg
+    if not cfg.branch_from:
+      return None
+    ckpt = Checkpointer(cfg.branch_from, read_only=True)
+    try:
+      state, meta = ckpt.restore(None if cfg.branch_step < 0 else cfg.branch_step, self.model.abstract_state,
+                                 log=reporting.log, check_meta=self._check_branch)
+    finally:
+      ckpt.close()
+    return state, int(meta['data_position'])
+
+  def _check_branch(self, meta: dict[str, Any]) -> None:
+    """The other run is this one up to its checkpoint: the same config but for what a branch may change."""
+    old = {**upgrade_saved(meta.get('config', {})), 'data_fingerprint': meta.get('data_fingerprint')}
+    scaffold.check_same_run(old, self.cfg, f'branch_from {self.cfg.branch_from}', meta.get('step'),
+                            more_free=BRANCH_FREE, extra_new={'data_fingerprint': self.fingerprint})
 
   def initial_params(self) -> dict[str, Any] | None:
     return init.initial_params(self.cfg, self.source) if self.source else None

@@ -202,6 +202,22 @@ class Checkpointer:
     best = self._saved_best(metric)
     return best and best[1]
 
+  def meta(self, step: int | None = None) -> dict[str, Any]:
+    """The meta of checkpoint `step` (None: the latest): step, data position, config, ...; no array is read.
+
+    Raises:
+      CheckpointError: no such checkpoint, or its meta is unreadable.
+    """
+    steps = self.all_steps()
+    step = max(steps) if step is None and steps else step
+    if step not in steps:
+      raise CheckpointError(f'no checkpoint for step {step} in {self.directory}; available: {steps or "none"}')
+    try:
+      return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+    except Exception as e:  # pylint: disable=broad-except  # Orbax/tensorstore raise many kinds
+      raise CheckpointError(f'checkpoint step {step} in {self.directory} cannot be read ({type(e).__name__}: '
+                            f'{_first_line(e)})') from None
+
   def _saved_best(self, metric: str) -> tuple[float, int] | None:
     """(value, step) of the highest `metric` in the checkpoints' meta (the earliest on ties), or None."""
     best = None

@@ -9,6 +9,7 @@ model, the batches at a data position, its held-out evaluation and its results) 
   3. for each run directory (the workdir; a fine-tuning seed's seed_<n>/), one checkpointer and the
      init decision, in this order:
        resume   the newest usable checkpoint of the directory (refused when another run wrote it);
+       branch   else another run's checkpoint with its whole state (pretraining's branch_from);
        source   else init_checkpoint's parameters (those the model has): optimizer, step and data
                 position start fresh;
        scratch  else parameters from the seed;
@@ -88,6 +89,9 @@ class Job(Protocol):
   def check_meta(self, meta: dict[str, Any], run_dir: str) -> None:
     """Refuses a checkpoint another run wrote (its meta: config, step, ...)."""
 
+  def branch(self) -> tuple[dict[str, Any], int] | None:
+    """(train state, data position) another run's checkpoint continues with (a branch run), or None."""
+
   def initial_params(self) -> dict[str, Any] | None:
     """The starting checkpoint's parameters the model has, or None to start from scratch."""
 
@@ -142,8 +146,9 @@ def train(job: Job, workdir: str) -> dict[str, Any]:
   start = time.monotonic()
   cfg, wd = job.cfg, Workdir(workdir)
   mesh = shd.make_mesh(cfg.mesh)
-  if cfg.init_checkpoint:
-    check_outside(workdir, cfg.init_checkpoint, 'init_checkpoint')
+  for name in ('init_checkpoint', 'branch_from'):
+    if getattr(cfg, name, ''):
+      check_outside(workdir, getattr(cfg, name), name)
   check_kind(workdir, job.kind)
   check_resume_allow(cfg.resume_allow, cfg.to_dict(), extra=('data_fingerprint',))
   job.check(mesh, wd)
@@ -180,7 +185,11 @@ def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preempti
       position = int(meta['data_position'])
       reporting.log(f'{report.label}resumed from {ckpt.directory} at step {int(state["step"])} '
                     f'(data position {position})')
-    else:  # 2. from a source, or 3. from scratch
+    elif (branched := job.branch()) is not None:  # 2. another run's state, continued (a branch run)
+      state, position = branched
+      reporting.log(f'{report.label}branched from {cfg.branch_from} at step {int(state["step"])} '
+                    f'(data position {position})')
+    else:  # 3. from a source, or 4. from scratch
       state, position = model.init_state(job.initial_params(), seed=seed), 0
     started()
     # Predictions are written at the last step, unless the best step's are wanted.

@@ -135,7 +135,7 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     # 160k after the extension, local 10k), window 128; 30% masking; StableAdamW at 8e-4, warmup then WSD with a
     # 1-sqrt decay; 1,024 tokens, then 8,192. Batch 4,608 x 1,024 tokens in the paper: here 512 rows x 1,024
     # (and 64 x 8,192: the same tokens per step); the token budget (1.7T) is yours to set in steps.
-    cfg['model'] = dataclasses.asdict(preset('base', vocab_size=50368, intermediate_size=1152,
+    cfg['model'] = dataclasses.asdict(preset('base', num_layers=22, vocab_size=50368, intermediate_size=1152,
                                              max_position_embeddings=8192, **_MODERN, attention_window=128,
                                              global_attention_every=3, hidden_dropout=0.0, attention_dropout=0.0,
                                              dtype='bfloat16', remat_policy='dots', scan_layers=True))

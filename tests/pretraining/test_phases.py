@@ -2,6 +2,7 @@
 optimizer state carried, each phase on its own data and model, resume anywhere is bitwise, and the result
 evaluates and exports as its last phase's model."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import config
+from bert_jax import config, sharding
 from bert_jax.errors import ConfigError
 from bert_jax.pretraining import run
 from bert_jax.runs.checkpoints import Checkpointer
@@ -204,3 +205,67 @@ def test_bad_phase_flags_are_one_line_and_touch_nothing(tmp_path):
     assert_one_line_error(run_experiment('pretrain.py', f'--workdir={workdir}',
                                          '--config=experiments/configs/pretrain.py:recipe_tiny', flag), pattern)
   assert tree_digest(str(workdir)) == before
+
+
+@pytest.mark.slow
+def test_modernbert_base_lowers_every_phase_on_8_devices():
+  """The accelerator recipe as stated (22 layers of ModernBERT-base's shape, bfloat16, scan, remat, phases at
+  1,024 then 8,192 tokens), at tiny width: each phase's train step lowers on a 2 x 2 x 2 mesh of 8 devices with
+  packed rows, its local layers on the blockwise path."""
+  from helpers import random_pretraining_batch  # pylint: disable=g-import-not-at-top
+  d = pretrain_configs.get_config('modernbert_base').to_dict()
+  assert (d['model']['num_layers'], d['model']['hidden_size'], d['model']['attention_window']) == (22, 768, 128)
+  d['model'].update(hidden_size=64, num_heads=4, intermediate_size=96, vocab_size=512)
+  d['mesh'].update(data=2, fsdp=2, tensor=2)
+  cfg = config.PretrainConfig.from_dict(d)
+  phases = cfg.phase_list()
+  assert [(p.cfg.data.max_seq_length, p.cfg.model.rope_theta) for p in phases] == [
+      (1024, 10000.0), (8192, 160000.0), (8192, 160000.0)]
+  assert cfg.decay_start() == 320_000 and cfg.optim.name == 'stable_adamw'
+  mesh = sharding.make_mesh(cfg.mesh)
+  for phase in phases[:2]:
+    model = run.build_model(dataclasses.replace(cfg, model=phase.cfg.model), mesh, cfg.num_train_steps)
+    seq = phase.cfg.data.max_seq_length
+    batch = random_pretraining_batch(batch_size=8, seq_len=seq, num_predictions=phase.cfg.data.max_predictions_per_seq,
+                                     vocab_size=512, num_pad=seq // 4)
+    batch['segment_ids'] = np.where(np.arange(seq)[None] < seq // 2, 1, 2).astype(np.int32) * batch['attention_mask']
+    batch['position_ids'] = np.where(np.arange(seq) < seq // 2, np.arange(seq), np.arange(seq) - seq // 2)[None].repeat(
+        8, 0).astype(np.int32)
+    lowered = model.train_step.lower(model.abstract_state, model.global_batch(batch), model.rest)
+    text = lowered.as_text()
+    assert 'bf16' in text and text.count('while') >= 1  # bfloat16 compute, the scanned layers
+
+
+@pytest.mark.slow
+def test_a_branch_run_continues_another_runs_state_without_touching_it(phased, tmp_path):
+  cfg, _, _, straight, result = phased
+  before = tree_digest(straight)
+  # The same run branched at step 8: it ends exactly where the straight run ended.
+  same = run.train_and_evaluate(dataclasses.replace(cfg, branch_from=straight, branch_step=8), str(tmp_path / 'same'))
+  assert same['mlm_loss'] == result['mlm_loss']
+  a, _ = restore_pretraining_state(straight, cfg, 12)
+  b, _ = restore_pretraining_state(str(tmp_path / 'same'), cfg, 12)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+  # A decay variant: a shorter decay from the same checkpoint (as decay variants are released).
+  d = cfg.to_dict()
+  d['phases']['decay'].update(steps=2)
+  variant = config.PretrainConfig.from_dict({**d, 'num_train_steps': 0, 'branch_from': straight, 'branch_step': 8})
+  out = run.train_and_evaluate(variant, str(tmp_path / 'short_decay'))
+  rows = [json.loads(l) for l in open(tmp_path / 'short_decay' / 'metrics_train.jsonl')]
+  assert [r['step'] for r in rows] == [10] and out['step'] == 10  # only the branch's own steps were trained
+  assert rows[0]['learning_rate'] == pytest.approx(float(np.mean(
+      [optim.learning_rate_schedule(variant.optim, 10, 8)(s) for s in (8, 9)])))
+  assert tree_digest(straight) == before  # the other run is only read
+  # What a branch cannot change, and a branch point past the end, are refused before anything trains.
+  other = dataclasses.replace(cfg, branch_from=straight, branch_step=8,
+                              optim=dataclasses.replace(cfg.optim, learning_rate=5e-4))
+  with pytest.raises(Exception, match='optim.learning_rate'):
+    run.train_and_evaluate(other, str(tmp_path / 'other'))
+  with pytest.raises(Exception, match='no checkpoint for step 5'):
+    run.train_and_evaluate(dataclasses.replace(cfg, branch_from=straight, branch_step=5), str(tmp_path / 'b5'))
+  with pytest.raises(ConfigError, match='give one of them'):
+    dataclasses.replace(cfg, branch_from=straight, init_checkpoint=straight)
+  with pytest.raises(ConfigError, match='is not before this run'):
+    run.train_and_evaluate(dataclasses.replace(cfg, branch_from=straight), str(tmp_path / 'b12'))
+  assert not os.path.exists(tmp_path / 'b12' / 'checkpoints')
