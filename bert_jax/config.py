@@ -492,6 +492,11 @@ class PhaseConfig:
   steps: int = 0  # the phase's length in optimizer steps (> 0)
   max_seq_length: int = 0  # data.max_seq_length from this phase on (context extension; packing as data.pack)
   batch_size: int = 0
+  # A batch-size ramp at the phase's start: from ramp_batch_size rows, doubling, up to batch_size, each size
+  # training an equal share of ramp_tokens tokens (rows x max_seq_length, rounded up to whole steps); the
+  # phase's steps include the ramp's.
+  ramp_batch_size: int = 0
+  ramp_tokens: int = 0
   # The masking rate: constant, or a linear ramp over this phase to masked_lm_prob_end (> 0). Unset
   # (-1), a phase masks at the rate the phase before ended with.
   masked_lm_prob: float = -1.0
@@ -509,7 +514,9 @@ class PhaseConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-  """A phase resolved: its name, 1-based index of `count`, steps [start, end) and the run's config during it."""
+  """A phase (or one batch size of its ramp) resolved: its name, 1-based index of `count`, steps [start, end),
+  the run's config during it, the examples the run consumed before it, and the steps its phase's
+  mask-rate schedule runs over."""
 
   name: str
   index: int
@@ -517,10 +524,19 @@ class Phase:
   start: int
   end: int
   cfg: 'PretrainConfig'
+  first_example: int = 0
+  schedule_start: int = 0
+  schedule_steps: int = 0
+  ramp: bool = False  # a batch size of the phase's ramp
 
   @property
   def label(self) -> str:
-    return f'phase {self.index}/{self.count} {self.name}'
+    return f'phase {self.index}/{self.count} {self.name}' + (f' (batch {self.cfg.batch_size})' if self.ramp else '')
+
+  @property
+  def tokens(self) -> int:
+    """Row tokens it trains: steps x batch x max_seq_length."""
+    return (self.end - self.start) * self.cfg.batch_size * self.cfg.data.max_seq_length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -578,13 +594,13 @@ class PretrainConfig(TrainingConfig):
       ConfigError: a phase's length, learning-rate segment or resulting config is invalid.
     """
     if not self.phases:
-      return [Phase('train', 1, 1, 0, self.num_train_steps, self)]
+      return [Phase('train', 1, 1, 0, self.num_train_steps, self, schedule_steps=self.num_train_steps)]
     total = sum(p.steps for p in self.phases.values())
     if self.num_train_epochs or self.num_train_steps != total:
       raise ConfigError(f'with phases the run\'s length is the sum of their steps ({total}); set num_train_steps=0 '
                         f'(or {total}) and num_train_epochs=0, got {self.num_train_steps} and {self.num_train_epochs}')
     decay = [name for name, p in self.phases.items() if p.lr == 'decay']
-    out, start, cfg = [], 0, dataclasses.replace(self, phases={})
+    out, start, examples, cfg = [], 0, 0, dataclasses.replace(self, phases={})
     for i, (name, p) in enumerate(self.phases.items()):
       where = f'phases.{name}'
       if p.lr not in ('', 'decay'):
@@ -608,9 +624,25 @@ class PretrainConfig(TrainingConfig):
                                   local_rope_theta=p.local_rope_theta or cfg.model.local_rope_theta)
       cfg = dataclasses.replace(cfg, data=data, model=model, batch_size=p.batch_size or cfg.batch_size,
                                 num_train_steps=p.steps)
-      out.append(Phase(name, i + 1, len(self.phases), start, start + p.steps, cfg))
+      parts = [(s, cfg.batch_size) for s in [p.steps]]
+      if p.ramp_batch_size or p.ramp_tokens:
+        parts = _ramp(where, p, cfg.batch_size, data.max_seq_length)
+      at = start
+      for steps, batch in parts:
+        part = dataclasses.replace(cfg, batch_size=batch)
+        out.append(Phase(name, i + 1, len(self.phases), at, at + steps, part, examples, start, p.steps,
+                         ramp=batch != cfg.batch_size))
+        at, examples = at + steps, examples + steps * batch
       start += p.steps
     return out
+
+  def phase_plan(self) -> str:
+    """One line per phase: its steps, batch size (and ramp), sequence length and row tokens."""
+    lines = []
+    for p in self.phase_list():
+      lines.append(f'{p.label}: steps {p.start}-{p.end}, {p.cfg.batch_size} x {p.cfg.data.max_seq_length} tokens, '
+                   f'{p.tokens:,} row tokens')
+    return '\n'.join(lines)
 
   def decay_start(self) -> int | None:
     """The step the WSD decay starts at: the first phase with lr='decay' (None: the schedule's default)."""
@@ -715,6 +747,24 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
   if 'whole_word_masking' in data:
     data.setdefault('masking', 'whole_word' if data.pop('whole_word_masking') else 'token')
   return {**config, 'data': data}
+
+
+def _ramp(where: str, p: PhaseConfig, batch_size: int, seq: int) -> list[tuple[int, int]]:
+  """(steps, batch size) of a phase with a batch-size ramp: doubling sizes from p.ramp_batch_size, each an equal
+  share of p.ramp_tokens, then the rest of the phase at `batch_size`."""
+  if not 0 < p.ramp_batch_size < batch_size or p.ramp_tokens <= 0:
+    raise ConfigError(f'{where}: a batch-size ramp needs 0 < ramp_batch_size ({p.ramp_batch_size}) < batch_size '
+                      f'({batch_size}) and ramp_tokens > 0 ({p.ramp_tokens})')
+  sizes = [p.ramp_batch_size]
+  while sizes[-1] * 2 < batch_size:
+    sizes.append(sizes[-1] * 2)
+  share = p.ramp_tokens / len(sizes)
+  parts = [(math.ceil(share / (b * seq)), b) for b in sizes]
+  left = p.steps - sum(n for n, _ in parts)
+  if left <= 0:
+    raise ConfigError(f'{where}: its batch-size ramp takes {sum(n for n, _ in parts)} steps of its {p.steps}; '
+                      'lower ramp_tokens or give the phase more steps')
+  return parts + [(left, batch_size)]
 
 
 _PRETRAINING_RENAMED = {'data.nsp': 'data.objective', 'data.whole_word_masking': 'data.masking'}

@@ -301,7 +301,8 @@ def _before_within(groups: np.ndarray, values: np.ndarray | None = None) -> np.n
 class BatchMaker:
   """This process's rows of global training batch k: a pure function of (seed, k).
 
-  Global batch k holds stream positions s in [k*B, (k+1)*B); position s is record
+  Global batch k holds stream positions s in [k*B, (k+1)*B) (in a phase of a run: `stream_positions`); position s is
+  record
   permute(s % N, key(seed, 0, s // N)) of the training split (a new order every epoch), masked
   with key(seed, 1, s) at the rate of batch k in a mask-rate schedule of `total_steps` batches
   (data.masked_lm_prob_end). Process p builds rows [p*B/P, (p+1)*B/P). Picklable, numpy only:
@@ -310,7 +311,7 @@ class BatchMaker:
 
   def __init__(self, dataset: PretrainingDataset, *, global_batch_size: int, seed: int, cfg: DataConfig,
                vocab: Vocab, process_index: int = 0, process_count: int = 1, total_steps: int = 0,
-               schedule_start: int = 0):
+               first_batch: int = 0, first_example: int = 0, schedule_start: int = 0):
     if global_batch_size <= 0 or global_batch_size % process_count:
       raise ConfigError(f'global batch size {global_batch_size} must be a positive multiple '
                         f'of the process count {process_count}')
@@ -324,11 +325,18 @@ class BatchMaker:
     self.row_offset = process_index * self.local_batch_size
     self.process_count = process_count
     self.total_steps, self.schedule_start = total_steps, schedule_start
+    self.first_batch, self.first_example = first_batch, first_example
 
   def masked_lm_prob(self, k: int) -> float:
-    """The masking rate of global batch k (constant without a schedule; a phase's schedule starts at its
-    first batch, `schedule_start`)."""
+    """The masking rate of global batch k (constant without a schedule; a phase's schedule runs over its
+    `total_steps` from `schedule_start`)."""
     return self.cfg.masked_lm_prob_at((k - self.schedule_start) / max(self.total_steps - 1, 1))
+
+  def stream_positions(self, k: int) -> np.ndarray:
+    """The stream positions of global batch k's rows: B of them from first_example + (k - first_batch) x B (a
+    phase of a run starts where the run's examples so far end: every example counted, whatever the batch sizes)."""
+    start = self.first_example + (k - self.first_batch) * self.global_batch_size
+    return np.arange(start, start + self.global_batch_size, dtype=np.int64)
 
   def record_indices(self, positions: np.ndarray) -> np.ndarray:
     """The records at stream positions (int64[...]): the epoch's keyed permutation."""
@@ -342,8 +350,7 @@ class BatchMaker:
 
   def __call__(self, k: int) -> dict:
     k = int(k)
-    start = k * self.global_batch_size
-    every = np.arange(start, start + self.global_batch_size, dtype=np.int64)
+    every = self.stream_positions(k)
     mine = slice(self.row_offset, self.row_offset + self.local_batch_size)
     # Only the record indices of other processes' rows are computed; their records are never read.
     indices = self.record_indices(every if self.cfg.pack and self.process_count > 1 else every[mine])
@@ -380,7 +387,7 @@ class PretrainingBatches:
   def __init__(self, dataset: PretrainingDataset, *, global_batch_size: int, seed: int,
                cfg: DataConfig, vocab: Vocab, process_index: int = 0, process_count: int = 1,
                start_position: int = 0, prefetch: int = 2, workers: int = 0, total_steps: int = 0,
-               schedule_start: int = 0):
+               first_batch: int = 0, first_example: int = 0, schedule_start: int = 0):
     """Starts the stream (call `close()` when done).
 
     Args:
@@ -395,13 +402,15 @@ class PretrainingBatches:
       prefetch: batches built ahead per worker (or in the thread); 0 with workers=0 builds on demand.
       workers: grain worker processes; 0 = a thread.
       total_steps: the run's length, for a mask-rate schedule (data.masked_lm_prob_end): a phase's length.
+      first_batch, first_example: a phase's first global batch and the stream position it starts at (the
+        examples the run consumed before it).
       schedule_start: the batch a (phase's) mask-rate schedule starts at.
     """
     if start_position < 0:
       raise ConfigError(f'bad stream arguments: start_position={start_position}')
     self.maker = BatchMaker(dataset, global_batch_size=global_batch_size, seed=seed, cfg=cfg, vocab=vocab,
                             process_index=process_index, process_count=process_count, total_steps=total_steps,
-                            schedule_start=schedule_start)
+                            first_batch=first_batch, first_example=first_example, schedule_start=schedule_start)
     self.position = start_position
     self.last_sizes: dict[str, int] | None = None
     self._error: BaseException | None = None
@@ -468,7 +477,7 @@ class PretrainingBatches:
     """Global batch k's rows, row tokens, real tokens and examples (`train.loop.Batches.last_sizes`): its
     record lengths come from the index, every process's block has the same rows."""
     maker = self.maker
-    every = np.arange(k * maker.global_batch_size, (k + 1) * maker.global_batch_size, dtype=np.int64)
+    every = maker.stream_positions(k)
     lengths = maker.dataset.lengths[maker.record_indices(every)]
     rows = local['input_ids'].shape[0] * maker.process_count
     return {'rows': rows, 'row_tokens': rows * local['input_ids'].shape[1],

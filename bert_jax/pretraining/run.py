@@ -209,6 +209,8 @@ class PretrainingJob:
   def prepare(self, mesh) -> None:
     cfg = self.cfg
     self.phases = cfg.phase_list()
+    if cfg.phases:
+      reporting.log(cfg.phase_plan())
     # Each phase's records (its sequence length, files): phases that share a data config share a cache.
     self.data = [(prepared, vocab, input_pipeline.PretrainingDataset(prepared, 'train'))
                  for prepared, vocab in prepare_phase_data(cfg, log=bool(cfg.phases))]
@@ -229,7 +231,8 @@ class PretrainingJob:
   def stages(self) -> list[scaffold.Stage]:
     if not self.cfg.phases:
       return [scaffold.Stage(self.total_steps, self.model)]
-    return [scaffold.Stage(p.end, m, f'{p.label}: ', {'phase': p.index}) for p, m in zip(self.phases, self.models)]
+    return [scaffold.Stage(p.end, m, f'{p.label}: ', {'phase': p.index}, evaluate_at_end=not p.ramp)
+            for p, m in zip(self.phases, self.models)]
 
   def saved_config(self) -> dict[str, Any]:
     return self.cfg.to_dict()
@@ -279,7 +282,7 @@ class PretrainingJob:
   def batches(self, seed: int, position: int, step: int):
     mesh = self.model.mesh
     phase = self.cfg.phase_at(step)
-    cfg, (_, vocab, train_set) = phase.cfg, self.data[phase.index - 1]
+    cfg, (_, vocab, train_set) = phase.cfg, self.data[self.phases.index(phase)]
     # This process's rows of each global batch: the block its devices hold in the batch sharding.
     block, num_blocks = distributed.process_batch_block(mesh)
     workers = loader_workers(cfg)
@@ -288,19 +291,20 @@ class PretrainingJob:
     reporting.log(f'{at}training {end - step} steps ({step} done) on {len(train_set)} examples; '
                   f'{jax.device_count()} devices, mesh {dict(mesh.shape)}; input: '
                   + (f'{workers} loader process(es)' if workers else 'a loader thread'))
-    # A phase's data is read from the data position its first step is at (the run's batches so far), and its
+    # A phase's data is read from the stream position of the examples the run consumed before it, and its
     # mask-rate schedule runs over the phase.
     return input_pipeline.PretrainingBatches(
         train_set, global_batch_size=cfg.batch_size, seed=seed, cfg=cfg.data, vocab=vocab,
         process_index=block, process_count=num_blocks, start_position=position, workers=workers,
-        total_steps=phase.end - phase.start if self.cfg.phases else self.total_steps,
-        schedule_start=phase.start)
+        total_steps=phase.schedule_steps if self.cfg.phases else self.total_steps,
+        first_batch=phase.start, first_example=phase.first_example, schedule_start=phase.schedule_start)
 
   def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
     del output_dir  # held-out metrics only: no predictions to write
     phase = self.cfg.phase_before(step)  # the phase that trained these parameters: its data and model
-    prepared, vocab, _ = self.data[phase.index - 1]
-    return evaluate(self.models[phase.index - 1], params, _eval_iter(phase.cfg, prepared, vocab, self.model.mesh),
+    at = self.phases.index(phase)
+    prepared, vocab, _ = self.data[at]
+    return evaluate(self.models[at], params, _eval_iter(phase.cfg, prepared, vocab, self.model.mesh),
                     prepared.most_frequent_token)
 
 
@@ -437,13 +441,13 @@ def evaluate_in(workdir: str, checkpoints: list[tuple[str, int | None]],
       data = prepare_phase_data(cfg)
     # The phase that trained the checkpoint: its held-out data and model (RoPE theta); one phase without phases.
     phase = cfg.phase_before(int(meta['step']))
-    if phase.index not in models:
+    if phase.cfg.model not in models:
       same = phase.cfg.model == cfg.model
-      models[phase.index] = model if same else build_model(dataclasses.replace(cfg, model=phase.cfg.model),
-                                                           model.mesh, max(cfg.num_train_steps, 1))
-    prepared, vocab = data[phase.index - 1]
+      models[phase.cfg.model] = model if same else build_model(dataclasses.replace(cfg, model=phase.cfg.model),
+                                                               model.mesh, max(cfg.num_train_steps, 1))
+    prepared, vocab = data[cfg.phase_list().index(phase)]
     results.append({'step': int(meta['step']),
-                    **evaluate(models[phase.index], state['params'], _eval_iter(phase.cfg, prepared, vocab, model.mesh),
+                    **evaluate(models[phase.cfg.model], state['params'], _eval_iter(phase.cfg, prepared, vocab, model.mesh),
                                prepared.most_frequent_token)})
     del state  # one checkpoint's arrays in memory at a time
     if on_result:

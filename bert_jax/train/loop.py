@@ -86,7 +86,7 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
         total_steps: int, ckpt: Checkpointer, preempt: Preemption, report: Report, log_every: int,
         checkpoint_config: dict[str, Any], checkpoint_extra: dict[str, Any] | None = None,
         evaluate: Callable[[Any, int], dict[str, Any]] | None = None, eval_every: int = 0,
-        eval_first: bool = False) -> FitResult:
+        eval_first: bool = False, eval_last: bool = True) -> FitResult:
   """Trains `state` from its step to `total_steps` on `batches`; see the module docstring.
 
   Args:
@@ -105,6 +105,7 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
       periodically) and at the last step.
     eval_every: see `evaluate`.
     eval_first: evaluate before the first step too (a run continued from other weights).
+    eval_last: evaluate at `total_steps` (False: a stage of a run that goes on, e.g. a batch size of a ramp).
 
   Returns:
     The final state, step, last evaluation and training statistics.
@@ -142,7 +143,7 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
         if log_now:
           writers.progress(step, total_steps, host, progress.update(step))
       evaluated = None
-      if evaluate is not None and ((eval_every and step % eval_every == 0) or is_last):
+      if evaluate is not None and ((eval_every and step % eval_every == 0) or (is_last and eval_last)):
         last_eval = evaluated = writers.evaluation(step, evaluate(state['params'], step))
       if save_now or stop:
         # The losses so far are finite; the parameters this step produced must be sane too.

@@ -48,6 +48,7 @@ class Stage:
   model: StepModel
   label: str = ''
   fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+  evaluate_at_end: bool = True  # False: a stage the run's phase goes on after (a batch size of a ramp)
 
 
 class Job(Protocol):
@@ -204,7 +205,8 @@ def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preempti
       fitted = fit(stage.model, state, batches, total_steps=stage.end, ckpt=ckpt, preempt=preempt,
                    report=dataclasses.replace(report, label=report.label + stage.label, fields=stage.fields),
                    log_every=cfg.log_every, checkpoint_config=cfg.to_dict(), checkpoint_extra=job.checkpoint_extra,
-                   evaluate=held_out, eval_every=cfg.eval_every, eval_first=job.eval_first and not resumed)
+                   evaluate=held_out, eval_every=cfg.eval_every, eval_first=job.eval_first and not resumed,
+                   eval_last=stage.evaluate_at_end or stage is stages[-1])
       state, step, position = fitted.state, fitted.step, batches.position
       stats = _add_stats(stats, fitted.stats)
     ckpt.wait()

@@ -61,7 +61,7 @@ import os
 
 import ml_collections
 
-from bert_jax.config import PretrainConfig, preset
+from bert_jax.config import PhaseConfig, PretrainConfig, preset
 from bert_jax.interop.pretrained import packaged_minilm
 
 # Paths are anchored at the repository so the commands work from any directory.
@@ -80,6 +80,11 @@ ABLATIONS = {
                              type_vocab_size=0)},
 }
 _MODERN = ABLATIONS['modern']['model']
+
+
+def _phases(**phases) -> dict:
+  """Phases in the order given, each with every field (so any of them is a flag: --config.phases.NAME.FIELD)."""
+  return {name: PhaseConfig(order=i + 1, **fields).to_dict() for i, (name, fields) in enumerate(phases.items())}
 
 
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
@@ -119,17 +124,16 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     cfg['data'].update(objective='none', masked_lm_prob=0.3)
     cfg['optim'].update(name='stable_adamw', schedule='wsd', decay='1-sqrt', learning_rate=2e-3, warmup_steps=100)
     cfg.update(batch_size=32, num_train_steps=0, log_every=50, eval_every=0, checkpoint_every=100)
-    cfg['phases'] = {'stable': dict(order=1, steps=600),
-                     'extend': dict(order=2, steps=200, max_seq_length=512, batch_size=8, rope_theta=160_000.0),
-                     'decay': dict(order=3, steps=200, lr='decay', masked_lm_prob=0.15)}
+    cfg['phases'] = _phases(stable=dict(steps=600),
+                            extend=dict(steps=200, max_seq_length=512, batch_size=8, rope_theta=160_000.0),
+                            decay=dict(steps=200, lr='decay', masked_lm_prob=0.15))
     if variant == 'recipe_tiny':
       cfg['model'].update(vocab_size=1000, hidden_size=32, num_heads=2, intermediate_size=64, attention_window=16)
       cfg['data'].update(max_seq_length=32, dupe_factor=1)
       cfg.update(batch_size=16, eval_batch_size=16, log_every=2, checkpoint_every=2)
       cfg['optim'].update(warmup_steps=2, learning_rate=1e-3)
-      cfg['phases'] = {'stable': dict(order=1, steps=4),
-                       'extend': dict(order=2, steps=4, max_seq_length=64, rope_theta=160_000.0),
-                       'decay': dict(order=3, steps=4, lr='decay', masked_lm_prob=0.15)}
+      cfg['phases'] = _phases(stable=dict(steps=4), extend=dict(steps=4, max_seq_length=64, rope_theta=160_000.0),
+                              decay=dict(steps=4, lr='decay', masked_lm_prob=0.15))
   elif variant == 'modernbert_base':
     # ModernBERT-base (Warner et al. 2024): 22 layers, hidden 768, GeGLU 1,152, global every 3rd layer (theta
     # 160k after the extension, local 10k), window 128; 30% masking; StableAdamW at 8e-4, warmup then WSD with a
@@ -145,9 +149,9 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     cfg['optim'].update(name='stable_adamw', schedule='wsd', decay='1-sqrt', learning_rate=8e-4, warmup_steps=3000,
                         weight_decay=1e-5, b1=0.9, b2=0.98, eps=1e-6)
     cfg.update(batch_size=512, num_train_steps=0, log_every=100, eval_every=10_000, checkpoint_every=5_000)
-    cfg['phases'] = {'stable': dict(order=1, steps=300_000),
-                     'extend': dict(order=2, steps=20_000, max_seq_length=8192, batch_size=64, rope_theta=160_000.0),
-                     'decay': dict(order=3, steps=10_000, lr='decay')}
+    cfg['phases'] = _phases(stable=dict(steps=300_000),
+                            extend=dict(steps=20_000, max_seq_length=8192, batch_size=64, rope_theta=160_000.0),
+                            decay=dict(steps=10_000, lr='decay'))
   elif variant == 'mini':
     cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000))
     cfg.update(batch_size=32, num_train_steps=10_000, log_every=100, eval_every=1000, checkpoint_every=1000)

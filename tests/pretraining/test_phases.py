@@ -5,6 +5,7 @@ evaluates and exports as its last phase's model."""
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -269,3 +270,64 @@ def test_a_branch_run_continues_another_runs_state_without_touching_it(phased, t
   with pytest.raises(ConfigError, match='is not before this run'):
     run.train_and_evaluate(dataclasses.replace(cfg, branch_from=straight), str(tmp_path / 'b12'))
   assert not os.path.exists(tmp_path / 'b12' / 'checkpoints')
+
+
+def _ramped(corpus=None, cache=None):
+  """recipe_tiny with a batch-size ramp in its stable phase: 4 rows for one step, 8 for one, then 16."""
+  cfg = _recipe(corpus, cache)
+  d = cfg.to_dict()
+  d['phases']['stable'].update(ramp_batch_size=4, ramp_tokens=2 * 4 * 32)
+  return config.PretrainConfig.from_dict({**d, 'num_train_steps': 0})
+
+
+def test_a_batch_size_ramp_counts_every_example_and_token():
+  cfg = _ramped()
+  parts = cfg.phase_list()
+  assert [(p.label, p.start, p.end, p.cfg.batch_size) for p in parts[:3]] == [
+      ('phase 1/3 stable (batch 4)', 0, 1, 4), ('phase 1/3 stable (batch 8)', 1, 2, 8), ('phase 1/3 stable', 2, 4, 16)]
+  assert [p.tokens for p in parts[:3]] == [4 * 32, 8 * 32, 2 * 16 * 32] and cfg.num_train_steps == 12
+  # The stream of examples goes on across batch sizes and phases: no example skipped or read twice.
+  read = []
+  for p in parts:
+    for k in range(p.start, p.end):
+      start = p.first_example + (k - p.start) * p.cfg.batch_size
+      read.extend(range(start, start + p.cfg.batch_size))
+  assert read == list(range(sum(p.cfg.batch_size * (p.end - p.start) for p in parts)))
+  # The mask-rate schedule and the evaluation belong to the whole phase, not to a batch size of its ramp.
+  assert {(p.schedule_start, p.schedule_steps) for p in parts[:3]} == {(0, 4)}
+  for bad, pattern in ((dict(ramp_batch_size=16), 'ramp_batch_size (16) < batch_size (16)'),
+                       (dict(ramp_tokens=10 ** 6), 'its batch-size ramp takes')):
+    d = cfg.to_dict()
+    d['phases']['stable'].update(bad)
+    with pytest.raises(ConfigError, match=re.escape(pattern)):
+      config.PretrainConfig.from_dict(d)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_ramp_trains_its_batch_sizes_and_resumes_bitwise_in_the_middle(phased, tmp_path):
+  _, corpus, cache, _, _ = phased
+  d = _recipe(corpus, cache).to_dict()
+  d['phases']['stable'].update(ramp_batch_size=8, ramp_tokens=2 * 8 * 32)  # 2 steps of 8 rows (8 devices), 2 of 16
+  cfg = config.PretrainConfig.from_dict({**d, 'num_train_steps': 0})
+  straight = str(tmp_path / 'straight')
+  run.train_and_evaluate(cfg, straight)
+  rows = [json.loads(l) for l in open(os.path.join(straight, 'metrics_train.jsonl'))]
+  assert [r['rows_per_step'] for r in rows[:2]] == [8.0, 16.0]
+  evals = [json.loads(l)['step'] for l in open(os.path.join(straight, 'metrics_eval.jsonl'))]
+  assert evals == [4, 8, 12]  # after each phase, not at each batch size
+  workdir = str(tmp_path / 'resumed')
+  argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:recipe_tiny',
+          f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}', '--config.data.eval_fraction=0.4',
+          '--config.phases.stable.ramp_batch_size=8', f'--config.phases.stable.ramp_tokens={2 * 8 * 32}']
+  first = subprocess.run([sys.executable, '-c', script_code(argv, sigterm_at_batch(1))], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+  assert first.returncode == preemption.EXIT_CODE, first.stderr[-3000:]
+  assert Checkpointer(workdir, read_only=True).latest_step() == 1  # saved in the middle of the ramp
+  second = subprocess.run([sys.executable, '-c', script_code(argv)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+  assert second.returncode == 0, second.stderr[-3000:]
+  a, _ = restore_pretraining_state(straight, cfg, 12)
+  b, _ = restore_pretraining_state(workdir, cfg, 12)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
