@@ -31,6 +31,8 @@ def _field(cls, dotted: str) -> bool:
   fields = {f.name: f for f in dataclasses.fields(cls)}
   if name not in fields:
     return False
+  if name == 'phases':  # phases.NAME.FIELD: a phase of any name, a PhaseConfig field
+    return rest.count('.') == 1 and _field(config.PhaseConfig, rest.split('.')[1])
   block = config._block(fields[name])  # pylint: disable=protected-access
   if not rest:
     return True
@@ -133,8 +135,10 @@ def _readme_commands(tmp) -> list[list[str]]:
     argv = shlex.split(line.replace('/tmp/', f'{tmp}/'))
     inner = argv.index('--') if '--' in argv else len(argv)
     script = os.path.basename(next(a for a in argv[inner:] + argv if a.startswith('experiments/')))
-    out.append(argv[:inner] + (argv[inner:] + _BUDGETS.get(script, []) if inner < len(argv) else
-                               _BUDGETS.get(os.path.basename(argv[1]), [])))
+    budget = _BUDGETS.get(script, [])
+    if any(a.endswith('pretrain.py:recipe') for a in argv):  # a run in phases: its length is theirs
+      budget = [f'--config.phases.{p}.steps=1' for p in ('stable', 'extend', 'decay')] + budget[1:]
+    out.append(argv + budget)
   return out
 
 
@@ -149,3 +153,4 @@ def test_the_readmes_commands_run(tmp_path):
     r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (argv, r.stderr[-3000:])
   assert os.path.exists(tmp_path / 'sst2_hf' / 'model.safetensors') and os.path.exists(tmp_path / 'attn.html')
+  assert os.path.exists(tmp_path / 'recipe_merged' / 'merge.json')
