@@ -135,10 +135,12 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
       cfg['phases'] = _phases(stable=dict(steps=4), extend=dict(steps=4, max_seq_length=64, rope_theta=160_000.0),
                               decay=dict(steps=4, lr='decay', masked_lm_prob=0.15))
   elif variant == 'modernbert_base':
-    # ModernBERT-base (Warner et al. 2024): 22 layers, hidden 768, GeGLU 1,152, global every 3rd layer (theta
-    # 160k after the extension, local 10k), window 128; 30% masking; StableAdamW at 8e-4, warmup then WSD with a
-    # 1-sqrt decay; 1,024 tokens, then 8,192. Batch 4,608 x 1,024 tokens in the paper: here 512 rows x 1,024
-    # (and 64 x 8,192: the same tokens per step); the token budget (1.7T) is yours to set in steps.
+    # ModernBERT-base (Warner et al. 2024): 22 layers, hidden 768, GeGLU 1,152, global attention every 3rd layer
+    # (RoPE theta 10k, 160k from the context extension on; local layers 10k), window 128; 30% masking;
+    # StableAdamW at 8e-4 with warmup-stable-decay (1-sqrt). Phase 1: 1.7T tokens of 4,608 x 1,024, the batch
+    # ramping from 768 over its first 50B tokens, a 3B-token warmup; the extension: 250B tokens at 8,192 (576 rows:
+    # the same tokens per step); the decay: 50B tokens at 8,192. (The paper also lowers the peak rate to 3e-4 for
+    # the extension; a phase here keeps the run's one schedule.)
     cfg['model'] = dataclasses.asdict(preset('base', num_layers=22, vocab_size=50368, intermediate_size=1152,
                                              max_position_embeddings=8192, **_MODERN, attention_window=128,
                                              global_attention_every=3, hidden_dropout=0.0, attention_dropout=0.0,
@@ -146,12 +148,14 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     cfg['data'].update(train_files=','.join(f'{ENWIKI}/wiki_{i:02d}' for i in range(48)),
                        eval_files=f'{ENWIKI}/wiki_48,{ENWIKI}/wiki_49', objective='none', masked_lm_prob=0.3,
                        max_seq_length=1024, pack=True)
-    cfg['optim'].update(name='stable_adamw', schedule='wsd', decay='1-sqrt', learning_rate=8e-4, warmup_steps=3000,
+    cfg['optim'].update(name='stable_adamw', schedule='wsd', decay='1-sqrt', learning_rate=8e-4, warmup_steps=3815,
                         weight_decay=1e-5, b1=0.9, b2=0.98, eps=1e-6)
-    cfg.update(batch_size=512, num_train_steps=0, log_every=100, eval_every=10_000, checkpoint_every=5_000)
-    cfg['phases'] = _phases(stable=dict(steps=300_000),
-                            extend=dict(steps=20_000, max_seq_length=8192, batch_size=64, rope_theta=160_000.0),
-                            decay=dict(steps=10_000, lr='decay'))
+    cfg.update(batch_size=4608, num_train_steps=0, log_every=100, eval_every=10_000, checkpoint_every=5_000)
+    tokens = lambda n, rows, seq: round(n / (rows * seq))  # pylint: disable=unnecessary-lambda-assignment
+    cfg['phases'] = _phases(
+        stable=dict(steps=tokens(1.7e12 - 50e9, 4608, 1024) + 37_086, ramp_batch_size=768, ramp_tokens=50 * 10**9),
+        extend=dict(steps=tokens(250e9, 576, 8192), max_seq_length=8192, batch_size=576, rope_theta=160_000.0),
+        decay=dict(steps=tokens(50e9, 576, 8192), lr='decay'))
   elif variant == 'mini':
     cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000))
     cfg.update(batch_size=32, num_train_steps=10_000, log_every=100, eval_every=1000, checkpoint_every=1000)

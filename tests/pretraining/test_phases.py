@@ -220,11 +220,12 @@ def test_modernbert_base_lowers_every_phase_on_8_devices():
   d['mesh'].update(data=2, fsdp=2, tensor=2)
   cfg = config.PretrainConfig.from_dict(d)
   phases = cfg.phase_list()
-  assert [(p.cfg.data.max_seq_length, p.cfg.model.rope_theta) for p in phases] == [
-      (1024, 10000.0), (8192, 160000.0), (8192, 160000.0)]
-  assert cfg.decay_start() == 320_000 and cfg.optim.name == 'stable_adamw'
+  assert [(p.cfg.batch_size, p.cfg.data.max_seq_length, p.cfg.model.rope_theta) for p in phases] == [
+      (768, 1024, 1e4), (1536, 1024, 1e4), (3072, 1024, 1e4), (4608, 1024, 1e4), (576, 8192, 1.6e5), (576, 8192, 1.6e5)]
+  assert round(sum(p.tokens for p in phases[:4]) / 1e9) == 1700 and round(phases[4].tokens / 1e9) == 250
+  assert cfg.decay_start() == phases[-1].start and cfg.optim.name == 'stable_adamw' and cfg.data.masked_lm_prob == 0.3
   mesh = sharding.make_mesh(cfg.mesh)
-  for phase in phases[:2]:
+  for phase in (phases[3], phases[4]):
     model = run.build_model(dataclasses.replace(cfg, model=phase.cfg.model), mesh, cfg.num_train_steps)
     seq = phase.cfg.data.max_seq_length
     batch = random_pretraining_batch(batch_size=8, seq_len=seq, num_predictions=phase.cfg.data.max_predictions_per_seq,
