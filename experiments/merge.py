@@ -9,7 +9,8 @@ optionally weighted:
 The result is a pretraining workdir every tool reads (evaluate.py, fill_mask.py, embed.py, export_hf.py,
 --config.init_checkpoint of pretrain.py and finetune.py); it holds parameters only, so it is continued from,
 not trained in. Then the held-out MLM (and NSP/SOP) accuracy of each part and of the merge, all on the first
-part's held-out split, as a table and one JSON line (--noevaluate skips it).
+part's held-out split and evaluated alike (a run in phases: as its phase at the merge's step), as a table and one
+JSON line (--noevaluate skips it).
 """
 
 import json
@@ -48,7 +49,7 @@ def main(_):
   if not _EVALUATE.value:
     return
   checkpoints = [(p['path'], p['step']) for p in record['parts']] + [(_WORKDIR.value, None)]
-  results = run.evaluate_in(_WORKDIR.value, checkpoints)
+  results = run.evaluate_in(_WORKDIR.value, checkpoints, as_step=record['step'])  # all as the merge is evaluated
   metrics = [m for m in ('mlm_accuracy', 'nsp_accuracy', 'sop_accuracy', 'mlm_loss') if m in results[0]]
   names = [f'{p["path"]}@{p["step"]}' for p in record['parts']] + ['merge']
   reporting.log('\n| checkpoint | weight | ' + ' | '.join(metrics) + ' |\n|---|---|' + '---|' * len(metrics))

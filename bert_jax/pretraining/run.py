@@ -418,10 +418,12 @@ def evaluate_checkpoints(workdir: str, steps: list[int | None] | None,
 
 def evaluate_in(workdir: str, checkpoints: list[tuple[str, int | None]],
                 on_result: Callable[[dict[str, Any]], None] | None = None,
-                overrides: dict[str, Any] | None = None, skip_unusable: bool = False) -> list[dict[str, Any]]:
+                overrides: dict[str, Any] | None = None, skip_unusable: bool = False,
+                as_step: int | None = None) -> list[dict[str, Any]]:
   """Held-out metrics, on `workdir`'s held-out split and model, of each (pretraining workdir, step) checkpoint
   of that architecture (e.g. the parts of a merge beside it); with `skip_unusable`, an unusable one is named in
-  a warning and skipped."""
+  a warning and skipped. A run in phases evaluates each checkpoint as the phase that trained it (its data,
+  masking rate and RoPE theta), or every one as the phase of step `as_step` (one yardstick for a merge's parts)."""
   cfg, model = _workdir_model(workdir, overrides)
   data, models = None, {}
   results, unusable = [], []
@@ -440,7 +442,7 @@ def evaluate_in(workdir: str, checkpoints: list[tuple[str, int | None]],
     if data is None:  # after the first restore: a bad workdir fails before data work
       data = prepare_phase_data(cfg)
     # The phase that trained the checkpoint: its held-out data and model (RoPE theta); one phase without phases.
-    phase = cfg.phase_before(int(meta['step']))
+    phase = cfg.phase_before(int(meta['step']) if as_step is None else as_step)
     if phase.cfg.model not in models:
       same = phase.cfg.model == cfg.model
       models[phase.cfg.model] = model if same else build_model(dataclasses.replace(cfg, model=phase.cfg.model),

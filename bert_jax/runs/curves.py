@@ -94,6 +94,21 @@ def _runs(workdir: str) -> list[tuple[str, list[dict], list[dict]]]:
   return out
 
 
+def phase_starts(workdir: str) -> list[tuple[int, str]]:
+  """(first step, name) of each phase after the first of a run in phases (its config.json), else []."""
+  try:
+    phases = (Workdir(workdir).config() or {}).get('phases') or {}
+    ordered = sorted(phases.items(), key=lambda item: item[1]['order'])
+  except Exception:  # pylint: disable=broad-except  # a picture never stops a run
+    return []
+  out, step = [], 0
+  for name, phase in ordered:
+    if step:
+      out.append((step, name))
+    step += int(phase['steps'])
+  return out
+
+
 def _present(runs, keys: Sequence[str]) -> list[str]:
   """`keys` that have a finite value somewhere in `runs`, in their order."""
   return [k for k in keys if any(len(series(records, k)[0]) for _, train, held in runs for records in (train, held))]
@@ -134,7 +149,8 @@ def _draw(ax, runs, keys: Sequence[str], title: str, *, held_out_lines: bool = F
 
 def plot_run_curves(workdir: str, path: str | None = None, metrics: Sequence[str] | None = None) -> str | None:
   """Draws a run's curves over steps from its metric files: 2x2 panels of loss, metric(s), learning
-  rate and throughput, train values as lines and held-out values as markers.
+  rate and throughput, train values as lines and held-out values as markers; a run in phases gets a
+  dotted line where each phase starts.
 
   Reads workdir/metrics_{train,eval}.jsonl (pretraining) and workdir/seed_<n>/metrics_{train,eval}.jsonl
   (fine-tuning: one curve per seed), tolerating missing or empty files, a truncated last line, steps
@@ -167,6 +183,10 @@ def plot_run_curves(workdir: str, path: str | None = None, metrics: Sequence[str
     axes[0, 0].set_xlim(max(steps) - 1, max(steps) + 1)
   for ax, (panel_keys, title) in zip(axes.flat, panels):
     _draw(ax, runs, panel_keys, title)
+    for step, name in phase_starts(workdir):  # a run in phases: where each phase starts
+      ax.axvline(step, color='grey', linestyle=':', linewidth=0.9)
+      if ax is axes[0, 0]:
+        ax.text(step, 1.0, f' {name}', transform=ax.get_xaxis_transform(), va='top', fontsize=8, color='grey')
   for ax in axes[1]:
     ax.set_xlabel('step', fontsize=9)
   return save_png(fig, path or os.path.join(workdir, CURVES_FILE))

@@ -166,6 +166,8 @@ def test_resume_anywhere_continues_as_if_uninterrupted(phased, tmp_path, patch, 
     np.testing.assert_array_equal(x, y)  # params, both moments, step, RNG
   final = json.load(open(os.path.join(workdir, 'final_metrics.json')))
   assert final['mlm_loss'] == result['mlm_loss']
+  losses = lambda w: {r['step']: r['loss'] for r in map(json.loads, open(os.path.join(w, 'metrics_train.jsonl')))}  # pylint: disable=unnecessary-lambda-assignment
+  assert losses(workdir) == losses(straight)  # every logged step's loss, before and after the interruption
 
 
 @pytest.mark.slow

@@ -73,3 +73,11 @@ def test_eval_steps_plot(tmp_path):
   with pytest.raises(ConfigError, match='no held-out metric'):
     curves.plot_eval_steps([{'step': 4}], str(tmp_path / 'none.png'), 'x')
   assert not os.path.exists(tmp_path / 'none.png')
+
+
+def test_a_run_in_phases_marks_where_each_phase_starts(tmp_path):
+  with open(tmp_path / 'config.json', 'w') as f:  # phases in any order in the file: their own `order` counts
+    json.dump({'phases': {'decay': {'order': 3, 'steps': 5}, 'stable': {'order': 1, 'steps': 20},
+                          'extend': {'order': 2, 'steps': 10}}}, f)
+  assert curves.phase_starts(str(tmp_path)) == [(20, 'extend'), (30, 'decay')]
+  assert curves.phase_starts(str(tmp_path / 'none')) == []
