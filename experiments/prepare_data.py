@@ -7,7 +7,8 @@
 Work units are spread over `data.num_workers` local processes (0 = every core) and, when
 started on every host of a pod (the multi-host flags, as for pretrain.py), over the hosts: each
 builds its share into the shared `data.cache_dir`. A run killed part-way resumes where it
-stopped. Ends by printing one JSON line: the cache directory and its statistics.
+stopped. Ends by printing one JSON line: the cache directory and its statistics (a run in phases: one per
+phase's records).
 """
 
 import json
@@ -29,9 +30,10 @@ def main(_):
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
   # SIGTERM/Ctrl-C: the workers stop, finished units stay, exit code 75; the same command resumes.
   with Preemption() as preempt, preempt.immediately('preparing the data'):
-    prepared, _ = run.prepare_data(cfg)
-  reporting.log(json.dumps({'dir': prepared.dir, 'num_train': prepared.num_train, 'num_eval': prepared.num_eval,
-                            **prepared.stats}))
+    phases = run.prepare_phase_data(cfg, log=bool(cfg.phases))  # a run in phases: each phase's records
+  for prepared in {p.dir: p for p, _ in phases}.values():
+    reporting.log(json.dumps({'dir': prepared.dir, 'num_train': prepared.num_train, 'num_eval': prepared.num_eval,
+                              **prepared.stats}))
 
 
 if __name__ == '__main__':
