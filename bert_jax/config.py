@@ -583,6 +583,9 @@ class PretrainConfig(TrainingConfig):
     super().__post_init__()
     if phases:
       self.phase_list()  # every phase's config is checked when the run's is built
+    if phases and self.keep_best:
+      raise ConfigError('keep_best ranks checkpoints by one held-out metric, but each phase evaluates on its own '
+                        'records and masking rate: drop keep_best, or compare steps with experiments/evaluate.py')
     if self.branch_from and self.init_checkpoint:
       raise ConfigError('branch_from continues another run with its whole state; init_checkpoint starts a new one '
                         'from weights: give one of them')
@@ -620,16 +623,22 @@ class PretrainConfig(TrainingConfig):
           data = dataclasses.replace(data, **changes)
         except ConfigError as e:
           raise ConfigError(f'{where}: {e}') from None
-      model = dataclasses.replace(cfg.model, rope_theta=p.rope_theta or cfg.model.rope_theta,
-                                  local_rope_theta=p.local_rope_theta or cfg.model.local_rope_theta)
-      cfg = dataclasses.replace(cfg, data=data, model=model, batch_size=p.batch_size or cfg.batch_size,
-                                num_train_steps=p.steps)
+      try:
+        model = dataclasses.replace(cfg.model, rope_theta=p.rope_theta or cfg.model.rope_theta,
+                                    local_rope_theta=p.local_rope_theta or cfg.model.local_rope_theta)
+        cfg = dataclasses.replace(cfg, data=data, model=model, batch_size=p.batch_size or cfg.batch_size,
+                                  num_train_steps=p.steps)
+      except ConfigError as e:
+        raise ConfigError(f'{where}: {e}') from None
       parts = [(s, cfg.batch_size) for s in [p.steps]]
       if p.ramp_batch_size or p.ramp_tokens:
         parts = _ramp(where, p, cfg.batch_size, data.max_seq_length)
       at = start
       for steps, batch in parts:
-        part = dataclasses.replace(cfg, batch_size=batch)
+        try:
+          part = dataclasses.replace(cfg, batch_size=batch)
+        except ConfigError as e:
+          raise ConfigError(f'{where} (its ramp at batch {batch}): {e}') from None
         out.append(Phase(name, i + 1, len(self.phases), at, at + steps, part, examples, start, p.steps,
                          ramp=batch != cfg.batch_size))
         at, examples = at + steps, examples + steps * batch
@@ -851,7 +860,7 @@ def config_diffs(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...]
     if name in free or key not in old or old[key] is None:
       continue
     a, b = old[key], new.get(key)
-    if isinstance(a, dict) and isinstance(b, dict):
+    if isinstance(a, dict) and isinstance(b, dict) and (a or not b):  # {} -> {...} (phases added) differs
       out += config_diffs(a, b, free, name + '.')
     elif a != b and not (name in _PATHS and _same_paths(a, b)):
       out.append(f'{name}: {a!r} -> {b!r}')

@@ -62,7 +62,7 @@ def validate_config(cfg: PretrainConfig, mesh) -> None:
 def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, where: str) -> None:
   """Refuses to resume a checkpoint (its `meta`) written by a run with another identity: another
   config outside the fields free on resume and `cfg.resume_allow`, or another data cache `fingerprint`."""
-  old = {**upgrade_saved(meta.get('config', {})), 'data_fingerprint': meta.get('data_fingerprint')}
+  old = {'phases': {}, **upgrade_saved(meta.get('config', {})), 'data_fingerprint': meta.get('data_fingerprint')}
   # The same fingerprint is the same data (it covers the files' contents and the tokenizer's): the
   # paths they were read from may differ (a copied corpus, another mount point).
   same_data = ('data.train_files', 'data.eval_files', 'data.tokenizer') if old['data_fingerprint'] == fingerprint else ()
@@ -221,7 +221,8 @@ class PretrainingJob:
     self.checkpoint_extra = {'data_fingerprint': self.fingerprint}
     self.total_steps = cfg.total_steps(len(self.train_set))
     reporting.log(describe_attention(cfg.model))
-    self.model = build_model(cfg, mesh, self.total_steps)
+    # The first phase's model (its RoPE theta, when the first phase sets one); without phases, the run's.
+    self.model = build_model(dataclasses.replace(cfg, model=self.phases[0].cfg.model), mesh, self.total_steps)
     self.models = [self.model]
     for phase in self.phases[1:]:  # a phase that changes the model's function (RoPE theta) gets its own step
       same = phase.cfg.model == self.phases[len(self.models) - 1].cfg.model
@@ -249,6 +250,9 @@ class PretrainingJob:
     cfg = self.cfg
     if Workdir(cfg.branch_from).kind != 'pretraining':
       raise ConfigError(f'branch_from {cfg.branch_from} is not a pretraining workdir')
+    if os.path.exists(os.path.join(cfg.branch_from, MERGE_FILE)):
+      raise ConfigError(f'branch_from {cfg.branch_from} is a merge (parameters only, no optimizer state): start '
+                        f'from it with --config.init_checkpoint={cfg.branch_from}')
     ckpt = Checkpointer(cfg.branch_from, read_only=True)
     try:
       step = int(ckpt.meta(None if cfg.branch_step < 0 else cfg.branch_step)['step'])
@@ -273,8 +277,20 @@ class PretrainingJob:
   def _check_branch(self, meta: dict[str, Any]) -> None:
     """The other run is this one up to its checkpoint: the same config but for what a branch may change."""
     old = {**upgrade_saved(meta.get('config', {})), 'data_fingerprint': meta.get('data_fingerprint')}
-    scaffold.check_same_run(old, self.cfg, f'branch_from {self.cfg.branch_from}', meta.get('step'),
-                            more_free=BRANCH_FREE, extra_new={'data_fingerprint': self.fingerprint})
+    where = f'branch_from {self.cfg.branch_from}'
+    scaffold.check_same_run(old, self.cfg, where, meta.get('step'), more_free=BRANCH_FREE,
+                            extra_new={'data_fingerprint': self.fingerprint})
+    # Up to the branch point the two runs must be laid out alike: the data stream and the schedules continue.
+    step = int(meta['step'])
+    def layout(cfg: PretrainConfig) -> list[tuple]:
+      return [(p.start, min(p.end, step), p.first_example, p.cfg.batch_size, p.cfg.data.max_seq_length,
+               p.cfg.data.train_files, p.cfg.data.masked_lm_prob, p.cfg.data.masked_lm_prob_end,
+               p.schedule_steps if p.cfg.data.masked_lm_prob_end else None, p.cfg.model.rope_theta,
+               p.cfg.model.local_rope_theta) for p in cfg.phase_list() if p.start < step]
+    theirs = PretrainConfig.from_dict({k: v for k, v in old.items() if k != 'data_fingerprint'})
+    if layout(theirs) != layout(self.cfg):
+      raise CheckpointError(f'{where} step {step}: its phases up to that step differ from this run\'s (lengths, batch '
+                            'sizes, data or model settings): a branch changes only what comes after its branch point')
 
   def initial_params(self) -> dict[str, Any] | None:
     return init.initial_params(self.cfg, self.source) if self.source else None

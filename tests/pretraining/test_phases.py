@@ -334,3 +334,32 @@ def test_a_ramp_trains_its_batch_sizes_and_resumes_bitwise_in_the_middle(phased,
   b, _ = restore_pretraining_state(workdir, cfg, 12)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
+
+
+def test_review_cases_of_phases_are_refused_or_kept(tmp_path):
+  """A first phase's RoPE theta is its model's; phases added to a run, keep_best across phases, a phase's bad
+  batch size and a branch whose layout before its branch point differs are refused, naming what."""
+  d = _recipe().to_dict()
+  d['phases']['stable']['rope_theta'] = 5000.0
+  first = config.PretrainConfig.from_dict({**d, 'num_train_steps': 0}).phase_list()[0]
+  assert first.cfg.model.rope_theta == 5000.0
+  old = config.PretrainConfig(num_train_steps=12).to_dict()
+  new = _recipe().to_dict()
+  assert any(diff.startswith('phases:') for diff in config.config_diffs(old, new, ()))
+  with pytest.raises(ConfigError, match='keep_best ranks checkpoints'):
+    config.PretrainConfig.from_dict({**_recipe().to_dict(), 'keep_best': True, 'eval_every': 2})
+  d = _recipe().to_dict()
+  d['optim']['grad_accum_steps'] = 4
+  d['phases']['extend']['batch_size'] = 6
+  with pytest.raises(ConfigError, match=r'phases.extend: batch_size=6 must be a multiple'):
+    config.PretrainConfig.from_dict(d)
+
+
+@pytest.mark.slow
+def test_a_branch_must_share_the_layout_before_its_branch_point(phased, tmp_path):
+  cfg, _, _, straight, _ = phased
+  d = cfg.to_dict()
+  d['phases']['stable']['batch_size'] = 8  # the stable phase read other examples than the run branched from
+  other = config.PretrainConfig.from_dict({**d, 'num_train_steps': 0, 'branch_from': straight, 'branch_step': 8})
+  with pytest.raises(Exception, match='its phases up to that step differ'):
+    run.train_and_evaluate(other, str(tmp_path / 'b'))
