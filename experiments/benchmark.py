@@ -107,7 +107,7 @@ def _attention_layers(batch_sizes, seq_lens):
   rows = []
   for p in _PRESET.value:
     cfg = preset(p, norm_position='pre', position_embedding='rotary', mlp='geglu', use_bias=False,
-                 attention_window=_WINDOW.value, dtype=_DTYPE.value[0])
+                 attention_window=_WINDOW.value, dtype=_DTYPE.value[0], attention_impl=_ATTN_IMPL.value)
     for b in batch_sizes:
       for s in seq_lens:
         for local in (False, True):
@@ -115,12 +115,13 @@ def _attention_layers(batch_sizes, seq_lens):
                                                           steps=_STEPS.value), preset=p))
           print(json.dumps(rows[-1]), flush=True)
   print(f'\nforward + backward of one encoder layer, median of {_STEPS.value} calls after compilation\n')
-  print('| preset | layer | batch | seq | fwd+bwd (s) | x the shortest seq |\n|---|---|---|---|---|---|')
+  print(f'{jax.devices()[0].device_kind}, jax {jax.__version__}, {_DTYPE.value[0]}\n')
+  print('| preset | layer | kernel | batch | seq | fwd+bwd (s) | x the shortest seq |\n|---|---|---|---|---|---|---|')
   for r in rows:
     first = next(q for q in rows if (q['preset'], q['layer'], q['batch_size']) == (r['preset'], r['layer'],
                                                                                      r['batch_size']))
-    print(f'| {r["preset"]} | {r["layer"]} | {r["batch_size"]} | {r["seq_len"]:,} | {r["fwd_bwd_s"]:.4f} | '
-          f'{r["fwd_bwd_s"] / first["fwd_bwd_s"]:.1f} |')
+    print(f'| {r["preset"]} | {r["layer"]} | {r["kernel"]} | {r["batch_size"]} | {r["seq_len"]:,} | '
+          f'{r["fwd_bwd_s"]:.4f} | {r["fwd_bwd_s"] / first["fwd_bwd_s"]:.1f} |')
 
 
 if __name__ == '__main__':

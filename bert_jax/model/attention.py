@@ -143,6 +143,29 @@ def blockwise_local_attention(q_btnh, k_bsnh, v_bsnh, band_b1xqk, dropout, *, de
   return ctx_bxqnh.reshape(q_btnh.shape[0], nb * r, *q_btnh.shape[2:])[:, :t]
 
 
+def blockwise_local_attention_fused(q_btnh, k_bsnh, v_bsnh, band_b1xqk, *, implementation: str) -> jax.Array:
+  """`blockwise_local_attention` through `jax.nn.dot_product_attention` (`implementation` 'cudnn' or 'xla'):
+  each block of w/2 queries is one row of a batch of B x nb short attentions against its 3 w/2 keys.
+
+  cuDNN's own window argument is causal only (jax raises for a right window without a causal mask), so an
+  encoder's symmetric window reaches the fused kernel this way: flash attention over [B nb, w/2, N, H] queries
+  with the band as its mask. No attention dropout (the function has none).
+  """
+  b, t, n, h = q_btnh.shape
+  nb, r = band_b1xqk.shape[2], band_b1xqk.shape[3]
+  q_xqnh = _blocks(q_btnh, r, nb, 0).reshape(b * nb, r, n, h)
+  k_blocks, v_blocks = _blocks(k_bsnh, r, nb, 1), _blocks(v_bsnh, r, nb, 1)
+  window = lambda x: jnp.concatenate([x[:, :-2], x[:, 1:-1], x[:, 2:]], axis=2).reshape(b * nb, 3 * r, n, h)  # pylint: disable=unnecessary-lambda-assignment
+  mask_x1qk = jnp.broadcast_to(band_b1xqk, (b, 1, nb, r, 3 * r)).reshape(b * nb, 1, r, 3 * r)
+  # A query that sees no key (padding far from any real token) attends to its own position instead: a row of
+  # the fused softmax with no key is 0 / 0, NaN in every gradient. Such outputs are unused either way.
+  blind = ~mask_x1qk.any(-1, keepdims=True)
+  mask_x1qk = mask_x1qk | (blind & jnp.eye(r, 3 * r, k=r, dtype=bool))
+  ctx_xqnh = jax.nn.dot_product_attention(q_xqnh, window(k_blocks), window(v_blocks), mask=mask_x1qk,
+                                          implementation=implementation)
+  return ctx_xqnh.reshape(b, nb * r, n, h)[:, :t]
+
+
 class SelfAttention(nnx.Module):
   """Multi-head self-attention under a boolean mask ([B, 1, 1, S] padding or [B, 1, T, S] segments).
 
@@ -153,7 +176,8 @@ class SelfAttention(nnx.Module):
   row) attends uniformly to every key: finite, and ignored downstream. Rotary positions
   (`rope`: RoPE's cos/sin tables) rotate the queries and keys first. A local attention window
   arrives as part of the mask: a full mask (short rows, attention maps), or `band_mask`'s blocks, which
-  select `blockwise_local_attention` (linear in the row length).
+  select the blockwise paths (linear in the row length): cuDNN flash over the blocks where the kernel choice is
+  'cudnn', else `blockwise_local_attention`'s einsums.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -177,9 +201,13 @@ class SelfAttention(nnx.Module):
     """Attends under `mask_b11s` (boolean, [B, 1, 1 or T, S]); `rope`: (cos, sin) [B, T, H / 2] or None."""
     q_btnh, k_bsnh = self.queries_keys(x_btd, rope)
     v_bsnh = self.value(x_btd)
-    if mask_b11s.ndim == 5:  # a local layer's band (`band_mask`)
-      ctx_btnh = blockwise_local_attention(q_btnh, k_bsnh, v_bsnh, mask_b11s, self.probs_dropout,
-                                           deterministic=deterministic)
+    if mask_b11s.ndim == 5:  # a local layer's band (`band_mask`): blocks of w/2 queries against 3 w/2 keys
+      impl = choose_attention(self.cfg, current_platform(), training=not deterministic, seq_len=mask_b11s.shape[3])
+      if impl == 'cudnn':
+        ctx_btnh = blockwise_local_attention_fused(q_btnh, k_bsnh, v_bsnh, mask_b11s, implementation='cudnn')
+      else:
+        ctx_btnh = blockwise_local_attention(q_btnh, k_bsnh, v_bsnh, mask_b11s, self.probs_dropout,
+                                             deterministic=deterministic)
       return self.output(ctx_btnh)
     b, t, s = q_btnh.shape[0], q_btnh.shape[1], k_bsnh.shape[1]
     impl = 'einsum' if return_probs else choose_attention(

@@ -34,7 +34,10 @@ def _no_dropout(x, deterministic):
 
 @pytest.mark.parametrize('t,window', [(16, 4), (37, 8), (5, 8), (64, 16), (33, 2)])
 @pytest.mark.parametrize('rows', ['padded', 'packed'])
-def test_blockwise_equals_the_masked_full_path(t, window, rows):
+@pytest.mark.parametrize('path', ['einsum', 'fused'])
+def test_blockwise_equals_the_masked_full_path(t, window, rows, path):
+  """'fused' is the blocks as one batch of jax.nn.dot_product_attention calls, the way GPUs run them through
+  cuDNN; here with its XLA implementation (the same reshapes and mask), on GPU `test_..._cudnn_on_gpu`."""
   q, k, v = _inputs(t)
   rng = np.random.default_rng(1)
   if rows == 'padded':
@@ -54,7 +57,10 @@ def test_blockwise_equals_the_masked_full_path(t, window, rows):
     band, full, real = attention.band_mask(window, t, None, segments), encoder.segment_mask_b1ts(segments), segments > 0
 
   def both(q, k, v):
-    blockwise = attention.blockwise_local_attention(q, k, v, band, _no_dropout, deterministic=True)
+    if path == 'einsum':
+      blockwise = attention.blockwise_local_attention(q, k, v, band, _no_dropout, deterministic=True)
+    else:
+      blockwise = attention.blockwise_local_attention_fused(q, k, v, band, implementation='xla')
     return blockwise, _full_local(q, k, v, full, window)
 
   got, want = both(q, k, v)
@@ -117,3 +123,42 @@ def test_a_local_layer_trains_blockwise_with_attention_dropout():
   value, grads = nnx.value_and_grad(loss)(model)
   assert np.isfinite(float(value)) and all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
   assert float(value) != float(loss(model, deterministic=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != 'gpu', reason='needs an NVIDIA GPU: JAX_PLATFORMS=cuda pytest -m gpu')
+@pytest.mark.parametrize('rows', ['full', 'padded', 'packed'])
+def test_a_local_layer_runs_blockwise_cudnn_on_gpu(rows):
+  """A bfloat16 local layer on GPU runs its blocks through cuDNN flash attention (the compiled step holds the
+  fused call) and equals the einsum blockwise path (forced with attention_impl='xla'), forward and backward."""
+  t, window = 300, 128  # a last block cut short
+  cfg = preset('tiny', vocab_size=100, norm_position='pre', position_embedding='rotary', mlp='geglu',
+               use_bias=False, type_vocab_size=0, attention_window=window, num_heads=2, hidden_size=128,
+               intermediate_size=256, dtype='bfloat16', hidden_dropout=0.0, attention_dropout=0.0,
+               max_position_embeddings=t)
+  if rows in ('full', 'padded'):
+    valid = (np.arange(t)[None] < np.array([[t], [t if rows == 'full' else 170]])).astype(np.int32)
+    band, real = attention.band_mask(window, t, valid), valid > 0
+  else:
+    segments = np.array([[1] * 120 + [2] * 150 + [0] * 30, [1] * 40 + [2] * 200 + [3] * 60], np.int32)
+    band, real = attention.band_mask(window, t, None, segments), segments > 0
+  x = jax.random.normal(jax.random.key(1), (2, t, cfg.hidden_size), jnp.float32)
+  weight = jnp.asarray(np.random.default_rng(2).normal(size=x.shape), jnp.float32) * real[:, :, None]
+  results = {}
+  for impl in ('xla', ''):
+    layer = attention.SelfAttention(dataclasses.replace(cfg, attention_impl=impl), rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(layer, nnx.Param, ...)
+
+    def loss(params, x, graphdef=graphdef, rest=rest):
+      y = nnx.merge(graphdef, params, rest)(x, band, deterministic=False)
+      return jnp.sum(y.astype(jnp.float32) * weight), y
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    hlo = step.lower(params, x).compile().as_text()
+    assert ('cudnn$fmha' in hlo) == (impl == ''), impl
+    (_, y), grads = step(params, x)
+    results[impl] = np.asarray(y, np.float32), jax.tree.map(lambda g: np.asarray(g, np.float32), grads)
+  (y_xla, g_xla), (y_cudnn, g_cudnn) = results['xla'], results['']
+  np.testing.assert_allclose(y_cudnn[real], y_xla[real], atol=3e-2, rtol=3e-2)
+  for a, b in zip(jax.tree.leaves(g_cudnn), jax.tree.leaves(g_xla)):
+    assert np.isfinite(a).all()
+    np.testing.assert_allclose(a, b, atol=5e-2 * max(1.0, float(np.abs(b).max())), rtol=5e-2)
