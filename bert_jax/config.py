@@ -224,6 +224,9 @@ class DataConfig:
 
   # Comma-separated files, globs or directories; gzip/bz2/xz files are read as they are.
   train_files: str = _f('data/wikitext-2-raw', path=True)
+  # A mixture: comma-separated weights, one per train_files entry (each entry a corpus, prepared on its own);
+  # training rows come from the corpora in these proportions, whatever their sizes. '' = one corpus of all files.
+  train_weights: str = ''
   # Held-out files; when empty, documents are held out by a keyed hash of their text with
   # probability `eval_fraction`.
   eval_files: str = _f('', path=True)
@@ -305,6 +308,8 @@ class DataConfig:
     if self.pack and (self.pack_rows_multiple < 1 or self.max_segments_per_row < 1):
       problems.append(f'data.pack_rows_multiple={self.pack_rows_multiple} and data.max_segments_per_row='
                       f'{self.max_segments_per_row} must be positive')
+    if self.train_weights:
+      problems.extend(_weight_problems(self.train_weights, self.train_files))
     if problems:
       raise ConfigError('; '.join(problems))
     if self.objective not in OBJECTIVES:
@@ -323,6 +328,13 @@ class DataConfig:
     if self.max_predictions_per_seq > self.max_seq_length:
       raise ConfigError(f'data.max_predictions_per_seq={self.max_predictions_per_seq} must be in '
                         f'(0, max_seq_length={self.max_seq_length}]')
+
+  def mixture(self) -> list[tuple[str, float]]:
+    """(files, share) per corpus of a mixture (shares sum to 1); [] without train_weights."""
+    if not self.train_weights:
+      return []
+    weights = [float(w) for w in self.train_weights.split(',')]
+    return [(f.strip(), w / sum(weights)) for f, w in zip(self.train_files.split(','), weights)]
 
   @property
   def sentence_pairs(self) -> bool:
@@ -489,7 +501,10 @@ class PhaseConfig:
   """
 
   order: int = 0  # its place in the run: 1, 2, ... (config dicts keep no order of their own)
-  steps: int = 0  # the phase's length in optimizer steps (> 0)
+  steps: int = 0  # the phase's length in optimizer steps (> 0), or:
+  # its length in row tokens (batch rows x max_seq_length, its ramp's included): steps = the fewest that train
+  # at least this many. The resolved steps are saved beside it.
+  tokens: int = 0
   max_seq_length: int = 0  # data.max_seq_length from this phase on (context extension; packing as data.pack)
   batch_size: int = 0
   # A batch-size ramp at the phase's start: from ramp_batch_size rows, doubling, up to batch_size, each size
@@ -506,7 +521,10 @@ class PhaseConfig:
   # '': the run's learning-rate schedule goes on; 'decay': optim.schedule='wsd' decays from this phase's
   # first step to the run's last (the phase after the stable ones).
   lr: str = ''
-  train_files: str = _f('', path=True)  # data.train_files from this phase on (a mixture: comma-separated files)
+  train_files: str = _f('', path=True)  # data.train_files from this phase on (comma-separated files)
+  # data.train_weights from this phase on: one weight per train_files entry, each a corpus sampled in that
+  # proportion. A phase that gives train_files gives their weights here too ('': one corpus of all of them).
+  train_weights: str = ''
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -561,9 +579,13 @@ class PretrainConfig(TrainingConfig):
   def __post_init__(self):
     phases = {}
     for name, phase in (self.phases or {}).items():
-      steps = phase.get('steps', 0) if isinstance(phase, dict) else phase.steps
-      if not isinstance(steps, int) or steps <= 0:
-        raise ConfigError(f'phases.{name}.steps must be a positive number of steps, got {steps!r}')
+      get = phase.get if isinstance(phase, dict) else lambda k, _, phase=phase: getattr(phase, k)
+      steps, tokens = get('steps', 0), get('tokens', 0)
+      if not isinstance(tokens, int) or tokens < 0:
+        raise ConfigError(f'phases.{name}.tokens must be a whole number of tokens >= 0, got {tokens!r}')
+      if not isinstance(steps, int) or steps < 0 or not (steps or tokens):
+        raise ConfigError(f'phases.{name}.steps must be a positive number of steps (or give phases.{name}.tokens), '
+                          f'got {steps!r}')
       if isinstance(phase, dict):
         try:
           phase = PhaseConfig(**phase)
@@ -577,6 +599,15 @@ class PretrainConfig(TrainingConfig):
       raise ConfigError('phases: give each phase its place in the run, order=1, 2, ... '
                         f'({", ".join(f"{n}: {p.order}" for n, p in phases.items())})')
     phases = dict(sorted(phases.items(), key=lambda item: item[1].order))
+    batch, seq = self.batch_size, self.data.max_seq_length
+    for name, p in phases.items():  # lengths in tokens -> steps, at each phase's batch size and length
+      batch, seq = p.batch_size or batch, p.max_seq_length or seq
+      if p.tokens:
+        steps = _steps_for_tokens(f'phases.{name}', p, batch, seq)
+        if p.steps and p.steps != steps:
+          raise ConfigError(f'phases.{name}: its length is steps={p.steps} or tokens={p.tokens} ({steps} steps of '
+                            f'{batch} x {seq}), not both: set phases.{name}.steps=0 to give it in tokens')
+        phases[name] = dataclasses.replace(p, steps=steps)
     object.__setattr__(self, 'phases', phases)
     if phases and self.num_train_steps == 0 and self.num_train_epochs == 0:
       object.__setattr__(self, 'num_train_steps', sum(p.steps for p in phases.values()))  # checked below
@@ -616,7 +647,8 @@ class PretrainConfig(TrainingConfig):
       prob = p.masked_lm_prob if p.masked_lm_prob >= 0 else (data.masked_lm_prob if i == 0 else data.eval_masked_lm_prob)
       end = p.masked_lm_prob_end if p.masked_lm_prob_end >= 0 else (data.masked_lm_prob_end if i == 0 else 0.0)
       changes = dict(max_seq_length=p.max_seq_length or data.max_seq_length, masked_lm_prob=prob,
-                     masked_lm_prob_end=end, train_files=p.train_files or data.train_files)
+                     masked_lm_prob_end=end, train_files=p.train_files or data.train_files,
+                     train_weights=p.train_weights or ('' if p.train_files else data.train_weights))
       if any(changes[k] != getattr(data, k) for k in changes):
         changes['max_predictions_per_seq'] = 0  # derived again from the phase's length and rates
         try:
@@ -758,9 +790,26 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
   return {**config, 'data': data}
 
 
-def _ramp(where: str, p: PhaseConfig, batch_size: int, seq: int) -> list[tuple[int, int]]:
-  """(steps, batch size) of a phase with a batch-size ramp: doubling sizes from p.ramp_batch_size, each an equal
-  share of p.ramp_tokens, then the rest of the phase at `batch_size`."""
+def _weight_problems(weights: str, files: str) -> list[str]:
+  """What is wrong with data.train_weights for data.train_files (one weight per comma-separated entry)."""
+  try:
+    values = [float(w) for w in weights.split(',')]
+  except ValueError:
+    return [f'data.train_weights={weights!r} must be comma-separated numbers, one per data.train_files entry']
+  entries = [f for f in files.split(',') if f.strip()]
+  if len(values) != len(entries):
+    return [f'data.train_weights gives {len(values)} weight(s) for {len(entries)} data.train_files entries '
+            f'({files!r}): one per entry']
+  if not all(math.isfinite(v) and v > 0 for v in values):
+    return [f'data.train_weights={weights!r}: each weight must be a positive number']
+  return []
+
+
+def _ramp_parts(where: str, p: PhaseConfig, batch_size: int, seq: int) -> list[tuple[int, int]]:
+  """(steps, batch size) of a batch-size ramp: doubling sizes from p.ramp_batch_size, each an equal share of
+  p.ramp_tokens ([] without a ramp)."""
+  if not (p.ramp_batch_size or p.ramp_tokens):
+    return []
   if not 0 < p.ramp_batch_size < batch_size or p.ramp_tokens <= 0:
     raise ConfigError(f'{where}: a batch-size ramp needs 0 < ramp_batch_size ({p.ramp_batch_size}) < batch_size '
                       f'({batch_size}) and ramp_tokens > 0 ({p.ramp_tokens})')
@@ -768,7 +817,23 @@ def _ramp(where: str, p: PhaseConfig, batch_size: int, seq: int) -> list[tuple[i
   while sizes[-1] * 2 < batch_size:
     sizes.append(sizes[-1] * 2)
   share = p.ramp_tokens / len(sizes)
-  parts = [(math.ceil(share / (b * seq)), b) for b in sizes]
+  return [(math.ceil(share / (b * seq)), b) for b in sizes]
+
+
+def _steps_for_tokens(where: str, p: PhaseConfig, batch_size: int, seq: int) -> int:
+  """The fewest steps whose rows (its ramp's, then `batch_size` x `seq`) hold at least p.tokens tokens."""
+  ramp = _ramp_parts(where, p, batch_size, seq)
+  left = p.tokens - sum(n * b * seq for n, b in ramp)
+  if ramp and left <= 0:
+    raise ConfigError(f'{where}: its batch-size ramp alone trains {sum(n * b * seq for n, b in ramp):,} of its '
+                      f'{p.tokens:,} tokens; lower ramp_tokens or give the phase more tokens')
+  return sum(n for n, _ in ramp) + math.ceil(left / (batch_size * seq))
+
+
+def _ramp(where: str, p: PhaseConfig, batch_size: int, seq: int) -> list[tuple[int, int]]:
+  """(steps, batch size) of a phase with a batch-size ramp: `_ramp_parts`, then the rest of the phase at
+  `batch_size`."""
+  parts = _ramp_parts(where, p, batch_size, seq)
   left = p.steps - sum(n for n, _ in parts)
   if left <= 0:
     raise ConfigError(f'{where}: its batch-size ramp takes {sum(n for n, _ in parts)} steps of its {p.steps}; '

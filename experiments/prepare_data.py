@@ -8,13 +8,14 @@ Work units are spread over `data.num_workers` local processes (0 = every core) a
 started on every host of a pod (the multi-host flags, as for pretrain.py), over the hosts: each
 builds its share into the shared `data.cache_dir`. A run killed part-way resumes where it
 stopped. Ends by printing one JSON line: the cache directory and its statistics (a run in phases: one per
-phase's records).
+phase's records, and one per corpus of a mixture).
 """
 
 import json
 import os
 
 from bert_jax.config import PretrainConfig
+from bert_jax.data.mixture import Mixture
 from bert_jax.pretraining import run
 from bert_jax.runs import reporting
 from bert_jax.train.preemption import Preemption
@@ -31,7 +32,8 @@ def main(_):
   # SIGTERM/Ctrl-C: the workers stop, finished units stay, exit code 75; the same command resumes.
   with Preemption() as preempt, preempt.immediately('preparing the data'):
     phases = run.prepare_phase_data(cfg, log=bool(cfg.phases))  # a run in phases: each phase's records
-  for prepared in {p.dir: p for p, _ in phases}.values():
+  caches = [part for p, _ in phases for part in (p.parts if isinstance(p, Mixture) else [p])]  # a mixture: each corpus
+  for prepared in {p.dir: p for p in caches}.values():
     reporting.log(json.dumps({'dir': prepared.dir, 'num_train': prepared.num_train, 'num_eval': prepared.num_eval,
                               **prepared.stats}))
 

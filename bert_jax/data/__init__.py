@@ -9,4 +9,5 @@
   masking      dynamic masked-LM corruption, vectorised over a batch
   packing      first-fit packing of examples into rows (pretraining and fine-tuning)
   loader       prepared records -> masked, resumable per-process batches
+  mixture      several prepared corpora sampled by weight (data.train_weights)
 """

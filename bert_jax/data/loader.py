@@ -339,7 +339,10 @@ class BatchMaker:
     return np.arange(start, start + self.global_batch_size, dtype=np.int64)
 
   def record_indices(self, positions: np.ndarray) -> np.ndarray:
-    """The records at stream positions (int64[...]): the epoch's keyed permutation."""
+    """The records at stream positions (int64[...]): the epoch's keyed permutation (a mixture orders its own:
+    `mixture.MixtureDataset.record_indices`)."""
+    if hasattr(self.dataset, 'record_indices'):
+      return self.dataset.record_indices(positions, self.seed)
     n = len(self.dataset)
     epochs, within = np.divmod(positions, n)
     out = np.empty_like(positions)

@@ -23,7 +23,8 @@ import optax
 
 from bert_jax import distributed, sharding as shd
 from bert_jax.config import ModelConfig, PretrainConfig, architecture_diffs, facts, upgrade_saved
-from bert_jax.data import loader as input_pipeline, prepare as pretraining_data, tokenization
+from bert_jax.data import loader as input_pipeline, mixture, prepare as pretraining_data, tokenization
+from bert_jax.data.mixture import Mixture
 from bert_jax.data.records import PreparedData
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError, UnusableCheckpoint
 from bert_jax.interop.pretrained import Source
@@ -111,12 +112,23 @@ def build_model(cfg: PretrainConfig, mesh, total_steps: int) -> StepModel:
                            rules=shd.rules(cfg.mesh.rules))
 
 
-def prepare_data(cfg: PretrainConfig) -> tuple[PreparedData, input_pipeline.Vocab]:
-  """Prepares (or reuses) the run's data, every process building its share of the units.
+def prepare_data(cfg: PretrainConfig) -> tuple[PreparedData | Mixture, input_pipeline.Vocab]:
+  """Prepares (or reuses) the run's data, every process building its share of the units: one cache, or one
+  per corpus of a mixture (data.train_weights), the first corpus's tokenizer tokenizing the others.
 
   Returns:
-    The prepared cache and what masking needs of its tokenizer.
+    The prepared cache (or `mixture.Mixture`) and what masking needs of its tokenizer.
   """
+  if cfg.data.train_weights:
+    parts, names = [], []
+    for files, _ in cfg.data.mixture():
+      data = dataclasses.replace(cfg.data, train_files=files, train_weights='',
+                                 tokenizer=cfg.data.tokenizer or (parts[0].tokenizer_path if parts else ''))
+      parts.append(prepare_data(dataclasses.replace(cfg, data=data))[0])
+      names.append(files)
+    prepared = Mixture(tuple(parts), tuple(share for _, share in cfg.data.mixture()), tuple(names))
+    tokenizer = tokenization.load_tokenizer(prepared.tokenizer_path)
+    return prepared, input_pipeline.Vocab.from_tokenizer(tokenizer, prepared.special_ids, cfg.data.masking)
 
   def sync(failed: bool) -> bool:  # a barrier that also tells whether any process failed
     if jax.process_count() == 1:
@@ -137,7 +149,9 @@ def prepare_phase_data(cfg: PretrainConfig, log: bool = False) -> list[tuple[Pre
   for phase in cfg.phase_list():
     if phase.cfg.data not in data:
       if log:
-        reporting.log(f'{phase.label}: data at max_seq_length={phase.cfg.data.max_seq_length}')
+        mix = ', '.join(f'{share:.0%} {files}' for files, share in phase.cfg.data.mixture())
+        reporting.log(f'{phase.label}: data at max_seq_length={phase.cfg.data.max_seq_length}'
+                      + (f', a mixture of {mix}' if mix else ''))
       own = phase.cfg
       if trained and not own.data.tokenizer:
         own = dataclasses.replace(own, data=dataclasses.replace(own.data, tokenizer=trained))
@@ -147,7 +161,7 @@ def prepare_phase_data(cfg: PretrainConfig, log: bool = False) -> list[tuple[Pre
 
 
 def _eval_iter(cfg: PretrainConfig, prepared, vocab, mesh) -> Iterator[dict[str, np.ndarray]]:
-  dataset = input_pipeline.PretrainingDataset(prepared, 'eval')
+  dataset = mixture.open_split(prepared, 'eval', shared_eval=bool(cfg.data.eval_files))
   block, num_blocks = distributed.process_batch_block(mesh)
   return input_pipeline.eval_batches(dataset, batch_size=cfg.eval_batch_size, seed=cfg.seed, cfg=cfg.data,
                                      vocab=vocab, process_index=block, process_count=num_blocks)
@@ -212,11 +226,11 @@ class PretrainingJob:
     if cfg.phases:
       reporting.log(cfg.phase_plan())
     # Each phase's records (its sequence length, files): phases that share a data config share a cache.
-    self.data = [(prepared, vocab, input_pipeline.PretrainingDataset(prepared, 'train'))
+    self.data = [(prepared, vocab, mixture.open_split(prepared, 'train'))
                  for prepared, vocab in prepare_phase_data(cfg, log=bool(cfg.phases))]
     self.prepared, self.vocab, self.train_set = self.data[0]
     self.tokenizer = tokenization.load_tokenizer(self.prepared.tokenizer_path)
-    caches = [os.path.basename(os.path.normpath(p.dir)) for p, _, _ in self.data]
+    caches = [mixture.fingerprint(p) for p, _, _ in self.data]
     self.fingerprint = caches[0] if len(set(caches)) == 1 else hashlib.sha256('+'.join(caches).encode()).hexdigest()[:16]
     self.checkpoint_extra = {'data_fingerprint': self.fingerprint}
     self.total_steps = cfg.total_steps(len(self.train_set))

@@ -151,11 +151,10 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     cfg['optim'].update(name='stable_adamw', schedule='wsd', decay='1-sqrt', learning_rate=8e-4, warmup_steps=3815,
                         weight_decay=1e-5, b1=0.9, b2=0.98, eps=1e-6)
     cfg.update(batch_size=4608, num_train_steps=0, log_every=100, eval_every=10_000, checkpoint_every=5_000)
-    tokens = lambda n, rows, seq: round(n / (rows * seq))  # pylint: disable=unnecessary-lambda-assignment
     cfg['phases'] = _phases(
-        stable=dict(steps=tokens(1.7e12 - 50e9, 4608, 1024) + 37_086, ramp_batch_size=768, ramp_tokens=50 * 10**9),
-        extend=dict(steps=tokens(250e9, 576, 8192), max_seq_length=8192, batch_size=576, rope_theta=160_000.0),
-        decay=dict(steps=tokens(50e9, 576, 8192), lr='decay'))
+        stable=dict(tokens=1_700 * 10**9, ramp_batch_size=768, ramp_tokens=50 * 10**9),
+        extend=dict(tokens=250 * 10**9, max_seq_length=8192, batch_size=576, rope_theta=160_000.0),
+        decay=dict(tokens=50 * 10**9, lr='decay'))
   elif variant == 'mini':
     cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000))
     cfg.update(batch_size=32, num_train_steps=10_000, log_every=100, eval_every=1000, checkpoint_every=1000)

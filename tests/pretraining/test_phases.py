@@ -306,6 +306,33 @@ def test_a_batch_size_ramp_counts_every_example_and_token():
       config.PretrainConfig.from_dict(d)
 
 
+def test_phase_lengths_in_tokens_resolve_to_the_fewest_steps_that_hold_them():
+  cfg = _ramped()
+  d = cfg.to_dict()
+  # stable: a ramp of 4 and 8 rows (1 step each, 384 tokens), then 16 x 32 rows; extend at 16 x 64.
+  d['phases']['stable'].update(steps=0, tokens=384 + 3 * 512 + 1)
+  d['phases']['extend'].update(steps=0, tokens=2 * 1024)
+  d['num_train_steps'] = 0
+  tokens = config.PretrainConfig.from_dict(d)
+  assert [(p.name, p.end - p.start, p.cfg.batch_size) for p in tokens.phase_list()] == [
+      ('stable', 1, 4), ('stable', 1, 8), ('stable', 4, 16), ('extend', 2, 16), ('decay', 4, 16)]
+  assert tokens.phases['stable'].steps == 6 and tokens.phases['stable'].tokens == 384 + 3 * 512 + 1
+  again = config.PretrainConfig.from_dict(json.loads(json.dumps(tokens.to_dict())))  # saved: steps beside tokens
+  assert again == tokens
+  for bad, pattern in ((dict(steps=3, tokens=4096), 'its length is steps=3 or tokens=4096 (4 steps of 16 x 64), not'),
+                       (dict(steps=0, tokens=-5), 'phases.extend.tokens must be a whole number of tokens >= 0'),
+                       (dict(steps=0, tokens=0), 'phases.extend.steps must be a positive number of steps (or give')):
+    d2 = cfg.to_dict()
+    d2['phases']['extend'].update(bad)
+    d2['num_train_steps'] = 0
+    with pytest.raises(ConfigError, match=re.escape(pattern)):
+      config.PretrainConfig.from_dict(d2)
+  d2 = cfg.to_dict()
+  d2['phases']['stable'].update(steps=0, tokens=300)
+  with pytest.raises(ConfigError, match=re.escape('its batch-size ramp alone trains 384 of its 300 tokens')):
+    config.PretrainConfig.from_dict(d2)
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_ramp_trains_its_batch_sizes_and_resumes_bitwise_in_the_middle(phased, tmp_path):
