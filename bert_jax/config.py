@@ -521,6 +521,8 @@ class PhaseConfig:
   # '': the run's learning-rate schedule goes on; 'decay': optim.schedule='wsd' decays from this phase's
   # first step to the run's last (the phase after the stable ones).
   lr: str = ''
+  # optim.learning_rate (the peak) from this phase on, the schedule scaled by it / the run's (0: the phase before's)
+  learning_rate: float = 0.0
   train_files: str = _f('', path=True)  # data.train_files from this phase on (comma-separated files)
   # data.train_weights from this phase on: one weight per train_files entry, each a corpus sampled in that
   # proportion. A phase that gives train_files gives their weights here too ('': one corpus of all of them).
@@ -655,10 +657,13 @@ class PretrainConfig(TrainingConfig):
           data = dataclasses.replace(data, **changes)
         except ConfigError as e:
           raise ConfigError(f'{where}: {e}') from None
+      if p.learning_rate < 0:
+        raise ConfigError(f'{where}.learning_rate must be > 0 (0: the phase before\'s), got {p.learning_rate}')
       try:
         model = dataclasses.replace(cfg.model, rope_theta=p.rope_theta or cfg.model.rope_theta,
                                     local_rope_theta=p.local_rope_theta or cfg.model.local_rope_theta)
-        cfg = dataclasses.replace(cfg, data=data, model=model, batch_size=p.batch_size or cfg.batch_size,
+        optim = dataclasses.replace(cfg.optim, learning_rate=p.learning_rate or cfg.optim.learning_rate)
+        cfg = dataclasses.replace(cfg, data=data, model=model, optim=optim, batch_size=p.batch_size or cfg.batch_size,
                                   num_train_steps=p.steps)
       except ConfigError as e:
         raise ConfigError(f'{where}: {e}') from None
@@ -684,6 +689,12 @@ class PretrainConfig(TrainingConfig):
       lines.append(f'{p.label}: steps {p.start}-{p.end}, {p.cfg.batch_size} x {p.cfg.data.max_seq_length} tokens, '
                    f'{p.tokens:,} row tokens')
     return '\n'.join(lines)
+
+  def learning_rate_levels(self) -> list[tuple[int, float]] | None:
+    """(first step, peak / optim.learning_rate) per phase when a phase sets its own learning_rate, else None."""
+    if not any(p.learning_rate for p in self.phases.values()):
+      return None
+    return [(p.start, p.cfg.optim.learning_rate / self.optim.learning_rate) for p in self.phase_list()]
 
   def decay_start(self) -> int | None:
     """The step the WSD decay starts at: the first phase with lr='decay' (None: the schedule's default)."""

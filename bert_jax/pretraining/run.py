@@ -105,10 +105,10 @@ def pretraining_model(model_cfg: ModelConfig, tx: optax.GradientTransformation, 
 def build_model(cfg: PretrainConfig, mesh, total_steps: int) -> StepModel:
   """The run's model: `pretraining_model` with its optimizer, schedule (a WSD decay from the first decay
   phase, if any) and accumulation."""
-  decay_start = cfg.decay_start()
-  return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, total_steps, decay_start), mesh,
+  decay_start, levels = cfg.decay_start(), cfg.learning_rate_levels()
+  return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, total_steps, decay_start, levels), mesh,
                            objective=cfg.data.objective, grad_accum_steps=cfg.optim.grad_accum_steps,
-                           schedule=optim.learning_rate_schedule(cfg.optim, total_steps, decay_start),
+                           schedule=optim.learning_rate_schedule(cfg.optim, total_steps, decay_start, levels),
                            rules=shd.rules(cfg.mesh.rules))
 
 

