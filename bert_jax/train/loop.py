@@ -79,7 +79,7 @@ class FitResult:
   state: dict[str, Any]
   step: int
   last_eval: dict[str, Any] | None  # the held-out metrics of the last evaluation, if any
-  stats: dict[str, float]  # train_steps, train_wall_s, train_padding_fraction
+  stats: dict[str, float]  # train_steps, train_wall_s, train_padding_fraction (and its row_tokens)
 
 
 def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
@@ -165,6 +165,7 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
   stats = {'train_steps': total_steps - start, 'train_wall_s': time.time() - t0}
   if progress.row_tokens:
     stats['train_padding_fraction'] = 1 - progress.real_tokens / progress.row_tokens
+    stats['row_tokens'] = progress.row_tokens  # what stages' padding fractions are weighted by
   return FitResult(state, step, last_eval, stats)
 
 

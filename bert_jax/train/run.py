@@ -210,6 +210,7 @@ def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preempti
       state, step, position = fitted.state, fitted.step, batches.position
       stats = _add_stats(stats, fitted.stats)
     ckpt.wait()
+    stats.pop('row_tokens', None)
     result = {'seed': seed, 'step': fitted.step, **stats}
     result.update(fitted.last_eval or job.evaluate(fitted.state['params'], fitted.step, final_dir))  # a finished run
     if cfg.keep_best:
@@ -222,13 +223,14 @@ def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preempti
 
 
 def _add_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-  """Training statistics of two stages together (padding weighted by steps)."""
+  """Training statistics of two stages together (padding weighted by the stages' row tokens)."""
   if not a:
     return dict(b)
   out = {'train_steps': a['train_steps'] + b['train_steps'], 'train_wall_s': a['train_wall_s'] + b['train_wall_s']}
   if 'train_padding_fraction' in a or 'train_padding_fraction' in b:
-    weighted = [(s['train_padding_fraction'], s['train_steps']) for s in (a, b) if 'train_padding_fraction' in s]
-    out['train_padding_fraction'] = sum(f * n for f, n in weighted) / max(sum(n for _, n in weighted), 1)
+    weighted = [(s['train_padding_fraction'], s['row_tokens']) for s in (a, b) if 'train_padding_fraction' in s]
+    out['row_tokens'] = sum(n for _, n in weighted)
+    out['train_padding_fraction'] = sum(f * n for f, n in weighted) / max(out['row_tokens'], 1)
   return out
 
 
