@@ -169,7 +169,8 @@ def build_command(template: Sequence[str], values: dict[str, str], name: str, in
 
   Args:
     template: the command after `--`, with `{name}` (required) and `{index}` placeholders.
-    values: the run's grid values; `--key=value` is appended for each.
+    values: the run's grid values; `--key=value` is appended for each, but `--config=FILE:VARIANT` goes before
+      the command's first `--config.FIELD` override (config_flags needs the file first).
     name: substituted for `{name}`.
     index: substituted for `{index}`.
 
@@ -183,7 +184,16 @@ def build_command(template: Sequence[str], values: dict[str, str], name: str, in
     raise ConfigError('the command has no {name} placeholder: every run would share one workdir '
                       '(use e.g. --workdir=DIR/{name})')
   argv = [arg.replace(NAME_PLACEHOLDER, name).replace(INDEX_PLACEHOLDER, str(index)) for arg in template]
-  return argv + [f'--{key}={value}' for key, value in values.items()]
+  flags = [f'--{key}={value}' for key, value in values.items()]
+  if CONFIG_KEY in values:
+    # config_flags reads --config=FILE:VARIANT before any --config.FIELD=... override: the grid's goes in front
+    # of the command's own overrides (a --config in the command as well would be two configs).
+    if any(re.match(r'--?config(=|$)', arg) for arg in argv):
+      raise ConfigError('the grid gives config and the command gives --config too: keep one of them')
+    at = next((i for i, arg in enumerate(argv) if re.match(r'--?config\.', arg)), len(argv))
+    argv = argv[:at] + [f'--{CONFIG_KEY}={values[CONFIG_KEY]}'] + argv[at:]
+    flags = [f'--{key}={value}' for key, value in values.items() if key != CONFIG_KEY]
+  return argv + flags
 
 
 def workdir_of(argv: Sequence[str]) -> str | None:

@@ -89,6 +89,31 @@ def test_config_variants_take_the_file_before_them():
     sweep.parse_grid('config=sop,span')
 
 
+def test_the_grids_config_goes_before_the_commands_overrides():
+  values = {'config': 'experiments/configs/pretrain.py:sop', 'config.seed': '0'}
+  argv = sweep.build_command(['py', 'pretrain.py', '--workdir=w/{name}', '--config.num_train_steps=150'], values,
+                             'n', 1)
+  assert argv == ['py', 'pretrain.py', '--workdir=w/n', '--config=experiments/configs/pretrain.py:sop',
+                  '--config.num_train_steps=150', '--config.seed=0']
+  with pytest.raises(ConfigError, match='the grid gives config and the command gives --config too'):
+    sweep.build_command(['p', '--workdir=w/{name}', '--config=x.py:a'], values, 'n', 1)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_variant_grid_runs_with_overrides_in_the_command(tmp_path):
+  """The README's kind of variant sweep with an override in the command (it failed every cell when the grid's
+  --config came after the override)."""
+  result = run_experiment('sweep.py', '--grid=config=experiments/configs/pretrain.py:tiny,recipe_tiny', '--',
+                          sys.executable, 'experiments/pretrain.py', f'--workdir={tmp_path}/{{name}}',
+                          '--config.seed=3', f'--config.data.cache_dir={tmp_path}/cache')
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  rows = _csv_rows(tmp_path / 'sweep_results.csv')
+  assert [(r['name'], r['status']) for r in rows] == [('config=tiny', 'ok'), ('config=recipe_tiny', 'ok')]
+  for name in ('config=tiny', 'config=recipe_tiny'):
+    assert json.load(open(tmp_path / name / 'config.json'))['seed'] == 3
+
+
 def test_build_command_substitutes_placeholders():
   template = ['python', 'train.py', '--workdir=out/{name}', '--seed={index}', '--tag', 'r{index}-{name}']
   values = {'config.learning_rate': '1e-4', 'config.num_train_epochs': '2'}
