@@ -174,3 +174,19 @@ def _initialize_distributed() -> None:
     raise ConfigError(f'--local_device_ids takes comma-separated integers, got {",".join(ids)!r}') from None
   distributed.initialize(_COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value, _PROCESS_ID.value, ids,
                          mode=_DISTRIBUTED.value)
+
+
+def define_launcher_flags():
+  """--launcher, --gather and the SLURM flags of the scripts that run many cells (sweep.py, ladder.py)."""
+  return dict(
+      launcher=flags.DEFINE_enum('launcher', 'local', ('local', 'slurm'), 'local: run the cells here, one after '
+                                 'another; slurm: write job arrays (one cell per array task) and submit them.'),
+      gather=flags.DEFINE_bool('gather', False, 'Run nothing: build the results from what the cells left (after '
+                               '--launcher=slurm, or while they run).'),
+      template=flags.DEFINE_string('slurm_template', None, 'The array script template (default '
+                                   'experiments/launch/array.sbatch): your cluster\'s partition, account, GPUs.'),
+      sbatch=flags.DEFINE_string('slurm_sbatch', '', 'Extra sbatch options for every array task, e.g. '
+                                 '"--partition=gpu --gpus=1 --time=4:00:00".'),
+      submit=flags.DEFINE_bool('slurm_submit', True, 'Submit the arrays with sbatch (--noslurm_submit: only '
+                               'write them and print how to submit).'),
+  )

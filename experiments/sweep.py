@@ -10,6 +10,11 @@ in. Runs whose workdir already holds final_metrics.json are skipped, so re-runni
 interrupted sweep. The results go to OUTPUT_DIR/sweep_results.csv and .md (the markdown table is also
 printed); the sweep exits 1 if any run failed. `--dry_run` prints one shell-quoted command per line
 (the runs not yet done) and runs nothing.
+
+On a cluster: --launcher=slurm writes one SLURM job array (a run per array task; OUTPUT_DIR/slurm/) and submits it
+(--noslurm_submit: only writes it); the same command with --gather then builds the table from the finished runs,
+naming those without results yet. --slurm_sbatch="--partition=gpu --gpus=1" or --slurm_template=FILE give the
+resources (experiments/launch/array.sbatch is the template).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from absl import flags
 from bert_jax.errors import BertJaxError, ConfigError
 
 import cli
-from tools import sweep
+from tools import launch, sweep
 
 _GRID = flags.DEFINE_string('grid', None, 'Space-separated key=v1,v2,... entries, e.g. '
                             '"config.optim.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3".')
@@ -33,6 +38,8 @@ _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where sweep_results.{csv,
 _METRIC = flags.DEFINE_string('metric', None, 'Metric that marks the best run; default: the runs\' '
                               'main_metric.')
 _MODE = flags.DEFINE_string('mode', 'max', 'max or min: whether a larger or smaller --metric is better.')
+
+_LAUNCH = cli.define_launcher_flags()
 
 _COMMAND: list[str] = []  # the argv after '--', split off before absl parses the flags
 
@@ -61,9 +68,13 @@ def main(argv):
       print(shlex.join(run.argv), flush=True)
     return
 
-  failed = sweep.execute(runs)
-  rows = sweep.collect(runs)
   output_dir = _OUTPUT_DIR.value or sweep.default_output_dir(runs)
+  if _LAUNCH['launcher'].value == 'slurm' and not _LAUNCH['gather'].value:
+    launch.launch(os.path.join(output_dir, 'slurm'), [('sweep', [(r.argv, r.workdir) for r in runs])],
+                  **{k: _LAUNCH[k].value for k in ('template', 'sbatch', 'submit')})
+    return
+  failed = [] if _LAUNCH['gather'].value else sweep.execute(runs)
+  rows = sweep.collect(runs, missing=sweep.STATUS_MISSING if _LAUNCH['gather'].value else sweep.STATUS_FAILED)
   metric = sweep.ranking_metric(rows, _METRIC.value)
   _, md_path = sweep.write_tables(rows, output_dir, metric, _MODE.value)
   with open(md_path, encoding='utf-8') as f:
@@ -74,6 +85,10 @@ def main(argv):
     raise ConfigError(f'metric {metric!r} is in no run\'s {sweep.FINAL_METRICS_FILE} (have: {", ".join(have)})')
   if failed:
     raise BertJaxError(f'{len(failed)} of {len(runs)} runs failed: {", ".join(r.name for r in failed)}')
+  missing = [r['name'] for r in rows if r['status'] == sweep.STATUS_MISSING]
+  if missing:
+    print(f'{len(missing)} of {len(runs)} runs have no results yet: {", ".join(missing)}', flush=True)
+
 
 
 if __name__ == '__main__':

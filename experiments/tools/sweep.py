@@ -43,6 +43,7 @@ INDEX_PLACEHOLDER = '{index}'
 STATUS_OK = 'ok'
 STATUS_FAILED = 'failed'
 STATUS_BAD_METRICS = 'unreadable metrics'
+STATUS_MISSING = 'no result yet'  # a gather: the run may still be queued or running
 
 _UNSAFE = re.compile(r'[^A-Za-z0-9._=,-]')
 _KEY = re.compile(r'[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*')
@@ -249,7 +250,7 @@ def default_output_dir(runs: Sequence[Run]) -> str:
   return os.path.commonpath([os.path.dirname(os.path.abspath(r.workdir)) for r in runs])
 
 
-def execute(runs: Sequence[Run], out=None) -> list[Run]:
+def execute(runs: Sequence[Run], out=None, label: str = 'sweep') -> list[Run]:
   """Runs the not-yet-done runs one after another; their output streams through unchanged.
 
   Prints a header line `[sweep i/N] name: command` before each run. A failing run is reported and
@@ -265,7 +266,7 @@ def execute(runs: Sequence[Run], out=None) -> list[Run]:
   out = out or sys.stdout
   failed = []
   for run in runs:
-    prefix = f'[sweep {run.index}/{len(runs)}] {run.name}:'
+    prefix = f'[{label} {run.index}/{len(runs)}] {run.name}:'
     if run.is_done():
       print(f'{prefix} done before ({run.metrics_path} exists), skipped', file=out, flush=True)
       continue
@@ -285,11 +286,12 @@ def _is_number(value: Any) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def collect(runs: Sequence[Run]) -> list[dict[str, Any]]:
+def collect(runs: Sequence[Run], missing: str = STATUS_FAILED) -> list[dict[str, Any]]:
   """Reads each run's final metrics.
 
   Args:
     runs: from `plan`.
+    missing: the status of a run without final metrics ('failed'; a gather: 'no result yet').
 
   Returns:
     One row per run: {'name', 'values' (grid values), 'status' ('ok', 'failed' when there are no
@@ -298,7 +300,7 @@ def collect(runs: Sequence[Run]) -> list[dict[str, Any]]:
   """
   rows = []
   for run in runs:
-    row = {'name': run.name, 'values': dict(run.values), 'status': STATUS_FAILED, 'metrics': {},
+    row = {'name': run.name, 'values': dict(run.values), 'status': missing, 'metrics': {},
            'main_metric': None}
     if os.path.isfile(run.metrics_path):
       try:

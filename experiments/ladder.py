@@ -1,0 +1,70 @@
+"""Pretrains each rung of an ablation ladder, fine-tunes each on each task for each seed, and tabulates them.
+
+  python experiments/ladder.py --config=experiments/configs/ladder.py:tiny --workdir=/tmp/ladder_tiny
+  python experiments/ladder.py --config=experiments/configs/ladder.py:cpu --workdir=/tmp/ladder \
+      --config.seeds=5 --config.tasks.rte.overrides="num_train_epochs=5"
+
+Writes WORKDIR/ladder_results.md (printed too), .csv and .png: one row per rung with its held-out MLM accuracy,
+per task the median and range over seeds and the difference to the first rung (with a note: every seed above or
+below the first rung's range, or within the seeds' spread), and wall time. The same command again skips every
+finished cell and continues interrupted ones; a failed cell is named in the table and the others go on (exit 1
+at the end). The whole ladder is checked before anything runs: a bad rung, task or seed count is one error line.
+
+On a cluster: --launcher=slurm writes two SLURM job arrays under WORKDIR/slurm/ (the rungs' pretraining, then,
+after it, every fine-tuning cell: one cell per array task) and submits them where sbatch is (--noslurm_submit:
+only writes them); the same command with --gather builds the table from what the cells left, at any time.
+--dry_run prints the cells' commands.
+"""
+
+import os
+import shlex
+
+from absl import flags
+
+from bert_jax.errors import BertJaxError, ConfigError
+
+import cli
+from tools import ladder, launch
+
+_CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'ladder.py'),
+                            'Ladder config file, optionally with :VARIANT (tiny, cpu, accelerator).')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Where every cell\'s workdir and the results go.')
+_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print one shell-quoted command per pending cell; run nothing.')
+_LAUNCH = cli.define_launcher_flags()
+
+
+def main(_):
+  if not _WORKDIR.value:
+    raise ConfigError('--workdir is required: where the cells and the results go')
+  spec = ladder.Ladder.from_dict(_CONFIG.value.to_dict())
+  directory = os.path.abspath(_WORKDIR.value)
+  pretrain, finetune = ladder.cells(spec, directory)
+  if _DRY_RUN.value:
+    for run in pretrain + finetune:
+      if not run.is_done():
+        print(shlex.join(run.argv), flush=True)
+    return
+  gather = _LAUNCH['gather'].value
+  if _LAUNCH['launcher'].value == 'slurm' and not gather:
+    groups = [('ladder_pretrain', [(r.argv, r.workdir) for r in pretrain]),
+              ('ladder_finetune', [(r.argv, r.workdir) for r in finetune])]
+    launch.launch(os.path.join(directory, 'slurm'), groups,
+                  **{k: _LAUNCH[k].value for k in ('template', 'sbatch', 'submit')})
+    return
+  failed = [] if gather else ladder.execute(pretrain, finetune)
+  rows = ladder.results(spec, pretrain, finetune)
+  md_path = ladder.write_results(spec, rows, directory)
+  with open(md_path, encoding='utf-8') as f:
+    print(f'\n{f.read()}', flush=True)
+  base = os.path.splitext(md_path)[0]
+  print(f'results: {md_path}, {base}.csv and {base}.png', flush=True)
+  missing = sum(len(r['missing']) for r in rows)
+  if failed:
+    raise BertJaxError(f'{len(failed)} of {len(pretrain) + len(finetune)} cells failed: '
+                       f'{", ".join(r.name for r in failed)}')
+  if missing:
+    print(f'{missing} of {len(pretrain) + len(finetune)} cells have no results yet', flush=True)
+
+
+if __name__ == '__main__':
+  cli.run(main, multihost=False)
