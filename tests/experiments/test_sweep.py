@@ -6,13 +6,14 @@ import csv
 import json
 import os
 import shlex
+import subprocess
 import sys
 
 import pytest
 
 from bert_jax.errors import ConfigError
 
-from helpers import assert_one_line_error, run_experiment
+from helpers import assert_one_line_error, run_experiment, tree_digest
 from tools import sweep
 
 GRID = 'config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3'
@@ -306,3 +307,42 @@ def test_sweep_unknown_metric_is_an_error_after_writing_tables(tmp_path):
   result = _fake_sweep(tmp_path, 'config.learning_rate=1e-4 config.num_train_epochs=1', '--metric=dev_f1')
   assert_one_line_error(result, "metric 'dev_f1' is in no run's final_metrics.json")
   assert (tmp_path / 'runs' / 'sweep_results.csv').exists()
+
+
+@pytest.mark.slow
+def test_a_slurm_array_run_task_by_task_fills_the_same_table(tmp_path):
+  """--launcher=slurm writes one array (a run per task); its tasks, run here one by one with SLURM_ARRAY_TASK_ID
+  (no scheduler), then --gather, give the local sweep's table. A gather in between names the missing runs."""
+  local = tmp_path / 'local'
+  local.mkdir()
+  assert _fake_sweep(local, GRID).returncode == 0
+  cluster = tmp_path / 'cluster'
+  cluster.mkdir()
+  written = _fake_sweep(cluster, GRID, '--launcher=slurm', '--slurm_sbatch=--partition=gpu --time=1:00:00')
+  assert written.returncode == 0, written.stderr[-3000:]
+  assert 'wrote ' in written.stdout and 'submit with: bash' in written.stdout and not _calls(cluster)
+  script = cluster / 'runs' / 'slurm' / 'sweep.sbatch'
+  text = script.read_text()
+  assert '#SBATCH --array=1-4' in text and '#SBATCH --partition=gpu' in text and '#SBATCH --time=1:00:00' in text
+  for task in (1, 2, 3):
+    done = subprocess.run(['bash', str(script)], env={**os.environ, 'SLURM_ARRAY_TASK_ID': str(task)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+  partial = _fake_sweep(cluster, GRID, '--gather')
+  assert partial.returncode == 0 and '1 of 4 runs have no results yet' in partial.stdout
+  assert [r['status'] for r in _csv_rows(cluster / 'runs' / 'sweep_results.csv')] == ['ok'] * 3 + ['no result yet']
+  for task in (4, 1):  # the last run, then a finished one again: skipped, not run twice
+    assert subprocess.run(['bash', str(script)], env={**os.environ, 'SLURM_ARRAY_TASK_ID': str(task)},
+                          capture_output=True, timeout=120).returncode == 0
+  assert len(_calls(cluster)) == 4
+  assert _fake_sweep(cluster, GRID, '--gather').returncode == 0
+  assert _csv_rows(cluster / 'runs' / 'sweep_results.csv') == _csv_rows(local / 'runs' / 'sweep_results.csv')
+  # Bad SLURM flags: one error line, nothing written.
+  before = tree_digest(str(cluster))
+  for flag, pattern in (('--slurm_sbatch=partition=gpu', 'takes sbatch options'),
+                        (f'--slurm_template={tmp_path}/none.sbatch', 'No such file'),
+                        ('--launcher=pbs', 'launcher')):
+    bad = _fake_sweep(cluster, GRID, '--launcher=slurm', flag) if flag != '--launcher=pbs' else _fake_sweep(
+        cluster, GRID, flag)
+    assert_one_line_error(bad, pattern)
+  assert tree_digest(str(cluster)) == before

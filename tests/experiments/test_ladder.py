@@ -1,0 +1,182 @@
+"""The ablation ladder: a ladder config checked before anything runs, the tiny ladder's table, skipped finished
+cells, a failed rung reported while the others go on, and SLURM job arrays run task by task filling the same
+table as a local run."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+
+import pytest
+
+from bert_jax.errors import ConfigError
+
+from configs import ladder as ladder_configs
+from helpers import REPO, assert_one_line_error, run_experiment, tree_digest
+from tools import ladder
+
+SST2 = os.path.join(os.path.dirname(REPO), 'shared', 'data', 'sst2')
+needs_sst2 = pytest.mark.skipif(not os.path.isdir(SST2), reason=f'SST-2 is read from {SST2} (../shared/data)')
+TINY = '--config=experiments/configs/ladder.py:tiny'
+
+
+def _tiny(**changes):
+  d = ladder_configs.get_config('tiny').to_dict()
+  for key, value in changes.items():
+    node = d
+    *path, last = key.split('.')
+    for part in path:
+      node = node[part]
+    node[last] = value
+  return d
+
+
+def test_every_variant_builds_each_rung_and_task():
+  for variant in ('tiny', 'cpu', 'accelerator'):
+    spec = ladder.Ladder.from_dict(ladder_configs.get_config(variant).to_dict())
+    assert spec.rungs[0].name == 'bert' and spec.seeds >= 2
+  spec = ladder.Ladder.from_dict(_tiny())
+  pretrain, finetune = ladder.cells(spec, '/w')
+  assert [r.workdir for r in pretrain] == ['/w/pretrain/bert', '/w/pretrain/mlm_only']
+  assert [r.name for r in finetune] == ['bert/sst2/seed0', 'bert/sst2/seed1', 'mlm_only/sst2/seed0',
+                                        'mlm_only/sst2/seed1']
+  argv = finetune[3].argv
+  assert '--config.init_checkpoint=/w/pretrain/mlm_only' in argv and argv[-1] == '--config.seed=1'
+  assert pretrain[1].argv[3:] == [f'--config={REPO}/experiments/configs/pretrain.py:tiny', '--config.data.objective=none']
+  with pytest.raises(ValueError, match='unknown ladder config variant'):
+    ladder_configs.get_config('huge')
+
+
+@pytest.mark.parametrize('changes,pattern', [
+    ({'rungs.mlm_only.variant': 'nope'}, "rungs.mlm_only: unknown pretrain config variant 'nope'"),
+    ({'rungs.mlm_only.overrides': 'data.objectiv=none'}, 'rungs.mlm_only: the config has no field data.objectiv'),
+    ({'rungs.mlm_only.overrides': 'learning_rate=1e-3'}, 'no field learning_rate (it is now optim.learning_rate)'),
+    ({'rungs.mlm_only.overrides': 'data.masked_lm_prob=2'}, 'rungs.mlm_only: data.masked_lm_prob must lie in'),
+    ({'rungs.mlm_only.overrides': 'objective'}, "'objective' is not FIELD=VALUE"),
+    ({'rungs.mlm_only.order': 5}, 'rungs: give each its place, order=1, 2, ...'),
+    ({'tasks.sst2.variant': 'nope'}, "tasks.sst2: unknown finetune config variant 'nope'"),
+    ({'tasks.sst2.overrides': 'num_train_steps=many'}, "tasks.sst2: num_train_steps='many' is not a int"),
+    ({'seeds': 0}, 'seeds must be a whole number >= 1, got 0'),
+    ({'checkpoint_step': -5}, 'checkpoint_step must be -1'),
+    ({'rungs': {}}, 'the ladder has no rungs'),
+])
+def test_a_bad_ladder_is_refused_before_anything_runs(changes, pattern):
+  with pytest.raises(ConfigError, match=pattern.replace('(', r'\(').replace(')', r'\)').replace('.', r'\.')):
+    ladder.Ladder.from_dict(_tiny(**changes))
+
+
+def test_the_table_compares_each_rung_with_the_first_over_seeds():
+  spec = ladder.Ladder.from_dict(_tiny())
+  task = {'metric': 'dev_accuracy'}
+  rows = [{'rung': 'bert', 'mlm_accuracy': 0.2, 'tasks': {'sst2': {**task, 'values': [0.80, 0.82]}}, 'wall_s': 60.0,
+           'missing': []},
+          {'rung': 'mlm_only', 'mlm_accuracy': 0.21, 'tasks': {'sst2': {**task, 'values': [0.85, 0.86]}},
+           'wall_s': 90.0, 'missing': []},
+          {'rung': 'span', 'mlm_accuracy': None, 'tasks': {'sst2': {**task, 'values': [0.81, None]}}, 'wall_s': 0.0,
+           'missing': ['span', 'span/sst2/seed1']}]
+  md, text = ladder.table(spec, rows)
+  lines = md.splitlines()
+  assert lines[2] == '| bert | 0.2000 | 0.8100 [0.8000, 0.8200] (2) | the reference | 1.0 min | — |'
+  assert lines[3] == '| mlm_only | 0.2100 | 0.8550 [0.8500, 0.8600] (2) | +0.0450 (every seed above) | 1.5 min | — |'
+  assert lines[4] == ('| span | — | 0.8100 [0.8100, 0.8100] (1) | +0.0000 (one seed: no spread to compare) | 0.0 min | '
+                      'span, span/sst2/seed1 |')
+  assert ladder.compare({'median': 0.8, 'min': 0.7, 'max': 0.9, 'n': 3}, {'median': 0.8, 'min': 0.75, 'max': 0.85,
+                                                                            'n': 3})[1] == 'within the seeds\' spread'
+  assert ladder.compare({'median': 0.6, 'min': 0.5, 'max': 0.7, 'n': 2}, {'median': 0.8, 'min': 0.75, 'max': 0.85,
+                                                                            'n': 2})[1] == 'every seed below'
+  header = list(csv.reader(text.splitlines()))[0]
+  assert header[:4] == ['rung', 'mlm_accuracy', 'sst2_metric', 'sst2_median'] and header[-2:] == ['wall_s', 'missing']
+
+
+def _csv(path):
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def _numbers(rows):
+  """The rows without wall time (it differs from run to run)."""
+  return [{k: v for k, v in r.items() if k != 'wall_s'} for r in rows]
+
+
+@pytest.fixture(scope='module')
+def tiny_ladder(tmp_path_factory):
+  if not os.path.isdir(SST2):
+    pytest.skip(f'SST-2 is read from {SST2} (../shared/data)')
+  workdir = tmp_path_factory.mktemp('ladder') / 'local'
+  result = run_experiment('ladder.py', TINY, f'--workdir={workdir}')
+  return workdir, result
+
+
+@needs_sst2
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_the_tiny_ladder_tabulates_and_a_rerun_skips_every_finished_cell(tiny_ladder):
+  workdir, result = tiny_ladder
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  rows = _csv(workdir / 'ladder_results.csv')
+  assert [r['rung'] for r in rows] == ['bert', 'mlm_only'] and all(r['missing'] == '' for r in rows)
+  assert all(0 < float(r['mlm_accuracy']) < 1 and r['sst2_metric'] == 'dev_accuracy' and r['sst2_seeds'] == '2'
+             for r in rows)
+  assert (workdir / 'ladder_results.md').read_text() in result.stdout
+  assert (workdir / 'ladder_results.png').read_bytes()[:4] == b'\x89PNG'
+  again = run_experiment('ladder.py', TINY, f'--workdir={workdir}')
+  assert again.returncode == 0 and again.stdout.count('done before') == 6, again.stdout[-3000:]
+  assert _numbers(_csv(workdir / 'ladder_results.csv')) == _numbers(rows)
+
+
+@needs_sst2
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_failed_rung_is_reported_and_the_others_go_on(tmp_path):
+  workdir = tmp_path / 'ladder'
+  result = run_experiment('ladder.py', TINY, f'--workdir={workdir}', '--config.seeds=1',
+                          f'--config.rungs.mlm_only.overrides=data.objective=none data.train_files={tmp_path}/none')
+  assert result.returncode == 1
+  errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+  assert errors[-1] == 'error: 2 of 4 cells failed: mlm_only, mlm_only/sst2/seed0', result.stderr[-3000:]
+  assert "mlm_only/sst2/seed0: not run, its rung's pretraining failed" in result.stdout
+  rows = _csv(workdir / 'ladder_results.csv')
+  assert rows[0]['missing'] == '' and float(rows[0]['sst2_median']) > 0
+  assert rows[1]['missing'] == 'mlm_only mlm_only/sst2/seed0' and rows[1]['mlm_accuracy'] == ''
+
+
+@needs_sst2
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_slurm_arrays_run_task_by_task_fill_the_local_table(tiny_ladder, tmp_path):
+  local, result = tiny_ladder
+  assert result.returncode == 0
+  workdir = tmp_path / 'cluster'
+  written = run_experiment('ladder.py', TINY, f'--workdir={workdir}', '--launcher=slurm', '--noslurm_submit')
+  assert written.returncode == 0, written.stderr[-3000:]
+  slurm = workdir / 'slurm'
+  assert 'ladder_pretrain.sbatch (2 cells)' in written.stdout and 'ladder_finetune.sbatch (4 cells)' in written.stdout
+  submit = (slurm / 'submit.sh').read_text()
+  assert submit.index('ladder_pretrain.sbatch') < submit.index('--dependency=afterany') < submit.index(
+      'ladder_finetune.sbatch')
+  for group, count in (('ladder_pretrain', 2), ('ladder_finetune', 4)):
+    for task in range(1, count + 1):
+      done = subprocess.run(['bash', str(slurm / f'{group}.sbatch')], env={**os.environ,
+                                                                         'SLURM_ARRAY_TASK_ID': str(task)},
+                            capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
+      assert done.returncode == 0, done.stderr[-3000:]
+  gathered = run_experiment('ladder.py', TINY, f'--workdir={workdir}', '--gather')
+  assert gathered.returncode == 0, gathered.stderr[-3000:]
+  assert _numbers(_csv(workdir / 'ladder_results.csv')) == _numbers(_csv(local / 'ladder_results.csv'))
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_bad_rungs_tasks_and_seeds_are_one_error_line_and_touch_nothing(tmp_path):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('a user file')
+  before = tree_digest(str(workdir))
+  for flag, pattern in (('--config.rungs.mlm_only.variant=nope', "unknown pretrain config variant 'nope'"),
+                        ('--config.tasks.sst2.overrides=num_train_steps=many', "num_train_steps='many' is not a int"),
+                        ('--config.seeds=0', 'seeds must be a whole number >= 1'),
+                        ('--config.rungs.bert.overrides=learning_rate=1', 'it is now optim.learning_rate')):
+    assert_one_line_error(run_experiment('ladder.py', TINY, f'--workdir={workdir}', flag), pattern)
+  assert_one_line_error(run_experiment('ladder.py', TINY), '--workdir is required')
+  assert tree_digest(str(workdir)) == before
