@@ -334,7 +334,8 @@ class DataConfig:
     if not self.train_weights:
       return []
     weights = [float(w) for w in self.train_weights.split(',')]
-    return [(f.strip(), w / sum(weights)) for f, w in zip(self.train_files.split(','), weights)]
+    files = [f.strip() for f in self.train_files.split(',') if f.strip()]
+    return [(f, w / sum(weights)) for f, w in zip(files, weights)]
 
   @property
   def sentence_pairs(self) -> bool:
@@ -604,7 +605,7 @@ class PretrainConfig(TrainingConfig):
     batch, seq = self.batch_size, self.data.max_seq_length
     for name, p in phases.items():  # lengths in tokens -> steps, at each phase's batch size and length
       batch, seq = p.batch_size or batch, p.max_seq_length or seq
-      if p.tokens:
+      if p.tokens and batch > 0 and seq > 0:  # (bad sizes are reported below)
         steps = _steps_for_tokens(f'phases.{name}', p, batch, seq)
         if p.steps and p.steps != steps:
           raise ConfigError(f'phases.{name}: its length is steps={p.steps} or tokens={p.tokens} ({steps} steps of '
@@ -616,6 +617,9 @@ class PretrainConfig(TrainingConfig):
     super().__post_init__()
     if phases:
       self.phase_list()  # every phase's config is checked when the run's is built
+    if self.num_train_epochs and (self.data.train_weights or any(p.train_weights for p in phases.values())):
+      raise ConfigError('an epoch of a mixture (data.train_weights) is no corpus\'s epoch: give num_train_steps '
+                        '(or the phases\' steps or tokens)')
     if phases and self.keep_best:
       raise ConfigError('keep_best ranks checkpoints by one held-out metric, but each phase evaluates on its own '
                         'records and masking rate: drop keep_best, or compare steps with experiments/evaluate.py')

@@ -47,7 +47,8 @@ def main(_):
   gather = _LAUNCH['gather'].value
   if _LAUNCH['launcher'].value == 'slurm' and not gather:
     groups = [('ladder_pretrain', [(r.argv, r.workdir) for r in pretrain]),
-              ('ladder_finetune', [(r.argv, r.workdir) for r in finetune])]
+              ('ladder_finetune', [(r.argv, r.workdir, os.path.join(directory, 'pretrain', r.values['rung']))
+                                   for r in finetune])]
     launch.launch(os.path.join(directory, 'slurm'), groups,
                   **{k: _LAUNCH[k].value for k in ('template', 'sbatch', 'submit')})
     return

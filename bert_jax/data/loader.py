@@ -81,6 +81,10 @@ class PretrainingDataset:
     """uint16[N]: every record's token count (a memory-mapped column of the index)."""
     return self.source.index['length']
 
+  def record_lengths(self, indices: np.ndarray) -> np.ndarray:
+    """The token counts of the records at `indices`."""
+    return self.lengths[indices]
+
   def __getstate__(self):
     return {**self.__dict__, '_source': None}
 
@@ -367,7 +371,7 @@ class BatchMaker:
     if self.process_count > 1:
       # Every process must emit the same number of packed rows; the stored record lengths
       # give every process's row count without reading their records.
-      lengths = np.asarray(self.dataset.lengths[indices], np.int64)
+      lengths = np.asarray(self.dataset.record_lengths(indices), np.int64)
       num_rows = packed_num_rows(lengths.reshape(self.process_count, self.local_batch_size).tolist(), self.cfg)
     return pack_batch(batch, self.cfg, num_rows)
 
@@ -481,7 +485,7 @@ class PretrainingBatches:
     record lengths come from the index, every process's block has the same rows."""
     maker = self.maker
     every = maker.stream_positions(k)
-    lengths = maker.dataset.lengths[maker.record_indices(every)]
+    lengths = maker.dataset.record_lengths(maker.record_indices(every))
     rows = local['input_ids'].shape[0] * maker.process_count
     return {'rows': rows, 'row_tokens': rows * local['input_ids'].shape[1],
             'real_tokens': int(np.minimum(lengths, maker.cfg.max_seq_length).sum()),

@@ -20,7 +20,7 @@ import numpy as np
 from bert_jax.data import hashing
 from bert_jax.data.loader import PretrainingDataset
 from bert_jax.data.records import PreparedData, Rows
-from bert_jax.errors import DataError
+from bert_jax.errors import ConfigError, DataError
 
 PERIOD = 10_000  # slots per period: shares are exact to 1e-4 over each run of 10,000 examples
 _CORPUS_ORDER, _SLOT_ORDER = 3, 4  # key streams (the loader's are 0-2)
@@ -67,8 +67,15 @@ def quotas(shares: Sequence[float], period: int = PERIOD) -> np.ndarray:
   """Slots per period of each corpus: the shares' largest-remainder apportionment of `period`, each >= 1."""
   exact = np.asarray(shares, np.float64) * period
   out = np.maximum(np.floor(exact).astype(np.int64), 1)
-  for c in np.argsort(-(exact - np.floor(exact)), kind='stable')[:period - int(out.sum())]:
-    out[c] += 1
+  left = period - int(out.sum())
+  if left >= 0:  # the largest remainders get the slots left
+    for c in np.argsort(-(exact - np.floor(exact)), kind='stable')[:left]:
+      out[c] += 1
+  else:  # corpora raised to one slot: the largest quotas give theirs back
+    for _ in range(-left):
+      out[int(np.argmax(out))] -= 1
+  if len(out) > period or out.sum() != period:
+    raise ConfigError(f'a mixture of {len(out)} corpora needs at most {period} of them')
   return out
 
 
@@ -95,9 +102,15 @@ class MixtureDataset:
   def __len__(self) -> int:
     return int(self.offsets[-1])
 
-  @property
-  def lengths(self) -> np.ndarray:
-    return np.concatenate([p.lengths for p in self.parts])
+  def record_lengths(self, indices: np.ndarray) -> np.ndarray:
+    """The token counts of the records at `indices` (of the concatenation), read corpus by corpus."""
+    indices = np.asarray(indices, np.int64)
+    corpus = np.searchsorted(self.offsets, indices, side='right') - 1
+    out = np.zeros(len(indices), np.int64)
+    for c in np.unique(corpus).tolist():
+      sel = corpus == c
+      out[sel] = self.parts[c].record_lengths(indices[sel] - self.offsets[c])
+    return out
 
   def __getitem__(self, index: int):
     c = int(np.searchsorted(self.offsets, index, side='right') - 1)

@@ -298,7 +298,7 @@ class PretrainingJob:
     step = int(meta['step'])
     def layout(cfg: PretrainConfig) -> list[tuple]:
       return [(p.start, min(p.end, step), p.first_example, p.cfg.batch_size, p.cfg.data.max_seq_length,
-               p.cfg.data.train_files, p.cfg.data.masked_lm_prob, p.cfg.data.masked_lm_prob_end,
+               p.cfg.data.train_files, p.cfg.data.train_weights, p.cfg.data.masked_lm_prob, p.cfg.data.masked_lm_prob_end,
                p.schedule_steps if p.cfg.data.masked_lm_prob_end else None, p.cfg.model.rope_theta,
                p.cfg.model.local_rope_theta) for p in cfg.phase_list() if p.start < step]
     theirs = PretrainConfig.from_dict({k: v for k, v in old.items() if k != 'data_fingerprint'})

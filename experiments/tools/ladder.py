@@ -230,7 +230,7 @@ def results(ladder: Ladder, pretrain: Sequence[sweep.Run], finetune: Sequence[sw
     for task in ladder.tasks:
       values, metric = [], None
       for cell in (r for r in finetune if r.values['rung'] == rung.name and r.values['task'] == task.name):
-        fm = _metrics(cell.workdir)
+        fm = _metrics(cell.workdir) if m else None  # a rung without its pretraining's results has none
         if fm and isinstance(fm.get('main_metric'), str) and isinstance(fm.get(fm['main_metric']), (int, float)):
           metric = fm['main_metric']
           values.append(float(fm[metric]))

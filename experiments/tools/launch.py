@@ -1,8 +1,8 @@
 """Cells of a sweep or ladder as SLURM job arrays: one array per group of independent cells, one cell per task.
 
 The library behind `--launcher=slurm` of experiments/sweep.py and ladder.py; it reads no flags. `write_arrays`
-writes, under a directory, each group's cells file (one shell command per line, skipping a cell whose workdir
-holds final_metrics.json), its batch script from a template (experiments/launch/array.sbatch) and submit.sh, which
+writes, under a directory, each group's cells file (one shell command per line; a cell done before is left out,
+and one that finishes before its task runs is skipped then), its batch script from a template (experiments/launch/array.sbatch) and submit.sh, which
 submits the groups in order, each after the one before has ended (afterany: a failed cell is reported by the
 gather, it does not stop the others). `launch` writes them and runs submit.sh where `sbatch` is on the PATH.
 """
@@ -10,6 +10,7 @@ gather, it does not stop the others). `launch` writes them and runs submit.sh wh
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -24,20 +25,30 @@ DEFAULT_TEMPLATE = os.path.join(REPO, 'experiments', 'launch', 'array.sbatch')
 _FIELDS = ('@JOB_NAME@', '@NUM_CELLS@', '@LOG_DIR@', '@SBATCH_LINES@', '@CWD@', '@CELLS_FILE@')
 
 
-def cell_line(argv: Sequence[str], workdir: str) -> str:
-  """The shell line of one cell: its command, unless its workdir already holds final metrics."""
+def cell_line(argv: Sequence[str], workdir: str, after: str = '') -> str:
+  """The shell line of one cell: its command, unless its workdir already holds final metrics; with `after` (a
+  workdir), only once that one has them (a ladder's fine-tuning after its rung's pretraining)."""
   done = os.path.join(os.path.abspath(workdir), FINAL_METRICS_FILE)
-  return f'[ -f {shlex.quote(done)} ] && echo "done before: {FINAL_METRICS_FILE} in {workdir}" || exec {shlex.join(argv)}'
+  line = f'[ -f {shlex.quote(done)} ] && echo "done before: {FINAL_METRICS_FILE} in {workdir}" || exec {shlex.join(argv)}'
+  if after:
+    needed = os.path.join(os.path.abspath(after), FINAL_METRICS_FILE)
+    line = (f'[ -f {shlex.quote(needed)} ] || {{ echo "not run: {after} has no {FINAL_METRICS_FILE} (its run '
+            f'failed or is unfinished)" >&2; exit 1; }}; {line}')
+  return line
 
 
 def sbatch_lines(options: str) -> str:
-  """`--slurm_sbatch`'s options ("--partition=gpu --gpus=1") as #SBATCH lines."""
-  words = shlex.split(options)
-  bad = [w for w in words if not w.startswith('-')]
-  if bad:
-    raise ConfigError(f'--slurm_sbatch takes sbatch options such as "--partition=gpu --time=4:00:00", '
-                      f'got {" ".join(bad)!r}')
-  return '\n'.join(f'#SBATCH {w}' for w in words)
+  """`--slurm_sbatch`'s options ("--partition=gpu --gpus=1", or "-p gpu -t 4:00:00") as #SBATCH lines."""
+  lines = []
+  for word in shlex.split(options):
+    if word.startswith('-'):
+      lines.append(word)
+    elif lines and '=' not in lines[-1] and ' ' not in lines[-1]:
+      lines[-1] += ' ' + word  # the value of the option before
+    else:
+      raise ConfigError(f'--slurm_sbatch takes sbatch options such as "--partition=gpu --time=4:00:00", got '
+                        f'{word!r} where an option should be')
+  return '\n'.join(f'#SBATCH {line}' for line in lines)
 
 
 def read_template(path: str) -> str:
@@ -52,10 +63,11 @@ def read_template(path: str) -> str:
   return text
 
 
-def write_arrays(directory: str, groups: Sequence[tuple[str, Sequence[tuple[Sequence[str], str]]]], *,
-                 template: str = DEFAULT_TEMPLATE, sbatch: str = '') -> list[str]:
-  """Writes one job array per group (name, [(argv, workdir) per cell]) under `directory`, and submit.sh; the
-  cells run in today's working directory (their paths are relative to it).
+def write_arrays(directory: str, groups: Sequence[tuple[str, Sequence[tuple]]], *, template: str = DEFAULT_TEMPLATE,
+                 sbatch: str = '') -> list[str]:
+  """Writes one job array per group (name, [(argv, workdir[, the workdir it needs finished]) per cell]) under
+  `directory`, and submit.sh; cells done before are left out, the others run in today's working directory (their
+  paths are relative to it).
 
   Returns:
     The batch scripts, in submission order.
@@ -65,10 +77,11 @@ def write_arrays(directory: str, groups: Sequence[tuple[str, Sequence[tuple[Sequ
   os.makedirs(os.path.join(directory, 'logs'), exist_ok=True)
   scripts = []
   for name, cells in groups:
+    cells = [c for c in cells if not os.path.isfile(os.path.join(c[1], FINAL_METRICS_FILE))]
     if not cells:
       continue
     cells_file = os.path.join(directory, f'{name}.cells')
-    write_text_atomic(cells_file, ''.join(cell_line(argv, w) + '\n' for argv, w in cells))
+    write_text_atomic(cells_file, ''.join(cell_line(*cell) + '\n' for cell in cells))
     values = dict(zip(_FIELDS, (name, str(len(cells)), os.path.join(directory, 'logs'), extra, shlex.quote(os.getcwd()),
                                 shlex.quote(cells_file))))
     script = text
@@ -98,10 +111,8 @@ def submit_arrays(directory: str) -> str:
 def num_cells(script: str) -> int:
   """The number of array tasks of a written batch script."""
   with open(script, encoding='utf-8') as f:
-    for line in f:
-      if line.startswith('#SBATCH --array=1-'):
-        return int(line.strip().rsplit('-', 1)[1])
-  return 0
+    found = re.search(r'^#SBATCH --array=1-(\d+)', f.read(), re.MULTILINE)
+  return int(found.group(1)) if found else 0
 
 
 def launch(directory: str, groups, *, template: str | None, sbatch: str, submit: bool) -> None:

@@ -23,6 +23,9 @@ def test_quotas_apportion_the_period_by_the_shares():
   assert mixture.quotas([1 / 3] * 3).tolist() == [3334, 3333, 3333]
   tiny = mixture.quotas([1 - 1e-7, 1e-7])
   assert tiny.tolist() == [9999, 1] and tiny.sum() == mixture.PERIOD  # every corpus keeps a slot
+  shares = np.array([1e6, 1, 1]) / (1e6 + 2)  # two corpora raised to a slot each: the largest gives them back
+  assert mixture.quotas(shares).tolist() == [9998, 1, 1]
+  assert mixture.quotas([0.9999, 5e-5, 5e-5]).sum() == mixture.PERIOD
 
 
 @pytest.fixture(scope='module')
@@ -35,6 +38,7 @@ def mixed(prepared):
 def test_draws_follow_the_shares_and_each_corpus_goes_through_its_records(mixed):
   n = len(mixed.parts[0])
   positions = np.arange(3 * mixture.PERIOD)
+  np.testing.assert_array_equal(mixed.record_lengths(np.array([5, n + 5])), mixed.parts[0].lengths[[5, 5]])
   corpus, draws = mixed.corpus_draws(positions, seed=7)
   for t in range(3):  # exact shares over every period
     assert np.bincount(corpus[t * mixture.PERIOD:(t + 1) * mixture.PERIOD]).tolist() == [7500, 2500]
@@ -75,6 +79,15 @@ def test_batches_read_the_mixtures_records(mixed, prepared):
 def test_bad_weights_are_refused_when_the_config_is_built(weights, pattern):
   with pytest.raises(ConfigError, match=pattern.replace('(', r'\(').replace(')', r'\)')):
     config.DataConfig(train_files='a,b', train_weights=weights)
+
+
+def test_a_mixture_counts_its_corpora_as_the_check_does_and_takes_no_epochs():
+  assert config.DataConfig(train_files=',a, b', train_weights='1,3').mixture() == [('a', 0.25), ('b', 0.75)]
+  d = config.PretrainConfig().to_dict()
+  d['data'].update(train_files='a,b', train_weights='1,1')
+  d.update(num_train_steps=0, num_train_epochs=2)
+  with pytest.raises(ConfigError, match='an epoch of a mixture'):
+    config.PretrainConfig.from_dict(d)
 
 
 def _corpora(tmp):
