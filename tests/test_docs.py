@@ -18,6 +18,8 @@ from helpers import REPO, shared_data_or_skip
 DOCS = [os.path.join(REPO, 'README.md'), *sorted(glob.glob(os.path.join(REPO, 'docs', '*.md')))]
 ENTRY_POINTS = sorted(p for p in glob.glob(os.path.join(REPO, 'experiments', '*.py')) if not p.endswith('cli.py'))
 _CLI_FLAGS = ('distributed', 'coordinator_address', 'num_processes', 'process_id', 'local_device_ids')
+# cli.define_launcher_flags(): the scripts that call it (sweep.py, ladder.py) take these too.
+_LAUNCHER_FLAGS = ('launcher', 'gather', 'slurm_template', 'slurm_sbatch', 'slurm_submit', 'noslurm_submit')
 
 
 def _read(path):
@@ -52,9 +54,25 @@ def test_every_config_field_the_docs_name_exists():
     for name in re.findall(r'--config\.([a-z_][a-z0-9_.*]*[a-z0-9_*])', _read(path)):
       if all(len(part) == 1 for part in name.split('.')):  # a placeholder: --config.a.b
         continue
-      if not any(_field(cls, name) for cls in (config.PretrainConfig, config.FinetuneConfig)):
+      if not any(_field(cls, name) for cls in (config.PretrainConfig, config.FinetuneConfig)) and not _ladder_field(
+          name):
         missing.append(f'{os.path.relpath(path, REPO)}: --config.{name}')
   assert not missing, missing
+
+
+def _ladder_field(dotted: str) -> bool:
+  """Whether `dotted` ('seeds', 'rungs.sop.overrides') is a field of the ladder configs (experiments/configs/ladder.py)."""
+  sys.path.insert(0, os.path.join(REPO, 'experiments'))
+  try:
+    from configs import ladder  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  node = ladder.get_config('cpu').to_dict()
+  for part in dotted.split('.'):
+    if not isinstance(node, dict) or part not in node:
+      return False
+    node = node[part]
+  return True
 
 
 def test_every_relative_link_resolves():
@@ -77,6 +95,7 @@ def _commands(text: str):
   the command after a sweep's ` -- ` is a command of its own."""
   text = re.sub(r'\\\n\s*', ' ', text)
   for line in text.splitlines():
+    line = re.sub(r'="[^"]*"', '=""', line)  # a quoted value holds no flags of the script (e.g. --slurm_sbatch)
     for part in line.split(' -- '):
       m = re.search(r'(?<![\w/])experiments/([a-z_]+)\.py((?:\s+[^\s|`]+)*)', part)
       if m:
@@ -92,6 +111,8 @@ def test_every_entry_point_flag_the_docs_name_exists():
         missing.append(f'{os.path.relpath(path, REPO)}: experiments/{script}.py does not exist')
         continue
       known = _defined_flags(source) | set(_CLI_FLAGS)
+      if 'define_launcher_flags' in _read(source):
+        known |= set(_LAUNCHER_FLAGS)
       missing += [f'{os.path.relpath(path, REPO)}: {script}.py --{flag}' for flag in used if flag not in known]
   assert not missing, missing
 
