@@ -180,6 +180,22 @@ def script_code(argv: list[str], patch: str = '') -> str:
           f'runpy.run_path("experiments/{argv[0]}", run_name="__main__")\n')
 
 
+def kill_after_save(step: int) -> str:
+  """A `script_code` patch: kill -9 of the process right after its checkpoint of `step` is written."""
+  return f"""
+import os, signal
+from bert_jax.runs import checkpoints as checkpointing
+save = checkpointing.Checkpointer.save
+def killing_save(self, step, *a, **k):
+  out = save(self, step, *a, **k)
+  if step == {step}:
+    self.wait()
+    os.kill(os.getpid(), signal.SIGKILL)
+  return out
+checkpointing.Checkpointer.save = killing_save
+"""
+
+
 def sigterm_at_batch(n: int) -> str:
   """A `pretrain_subprocess` patch: SIGTERM to itself while the n-th training batch is fetched, mid-step and
   away from any log or checkpoint step, as a scheduler's would arrive."""

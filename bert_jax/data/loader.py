@@ -302,6 +302,13 @@ def _before_within(groups: np.ndarray, values: np.ndarray | None = None) -> np.n
   return out
 
 
+def record_lengths(dataset, indices: np.ndarray) -> np.ndarray:
+  """The token counts of a dataset's records at `indices`: its own lookup (a mixture reads them corpus by corpus),
+  else its `lengths` column."""
+  lookup = getattr(dataset, 'record_lengths', None)
+  return lookup(indices) if lookup else dataset.lengths[indices]
+
+
 class BatchMaker:
   """This process's rows of global training batch k: a pure function of (seed, k).
 
@@ -371,7 +378,7 @@ class BatchMaker:
     if self.process_count > 1:
       # Every process must emit the same number of packed rows; the stored record lengths
       # give every process's row count without reading their records.
-      lengths = np.asarray(self.dataset.record_lengths(indices), np.int64)
+      lengths = np.asarray(record_lengths(self.dataset, indices), np.int64)
       num_rows = packed_num_rows(lengths.reshape(self.process_count, self.local_batch_size).tolist(), self.cfg)
     return pack_batch(batch, self.cfg, num_rows)
 
@@ -485,7 +492,7 @@ class PretrainingBatches:
     record lengths come from the index, every process's block has the same rows."""
     maker = self.maker
     every = maker.stream_positions(k)
-    lengths = maker.dataset.record_lengths(maker.record_indices(every))
+    lengths = record_lengths(maker.dataset, maker.record_indices(every))
     rows = local['input_ids'].shape[0] * maker.process_count
     return {'rows': rows, 'row_tokens': rows * local['input_ids'].shape[1],
             'real_tokens': int(np.minimum(lengths, maker.cfg.max_seq_length).sum()),

@@ -15,7 +15,7 @@ from bert_jax import config
 from bert_jax.data import loader, mixture
 from bert_jax.errors import ConfigError
 
-from helpers import REPO, WIKITEXT, assert_one_line_error, run_experiment, script_code, tree_digest
+from helpers import REPO, WIKITEXT, assert_one_line_error, kill_after_save, run_experiment, script_code, tree_digest
 
 
 def test_quotas_apportion_the_period_by_the_shares():
@@ -117,18 +117,7 @@ def test_a_phase_switches_to_a_mixture_and_resumes_bitwise_after_kill_9(tmp_path
   assert first.returncode == 0, first.stderr[-3000:]
   # Corpus a alone (stable), then a and b each prepared on their own at the extension's length.
   assert first.stdout.count('prepared data written to') == 3, first.stdout
-  kill = """
-import os, signal
-from bert_jax.runs import checkpoints as checkpointing
-save = checkpointing.Checkpointer.save
-def killing_save(self, step, *a, **k):
-  out = save(self, step, *a, **k)
-  if step == 6:
-    self.wait()
-    os.kill(os.getpid(), signal.SIGKILL)
-  return out
-checkpointing.Checkpointer.save = killing_save
-"""
+  kill = kill_after_save(6)
   killed = subprocess.run([sys.executable, '-c', script_code(argv(resumed), kill)], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]

@@ -23,6 +23,7 @@ from bert_jax.train import optim, preemption
 from helpers import (
   REPO,
   assert_one_line_error,
+  kill_after_save,
   restore_pretraining_state,
   run_experiment,
   script_code,
@@ -125,24 +126,10 @@ def test_one_run_goes_through_its_phases(phased):
   assert again[8]['num_masked_tokens'] > again[12]['num_masked_tokens']  # 30% masking, then 15%
 
 
-_KILL_AFTER_SAVE_6 = """
-import os, signal
-from bert_jax.runs import checkpoints as checkpointing
-save = checkpointing.Checkpointer.save
-def killing_save(self, step, *a, **k):
-  out = save(self, step, *a, **k)
-  if step == 6:
-    self.wait()
-    os.kill(os.getpid(), signal.SIGKILL)
-  return out
-checkpointing.Checkpointer.save = killing_save
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.parametrize('patch,code,at', [
-    (_KILL_AFTER_SAVE_6, -signal.SIGKILL, 6),  # kill -9 in the middle of the extension phase
+    (kill_after_save(6), -signal.SIGKILL, 6),  # kill -9 in the middle of the extension phase
     (sigterm_at_batch(4), preemption.EXIT_CODE, 4),  # SIGTERM in the stable phase's last step: saved at the boundary
 ])
 def test_resume_anywhere_continues_as_if_uninterrupted(phased, tmp_path, patch, code, at):
