@@ -104,13 +104,18 @@ class MixtureDataset:
 
   def record_lengths(self, indices: np.ndarray) -> np.ndarray:
     """The token counts of the records at `indices` (of the concatenation), read corpus by corpus."""
+    out = np.zeros(len(indices), np.int64)
+    for c, sel, local in self._by_corpus(indices):
+      out[sel] = self.parts[c].record_lengths(local)
+    return out
+
+  def _by_corpus(self, indices: Sequence[int]):
+    """(corpus, where its records stand in `indices`, their indices within the corpus), corpus by corpus."""
     indices = np.asarray(indices, np.int64)
     corpus = np.searchsorted(self.offsets, indices, side='right') - 1
-    out = np.zeros(len(indices), np.int64)
     for c in np.unique(corpus).tolist():
       sel = corpus == c
-      out[sel] = self.parts[c].record_lengths(indices[sel] - self.offsets[c])
-    return out
+      yield c, sel, indices[sel] - self.offsets[c]
 
   def __getitem__(self, index: int):
     c = int(np.searchsorted(self.offsets, index, side='right') - 1)
@@ -118,12 +123,10 @@ class MixtureDataset:
 
   def gather(self, indices: Sequence[int], width: int) -> Rows:
     """The records at `indices` (of the concatenation), in order, as rows of `width` tokens."""
-    indices = np.asarray(indices, np.int64)
-    corpus = np.searchsorted(self.offsets, indices, side='right') - 1
-    out = Rows(np.zeros((len(indices), width), np.int32), *(np.zeros(len(indices), np.int64) for _ in range(3)))
-    for c in np.unique(corpus).tolist():
-      sel = corpus == c
-      rows = self.parts[c].gather(indices[sel] - self.offsets[c], width)
+    n = len(indices)
+    out = Rows(np.zeros((n, width), np.int32), *(np.zeros(n, np.int64) for _ in range(3)))
+    for c, sel, local in self._by_corpus(indices):
+      rows = self.parts[c].gather(local, width)
       for field in ('tokens', 'lengths', 'len_a', 'random_next'):
         getattr(out, field)[sel] = getattr(rows, field)
     return out

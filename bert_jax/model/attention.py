@@ -122,6 +122,12 @@ def _blocks(x_btnh: jax.Array, r: int, nb: int, pad_blocks: int) -> jax.Array:
   return x.reshape(b, nb + 2 * pad_blocks, r, *x_btnh.shape[2:])
 
 
+def _key_windows(x_bsnh: jax.Array, r: int, nb: int) -> jax.Array:
+  """[B, S, N, H] -> [B, nb, 3 r, N, H]: for query block i, the key (or value) blocks i-1, i, i+1."""
+  x = _blocks(x_bsnh, r, nb, 1)
+  return jnp.concatenate([x[:, :-2], x[:, 1:-1], x[:, 2:]], axis=2)
+
+
 def blockwise_local_attention(q_btnh, k_bsnh, v_bsnh, band_b1xqk, dropout, *, deterministic: bool) -> jax.Array:
   """Local attention at linear cost: each block of w/2 queries against its three neighbouring key blocks.
 
@@ -132,9 +138,7 @@ def blockwise_local_attention(q_btnh, k_bsnh, v_bsnh, band_b1xqk, dropout, *, de
   nb, r = band_b1xqk.shape[2], band_b1xqk.shape[3]
   t = q_btnh.shape[1]
   q_bxqnh = _blocks(q_btnh, r, nb, 0)
-  k_blocks, v_blocks = _blocks(k_bsnh, r, nb, 1), _blocks(v_bsnh, r, nb, 1)
-  window = lambda x: jnp.concatenate([x[:, :-2], x[:, 1:-1], x[:, 2:]], axis=2)  # pylint: disable=unnecessary-lambda-assignment
-  k_bxknh, v_bxknh = window(k_blocks), window(v_blocks)
+  k_bxknh, v_bxknh = _key_windows(k_bsnh, r, nb), _key_windows(v_bsnh, r, nb)
   scale = q_btnh.shape[-1] ** -0.5
   logits = jnp.einsum('bxqnh,bxknh->bnxqk', q_bxqnh, k_bxknh, preferred_element_type=jnp.float32) * scale
   logits = jnp.where(band_b1xqk, logits, jnp.finfo(jnp.float32).min)
@@ -154,14 +158,13 @@ def blockwise_local_attention_fused(q_btnh, k_bsnh, v_bsnh, band_b1xqk, *, imple
   b, t, n, h = q_btnh.shape
   nb, r = band_b1xqk.shape[2], band_b1xqk.shape[3]
   q_xqnh = _blocks(q_btnh, r, nb, 0).reshape(b * nb, r, n, h)
-  k_blocks, v_blocks = _blocks(k_bsnh, r, nb, 1), _blocks(v_bsnh, r, nb, 1)
-  window = lambda x: jnp.concatenate([x[:, :-2], x[:, 1:-1], x[:, 2:]], axis=2).reshape(b * nb, 3 * r, n, h)  # pylint: disable=unnecessary-lambda-assignment
+  window = lambda x: _key_windows(x, r, nb).reshape(b * nb, 3 * r, n, h)  # pylint: disable=unnecessary-lambda-assignment
   mask_x1qk = jnp.broadcast_to(band_b1xqk, (b, 1, nb, r, 3 * r)).reshape(b * nb, 1, r, 3 * r)
   # A query that sees no key (padding far from any real token) attends to its own position instead: a row of
   # the fused softmax with no key is 0 / 0, NaN in every gradient. Such outputs are unused either way.
   blind = ~mask_x1qk.any(-1, keepdims=True)
   mask_x1qk = mask_x1qk | (blind & jnp.eye(r, 3 * r, k=r, dtype=bool))
-  ctx_xqnh = jax.nn.dot_product_attention(q_xqnh, window(k_blocks), window(v_blocks), mask=mask_x1qk,
+  ctx_xqnh = jax.nn.dot_product_attention(q_xqnh, window(k_bsnh), window(v_bsnh), mask=mask_x1qk,
                                           implementation=implementation)
   return ctx_xqnh.reshape(b, nb * r, n, h)[:, :t]
 
