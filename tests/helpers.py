@@ -6,6 +6,7 @@ Imported as `helpers` (tests/ is on the path); the fixtures are in conftest.py.
 import contextlib
 import dataclasses
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -322,6 +323,16 @@ def succeed(procs) -> list[str]:
   for r in results:
     assert r.returncode == 0, r.stderr[-3000:]
   return [r.stdout for r in results]
+
+
+# gloo's connection message, "[Gloo] Rank R is connected to N peer ranks. Expected number of connected peer ranks
+# is : N", is written in pieces; its threads interleave them anywhere between pieces (even across lines).
+_GLOO_PIECES = re.compile(r'\[Gloo\] Rank | is connected to | peer ranks\. |Expected number of connected peer ranks is : ')
+
+
+def prints_nothing(stdout) -> bool:
+  """True when a process printed nothing but gloo's connection messages."""
+  return re.fullmatch(r'[\d\s]*', _GLOO_PIECES.sub('', stdout)) is not None
 
 
 def features(lengths, seed=0):

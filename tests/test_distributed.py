@@ -21,6 +21,7 @@ from helpers import (
   assert_one_line_error,
   free_port,
   launch_process,
+  prints_nothing,
   run_experiment,
   script_code,
   shared_data_or_skip,
@@ -96,17 +97,9 @@ def test_each_process_reads_its_own_half_of_every_batch(runs):
     assert p0[k]['input_ids'] + p1[k]['input_ids'] == ref[k]['input_ids']
 
 
-_GLOO = re.compile(r'\[Gloo\] Rank |\d+ is connected to \d+ peer ranks\. Expected number of connected peer ranks is : \d+')
-
-
-def _silent(stdout) -> bool:
-  # gloo's own connection messages aside; its threads sometimes interleave them mid-line.
-  return _GLOO.sub('', stdout).strip() == ''
-
-
 def test_only_process_0_prints(runs):
   assert f'step 1/{STEPS}' in runs['outs'][0] and '"mlm_loss"' in runs['outs'][0]
-  assert _silent(runs['outs'][1])
+  assert prints_nothing(runs['outs'][1])
 
 
 def test_bad_input_stops_every_process_with_one_error_line(tmp_path):
@@ -235,7 +228,7 @@ def test_two_processes_restore_and_evaluate_spans_like_one(finetune_runs):
 def test_only_process_0_prints_when_fine_tuning(finetune_runs):
   glue, squad = finetune_runs['glue_outs'], finetune_runs['squad_outs']
   assert f'step 1/{FT_STEPS}' in glue[0] and '"dev_accuracy"' in glue[0] and '"eval_f1"' in squad[0]
-  assert _silent(glue[1]) and _silent(squad[1])
+  assert prints_nothing(glue[1]) and prints_nothing(squad[1])
 
 
 @pytest.mark.e2e
