@@ -7,7 +7,8 @@
 Writes WORKDIR/ladder_results.md (printed too), .csv and .png: one row per rung with its held-out MLM accuracy,
 per task the median and range over seeds and the difference to the first rung (with a note: every seed above or
 below the first rung's range, or within the seeds' spread), and wall time. The same command again skips every
-finished cell and continues interrupted ones; a failed cell is named in the table and the others go on (exit 1
+finished cell and continues interrupted ones (a finished cell launched with another command, e.g. a changed
+budget, is an error: use a new --workdir); a failed cell is named in the table and the others go on (exit 1
 at the end). The whole ladder is checked before anything runs: a bad rung, task or seed count is one error line.
 
 On a cluster: --launcher=slurm writes two SLURM job arrays under WORKDIR/slurm/ (the rungs' pretraining, then,
@@ -24,7 +25,7 @@ from absl import flags
 from bert_jax.errors import BertJaxError, ConfigError
 
 import cli
-from tools import ladder, launch
+from tools import ladder, launch, sweep
 
 _CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'ladder.py'),
                             'Ladder config file, optionally with :VARIANT (tiny, cpu, accelerator).')
@@ -39,6 +40,7 @@ def main(_):
   spec = ladder.Ladder.from_dict(_CONFIG.value.to_dict())
   directory = os.path.abspath(_WORKDIR.value)
   pretrain, finetune = ladder.cells(spec, directory)
+  sweep.check_finished([(os.path.relpath(r.workdir, directory), r.argv, r.workdir) for r in pretrain + finetune])
   if _DRY_RUN.value:
     for run in pretrain + finetune:
       if not run.is_done():

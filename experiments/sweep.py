@@ -7,7 +7,8 @@
 Every run appends `--key=value` for each grid key (last key varies fastest) to the command after `--`,
 with `{name}` (required, e.g. `learning_rate=1e-4,num_train_epochs=2`) and `{index}` (1-based) filled
 in. Runs whose workdir already holds final_metrics.json are skipped, so re-running continues an
-interrupted sweep. The results go to OUTPUT_DIR/sweep_results.csv and .md (the markdown table is also
+interrupted sweep (a finished run launched with another command is an error: its workdir's command.json says
+which). The results go to OUTPUT_DIR/sweep_results.csv and .md (the markdown table is also
 printed); the sweep exits 1 if any run failed. `--dry_run` prints one shell-quoted command per line
 (the runs not yet done) and runs nothing.
 
@@ -60,6 +61,7 @@ def main(argv):
   if _MODE.value not in ('max', 'min'):
     raise ConfigError(f'--mode must be max or min, not {_MODE.value!r}')
   runs = sweep.plan(sweep.parse_grid(_GRID.value), _COMMAND)
+  sweep.check_finished([(r.name, r.argv, r.workdir) for r in runs])
   if _DRY_RUN.value:
     pending = [r for r in runs if not r.is_done()]
     if len(pending) < len(runs):

@@ -20,6 +20,8 @@ from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.files import write_text_atomic
 from bert_jax.runs.workdir import FINAL_METRICS_FILE
 
+from tools import sweep
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_TEMPLATE = os.path.join(REPO, 'experiments', 'launch', 'array.sbatch')
 _FIELDS = ('@JOB_NAME@', '@NUM_CELLS@', '@LOG_DIR@', '@SBATCH_LINES@', '@CWD@', '@CELLS_FILE@')
@@ -80,6 +82,8 @@ def write_arrays(directory: str, groups: Sequence[tuple[str, Sequence[tuple]]], 
     cells = [c for c in cells if not os.path.isfile(os.path.join(c[1], FINAL_METRICS_FILE))]
     if not cells:
       continue
+    for cell in cells:
+      sweep.record_command(cell[1], cell[0])
     cells_file = os.path.join(directory, f'{name}.cells')
     write_text_atomic(cells_file, ''.join(cell_line(*cell) + '\n' for cell in cells))
     values = dict(zip(_FIELDS, (name, str(len(cells)), os.path.join(directory, 'logs'), extra, shlex.quote(os.getcwd()),

@@ -10,7 +10,9 @@ The library behind experiments/sweep.py; it reads no flags. Typical use through 
 Each run is the command after `--` with `{name}` (e.g. `learning_rate=1e-4,num_train_epochs=2`) and
 `{index}` (1-based run number) substituted and `--key=value` appended for every grid key. A run whose
 workdir already holds `final_metrics.json` is done and skipped, so an interrupted sweep continues where
-it stopped. The runs' final metrics are gathered into `sweep_results.csv` and `sweep_results.md`.
+it stopped; each run's command is recorded in its workdir (`command.json`) when it starts, and a finished run
+whose recorded command differs from today's is an error (`check_finished`), never silently reused. The runs'
+final metrics are gathered into `sweep_results.csv` and `sweep_results.md`.
 
 Variants of one config file are a grid over `config`: `config=experiments/configs/pretrain.py:cpu,sop,span`
 runs `--config=experiments/configs/pretrain.py:cpu`, `...:sop` and `...:span` (a bare value takes the
@@ -33,8 +35,8 @@ import sys
 from typing import Any, Sequence
 
 from bert_jax.errors import ConfigError
-from bert_jax.files import write_text_atomic
-from bert_jax.runs.workdir import FINAL_METRICS_FILE  # what the training scripts write last, atomically
+from bert_jax.files import write_json_atomic, write_text_atomic
+from bert_jax.runs.workdir import COMMAND_FILE, FINAL_METRICS_FILE  # a cell's recorded command; its results
 
 RESULTS_BASENAME = 'sweep_results'
 CONFIG_KEY = 'config'  # config_flags' --config=FILE:VARIANT
@@ -76,6 +78,58 @@ class Run:
   def is_done(self) -> bool:
     """Whether the workdir already holds final metrics."""
     return os.path.isfile(self.metrics_path)
+
+
+def _comparable(argv: Sequence[str]) -> list[str]:
+  """A command as compared across invocations: which Python runs it does not matter."""
+  argv = list(argv)
+  if argv and re.fullmatch(r'python[0-9.]*', os.path.basename(argv[0])):
+    argv[0] = 'python'
+  return argv
+
+
+def record_command(workdir: str, argv: Sequence[str]) -> None:
+  """Writes the command a cell is launched with into its workdir (creating it). A workdir that cannot be written
+  is left to the command itself to report."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    write_json_atomic(os.path.join(workdir, COMMAND_FILE), {'argv': _comparable(argv)})
+  except OSError:
+    pass
+
+
+def recorded_command(workdir: str) -> list[str] | None:
+  """The command recorded in `workdir`, None when there is none (a workdir written before records, or by hand)."""
+  try:
+    with open(os.path.join(workdir, COMMAND_FILE), encoding='utf-8') as f:
+      argv = json.load(f).get('argv')
+  except (OSError, ValueError, AttributeError):
+    return None
+  return argv if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
+
+
+def check_finished(cells: Sequence[tuple[str, Sequence[str], str]]) -> None:
+  """ConfigError when a finished cell (name, argv, workdir) was run with another command than `argv`: its results
+  would otherwise be reused for a command that never ran.
+
+  Raises:
+    ConfigError: naming the first such cell, what differs, and the way out.
+  """
+  changed = []
+  for name, argv, workdir in cells:
+    before = recorded_command(workdir)
+    if before is not None and os.path.isfile(os.path.join(workdir, FINAL_METRICS_FILE)):
+      now = _comparable(argv)
+      if before != now:
+        changed.append((name, workdir, [a for a in before if a not in now], [a for a in now if a not in before]))
+  if changed:
+    name, workdir, gone, new = changed[0]
+    diff = (f'then {shlex.join(gone) or "nothing else"}, now {shlex.join(new) or "nothing else"}' if gone or new
+            else 'the order of its arguments')
+    more = f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''
+    raise ConfigError(f'{name}{more} finished with another command than this one ({diff}): its results would be '
+                      f'reused for a command that never ran. Use a new --workdir, delete {workdir} to run it again, or '
+                      f'delete its {COMMAND_FILE} to reuse it as it is (e.g. a moved directory)')
 
 
 def parse_grid(text: str) -> list[tuple[str, list[str]]]:
@@ -271,6 +325,7 @@ def execute(runs: Sequence[Run], out=None, label: str = 'sweep') -> list[Run]:
       print(f'{prefix} done before ({run.metrics_path} exists), skipped', file=out, flush=True)
       continue
     print(f'{prefix} {shlex.join(run.argv)}', file=out, flush=True)
+    record_command(run.workdir, run.argv)
     try:
       run.returncode = subprocess.run(run.argv, check=False).returncode
     except OSError as e:  # command not found / not executable

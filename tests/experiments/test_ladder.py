@@ -123,6 +123,13 @@ def test_the_tiny_ladder_tabulates_and_a_rerun_skips_every_finished_cell(tiny_la
   again = run_experiment('ladder.py', TINY, f'--workdir={workdir}')
   assert again.returncode == 0 and again.stdout.count('done before') == 6, again.stdout[-3000:]
   assert _numbers(_csv(workdir / 'ladder_results.csv')) == _numbers(rows)
+  # A changed budget never reuses the cells run with the old one: one error line, nothing touched.
+  before = tree_digest(str(workdir))
+  changed = run_experiment('ladder.py', TINY, f'--workdir={workdir}',
+                           '--config.tasks.sst2.overrides=num_train_epochs=0 num_train_steps=80 max_train_samples=1280')
+  assert_one_line_error(changed, 'finetune/bert/sst2/seed0 (and 3 more) finished with another command than this '
+                        'one (then --config.num_train_steps=40, now --config.num_train_steps=80)')
+  assert tree_digest(str(workdir)) == before
 
 
 @needs_sst2

@@ -22,7 +22,7 @@ GRID = 'config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3'
 FAKE_SCRIPT = '''
 import argparse, json, os, sys
 parser = argparse.ArgumentParser()
-for flag in ('counter', 'workdir', 'config.learning_rate', 'config.num_train_epochs'):
+for flag in ('counter', 'workdir', 'config.learning_rate', 'config.num_train_epochs', 'note'):
   parser.add_argument('--' + flag)
 args = vars(parser.parse_args())
 with open(args['counter'], 'a') as f:
@@ -227,11 +227,12 @@ def test_bad_flags(args, pattern):
   assert_one_line_error(run_experiment('sweep.py', '--dry_run', *args), pattern)
 
 
-def _fake_sweep(tmp_path, grid, *extra):
+def _fake_sweep(tmp_path, grid, *extra, command=()):
   script = tmp_path / 'fake_train.py'
   script.write_text(FAKE_SCRIPT)
   return run_experiment('sweep.py', f'--grid={grid}', *extra, '--', sys.executable, str(script),
-                        f'--counter={tmp_path / "calls.txt"}', '--workdir', str(tmp_path / 'runs' / '{name}'))
+                        f'--counter={tmp_path / "calls.txt"}', '--workdir', str(tmp_path / 'runs' / '{name}'),
+                        *command)
 
 
 def _calls(tmp_path):
@@ -283,6 +284,35 @@ def test_sweep_runs_tabulates_and_resumes(tmp_path):
   result = _fake_sweep(tmp_path, GRID)
   assert result.returncode == 0, result.stdout + result.stderr
   assert _calls(tmp_path)[4:] == [str(tmp_path / 'runs' / names[2])]
+
+
+def test_a_finished_run_is_reused_only_by_the_command_that_ran_it(tmp_path):
+  grid = 'config.learning_rate=1e-4,2e-4 config.num_train_epochs=1'
+  assert _fake_sweep(tmp_path, grid).returncode == 0
+  names = ['learning_rate=1e-4,num_train_epochs=1', 'learning_rate=2e-4,num_train_epochs=1']
+  recorded = json.loads((tmp_path / 'runs' / names[0] / 'command.json').read_text())['argv']
+  assert recorded[0] == 'python' and recorded[-2:] == ['--config.learning_rate=1e-4', '--config.num_train_epochs=1']
+  # The same command under another Python's name is the same command.
+  runs = sweep.plan(sweep.parse_grid(grid), ['python3.11', *recorded[1:-3], str(tmp_path / 'runs' / '{name}')])
+  sweep.check_finished([(r.name, r.argv, r.workdir) for r in runs])
+
+  before = tree_digest(str(tmp_path))
+  changed = _fake_sweep(tmp_path, grid, command=['--note=longer'])
+  assert_one_line_error(changed, f'{names[0]} (and 1 more) finished with another command than this one '
+                        f'(then nothing else, now --note=longer): its results would be reused for a command that never ran. Use a new '
+                        f'--workdir, delete {tmp_path / "runs" / names[0]} to run it again, or delete its command.json to reuse it '
+                        'as it is')
+  assert_one_line_error(_fake_sweep(tmp_path, grid, '--dry_run', command=['--note=longer']), 'another command')
+  assert tree_digest(str(tmp_path)) == before and len(_calls(tmp_path)) == 2
+
+  # An unfinished run goes on with the new command (the entry point judges its own resume) and records it; a run
+  # finished before commands were recorded is reused as before.
+  os.remove(tmp_path / 'runs' / names[0] / 'final_metrics.json')
+  os.remove(tmp_path / 'runs' / names[1] / 'command.json')
+  again = _fake_sweep(tmp_path, grid, command=['--note=longer'])
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert _calls(tmp_path)[2:] == [str(tmp_path / 'runs' / names[0])]
+  assert json.loads((tmp_path / 'runs' / names[0] / 'command.json').read_text())['argv'][-3] == '--note=longer'
 
 
 def test_sweep_failed_run_is_reported_and_tabulated(tmp_path):
