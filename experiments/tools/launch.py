@@ -2,9 +2,10 @@
 
 The library behind `--launcher=slurm` of experiments/sweep.py and ladder.py; it reads no flags. `write_arrays`
 writes, under a directory, each group's cells file (one shell command per line; a cell done before is left out,
-and one that finishes before its task runs is skipped then), its batch script from a template (experiments/launch/array.sbatch) and submit.sh, which
-submits the groups in order, each after the one before has ended (afterany: a failed cell is reported by the
-gather, it does not stop the others). `launch` writes them and runs submit.sh where `sbatch` is on the PATH.
+and one that finishes before its task runs is skipped then; each cell's command is recorded in its workdir), its
+batch script from a template (experiments/launch/array.sbatch) and submit.sh, which submits the groups in order,
+each after the one before has ended (afterany: a failed cell is reported by the gather, it does not stop the
+others). `launch` writes them and runs submit.sh where `sbatch` is on the PATH.
 """
 
 from __future__ import annotations

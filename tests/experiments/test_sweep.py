@@ -298,10 +298,10 @@ def test_a_finished_run_is_reused_only_by_the_command_that_ran_it(tmp_path):
 
   before = tree_digest(str(tmp_path))
   changed = _fake_sweep(tmp_path, grid, command=['--note=longer'])
-  assert_one_line_error(changed, f'{names[0]} (and 1 more) finished with another command than this one '
-                        f'(then nothing else, now --note=longer): its results would be reused for a command that never ran. Use a new '
-                        f'--workdir, delete {tmp_path / "runs" / names[0]} to run it again, or delete its command.json to reuse it '
-                        'as it is')
+  assert_one_line_error(changed, f'{names[0]} (and 1 more) finished with another command than this one (then '
+                        'nothing else, now --note=longer): its results would be reused for a command that never ran. '
+                        f'Use a new --workdir, delete {tmp_path / "runs" / names[0]} to run it again, or delete its '
+                        'command.json to reuse it as it is')
   assert_one_line_error(_fake_sweep(tmp_path, grid, '--dry_run', command=['--note=longer']), 'another command')
   assert tree_digest(str(tmp_path)) == before and len(_calls(tmp_path)) == 2
 
