@@ -38,9 +38,10 @@ def main(_):
   if not _WORKDIR.value:
     raise ConfigError('--workdir is required: where the cells and the results go')
   spec = ladder.Ladder.from_dict(_CONFIG.value.to_dict())
-  directory = os.path.abspath(_WORKDIR.value)
+  directory = os.path.realpath(_WORKDIR.value)  # cells' commands name it: the same through any symbolic link
   pretrain, finetune = ladder.cells(spec, directory)
   sweep.check_finished([(os.path.relpath(r.workdir, directory), r.argv, r.workdir) for r in pretrain + finetune])
+  ladder.check_fresh(pretrain, finetune)
   if _DRY_RUN.value:
     for run in pretrain + finetune:
       if not run.is_done():

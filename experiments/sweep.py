@@ -7,8 +7,8 @@
 Every run appends `--key=value` for each grid key (last key varies fastest) to the command after `--`,
 with `{name}` (required, e.g. `learning_rate=1e-4,num_train_epochs=2`) and `{index}` (1-based) filled
 in. Runs whose workdir already holds final_metrics.json are skipped, so re-running continues an
-interrupted sweep (a finished run launched with another command is an error: its workdir's command.json says
-which). The results go to OUTPUT_DIR/sweep_results.csv and .md (the markdown table is also
+interrupted sweep (a finished run launched with another command is an error: .NAME.command.json beside its
+workdir records what it ran). The results go to OUTPUT_DIR/sweep_results.csv and .md (the markdown table is also
 printed); the sweep exits 1 if any run failed. `--dry_run` prints one shell-quoted command per line
 (the runs not yet done) and runs nothing.
 

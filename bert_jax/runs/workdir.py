@@ -8,8 +8,6 @@ A workdir (pretraining or fine-tuning) holds
   checkpoints/         the Orbax checkpoints of a pretraining run
   seed_<n>/            a fine-tuning seed's checkpoints/, metrics and predictions
   final_metrics.json   the results, written last (atomically)
-  command.json         the command a sweep or ladder cell launched here (experiments/tools/sweep.py): a finished
-                       cell is reused only by the same command
   metrics_{train,eval}.jsonl, tb/, curves.png   (per seed in seed_<n>/ for fine-tuning)
 `Workdir` is the only code that knows these names.
 
@@ -41,7 +39,6 @@ LOCK_FILE = '.lock'
 CONFIG_FILE = 'config.json'
 HISTORY_FILE = 'config_history.jsonl'
 FINAL_METRICS_FILE = 'final_metrics.json'
-COMMAND_FILE = 'command.json'
 CHECKPOINTS_DIR = 'checkpoints'
 MERGE_FILE = 'merge.json'  # a merge of checkpoints (pretraining.merge): parameters only, never trained in
 # A workdir's tokenizer: SentencePiece, or WordPiece (tokenizer.json with vocab.txt beside it).

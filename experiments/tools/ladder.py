@@ -188,6 +188,26 @@ def cells(ladder: Ladder, directory: str) -> tuple[list[sweep.Run], list[sweep.R
   return pretrain, finetune
 
 
+def check_fresh(pretrain: Sequence[sweep.Run], finetune: Sequence[sweep.Run]) -> None:
+  """ConfigError when a finished fine-tuning cell started from another pretraining of its rung than the one there
+  now (the rung unfinished, e.g. deleted to run again, or finished after the cell): its results would be tabulated
+  beside the new rung's."""
+  rungs = {r.values['rung']: r for r in pretrain}
+  for cell in finetune:
+    if not cell.is_done():
+      continue
+    rung = rungs[cell.values['rung']]
+    if not rung.is_done():
+      why = f'{rung.workdir} has no {FINAL_METRICS_FILE} now'
+    elif os.path.getmtime(rung.metrics_path) > os.path.getmtime(cell.metrics_path):
+      why = f'{rung.workdir} finished after it'
+    else:
+      continue
+    raise ConfigError(f'{cell.name} was fine-tuned from an earlier pretraining of rung {rung.name} ({why}): its '
+                      f'results would be tabulated beside the new one. Delete '
+                      f'{os.path.dirname(os.path.dirname(cell.workdir))} to fine-tune that rung again')
+
+
 def execute(pretrain: Sequence[sweep.Run], finetune: Sequence[sweep.Run], out=None) -> list[sweep.Run]:
   """Runs the cells not done yet, pretraining first; a rung that failed skips its fine-tuning cells (reported).
 

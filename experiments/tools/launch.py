@@ -2,7 +2,7 @@
 
 The library behind `--launcher=slurm` of experiments/sweep.py and ladder.py; it reads no flags. `write_arrays`
 writes, under a directory, each group's cells file (one shell command per line; a cell done before is left out,
-and one that finishes before its task runs is skipped then; each cell's command is recorded in its workdir), its
+and one that finishes before its task runs is skipped then; a task records its cell's command as it starts it), its
 batch script from a template (experiments/launch/array.sbatch) and submit.sh, which submits the groups in order,
 each after the one before has ended (afterany: a failed cell is reported by the gather, it does not stop the
 others). `launch` writes them and runs submit.sh where `sbatch` is on the PATH.
@@ -29,10 +29,16 @@ _FIELDS = ('@JOB_NAME@', '@NUM_CELLS@', '@LOG_DIR@', '@SBATCH_LINES@', '@CWD@', 
 
 
 def cell_line(argv: Sequence[str], workdir: str, after: str = '') -> str:
-  """The shell line of one cell: its command, unless its workdir already holds final metrics; with `after` (a
-  workdir), only once that one has them (a ladder's fine-tuning after its rung's pretraining)."""
+  """The shell line of one cell: its command (recorded as it starts, `sweep.command_record`), unless its workdir
+  already holds final metrics; with `after` (a workdir), only once that one has them (a ladder's fine-tuning after
+  its rung's pretraining)."""
   done = os.path.join(os.path.abspath(workdir), FINAL_METRICS_FILE)
-  line = f'[ -f {shlex.quote(done)} ] && echo "done before: {FINAL_METRICS_FILE} in {workdir}" || exec {shlex.join(argv)}'
+  record = sweep.command_record(workdir)
+  tmp = shlex.quote(record + '.tmp')
+  write = (f'{{ mkdir -p {shlex.quote(os.path.dirname(record))} && printf "%s\\n" '
+           f'{shlex.quote(sweep.record_json(argv))} > {tmp} && mv -f {tmp} {shlex.quote(record)}; }}')
+  line = (f'[ -f {shlex.quote(done)} ] && echo "done before: {FINAL_METRICS_FILE} in {workdir}" || '
+          f'{{ {write}; exec {shlex.join(argv)}; }}')
   if after:
     needed = os.path.join(os.path.abspath(after), FINAL_METRICS_FILE)
     line = (f'[ -f {shlex.quote(needed)} ] || {{ echo "not run: {after} has no {FINAL_METRICS_FILE} (its run '
@@ -83,8 +89,6 @@ def write_arrays(directory: str, groups: Sequence[tuple[str, Sequence[tuple]]], 
     cells = [c for c in cells if not os.path.isfile(os.path.join(c[1], FINAL_METRICS_FILE))]
     if not cells:
       continue
-    for cell in cells:
-      sweep.record_command(cell[1], cell[0])
     cells_file = os.path.join(directory, f'{name}.cells')
     write_text_atomic(cells_file, ''.join(cell_line(*cell) + '\n' for cell in cells))
     values = dict(zip(_FIELDS, (name, str(len(cells)), os.path.join(directory, 'logs'), extra, shlex.quote(os.getcwd()),

@@ -10,8 +10,8 @@ The library behind experiments/sweep.py; it reads no flags. Typical use through 
 Each run is the command after `--` with `{name}` (e.g. `learning_rate=1e-4,num_train_epochs=2`) and
 `{index}` (1-based run number) substituted and `--key=value` appended for every grid key. A run whose
 workdir already holds `final_metrics.json` is done and skipped, so an interrupted sweep continues where
-it stopped; each run's command is recorded in its workdir (`command.json`) when it starts, and a finished run
-whose recorded command differs from today's is an error (`check_finished`), never silently reused. The runs'
+it stopped; each run's command is recorded beside its workdir (`.NAME.command.json`) when it starts, and a
+finished run whose recorded command differs from today's is an error (`check_finished`), never silently reused. The runs'
 final metrics are gathered into `sweep_results.csv` and `sweep_results.md`.
 
 Variants of one config file are a grid over `config`: `config=experiments/configs/pretrain.py:cpu,sop,span`
@@ -35,8 +35,8 @@ import sys
 from typing import Any, Sequence
 
 from bert_jax.errors import ConfigError
-from bert_jax.files import write_json_atomic, write_text_atomic
-from bert_jax.runs.workdir import COMMAND_FILE, FINAL_METRICS_FILE  # a cell's recorded command; its results
+from bert_jax.files import write_text_atomic
+from bert_jax.runs.workdir import FINAL_METRICS_FILE  # what the training scripts write last, atomically
 
 RESULTS_BASENAME = 'sweep_results'
 CONFIG_KEY = 'config'  # config_flags' --config=FILE:VARIANT
@@ -47,6 +47,10 @@ STATUS_FAILED = 'failed'
 STATUS_BAD_METRICS = 'unreadable metrics'
 STATUS_MISSING = 'no result yet'  # a gather: the run may still be queued or running
 
+# Beside a cell's workdir, never in it: an entry point sees its workdir as the cell left it (merge.py refuses a
+# non-empty one), and a bad cell leaves no directory behind.
+COMMAND_SUFFIX = '.command.json'
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _UNSAFE = re.compile(r'[^A-Za-z0-9._=,-]')
 _KEY = re.compile(r'[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*')
 
@@ -81,31 +85,62 @@ class Run:
 
 
 def _comparable(argv: Sequence[str]) -> list[str]:
-  """A command as compared across invocations: which Python runs it does not matter."""
+  """A command as compared across invocations: which Python runs it, and where this checkout is, do not matter."""
   argv = list(argv)
   if argv and re.fullmatch(r'python[0-9.]*', os.path.basename(argv[0])):
     argv[0] = 'python'
+  roots = sorted({os.path.abspath(_REPO), os.path.realpath(_REPO)}, key=len, reverse=True)
+  for root in roots:
+    argv = [a.replace(root + os.sep, '{repo}' + os.sep) for a in argv]
   return argv
 
 
+def command_record(workdir: str) -> str:
+  """Where the command a cell was launched with is recorded: `.NAME.command.json` beside its workdir."""
+  path = os.path.abspath(workdir)
+  return os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}{COMMAND_SUFFIX}')
+
+
+def record_json(argv: Sequence[str]) -> str:
+  """The record of a command (`command_record`'s content)."""
+  return json.dumps({'argv': _comparable(argv)})
+
+
 def record_command(workdir: str, argv: Sequence[str]) -> None:
-  """Writes the command a cell is launched with into its workdir (creating it). A workdir that cannot be written
-  is left to the command itself to report."""
+  """Records the command a cell is launched with (creating the workdir's parent). A place that cannot be written is
+  left to the command itself to report."""
+  path = command_record(workdir)
   try:
-    os.makedirs(workdir, exist_ok=True)
-    write_json_atomic(os.path.join(workdir, COMMAND_FILE), {'argv': _comparable(argv)})
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_text_atomic(path, record_json(argv))
   except OSError:
     pass
 
 
 def recorded_command(workdir: str) -> list[str] | None:
-  """The command recorded in `workdir`, None when there is none (a workdir written before records, or by hand)."""
+  """The command recorded for `workdir`, None when there is none (a cell run before records, or by hand)."""
   try:
-    with open(os.path.join(workdir, COMMAND_FILE), encoding='utf-8') as f:
+    with open(command_record(workdir), encoding='utf-8') as f:
       argv = json.load(f).get('argv')
   except (OSError, ValueError, AttributeError):
     return None
   return argv if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
+
+
+def changed_cells(cells: Sequence[tuple[str, Sequence[str], str]]) -> list[tuple[str, str, str]]:
+  """The finished cells (name, argv, workdir) recorded with another command than `argv`, as (name, workdir, what
+  differs)."""
+  changed = []
+  for name, argv, workdir in cells:
+    before = recorded_command(workdir)
+    if before is not None and os.path.isfile(os.path.join(workdir, FINAL_METRICS_FILE)):
+      now = _comparable(argv)
+      if before != now:
+        gone, new = [a for a in before if a not in now], [a for a in now if a not in before]
+        diff = (f'then {shlex.join(gone) or "nothing else"}, now {shlex.join(new) or "nothing else"}' if gone or new
+                else 'the order of its arguments')
+        changed.append((name, workdir, diff))
+  return changed
 
 
 def check_finished(cells: Sequence[tuple[str, Sequence[str], str]]) -> None:
@@ -113,23 +148,15 @@ def check_finished(cells: Sequence[tuple[str, Sequence[str], str]]) -> None:
   would otherwise be reused for a command that never ran.
 
   Raises:
-    ConfigError: naming the first such cell, what differs, and the way out.
+    ConfigError: naming the first such cell, what differs, and the ways out.
   """
-  changed = []
-  for name, argv, workdir in cells:
-    before = recorded_command(workdir)
-    if before is not None and os.path.isfile(os.path.join(workdir, FINAL_METRICS_FILE)):
-      now = _comparable(argv)
-      if before != now:
-        changed.append((name, workdir, [a for a in before if a not in now], [a for a in now if a not in before]))
+  changed = changed_cells(cells)
   if changed:
-    name, workdir, gone, new = changed[0]
-    diff = (f'then {shlex.join(gone) or "nothing else"}, now {shlex.join(new) or "nothing else"}' if gone or new
-            else 'the order of its arguments')
+    name, workdir, diff = changed[0]
     more = f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''
     raise ConfigError(f'{name}{more} finished with another command than this one ({diff}): its results would be '
                       f'reused for a command that never ran. Use a new --workdir, delete {workdir} to run it again, or '
-                      f'delete its {COMMAND_FILE} to reuse it as it is (e.g. a moved directory)')
+                      f'delete {command_record(workdir)} to reuse it as it is (e.g. a moved directory)')
 
 
 def parse_grid(text: str) -> list[tuple[str, list[str]]]:

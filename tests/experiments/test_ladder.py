@@ -130,6 +130,18 @@ def test_the_tiny_ladder_tabulates_and_a_rerun_skips_every_finished_cell(tiny_la
   assert_one_line_error(changed, 'finetune/bert/sst2/seed0 (and 3 more) finished with another command than this '
                         'one (then --config.num_train_steps=40, now --config.num_train_steps=80)')
   assert tree_digest(str(workdir)) == before
+  # A rung pretrained again after its cells were fine-tuned: those cells are stale, named, nothing touched.
+  rung_metrics = workdir / 'pretrain' / 'bert' / 'final_metrics.json'
+  stat = os.stat(rung_metrics)
+  os.utime(rung_metrics, (stat.st_atime, stat.st_mtime + 3600))
+  try:
+    stale = run_experiment('ladder.py', TINY, f'--workdir={workdir}')
+    assert_one_line_error(stale, f'bert/sst2/seed0 was fine-tuned from an earlier pretraining of rung bert '
+                          f'({workdir / "pretrain" / "bert"} finished after it)')
+    assert f'Delete {workdir / "finetune" / "bert"} to fine-tune' in stale.stderr
+  finally:
+    os.utime(rung_metrics, (stat.st_atime, stat.st_mtime))
+  assert tree_digest(str(workdir)) == before
 
 
 @needs_sst2

@@ -290,8 +290,10 @@ def test_a_finished_run_is_reused_only_by_the_command_that_ran_it(tmp_path):
   grid = 'config.learning_rate=1e-4,2e-4 config.num_train_epochs=1'
   assert _fake_sweep(tmp_path, grid).returncode == 0
   names = ['learning_rate=1e-4,num_train_epochs=1', 'learning_rate=2e-4,num_train_epochs=1']
-  recorded = json.loads((tmp_path / 'runs' / names[0] / 'command.json').read_text())['argv']
+  records = [tmp_path / 'runs' / f'.{n}.command.json' for n in names]  # beside the workdirs, never in them
+  recorded = json.loads(records[0].read_text())['argv']
   assert recorded[0] == 'python' and recorded[-2:] == ['--config.learning_rate=1e-4', '--config.num_train_epochs=1']
+  assert sorted(os.listdir(tmp_path / 'runs' / names[0])) == ['final_metrics.json']
   # The same command under another Python's name is the same command.
   runs = sweep.plan(sweep.parse_grid(grid), ['python3.11', *recorded[1:-3], str(tmp_path / 'runs' / '{name}')])
   sweep.check_finished([(r.name, r.argv, r.workdir) for r in runs])
@@ -300,19 +302,25 @@ def test_a_finished_run_is_reused_only_by_the_command_that_ran_it(tmp_path):
   changed = _fake_sweep(tmp_path, grid, command=['--note=longer'])
   assert_one_line_error(changed, f'{names[0]} (and 1 more) finished with another command than this one (then '
                         'nothing else, now --note=longer): its results would be reused for a command that never ran. '
-                        f'Use a new --workdir, delete {tmp_path / "runs" / names[0]} to run it again, or delete its '
-                        'command.json to reuse it as it is')
+                        f'Use a new --workdir, delete {tmp_path / "runs" / names[0]} to run it again, or delete '
+                        f'{records[0]} to reuse it as it is')
   assert_one_line_error(_fake_sweep(tmp_path, grid, '--dry_run', command=['--note=longer']), 'another command')
   assert tree_digest(str(tmp_path)) == before and len(_calls(tmp_path)) == 2
 
   # An unfinished run goes on with the new command (the entry point judges its own resume) and records it; a run
   # finished before commands were recorded is reused as before.
   os.remove(tmp_path / 'runs' / names[0] / 'final_metrics.json')
-  os.remove(tmp_path / 'runs' / names[1] / 'command.json')
+  os.remove(records[1])
   again = _fake_sweep(tmp_path, grid, command=['--note=longer'])
   assert again.returncode == 0, again.stderr[-3000:]
   assert _calls(tmp_path)[2:] == [str(tmp_path / 'runs' / names[0])]
-  assert json.loads((tmp_path / 'runs' / names[0] / 'command.json').read_text())['argv'][-3] == '--note=longer'
+  assert json.loads(records[0].read_text())['argv'][-3] == '--note=longer'
+
+  # A run that fails before writing anything leaves no workdir behind (its record only).
+  failing = _fake_sweep(tmp_path, 'config.learning_rate=FAIL config.num_train_epochs=1')
+  assert failing.returncode == 1
+  assert not (tmp_path / 'runs' / 'learning_rate=FAIL,num_train_epochs=1').exists()
+  assert (tmp_path / 'runs' / '.learning_rate=FAIL,num_train_epochs=1.command.json').exists()
 
 
 def test_sweep_failed_run_is_reported_and_tabulated(tmp_path):
@@ -367,6 +375,8 @@ def test_a_slurm_array_run_task_by_task_fills_the_same_table(tmp_path):
   assert len(_calls(cluster)) == 4
   assert _fake_sweep(cluster, GRID, '--gather').returncode == 0
   assert _csv_rows(cluster / 'runs' / 'sweep_results.csv') == _csv_rows(local / 'runs' / 'sweep_results.csv')
+  # Each task recorded the command it ran: a gather for another command is refused.
+  assert_one_line_error(_fake_sweep(cluster, GRID, '--gather', command=['--note=x']), 'finished with another command')
   # Bad SLURM flags: one error line, nothing written.
   before = tree_digest(str(cluster))
   for flag, pattern in (('--slurm_sbatch=partition=gpu', 'takes sbatch options'),
