@@ -9,8 +9,9 @@ optionally weighted:
 The result is a pretraining workdir every tool reads (evaluate.py, fill_mask.py, embed.py, export_hf.py,
 --config.init_checkpoint of pretrain.py and finetune.py); it holds parameters only, so it is continued from,
 not trained in. Then the held-out MLM (and NSP/SOP) accuracy of each part and of the merge, all on the first
-part's held-out split and evaluated alike (a run in phases: as its phase at the merge's step), as a table and one
-JSON line (--noevaluate skips it).
+part's held-out split and evaluated alike (a run in phases: as its phase at the merge's step), as a table, one
+JSON line and the workdir's final_metrics.json (--noevaluate skips it). The same command again (a sweep's rerun,
+an interrupted evaluation) finds the merge written, writes nothing and evaluates it again.
 """
 
 import json
@@ -55,8 +56,8 @@ def main(_):
   reporting.log('\n| checkpoint | weight | ' + ' | '.join(metrics) + ' |\n|---|---|' + '---|' * len(metrics))
   for name, weight, result in zip(names, [p['weight'] for p in record['parts']] + [1.0], results):
     reporting.log(f'| {name} | {weight:.3g} | ' + ' | '.join(f'{result[m]:.4f}' for m in metrics) + ' |')
-  reporting.log(json.dumps({'workdir': _WORKDIR.value, 'merge': results[-1],
-                            'parts': [{**p, **r} for p, r in zip(record['parts'], results)]}))
+  final = merge.write_results(_WORKDIR.value, record, results)
+  reporting.log(json.dumps({'workdir': _WORKDIR.value, 'merge': results[-1], 'parts': final['parts']}))
 
 
 if __name__ == '__main__':

@@ -6,14 +6,17 @@ architecture (e.g. decay variants branched from one stable checkpoint, as Ettin 
 
 The merge is a pretraining workdir that every tool reads (evaluate, fill-mask, embed, export,
 `init_checkpoint` of a pretraining or fine-tuning run): config.json and the tokenizer of the first
-part, one checkpoint holding parameters only, and merge.json naming the parts and their weights.
-It is not trained in (it has no optimizer state): continue from it with `init_checkpoint`.
+part, one checkpoint holding parameters only, merge.json naming the parts and their weights, and (once evaluated)
+final_metrics.json: the merge's held-out metrics, with its parts' beside them. It is not trained in (it has no
+optimizer state): continue from it with `init_checkpoint`. Merging again into a workdir that holds the same merge
+writes nothing (the evaluation runs again), so a sweep or an interrupted evaluation can run the command again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import filecmp
+import json
 import os
 import shutil
 from typing import Any
@@ -123,6 +126,10 @@ def merge(parts: list[Part], output: str) -> dict[str, Any]:
     ConfigError: `output` exists and is not empty, or is (inside) a part.
     CheckpointError: a part is not a pretraining workdir, has another architecture, or is unreadable.
   """
+  done = _same_merge(parts, output)
+  if done is not None:
+    reporting.log(f'merge: {output} already holds this merge (step {done["step"]}); nothing written')
+    return done
   if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
     raise ConfigError(f'--workdir {output} exists and is not empty: a merge is written into a new directory')
   for part in parts:
@@ -156,6 +163,28 @@ def merge(parts: list[Part], output: str) -> dict[str, Any]:
             'step': max(steps)}
   _write(output, saved, tokenizer, merged, record)
   return record
+
+
+def _same_merge(parts: list[Part], output: str) -> dict[str, Any] | None:
+  """merge.json of `output` when it is a finished merge of these parts (same checkpoints and weights), else None."""
+  try:
+    with open(os.path.join(output, MERGE_FILE), encoding='utf-8') as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if not isinstance(record, dict) or not os.path.isdir(os.path.join(output, 'checkpoints')):
+    return None
+  want = [{'path': os.path.abspath(p.path), 'step': p.step if p.step is not None else _latest(p.path),
+           'weight': p.weight} for p in parts]
+  return record if record.get('parts') == want else None
+
+
+def write_results(output: str, record: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:
+  """final_metrics.json of a merge: the merge's held-out metrics (`results[-1]`), each part's beside them."""
+  final = {**results[-1], 'main_metric': 'mlm_accuracy',
+           'parts': [{**p, **r} for p, r in zip(record['parts'], results)]}
+  Workdir(output).write_results(final)
+  return final
 
 
 def _write(output: str, saved: dict[str, Any], tokenizer: str, params: dict[str, Any], record: dict[str, Any]) -> None:

@@ -77,6 +77,19 @@ def test_the_command_reports_each_part_and_the_merge(runs, tmp_path):
   # The parts' figures are those of evaluating them directly (same held-out split: one data config).
   assert line['parts'][0]['mlm_accuracy'] == pytest.approx(run.evaluate_checkpoint(a, 4)['mlm_accuracy'])
   assert os.path.exists(os.path.join(out, 'merge.json')) and not os.path.exists(os.path.join(tmp_path, '.merged.merging'))
+  with open(os.path.join(out, 'final_metrics.json')) as f:
+    final = json.load(f)  # what a sweep tabulates
+  assert final['mlm_accuracy'] == line['merge']['mlm_accuracy'] and final['main_metric'] == 'mlm_accuracy'
+  assert final['parts'] == line['parts']
+  # The same command again (a sweep's rerun, an interrupted evaluation): nothing written, the same figures.
+  written = tree_digest(os.path.join(out, 'checkpoints'))
+  again = run_experiment('merge.py', f'--sources={a}@4,{b}@6', f'--workdir={out}')
+  assert again.returncode == 0 and 'already holds this merge' in again.stdout + again.stderr, again.stderr[-3000:]
+  assert json.loads(again.stdout.strip().splitlines()[-1]) == line
+  assert tree_digest(os.path.join(out, 'checkpoints')) == written
+  # Another merge into it is refused.
+  assert_one_line_error(run_experiment('merge.py', f'--sources={a}@4,{b}@6', '--weights=2,1', f'--workdir={out}'),
+                        'exists and is not empty')
 
 
 def test_bad_input_is_one_line_and_nothing_is_written(runs, tmp_path):
