@@ -127,22 +127,6 @@ def recorded_command(workdir: str) -> list[str] | None:
   return argv if isinstance(argv, list) and all(isinstance(a, str) for a in argv) else None
 
 
-def changed_cells(cells: Sequence[tuple[str, Sequence[str], str]]) -> list[tuple[str, str, str]]:
-  """The finished cells (name, argv, workdir) recorded with another command than `argv`, as (name, workdir, what
-  differs)."""
-  changed = []
-  for name, argv, workdir in cells:
-    before = recorded_command(workdir)
-    if before is not None and os.path.isfile(os.path.join(workdir, FINAL_METRICS_FILE)):
-      now = _comparable(argv)
-      if before != now:
-        gone, new = [a for a in before if a not in now], [a for a in now if a not in before]
-        diff = (f'then {shlex.join(gone) or "nothing else"}, now {shlex.join(new) or "nothing else"}' if gone or new
-                else 'the order of its arguments')
-        changed.append((name, workdir, diff))
-  return changed
-
-
 def check_finished(cells: Sequence[tuple[str, Sequence[str], str]]) -> None:
   """ConfigError when a finished cell (name, argv, workdir) was run with another command than `argv`: its results
   would otherwise be reused for a command that never ran.
@@ -150,9 +134,15 @@ def check_finished(cells: Sequence[tuple[str, Sequence[str], str]]) -> None:
   Raises:
     ConfigError: naming the first such cell, what differs, and the ways out.
   """
-  changed = changed_cells(cells)
+  changed = []
+  for name, argv, workdir in cells:
+    before, now = recorded_command(workdir), _comparable(argv)
+    if before is not None and before != now and os.path.isfile(os.path.join(workdir, FINAL_METRICS_FILE)):
+      changed.append((name, workdir, [a for a in before if a not in now], [a for a in now if a not in before]))
   if changed:
-    name, workdir, diff = changed[0]
+    name, workdir, gone, new = changed[0]
+    diff = (f'then {shlex.join(gone) or "nothing else"}, now {shlex.join(new) or "nothing else"}' if gone or new
+            else 'the order of its arguments')
     more = f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''
     raise ConfigError(f'{name}{more} finished with another command than this one ({diff}): its results would be '
                       f'reused for a command that never ran. Use a new --workdir, delete {workdir} to run it again, or '
