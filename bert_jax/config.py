@@ -71,6 +71,10 @@ ATTENTION_IMPLS = ('', 'xla', 'cudnn', 'einsum')
 REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
 # model.dropout_impl: hashed masks (bert_jax/model/dropout.py) or jax.random.bernoulli, as nnx.Dropout.
 DROPOUT_IMPLS = ('hash', 'threefry')
+# model.fused_mask: how a padded row's mask reaches cuDNN's fused attention.
+FUSED_MASKS = ('lengths', 'dense')
+# model.logits_backward: the dtype of the backward matmuls of float32-output products (layers.einsum_f32).
+LOGITS_BACKWARDS = ('compute', 'float32')
 # Architecture switches (ModelConfig); the first value of each is BERT's.
 NORM_POSITIONS = ('post', 'pre')
 POSITION_EMBEDDINGS = ('learned', 'rotary')
@@ -148,6 +152,16 @@ class ModelConfig:
   # dropout site instead of one per element, the bulk of a BERT-base CPU step; bert_jax/model/dropout.py)
   # or 'threefry' (jax.random.bernoulli, as flax's nnx.Dropout). Same rates, different masks.
   dropout_impl: str = _f('hash', free=True)
+  # How a padding mask reaches cuDNN flash attention: 'lengths' (each right-padded row's length, cuDNN's padding
+  # mask: no [B, 1, T, S] bias is built, read or differentiated) or 'dense' (the boolean mask as an additive
+  # bias). Padding masks are right-padded wherever bert_jax builds them (a prefix of ones per row); packed rows
+  # (segment ids) and local bands always go dense.
+  fused_mask: str = _f('lengths', free=True)
+  # The backward matmuls of the products with float32 results (the MLM decoder's logits, the einsum attention
+  # paths' scores): 'compute' runs them in the compute dtype as every other matmul's backward (bfloat16 products
+  # accumulated in float32); 'float32' in float32 (jax's own transpose of a float32-output product, before
+  # 2026-11-28). The same under model.dtype=float32.
+  logits_backward: str = _f('compute', free=True)
   # Runs the encoder layers as one jax.lax.scan over their stacked parameters: compile time
   # independent of depth. The parameter tree (layers/0, layers/1, ...) is unchanged.
   scan_layers: bool = _f(False, free=True)
@@ -163,6 +177,11 @@ class ModelConfig:
                         f'got {self.attention_impl!r}')
     if self.dropout_impl not in DROPOUT_IMPLS:
       raise ConfigError(f'model.dropout_impl must be one of {", ".join(DROPOUT_IMPLS)}, got {self.dropout_impl!r}')
+    if self.logits_backward not in LOGITS_BACKWARDS:
+      raise ConfigError(f'model.logits_backward must be one of {", ".join(LOGITS_BACKWARDS)}, '
+                        f'got {self.logits_backward!r}')
+    if self.fused_mask not in FUSED_MASKS:
+      raise ConfigError(f'model.fused_mask must be one of {", ".join(FUSED_MASKS)}, got {self.fused_mask!r}')
     if self.remat_policy not in REMAT_POLICIES:
       raise ConfigError(f'model.remat_policy must be one of {", ".join(REMAT_POLICIES)}, '
                         f'got {self.remat_policy!r}')

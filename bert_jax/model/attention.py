@@ -14,7 +14,7 @@ import numpy as np
 from bert_jax.config import ModelConfig
 from bert_jax.errors import ConfigError
 from bert_jax.model.dropout import Dropout
-from bert_jax.model.layers import Dense, compute_dtype, rotate
+from bert_jax.model.layers import Dense, compute_dtype, einsum_f32, rotate
 
 
 def current_platform() -> str:
@@ -128,19 +128,21 @@ def _key_windows(x_bsnh: jax.Array, r: int, nb: int) -> jax.Array:
   return jnp.concatenate([x[:, :-2], x[:, 1:-1], x[:, 2:]], axis=2)
 
 
-def blockwise_local_attention(q_btnh, k_bsnh, v_bsnh, band_b1xqk, dropout, *, deterministic: bool) -> jax.Array:
+def blockwise_local_attention(q_btnh, k_bsnh, v_bsnh, band_b1xqk, dropout, *, deterministic: bool,
+                              backward: str = 'compute') -> jax.Array:
   """Local attention at linear cost: each block of w/2 queries against its three neighbouring key blocks.
 
   The same function as the masked full path under `window_mask_b1ts` (the softmax over the keys of the window;
   keys outside it get exactly zero weight there), in O(T x 1.5 w) work and memory instead of O(T^2).
-  `band_b1xqk` is `band_mask(...)`; `dropout` drops probabilities as the full path does.
+  `band_b1xqk` is `band_mask(...)`; `dropout` drops probabilities as the full path does; `backward`: the scores'
+  (`layers.einsum_f32`).
   """
   nb, r = band_b1xqk.shape[2], band_b1xqk.shape[3]
   t = q_btnh.shape[1]
   q_bxqnh = _blocks(q_btnh, r, nb, 0)
   k_bxknh, v_bxknh = _key_windows(k_bsnh, r, nb), _key_windows(v_bsnh, r, nb)
   scale = q_btnh.shape[-1] ** -0.5
-  logits = jnp.einsum('bxqnh,bxknh->bnxqk', q_bxqnh, k_bxknh, preferred_element_type=jnp.float32) * scale
+  logits = einsum_f32('bxqnh,bxknh->bnxqk', q_bxqnh, k_bxknh, backward=backward) * scale
   logits = jnp.where(band_b1xqk, logits, jnp.finfo(jnp.float32).min)
   probs = dropout(jax.nn.softmax(logits, axis=-1), deterministic=deterministic)
   ctx_bxqnh = jnp.einsum('bnxqk,bxknh->bxqnh', probs.astype(v_bsnh.dtype), v_bxknh)
@@ -210,13 +212,19 @@ class SelfAttention(nnx.Module):
         ctx_btnh = blockwise_local_attention_fused(q_btnh, k_bsnh, v_bsnh, mask_b11s, implementation='cudnn')
       else:
         ctx_btnh = blockwise_local_attention(q_btnh, k_bsnh, v_bsnh, mask_b11s, self.probs_dropout,
-                                             deterministic=deterministic)
+                                             deterministic=deterministic, backward=self.cfg.logits_backward)
       return self.output(ctx_btnh)
     b, t, s = q_btnh.shape[0], q_btnh.shape[1], k_bsnh.shape[1]
     impl = 'einsum' if return_probs else choose_attention(
         self.cfg, current_platform(), training=not deterministic, seq_len=t)
     probs_bnts = None
-    if impl == 'cudnn':
+    if impl == 'cudnn' and mask_b11s.shape[2] == 1 and self.cfg.fused_mask == 'lengths':
+      # A key-padding mask of right-padded rows is each row's length: cuDNN's padding mask, no bias tensor in
+      # either pass. (A row of padding alone keeps one key, as the dense path keeps its softmax finite.)
+      kv_lengths_b = jnp.maximum(jnp.sum(mask_b11s[:, 0, 0, :], axis=-1, dtype=jnp.int32), 1)
+      ctx_btnh = jax.nn.dot_product_attention(q_btnh, k_bsnh, v_bsnh, key_value_seq_lengths=kv_lengths_b,
+                                              implementation='cudnn')
+    elif impl == 'cudnn':
       # jax turns a boolean mask into cuDNN's additive bias, which must be [B, N or 1, T, S]
       # (a [B, 1, 1, S] mask fails its shape check: jax issue #28974).
       mask_b1ts = jnp.broadcast_to(mask_b11s, (b, 1, t, s))
@@ -228,8 +236,7 @@ class SelfAttention(nnx.Module):
       # layout changes in either pass (einsums on [B, T, N, H] transpose in both).
       q_bnth, k_bnsh, v_bnsh = (a.transpose(0, 2, 1, 3) for a in (q_btnh, k_bsnh, v_bsnh))
       scale = q_btnh.shape[-1] ** -0.5
-      logits_bnts = jnp.einsum('bnth,bnsh->bnts', q_bnth, k_bnsh,
-                               preferred_element_type=jnp.float32) * scale
+      logits_bnts = einsum_f32('bnth,bnsh->bnts', q_bnth, k_bnsh, backward=self.cfg.logits_backward) * scale
       logits_bnts = jnp.where(mask_b11s, logits_bnts, jnp.finfo(jnp.float32).min)
       probs_bnts = jax.nn.softmax(logits_bnts, axis=-1)
       dropped = self.probs_dropout(probs_bnts, deterministic=deterministic)

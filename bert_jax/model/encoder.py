@@ -233,8 +233,9 @@ class BertEncoder(nnx.Module):
       input_ids_bt: int [B, T] token ids.
       token_type_ids_bt: int [B, T] segment ids (0 for A, 1 for B); zeros when None; unused without a
         token type table (type_vocab_size=0).
-      attention_mask_bt: int [B, T], 1 at real tokens; when None, every token that is not
-        [PAD] (`cfg.pad_token_id`): a padded batch never attends to its padding.
+      attention_mask_bt: int [B, T], 1 at real tokens, right-padded (a prefix of ones per row: cuDNN takes
+        each row's length, `cfg.fused_mask`); when None, every token that is not [PAD]
+        (`cfg.pad_token_id`): a padded batch never attends to its padding.
       position_ids_bt: int [B, T]; 0..T-1 when None (learned or rotary positions).
       segment_ids_bt: int [B, T] for packed rows (several examples per row): tokens attend only
         to tokens of the same segment id, 0 = padding; replaces `attention_mask_bt` when given.

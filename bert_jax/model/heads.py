@@ -36,12 +36,13 @@ class MaskedLMHead(nnx.Module):
                            dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias)
     self.layer_norm = LayerNorm(d, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg), use_bias=cfg.use_bias)
     self.bias = param(jax.nn.initializers.zeros, None, (cfg.vocab_size,), ('vocab',))
+    self.logits_backward = cfg.logits_backward
 
   def __call__(self, h_bpd, word_embeddings) -> jax.Array:
     h_bpd = constrain(self.transform(constrain(h_bpd, ('activation_batch', None, 'activation_embed'))),
                       ('activation_batch', None, 'activation_embed'))
     h_bpd = self.layer_norm(jax.nn.gelu(h_bpd, approximate=False))
-    return word_embeddings.attend(h_bpd) + self.bias[...]  # float32 logits
+    return word_embeddings.attend(h_bpd, backward=self.logits_backward) + self.bias[...]  # float32 logits
 
 
 class BertForPreTraining(nnx.Module):

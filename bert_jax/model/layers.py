@@ -9,6 +9,7 @@ logits run in float32.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -20,6 +21,38 @@ import numpy as np
 from bert_jax.config import ModelConfig
 from bert_jax.model.dropout import Dropout
 from bert_jax.sharding import constrain
+
+
+def einsum_f32(spec: str, a: jax.Array, b: jax.Array, *, backward: str = 'compute') -> jax.Array:
+  """`jnp.einsum(spec, a, b)` with a float32 result (logits, attention scores) from inputs in the compute dtype.
+
+  backward='compute': the backward matmuls take the float32 cotangent cast to the inputs' dtype, as every other
+  matmul's backward does (under bfloat16, bfloat16 products accumulated in float32); 'float32': jax's own
+  transpose, which runs both backward matmuls in float32 (a float32 cotangent against an upcast input; XLA's HLO
+  shows them as f32 dots). Identical when the inputs are float32 (`ModelConfig.logits_backward`).
+  """
+  if backward == 'float32' or a.dtype == jnp.float32:
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+  return _einsum_f32_compute_backward(spec, a, b)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _einsum_f32_compute_backward(spec, a, b):
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _einsum_f32_fwd(spec, a, b):
+  return _einsum_f32_compute_backward(spec, a, b), (a, b)
+
+
+def _einsum_f32_bwd(spec, residuals, g):
+  a, b = residuals
+  # The transpose of a compute-dtype product (accumulated in float32 on accelerators) takes a cotangent of its dtype.
+  _, vjp = jax.vjp(lambda x, y: jnp.einsum(spec, x, y), a, b)
+  return vjp(g.astype(a.dtype))
+
+
+_einsum_f32_compute_backward.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
 
 
 def _truncated_normal(std: float):
@@ -105,10 +138,10 @@ class Embed(nnx.Module):
     table = constrain(self.embedding[...], (self.rows_axis, None))
     return jnp.take(table, ids, axis=0)
 
-  def attend(self, x: jax.Array) -> jax.Array:
+  def attend(self, x: jax.Array, *, backward: str = 'compute') -> jax.Array:
+    """float32 logits x E^T; `backward`: `einsum_f32`'s."""
     table = self.embedding[...].astype(x.dtype)
-    logits = jax.lax.dot_general(x.reshape(-1, x.shape[-1]), table, (((1,), (1,)), ((), ())),
-                                 preferred_element_type=jnp.float32)  # 2-D, as in Dense
+    logits = einsum_f32('nd,vd->nv', x.reshape(-1, x.shape[-1]), table, backward=backward)  # 2-D, as in Dense
     return logits.reshape(x.shape[:-1] + table.shape[:1])
 
 

@@ -96,17 +96,19 @@ def test_attention_kernels_match_naive_reference(kind):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != 'gpu', reason='needs an NVIDIA GPU: JAX_PLATFORMS=cuda pytest -m gpu')
-@pytest.mark.parametrize('kind', ['padding', 'segments'])
+@pytest.mark.parametrize('kind', ['padding', 'padding_dense', 'segments'])
 def test_cudnn_matches_xla_on_gpu(kind):
+  """Padding reaches cuDNN as row lengths (model.fused_mask='lengths', the default) or as a dense mask."""
   x = jax.random.normal(jax.random.key(1), (4, 16, 64)).astype(jnp.bfloat16)
-  if kind == 'padding':
+  if kind.startswith('padding'):
     mask = model.attention_mask_b11s(jnp.arange(16)[None] < jnp.array([[16], [9], [12], [1]]))
   else:
     mask = model.segment_mask_b1ts(jnp.array([[1] * 6 + [2] * 6 + [0] * 4] * 4))
   valid = np.asarray(jnp.broadcast_to(mask, (4, 1, 16, 16)).any(-1))[:, 0]  # query rows that see a key
   results = {}
   for impl in ('xla', 'cudnn'):
-    cfg = _cfg(dtype='bfloat16', attention_dropout=0.0, attention_impl=impl)
+    cfg = _cfg(dtype='bfloat16', attention_dropout=0.0, attention_impl=impl,
+               fused_mask='dense' if kind == 'padding_dense' else 'lengths')
     graphdef, params, rest = nnx.split(attention.SelfAttention(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
     params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
 
