@@ -15,6 +15,7 @@ ModernBERT-shaped encoder layer of the preset, global and local (--window, the b
 sequence length: a local layer's time should grow linearly, a global one's quadratically.
 """
 
+import dataclasses
 import json
 import os
 import platform
@@ -27,6 +28,7 @@ from bert_jax.errors import ConfigError
 
 import cli
 from tools import benchmark
+from tools import levers
 
 _PRESET = flags.DEFINE_list('preset', ['base'], 'Model presets: tiny, mini, small, medium, base, large.')
 _BATCH = flags.DEFINE_list('batch_size', ['8'], 'Global batch sizes.')
@@ -49,6 +51,15 @@ _HLO = flags.DEFINE_bool('hlo_flops', False, 'Print per-device compiled FLOPs pe
 _ATTN_LAYERS = flags.DEFINE_bool('attention_layers', False, 'Time one global and one local encoder layer per '
                                   '--seq_len instead of the train step.')
 _WINDOW = flags.DEFINE_integer('window', 128, 'With --attention_layers: the local layer\'s window (ModernBERT: 128).')
+_LEVERS = flags.DEFINE_enum('levers', None, ['ladder', 'targets', 'hlo'],
+                            'The accelerator table instead (tools/levers.py): '
+                            "'ladder' times the speed levers one at a time on BERT-base and profiles the best step; "
+                            "'targets' times the target shapes with the switches the ladder kept (read from --out); "
+                            "'hlo' (no device needed) compares each shape's compiled FLOPs with the model's and lists "
+                            'its float32 matmuls.')
+_OUT = flags.DEFINE_string('out', '/tmp/gpu_checks', 'With --levers: where rows.jsonl, gpu_table.md/.csv and '
+                           'profile.md go.')
+_LEVERS_SMOKE = flags.DEFINE_bool('levers_smoke', False, 'With --levers: tiny shapes (a CPU dry run of the table).')
 _CPU_DEVICES = flags.DEFINE_integer('cpu_devices', 0, 'Number of CPU devices to expose (e.g. 8 for '
                                     '--hlo_flops on a CPU machine); 0 leaves jax alone.')
 
@@ -74,6 +85,9 @@ def main(_):
   device = jax.devices()[0]
   print(f'machine: {device.platform} x{jax.device_count()} ({device.device_kind}); '
         f'{platform.processor() or platform.machine()}, {os.cpu_count()} cores')
+  if _LEVERS.value:
+    _levers(_LEVERS.value, _OUT.value)
+    return
   if _ATTN_LAYERS.value:
     _attention_layers(batch_sizes, seq_lens)
     return
@@ -99,6 +113,41 @@ def main(_):
   print(benchmark.format_table(rows))
   for r in rows:
     print(json.dumps(r), flush=True)
+
+
+def _levers(part, out_dir):
+  device = jax.devices()[0]
+  peak, source = benchmark.peak_tflops(device.device_kind, device.platform, 'bfloat16', override=_PEAK.value)
+  print(f'{levers.environment_line()}\npeak: {source}', flush=True)
+  log = lambda line: print(line, flush=True)  # pylint: disable=unnecessary-lambda-assignment
+  if part == 'hlo':
+    _hlo_check()
+    return
+  if part == 'ladder':
+    ladder, baseline = levers.LADDER, levers.BASELINE
+    if _LEVERS_SMOKE.value:  # the same ladder on a model that compiles in seconds on a CPU (no GPU-only options)
+      ladder = [lv for lv in ladder if 'batch_size' not in lv.change and not lv.change.get('options')]
+      baseline = dataclasses.replace(baseline, preset='tiny', batch_size=8)
+    levers.run_ladder(out_dir, steps=_STEPS.value, peak=peak, ladder=ladder, baseline=baseline, log=log)
+  else:
+    targets = levers.TARGETS
+    if _LEVERS_SMOKE.value:
+      small = dict(num_layers=3, max_position_embeddings=512, vocab_size=1024)
+      targets = [(n, dataclasses.replace(t.apply({'model': small}), preset='tiny', batch_size=2,
+                                         seq_len=min(t.seq_len, 512))) for n, t in targets]
+    levers.run_targets(out_dir, steps=_STEPS.value, peak=peak, targets=targets, log=log)
+  print(f'\ntables: {out_dir}/gpu_table.md, gpu_table.csv, profile.md', flush=True)
+
+
+def _hlo_check():
+  shapes = [('BERT-base x 128 (the ladder\'s defaults)', levers.BASELINE.apply(
+      {'model': {'fused_mask': 'lengths', 'logits_backward': 'compute'}}))] + list(levers.TARGETS)
+  print('\ncompiled train step (1 row, 2 layers; ModernBERT 3: one global, two local) against the model FLOPs, '
+        'and its float32 matmuls\n\n| shape | HLO GFLOP | model GFLOP | ratio | float32 matmuls |\n|---|---|---|---|---|')
+  for name, setting in shapes:
+    r = levers.hlo_check(setting, num_layers=3 if 'Modern' in name else 2)
+    dots = '<br>'.join(f'{n} × `{k}`' for k, n in r['float32_dots'].items()) or 'none'
+    print(f'| {name} | {r["hlo_gflop"]:.1f} | {r["model_gflop"]:.1f} | {r["ratio"]:.3f} | {dots} |', flush=True)
 
 
 def _attention_layers(batch_sizes, seq_lens):

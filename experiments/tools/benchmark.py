@@ -11,7 +11,9 @@ evidence that sharded layouts split the work instead of replicating it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import re
 import resource
 import statistics
 import time
@@ -95,17 +97,19 @@ def peak_tflops(device_kind: str, platform: str, dtype: str, *, override: float 
 def pretraining_flops_per_step(cfg: ModelConfig, batch_size: int, seq_len: int, num_predictions: int) -> float:
   """Model FLOPs of one MLM+NSP train step: matmuls only, 2 FLOPs per multiply-add, backward = 2x forward.
 
-  Per layer and token: Q, K, V and output projections (4 d^2) and the FFN (2 d i) multiply-adds,
-  plus QK^T and PV (2 t d). Heads: the pooler and NSP classifier on [CLS], and the MLM transform
+  Per layer and token: Q, K, V and output projections (4 d^2) and the FFN (2 d i; GeGLU 3 d i) multiply-adds,
+  plus QK^T and PV (2 t d; a local layer's window w: 2 (w + 1) d). Heads: the pooler and NSP classifier on [CLS], and the MLM transform
   and tied decoder at the `num_predictions` gathered positions only (what the model computes).
   Embedding lookups, LayerNorm, softmax, GELU, dropout, losses and the optimizer are not counted
   (so the compiled program's count is somewhat higher, see tests/test_benchmarking.py); neither
   is rematerialisation, which makes this "model" rather than "hardware" FLOPs.
   """
   d, i, t, v = cfg.hidden_size, cfg.intermediate_size, seq_len, cfg.vocab_size
-  per_layer = 2 * t * (4 * d * d + 2 * d * i) + 4 * t * t * d
+  mlp = 3 * d * i if cfg.mlp == 'geglu' else 2 * d * i  # GeGLU: two input projections
+  # A local layer's query meets the keys of its window (attention_window + 1 at most), a global one all t.
+  layers = sum(2 * t * (4 * d * d + mlp) + 4 * t * (min(t, w + 1) if w else t) * d for w in cfg.layer_windows)
   heads = 2 * d * d + 2 * d * 2 + num_predictions * (2 * d * d + 2 * d * v)
-  return 3.0 * batch_size * (cfg.num_layers * per_layer + heads)
+  return 3.0 * batch_size * (layers + heads)
 
 
 def default_num_predictions(seq_len: int) -> int:
@@ -146,13 +150,14 @@ class Timing:
     return statistics.median(self.step_times_s)
 
 
-def time_step(step_fn, state, *args, steps: int) -> Timing:
+def time_step(step_fn, state, *args, steps: int, compiler_options: dict[str, Any] | None = None) -> Timing:
   """Compiles `step_fn(state, *args) -> (state, metrics)`, runs one warm-up step, then times `steps` steps.
 
-  The state is donated and rebound each step; each timed step waits for its outputs.
+  The state is donated and rebound each step; each timed step waits for its outputs. `compiler_options`: XLA
+  options of this compilation alone (e.g. {'xla_gpu_enable_triton_gemm': False}).
   """
   t0 = time.perf_counter()
-  compiled = step_fn.lower(state, *args).compile()
+  compiled = step_fn.lower(state, *args).compile(compiler_options=compiler_options or None)
   compile_s = time.perf_counter() - t0
   state, metrics = jax.block_until_ready(compiled(state, *args))
   times = []
@@ -207,19 +212,36 @@ def _check_shape(cfg: ModelConfig, batch_size: int, seq_len: int, mesh) -> None:
                       f'shards of the mesh')
 
 
-def benchmark_train_step(cfg: ModelConfig, *, batch_size: int, seq_len: int, num_predictions: int,
-                         steps: int = 10, mesh_cfg: MeshConfig = MeshConfig(),
-                         devices: Sequence[jax.Device] | None = None) -> dict[str, Any]:
-  """Compiles and times the pretraining train step on a synthetic batch; returns the measurements.
-
-  Everything the model does is decided by `cfg` (dtype, attention kernel, remat, scan), so new
-  ModelConfig options flow through unchanged.
-  """
+def _train_step_inputs(cfg: ModelConfig, batch_size: int, seq_len: int, num_predictions: int,
+                       mesh_cfg: MeshConfig, devices):
+  """(mesh, pretraining model, its initial state, a synthetic global batch on the mesh)."""
   mesh = shd.make_mesh(mesh_cfg, devices)
   _check_shape(cfg, batch_size, seq_len, mesh)
   model = pretraining_model(cfg, optim.make_optimizer(OptimConfig(), 1000), mesh)
   batch = model.global_batch(synthetic_batch(batch_size, seq_len, num_predictions, cfg.vocab_size))
-  timing = time_step(model.train_step, model.init_state(), batch, model.rest, steps=steps)
+  return mesh, model, model.init_state(), batch
+
+
+def compiled_train_step(cfg: ModelConfig, *, batch_size: int, seq_len: int, num_predictions: int,
+                        compiler_options: dict[str, Any] | None = None, mesh_cfg: MeshConfig = MeshConfig(),
+                        devices: Sequence[jax.Device] | None = None):
+  """(compiled step, initial state, the step's other arguments): `step(state, *args) -> (state, metrics)`."""
+  _, model, state, batch = _train_step_inputs(cfg, batch_size, seq_len, num_predictions, mesh_cfg, devices)
+  compiled = model.train_step.lower(state, batch, model.rest).compile(compiler_options=compiler_options or None)
+  return compiled, state, (batch, model.rest)
+
+
+def benchmark_train_step(cfg: ModelConfig, *, batch_size: int, seq_len: int, num_predictions: int,
+                         steps: int = 10, mesh_cfg: MeshConfig = MeshConfig(),
+                         devices: Sequence[jax.Device] | None = None,
+                         compiler_options: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Compiles and times the pretraining train step on a synthetic batch; returns the measurements.
+
+  Everything the model does is decided by `cfg` (dtype, attention kernel, remat, scan), so new
+  ModelConfig options flow through unchanged; `compiler_options` are XLA options of this compilation.
+  """
+  mesh, model, state, batch = _train_step_inputs(cfg, batch_size, seq_len, num_predictions, mesh_cfg, devices)
+  timing = time_step(model.train_step, state, batch, model.rest, steps=steps, compiler_options=compiler_options)
   flops = pretraining_flops_per_step(cfg, batch_size, seq_len, num_predictions)
   peaks = [(d.memory_stats() or {}).get('peak_bytes_in_use') for d in mesh.devices.flat]
   mem = timing.compiled.memory_analysis()
@@ -303,6 +325,31 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
   return '\n'.join(lines)
 
 
+def lowered_train_step(model_cfg: ModelConfig, mesh_cfg: MeshConfig, batch_size: int, seq_len: int,
+                       num_predictions: int, devices: Sequence[jax.Device] | None = None):
+  """The pretraining train step lowered for abstract state and batch (nothing is allocated)."""
+  mesh = shd.make_mesh(mesh_cfg, devices)
+  _check_shape(model_cfg, batch_size, seq_len, mesh)
+  model = pretraining_model(model_cfg, optim.make_optimizer(OptimConfig(), 1000), mesh)
+  sharding = shd.batch_sharding(mesh)
+  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
+           for k, v in synthetic_batch(batch_size, seq_len, num_predictions, model_cfg.vocab_size).items()}
+  return model.train_step.lower(model.abstract_state, batch, model.rest)
+
+
+_DOT = re.compile(r'stablehlo\.dot_general .*: \((tensor<[^>]*>), (tensor<[^>]*>)\) -> (tensor<[^>]*>)')
+
+
+def float32_dots(lowered_text: str) -> collections.Counter:
+  """Matmuls of a lowered program (StableHLO, before the backend's own type changes) with a float32 operand:
+  '(lhs, rhs) -> out' -> count. A bfloat16 step should list only the ones it means to run in float32."""
+  found = collections.Counter()
+  for m in _DOT.finditer(lowered_text):
+    if 'xf32>' in m.group(1) or 'xf32>' in m.group(2):
+      found[f'({m.group(1)}, {m.group(2)}) -> {m.group(3)}'] += 1
+  return found
+
+
 def per_device_flops(model_cfg: ModelConfig, mesh_cfg: MeshConfig, batch_size: int, seq_len: int,
                      num_predictions: int, devices: Sequence[jax.Device] | None = None) -> float:
   """FLOPs of one device's share of the compiled train step (`Compiled.cost_analysis()`).
@@ -315,15 +362,9 @@ def per_device_flops(model_cfg: ModelConfig, mesh_cfg: MeshConfig, batch_size: i
   Args:
     devices: the devices to lay the mesh over (default all); e.g. `jax.devices()[:1]` for 1 device.
   """
-  mesh = shd.make_mesh(mesh_cfg, devices)
-  _check_shape(model_cfg, batch_size, seq_len, mesh)
-  model = pretraining_model(model_cfg, optim.make_optimizer(OptimConfig(), 1000), mesh)
-  sharding = shd.batch_sharding(mesh)
-  batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding)
-           for k, v in synthetic_batch(batch_size, seq_len, num_predictions, model_cfg.vocab_size).items()}
+  lowered = lowered_train_step(model_cfg, mesh_cfg, batch_size, seq_len, num_predictions, devices)
   # The count is read off the optimised, partitioned HLO; the backend's (LLVM) optimisation level
   # only changes machine code, not that count, and level 0 compiles about twice as fast on CPU.
-  lowered = model.train_step.lower(model.abstract_state, batch, model.rest)
   cost = lowered.compile(compiler_options={'xla_backend_optimization_level': 0}).cost_analysis()
   if isinstance(cost, (list, tuple)):  # older jax: one dict per executable
     cost = cost[0]
