@@ -116,17 +116,17 @@ def _reference(q, k, v, mask_bts, cot):
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
   scale = q.shape[-1] ** -0.5
   mask = mask_bts[:, None]  # [B, 1, T, S]
-  logits = np.einsum('btnh,bsnh->bnts', q, k) * scale
+  logits = np.einsum('btnh,bsnh->bnts', q, k, optimize=True) * scale
   logits = np.where(mask, logits, -np.inf)
   top = np.max(logits, -1, keepdims=True)
   e = np.where(mask, np.exp(logits - np.where(np.isfinite(top), top, 0)), 0.0)
   p = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
-  out = np.einsum('bnts,bsnh->btnh', p, v)
-  d_p = np.einsum('btnh,bsnh->bnts', cot, v)
+  out = np.einsum('bnts,bsnh->btnh', p, v, optimize=True)
+  d_p = np.einsum('btnh,bsnh->bnts', cot, v, optimize=True)
   d_logits = p * (d_p - np.sum(d_p * p, -1, keepdims=True)) * scale
-  dq = np.einsum('bnts,bsnh->btnh', d_logits, k)
-  dk = np.einsum('bnts,btnh->bsnh', d_logits, q)
-  dv = np.einsum('bnts,btnh->bsnh', p, cot)
+  dq = np.einsum('bnts,bsnh->btnh', d_logits, k, optimize=True)
+  dk = np.einsum('bnts,btnh->bsnh', d_logits, q, optimize=True)
+  dv = np.einsum('bnts,btnh->bsnh', p, cot, optimize=True)
   return out, (dq, dk, dv)
 
 
@@ -241,13 +241,13 @@ def test_local_attention_matches_the_reference(rows, dtype):
 @pytest.mark.parametrize('rows', ['padded', 'packed'])
 @pytest.mark.parametrize('local', [False, True], ids=['global', 'local'])
 def test_every_path_matches_the_reference_on_gpu(local, rows, dtype):
-  """More and longer rows; cuDNN (bfloat16 only) global and over `band_mask`'s blocks. Even row lengths and
-  windows a multiple of 4 (blocks of an even length): cuDNN's backward with a mask needs them (the trainer
-  picks 'xla' otherwise)."""
+  """Longer rows (up to 256) and wider heads; cuDNN (bfloat16 only) global and over `band_mask`'s blocks. Even
+  row lengths and windows a multiple of 4 (blocks of an even length): cuDNN's backward with a mask needs them (the
+  trainer picks 'xla' otherwise). About 2 minutes on an H200."""
   paths = _CPU_GLOBAL + (_CPU_BAND if local else ())
   if dtype == 'bfloat16' and attention.current_platform() == 'gpu':
     paths += ('cudnn', 'band-cudnn') if local else ('cudnn',)
-  for seed in range(3):
+  for seed in range(2 if dtype == 'bfloat16' else 1):  # float32: the kernels CPU runs, checked there too
     rng = np.random.default_rng([seed, rows == 'packed', dtype == 'bfloat16', local, 11])
-    _check_case(_random_case(rng, rows, max_t=384, local=local, even_t=True, window_multiple=4,
+    _check_case(_random_case(rng, rows, max_t=256, local=local, even_t=True, window_multiple=4,
                              head_dims=(16, 64)), dtype, paths, rng)
