@@ -381,6 +381,36 @@ def test_a_named_change_resumes_and_the_config_history_keeps_the_old_one(trained
   assert json.load(open(os.path.join(workdir, 'config.json')))['num_train_steps'] == 6
 
 
+def test_a_run_resumes_after_its_corpus_and_cache_move_and_old_fingerprints_are_accepted(tmp_path, monkeypatch,
+                                                                                            capsys):
+  # The data is named by its contents: moved (another checkout, mount point), the run and its cache are found.
+  old, new = tmp_path / 'old', tmp_path / 'new'
+  old.mkdir()
+  cfg = tiny_pretrain_config(write_small_corpus(old), str(old / 'cache'), num_train_steps=4, eval_every=100)
+  pretraining.train_and_evaluate(cfg, str(old / 'run'))
+  shutil.move(str(old), str(new))
+  moved = dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps',
+                              data=dataclasses.replace(cfg.data, train_files=str(new / 'corpus.txt'),
+                                                       cache_dir=str(new / 'cache')))
+  capsys.readouterr()
+  assert pretraining.train_and_evaluate(moved, str(new / 'run'))['step'] == 6
+  out = capsys.readouterr().out
+  assert 'prepared data: reusing' in out and 'at step 4 ' in out, out
+  # A run of an earlier version: its checkpoints name the data by the path-keyed fingerprint; same files, resumed.
+  from bert_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  fingerprints = prepare._fingerprints  # pylint: disable=protected-access
+  with monkeypatch.context() as m:
+    m.setattr(prepare, '_fingerprints', lambda *a: (fingerprints(*a)[1],) * 2)
+    pretraining.train_and_evaluate(dataclasses.replace(moved, num_train_steps=4), str(tmp_path / 'earlier'))
+  assert pretraining.train_and_evaluate(moved, str(tmp_path / 'earlier'))['step'] == 6
+  assert 'at step 4 ' in capsys.readouterr().out
+  # Other contents are still another run's data.
+  with open(new / 'corpus.txt', 'a', encoding='utf-8') as f:
+    f.write('One more line of text .\n')
+  with pytest.raises(CheckpointError, match='data_fingerprint'):
+    pretraining.train_and_evaluate(dataclasses.replace(moved, num_train_steps=8), str(new / 'run'))
+
+
 # --- one error line, files unchanged ------------------------------------------------------------
 
 @pytest.mark.e2e
