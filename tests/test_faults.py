@@ -393,7 +393,9 @@ def test_a_run_resumes_after_its_corpus_and_cache_move_and_old_fingerprints_are_
                               data=dataclasses.replace(cfg.data, train_files=str(new / 'corpus.txt'),
                                                        cache_dir=str(new / 'cache')))
   capsys.readouterr()
-  assert pretraining.train_and_evaluate(moved, str(new / 'run'))['step'] == 6
+  resumed = pretraining.train_and_evaluate(moved, str(new / 'run'))
+  # The final JSON states the run's steps; the steps of this invocation have their own name.
+  assert (resumed['step'], resumed['train_steps'], resumed['train_steps_this_invocation']) == (6, 6, 2)
   out = capsys.readouterr().out
   assert 'prepared data: reusing' in out and 'at step 4 ' in out, out
   # A run of an earlier version: its checkpoints name the data by the path-keyed fingerprint; same files, resumed.

@@ -357,9 +357,10 @@ class PretrainingJob:
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     result = dict(per_run[0])
     del result['seed']
-    stats = {k: result.pop(k) for k in ('train_steps', 'train_wall_s', 'train_padding_fraction') if k in result}
+    stats = {k: result.pop(k) for k in ('train_steps', 'train_steps_this_invocation', 'train_wall_s',
+                                        'train_padding_fraction') if k in result}
     final = {**result}
-    if stats.get('train_steps'):  # what this invocation trained (a finished run resumed trains nothing)
+    if stats.get('train_steps_this_invocation'):  # what this invocation trained (a finished run resumed trains nothing)
       final.update(stats, wall_s=wall_s)  # wall_s: data preparation and evaluation too
     return final
 

@@ -81,7 +81,7 @@ class FitResult:
   state: dict[str, Any]
   step: int
   last_eval: dict[str, Any] | None  # the held-out metrics of the last evaluation, if any
-  stats: dict[str, float]  # train_steps, train_wall_s, train_padding_fraction (and its row_tokens)
+  stats: dict[str, float]  # train_steps_this_invocation, train_wall_s, train_padding_fraction (and its row_tokens)
 
 
 def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
@@ -170,7 +170,7 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
     if close:
       close()
     writers.close()
-  stats = {'train_steps': total_steps - start, 'train_wall_s': time.time() - t0}
+  stats = {'train_steps_this_invocation': total_steps - start, 'train_wall_s': time.time() - t0}
   if progress.row_tokens:
     stats['train_padding_fraction'] = 1 - progress.real_tokens / progress.row_tokens
     stats['row_tokens'] = progress.row_tokens  # what stages' padding fractions are weighted by

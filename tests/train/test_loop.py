@@ -115,7 +115,7 @@ def test_fit_trains_logs_evaluates_and_saves_on_its_cadence(tmp_path, capsys):
     sums = jax.device_get(model.eval_step(params, model.rest, batch, None))
     return {'mse': float(sums['mse_loss_sum'] / sums['mse_count'])}
   result = _fit(model, tmp_path, model.init_state(seed=0), _Batches(), 6, evaluate=evaluate, eval_every=4)
-  assert result.step == 6 and result.stats['train_steps'] == 6
+  assert result.step == 6 and result.stats['train_steps_this_invocation'] == 6
   assert evaluated == [4, 6] and result.last_eval['mse'] < 1.0  # y = x . (1, 2, 3, 4) is learnt
   with open(tmp_path / 'metrics_train.jsonl', encoding='utf-8') as f:
     losses = [json.loads(line)['loss'] for line in f]
