@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import jax
 import numpy as np
@@ -94,6 +95,76 @@ def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(tmp_path):
   b, meta_b = restore_pretraining_state(preempted, cfg, 30)
   assert meta_a['data_position'] == meta_b['data_position'] == 30
   _assert_bitwise(a, b)  # params, both Adam moments, step, rng
+
+
+# A `pretrain_subprocess` patch: each train step first runs a jitted burn of ~0.3 s on the device (dispatched
+# asynchronously, as a large model's step); the burn's time, each save's time and the third step's dispatch go
+# to stderr.
+_SLOW_STEPS = """
+import sys, time, jax, jax.numpy as jnp
+from bert_jax.runs import checkpoints
+from bert_jax.train import step as step_lib
+@jax.jit
+def burn(batch):
+  a = jnp.full((256, 256), 1e-3, jnp.float32) + batch['input_ids'][0, 0] * 1e-6
+  a = jax.lax.fori_loop(0, 600, lambda i, a: jnp.tanh(a @ a), a)
+  return {**batch, 'input_ids': batch['input_ids'] + jnp.where(a[0, 0] == 12345.5, 1, 0).astype(jnp.int32)}
+probe = {'input_ids': jnp.zeros((2, 2), jnp.int32)}
+jax.block_until_ready(burn(probe))
+t = time.monotonic(); jax.block_until_ready(burn(probe)); print(f'burn {time.monotonic() - t:.3f}', file=sys.stderr)
+init = step_lib.StepModel.__init__
+def slow_init(self, *a, **k):
+  init(self, *a, **k)
+  fast, calls = self.train_step, [0]
+  def slow(state, batch, rest):
+    calls[0] += 1
+    if calls[0] == 3:
+      print('third step', file=sys.stderr, flush=True)
+    return fast(state, burn(batch), rest)
+  self.train_step = slow
+step_lib.StepModel.__init__ = slow_init
+save = checkpoints.Checkpointer.save
+def timed_save(self, *a, **k):
+  t = time.monotonic(); out = save(self, *a, **k); self.wait()
+  print(f'save {time.monotonic() - t:.3f}', file=sys.stderr)
+  return out
+checkpoints.Checkpointer.save = timed_save
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_at_a_random_moment_of_slow_steps_exits_75_within_two_steps(tmp_path, signum):
+  corpus, cache, workdir = write_small_corpus(tmp_path), str(tmp_path / 'cache'), str(tmp_path / 'run')
+  env = dict(os.environ, XLA_FLAGS='')  # one device, as the main job: steps are dispatched ahead of the device
+  # No log or checkpoint step before the end: a host that ran ahead would queue every step before the save.
+  extra = ['--config.log_every=1000', '--config.checkpoint_every=1000']
+  cmd = pretrain_subprocess(corpus, cache, workdir, 60, _SLOW_STEPS, extra=extra)
+  proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  early = []
+  for line in proc.stderr:  # training runs (compiled)
+    early.append(line)
+    if line.startswith('third step'):
+      break
+  time.sleep(np.random.uniform(0.5, 3.0))
+  sent = time.monotonic()
+  proc.send_signal(signum)
+  late = [(time.monotonic(), line) for line in proc.stderr]  # each line with its arrival
+  proc.wait(timeout=60)
+  err = ''.join(early + [l for _, l in late])
+  took = next(t for t, l in late if l.startswith('preempted: ')) - sent  # the save is done; then the exit
+  exited = time.monotonic() - sent
+  assert proc.returncode == preemption.EXIT_CODE, err[-3000:]
+  name = signal.Signals(signum).name
+  about = [l for l in err.splitlines() if name in l]
+  ack = re.fullmatch(rf'{name} received: finishing step (\d+), then saving', about[0])
+  assert ack and len(about) == 2 and about[1].startswith('preempted: '), err[-3000:]  # acknowledged first
+  assert f'saved step {ack.group(1)}.' in about[1], err[-3000:]
+  step_s = float(re.search(r'^burn ([0-9.]+)$', err, re.M).group(1))
+  save_s = float(re.findall(r'^save ([0-9.]+)$', err, re.M)[-1])
+  # 1 s: the tiny model's own step and host time on a shared machine; the exit (jax's teardown) comes after.
+  assert took <= 2 * step_s + save_s + 1.0, (took, exited, step_s, save_s)
+  assert Checkpointer(workdir, read_only=True).latest_step() == int(ack.group(1))
 
 
 def test_sigterm_in_finetuning_loses_no_step(tiny_checkpoint, tmp_path, monkeypatch):
@@ -308,6 +379,38 @@ def test_a_named_change_resumes_and_the_config_history_keeps_the_old_one(trained
     history = [json.loads(line) for line in f]
   assert [h['config']['num_train_steps'] for h in history] == [4]
   assert json.load(open(os.path.join(workdir, 'config.json')))['num_train_steps'] == 6
+
+
+def test_a_run_resumes_after_its_corpus_and_cache_move_and_old_fingerprints_are_accepted(tmp_path, monkeypatch,
+                                                                                            capsys):
+  # The data is named by its contents: moved (another checkout, mount point), the run and its cache are found.
+  old, new = tmp_path / 'old', tmp_path / 'new'
+  old.mkdir()
+  cfg = tiny_pretrain_config(write_small_corpus(old), str(old / 'cache'), num_train_steps=4, eval_every=100)
+  pretraining.train_and_evaluate(cfg, str(old / 'run'))
+  shutil.move(str(old), str(new))
+  moved = dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps',
+                              data=dataclasses.replace(cfg.data, train_files=str(new / 'corpus.txt'),
+                                                       cache_dir=str(new / 'cache')))
+  capsys.readouterr()
+  resumed = pretraining.train_and_evaluate(moved, str(new / 'run'))
+  # The final JSON states the run's steps; the steps of this invocation have their own name.
+  assert (resumed['step'], resumed['train_steps'], resumed['train_steps_this_invocation']) == (6, 6, 2)
+  out = capsys.readouterr().out
+  assert 'prepared data: reusing' in out and 'at step 4 ' in out, out
+  # A run of an earlier version: its checkpoints name the data by the path-keyed fingerprint; same files, resumed.
+  from bert_jax.data import prepare  # pylint: disable=g-import-not-at-top
+  fingerprints = prepare._fingerprints  # pylint: disable=protected-access
+  with monkeypatch.context() as m:
+    m.setattr(prepare, '_fingerprints', lambda *a: (fingerprints(*a)[1],) * 2)
+    pretraining.train_and_evaluate(dataclasses.replace(moved, num_train_steps=4), str(tmp_path / 'earlier'))
+  assert pretraining.train_and_evaluate(moved, str(tmp_path / 'earlier'))['step'] == 6
+  assert 'at step 4 ' in capsys.readouterr().out
+  # Other contents are still another run's data.
+  with open(new / 'corpus.txt', 'a', encoding='utf-8') as f:
+    f.write('One more line of text .\n')
+  with pytest.raises(CheckpointError, match='data_fingerprint'):
+    pretraining.train_and_evaluate(dataclasses.replace(moved, num_train_steps=8), str(new / 'run'))
 
 
 # --- one error line, files unchanged ------------------------------------------------------------

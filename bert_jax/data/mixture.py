@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -54,13 +54,27 @@ class Mixture:
   @property
   def fingerprint(self) -> str:
     """The caches and the shares: another mixture of the same corpora is other data."""
-    key = '+'.join(f'{fingerprint(p)}*{s!r}' for p, s in zip(self.parts, self.shares))
+    return self._fingerprint(fingerprint)
+
+  @property
+  def legacy_fingerprint(self) -> str:
+    return self._fingerprint(legacy_fingerprint)
+
+  def _fingerprint(self, of: Callable[[PreparedData | Mixture], str]) -> str:
+    key = '+'.join(f'{of(p)}*{s!r}' for p, s in zip(self.parts, self.shares))
     return 'mix-' + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def fingerprint(data: PreparedData | Mixture) -> str:
   """The name of what a run trains on: a cache directory's name, or a mixture's."""
   return data.fingerprint if isinstance(data, Mixture) else os.path.basename(os.path.normpath(data.dir))
+
+
+def legacy_fingerprint(data: PreparedData | Mixture) -> str:
+  """The same data's name under earlier versions (caches keyed by absolute paths), for their checkpoints."""
+  if isinstance(data, Mixture):
+    return data.legacy_fingerprint
+  return data.legacy_fingerprint or fingerprint(data)
 
 
 def quotas(shares: Sequence[float], period: int = PERIOD) -> np.ndarray:

@@ -125,7 +125,7 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
                                    hard_wrapped=cfg.hard_wrapped)
     train_paths = readers.resolve_files(cfg.train_files)
     eval_paths = readers.resolve_files(cfg.eval_files) if cfg.eval_files else []
-    fingerprint = _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed)
+    fingerprint, legacy = _fingerprints(cfg, train_paths, eval_paths, given, vocab_size, seed)
   except BertJaxError as e:
     error = e
   if sync(error is not None):
@@ -133,7 +133,7 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
   final_dir = os.path.join(cfg.cache_dir, fingerprint)
   if os.path.exists(os.path.join(final_dir, META_FILE)):
     log(f'prepared data: reusing {final_dir}')
-    return load_prepared_data(final_dir)
+    return dataclasses.replace(load_prepared_data(final_dir), legacy_fingerprint=legacy)
   # One build of a cache at a time: process 0 holds <fingerprint>.lock, and a second preparation of
   # the same cache waits for it, then reuses what it built.
   error, lock = None, None
@@ -147,14 +147,14 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
   try:
     if os.path.exists(os.path.join(final_dir, META_FILE)):  # built by the run we waited for
       log(f'prepared data: reusing {final_dir}')
-      return load_prepared_data(final_dir)
+      return dataclasses.replace(load_prepared_data(final_dir), legacy_fingerprint=legacy)
     _build(cfg, reader, train_paths, eval_paths, given, vocab_size, seed, final_dir, fingerprint, process_index,
            process_count, sync, log)
   finally:
     if lock is not None:
       lock.release()
   log(f'prepared data written to {final_dir}')
-  return load_prepared_data(final_dir)
+  return dataclasses.replace(load_prepared_data(final_dir), legacy_fingerprint=legacy)
 
 
 def _lock_cache(final_dir: str, log) -> files.Lock:
@@ -729,21 +729,27 @@ def _join_indexes(path: str, build_dir: str, units: Sequence[Unit], split: str, 
 # ---------------------------------------------------------------------------- small helpers
 
 
-def _file_sha256(path: str) -> str:
-  h = hashlib.sha256()
+def _file_digest(path: str) -> tuple[int, str]:
+  """(size, sha256) of a file's bytes."""
+  h, size = hashlib.sha256(), 0
   with epath.Path(path).open('rb') as f:
     for block in iter(lambda: f.read(1 << 20), b''):
       h.update(block)
-  return h.hexdigest()
+      size += len(block)
+  return size, h.hexdigest()
 
 
-def _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed) -> str:
+def _fingerprints(cfg, train_paths, eval_paths, given, vocab_size, seed) -> tuple[str, str]:
+  """(the cache's fingerprint, the same data's fingerprint under earlier versions).
+
+  The fingerprint names the data by its contents: each file's size and sha256 in the order the files are read
+  (which is all preparation reads of them), not where they are, so a moved checkout or corpus is the same data.
+  Earlier versions keyed the files by their absolute paths; that key is computed too, for their checkpoints.
+  """
+  digests = {p: _file_digest(p) for p in (*train_paths, *eval_paths)}
   key = dict(
       format=records.FORMAT_VERSION, vocab_size=vocab_size, seed=seed,
-      # Paths as absolute ones: 'corpus/a.txt' given from the repository and its absolute form are one input.
-      train=[(_absolute(p), _file_sha256(p)) for p in train_paths],
-      eval=[(_absolute(p), _file_sha256(p)) for p in eval_paths],
-      tokenizer=[_file_sha256(p) for p in tokenization.tokenizer_files(given)] if given else None,
+      tokenizer=[_file_digest(p)[1] for p in tokenization.tokenizer_files(given)] if given else None,
       fields={f: getattr(cfg, f) for f in RECORD_FIELDS})
   if not given:  # a trained tokenizer's bytes depend on how it is trained
     key['tokenizer_training'] = tokenization.SENTENCEPIECE_TRAINING
@@ -751,7 +757,11 @@ def _fingerprint(cfg, train_paths, eval_paths, given, vocab_size, seed) -> str:
     key['special_strings'] = 'as_text'
   if cfg.objective != 'nsp':  # only then: caches of NSP pairs keep their fingerprints
     key['objective'] = {'none': 'mlm_full_sentences', 'sop': 'sop'}[cfg.objective]
-  return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+  by_content = {**key, 'train': [list(digests[p]) for p in train_paths], 'eval': [list(digests[p]) for p in eval_paths],
+                'identity': 'content'}
+  by_path = {**key, 'train': [(_absolute(p), digests[p][1]) for p in train_paths],
+             'eval': [(_absolute(p), digests[p][1]) for p in eval_paths]}
+  return tuple(hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:16] for k in (by_content, by_path))
 
 
 def _absolute(path: str) -> str:

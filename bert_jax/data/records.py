@@ -162,6 +162,9 @@ class PreparedData:
   most_frequent_token: int  # the MLM baseline's constant prediction
   special_ids: SpecialIds
   stats: dict
+  # The same data's fingerprint under earlier versions (absolute paths, not contents): checkpoints of runs that
+  # an earlier version wrote name their data by it.
+  legacy_fingerprint: str | None = None
 
   def reader(self, split: str) -> RecordReader:
     """Random access to the split's records (record i of the split = index i)."""

@@ -230,8 +230,11 @@ class PretrainingJob:
                  for prepared, vocab in prepare_phase_data(cfg, log=bool(cfg.phases))]
     self.prepared, self.vocab, self.train_set = self.data[0]
     self.tokenizer = tokenization.load_tokenizer(self.prepared.tokenizer_path)
-    caches = [mixture.fingerprint(p) for p, _, _ in self.data]
-    self.fingerprint = caches[0] if len(set(caches)) == 1 else hashlib.sha256('+'.join(caches).encode()).hexdigest()[:16]
+    def of_run(caches: list[str]) -> str:
+      return caches[0] if len(set(caches)) == 1 else hashlib.sha256('+'.join(caches).encode()).hexdigest()[:16]
+    self.fingerprint = of_run([mixture.fingerprint(p) for p, _, _ in self.data])
+    # What checkpoints of earlier versions call the same data (when its files are where they were then).
+    self.legacy_fingerprint = of_run([mixture.legacy_fingerprint(p) for p, _, _ in self.data])
     self.checkpoint_extra = {'data_fingerprint': self.fingerprint}
     self.total_steps = cfg.total_steps(len(self.train_set))
     reporting.log(describe_attention(cfg.model))
@@ -256,7 +259,13 @@ class PretrainingJob:
     return [(self.cfg.seed, workdir.path)]
 
   def check_meta(self, meta: dict[str, Any], run_dir: str) -> None:
-    check_same_run(meta, self.cfg, self.fingerprint, f'workdir {run_dir}')
+    check_same_run(self._current(meta), self.cfg, self.fingerprint, f'workdir {run_dir}')
+
+  def _current(self, meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` with an earlier version's name of this run's data replaced by today's (the same contents)."""
+    if meta.get('data_fingerprint') == self.legacy_fingerprint:
+      return {**meta, 'data_fingerprint': self.fingerprint}
+    return meta
 
   def _check_branch_point(self) -> None:
     """Refuses a branch_from that is no pretraining workdir, lacks the step, or is at or past this run's end
@@ -290,6 +299,7 @@ class PretrainingJob:
 
   def _check_branch(self, meta: dict[str, Any]) -> None:
     """The other run is this one up to its checkpoint: the same config but for what a branch may change."""
+    meta = self._current(meta)
     old = {**upgrade_saved(meta.get('config', {})), 'data_fingerprint': meta.get('data_fingerprint')}
     where = f'branch_from {self.cfg.branch_from}'
     scaffold.check_same_run(old, self.cfg, where, meta.get('step'), more_free=BRANCH_FREE,
@@ -347,9 +357,10 @@ class PretrainingJob:
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     result = dict(per_run[0])
     del result['seed']
-    stats = {k: result.pop(k) for k in ('train_steps', 'train_wall_s', 'train_padding_fraction') if k in result}
+    stats = {k: result.pop(k) for k in ('train_steps', 'train_steps_this_invocation', 'train_wall_s',
+                                        'train_padding_fraction') if k in result}
     final = {**result}
-    if stats.get('train_steps'):  # what this invocation trained (a finished run resumed trains nothing)
+    if stats.get('train_steps_this_invocation'):  # what this invocation trained (a finished run resumed trains nothing)
       final.update(stats, wall_s=wall_s)  # wall_s: data preparation and evaluation too
     return final
 

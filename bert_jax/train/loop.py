@@ -3,10 +3,12 @@
 Each step feeds this process's block of the global batch to the jitted train step. Values come
 back to the host only at sync points (log steps, checkpoint steps, the last step, a stop): there
 every pending loss is checked for NaN/Inf, the progress line is printed and written, and
-processes agree on a preemption. A checkpoint is saved on the manager's cadence, at the last
-step and on a stop, after checking that the parameters are sane; a stop saves the step in
-progress and raises Preempted. Evaluation is the run's hook, called every `eval_every` steps and
-at the end; its metrics go to metrics_eval.jsonl and curves.png.
+processes agree on a preemption. After dispatching each step the host waits for the step before
+it: at most two steps are queued (a stop saves within two step times) and the device never idles.
+A checkpoint is saved on the manager's cadence, at the last step and on a stop, after checking
+that the parameters are sane; a stop saves the step in progress and raises Preempted. Evaluation
+is the run's hook, called every `eval_every` steps and at the end; its metrics go to
+metrics_eval.jsonl and curves.png.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class FitResult:
   state: dict[str, Any]
   step: int
   last_eval: dict[str, Any] | None  # the held-out metrics of the last evaluation, if any
-  stats: dict[str, float]  # train_steps, train_wall_s, train_padding_fraction (and its row_tokens)
+  stats: dict[str, float]  # train_steps_this_invocation, train_wall_s, train_padding_fraction (and its row_tokens)
 
 
 def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
@@ -116,12 +118,14 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
   """
   start = int(jax.device_get(state['step']))
   step, pending, last_eval, last_good = start, [], None, ckpt.latest_step()
+  previous = None  # the metrics of the step before the one just dispatched
   progress = reporting.Progress(start, total_steps)
   writers = _Writers(report)
   t0 = time.time()
   try:
     if eval_first and evaluate is not None and start == 0:
       last_eval = writers.evaluation(0, evaluate(state['params'], 0))
+    state_problem(state['params'])  # compiles the check before every save now: a stop is not slowed by it
     if preempt.stop_now(step, synced=False):  # a signal during preparation or compilation
       raise Preempted(report.label + preempt.message(step, saved=False))
     while step < total_steps:
@@ -130,6 +134,9 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
       progress.add(batches.last_sizes, local['input_ids'].shape[1], time.perf_counter() - t_wait)
       state, step_metrics = model.train_step(state, model.global_batch(local), model.rest)
       pending.append(step_metrics)
+      if previous is not None:  # bounds the steps in flight to two (the one just dispatched runs meanwhile)
+        jax.block_until_ready(previous)
+      previous = step_metrics
       step += 1
       is_last = step == total_steps
       log_now = step % log_every == 0 or is_last
@@ -158,11 +165,12 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
         raise Preempted(report.label + preempt.message(step, saved=True))
     jax.block_until_ready(state)
   finally:
+    preempt.step = None  # a signal from here on is not "finishing a step"
     close = getattr(batches, 'close', None)
     if close:
       close()
     writers.close()
-  stats = {'train_steps': total_steps - start, 'train_wall_s': time.time() - t0}
+  stats = {'train_steps_this_invocation': total_steps - start, 'train_wall_s': time.time() - t0}
   if progress.row_tokens:
     stats['train_padding_fraction'] = 1 - progress.real_tokens / progress.row_tokens
     stats['row_tokens'] = progress.row_tokens  # what stages' padding fractions are weighted by

@@ -211,7 +211,8 @@ def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preempti
       stats = _add_stats(stats, fitted.stats)
     ckpt.wait()
     stats.pop('row_tokens', None)
-    result = {'seed': seed, 'step': fitted.step, **stats}
+    # train_steps: the run's steps (a resumed run's too); this invocation's are train_steps_this_invocation.
+    result = {'seed': seed, 'step': fitted.step, 'train_steps': fitted.step, **stats}
     result.update(fitted.last_eval or job.evaluate(fitted.state['params'], fitted.step, final_dir))  # a finished run
     if cfg.keep_best:
       best = ckpt.best_step(job.main_metric)
@@ -226,7 +227,8 @@ def _add_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
   """Training statistics of two stages together (padding weighted by the stages' row tokens)."""
   if not a:
     return dict(b)
-  out = {'train_steps': a['train_steps'] + b['train_steps'], 'train_wall_s': a['train_wall_s'] + b['train_wall_s']}
+  n = 'train_steps_this_invocation'
+  out = {n: a[n] + b[n], 'train_wall_s': a['train_wall_s'] + b['train_wall_s']}
   if 'train_padding_fraction' in a or 'train_padding_fraction' in b:
     weighted = [(s['train_padding_fraction'], s['row_tokens']) for s in (a, b) if 'train_padding_fraction' in s]
     out['row_tokens'] = sum(n for _, n in weighted)

@@ -473,7 +473,7 @@ def test_damaged_cache_is_one_line_that_says_how_to_rebuild(prepared, tmp_path, 
 @pytest.mark.e2e
 def test_a_second_preparation_of_the_same_cache_waits_and_reuses_it(tmp_path):
   cfg = _bundled_cfg(tmp_path / 'cache', num_workers=1)
-  fingerprint = prepare._fingerprint(cfg, readers.resolve_files(cfg.train_files), [], None, 2000, 0)
+  fingerprint, _ = prepare._fingerprints(cfg, readers.resolve_files(cfg.train_files), [], None, 2000, 0)
   final = os.path.join(cfg.cache_dir, fingerprint)
   os.makedirs(cfg.cache_dir)
   holder = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])

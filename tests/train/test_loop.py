@@ -3,7 +3,11 @@ bitwise from a checkpoint with its data position, and stops on a NaN loss naming
 
 import json
 import os
+import random
+import re
+import signal
 import threading
+import time
 
 from flax import nnx
 import jax
@@ -13,6 +17,7 @@ import optax
 import pytest
 
 from bert_jax import config, sharding
+from bert_jax.errors import Preempted
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train.loop import Report, TrainingDivergedError, fit
 from bert_jax.train.preemption import Preemption
@@ -28,13 +33,22 @@ class _Regression(nnx.Module):
 
 
 class _Squares:
-  """A toy Objective: the summed squared error of a linear model (one loss term, counted per row)."""
+  """A toy Objective: the summed squared error of a linear model (one loss term, counted per row); `burn`
+  matmuls of 256 x 256 first make each step slow on the device, as a large model would."""
 
   terms = ('mse',)
 
+  def __init__(self, burn=0):
+    self.burn = burn
+
   def forward(self, module, batch, *, deterministic):
     del deterministic
-    return module.dense(batch['x'])[:, 0]
+    x = batch['x']
+    if self.burn:
+      a = jnp.full((256, 256), 1e-3, jnp.float32) + x[0, 0] * 1e-6
+      a = jax.lax.fori_loop(0, self.burn, lambda i, a: jnp.tanh(a @ a), a)
+      x = x + jnp.where(a[0, 0] == 12345.5, 1.0, 0.0)  # zero, but only the burn's result says so
+    return module.dense(x)[:, 0]
 
   def sums(self, outputs, batch):
     return {'mse_loss_sum': jnp.sum((outputs - batch['y']) ** 2), 'mse_count': jnp.float32(batch['y'].shape[0])}
@@ -71,16 +85,17 @@ class _Batches:
     pass
 
 
-def _model():
-  return StepModel(_Regression, _Squares(), optax.sgd(0.2), sharding.make_mesh(config.MeshConfig()))
+def _model(burn=0, devices=None):
+  return StepModel(_Regression, _Squares(burn), optax.sgd(0.2),
+                   sharding.make_mesh(config.MeshConfig(data=len(devices or jax.devices())), devices))
 
 
-def _fit(model, workdir, state, batches, total, **kw):
-  ckpt = Checkpointer(str(workdir), save_every=3, keep=5)
+def _fit(model, workdir, state, batches, total, save_every=3, log_every=2, **kw):
+  ckpt = Checkpointer(str(workdir), save_every=save_every, keep=5)
   try:
     with Preemption() as preempt:
       return fit(model, state, batches, total_steps=total, ckpt=ckpt, preempt=preempt, report=Report(str(workdir)),
-                 log_every=2, checkpoint_config={'toy': True}, **kw)
+                 log_every=log_every, checkpoint_config={'toy': True}, **kw)
   finally:
     ckpt.close()
 
@@ -100,7 +115,7 @@ def test_fit_trains_logs_evaluates_and_saves_on_its_cadence(tmp_path, capsys):
     sums = jax.device_get(model.eval_step(params, model.rest, batch, None))
     return {'mse': float(sums['mse_loss_sum'] / sums['mse_count'])}
   result = _fit(model, tmp_path, model.init_state(seed=0), _Batches(), 6, evaluate=evaluate, eval_every=4)
-  assert result.step == 6 and result.stats['train_steps'] == 6
+  assert result.step == 6 and result.stats['train_steps_this_invocation'] == 6
   assert evaluated == [4, 6] and result.last_eval['mse'] < 1.0  # y = x . (1, 2, 3, 4) is learnt
   with open(tmp_path / 'metrics_train.jsonl', encoding='utf-8') as f:
     losses = [json.loads(line)['loss'] for line in f]
@@ -127,3 +142,50 @@ def test_a_nan_loss_stops_the_run_and_names_the_last_good_checkpoint(tmp_path):
     _fit(model, tmp_path, model.init_state(seed=0), _Batches(nan_at=3), 6)
   assert Checkpointer(str(tmp_path), read_only=True).all_steps() == [3]  # nothing non-finite saved
   assert os.path.exists(tmp_path / 'metrics_train.jsonl')
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_at_a_random_moment_is_acknowledged_and_saves_within_two_steps(tmp_path, capfd, signum):
+  # Slow steps on one device (as the main job: jax's CPU client dispatches computations over several devices
+  # synchronously) and no sync point for 30 steps: a host that ran ahead would queue them all before the save.
+  model = _model(burn=400, devices=jax.devices()[:1])
+  state, batches = model.init_state(seed=0), _Batches()
+  times = []
+  for _ in range(4):  # compiles, then measures the step time
+    t = time.monotonic()
+    state, metrics = model.train_step(state, model.global_batch(next(batches)), model.rest)
+    jax.block_until_ready(metrics)
+    times.append(time.monotonic() - t)
+  step_s = max(times[1:])
+  saves = []
+  save = Checkpointer.save
+  def timed_save(self, *a, **k):
+    t = time.monotonic()
+    out = save(self, *a, **k)
+    self.wait()
+    saves.append(time.monotonic() - t)
+    return out
+  delay = random.uniform(3, 6) * step_s  # a random moment, some steps into training
+  sent = []
+  def send():
+    time.sleep(delay)
+    sent.append(time.monotonic())
+    os.kill(os.getpid(), signum)
+  capfd.readouterr()
+  try:
+    Checkpointer.save = timed_save
+    threading.Thread(target=send, daemon=True).start()
+    with pytest.raises(Preempted) as stopped:
+      _fit(model, tmp_path, model.init_state(seed=0), _Batches(), 30, save_every=100, log_every=100)
+  finally:
+    Checkpointer.save = save
+  took = time.monotonic() - sent[0]
+  err = capfd.readouterr().err
+  name = signal.Signals(signum).name
+  ack = re.search(rf'^{name} received: finishing step (\d+), then saving$', err, re.M)
+  assert ack and err.lstrip().startswith(ack.group(0)), (delay, err)  # the acknowledgement, before anything else
+  saved = int(ack.group(1))
+  assert f'{name} received: saved step {saved}.' in str(stopped.value)
+  assert Checkpointer(str(tmp_path), read_only=True).all_steps() == [saved] and saved < 30
+  # Two steps, the save and a little host time (the machine is shared).
+  assert took <= 2 * step_s + saves[0] + 0.4, (delay, took, step_s, saves)
