@@ -406,11 +406,21 @@ def test_a_run_resumes_after_its_corpus_and_cache_move_and_old_fingerprints_are_
     pretraining.train_and_evaluate(dataclasses.replace(moved, num_train_steps=4), str(tmp_path / 'earlier'))
   assert pretraining.train_and_evaluate(moved, str(tmp_path / 'earlier'))['step'] == 6
   assert 'at step 4 ' in capsys.readouterr().out
+  # An earlier version's cache (named by the files' paths) serves the new name through a link, not a rebuild.
+  cache = new / 'cache'
+  content, legacy = fingerprints(moved.data, [str(new / 'corpus.txt')], [], None, moved.model.vocab_size, moved.seed)
+  shutil.rmtree(cache / legacy)  # the earlier-version run's above: one cache of each name to start from
+  os.rename(cache / content, cache / legacy)
+  capsys.readouterr()
+  assert pretraining.train_and_evaluate(dataclasses.replace(moved, num_train_steps=7), str(new / 'run'))['step'] == 7
+  out = capsys.readouterr().out
+  assert 'an earlier version prepared' in out and 'prepared data written' not in out, out
+  assert os.readlink(cache / content) == legacy
   # Other contents are still another run's data.
   with open(new / 'corpus.txt', 'a', encoding='utf-8') as f:
     f.write('One more line of text .\n')
   with pytest.raises(CheckpointError, match='data_fingerprint'):
-    pretraining.train_and_evaluate(dataclasses.replace(moved, num_train_steps=8), str(new / 'run'))
+    pretraining.train_and_evaluate(dataclasses.replace(moved, num_train_steps=9), str(new / 'run'))
 
 
 # --- one error line, files unchanged ------------------------------------------------------------

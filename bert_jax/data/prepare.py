@@ -131,6 +131,9 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
   if sync(error is not None):
     raise error or DataError('another process could not read the data inputs; its error says why')
   final_dir = os.path.join(cfg.cache_dir, fingerprint)
+  if process_index == 0:
+    _link_earlier_cache(cfg.cache_dir, legacy, final_dir, log)
+  sync(False)  # every process sees the link
   if os.path.exists(os.path.join(final_dir, META_FILE)):
     log(f'prepared data: reusing {final_dir}')
     return dataclasses.replace(load_prepared_data(final_dir), legacy_fingerprint=legacy)
@@ -155,6 +158,21 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
       lock.release()
   log(f'prepared data written to {final_dir}')
   return dataclasses.replace(load_prepared_data(final_dir), legacy_fingerprint=legacy)
+
+
+def _link_earlier_cache(cache_dir: str, legacy: str, final_dir: str, log) -> None:
+  """Serves the cache an earlier version prepared of the same data (named by its files' absolute paths) under
+  the content-keyed name too: a relative link inside `cache_dir`, so an upgrade does not prepare a corpus again.
+  Local caches only (remote filesystems have no links: those prepare again)."""
+  earlier = os.path.join(cache_dir, legacy)
+  if ('://' in cache_dir or os.path.lexists(final_dir) or legacy == os.path.basename(final_dir)
+      or not os.path.exists(os.path.join(earlier, META_FILE))):
+    return
+  try:
+    os.symlink(legacy, final_dir, target_is_directory=True)
+  except FileExistsError:  # another run linked or built it meanwhile
+    return
+  log(f'prepared data: the cache an earlier version prepared of these files, {earlier}, serves as {final_dir}')
 
 
 def _lock_cache(final_dir: str, log) -> files.Lock:
