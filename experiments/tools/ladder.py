@@ -34,6 +34,9 @@ from tools import sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS_BASENAME = 'ladder_results'
+# A ladder's own files are its table; each cell's workdir keeps its checkpoints, and a rerun skips finished cells.
+KEPT = ('a ladder keeps no checkpoint of its own and its finished cells are kept: free space or fix permissions (or '
+        'give another --workdir), then run the same command to go on')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pytest
 from bert_jax.errors import ConfigError
 
 from configs import ladder as ladder_configs
-from helpers import REPO, assert_one_line_error, run_experiment, tree_digest
+from helpers import REPO, assert_one_line_error, run_experiment, run_main, tmpfs, tree_digest
 from tools import ladder
 
 SST2 = os.path.join(os.path.dirname(REPO), 'shared', 'data', 'sst2')
@@ -64,6 +64,22 @@ def test_every_variant_builds_each_rung_and_task():
 def test_a_bad_ladder_is_refused_before_anything_runs(changes, pattern):
   with pytest.raises(ConfigError, match=pattern.replace('(', r'\(').replace(')', r'\)').replace('.', r'\.')):
     ladder.Ladder.from_dict(_tiny(**changes))
+
+
+def test_a_read_only_ladder_directory_is_one_line_that_fits_a_ladder(tmp_path):
+  """A ladder directory that cannot be written is one line before any cell starts, saying what a ladder keeps
+  (no checkpoint of its own; its finished cells) rather than the checkpoint-save message."""
+  with tmpfs(tmp_path / 'rofs', '4M') as fs:
+    os.makedirs(os.path.join(fs, 'l'))
+    with open(os.path.join(fs, 'l', 'notes.txt'), 'w') as f:
+      f.write('a user file')
+    subprocess.run(['mount', '-o', 'remount,ro', fs], check=True)
+    before = tree_digest(fs)
+    result = run_main('ladder.py', TINY, f'--workdir={fs}/l')
+    assert_one_line_error(result, 'a ladder keeps no checkpoint of its own and its finished cells are kept')
+    assert f'--workdir {fs}/l cannot be written' in result.stderr and 'checkpoint is kept' not in result.stderr
+    assert '[ladder' not in result.stdout  # no cell was started
+    assert tree_digest(fs) == before
 
 
 def test_the_table_compares_each_rung_with_the_first_over_seeds():
