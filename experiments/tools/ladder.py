@@ -98,11 +98,12 @@ def _ordered(what: str, specs) -> list[tuple[str, dict]]:
 
 
 def _overrides(where: str, text: str) -> tuple[tuple[str, str], ...]:
+  """FIELD=VALUE words, split and quoted as a shell does (a value with spaces: data.train_files='/my data')."""
   out = []
-  for word in text.split():
+  for word in sweep.shell_words(where, text):
     key, sep, value = word.partition('=')
     if not sep or not sweep._KEY.fullmatch(key):  # pylint: disable=protected-access
-      raise ConfigError(f'{where}: {word!r} is not FIELD=VALUE (space-separated, e.g. "data.objective=sop '
+      raise ConfigError(f'{where}: {word!r} is not FIELD=VALUE (shell words, e.g. "data.objective=sop '
                         'num_train_steps=150")')
     out.append((key, value))
   return tuple(out)
