@@ -633,15 +633,16 @@ class PretrainConfig(TrainingConfig):
     object.__setattr__(self, 'phases', phases)
     if phases and self.num_train_steps == 0 and self.num_train_epochs == 0:
       object.__setattr__(self, 'num_train_steps', sum(p.steps for p in phases.values()))  # checked below
+    # Before the shared checks: keep_best's own need (eval_every > 0) is beside the point with phases.
+    if phases and self.keep_best:
+      raise ConfigError('keep_best ranks checkpoints by one held-out metric, but each phase evaluates on its own '
+                        'records and masking rate: drop keep_best, or compare steps with experiments/evaluate.py')
     super().__post_init__()
     if phases:
       self.phase_list()  # every phase's config is checked when the run's is built
     if self.num_train_epochs and (self.data.train_weights or any(p.train_weights for p in phases.values())):
       raise ConfigError('an epoch of a mixture (data.train_weights) is no corpus\'s epoch: give num_train_steps '
                         '(or the phases\' steps or tokens)')
-    if phases and self.keep_best:
-      raise ConfigError('keep_best ranks checkpoints by one held-out metric, but each phase evaluates on its own '
-                        'records and masking rate: drop keep_best, or compare steps with experiments/evaluate.py')
     if self.branch_from and self.init_checkpoint:
       raise ConfigError('branch_from continues another run with its whole state; init_checkpoint starts a new one '
                         'from weights: give one of them')

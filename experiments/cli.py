@@ -34,8 +34,14 @@ _FILESYSTEM_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, err
 _MULTIHOST_FLAGS = (_DISTRIBUTED, _COORDINATOR_ADDRESS, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICE_IDS)
 
 
+# What a failed write (full disk, read-only filesystem) leaves: checkpoints are written atomically, so a failed
+# save never replaces the last complete one.
+CHECKPOINT_KEPT = ('the last complete checkpoint is kept: free space or fix permissions, then run the same command to '
+                   'resume')
+
+
 def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags: tuple[str, ...] = (),
-        multihost: bool = True) -> None:
+        multihost: bool = True, kept: str = CHECKPOINT_KEPT) -> None:
   """`absl.app.run(main)`, turning a BertJaxError into 'error: ...' on stderr and exit code 1
   (a preemption into 'preempted: ...' and preemption.EXIT_CODE).
 
@@ -46,6 +52,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
       line (paths may hold any bytes, as the filesystem allows).
     multihost: start jax.distributed from the multi-host flags (False: a tool that never runs jax
       across processes; those flags are then not its own).
+    kept: what a failed write leaves and how to go on, for its error line (a tool without checkpoints says its own).
   """
 
   def wrapped(argv):
@@ -78,10 +85,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
         sys.exit(1)
       if e.errno not in _FILESYSTEM_ERRNOS:
         raise
-      # Checkpoints are written atomically: a failed save never replaces the last complete one.
-      print(f'error: {e.strerror} ({e.filename or "a file being written"}); the last complete checkpoint is '
-            'kept: free space or fix permissions, then run the same command to resume', file=sys.stderr,
-            flush=True)
+      print(f'error: {e.strerror} ({e.filename or "a file being written"}); {kept}', file=sys.stderr, flush=True)
       sys.exit(1)
 
   for holder in _MULTIHOST_FLAGS if multihost else ():  # --help of every entry point lists them beside its own

@@ -22,6 +22,7 @@ import shlex
 
 from absl import flags
 
+from bert_jax import files
 from bert_jax.errors import BertJaxError, ConfigError
 
 import cli
@@ -47,6 +48,10 @@ def main(_):
       if not run.is_done():
         print(shlex.join(run.argv), flush=True)
     return
+  try:  # before any cell starts: each would fail on its own, and the table could not be written
+    files.check_output(directory, 'directory', '--workdir')
+  except ConfigError as e:
+    raise ConfigError(f'{e}; {ladder.KEPT}') from None
   gather = _LAUNCH['gather'].value
   if _LAUNCH['launcher'].value == 'slurm' and not gather:
     groups = [('ladder_pretrain', [(r.argv, r.workdir) for r in pretrain]),
@@ -71,4 +76,4 @@ def main(_):
 
 
 if __name__ == '__main__':
-  cli.run(main, multihost=False)
+  cli.run(main, multihost=False, kept=ladder.KEPT)

@@ -31,8 +31,8 @@ from bert_jax.errors import BertJaxError, ConfigError
 import cli
 from tools import launch, sweep
 
-_GRID = flags.DEFINE_string('grid', None, 'Space-separated key=v1,v2,... entries, e.g. '
-                            '"config.optim.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3".')
+_GRID = flags.DEFINE_string('grid', None, 'key=v1,v2,... entries as shell words (quote a value with spaces), '
+                            'e.g. "config.optim.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3".')
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print one shell-quoted command per pending run; run nothing.')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where sweep_results.{csv,md} go; default: the common '
                                   'parent directory of the run workdirs.')

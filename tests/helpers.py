@@ -135,6 +135,39 @@ def run_experiment(script, *args, timeout=600):
                         capture_output=True, text=True, timeout=timeout)
 
 
+_BASE_FLAGS: set[str] = set()
+
+
+def run_main(script, *args) -> subprocess.CompletedProcess:
+  """Runs experiments/<script> as its `__main__` in this process, from the repository root (its main through
+  cli.run: flags, error lines, exit code) and returns what `run_experiment` would: returncode, stdout, stderr.
+
+  Each run defines the script's flags afresh: the flags an earlier script defined are removed first (entry points
+  share names such as --workdir and --config).
+  """
+  import io  # pylint: disable=g-import-not-at-top
+  import runpy  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  import cli  # pylint: disable=g-import-not-at-top,unused-import  (its flags are defined once, with the base)
+  if not _BASE_FLAGS:
+    _BASE_FLAGS.update(flags.FLAGS)
+  for name in set(flags.FLAGS) - _BASE_FLAGS:
+    delattr(flags.FLAGS, name)
+  path = os.path.join(REPO, 'experiments', script)
+  out, err, code, argv, cwd = io.StringIO(), io.StringIO(), 0, sys.argv, os.getcwd()
+  sys.argv = [path, *args]
+  os.chdir(REPO)  # relative paths (--config=experiments/configs/...) as run_experiment reads them
+  try:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      runpy.run_path(path, run_name='__main__')
+  except SystemExit as e:  # absl's app.run always exits
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+  finally:
+    sys.argv = argv
+    os.chdir(cwd)
+  return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
+
+
 def assert_one_line_error(result, pattern):
   """Exit code 1, exactly one 'error:' line containing `pattern`, no traceback."""
   assert result.returncode == 1, (result.returncode, result.stderr[-3000:])

@@ -123,7 +123,7 @@ def merge(parts: list[Part], output: str) -> dict[str, Any]:
   at all (written beside it, then renamed). Returns merge.json's content.
 
   Raises:
-    ConfigError: `output` exists and is not empty, or is (inside) a part.
+    ConfigError: `output` exists and is not empty (or holds another merge), or is (inside) a part.
     CheckpointError: a part is not a pretraining workdir, has another architecture, or is unreadable.
   """
   done = _same_merge(parts, output)
@@ -131,6 +131,10 @@ def merge(parts: list[Part], output: str) -> dict[str, Any]:
     reporting.log(f'merge: {output} already holds this merge (step {done["step"]}); nothing written')
     return done
   if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+    held = _merge_record(output)
+    if held is not None:
+      raise ConfigError(f'--workdir {output} already holds another merge {_describe(held)}: write this one to '
+                        f'another --workdir, or delete {output} to replace it')
     raise ConfigError(f'--workdir {output} exists and is not empty: a merge is written into a new directory')
   for part in parts:
     check_outside(output, part.path, 'a merge source')
@@ -167,6 +171,16 @@ def merge(parts: list[Part], output: str) -> dict[str, Any]:
 
 def _same_merge(parts: list[Part], output: str) -> dict[str, Any] | None:
   """merge.json of `output` when it is a finished merge of these parts (same checkpoints and weights), else None."""
+  record = _merge_record(output)
+  if record is None:
+    return None
+  want = [{'path': os.path.abspath(p.path), 'step': p.step if p.step is not None else _latest(p.path),
+           'weight': p.weight} for p in parts]
+  return record if record.get('parts') == want else None
+
+
+def _merge_record(output: str) -> dict[str, Any] | None:
+  """merge.json of `output` when it holds a finished merge (its checkpoints beside it), else None."""
   try:
     with open(os.path.join(output, MERGE_FILE), encoding='utf-8') as f:
       record = json.load(f)
@@ -174,9 +188,15 @@ def _same_merge(parts: list[Part], output: str) -> dict[str, Any] | None:
     return None
   if not isinstance(record, dict) or not os.path.isdir(os.path.join(output, 'checkpoints')):
     return None
-  want = [{'path': os.path.abspath(p.path), 'step': p.step if p.step is not None else _latest(p.path),
-           'weight': p.weight} for p in parts]
-  return record if record.get('parts') == want else None
+  return record
+
+
+def _describe(record: dict[str, Any]) -> str:
+  """'of A@4 (weight 0.5), B@6 (weight 0.5)' from a merge.json, or where to read them when it is malformed."""
+  try:
+    return 'of ' + ', '.join(f'{p["path"]}@{p["step"]} (weight {p["weight"]:.3g})' for p in record['parts'])
+  except (KeyError, TypeError, ValueError):  # a merge.json edited by hand: name where the sources are written
+    return f'(its sources are in its {MERGE_FILE})'
 
 
 def write_results(output: str, record: dict[str, Any], results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -271,6 +271,10 @@ class PretrainingJob:
     """Refuses a branch_from that is no pretraining workdir, lacks the step, or is at or past this run's end
     (reading its meta only: before anything is written)."""
     cfg = self.cfg
+    if not os.path.isdir(cfg.branch_from):  # a typo'd path is no workdir of another kind
+      state = 'is a file' if os.path.exists(cfg.branch_from) else 'does not exist'
+      raise ConfigError(f'branch_from {cfg.branch_from} {state}: give the workdir of the pretraining run to branch '
+                        'from')
     if Workdir(cfg.branch_from).kind != 'pretraining':
       raise ConfigError(f'branch_from {cfg.branch_from} is not a pretraining workdir')
     if os.path.exists(os.path.join(cfg.branch_from, MERGE_FILE)):

@@ -18,6 +18,7 @@ A ladder: `pretrain` (FILE:VARIANT, the base), `pretrain_overrides` (FIELD=VALUE
 config file), `tasks` (name -> order, variant, overrides: the task and its budget), `seeds`, `checkpoint_step`
 (-1: each rung's final checkpoint). Any of them is a flag, e.g. --config.seeds=5,
 --config.rungs.sop.overrides="data.objective=sop optim.learning_rate=1e-3", --config.tasks.rte.overrides=...
+Overrides are shell words: quote a value with spaces, data.train_files='/my data/corpus.txt'.
 """
 
 import ml_collections

@@ -34,6 +34,9 @@ from tools import sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS_BASENAME = 'ladder_results'
+# A ladder's own files are its table; each cell's workdir keeps its checkpoints, and a rerun skips finished cells.
+KEPT = ('a ladder keeps no checkpoint of its own and its finished cells are kept: free space or fix permissions (or '
+        'give another --workdir), then run the same command to go on')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,11 +98,12 @@ def _ordered(what: str, specs) -> list[tuple[str, dict]]:
 
 
 def _overrides(where: str, text: str) -> tuple[tuple[str, str], ...]:
+  """FIELD=VALUE words, split and quoted as a shell does (a value with spaces: data.train_files='/my data')."""
   out = []
-  for word in text.split():
+  for word in sweep.shell_words(where, text):
     key, sep, value = word.partition('=')
     if not sep or not sweep._KEY.fullmatch(key):  # pylint: disable=protected-access
-      raise ConfigError(f'{where}: {word!r} is not FIELD=VALUE (space-separated, e.g. "data.objective=sop '
+      raise ConfigError(f'{where}: {word!r} is not FIELD=VALUE (shell words, e.g. "data.objective=sop '
                         'num_train_steps=150")')
     out.append((key, value))
   return tuple(out)

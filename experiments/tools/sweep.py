@@ -149,8 +149,16 @@ def check_finished(cells: Sequence[tuple[str, Sequence[str], str]]) -> None:
                       f'delete {command_record(workdir)} to reuse it as it is (e.g. a moved directory)')
 
 
+def shell_words(where: str, text: str) -> list[str]:
+  """`text` split as a shell splits words (quotes keep spaces: path='/my data'); ConfigError for open quotes."""
+  try:
+    return shlex.split(text)
+  except ValueError as e:  # shlex: 'No closing quotation' / 'No escaped character'
+    raise ConfigError(f'{where}: {e} in {text!r} (quote a value with spaces as a shell would: key=\'a b\')') from None
+
+
 def parse_grid(text: str) -> list[tuple[str, list[str]]]:
-  """Parses `key=v1,v2 key2=v3,...` (entries separated by whitespace).
+  """Parses `key=v1,v2 key2=v3,...` (entries are shell words: quotes keep a value's spaces).
 
   Args:
     text: the grid specification.
@@ -161,7 +169,7 @@ def parse_grid(text: str) -> list[tuple[str, list[str]]]:
   Raises:
     ConfigError: the grid is empty, an entry has no '=', a bad key, a repeated key or an empty value.
   """
-  entries = text.split()
+  entries = shell_words('--grid', text)
   if not entries:
     raise ConfigError('empty grid: give --grid="key=v1,v2 key2=v3,v4"')
   grid, seen = [], set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shlex
 import subprocess
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from bert_jax.errors import ConfigError
 
 from configs import ladder as ladder_configs
-from helpers import REPO, assert_one_line_error, run_experiment, tree_digest
+from helpers import REPO, assert_one_line_error, run_experiment, run_main, tmpfs, tree_digest
 from tools import ladder
 
 SST2 = os.path.join(os.path.dirname(REPO), 'shared', 'data', 'sst2')
@@ -60,10 +61,45 @@ def test_every_variant_builds_each_rung_and_task():
     ({'seeds': 0}, 'seeds must be a whole number >= 1, got 0'),
     ({'checkpoint_step': -5}, 'checkpoint_step must be -1'),
     ({'rungs': {}}, 'the ladder has no rungs'),
+    ({'rungs.mlm_only.overrides': "data.train_files='/my data"}, 'rungs.mlm_only.overrides: No closing quotation'),
 ])
 def test_a_bad_ladder_is_refused_before_anything_runs(changes, pattern):
   with pytest.raises(ConfigError, match=pattern.replace('(', r'\(').replace(')', r'\)').replace('.', r'\.')):
     ladder.Ladder.from_dict(_tiny(**changes))
+
+
+def test_an_override_is_shell_words_so_a_path_may_hold_spaces(tmp_path):
+  """A quoted override value keeps its spaces: the cell's command gets it as one argument (--dry_run prints it
+  shell-quoted)."""
+  corpus = '/my data/corpus.txt'
+  overrides = f"data.objective=none data.train_files='{corpus}'"
+  spec = ladder.Ladder.from_dict(_tiny(**{'rungs.mlm_only.overrides': overrides}))
+  assert spec.rungs[1].overrides == (('data.objective', 'none'), ('data.train_files', corpus))
+  pretrain, _ = ladder.cells(spec, '/w')
+  assert pretrain[1].argv[-1] == f'--config.data.train_files={corpus}'
+  result = run_main('ladder.py', TINY, f'--workdir={tmp_path}/l', '--dry_run',
+                    f'--config.rungs.mlm_only.overrides=data.objective=none data.train_files="{corpus}"')
+  assert result.returncode == 0, result.stderr[-3000:]
+  commands = [shlex.split(line) for line in result.stdout.splitlines()]
+  assert [c[-1] for c in commands if c[1].endswith('pretrain.py')] == [
+      f'--config={REPO}/experiments/configs/pretrain.py:tiny', f'--config.data.train_files={corpus}']
+  assert not os.path.exists(tmp_path / 'l')
+
+
+def test_a_read_only_ladder_directory_is_one_line_that_fits_a_ladder(tmp_path):
+  """A ladder directory that cannot be written is one line before any cell starts, saying what a ladder keeps
+  (no checkpoint of its own; its finished cells) rather than the checkpoint-save message."""
+  with tmpfs(tmp_path / 'rofs', '4M') as fs:
+    os.makedirs(os.path.join(fs, 'l'))
+    with open(os.path.join(fs, 'l', 'notes.txt'), 'w') as f:
+      f.write('a user file')
+    subprocess.run(['mount', '-o', 'remount,ro', fs], check=True)
+    before = tree_digest(fs)
+    result = run_main('ladder.py', TINY, f'--workdir={fs}/l')
+    assert_one_line_error(result, 'a ladder keeps no checkpoint of its own and its finished cells are kept')
+    assert f'--workdir {fs}/l cannot be written' in result.stderr and 'checkpoint is kept' not in result.stderr
+    assert '[ladder' not in result.stdout  # no cell was started
+    assert tree_digest(fs) == before
 
 
 def test_the_table_compares_each_rung_with_the_first_over_seeds():

@@ -51,6 +51,9 @@ def test_parse_grid_and_product_order():
   ]
   assert list(sweep.expand(grid)[0]) == ['config.learning_rate', 'config.num_train_epochs']
   assert sweep.expand(sweep.parse_grid('a=1')) == [{'a': '1'}]
+  # Entries are shell words: quotes keep a value's spaces (a path), commas still separate values.
+  assert sweep.parse_grid("config.data.train_files='/my data/a.txt','/my data/b.txt' b=1") == [
+      ('config.data.train_files', ['/my data/a.txt', '/my data/b.txt']), ('b', ['1'])]
 
 
 @pytest.mark.parametrize('text, pattern', [
@@ -64,6 +67,7 @@ def test_parse_grid_and_product_order():
     ('=1,2', 'bad key'),
     ('--a=1', 'bad key'),
     ('a=1 a=2', 'appears twice'),
+    ("a='/my data", '--grid: No closing quotation'),
 ])
 def test_parse_grid_errors(text, pattern):
   with pytest.raises(ConfigError, match=pattern):

@@ -14,9 +14,8 @@ from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.interop.pretrained import describe, load_pretrained
 from bert_jax.pretraining import merge, run
 
-from helpers import assert_one_line_error, run_experiment, tiny_pretrain_config, tree_digest, write_small_corpus
-
-pytestmark = pytest.mark.slow
+from helpers import (assert_one_line_error, run_experiment, run_main, tiny_pretrain_config, tree_digest,
+                     write_small_corpus)
 
 
 @pytest.fixture(scope='module')
@@ -35,6 +34,7 @@ def _params(path, step=None):
   return jax.tree.map(np.asarray, describe(path).params(step)[0])
 
 
+@pytest.mark.slow
 def test_the_merge_is_the_weighted_mean_and_every_tool_reads_it(runs, tmp_path):
   cfg, a, b, _ = runs
   last3 = str(tmp_path / 'last3')
@@ -66,6 +66,7 @@ def test_the_merge_is_the_weighted_mean_and_every_tool_reads_it(runs, tmp_path):
   assert tree_digest(last3) == before
 
 
+@pytest.mark.slow
 def test_the_command_reports_each_part_and_the_merge(runs, tmp_path):
   _, a, b, _ = runs
   out = str(tmp_path / 'merged')
@@ -87,11 +88,12 @@ def test_the_command_reports_each_part_and_the_merge(runs, tmp_path):
   assert again.returncode == 0 and 'already holds this merge' in again.stdout + again.stderr, again.stderr[-3000:]
   assert json.loads(again.stdout.strip().splitlines()[-1]) == line
   assert tree_digest(os.path.join(out, 'checkpoints')) == written
-  # Another merge into it is refused.
+  # Another merge into it is refused, naming the merge it holds.
   assert_one_line_error(run_experiment('merge.py', f'--sources={a}@4,{b}@6', '--weights=2,1', f'--workdir={out}'),
-                        'exists and is not empty')
+                        f'already holds another merge of {os.path.abspath(a)}@4 (weight 0.5)')
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_nothing_is_written(runs, tmp_path):
   cfg, a, b, tmp = runs
   other_arch = str(tmp / 'other_arch')
@@ -128,6 +130,7 @@ def test_bad_input_is_one_line_and_nothing_is_written(runs, tmp_path):
   assert {d: tree_digest(d) for d in digests} == digests
 
 
+@pytest.mark.slow
 def test_a_merge_killed_midway_leaves_nothing_and_runs_again(runs, tmp_path):
   _, a, b, _ = runs
   out = str(tmp_path / 'm')
@@ -137,3 +140,22 @@ def test_a_merge_killed_midway_leaves_nothing_and_runs_again(runs, tmp_path):
   assert not os.path.exists(staging) and run.evaluate_checkpoint(out)['step'] == 6
   with pytest.raises(CheckpointError, match='fine-tuning workdir|Hugging Face'):
     merge.parse_parts([a, os.path.dirname(os.path.dirname(__file__)) + '/fixtures/legacy/sst2'])
+
+
+def test_a_second_merge_into_a_merge_names_it_and_the_ways_on(tmp_path):
+  """Another merge into a merge's directory is one line naming the merge there (its sources, steps and weights) and
+  what to do; the sources are not read (steps given) and the directory is unchanged."""
+  out = tmp_path / 'soup'
+  (out / 'checkpoints').mkdir(parents=True)
+  held = [{'path': '/runs/a', 'step': 4, 'weight': 0.5}, {'path': '/runs/b', 'step': 6, 'weight': 0.5}]
+  (out / 'merge.json').write_text(json.dumps({'parts': held, 'step': 6}))
+  before = tree_digest(str(out))
+  result = run_main('merge.py', f'--sources={tmp_path}/a@4,{tmp_path}/b@6', f'--workdir={out}', '--noevaluate')
+  assert_one_line_error(result, f'--workdir {out} already holds another merge of /runs/a@4 (weight 0.5), /runs/b@6 '
+                        f'(weight 0.5): write this one to another --workdir, or delete {out} to replace it')
+  assert tree_digest(str(out)) == before
+  (out / 'merge.json').write_text('{"parts": "edited"}')  # unreadable parts: where to find them
+  before = tree_digest(str(out))
+  assert_one_line_error(run_main('merge.py', f'--sources={tmp_path}/a@4,{tmp_path}/b@6', f'--workdir={out}'),
+                        'already holds another merge (its sources are in its merge.json)')
+  assert tree_digest(str(out)) == before

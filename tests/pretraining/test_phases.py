@@ -26,6 +26,7 @@ from helpers import (
   kill_after_save,
   restore_pretraining_state,
   run_experiment,
+  run_main,
   script_code,
   sigterm_at_batch,
   tree_digest,
@@ -194,6 +195,23 @@ def test_bad_phase_flags_are_one_line_and_touch_nothing(tmp_path):
                         ('--config.num_train_steps=50', 'the sum of their steps (12)')):
     assert_one_line_error(run_experiment('pretrain.py', f'--workdir={workdir}',
                                          '--config=experiments/configs/pretrain.py:recipe_tiny', flag), pattern)
+  assert tree_digest(str(workdir)) == before
+
+
+def test_a_missing_branch_source_and_keep_best_with_phases_say_what_is_wrong(tmp_path):
+  """A branch_from that does not exist says so (it is no workdir of another kind); keep_best with phases is refused
+  for the phases, before its own need of eval_every > 0."""
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('a user file')
+  before = tree_digest(str(workdir))
+  missing = str(tmp_path / 'missing')
+  for flags, pattern in (
+      (['--config=experiments/configs/pretrain.py:tiny', f'--config.branch_from={missing}'],
+       f'branch_from {missing} does not exist: give the workdir'),
+      (['--config=experiments/configs/pretrain.py:recipe_tiny', '--config.keep_best=true', '--config.eval_every=0'],
+       'keep_best ranks checkpoints by one held-out metric, but each phase evaluates on its own records')):
+    assert_one_line_error(run_main('pretrain.py', f'--workdir={workdir}', *flags), pattern)
   assert tree_digest(str(workdir)) == before
 
 
