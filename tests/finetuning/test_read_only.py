@@ -16,15 +16,19 @@ from helpers import FIXTURES, REPO, assert_one_line_error, shared_data_or_skip, 
 
 
 @pytest.fixture
-def read_only(tmp_path, monkeypatch):
+def read_only(tmp_path):
   """The legacy fixtures (pretrain/, sst2/: a 2-step fine-tuning run) on a tmpfs remounted read-only; the cwd."""
   data = shared_data_or_skip('sst2')
   with tmpfs(tmp_path / 'rofs', '16M') as fs:
     shutil.copytree(os.path.join(FIXTURES, 'legacy'), fs, dirs_exist_ok=True)
     os.symlink(os.path.dirname(data), os.path.join(fs, 'shared_data'))  # its config's data_dir is relative
     subprocess.run(['mount', '-o', 'remount,ro', fs], check=True)
-    monkeypatch.chdir(fs)
-    yield fs
+    cwd = os.getcwd()
+    os.chdir(fs)
+    try:
+      yield fs
+    finally:
+      os.chdir(cwd)  # before the unmount, which a cwd inside would block
 
 
 def test_a_read_only_workdir_is_evaluated_into_output_dir(read_only, tmp_path, capsys):
