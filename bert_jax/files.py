@@ -159,6 +159,21 @@ class Lock:
       pass
 
 
+def holder(path: str) -> dict[str, Any] | None:
+  """The record of the process holding the lock file `path` when one may (live here, or on another host:
+  'remote'); None when it is free or its holder is gone. Reads only: the lock is not taken."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      held = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if not isinstance(held, dict):
+    return None
+  if held.get('host') != socket.gethostname():
+    return {**held, 'remote': True}
+  return held if _alive(held) else None
+
+
 def describe_holder(held: dict[str, Any]) -> str:
   """'pid N on HOST (since TIME)' of a lock holder's record."""
   return f'pid {held.get("pid")} on {held.get("host")} (since {held.get("time", "?")})'
