@@ -30,7 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bert_jax.errors import CheckpointError, CheckpointGone, CheckpointWriteError, UnusableCheckpoint
-from bert_jax.files import WRITE_FAILURES
+from bert_jax.files import WRITE_FAILURES, check_remote
 from bert_jax.runs import workdir as workdir_lib
 
 CORRUPT_DIR = 'corrupt_checkpoints'
@@ -159,6 +159,7 @@ class Checkpointer:
         read_only=read_only,
     )
     self.directory = workdir_lib.checkpoint_dir(workdir)
+    check_remote(self.directory, 'checkpoint directory')  # before Orbax, whose ImportError is a long traceback
     self.read_only = read_only
     # Handlers named up front so metadata (for shape checks) is readable before any restore.
     self.manager = ocp.CheckpointManager(
