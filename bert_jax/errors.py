@@ -26,6 +26,10 @@ class UnusableCheckpoint(CheckpointError):
   """A checkpoint whose own bytes do not read back, or that holds a non-finite or exploded state."""
 
 
+class CheckpointGone(CheckpointError):
+  """A checkpoint deleted while it was read (a running run's rotation), which says nothing of its bytes."""
+
+
 class CheckpointWriteError(CheckpointError):
   """Saving failed on the filesystem (full disk, quota, read-only); the last complete checkpoint is kept."""
 

@@ -3,6 +3,8 @@
 Atomic writes: a reader (or a resumed run) sees the old file or the new one, never half of one.
 Inputs: a FIFO, device or socket passes `os.path.exists` (and epath's is_file) but blocks a
 read forever or never ends, so every path a user gives is checked with `check_regular` first.
+Remote paths: gs:// and s3:// go through fsspec (etils.epath, Orbax), whose backend for each is an optional
+install; `check_remote` names it in one line before any work, instead of a traceback from deep inside a save.
 Locks: `Lock` is a file naming its holder (host, pid and the pid's start time), so a lock left
 by a process that no longer exists on this host is recognised and taken over.
 """
@@ -10,8 +12,10 @@ by a process that no longer exists on this host is recognised and taken over.
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -21,6 +25,26 @@ from bert_jax.errors import ConfigError, DataError
 
 # How a failed write reads in library errors that carry no errno (tensorstore reports ENOSPC as ValueError).
 WRITE_FAILURES = ('No space left on device', 'Disk quota exceeded', 'Read-only file system')
+
+
+# scheme -> (the package fsspec needs for it, the bert_jax extra that installs it: setup.cfg extras_require).
+REMOTE_PACKAGES = {'gs': ('gcsfs', 'gcs'), 'gcs': ('gcsfs', 'gcs'), 's3': ('s3fs', 's3'), 's3a': ('s3fs', 's3')}
+_REMOTE = re.compile(r'(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*)://')
+
+
+def check_remote(text: str, what: str) -> None:
+  """ConfigError naming the install command when `text` (a path, or paths separated by commas) is on a
+  gs:// or s3:// filesystem whose fsspec package is not installed."""
+  for scheme in dict.fromkeys(m.group(1).lower() for m in _REMOTE.finditer(str(text))):
+    package, extra = REMOTE_PACKAGES.get(scheme, (None, None))
+    if package is None:
+      continue
+    try:
+      importlib.import_module(package)
+    except ImportError:
+      raise ConfigError(f'{what} {text} is on {scheme}://, which needs the {package} package: '
+                        f'python3 -m pip install -e ".[{extra}]" (in the checkout; or pip install {package})'
+                        ) from None
 
 
 def write_text_atomic(path: str, text: str) -> None:
@@ -157,6 +181,21 @@ class Lock:
         os.remove(self.path)
     except (OSError, ValueError, AttributeError):
       pass
+
+
+def holder(path: str) -> dict[str, Any] | None:
+  """The record of the process holding the lock file `path` when one may (live here, or on another host:
+  'remote'); None when it is free or its holder is gone. Reads only: the lock is not taken."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      held = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if not isinstance(held, dict):
+    return None
+  if held.get('host') != socket.gethostname():
+    return {**held, 'remote': True}
+  return held if _alive(held) else None
 
 
 def describe_holder(held: dict[str, Any]) -> str:

@@ -64,6 +64,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
     try:
       for name in text_flags:
         _check_utf8(name, flags.FLAGS[name].value)
+      _check_remote_paths()
       if multihost:
         _initialize_distributed()
       main(argv)
@@ -102,6 +103,26 @@ def _quiet_orbax(record) -> bool:
   if record.exc_info and record.exc_info[1] is not None:
     text += str(record.exc_info[1])
   return not any(m in text for m in files.WRITE_FAILURES + ('read_only=True', 'read only='))
+
+
+def _check_remote_paths() -> None:
+  """One error line before any work when a flag or config field names a gs:// or s3:// path whose filesystem
+  package is not installed (Orbax would fail deep in its first save with a long traceback)."""
+  for name in flags.FLAGS:
+    for key, text in _strings(flags.FLAGS[name].value, f'--{name}'):
+      files.check_remote(text, key)
+
+
+def _strings(value, key: str):
+  """(dotted key, text) of every string in a flag's value: a config's fields, lists, dicts."""
+  if isinstance(value, str):
+    yield key, value
+  elif hasattr(value, 'items'):  # a ConfigDict or a dict
+    for k, v in value.items():
+      yield from _strings(v, f'{key}.{k}')
+  elif isinstance(value, (list, tuple)):
+    for v in value:
+      yield from _strings(v, key)
 
 
 def _check_utf8(name: str, value: str | None) -> None:

@@ -15,6 +15,8 @@ Fine-tuning: each seed's checkpoint (default the latest) on the dev set(s), or a
 results and predictions go beside the training ones (seed_<n>/eval_step<N>[_<file>]/ and
 eval_step<N>[_<file>].json), the main metric and one JSON line on stdout:
   python experiments/evaluate.py --workdir=/tmp/sst2 [--step=N] [--config.eval_file=PATH] [--config.num_seeds=3]
+--output_dir=DIR puts them in DIR instead (the same layout); a read-only workdir is only read: the
+results go to stdout (and --output_dir), with one line saying so.
 
 Only the evaluation settings (experiments/configs/evaluate.py) may be given; the rest is the workdir's.
 """
@@ -43,6 +45,8 @@ _OUTPUT_JSONL = flags.DEFINE_string('output_jsonl', None,
                                     'With --all_steps: the JSONL to write (default <workdir>/eval_all_steps.jsonl).')
 _OUTPUT_PLOT = flags.DEFINE_string('output_plot', None,
                                    'With --all_steps: the PNG to write (default <workdir>/eval_all_steps.png).')
+_OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Fine-tuning: the directory the results and predictions go '
+                                  'to (default: beside the training ones, in the workdir).')
 # The table's columns, those a result has, in this order.
 _COLUMNS = ('mlm_accuracy', 'mlm_loss', 'nsp_accuracy', 'nsp_loss', 'sop_accuracy', 'sop_loss', 'loss',
             'mlm_baseline_accuracy', 'nsp_baseline_accuracy', 'sop_baseline_accuracy', 'num_examples')
@@ -120,8 +124,11 @@ def main(_):
     if given:
       raise ConfigError(f'{" and ".join(given)} apply to pretraining workdirs; a fine-tuning workdir is evaluated '
                         'at one step (--step, default the latest) of each seed')
-    finetuning.print_summary(finetuning.evaluate_again(_WORKDIR.value, _STEP.value, overrides))
+    finetuning.print_summary(finetuning.evaluate_again(_WORKDIR.value, _STEP.value, overrides, _OUTPUT_DIR.value))
     return
+  if _OUTPUT_DIR.value:
+    raise ConfigError('--output_dir applies to fine-tuning workdirs; a pretraining workdir\'s evaluation goes to '
+                      'stdout, with --all_steps to --output_jsonl and --output_plot')
   unknown = sorted(set(overrides) - set(run.EVALUATION_FIELDS))
   if unknown:
     raise ConfigError(f'--config.{", --config.".join(unknown)} apply to fine-tuning workdirs; a pretraining '

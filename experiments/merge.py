@@ -45,12 +45,13 @@ def _weights() -> list[float] | None:
 
 def main(_):
   parts = merge.parse_parts(_SOURCES.value, _LAST.value, _weights())
-  record = merge.merge(parts, _WORKDIR.value)
-  reporting.log(f'wrote {_WORKDIR.value}: the mean of {len(parts)} checkpoints (step {record["step"]})')
-  if not _EVALUATE.value:
-    return
-  checkpoints = [(p['path'], p['step']) for p in record['parts']] + [(_WORKDIR.value, None)]
-  results = run.evaluate_in(_WORKDIR.value, checkpoints, as_step=record['step'])  # all as the merge is evaluated
+  with merge.pinned(parts, _WORKDIR.value) as parts:  # a run training in a source cannot rotate them away
+    record = merge.merge(parts, _WORKDIR.value)
+    reporting.log(f'wrote {_WORKDIR.value}: the mean of {len(parts)} checkpoints (step {record["step"]})')
+    if not _EVALUATE.value:
+      return
+    checkpoints = [(p.where, r['step']) for p, r in zip(parts, record['parts'])] + [(_WORKDIR.value, None)]
+    results = run.evaluate_in(_WORKDIR.value, checkpoints, as_step=record['step'])  # all as the merge is evaluated
   metrics = [m for m in ('mlm_accuracy', 'nsp_accuracy', 'sop_accuracy', 'mlm_loss') if m in results[0]]
   names = [f'{p["path"]}@{p["step"]}' for p in record['parts']] + ['merge']
   reporting.log('\n| checkpoint | weight | ' + ' | '.join(metrics) + ' |\n|---|---|' + '---|' * len(metrics))

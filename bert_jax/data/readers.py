@@ -43,7 +43,7 @@ import zlib
 from etils import epath
 
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.files import check_regular
+from bert_jax.files import check_regular, check_remote
 
 FORMATS = ('auto', 'wikiextractor', 'wikitext', 'plain', 'jsonl')
 # The first byte that is neither ASCII whitespace nor part of a UTF-8 byte order mark.
@@ -173,6 +173,7 @@ def resolve_files(spec: str) -> list[str]:
     if not part:
       continue
     where = '' if part == spec.strip() else f' (from {spec!r})'
+    check_remote(part, 'corpus path')
     try:
       path = epath.Path(part)
       if path.is_dir():

@@ -18,6 +18,7 @@ save and restore the Orbax checkpoints together.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -28,7 +29,7 @@ import jax
 import numpy as np
 import optax
 
-from bert_jax import distributed, sharding as shd
+from bert_jax import distributed, files, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, facts, upgrade_saved
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import BertJaxError, ConfigError
@@ -217,13 +218,16 @@ def finetune(cfg: FinetuneConfig, workdir: str, explicit_model_fields: Collectio
   return scaffold.train(FinetuningJob(cfg, explicit_model_fields), workdir)
 
 
-def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, Any] | None = None,
+                   output_dir: str | None = None) -> dict[str, Any]:
   """Restores each seed's checkpoint `step` (None: the latest) of a fine-tuning workdir and evaluates it.
 
   The config is the workdir's own with `overrides` of its evaluation fields (the `evaluation` fact:
   eval_file, eval_batch_size, seed, num_seeds, SQuAD's answer settings, ...). Results go beside the
-  training ones: seed_<n>/eval_step<N>[_<eval file>]/ (predictions, final_metrics.json) and
-  eval_step<N>[_<eval file>].json over the seeds; the training results are never overwritten.
+  training ones, or under `output_dir` in the same layout: seed_<n>/eval_step<N>[_<eval file>]/
+  (predictions, final_metrics.json) and eval_step<N>[_<eval file>].json over the seeds; the training
+  results are never overwritten. A read-only workdir (shared, archived) is only read: no lock, and
+  the results go to the caller (stdout) and `output_dir` alone.
   """
   wd = Workdir(workdir)
   saved = wd.config()
@@ -233,23 +237,36 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
   if unknown:
     raise ConfigError(f'{", ".join(unknown)} cannot change when a workdir is evaluated again; its training config '
                       f'is its own (evaluation settings: {", ".join(facts(FinetuneConfig, "evaluation"))})')
+  if output_dir:
+    files.check_output(output_dir, 'directory', '--output_dir')
+  read_only = not os.access(workdir, os.W_OK | os.X_OK)
+  results = Workdir(output_dir) if output_dir else (None if read_only else wd)  # None: stdout only
+  if read_only:
+    reporting.log(f'warning: {workdir} is read-only: nothing is written there; the results go to stdout'
+                  + (f' and {output_dir}' if output_dir else ' (give --output_dir=DIR to keep them)'))
   cfg = FinetuneConfig.from_dict({**saved['finetune'], **(overrides or {})})
   job = FinetuningJob(cfg, evaluation=True)
   mesh = shd.make_mesh(cfg.mesh)
   job.check(mesh, wd)
   per_seed = []
-  with wd.claim('finetuning', owner=jax.process_index() == 0, log=reporting.log), Preemption() as preempt, \
+  # The lock keeps a training run out while results are written into the workdir; a read-only one needs none.
+  claimed = contextlib.nullcontext() if read_only else wd.claim('finetuning', owner=jax.process_index() == 0,
+                                                                 log=reporting.log)
+  with claimed, Preemption() as preempt, \
       preempt.immediately('evaluating the workdir'):  # a signal: exit 75; the results written so far stay
     job.prepare(mesh)
     for seed, run_dir in job.run_dirs(wd):
       params, at = scaffold.restore_for_evaluation(run_dir, job.model, step)
-      out_dir = os.path.join(run_dir, _results_name(cfg, at))  # beside the training results, never over them
+      # Beside the training results (or in output_dir's seed_<n>/), never over them.
+      out_dir = results and os.path.join(results.seed_dir(seed) if output_dir else run_dir, _results_name(cfg, at))
       result = {'seed': seed, 'step': at, **job.evaluate(params, at, out_dir)}
-      wd.write_results(result, out_dir)
+      if results:
+        results.write_results(result, out_dir)
       job.log_result(seed, result)
       per_seed.append(result)
   summary = job.results(per_seed, 0.0)
-  wd.write_json(wd.file(_results_name(cfg, per_seed[0]['step']) + '.json'), summary)
+  if results:
+    results.write_json(results.file(_results_name(cfg, per_seed[0]['step']) + '.json'), summary)
   return summary
 
 

@@ -10,27 +10,36 @@ part, one checkpoint holding parameters only, merge.json naming the parts and th
 final_metrics.json: the merge's held-out metrics, with its parts' beside them. It is not trained in (it has no
 optimizer state): continue from it with `init_checkpoint`. Merging again into a workdir that holds the same merge
 writes nothing (the evaluation runs again), so a sweep or an interrupted evaluation can run the command again.
+
+A run that trains while it is merged rotates its checkpoints away (it keeps its newest few): `pinned` reads the
+steps of a workdir whose lock a run holds from hard links to their files, made first, so they stay while the
+merge and its evaluation read them; a step rotated away before it was pinned is refused in one line naming the
+steps the run keeps, never called unusable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import filecmp
 import json
 import os
 import shutil
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
 
 from bert_jax.config import PretrainConfig, architecture_diffs
 from bert_jax.data.tokenization import load_tokenizer
-from bert_jax.errors import CheckpointError, ConfigError
+from bert_jax import files
+from bert_jax.errors import CheckpointError, CheckpointGone, ConfigError
 from bert_jax.interop.pretrained import describe
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer
-from bert_jax.runs.workdir import MERGE_FILE, Workdir, check_outside
+from bert_jax.runs.workdir import (CHECKPOINTS_DIR, CONFIG_FILE, LOCK_FILE, MERGE_FILE, Workdir, check_outside,
+                                   checkpoint_dir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +49,12 @@ class Part:
   path: str
   step: int | None
   weight: float
+  pinned: str | None = None  # a copy of the step to read instead (`pinned`): its run rotates checkpoints away
+
+  @property
+  def where(self) -> str:
+    """The workdir its checkpoint is read from."""
+    return self.pinned or self.path
 
 
 def parse_parts(sources: list[str], last: int = 0, weights: list[float] | None = None) -> list[Part]:
@@ -155,7 +170,7 @@ def merge(parts: list[Part], output: str) -> dict[str, Any]:
       raise CheckpointError(f'{part.path} has another tokenizer than {parts[0].path}: their token ids differ')
   total, steps = None, []
   for i, part in enumerate(parts):
-    params, step = describe(part.path, 'merge source').params(part.step)
+    params, step = describe(part.where, 'merge source').params(part.step)
     steps.append(int(step))
     reporting.log(f'merge: {i + 1}/{len(parts)} {part.path} step {step} (weight {part.weight:.4g})')
     scaled = jax.tree.map(lambda a, w=part.weight: np.asarray(a, np.float64) * w, params)
@@ -167,6 +182,68 @@ def merge(parts: list[Part], output: str) -> dict[str, Any]:
             'step': max(steps)}
   _write(output, saved, tokenizer, merged, record)
   return record
+
+
+@contextlib.contextmanager
+def pinned(parts: list[Part], output: str) -> Iterator[list[Part]]:
+  """`parts`, each of a workdir that a run holds (it trains) read from a pin of its step beside `output`:
+  hard links to the step's files (copies across filesystems), removed when the block ends.
+
+  Raises:
+    CheckpointGone: a step was rotated away before it was pinned (the message names the steps kept).
+  """
+  for part in parts:  # the pins go beside the output: never inside a source
+    check_outside(output, part.path, 'a merge source')
+  pins = os.path.join(os.path.dirname(os.path.abspath(output)), f'.{os.path.basename(output)}.pinned')
+  shutil.rmtree(pins, ignore_errors=True)  # left by a killed merge
+  try:
+    out = []
+    for i, part in enumerate(parts):
+      held = None if '://' in part.path else files.holder(os.path.join(part.path, LOCK_FILE))
+      out.append(part if held is None else _pin(part, os.path.join(pins, str(i)), held))
+    yield out
+  finally:
+    shutil.rmtree(pins, ignore_errors=True)
+
+
+def _pin(part: Part, target: str, held: dict[str, Any]) -> Part:
+  steps = _steps(part.path)
+  step = steps[-1] if part.step is None and steps else part.step
+  if step not in steps:
+    return part  # reported by the merge itself
+  source = os.path.join(checkpoint_dir(part.path), str(step))
+  try:
+    _link_tree(source, os.path.join(target, CHECKPOINTS_DIR, str(step)))
+    gone = not os.path.isdir(source)  # deleted after its files were linked: they may be a part of it
+  except FileNotFoundError:
+    gone = True
+  if gone:
+    raise CheckpointGone(f'{part.path} step {step} was rotated away by the run training there '
+                         f'({files.describe_holder(held)}) before merge could pin it (it is not damaged); the run '
+                         f'keeps steps {_steps(part.path)}: run the command again, or name kept steps with DIR@STEP')
+  for name in os.listdir(part.path):  # config.json and the tokenizer's files: what `describe` reads
+    if name == CONFIG_FILE or name.startswith(('tokenizer', 'vocab')):
+      shutil.copy2(os.path.join(part.path, name), target)
+  reporting.log(f'merge: {part.path} is in use by {files.describe_holder(held)}: its step {step} is read from '
+                'a pinned copy (hard links), which its checkpoint rotation cannot delete')
+  return dataclasses.replace(part, step=step, pinned=target)
+
+
+def _link_tree(source: str, target: str) -> None:
+  """Hard links of every file under `source` at the same paths under `target` (copies across filesystems);
+  FileNotFoundError when anything under `source` vanishes meanwhile."""
+  def fail(e: OSError) -> None:
+    raise e
+  for root, _, names in os.walk(source, onerror=fail):
+    into = os.path.join(target, os.path.relpath(root, source))
+    os.makedirs(into, exist_ok=True)
+    for name in names:
+      try:
+        os.link(os.path.join(root, name), os.path.join(into, name))
+      except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+          raise
+        shutil.copy2(os.path.join(root, name), os.path.join(into, name))
 
 
 def _same_merge(parts: list[Part], output: str) -> dict[str, Any] | None:

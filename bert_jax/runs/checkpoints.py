@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax.errors import CheckpointError, CheckpointWriteError, UnusableCheckpoint
-from bert_jax.files import WRITE_FAILURES
+from bert_jax.errors import CheckpointError, CheckpointGone, CheckpointWriteError, UnusableCheckpoint
+from bert_jax.files import WRITE_FAILURES, check_remote
 from bert_jax.runs import workdir as workdir_lib
 
 CORRUPT_DIR = 'corrupt_checkpoints'
@@ -159,6 +159,7 @@ class Checkpointer:
         read_only=read_only,
     )
     self.directory = workdir_lib.checkpoint_dir(workdir)
+    check_remote(self.directory, 'checkpoint directory')  # before Orbax, whose ImportError is a long traceback
     self.read_only = read_only
     # Handlers named up front so metadata (for shape checks) is readable before any restore.
     self.manager = ocp.CheckpointManager(
@@ -310,8 +311,11 @@ class Checkpointer:
       raise CheckpointError(f'no checkpoint in {self.directory}')
     bad = []
     for candidate in sorted(steps, reverse=True):
-      restored, problem = self._try_restore(candidate, abstract_state, log, check_meta, fresh_opt_state,
-                                            params_only)
+      try:
+        restored, problem = self._try_restore(candidate, abstract_state, log, check_meta, fresh_opt_state,
+                                              params_only)
+      except CheckpointGone:
+        continue  # rotated away meanwhile: the next older one
       if not problem:
         if bad:
           log(f'resuming from step {candidate}, the newest good checkpoint')
@@ -335,6 +339,7 @@ class Checkpointer:
       problem = None if isinstance(meta, dict) and saved is not None else 'its metadata is missing'
     except Exception as e:  # pylint: disable=broad-except  # Orbax/tensorstore raise many kinds
       problem = f'it cannot be read ({type(e).__name__}: {_first_line(e)})'
+      self._check_present(step)
     problem = _agree(problem)
     if problem:
       return None, problem
@@ -350,6 +355,7 @@ class Checkpointer:
       problem = state_problem(state['params'])
     except Exception as e:  # pylint: disable=broad-except
       problem = f'it cannot be read ({type(e).__name__}: {_first_line(e)})'
+      self._check_present(step)
       # Unusable only when its own bytes fail: read every array as it is stored, on the host.
       if _agree(None if self._bytes_readable(step, saved) else problem) is None:
         raise CheckpointError(f'checkpoint step {step} in {self.directory} reads, but not into this run\'s '
@@ -362,6 +368,15 @@ class Checkpointer:
       log(f'restored step {step}: parameters, step and RNG; its optimizer state has another structure than '
           'this run\'s optimizer, which starts fresh (allowed by resume_allow)')
     return (state, meta), None
+
+  def _check_present(self, step: int) -> None:
+    """CheckpointGone when the step's directory vanished during a failed read: the run writing the
+    workdir rotated it away (it keeps its newest checkpoints), which says nothing of its bytes."""
+    if (epath.Path(self.directory) / str(step)).exists():
+      return
+    self.manager.reload()
+    raise CheckpointGone(f'checkpoint step {step} in {self.directory} was deleted while it was read: rotated away '
+                         f'by the run writing there (not damaged); it now holds steps {self.all_steps() or "none"}')
 
   def _check_params(self, step: int, saved: Any, abstract_state: Any) -> None:
     """CheckpointError naming the first parameter whose name or shape differs from the model's."""

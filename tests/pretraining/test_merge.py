@@ -4,18 +4,23 @@ input refused in one line with the sources untouched."""
 import dataclasses
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 
+from bert_jax import files
 from bert_jax.config import preset
-from bert_jax.errors import CheckpointError, ConfigError
+from bert_jax.errors import CheckpointError, CheckpointGone, ConfigError
 from bert_jax.interop.pretrained import describe, load_pretrained
 from bert_jax.pretraining import merge, run
+from bert_jax.runs.checkpoints import Checkpointer
 
-from helpers import (assert_one_line_error, run_experiment, run_main, tiny_pretrain_config, tree_digest,
-                     write_small_corpus)
+from helpers import (REPO, assert_one_line_error, run_experiment, run_main, script_code, tiny_pretrain_config,
+                     tree_digest, write_small_corpus)
 
 
 @pytest.fixture(scope='module')
@@ -159,3 +164,62 @@ def test_a_second_merge_into_a_merge_names_it_and_the_ways_on(tmp_path):
   assert_one_line_error(run_main('merge.py', f'--sources={tmp_path}/a@4,{tmp_path}/b@6', f'--workdir={out}'),
                         'already holds another merge (its sources are in its merge.json)')
   assert tree_digest(str(out)) == before
+
+
+# --- a source that a run trains in: its checkpoint rotation races the merge --------------------------
+
+def _live(tmp_path, source):
+  """A copy of `source` whose lock this test process holds, as a run training in it would."""
+  live = shutil.copytree(source, str(tmp_path / 'live'))
+  assert files.Lock(os.path.join(live, '.lock')).acquire() is None
+  return live
+
+
+@pytest.mark.slow
+def test_a_live_run_is_merged_from_pinned_steps(runs, tmp_path, capsys):
+  _, a, _, _ = runs
+  live, out = _live(tmp_path, a), str(tmp_path / 'out')
+  with merge.pinned(merge.parse_parts([live], last=2), out) as parts:
+    shutil.rmtree(os.path.join(live, 'checkpoints', '4'))  # the run's next save rotates step 4 away
+    record = merge.merge(parts, out)
+    results = run.evaluate_in(out, [(p.where, p.step) for p in parts] + [(out, None)], as_step=record['step'])
+  assert [(p['path'], p['step']) for p in record['parts']] == [(live, 4), (live, 6)] and len(results) == 3
+  assert 'its step 4 is read from a pinned copy' in capsys.readouterr().out
+  want = jax.tree.map(lambda x, y: ((np.float64(x) + y) / 2).astype(np.float32), _params(a, 4), _params(a, 6))
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(_params(out))):
+    np.testing.assert_allclose(g, w, rtol=1.2e-7, atol=1e-12)
+  assert sorted(os.listdir(tmp_path)) == ['live', 'out']  # the pins are gone
+
+
+@pytest.mark.slow
+def test_a_step_rotated_away_before_it_is_pinned_is_one_line(runs, tmp_path):
+  _, a, _, _ = runs
+  live, out = _live(tmp_path, a), str(tmp_path / 'out')
+  before = tree_digest(live)
+  # Between listing the last two steps (4, 6) and pinning them, the run rotates step 4 away.
+  patch = ('from bert_jax.pretraining import merge\nimport shutil\nlink = merge._link_tree\n'
+           'def rotating(source, target):\n  shutil.rmtree(source.replace("/6", "/4"), ignore_errors=True)\n'
+           '  link(source, target)\nmerge._link_tree = rotating\n')
+  r = subprocess.run([sys.executable, '-c', script_code(['merge.py', f'--sources={live}', '--last=2',
+                                                         f'--workdir={out}'], patch)],
+                     cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert_one_line_error(r, f'{live} step 4 was rotated away by the run training there (pid {os.getpid()}')
+  assert 'keeps steps [2, 6]' in r.stderr and 'unusable' not in r.stderr
+  shutil.copytree(os.path.join(a, 'checkpoints', '4'), os.path.join(live, 'checkpoints', '4'))
+  assert tree_digest(live) == before and sorted(os.listdir(tmp_path)) == ['live']  # nothing else lost or left
+
+
+@pytest.mark.slow
+def test_a_checkpoint_deleted_while_it_is_read_is_not_unusable(runs, tmp_path, monkeypatch):
+  _, a, _, _ = runs
+  src = shutil.copytree(a, str(tmp_path / 'src'))  # no lock: read in place
+  try_restore = Checkpointer._try_restore
+
+  def rotated(self, step, *args):  # listed, then deleted before its bytes are read
+    shutil.rmtree(os.path.join(self.directory, str(step)))
+    return try_restore(self, step, *args)
+
+  monkeypatch.setattr(Checkpointer, '_try_restore', rotated)
+  with pytest.raises(CheckpointGone, match=r'step 4 .* was deleted while it was read: rotated away') as e:
+    merge.merge(merge.parse_parts([f'{src}@4', f'{src}@6']), str(tmp_path / 'out'))
+  assert 'unusable' not in str(e.value) and not os.path.exists(tmp_path / 'out')
