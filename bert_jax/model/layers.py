@@ -24,35 +24,44 @@ from bert_jax.sharding import constrain
 
 
 def einsum_f32(spec: str, a: jax.Array, b: jax.Array, *, backward: str = 'compute') -> jax.Array:
-  """`jnp.einsum(spec, a, b)` with a float32 result (logits, attention scores) from inputs in the compute dtype.
+  """`jnp.einsum(spec, a, b)` with a float32 result (attention scores) from inputs in the compute dtype.
 
   backward='compute': the backward matmuls take the float32 cotangent cast to the inputs' dtype, as every other
   matmul's backward does (under bfloat16, bfloat16 products accumulated in float32); 'float32': jax's own
   transpose, which runs both backward matmuls in float32 (a float32 cotangent against an upcast input; XLA's HLO
-  shows them as f32 dots). Identical when the inputs are float32 (`ModelConfig.logits_backward`).
+  shows them as f32 dots). Float32 inputs take jax's own path either way (`ModelConfig.logits_backward`).
   """
   if backward == 'float32' or a.dtype == jnp.float32:
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-  return _einsum_f32_compute_backward(spec, a, b)
+  return _f32_compute_backward(functools.partial(jnp.einsum, spec), a, b)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _einsum_f32_compute_backward(spec, a, b):
-  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+def dot_general_f32(a: jax.Array, b: jax.Array, dims, *, backward: str = 'compute') -> jax.Array:
+  """`jax.lax.dot_general(a, b, dims)` with a float32 result (the MLM logits); `backward` as in `einsum_f32`."""
+  if backward == 'float32' or a.dtype == jnp.float32:
+    return jax.lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
+  return _f32_compute_backward(functools.partial(jax.lax.dot_general, dimension_numbers=dims), a, b)
 
 
-def _einsum_f32_fwd(spec, a, b):
-  return _einsum_f32_compute_backward(spec, a, b), (a, b)
+def _f32_compute_backward(product, a, b):
+  """`product(a, b)` in float32, its backward matmuls in a's dtype (`product`: a bilinear function of a and b)."""
 
+  @jax.custom_vjp
+  def f(a, b):
+    return product(a, b, preferred_element_type=jnp.float32)
 
-def _einsum_f32_bwd(spec, residuals, g):
-  a, b = residuals
-  # The transpose of a compute-dtype product (accumulated in float32 on accelerators) takes a cotangent of its dtype.
-  _, vjp = jax.vjp(lambda x, y: jnp.einsum(spec, x, y), a, b)
-  return vjp(g.astype(a.dtype))
+  def fwd(a, b):
+    return f(a, b), (a, b)
 
+  def bwd(residuals, g):
+    a, b = residuals
+    # The transpose of a compute-dtype product (accumulated in float32 on accelerators) takes a cotangent of its
+    # dtype.
+    _, vjp = jax.vjp(product, a, b)
+    return vjp(g.astype(a.dtype))
 
-_einsum_f32_compute_backward.defvjp(_einsum_f32_fwd, _einsum_f32_bwd)
+  f.defvjp(fwd, bwd)
+  return f(a, b)
 
 
 def _truncated_normal(std: float):
@@ -139,9 +148,10 @@ class Embed(nnx.Module):
     return jnp.take(table, ids, axis=0)
 
   def attend(self, x: jax.Array, *, backward: str = 'compute') -> jax.Array:
-    """float32 logits x E^T; `backward`: `einsum_f32`'s."""
+    """float32 logits x E^T; `backward`: `dot_general_f32`'s."""
     table = self.embedding[...].astype(x.dtype)
-    logits = einsum_f32('nd,vd->nv', x.reshape(-1, x.shape[-1]), table, backward=backward)  # 2-D, as in Dense
+    logits = dot_general_f32(x.reshape(-1, x.shape[-1]), table, (((1,), (1,)), ((), ())),
+                             backward=backward)  # 2-D, as in Dense
     return logits.reshape(x.shape[:-1] + table.shape[:1])
 
 
