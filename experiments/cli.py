@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 from typing import Callable
 
@@ -153,15 +154,27 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def _unknown_key(e: Exception) -> None:
-  key = str(e).strip('\'"')
-  given = [a.split('=')[0] for a in sys.argv[1:] if a.startswith('--config.') and key in a.split('=')[0]]
+  # ml_collections' message: "'learnin_rate'\nDid you mean "learning_rate" instead of "learnin_rate"?" (a KeyError
+  # or AttributeError whose first argument may itself be such a repr).
+  text = str(e.args[0] if e.args else e)
+  while len(text) > 1 and text[0] == text[-1] and text[0] in '\'"':
+    text = text[1:-1].encode().decode('unicode_escape')
+  key = text.splitlines()[0].strip('\'"') if text else ''
+  suggestion = re.search(r'Did you mean "([^"]+)"', text)
+  given = [a.split('=')[0] for a in sys.argv[1:]
+           if a.startswith('--config.') and key and key in a.split('=')[0].split('.')]
   flag = given[0] if given else 'a --config.* flag'
   name = flag[len('--config.'):] if given else key
   if name in RENAMED:
     _fail(f'{flag} is now --config.{RENAMED[name]}')
   if name in REMOVED:
     _fail(f'{flag} is gone: {REMOVED[name]}')
-  _fail(f'unknown config key {key!r} in {flag}; the config file\'s fields are the valid keys (see --helpfull)')
+  if suggestion and given:
+    parts = name.split('.')
+    parts[parts.index(key)] = suggestion.group(1)
+    _fail(f'unknown field {name} in {flag}; did you mean {".".join(parts)}?')
+  hint = f'; did you mean {suggestion.group(1)}?' if suggestion else ''
+  _fail(f'unknown field {name} in {flag}{hint} (the config file\'s fields are the valid keys: --helpfull)')
 
 
 def define_config(default: str, help_text: str):

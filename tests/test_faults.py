@@ -435,7 +435,7 @@ def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
   before = {d: tree_digest(d) for d in (workdir, finetune_dir)}
   pretrain = ('pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny')
   cases = [
-      (pretrain + ('--config.optim.lr=1',), "unknown config key 'lr'"),
+      (pretrain + ('--config.optim.lr=1',), 'unknown field optim.lr in --config.optim.lr'),
       (pretrain + ('--config=experiments/configs/pretrain.py:nosuch',), "unknown pretrain config variant 'nosuch'"),
       (pretrain + ('--config.optim.learning_rate=-1e-4',), 'learning_rate must be a positive number'),
       (('pretrain.py', f'--workdir={finetune_dir}'), 'is a finetuning directory, not a pretraining one'),
