@@ -119,6 +119,7 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
   start = int(jax.device_get(state['step']))
   step, pending, last_eval, last_good = start, [], None, ckpt.latest_step()
   previous = None  # the metrics of the step before the one just dispatched
+  compiled = set()  # the batch shapes whose train step this process has compiled
   progress = reporting.Progress(start, total_steps)
   writers = _Writers(report)
   t0 = time.time()
@@ -132,7 +133,14 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
       t_wait = time.perf_counter()
       local = next(batches)
       progress.add(batches.last_sizes, local['input_ids'].shape[1], time.perf_counter() - t_wait)
+      shape = tuple(local['input_ids'].shape)
+      if shape not in compiled:  # a first step of this shape compiles (tens of seconds on large models): say so
+        reporting.log(f'compiling the train step for {shape[0]} x {shape[1]} tokens per process ...')
+        t_compile = time.perf_counter()
       state, step_metrics = model.train_step(state, model.global_batch(local), model.rest)
+      if shape not in compiled:
+        compiled.add(shape)
+        reporting.log(f'train step compiled in {time.perf_counter() - t_compile:.1f} s')
       pending.append(step_metrics)
       if previous is not None:  # bounds the steps in flight to two (the one just dispatched runs meanwhile)
         jax.block_until_ready(previous)

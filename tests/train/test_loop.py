@@ -123,6 +123,10 @@ def test_fit_trains_logs_evaluates_and_saves_on_its_cadence(tmp_path, capsys):
   assert Checkpointer(str(tmp_path), read_only=True).all_steps() == [3, 6]
   out = capsys.readouterr().out
   assert 'step 6/6 | loss' in out and 'eval step 4 | mse' in out and 'ETA' in out
+  # The first step of a shape compiles: one line before it, one with its time after (no silent minute).
+  lines = out.splitlines()
+  assert [l for l in lines if l.startswith('compiling the train step for')] == [lines[0]]
+  assert re.fullmatch(r'train step compiled in \d+\.\d s', lines[1]), lines[1]
 
 
 def test_fit_resumes_bitwise_from_a_checkpoint(tmp_path):
