@@ -36,10 +36,10 @@ else
 fi
 python3 -c 'import sys, jax, jaxlib, flax, optax; print("python", sys.version.split()[0], "jax", jax.__version__,
 "jaxlib", jaxlib.__version__, "flax", flax.__version__, "optax", optax.__version__, jax.devices())'
-TAIL=40 check ladder "${LADDER_S:-280}" python3 experiments/benchmark.py --levers=ladder --out="$OUT" --steps=5 \
+TAIL=40 check ladder "${LADDER_S:-270}" python3 experiments/benchmark.py --levers=ladder --out="$OUT" --steps=5 \
   "${SMOKE[@]}"
 if [ ${#SMOKE[@]} = 0 ]; then
-  check gpu_tests "${TESTS_S:-120}" env JAX_PLATFORMS=cuda python3 -m pytest -m gpu -q tests/model
+  check gpu_tests "${TESTS_S:-110}" env JAX_PLATFORMS=cuda python3 -m pytest -m gpu -q tests/model
 fi
 TAIL=12 check targets "${TARGETS_S:-150}" python3 experiments/benchmark.py --levers=targets --out="$OUT" --steps=5 \
   "${SMOKE[@]}"

@@ -92,6 +92,16 @@ def test_profile_of_an_empty_trace_dir_says_so(tmp_path):
   assert 'no trace' in levers.profile_breakdown(str(tmp_path), 3)['error']
 
 
+@pytest.mark.slow
+def test_a_cpu_profile_sums_the_kernels_of_a_step():
+  setting = levers.Setting('tiny', 8, 32, model=(('vocab_size', 512),))  # 8 rows: one per fake device
+  p = levers.profile_step(setting, steps=2)
+  assert p['busy_ms'] > 0 and p['planes'] == ['/host:CPU'] and abs(sum(p['by_kind'].values()) - p['busy_ms']) < 1e-6
+  assert p['by_kind'].get('matmul', 0) > 0 and len(p['top']) == 20
+  text = levers.format_profile(p, setting)
+  assert text.startswith('Profile of the best base step (tiny, 8 x 32') and '| matmul |' in text
+
+
 def test_model_flops_count_geglu_and_local_windows():
   bert = preset('base')
   modern = preset('base', mlp='geglu', intermediate_size=1152, attention_window=128, global_attention_every=3,
