@@ -3,6 +3,8 @@ remote (gs://) paths reaching Orbax as they were given."""
 
 import json
 import os
+import sys
+import types
 
 import pytest
 
@@ -53,6 +55,7 @@ def test_a_remote_workdir_reaches_orbax_unchanged(monkeypatch):
     seen.append(directory)
     raise Stop
   monkeypatch.setattr(checkpoints.ocp, 'CheckpointManager', manager)
+  monkeypatch.setitem(sys.modules, 'gcsfs', types.ModuleType('gcsfs'))  # the [gcs] extra, as if installed
   with pytest.raises(Stop):
     checkpoints.Checkpointer('gs://bucket/runs/a')
   assert seen == ['gs://bucket/runs/a/checkpoints']  # not os.path.abspath'd into ./gs:/bucket/...
