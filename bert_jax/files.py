@@ -152,18 +152,12 @@ class Lock:
           json.dump(self.me, f)
         return None
       try:
-        with open(self.path, encoding='utf-8') as f:
-          held = json.load(f)
+        held = _record(self.path)
       except FileNotFoundError:
         continue  # released meanwhile
-      except (OSError, ValueError):
-        held = {}
-      if not isinstance(held, dict):
-        held = {}
-      if held and held.get('host') != self.me['host']:
-        return {**held, 'remote': True}
-      if held and _alive(held):
-        return held
+      live = _live(held)
+      if live:
+        return live
       self.log(f'warning: taking over the lock {self.path} from pid {held.get("pid")}, which no longer runs '
                '(killed or crashed)')
       try:
@@ -183,19 +177,35 @@ class Lock:
       pass
 
 
-def holder(path: str) -> dict[str, Any] | None:
-  """The record of the process holding the lock file `path` when one may (live here, or on another host:
-  'remote'); None when it is free or its holder is gone. Reads only: the lock is not taken."""
+def _record(path: str) -> dict[str, Any]:
+  """A lock file's holder record; {} when it cannot be read or is no record (FileNotFoundError: no lock)."""
   try:
     with open(path, encoding='utf-8') as f:
       held = json.load(f)
+  except FileNotFoundError:
+    raise
   except (OSError, ValueError):
-    return None
-  if not isinstance(held, dict):
+    return {}
+  return held if isinstance(held, dict) else {}
+
+
+def _live(held: dict[str, Any]) -> dict[str, Any] | None:
+  """`held` when its process may still hold the lock: alive on this host, or on another host (marked 'remote',
+  which this host cannot check); None when the record is empty or its process is gone."""
+  if not held:
     return None
   if held.get('host') != socket.gethostname():
     return {**held, 'remote': True}
   return held if _alive(held) else None
+
+
+def holder(path: str) -> dict[str, Any] | None:
+  """The record of the process holding the lock file `path` (`_live`), None when it is free or its holder is
+  gone. Reads only: the lock is not taken."""
+  try:
+    return _live(_record(path))
+  except FileNotFoundError:
+    return None
 
 
 def describe_holder(held: dict[str, Any]) -> str:

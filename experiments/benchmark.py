@@ -143,7 +143,8 @@ def _hlo_check():
   shapes = [('BERT-base x 128 (the ladder\'s defaults)', levers.BASELINE.apply(
       {'model': {'fused_mask': 'lengths', 'logits_backward': 'compute'}}))] + list(levers.TARGETS)
   print('\ncompiled train step (1 row, 2 layers; ModernBERT 3: one global, two local) against the model FLOPs, '
-        'and its float32 matmuls\n\n| shape | HLO GFLOP | model GFLOP | ratio | float32 matmuls |\n|---|---|---|---|---|')
+        'and its float32 matmuls\n\n| shape | HLO GFLOP | model GFLOP | ratio | float32 matmuls |\n'
+        '|---|---|---|---|---|')
   for name, setting in shapes:
     r = levers.hlo_check(setting, num_layers=3 if 'Modern' in name else 2)
     dots = '<br>'.join(f'{n} × `{k}`' for k, n in r['float32_dots'].items()) or 'none'

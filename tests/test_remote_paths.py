@@ -13,9 +13,7 @@ from bert_jax.data import readers
 from bert_jax.errors import ConfigError
 from bert_jax.runs.checkpoints import Checkpointer
 
-from helpers import REPO, assert_one_line_error, script_code, tree_digest
-
-_MISSING = 'import sys\nsys.modules["gcsfs"] = sys.modules["s3fs"] = None\n'
+from helpers import assert_one_line_error, run_main, tree_digest
 
 
 @pytest.fixture
@@ -43,10 +41,7 @@ def test_with_the_package_installed_the_check_passes(monkeypatch):
   files.check_remote('gs://b/run', '--workdir')
 
 
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_entry_points_say_it_before_any_work(tmp_path):
-  import subprocess  # pylint: disable=g-import-not-at-top
+def test_entry_points_say_it_before_any_work(missing, tmp_path):
   workdir = tmp_path / 'run'
   workdir.mkdir()
   (workdir / 'keep.txt').write_text('a user file')
@@ -59,7 +54,5 @@ def test_entry_points_say_it_before_any_work(tmp_path):
       (['evaluate.py', '--workdir=gs://bucket/run'], 'pip install -e ".[gcs]"'),
       (['merge.py', '--sources=gs://bucket/a,gs://bucket/b', f'--workdir={tmp_path}/m'], 'needs the gcsfs package'),
   ):
-    r = subprocess.run([sys.executable, '-c', script_code(argv, _MISSING)], cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
-    assert_one_line_error(r, pattern)
+    assert_one_line_error(run_main(*argv), pattern)
   assert tree_digest(tmp_path) == before and sorted(os.listdir(tmp_path)) == ['run']

@@ -283,7 +283,8 @@ def summarize_seeds(per_seed: list[dict[str, Any]], main_metric: str) -> dict[st
   out: dict[str, Any] = {'main_metric': f'{main_metric}_mean', 'seeds': [r['seed'] for r in per_seed],
                          'step': per_seed[0]['step']}
   for name, value in per_seed[0].items():
-    if name in ('seed', 'step', 'train_steps', 'train_steps_this_invocation') or isinstance(value, (dict, list, str, bool)):
+    if (name in ('seed', 'step', 'train_steps', 'train_steps_this_invocation')
+        or isinstance(value, (dict, list, str, bool))):
       continue
     values = [float(r[name]) for r in per_seed]
     out[f'{name}_mean'] = float(np.mean(values))

@@ -364,7 +364,7 @@ class PretrainingJob:
     stats = {k: result.pop(k) for k in ('train_steps', 'train_steps_this_invocation', 'train_wall_s',
                                         'train_padding_fraction') if k in result}
     final = {**result}
-    if stats.get('train_steps_this_invocation'):  # what this invocation trained (a finished run resumed trains nothing)
+    if stats.get('train_steps_this_invocation'):  # a finished run resumed trains nothing: no stats then
       final.update(stats, wall_s=wall_s)  # wall_s: data preparation and evaluation too
     return final
 

@@ -227,8 +227,8 @@ def _add_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
   """Training statistics of two stages together (padding weighted by the stages' row tokens)."""
   if not a:
     return dict(b)
-  n = 'train_steps_this_invocation'
-  out = {n: a[n] + b[n], 'train_wall_s': a['train_wall_s'] + b['train_wall_s']}
+  steps = 'train_steps_this_invocation'
+  out = {steps: a[steps] + b[steps], 'train_wall_s': a['train_wall_s'] + b['train_wall_s']}
   if 'train_padding_fraction' in a or 'train_padding_fraction' in b:
     weighted = [(s['train_padding_fraction'], s['row_tokens']) for s in (a, b) if 'train_padding_fraction' in s]
     out['row_tokens'] = sum(n for _, n in weighted)

@@ -97,9 +97,10 @@ def peak_tflops(device_kind: str, platform: str, dtype: str, *, override: float 
 def pretraining_flops_per_step(cfg: ModelConfig, batch_size: int, seq_len: int, num_predictions: int) -> float:
   """Model FLOPs of one MLM+NSP train step: matmuls only, 2 FLOPs per multiply-add, backward = 2x forward.
 
-  Per layer and token: Q, K, V and output projections (4 d^2) and the FFN (2 d i; GeGLU 3 d i) multiply-adds,
-  plus QK^T and PV (2 t d; a local layer's window w: 2 (w + 1) d). Heads: the pooler and NSP classifier on [CLS], and the MLM transform
-  and tied decoder at the `num_predictions` gathered positions only (what the model computes).
+  Per layer and token: Q, K, V and output projections (4 d^2) and the FFN (2 d i; GeGLU 3 d i)
+  multiply-adds, plus QK^T and PV (2 t d; a local layer's window w: 2 (w + 1) d). Heads: the pooler and
+  NSP classifier on [CLS], and the MLM transform and tied decoder at the `num_predictions` gathered
+  positions only (what the model computes).
   Embedding lookups, LayerNorm, softmax, GELU, dropout, losses and the optimizer are not counted
   (so the compiled program's count is somewhat higher, see tests/test_benchmarking.py); neither
   is rematerialisation, which makes this "model" rather than "hardware" FLOPs.

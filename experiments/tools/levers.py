@@ -2,13 +2,14 @@
 
 `run_ladder` times the pretraining train step (`benchmark.benchmark_train_step`) for a ladder of settings: a
 baseline (the first GPU session's: BERT-base, 256 x 128, bfloat16, BERT's hidden dropout, cuDNN attention with a
-dense mask, float32 backward matmuls for the MLM logits), then one lever per row on top of the best setting so far. A lever that is a pure speed switch
-(`adopt`) is kept for the rows after it when it is faster; a recipe change (dropout settings) is reported
-beside the ladder and never kept. `run_targets` times the target shapes (BERT-large and BERT-base at 512,
-ModernBERT-base at 1,024 and 8,192 tokens) with every switch the ladder adopted, read from its rows (so it runs
-in a process and under a time limit of its own). Rows go to `rows.jsonl` as they finish and the tables
-(`gpu_table.md`, `gpu_table.csv`) are rewritten after each, so a check stopped at its time limit keeps what it
-measured. `profile_breakdown` reads a jax profiler trace of the best base step and sums device time by kind.
+dense mask, float32 backward matmuls for the MLM logits), then one lever per row on top of the best setting so
+far. A lever that is a pure speed switch (`adopt`) is kept for the rows after it when it is faster; a recipe change
+(dropout settings) is reported beside the ladder and never kept. `run_targets` times the target shapes (BERT-large
+and BERT-base at 512, ModernBERT-base at 1,024 and 8,192 tokens) with every switch the ladder adopted, read from
+its rows (so it runs in a process and under a time limit of its own). Rows go to `rows.jsonl` as they finish and
+the tables (`gpu_table.md`, `gpu_table.csv`) are rewritten after each, so a check stopped at its time limit keeps
+what it measured. `profile_breakdown` reads a jax profiler trace of the best base step and sums device time by
+kind.
 """
 
 from __future__ import annotations
@@ -207,7 +208,9 @@ _HEAD = ('check', 'lever or shape', 'preset', 'batch × seq', 'step (ms)', 'toke
 
 def _cells(r: dict[str, Any]) -> dict[str, str]:
   err = r.get('error')
-  num = (lambda fmt, k: '' if err or r.get(k) is None else format(r[k], fmt))  # pylint: disable=unnecessary-lambda-assignment
+
+  def num(fmt, k):
+    return '' if err or r.get(k) is None else format(r[k], fmt)
   return dict(zip(_HEAD, (
       r.get('check', ''), r.get('lever', ''), r['preset'], f'{r["batch_size"]} × {r["seq_len"]}',
       '' if err else f'{r["step_time_s"] * 1e3:.1f}', err or num(',.0f', 'tokens_per_s'),
@@ -285,8 +288,9 @@ def profile_breakdown(trace_dir: str, steps: int) -> dict[str, Any]:
     for ev in line.events:
       by_kind[classify(ev.name)] += ev.duration_ns / 1e6 / steps
       by_name[ev.name] += ev.duration_ns / 1e6 / steps
-  return {'planes': [p.name for p in planes], 'lines': sorted({line.name for line in streams or lines}), 'busy_ms': sum(by_kind.values()),
-          'by_kind': dict(by_kind.most_common()), 'top': dict(by_name.most_common(20))}
+  return {'planes': [p.name for p in planes], 'lines': sorted({line.name for line in streams or lines}),
+          'busy_ms': sum(by_kind.values()), 'by_kind': dict(by_kind.most_common()),
+          'top': dict(by_name.most_common(20))}
 
 
 def profile_step(setting: Setting, *, steps: int = 3) -> dict[str, Any]:
@@ -314,7 +318,8 @@ def format_profile(p: dict[str, Any], setting: Setting) -> str:
     return f'profile: {p["error"]}\n'
   head = (f'Profile of the best base step ({setting.preset}, {setting.batch_size} x {setting.seq_len}, '
           f'{dict(setting.model)}, options {dict(setting.options)}): {p["wall_ms"]:.1f} ms wall per traced step '
-          f'(the tracer adds some), {p["busy_ms"]:.1f} ms of kernels on {", ".join(p["planes"])}.\n\n')
+          f'(the tracer adds some), {p["busy_ms"]:.1f} ms of kernels on {", ".join(p["planes"])} '
+          f'(lines: {", ".join(p["lines"][:8])}{" ..." if len(p["lines"]) > 8 else ""}).\n\n')
   lines = ['| kind | ms per step | share of kernel time |', '|---|---|---|']
   lines += [f'| {k} | {v:.2f} | {v / p["busy_ms"]:.1%} |' for k, v in p['by_kind'].items()]
   lines += ['', '| longest kernels | ms per step | kind |', '|---|---|---|']

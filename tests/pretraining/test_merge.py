@@ -5,8 +5,6 @@ import dataclasses
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -19,8 +17,8 @@ from bert_jax.interop.pretrained import describe, load_pretrained
 from bert_jax.pretraining import merge, run
 from bert_jax.runs.checkpoints import Checkpointer
 
-from helpers import (REPO, assert_one_line_error, run_experiment, run_main, script_code, tiny_pretrain_config,
-                     tree_digest, write_small_corpus)
+from helpers import (assert_one_line_error, run_experiment, run_main, tiny_pretrain_config, tree_digest,
+                     write_small_corpus)
 
 
 @pytest.fixture(scope='module')
@@ -192,17 +190,18 @@ def test_a_live_run_is_merged_from_pinned_steps(runs, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_a_step_rotated_away_before_it_is_pinned_is_one_line(runs, tmp_path):
+def test_a_step_rotated_away_before_it_is_pinned_is_one_line(runs, tmp_path, monkeypatch):
   _, a, _, _ = runs
   live, out = _live(tmp_path, a), str(tmp_path / 'out')
   before = tree_digest(live)
   # Between listing the last two steps (4, 6) and pinning them, the run rotates step 4 away.
-  patch = ('from bert_jax.pretraining import merge\nimport shutil\nlink = merge._link_tree\n'
-           'def rotating(source, target):\n  shutil.rmtree(source.replace("/6", "/4"), ignore_errors=True)\n'
-           '  link(source, target)\nmerge._link_tree = rotating\n')
-  r = subprocess.run([sys.executable, '-c', script_code(['merge.py', f'--sources={live}', '--last=2',
-                                                         f'--workdir={out}'], patch)],
-                     cwd=REPO, capture_output=True, text=True, timeout=600)
+  link = merge._link_tree  # pylint: disable=protected-access
+
+  def rotating(source, target):
+    shutil.rmtree(source.replace('/6', '/4'), ignore_errors=True)
+    link(source, target)
+  monkeypatch.setattr(merge, '_link_tree', rotating)
+  r = run_main('merge.py', f'--sources={live}', '--last=2', f'--workdir={out}')
   assert_one_line_error(r, f'{live} step 4 was rotated away by the run training there (pid {os.getpid()}')
   assert 'keeps steps [2, 6]' in r.stderr and 'unusable' not in r.stderr
   shutil.copytree(os.path.join(a, 'checkpoints', '4'), os.path.join(live, 'checkpoints', '4'))
