@@ -5,14 +5,21 @@ Inputs: a FIFO, device or socket passes `os.path.exists` (and epath's is_file) b
 read forever or never ends, so every path a user gives is checked with `check_regular` first.
 Remote paths: gs:// and s3:// go through fsspec (etils.epath, Orbax), whose backend for each is an optional
 install; `check_remote` names it in one line before any work, instead of a traceback from deep inside a save.
+Paths of workdirs: `exists`, `isdir`, `listdir`, `makedirs`, `open_file`, `remove` take a local path (the os
+module, as before) or a remote one (gs://, s3://: etils.epath). An object store has no rename and no append:
+remote atomic writes write the object once (GCS and S3 publish an object whole when it is closed), and
+`open_file(path, 'a')` rewrites the object with the new lines on every flush (metric files are small).
 Locks: `Lock` is a file naming its holder (host, pid and the pid's start time), so a lock left
-by a process that no longer exists on this host is recognised and taken over.
+by a process that no longer exists on this host is recognised and taken over. On a remote workdir the lock is
+written when absent, which two runs starting in the same second could both do (an object store has no
+exclusive create through fsspec).
 """
 
 from __future__ import annotations
 
 import datetime
 import importlib
+import io
 import json
 import os
 import re
@@ -47,8 +54,102 @@ def check_remote(text: str, what: str) -> None:
                         ) from None
 
 
+def is_remote(path: Any) -> bool:
+  """Whether `path` is on an object store (gs://, s3://) rather than a local filesystem."""
+  match = _REMOTE.match(str(path))
+  return bool(match) and match.group(1).lower() in REMOTE_PACKAGES
+
+
+def _gpath(path: str):
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  return epath.Path(path)
+
+
+def exists(path: str) -> bool:
+  return _gpath(path).exists() if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+  return _gpath(path).is_dir() if is_remote(path) else os.path.isdir(path)
+
+
+def isfile(path: str) -> bool:
+  return _gpath(path).is_file() if is_remote(path) else os.path.isfile(path)
+
+
+def listdir(path: str) -> list[str]:
+  """The names in directory `path` (FileNotFoundError when it is none)."""
+  if not is_remote(path):
+    return os.listdir(path)
+  if not isdir(path):
+    raise FileNotFoundError(path)
+  return [p.name for p in _gpath(path).iterdir()]
+
+
+def makedirs(path: str) -> None:
+  if is_remote(path):
+    _gpath(path).mkdir(parents=True, exist_ok=True)
+  else:
+    os.makedirs(path, exist_ok=True)
+
+
+def remove(path: str) -> None:
+  """Deletes file `path` (FileNotFoundError when absent)."""
+  if is_remote(path):
+    if not isfile(path):
+      raise FileNotFoundError(path)
+    _gpath(path).unlink()
+  else:
+    os.remove(path)
+
+
+def rmdir(path: str) -> None:
+  """Removes empty directory `path` (OSError when not empty); on an object store a directory with nothing in it
+  does not exist, so there is nothing to remove."""
+  if not is_remote(path):
+    os.rmdir(path)
+
+
+class _RemoteAppend(io.StringIO):
+  """A text file opened for appending on an object store: the old text, and on every flush the object
+  rewritten whole with what was written since."""
+
+  def __init__(self, path: str):
+    super().__init__()
+    self._path = _gpath(path)
+    self._old = self._path.read_text(encoding='utf-8') if self._path.is_file() else ''
+
+  def flush(self) -> None:
+    super().flush()
+    if not self.closed:
+      self._path.write_text(self._old + self.getvalue(), encoding='utf-8')
+
+  def close(self) -> None:
+    if not self.closed:
+      self.flush()
+    super().close()
+
+
+def open_file(path: str, mode: str = 'r', **kwargs: Any):
+  """`open(path, mode, ...)` of a local or remote file ('a' on a remote one: `_RemoteAppend`)."""
+  if not is_remote(path):
+    return open(path, mode, **kwargs)  # pylint: disable=unspecified-encoding  # the caller's encoding
+  if mode == 'a':
+    return _RemoteAppend(path)
+  if mode == 'r':  # read whole (small files), decoded as asked: epath's open takes no errors=
+    return io.StringIO(_gpath(path).read_bytes().decode(kwargs.get('encoding') or 'utf-8',
+                                                        kwargs.get('errors') or 'strict'))
+  kwargs.pop('newline', None)
+  return _gpath(path).open(mode, **kwargs)
+
+
 def write_text_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` through `path.tmp` and os.replace, creating the directory."""
+  """Writes `text` to `path` through `path.tmp` and os.replace, creating the directory (a remote object is
+  written once: the store publishes it whole)."""
+  if is_remote(path):
+    makedirs(os.path.dirname(path))
+    _gpath(path).write_text(text, encoding='utf-8')
+    return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + '.tmp'
   with open(tmp, 'w', encoding='utf-8', newline='') as f:
@@ -65,8 +166,13 @@ def check_output(path: str, kind: str, what: str = 'output') -> None:
   """Checks, before any work, that `path` can be written as a `kind` ('file' or 'directory').
 
   ConfigError when it exists as the other kind, or its nearest existing parent is not a
-  writable directory.
+  writable directory. A remote path is checked for its kind only (an object store says nothing about permission
+  before a write).
   """
+  if is_remote(path):
+    if kind == 'file' and isdir(path) or kind == 'directory' and isfile(path):
+      raise ConfigError(f'{what} {path} is a {"directory" if kind == "file" else "file"}; give a {kind} path')
+    return
   if kind == 'file' and os.path.isdir(path):
     raise ConfigError(f'{what} {path} is a directory; give a file path')
   if kind == 'directory' and os.path.exists(path) and not os.path.isdir(path):
@@ -143,13 +249,7 @@ class Lock:
   def acquire(self) -> dict[str, Any] | None:
     """None when this process now holds the lock, else the holder's record ('remote': another host)."""
     for _ in range(3):
-      try:
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        pass
-      else:
-        with os.fdopen(fd, 'w', encoding='utf-8') as f:
-          json.dump(self.me, f)
+      if self._create():
         return None
       try:
         held = _record(self.path)
@@ -161,18 +261,33 @@ class Lock:
       self.log(f'warning: taking over the lock {self.path} from pid {held.get("pid")}, which no longer runs '
                '(killed or crashed)')
       try:
-        os.remove(self.path)
+        remove(self.path)
       except FileNotFoundError:
         pass
     return {'pid': '?', 'host': '?', 'time': '?', 'note': 'another process keeps taking it'}
 
+  def _create(self) -> bool:
+    """Writes this process's record unless a lock file exists (exclusive on a local filesystem)."""
+    if is_remote(self.path):
+      if isfile(self.path):
+        return False
+      write_text_atomic(self.path, json.dumps(self.me))
+      return True
+    try:
+      fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(fd, 'w', encoding='utf-8') as f:
+      json.dump(self.me, f)
+    return True
+
   def release(self) -> None:
     """Removes the lock file if this process holds it."""
     try:
-      with open(self.path, encoding='utf-8') as f:
+      with open_file(self.path, encoding='utf-8') as f:
         held = json.load(f)
       if held.get('pid') == self.me['pid'] and held.get('host') == self.me['host']:
-        os.remove(self.path)
+        remove(self.path)
     except (OSError, ValueError, AttributeError):
       pass
 
@@ -180,7 +295,7 @@ class Lock:
 def _record(path: str) -> dict[str, Any]:
   """A lock file's holder record; {} when it cannot be read or is no record (FileNotFoundError: no lock)."""
   try:
-    with open(path, encoding='utf-8') as f:
+    with open_file(path, encoding='utf-8') as f:
       held = json.load(f)
   except FileNotFoundError:
     raise

@@ -64,9 +64,9 @@ def _outputs(workdir: str) -> dict[str, str]:
     if flag.value:
       files.check_output(flag.value, 'file', f'--{flag.name}')
       out[kind] = flag.value
-    elif os.path.isdir(workdir):  # a missing workdir is reported by the evaluation itself
+    elif files.isdir(workdir):  # a missing workdir is reported by the evaluation itself
       path = os.path.join(workdir, default)
-      if os.access(workdir, os.W_OK | os.X_OK):
+      if files.is_remote(workdir) or os.access(workdir, os.W_OK | os.X_OK):
         files.check_output(path, 'file', f'--{flag.name} (default)')
         out[kind] = path
       else:

@@ -25,6 +25,7 @@ import sentencepiece as spm
 import tokenizers
 
 from bert_jax.errors import ConfigError, DataError
+from bert_jax import files
 from bert_jax.files import check_regular
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
@@ -572,6 +573,8 @@ def load_tokenizer(path: str) -> Tokenizer:
   Returns:
     The tokenizer. DataError when the path holds none.
   """
+  if files.is_remote(path):
+    path = _local_copy(path)
   if os.path.isdir(path):
     for name in (SPIECE_FILE, HF_SPIECE_FILE):  # an exported directory's tokenizer.json is its conversion
       if os.path.isfile(os.path.join(path, name)):
@@ -587,8 +590,38 @@ def tokenizer_file_name(tokenizer: Tokenizer) -> str:
   return SPIECE_FILE if isinstance(tokenizer, SentencePieceTokenizer) else _TOKENIZER_JSON
 
 
+_NAMES = (SPIECE_FILE, HF_SPIECE_FILE, _TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_CONFIG)
+
+
+def _local_copy(path: str) -> str:
+  """A local copy of a remote tokenizer file, or of a remote directory's tokenizer files (SentencePiece and
+  tokenizers read local files only): under the temporary directory, named by the path."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  local = os.path.join(tempfile.gettempdir(), 'bert_jax-remote', hashlib.sha256(path.encode()).hexdigest()[:16])
+  os.makedirs(local, exist_ok=True)
+  names = _NAMES if files.isdir(path) else (os.path.basename(path.rstrip('/')),)
+  source = path if files.isdir(path) else os.path.dirname(path.rstrip('/'))
+  for name in names:
+    if files.isfile(os.path.join(source, name)):
+      with files.open_file(os.path.join(source, name), 'rb') as f:
+        data = f.read()
+      with open(os.path.join(local, name + '.tmp'), 'wb') as f:
+        f.write(data)
+      os.replace(os.path.join(local, name + '.tmp'), os.path.join(local, name))
+  return local if files.isdir(path) else os.path.join(local, names[0])
+
+
 def save_tokenizer(tokenizer: Tokenizer, directory: str) -> str:
   """Writes the tokenizer's files into `directory`; returns what `load_tokenizer` reads back."""
+  if files.is_remote(directory):  # written locally, then each file copied up
+    with tempfile.TemporaryDirectory(prefix='bert_jax-tokenizer-') as local:
+      name = os.path.basename(save_tokenizer(tokenizer, local))
+      files.makedirs(directory)
+      for written in sorted(os.listdir(local), key=lambda n: n == name):  # what readers look for last
+        with open(os.path.join(local, written), 'rb') as f, \
+            files.open_file(os.path.join(directory, written), 'wb') as out:
+          out.write(f.read())
+    return os.path.join(directory, name)
   os.makedirs(directory, exist_ok=True)
   if isinstance(tokenizer, SentencePieceTokenizer):
     target = os.path.join(directory, SPIECE_FILE)

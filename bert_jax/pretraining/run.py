@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax import distributed, sharding as shd
+from bert_jax import distributed, files, sharding as shd
 from bert_jax.config import ModelConfig, PretrainConfig, architecture_diffs, facts, upgrade_saved
 from bert_jax.data import loader as input_pipeline, mixture, prepare as pretraining_data, tokenization
 from bert_jax.data.mixture import Mixture
@@ -81,7 +81,7 @@ def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, 
 
 def check_workdir(workdir: Workdir, cfg: PretrainConfig) -> None:
   """Refuses a workdir whose checkpoints belong to a different architecture, or that is a merge."""
-  if os.path.exists(workdir.file(MERGE_FILE)):
+  if files.exists(workdir.file(MERGE_FILE)):
     raise ConfigError(f'{workdir.path} is a merge of checkpoints ({MERGE_FILE}: parameters only, no optimizer '
                       f'state); continue from it with --config.init_checkpoint={workdir.path} and a new --workdir')
   saved = workdir.config()
@@ -271,13 +271,13 @@ class PretrainingJob:
     """Refuses a branch_from that is no pretraining workdir, lacks the step, or is at or past this run's end
     (reading its meta only: before anything is written)."""
     cfg = self.cfg
-    if not os.path.isdir(cfg.branch_from):  # a typo'd path is no workdir of another kind
-      state = 'is a file' if os.path.exists(cfg.branch_from) else 'does not exist'
+    if not files.isdir(cfg.branch_from):  # a typo'd path is no workdir of another kind
+      state = 'is a file' if files.exists(cfg.branch_from) else 'does not exist'
       raise ConfigError(f'branch_from {cfg.branch_from} {state}: give the workdir of the pretraining run to branch '
                         'from')
     if Workdir(cfg.branch_from).kind != 'pretraining':
       raise ConfigError(f'branch_from {cfg.branch_from} is not a pretraining workdir')
-    if os.path.exists(os.path.join(cfg.branch_from, MERGE_FILE)):
+    if files.exists(os.path.join(cfg.branch_from, MERGE_FILE)):
       raise ConfigError(f'branch_from {cfg.branch_from} is a merge (parameters only, no optimizer state): start '
                         f'from it with --config.init_checkpoint={cfg.branch_from}')
     ckpt = Checkpointer(cfg.branch_from, read_only=True)

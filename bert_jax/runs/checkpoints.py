@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bert_jax import files
 from bert_jax.errors import CheckpointError, CheckpointGone, CheckpointWriteError, UnusableCheckpoint
 from bert_jax.files import WRITE_FAILURES, check_remote
 from bert_jax.runs import workdir as workdir_lib
@@ -440,8 +441,11 @@ class Checkpointer:
       return None
     target = os.path.join(os.path.dirname(self.directory), CORRUPT_DIR, f'{step}-{int(time.time())}')
     if jax.process_index() == 0:
-      os.makedirs(os.path.dirname(target), exist_ok=True)
-      os.replace(os.path.join(self.directory, str(step)), target)
+      if files.is_remote(target):  # an object store renames a directory object by object
+        epath.Path(self.directory, str(step)).rename(target)
+      else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.replace(os.path.join(self.directory, str(step)), target)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices(f'bert_jax moved checkpoint {step} aside')
     self.manager.reload()

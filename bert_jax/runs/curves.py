@@ -7,6 +7,7 @@ that imports this module.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -17,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 import numpy as np
 
+from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.runs.workdir import Workdir
 
@@ -24,7 +26,14 @@ _DPI = 100
 
 
 def save_png(fig: Figure, path: str) -> str:
-  # Rendered to path.tmp, then renamed: a viewer (or a copy) never sees half a picture.
+  # Rendered to path.tmp, then renamed: a viewer (or a copy) never sees half a picture (an object store
+  # publishes the object whole: written once).
+  if files.is_remote(path):
+    buffer = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buffer)
+    with files.open_file(path, 'wb') as f:
+      f.write(buffer.getvalue())
+    return path
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + '.tmp'
   try:
@@ -54,7 +63,7 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
   a run killed mid-write, or a line of something else.
   """
   try:
-    with open(path, encoding='utf-8', errors='replace') as f:
+    with files.open_file(path, encoding='utf-8', errors='replace') as f:
       lines = f.readlines()
   except OSError:
     return []

@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Sequence
 
 import jax
+
+from bert_jax import files
 
 
 def format_duration(seconds: float) -> str:
@@ -42,10 +46,14 @@ class MetricWriter:
     self._tb = None
     if not self.enabled:
       return
-    os.makedirs(workdir, exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, f'metrics_{name}.jsonl'), 'a', encoding='utf-8')
+    files.makedirs(workdir)
+    self._jsonl = files.open_file(os.path.join(workdir, f'metrics_{name}.jsonl'), 'a', encoding='utf-8')
     from tensorboard.summary.writer.event_file_writer import EventFileWriter  # pylint: disable=g-import-not-at-top
-    self._tb = EventFileWriter(os.path.join(workdir, 'tb', name))
+    self._tb_dir = os.path.join(workdir, 'tb', name)
+    self._staging = None
+    if files.is_remote(workdir):  # TensorBoard appends to its event file, which an object store cannot: the
+      self._staging = tempfile.mkdtemp(prefix='bert_jax-tb-')  # file is written here, the object rewritten
+    self._tb = EventFileWriter(self._staging or self._tb_dir)
 
   def write(self, step: int, values: dict[str, float]) -> None:
     if not self.enabled:
@@ -59,12 +67,26 @@ class MetricWriter:
                              if math.isfinite(v)])
     self._tb.add_event(Event(wall_time=time.time(), step=int(step), summary=summary))
     self._tb.flush()
+    self._upload()
+
+  def _upload(self) -> None:
+    """Copies the staged event files of a remote workdir to it, whole."""
+    if self._staging is None:
+      return
+    files.makedirs(self._tb_dir)
+    for name in os.listdir(self._staging):
+      with open(os.path.join(self._staging, name), 'rb') as f, \
+          files.open_file(os.path.join(self._tb_dir, name), 'wb') as out:
+        out.write(f.read())
 
   def close(self) -> None:
     if self._jsonl:
       self._jsonl.close()
     if self._tb:
       self._tb.close()
+      self._upload()
+      if self._staging:
+        shutil.rmtree(self._staging, ignore_errors=True)
 
 
 class Progress:

@@ -78,17 +78,17 @@ class Workdir:
 
   def seeds(self) -> list[int]:
     """The seeds that have a directory here, in order."""
-    names = os.listdir(self.path) if os.path.isdir(self.path) else []
+    names = files.listdir(self.path) if files.isdir(self.path) else []
     return sorted(int(m.group(1)) for m in map(_SEED_DIR.fullmatch, names) if m)
 
   def config(self) -> dict[str, Any] | None:
     """config.json in today's field names (`config.upgrade_saved`), None when absent."""
     path = self.file(CONFIG_FILE)
-    if not os.path.exists(path):
+    if not files.exists(path):
       return None
     check_regular(path, 'workdir config')
     try:
-      with open(path, encoding='utf-8') as f:
+      with files.open_file(path, encoding='utf-8') as f:
         saved = json.load(f)
     except (OSError, UnicodeDecodeError, ValueError) as e:
       first = (str(e).strip().splitlines() or [''])[0][:200]
@@ -105,7 +105,7 @@ class Workdir:
 
   def tokenizer_file(self) -> str | None:
     """The tokenizer file it holds (what `tokenization.load_tokenizer` reads), or None."""
-    return next((self.file(f) for f in TOKENIZER_FILES if os.path.isfile(self.file(f))), None)
+    return next((self.file(f) for f in TOKENIZER_FILES if files.isfile(self.file(f))), None)
 
   def save_tokenizer(self, tokenizer) -> None:
     """Writes the tokenizer's files (process 0), unless it holds a tokenizer already."""
@@ -135,9 +135,9 @@ def checkpoint_dir(run_dir: str) -> str:
 def kind_of(path: str) -> str | None:
   """'pretraining', 'finetuning', 'export' (a Hugging Face directory) or None (new, empty, or unknown)."""
   config = os.path.join(path, CONFIG_FILE)
-  if os.path.isfile(config):
+  if files.isfile(config):
     try:
-      with open(config, encoding='utf-8') as f:
+      with files.open_file(config, encoding='utf-8') as f:
         saved = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
       saved = None
@@ -148,9 +148,9 @@ def kind_of(path: str) -> str | None:
         return 'export'
       if {'model', 'data', 'optim'} <= set(saved):
         return 'pretraining'
-  if not os.path.isdir(path):
+  if not files.isdir(path):
     return None
-  names = os.listdir(path)
+  names = files.listdir(path)
   if any(_SEED_DIR.fullmatch(n) for n in names):
     return 'finetuning'
   if CHECKPOINTS_DIR in names:
@@ -162,7 +162,7 @@ def kind_of(path: str) -> str | None:
 
 def check_kind(path: str, kind: str, what: str = 'workdir') -> None:
   """ConfigError unless `path` can hold a `kind` workdir: absent, a directory of that kind or of none."""
-  if os.path.exists(path) and not os.path.isdir(path):
+  if files.exists(path) and not files.isdir(path):
     raise ConfigError(f'{what} {path} is a file, not a directory')
   found = kind_of(path)
   if found is not None and found != kind:
@@ -173,9 +173,10 @@ def check_kind(path: str, kind: str, what: str = 'workdir') -> None:
 def check_outside(workdir: str, source: str, what: str) -> None:
   """ConfigError when `workdir` is `source` or inside it (a checkpoint that is only ever read).
 
-  Paths compare resolved (symbolic links, '..', relative paths).
+  Paths compare resolved (symbolic links, '..', relative paths; remote ones as written).
   """
-  work, src = os.path.realpath(workdir), os.path.realpath(source)
+  resolve = lambda p: p.rstrip('/') if files.is_remote(p) else os.path.realpath(p)  # pylint: disable=unnecessary-lambda-assignment
+  work, src = resolve(workdir), resolve(source)
   if work == src or work.startswith(src + os.sep):
     raise ConfigError(f'workdir {workdir} is inside {what} {source}, which is only ever read: choose another '
                       '--workdir (re-running in the same workdir resumes a run)')
@@ -199,9 +200,9 @@ def claim(path: str, kind: str, *, owner: bool = True, log=print) -> Iterator[No
   if not owner:
     yield
     return
-  created = not os.path.exists(path)
+  created = not files.exists(path)
   try:
-    os.makedirs(path, exist_ok=True)
+    files.makedirs(path)
   except OSError as e:
     raise ConfigError(f'cannot create workdir {path}: {e.strerror}') from None
   lock = files.Lock(os.path.join(path, LOCK_FILE), log)
@@ -212,7 +213,7 @@ def claim(path: str, kind: str, *, owner: bool = True, log=print) -> Iterator[No
   if held is not None:
     if created:
       with contextlib.suppress(OSError):
-        os.rmdir(path)
+        files.rmdir(path)
     if held.get('remote'):
       raise _lock_error(lock.path, held, f'a run on another host may be using it; if none is, delete {lock.path}')
     raise _lock_error(lock.path, held, 'two runs on one workdir would mix their checkpoints and metrics; wait '
@@ -223,15 +224,15 @@ def claim(path: str, kind: str, *, owner: bool = True, log=print) -> Iterator[No
     lock.release()
     if created:  # a run that stopped before writing anything leaves no empty workdir behind
       with contextlib.suppress(OSError):
-        os.rmdir(path)
+        files.rmdir(path)
 
 
 def write_config(path: str, config: dict[str, Any]) -> None:
   """Writes `path/config.json`; an earlier, different config is appended to config_history.jsonl first."""
   target = os.path.join(path, CONFIG_FILE)
-  if os.path.isfile(target):
+  if files.isfile(target):
     try:
-      with open(target, encoding='utf-8') as f:
+      with files.open_file(target, encoding='utf-8') as f:
         old = json.load(f)
     except (OSError, ValueError):
       old = None
@@ -239,6 +240,6 @@ def write_config(path: str, config: dict[str, Any]) -> None:
       return
     if old is not None:
       entry = {'replaced': datetime.datetime.now().isoformat(timespec='seconds'), 'config': old}
-      with open(os.path.join(path, HISTORY_FILE), 'a', encoding='utf-8') as f:
+      with files.open_file(os.path.join(path, HISTORY_FILE), 'a', encoding='utf-8') as f:
         f.write(json.dumps(entry, sort_keys=True) + '\n')
   write_json_atomic(target, config, sort_keys=True)
