@@ -32,7 +32,7 @@ from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.finetuning import run as finetuning
 from bert_jax.pretraining import run
 from bert_jax.runs import curves, reporting
-from bert_jax.runs.workdir import Workdir
+from bert_jax.runs.workdir import inspect
 
 import cli
 
@@ -118,7 +118,7 @@ def _overrides() -> dict:
 
 
 def main(_):
-  overrides, kind = _overrides(), Workdir(_WORKDIR.value).kind
+  overrides, kind = _overrides(), inspect(_WORKDIR.value).kind
   if kind == 'finetuning':
     given = [f'--{f.name}' for f in (_ALL_STEPS, _OUTPUT_JSONL, _OUTPUT_PLOT) if f.value]
     if given:

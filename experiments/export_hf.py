@@ -45,7 +45,7 @@ def main(_):
                       'export into another directory (--overwrite never applies to the source)')
   files.check_output(_OUTPUT.value, 'directory')
   workdir.check_kind(_OUTPUT.value, 'export', what='--output')
-  kind = workdir.kind_of(_CHECKPOINT.value) if os.path.isdir(_CHECKPOINT.value) else None
+  kind = workdir.inspect(_CHECKPOINT.value).kind
   if _SEED.value is not None and kind != 'finetuning':
     raise ConfigError(f'--seed applies to fine-tuning workdirs only; {_CHECKPOINT.value} is not one')
   task, seed = None, None

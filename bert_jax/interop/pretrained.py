@@ -1,7 +1,7 @@
 """Any BERT checkpoint, described and loaded: a Hugging Face directory or a bert_jax workdir.
 
-`describe(path)` says what a directory is (a `Source`: kind, architecture, tokenizer) without
-reading weights; every tool and both runs ask it. `load_pretrained(path)` returns the model
+`describe(path)` says what checkpoint a directory holds (a `Source`: kind, architecture, tokenizer) without
+reading weights, from `runs.workdir.inspect`'s answer; every tool and both runs ask it. `load_pretrained(path)` returns the model
 config, the parameters (our pure-dict layout of `BertForPreTraining`; the 'mlm' / 'nsp' subtrees
 are absent when the checkpoint has no such head) and the tokenizer that goes with them;
 `load_finetuned` a fine-tuning workdir's head model. A bert_jax workdir is restored
@@ -29,7 +29,7 @@ from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer, state_problem
-from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir
+from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir, inspect
 
 
 def packaged_minilm() -> str:
@@ -146,7 +146,7 @@ class FinetunedBert:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-  """Any checkpoint, described without reading its weights: the one answer to "what is this directory?".
+  """Any checkpoint, described without reading its weights (its kind from `runs.workdir.inspect`).
 
   Attributes:
     kind: 'hf' (a Hugging Face directory), 'pretraining' or 'finetuning' (a bert_jax workdir).
@@ -208,12 +208,12 @@ def describe(path: str, what: str = 'checkpoint', log=reporting.log) -> Source:
   Raises:
     CheckpointError: it is none of them, or incomplete (no config.json, no tokenizer).
   """
-  if not os.path.isdir(path):
+  found = inspect(path)
+  if not found.is_dir:
     raise CheckpointError(f'{what} {path} is not a directory (give a Hugging Face checkpoint directory or a '
                           'bert_jax workdir)')
-  workdir = Workdir(path)
-  kind = workdir.kind
-  if kind in ('pretraining', 'finetuning') or os.path.isdir(workdir.checkpoints):
+  workdir, kind = Workdir(path), found.kind
+  if kind in ('pretraining', 'merge', 'finetuning') or os.path.isdir(workdir.checkpoints):
     saved = workdir.config()  # an HF directory's config.json is not ours
     if kind == 'finetuning' and saved is not None and 'finetune' in saved:
       model = ModelConfig.from_saved(saved['finetune']['model'])
@@ -300,7 +300,7 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
   """
   if not os.path.isdir(path):
     raise CheckpointError(f'checkpoint directory {path} does not exist')
-  if Workdir(path).kind == 'finetuning':
+  if inspect(path).kind == 'finetuning':
     raise CheckpointError(f'{path} is a fine-tuning workdir: its encoder was fine-tuned with a task head and has no '
                           'masked-LM head; use experiments/predict.py on it, or give a pretraining workdir or a '
                           'Hugging Face BertForMaskedLM / BertForPreTraining directory')
@@ -313,6 +313,6 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
 def load_encoder(path: str, step: int | None = None) -> PretrainedBert:
   """Any checkpoint's encoder for the tools that need no head (embeddings, attention maps): an HF
   directory, a pretraining workdir, or a fine-tuning workdir (its first seed's fine-tuned encoder)."""
-  if Workdir(path).kind == 'finetuning':
+  if inspect(path).kind == 'finetuning':
     return load_finetuned(path, step=step).as_pretrained()
   return load_pretrained(path, step)

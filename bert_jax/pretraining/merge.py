@@ -39,7 +39,7 @@ from bert_jax.interop.pretrained import describe
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import (CHECKPOINTS_DIR, CONFIG_FILE, LOCK_FILE, MERGE_FILE, Workdir, check_outside,
-                                   checkpoint_dir)
+                                   checkpoint_dir, inspect)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,10 +120,9 @@ def _latest(path: str) -> int | None:
 
 def _pretraining(path: str) -> dict[str, Any]:
   """A pretraining workdir's config.json; CheckpointError for anything else."""
-  kind = Workdir(path).kind if os.path.isdir(path) else None
-  if kind in ('finetuning', 'export'):
-    what = 'a fine-tuning workdir' if kind == 'finetuning' else 'a Hugging Face directory'
-    raise CheckpointError(f'{path} is {what}: merge.py merges bert_jax pretraining checkpoints')
+  found = inspect(path)
+  if found.kind in ('finetuning', 'export'):
+    raise CheckpointError(f'{path} is {found.describe()}: merge.py merges bert_jax pretraining checkpoints')
   source = describe(path, 'merge source')
   if source.kind != 'pretraining':
     raise CheckpointError(f'{path} is a Hugging Face directory: merge.py merges bert_jax pretraining checkpoints')

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax import distributed, files, sharding as shd
+from bert_jax import distributed, sharding as shd
 from bert_jax.config import ModelConfig, PretrainConfig, architecture_diffs, facts, upgrade_saved
 from bert_jax.data import loader as input_pipeline, mixture, prepare as pretraining_data, tokenization
 from bert_jax.data.mixture import Mixture
@@ -34,7 +34,7 @@ from bert_jax.pretraining import init
 from bert_jax.pretraining.objective import Pretraining
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer
-from bert_jax.runs.workdir import CONFIG_FILE, MERGE_FILE, Workdir, checkpoint_dir
+from bert_jax.runs.workdir import CONFIG_FILE, Workdir, checkpoint_dir, inspect
 from bert_jax.train import optim, run as scaffold
 from bert_jax.train.loop import Report
 from bert_jax.train.step import StepModel
@@ -80,10 +80,7 @@ def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, 
 
 
 def check_workdir(workdir: Workdir, cfg: PretrainConfig) -> None:
-  """Refuses a workdir whose checkpoints belong to a different architecture, or that is a merge."""
-  if files.exists(workdir.file(MERGE_FILE)):
-    raise ConfigError(f'{workdir.path} is a merge of checkpoints ({MERGE_FILE}: parameters only, no optimizer '
-                      f'state); continue from it with --config.init_checkpoint={workdir.path} and a new --workdir')
+  """Refuses a workdir whose checkpoints belong to a different architecture (a merge: `workdir.check_kind`)."""
   saved = workdir.config()
   if saved is None:
     return
@@ -271,13 +268,14 @@ class PretrainingJob:
     """Refuses a branch_from that is no pretraining workdir, lacks the step, or is at or past this run's end
     (reading its meta only: before anything is written)."""
     cfg = self.cfg
-    if not files.isdir(cfg.branch_from):  # a typo'd path is no workdir of another kind
-      state = 'is a file' if files.exists(cfg.branch_from) else 'does not exist'
+    found = inspect(cfg.branch_from)
+    if not found.is_dir:  # a typo'd path is no workdir of another kind
+      state = 'is a file' if found.exists else 'does not exist'
       raise ConfigError(f'branch_from {cfg.branch_from} {state}: give the workdir of the pretraining run to branch '
                         'from')
-    if Workdir(cfg.branch_from).kind != 'pretraining':
+    if found.kind not in ('pretraining', 'merge'):
       raise ConfigError(f'branch_from {cfg.branch_from} is not a pretraining workdir')
-    if files.exists(os.path.join(cfg.branch_from, MERGE_FILE)):
+    if found.kind == 'merge':
       raise ConfigError(f'branch_from {cfg.branch_from} is a merge (parameters only, no optimizer state): start '
                         f'from it with --config.init_checkpoint={cfg.branch_from}')
     ckpt = Checkpointer(cfg.branch_from, read_only=True)
@@ -403,10 +401,10 @@ EVALUATION_FIELDS = facts(PretrainConfig, 'evaluation')
 def _workdir_model(workdir: str, overrides: dict[str, Any] | None = None) -> tuple[PretrainConfig, StepModel]:
   """A pretraining workdir's config (its config.json, with `overrides` of EVALUATION_FIELDS) and the model it
   describes."""
-  wd = Workdir(workdir)
-  if wd.kind not in (None, 'pretraining'):
-    hint = ' (evaluate it with experiments/evaluate.py, which reads either kind)' if wd.kind == 'finetuning' else ''
-    raise CheckpointError(f'{workdir} is a {wd.kind} directory, not a pretraining workdir{hint}')
+  wd, kind = Workdir(workdir), inspect(workdir).kind
+  if kind not in (None, 'pretraining', 'merge'):
+    hint = ' (evaluate it with experiments/evaluate.py, which reads either kind)' if kind == 'finetuning' else ''
+    raise CheckpointError(f'{workdir} is a {kind} directory, not a pretraining workdir{hint}')
   saved = wd.config()  # the held-out data is the cache's: no tokenizer is read
   if saved is None:
     raise CheckpointError(f'{wd.file(CONFIG_FILE)} is missing: not a pretraining workdir (run experiments/pretrain.py '

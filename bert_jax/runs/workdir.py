@@ -9,7 +9,8 @@ A workdir (pretraining or fine-tuning) holds
   seed_<n>/            a fine-tuning seed's checkpoints/, metrics and predictions
   final_metrics.json   the results, written last (atomically)
   metrics_{train,eval}.jsonl, tb/, curves.png   (per seed in seed_<n>/ for fine-tuning)
-`Workdir` is the only code that knows these names.
+`Workdir` is the only code that knows these names, and `inspect(path)` the only code that reads a directory to say
+what it is (a `Found`: its kind, and the config.json it holds); every loader and entry point starts from it.
 
 Every entry point that writes a workdir calls `claim(path, kind)` before writing anything:
 it refuses a path that is a file, unwritable, or a workdir of another kind (pretraining,
@@ -22,6 +23,7 @@ only process 0 holds the lock (the workdir is on a shared filesystem).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -43,8 +45,103 @@ CHECKPOINTS_DIR = 'checkpoints'
 MERGE_FILE = 'merge.json'  # a merge of checkpoints (pretraining.merge): parameters only, never trained in
 # A workdir's tokenizer: SentencePiece, or WordPiece (tokenizer.json with vocab.txt beside it).
 TOKENIZER_FILES = ('tokenizer.model', 'tokenizer.json')
-KINDS = ('pretraining', 'finetuning', 'export')
+KINDS = ('pretraining', 'finetuning', 'export')  # what a run writes (`claim`)
+# What a directory can be, as `inspect` answers it, and how messages name each.
+KIND_NAMES = {'pretraining': 'a pretraining workdir', 'merge': 'a merge of checkpoints',
+              'finetuning': 'a fine-tuning workdir', 'export': 'a Hugging Face directory'}
 _SEED_DIR = re.compile(r'seed_(\d+)')
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+  """What a path is, read once by `inspect`.
+
+  Attributes:
+    path: the path as given.
+    kind: 'pretraining', 'merge' (a pretraining workdir holding a merge of checkpoints: parameters only),
+      'finetuning', 'export' (a Hugging Face directory: bert_jax's export or anyone's checkpoint) or None (absent,
+      a file, empty or unknown).
+    exists, is_dir: what the filesystem says.
+    saved: its config.json as a JSON object (as written: `Workdir.config` upgrades a workdir's), else None.
+  """
+
+  path: str
+  kind: str | None
+  exists: bool = False
+  is_dir: bool = False
+  saved: dict[str, Any] | None = None
+
+  @property
+  def trained(self) -> bool:
+    """A bert_jax pretraining workdir, a merge among them."""
+    return self.kind in ('pretraining', 'merge')
+
+  def describe(self) -> str:
+    """'a fine-tuning workdir', 'a file', 'absent', ...: how a message names it."""
+    if not self.exists:
+      return 'absent'
+    if not self.is_dir:
+      return 'a file'
+    return KIND_NAMES.get(self.kind, 'a directory of no known kind')
+
+  def require(self, *kinds: str | None, what: str = 'checkpoint', hint: str = '') -> Found:
+    """Itself when its kind is one of `kinds` (None: a new or empty directory, or none yet); else a ConfigError
+    in one wording: '{what} {path} is {its kind}, not {the kinds asked}[; hint]'."""
+    if self.kind in kinds and (self.is_dir or None in kinds):
+      return self
+    wanted = ' or '.join(KIND_NAMES.get(k, 'a new or empty directory') for k in kinds)
+    raise ConfigError(f'{what} {self.path} is {self.describe()}, not {wanted}' + (f'; {hint}' if hint else ''))
+
+
+def inspect(path: str) -> Found:
+  """Reads `path` once and says what it is (`Found`). Decided by its config.json when it has a readable one (a
+  fine-tuning config, a Hugging Face config, a pretraining config), else by what it holds (seed_<n>/,
+  checkpoints/, *.safetensors); a merge is a pretraining workdir with merge.json."""
+  if not files.exists(path):
+    return Found(path, None)
+  if not files.isdir(path):
+    return Found(path, None, exists=True)
+  names = set(files.listdir(path))
+  saved = _read_config(os.path.join(path, CONFIG_FILE)) if CONFIG_FILE in names else None
+  kind = None
+  if saved is not None:
+    if 'finetune' in saved:
+      kind = 'finetuning'
+    elif 'model_type' in saved or 'architectures' in saved:
+      kind = 'export'
+    elif {'model', 'data', 'optim'} <= set(saved):
+      kind = 'pretraining'
+  if kind is None:
+    if any(_SEED_DIR.fullmatch(n) for n in names):
+      kind = 'finetuning'
+    elif CHECKPOINTS_DIR in names:
+      kind = 'pretraining'
+    elif any(n.endswith('.safetensors') for n in names):
+      kind = 'export'
+  if kind == 'pretraining' and MERGE_FILE in names:
+    kind = 'merge'
+  return Found(path, kind, exists=True, is_dir=True, saved=saved)
+
+
+def _read_config(path: str, strict: bool = False) -> dict[str, Any] | None:
+  """config.json as a JSON object; None when absent or (unless `strict`: CheckpointError) unreadable."""
+  if not files.isfile(path):
+    return None
+  check_regular(path, 'workdir config')
+  try:
+    with files.open_file(path, encoding='utf-8') as f:
+      saved = json.load(f)
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    if not strict:
+      return None
+    first = (str(e).strip().splitlines() or [''])[0][:200]
+    raise CheckpointError(f'{path} is unreadable ({type(e).__name__}: {first}); restore it from '
+                          'config_history.jsonl or the checkpoints\' meta, or use a new workdir') from None
+  if not isinstance(saved, dict):
+    if strict:
+      raise CheckpointError(f'{path} is not a JSON object')
+    return None
+  return saved
 
 
 class Workdir:
@@ -61,8 +158,8 @@ class Workdir:
 
   @property
   def kind(self) -> str | None:
-    """'pretraining', 'finetuning', 'export' (a Hugging Face directory) or None (new, empty or unknown)."""
-    return kind_of(self.path)
+    """`inspect(path).kind`: 'pretraining', 'merge', 'finetuning', 'export' or None (new, empty or unknown)."""
+    return inspect(self.path).kind
 
   def file(self, name: str) -> str:
     return os.path.join(self.path, name)
@@ -83,20 +180,8 @@ class Workdir:
 
   def config(self) -> dict[str, Any] | None:
     """config.json in today's field names (`config.upgrade_saved`), None when absent."""
-    path = self.file(CONFIG_FILE)
-    if not files.exists(path):
-      return None
-    check_regular(path, 'workdir config')
-    try:
-      with files.open_file(path, encoding='utf-8') as f:
-        saved = json.load(f)
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-      first = (str(e).strip().splitlines() or [''])[0][:200]
-      raise CheckpointError(f'{path} is unreadable ({type(e).__name__}: {first}); restore it from '
-                            'config_history.jsonl or the checkpoints\' meta, or use a new workdir') from None
-    if not isinstance(saved, dict):
-      raise CheckpointError(f'{path} is not a JSON object')
-    return upgrade_saved(saved)
+    saved = _read_config(self.file(CONFIG_FILE), strict=True)
+    return None if saved is None else upgrade_saved(saved)
 
   def write_config(self, config: dict[str, Any]) -> None:
     """Writes config.json atomically, keeping a different earlier one in config_history.jsonl."""
@@ -132,41 +217,17 @@ def checkpoint_dir(run_dir: str) -> str:
   return os.path.join(run_dir if '://' in run_dir else os.path.abspath(run_dir), CHECKPOINTS_DIR)
 
 
-def kind_of(path: str) -> str | None:
-  """'pretraining', 'finetuning', 'export' (a Hugging Face directory) or None (new, empty, or unknown)."""
-  config = os.path.join(path, CONFIG_FILE)
-  if files.isfile(config):
-    try:
-      with files.open_file(config, encoding='utf-8') as f:
-        saved = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-      saved = None
-    if isinstance(saved, dict):
-      if 'finetune' in saved:
-        return 'finetuning'
-      if 'model_type' in saved or 'architectures' in saved:
-        return 'export'
-      if {'model', 'data', 'optim'} <= set(saved):
-        return 'pretraining'
-  if not files.isdir(path):
-    return None
-  names = files.listdir(path)
-  if any(_SEED_DIR.fullmatch(n) for n in names):
-    return 'finetuning'
-  if CHECKPOINTS_DIR in names:
-    return 'pretraining'
-  if any(n.endswith('.safetensors') for n in names):
-    return 'export'
-  return None
-
-
 def check_kind(path: str, kind: str, what: str = 'workdir') -> None:
-  """ConfigError unless `path` can hold a `kind` workdir: absent, a directory of that kind or of none."""
-  if files.exists(path) and not files.isdir(path):
+  """ConfigError unless `path` can hold a `kind` workdir: absent, a directory of that kind or of none. A merge is
+  never trained in: it is refused for every kind of run, with the way to continue from it."""
+  found = inspect(path)
+  if found.exists and not found.is_dir:
     raise ConfigError(f'{what} {path} is a file, not a directory')
-  found = kind_of(path)
-  if found is not None and found != kind:
-    raise ConfigError(f'{what} {path} is a {found} directory, not a {kind} one; nothing was written there. '
+  if found.kind == 'merge' and kind == 'pretraining':
+    raise ConfigError(f'{path} is a merge of checkpoints ({MERGE_FILE}: parameters only, no optimizer '
+                      f'state); continue from it with --config.init_checkpoint={path} and a new --workdir')
+  if found.kind is not None and found.kind != kind:
+    raise ConfigError(f'{what} {path} is a {found.kind} directory, not a {kind} one; nothing was written there. '
                       f'Use a new or empty directory')
 
 
@@ -231,11 +292,7 @@ def write_config(path: str, config: dict[str, Any]) -> None:
   """Writes `path/config.json`; an earlier, different config is appended to config_history.jsonl first."""
   target = os.path.join(path, CONFIG_FILE)
   if files.isfile(target):
-    try:
-      with files.open_file(target, encoding='utf-8') as f:
-        old = json.load(f)
-    except (OSError, ValueError):
-      old = None
+    old = _read_config(target)
     if old == json.loads(json.dumps(config)):
       return
     if old is not None:

@@ -10,7 +10,8 @@ import pytest
 
 from bert_jax.config import FinetuneConfig, PretrainConfig
 from bert_jax.runs import checkpoints
-from bert_jax.runs.workdir import Workdir
+from bert_jax.errors import ConfigError
+from bert_jax.runs.workdir import Workdir, inspect
 
 from helpers import FIXTURES
 
@@ -30,6 +31,45 @@ def test_layout_and_kind(tmp_path):
   os.makedirs(pre.path)
   pre.write_config(PretrainConfig().to_dict())
   assert pre.kind == 'pretraining' and PretrainConfig.from_dict(pre.config()) == PretrainConfig()
+
+
+def test_inspect_says_what_a_path_is_once_and_refuses_in_one_wording(tmp_path):
+  def made(name, *entries, config=None):
+    path = tmp_path / name
+    path.mkdir()
+    for entry in entries:
+      (path / entry).mkdir() if '.' not in entry else (path / entry).write_text('{}')
+    if config is not None:
+      (path / 'config.json').write_text(json.dumps(config))
+    return str(path)
+  (tmp_path / 'a_file').write_text('x')
+  cases = {
+      str(tmp_path / 'absent'): (None, False, False), str(tmp_path / 'a_file'): (None, True, False),
+      made('empty'): (None, True, True), made('unknown', 'notes.txt'): (None, True, True),
+      made('pre', 'checkpoints', config=PretrainConfig().to_dict()): ('pretraining', True, True),
+      made('killed_before_config', 'checkpoints'): ('pretraining', True, True),
+      made('merged', 'checkpoints', 'merge.json', config=PretrainConfig().to_dict()): ('merge', True, True),
+      made('tuned', 'seed_0', config={'finetune': {}, 'task': {}}): ('finetuning', True, True),
+      made('seeds_only', 'seed_3'): ('finetuning', True, True),
+      made('hf', 'model.safetensors', config={'model_type': 'bert'}): ('export', True, True),
+      made('bad_json', 'checkpoints'): ('pretraining', True, True),
+  }
+  (tmp_path / 'bad_json' / 'config.json').write_text('{not json')  # unreadable: decided by what it holds
+  for path, (kind, exists, is_dir) in cases.items():
+    found = inspect(path)
+    assert (found.kind, found.exists, found.is_dir) == (kind, exists, is_dir), path
+    assert Workdir(path).kind == kind
+  assert inspect(str(tmp_path / 'pre')).saved == PretrainConfig().to_dict()
+  assert inspect(str(tmp_path / 'merged')).trained and not inspect(str(tmp_path / 'tuned')).trained
+  assert inspect(str(tmp_path / 'tuned')).require('finetuning').kind == 'finetuning'
+  assert inspect(str(tmp_path / 'absent')).require(None, 'pretraining').kind is None
+  with pytest.raises(ConfigError, match=r'^merge source .*/hf is a Hugging Face directory, not a pretraining '
+                     r'workdir or a merge of checkpoints; give a run$'):
+    inspect(str(tmp_path / 'hf')).require('pretraining', 'merge', what='merge source', hint='give a run')
+  with pytest.raises(ConfigError, match=r'/a_file is a file, not a fine-tuning workdir$'):
+    inspect(str(tmp_path / 'a_file')).require('finetuning')
+  with pytest.raises(ConfigError, match=r'/empty is a directory of no known kind, not a pretraining workdir$'):
+    inspect(str(tmp_path / 'empty')).require('pretraining')
 
 
 def test_configs_of_earlier_versions_load_as_the_new_schema():
