@@ -250,7 +250,7 @@ class DataConfig:
   # probability `eval_fraction`.
   eval_files: str = _f('', path=True)
   eval_fraction: float = 0.05
-  # Corpus format (readers.FORMATS): 'auto' detects wikiextractor, jsonl, wikitext or plain per file.
+  # Corpus format (corpus_formats.FORMATS): 'auto' detects wikiextractor, jsonl, wikitext or plain per file.
   format: str = 'auto'
   text_field: str = 'text'  # jsonl: the field that holds a document's text
   # Plain/jsonl text wrapped at a fixed width: a paragraph is the lines up to a blank line (and

@@ -24,7 +24,7 @@ import shutil
 from absl import flags
 
 from bert_jax.config import DataConfig
-from bert_jax.data import readers
+from bert_jax.data import corpus_files
 from bert_jax.errors import BertJaxError, ConfigError
 
 import cli
@@ -84,7 +84,7 @@ def main(_):
   print(f'machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; python '
         f'{platform.python_version()}')
   if _SPM_ONLY.value:
-    sentences, real = bm.tokenizer_sample(readers.resolve_files(_CORPUS.value), _SPM_ONLY.value)
+    sentences, real = bm.tokenizer_sample(corpus_files.resolve_files(_CORPUS.value), _SPM_ONLY.value)
     seconds = bm.time_tokenizer_training(sentences, _VOCAB.value, _SCRATCH.value)
     print(f'SentencePiece training: {len(sentences):,} sentences ({real:,} distinct corpus sentences, the rest '
           f'word-order variants), {_VOCAB.value:,} pieces: {seconds:.1f} s')
@@ -97,7 +97,7 @@ def main(_):
     caches = {int(json.load(open(os.path.join(_LOADER_ONLY.value, 'meta.json')))['data_config']['max_seq_length']):
               _LOADER_ONLY.value}
   else:
-    files = readers.resolve_files(_CORPUS.value)
+    files = corpus_files.resolve_files(_CORPUS.value)
     if _SYNTH.value:
       files = bm.synthesize_corpus(files, os.path.join(_SCRATCH.value, f'corpus_{_SYNTH.value:g}mb'), _SYNTH.value)
     rows = []
@@ -139,7 +139,7 @@ def run_shapes(seq_lens: list[int]) -> dict[int, str]:
     if shape not in bm.SHAPES:
       raise BertJaxError(f'unknown corpus shape {shape!r} in --shapes; expected some of {", ".join(bm.SHAPES)}')
   # Only the enwiki copies and their jsonl need --corpus.
-  source = readers.resolve_files(_CORPUS.value) if set(_SHAPES.value) - {'docs'} else []
+  source = corpus_files.resolve_files(_CORPUS.value) if set(_SHAPES.value) - {'docs'} else []
   files = {shape: bm.shape_corpus(shape, source, os.path.join(_SCRATCH.value, 'corpora'), _SHAPE_MB.value)
            for shape in _SHAPES.value}
   if _TOKENIZER.value:

@@ -399,10 +399,10 @@ def test_a_run_resumes_after_its_corpus_and_cache_move_and_old_fingerprints_are_
   out = capsys.readouterr().out
   assert 'prepared data: reusing' in out and 'at step 4 ' in out, out
   # A run of an earlier version: its checkpoints name the data by the path-keyed fingerprint; same files, resumed.
-  from bert_jax.data import prepare  # pylint: disable=g-import-not-at-top
-  fingerprints = prepare._fingerprints  # pylint: disable=protected-access
+  from bert_jax.data import cache_identity  # pylint: disable=g-import-not-at-top
+  fingerprints = cache_identity.fingerprints
   with monkeypatch.context() as m:
-    m.setattr(prepare, '_fingerprints', lambda *a: (fingerprints(*a)[1],) * 2)
+    m.setattr(cache_identity, 'fingerprints', lambda *a: (fingerprints(*a)[1],) * 2)
     pretraining.train_and_evaluate(dataclasses.replace(moved, num_train_steps=4), str(tmp_path / 'earlier'))
   assert pretraining.train_and_evaluate(moved, str(tmp_path / 'earlier'))['step'] == 6
   assert 'at step 4 ' in capsys.readouterr().out
@@ -474,7 +474,7 @@ def test_pipes_and_devices_are_refused_before_any_read(trained, tiny_checkpoint,
   if threading.current_thread() is not threading.main_thread():
     pytest.skip('the timeout needs the main thread')
   from bert_jax import inference  # pylint: disable=g-import-not-at-top
-  from bert_jax.data import readers, records, tokenization  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import corpus_files, records, tokenization  # pylint: disable=g-import-not-at-top
   from bert_jax.interop import pretrained
   cfg, workdir = trained
   fifo = str(tmp_path / 'fifo')
@@ -492,10 +492,10 @@ def test_pipes_and_devices_are_refused_before_any_read(trained, tiny_checkpoint,
   data_dir = glob.glob(os.path.join(cache, '*', 'meta.json'))[0][:-len('/meta.json')]
   os.remove(os.path.join(data_dir, 'train.index.npy'))
   os.mkfifo(os.path.join(data_dir, 'train.index.npy'))
-  cases = [(lambda: readers.resolve_files(fifo), 'is a FIFO (named pipe), not a regular file'),
-           (lambda: readers.resolve_files('/dev/zero'), 'is a character device'),
-           (lambda: readers.resolve_files(str(corpus)), 'pipe.txt is a FIFO'),
-           (lambda: readers.resolve_files(str(corpus / '*.txt')), 'pipe.txt is a FIFO'),
+  cases = [(lambda: corpus_files.resolve_files(fifo), 'is a FIFO (named pipe), not a regular file'),
+           (lambda: corpus_files.resolve_files('/dev/zero'), 'is a character device'),
+           (lambda: corpus_files.resolve_files(str(corpus)), 'pipe.txt is a FIFO'),
+           (lambda: corpus_files.resolve_files(str(corpus / '*.txt')), 'pipe.txt is a FIFO'),
            (lambda: tokenization.load_tokenizer(fifo), 'tokenizer'),
            (lambda: inference.read_texts(fifo), 'input file'),
            (lambda: inference.read_texts('/dev/zero'), 'is a character device'),

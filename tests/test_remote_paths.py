@@ -16,7 +16,7 @@ import types
 import pytest
 
 from bert_jax import files
-from bert_jax.data import readers
+from bert_jax.data import corpus_files
 from bert_jax.errors import ConfigError
 from bert_jax.runs.checkpoints import Checkpointer
 
@@ -40,7 +40,7 @@ def test_a_remote_path_without_its_package_is_one_line(missing):
   with pytest.raises(ConfigError, match='gcsfs'):  # the library's own entry points check too
     Checkpointer('gs://b/run', read_only=True)
   with pytest.raises(ConfigError, match='s3fs'):
-    readers.resolve_files('s3://b/corpus.txt')
+    corpus_files.resolve_files('s3://b/corpus.txt')
 
 
 def test_with_the_package_installed_the_check_passes(monkeypatch):

@@ -121,13 +121,13 @@ _DOC_ID = re.compile(r'<doc id="(\d+)"')
 
 
 def _write_changed(text: str, path: str, copy: int, rng: random.Random) -> None:
-  from bert_jax.data import readers  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import sentence_split  # pylint: disable=g-import-not-at-top
   out = []
   for line in text.split('\n'):
     if line.startswith('<doc '):
       line = _DOC_ID.sub(lambda m: f'<doc id="{copy}{m.group(1)}"', line)
     elif line and not line.startswith('</doc>'):
-      sentences = readers.split_sentences(line)
+      sentences = sentence_split.split_sentences(line)
       rng.shuffle(sentences)
       line = ' '.join(sentences)
     out.append(line)
@@ -221,7 +221,7 @@ def docs_corpus(out_dir: str, target_mb: float, seed: int = 0, log: Callable[[st
   Returns:
     The written files, about 8 MB each (reused when they already exist).
   """
-  from bert_jax.data import readers  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import sentence_split  # pylint: disable=g-import-not-at-top
   os.makedirs(out_dir, exist_ok=True)
   target = int(target_mb * 1e6)
   written, total, pages = [], 0, None
@@ -241,7 +241,7 @@ def docs_corpus(out_dir: str, target_mb: float, seed: int = 0, log: Callable[[st
           lines[0] = f'{lines[0]} [{len(written)}.{len(out)}]'
           for j, line in enumerate(lines):
             if '. ' in line and not line.startswith(' '):
-              sentences = readers.split_sentences(line)
+              sentences = sentence_split.split_sentences(line)
               rng.shuffle(sentences)
               lines[j] = ' '.join(sentences)
           out.append('\n'.join(lines))
@@ -301,11 +301,11 @@ def given_tokenizer(files_by_shape: dict[str, list[str]], vocab_size: int, out_d
   path = os.path.join(out_dir, f'tokenizer_{"_".join(sorted(files_by_shape))}_{vocab_size}.model')
   if os.path.exists(path):
     return path
-  from bert_jax.data import readers  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import corpus_formats, corpus_pieces, readers  # pylint: disable=g-import-not-at-top
   sentences = []
   for files in files_by_shape.values():
-    opts = readers.ReaderOptions()
-    pieces = [p for unit in readers.plan_units(files, opts, 16 << 20) for p in unit]
+    opts = corpus_formats.ReaderOptions()
+    pieces = [p for unit in corpus_pieces.plan_units(files, opts, 16 << 20) for p in unit]
     before = len(sentences)
     for doc in readers.read_documents(pieces, opts):
       sentences.extend(doc)
@@ -350,10 +350,10 @@ def tokenizer_sample(files: list[str], num: int, seed: int = 0) -> tuple[list[st
   variants of them with their words in a seeded random order: new sentences, but no new
   words, so the trainer's per-word work grows less than with as many real sentences.
   """
-  from bert_jax.data import readers  # pylint: disable=g-import-not-at-top
-  opts = readers.ReaderOptions()
+  from bert_jax.data import corpus_formats, corpus_pieces, readers  # pylint: disable=g-import-not-at-top
+  opts = corpus_formats.ReaderOptions()
   seen: dict[str, None] = {}
-  pieces = [p for unit in readers.plan_units(files, opts, 16 << 20) for p in unit]
+  pieces = [p for unit in corpus_pieces.plan_units(files, opts, 16 << 20) for p in unit]
   for doc in readers.read_documents(pieces, opts):
     for sentence in doc:
       seen.setdefault(sentence)

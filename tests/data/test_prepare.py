@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from bert_jax.config import DataConfig
-from bert_jax.data import loader as ip, prepare, readers, tokenization
+from bert_jax.data import cache_identity, corpus_files, loader as ip, prepare, readers, tokenization, work_units
 from bert_jax.data.tokenization import CLS_ID, SEP_ID, SentencePieceTokenizer
 from bert_jax.errors import ConfigError, DataError
 
@@ -295,7 +295,7 @@ def test_wordpiece_corpus_has_the_checkpoint_tokenizers_ids(tmp_path, wordpiece)
   assert os.path.exists(os.path.join(data.dir, 'tokenizer.json'))
   assert (data.special_ids.cls, data.special_ids.sep, data.special_ids.mask) == (101, 102, 103)
   # Every segment is a contiguous run of some document's ids, as the HF tokenizer encodes its sentences.
-  docs = readers.read_all(readers.resolve_files(cfg.train_files))
+  docs = readers.read_all(corpus_files.resolve_files(cfg.train_files))
   streams = [' ' + ' '.join(str(i) for s in d for i in wordpiece.encode(s)) + ' ' for d in docs]
   dataset = ip.PretrainingDataset(data, 'train')
   for i in range(0, len(dataset), max(1, len(dataset) // 40)):
@@ -381,10 +381,10 @@ def test_invalid_utf8_in_the_corpus_is_one_warning_line(tmp_path, capsys):
 def test_streaming_hold_out_is_deterministic_and_disjoint(tmp_path):
   cfg = _bundled_cfg(tmp_path)
   data = prepare.prepare_pretraining_data(cfg, vocab_size=2000, seed=0, log=lambda _: None)
-  docs = readers.read_all(readers.resolve_files(BUNDLED))
-  held = [prepare._is_held_out(d, 0, cfg.eval_fraction) for d in docs]
-  assert held == [prepare._is_held_out(d, 0, cfg.eval_fraction) for d in docs]
-  assert held != [prepare._is_held_out(d, 1, cfg.eval_fraction) for d in docs]  # the seed picks others
+  docs = readers.read_all(corpus_files.resolve_files(BUNDLED))
+  held = [work_units._is_held_out(d, 0, cfg.eval_fraction) for d in docs]
+  assert held == [work_units._is_held_out(d, 0, cfg.eval_fraction) for d in docs]
+  assert held != [work_units._is_held_out(d, 1, cfg.eval_fraction) for d in docs]  # the seed picks others
   assert sum(held) == data.stats['eval_documents'] >= 2
   tok = tokenization.load_tokenizer(data.tokenizer_path)
   streams = {True: [], False: []}
@@ -473,7 +473,7 @@ def test_damaged_cache_is_one_line_that_says_how_to_rebuild(prepared, tmp_path, 
 @pytest.mark.e2e
 def test_a_second_preparation_of_the_same_cache_waits_and_reuses_it(tmp_path):
   cfg = _bundled_cfg(tmp_path / 'cache', num_workers=1)
-  fingerprint, _ = prepare._fingerprints(cfg, readers.resolve_files(cfg.train_files), [], None, 2000, 0)
+  fingerprint, _ = cache_identity.fingerprints(cfg, corpus_files.resolve_files(cfg.train_files), [], None, 2000, 0)
   final = os.path.join(cfg.cache_dir, fingerprint)
   os.makedirs(cfg.cache_dir)
   holder = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])

@@ -1,5 +1,6 @@
-"""Tests for bert_jax.data.readers: formats, compression, pieces and units, sentence splitting,
-file resolution and bad input."""
+"""Tests for reading corpora (bert_jax.data.readers and the corpus_files, corpus_formats, corpus_pieces and
+sentence_split modules it reads with): formats, compression, pieces and units, sentence splitting, file resolution
+and bad input."""
 
 import bz2
 import gzip
@@ -12,7 +13,7 @@ import shutil
 
 import pytest
 
-from bert_jax.data import readers
+from bert_jax.data import corpus_files, corpus_formats, corpus_pieces, readers, sentence_split
 from bert_jax.errors import ConfigError, DataError
 
 from helpers import REPO
@@ -24,7 +25,7 @@ needs_enwiki = pytest.mark.skipif(
     not os.path.exists(ENWIKI_00),
     reason='shared/data/enwiki-2015/wiki_00 is not staged next to this checkout')
 
-HARD_WRAPPED = readers.ReaderOptions(hard_wrapped=True)
+HARD_WRAPPED = corpus_formats.ReaderOptions(hard_wrapped=True)
 COMPRESS = {'gzip': gzip.compress, 'bz2': bz2.compress, 'xz': lzma.compress}
 
 
@@ -39,7 +40,7 @@ def _head(path, num_lines):
     return ''.join(next(f) for _ in range(num_lines))
 
 
-def _read(paths, opts=readers.ReaderOptions()):
+def _read(paths, opts=corpus_formats.ReaderOptions()):
   stats = {}
   docs = readers.read_all(paths, opts, stats)
   return docs, stats
@@ -90,11 +91,11 @@ def _jsonl_text(n=40, field='text'):
 
 
 SYNTHETIC = {
-    'wikiextractor': (_wikiextractor_text, readers.ReaderOptions()),
-    'wikitext': (_wikitext_text, readers.ReaderOptions()),
-    'plain': (_plain_text, readers.ReaderOptions()),
+    'wikiextractor': (_wikiextractor_text, corpus_formats.ReaderOptions()),
+    'wikitext': (_wikitext_text, corpus_formats.ReaderOptions()),
+    'plain': (_plain_text, corpus_formats.ReaderOptions()),
     'plain-wrapped': (_wrapped_text, HARD_WRAPPED),
-    'jsonl': (_jsonl_text, readers.ReaderOptions()),
+    'jsonl': (_jsonl_text, corpus_formats.ReaderOptions()),
     'jsonl-wrapped': (_jsonl_text, HARD_WRAPPED),
 }
 
@@ -182,13 +183,13 @@ def test_jsonl_custom_field(tmp_path):
   lines = [{'id': 1, 'body': 'One doc. Two sentences.\nSecond line here.'},
            {'id': 2, 'body': 'Hard wrapped\nparagraph. Here.\n\nNext paragraph.', 'text': 7}]
   path = _write(tmp_path / 'c.jsonl', json.dumps(lines[0]) + '\n\n' + json.dumps(lines[1]) + '\n')
-  opts = readers.ReaderOptions(text_field='body')
-  assert readers.detect_format(path, opts) == ('jsonl', '')
+  opts = corpus_formats.ReaderOptions(text_field='body')
+  assert corpus_formats.detect_format(path, opts) == ('jsonl', '')
   docs, stats = _read([path], opts)
   assert stats['formats'] == {'jsonl': 1} and stats['documents'] == 2
   assert docs == [['One doc.', 'Two sentences.', 'Second line here.'],
                   ['Hard wrapped', 'paragraph.', 'Here.', 'Next paragraph.']]
-  docs, _ = _read([path], readers.ReaderOptions(text_field='body', hard_wrapped=True))
+  docs, _ = _read([path], corpus_formats.ReaderOptions(text_field='body', hard_wrapped=True))
   assert docs[1] == ['Hard wrapped paragraph.', 'Here.', 'Next paragraph.']
 
 
@@ -205,9 +206,9 @@ def test_jsonl_custom_field(tmp_path):
 ])
 def test_detect_format(tmp_path, name, text, expected):
   path = _write(tmp_path / name, text)
-  assert readers.detect_format(path, readers.ReaderOptions()) == (expected, '')
+  assert corpus_formats.detect_format(path, corpus_formats.ReaderOptions()) == (expected, '')
   # An explicit format is taken as given.
-  assert readers.detect_format(path, readers.ReaderOptions(format='wikitext')) == ('wikitext', '')
+  assert corpus_formats.detect_format(path, corpus_formats.ReaderOptions(format='wikitext')) == ('wikitext', '')
 
 
 def test_byte_order_mark_is_not_text(tmp_path):
@@ -224,9 +225,9 @@ def test_compressed_files_read_like_uncompressed(tmp_path, kind, compression):
   # Named .txt: compression is recognised by magic bytes, not by the name.
   packed = _write(tmp_path / 'packed.txt', COMPRESS[compression](raw), 'wb')
   fmt = kind.split('-')[0]
-  assert readers.detect_format(packed, opts) == (fmt, compression)
-  units = readers.plan_units([packed], opts, unit_bytes=100)
-  assert units == [[readers.Piece(packed, 0, -1, fmt, compression)]]
+  assert corpus_formats.detect_format(packed, opts) == (fmt, compression)
+  units = corpus_pieces.plan_units([packed], opts, unit_bytes=100)
+  assert units == [[corpus_pieces.Piece(packed, 0, -1, fmt, compression)]]
   stats = {}
   docs = list(readers.read_documents(units[0], opts, stats))
   assert docs == _read([plain], opts)[0] and len(docs) == 40
@@ -237,21 +238,21 @@ def test_read_in_small_chunks(tmp_path, monkeypatch):
   """Pieces are parsed a few MiB at a time; tiny chunks must give the same documents."""
   paths = {kind: _write(tmp_path / kind, make()) for kind, (make, _) in SYNTHETIC.items()}
   expected = {kind: _read([paths[kind]], opts)[0] for kind, (_, opts) in SYNTHETIC.items()}
-  monkeypatch.setattr(readers, '_READ_BYTES', 7)
+  monkeypatch.setattr(corpus_files, 'READ_BYTES', 7)
   monkeypatch.setattr(readers, '_CHUNK_BYTES', 50)
   for kind, (_, opts) in SYNTHETIC.items():
     assert _read([paths[kind]], opts)[0] == expected[kind], kind
     gz = _write(tmp_path / f'{kind}.gz', gzip.compress(open(paths[kind], 'rb').read()), 'wb')
     assert _read([gz], opts)[0] == expected[kind], kind
     # The planner also reads in small blocks.
-    units = readers.plan_units([paths[kind]], opts, unit_bytes=300)
+    units = corpus_pieces.plan_units([paths[kind]], opts, unit_bytes=300)
     assert [d for u in units for d in readers.read_documents(u, opts)] == expected[kind], kind
 
 
 def _pieces_read_like_whole_file(path, opts, unit_bytes):
-  whole = [readers.Piece(path, 0, os.path.getsize(path), *readers.detect_format(path, opts))]
+  whole = [corpus_pieces.Piece(path, 0, os.path.getsize(path), *corpus_formats.detect_format(path, opts))]
   expected = list(readers.read_documents(whole, opts))
-  units = readers.plan_units([path], opts, unit_bytes)
+  units = corpus_pieces.plan_units([path], opts, unit_bytes)
   pieces = [p for u in units for p in u]
   # Pieces tile the file in order.
   assert pieces[0].start == 0 and pieces[-1].end == os.path.getsize(path)
@@ -298,38 +299,38 @@ _FUZZ_TOKENS = ['Word. ', 'Next one', '\n', '\n', '\n', ' ', '\f', '\r', '\r\n',
 @pytest.mark.parametrize('hard_wrapped', [False, True])
 def test_pieces_and_chunks_of_odd_text(tmp_path, monkeypatch, fmt, hard_wrapped):
   rng = random.Random(0)
-  opts = readers.ReaderOptions(format=fmt, hard_wrapped=hard_wrapped)
+  opts = corpus_formats.ReaderOptions(format=fmt, hard_wrapped=hard_wrapped)
   path = str(tmp_path / 'odd')
   for _ in range(60):
     text = ''.join(rng.choice(_FUZZ_TOKENS) for _ in range(rng.randint(1, 120)))
     _write(path, text.encode(), 'wb')
-    whole = [readers.Piece(path, 0, os.path.getsize(path), fmt, '')]
+    whole = [corpus_pieces.Piece(path, 0, os.path.getsize(path), fmt, '')]
     expected = list(readers.read_documents(whole, opts))
     for unit_bytes in (1, 4, 15):
-      units = readers.plan_units([path], opts, unit_bytes)
+      units = corpus_pieces.plan_units([path], opts, unit_bytes)
       assert [d for u in units for d in readers.read_documents(u, opts)] == expected, text
     with monkeypatch.context() as m:
-      m.setattr(readers, '_READ_BYTES', 3)
+      m.setattr(corpus_files, 'READ_BYTES', 3)
       m.setattr(readers, '_CHUNK_BYTES', 10)
       assert list(readers.read_documents(whole, opts)) == expected, text
 
 
 def test_pieces_of_real_corpora():
-  docs, pieces = _pieces_read_like_whole_file(WIKITEXT_VALID, readers.ReaderOptions(), 50_000)
+  docs, pieces = _pieces_read_like_whole_file(WIKITEXT_VALID, corpus_formats.ReaderOptions(), 50_000)
   assert len(pieces) > 15 and len(docs) > 50
   if os.path.exists(ENWIKI_00):
-    docs, pieces = _pieces_read_like_whole_file(ENWIKI_00, readers.ReaderOptions(), 50_000)
+    docs, pieces = _pieces_read_like_whole_file(ENWIKI_00, corpus_formats.ReaderOptions(), 50_000)
     assert len(pieces) > 15 and len(docs) > 30
 
 
 def test_plan_units_groups_small_files(tmp_path):
-  opts = readers.ReaderOptions()
+  opts = corpus_formats.ReaderOptions()
   paths = [_write(tmp_path / f'{i:02d}.txt', f'Man page {i}. ' * (1 + i % 3) + '\n')
            for i in range(12)]
   empty = _write(tmp_path / 'empty.txt', '')
   big = _write(tmp_path / 'big.txt', 'One long paragraph without a blank line. ' * 10 + '\n')
   sizes = {p: os.path.getsize(p) for p in paths + [big]}
-  units = readers.plan_units(paths[:6] + [empty, big] + paths[6:], opts, unit_bytes=100)
+  units = corpus_pieces.plan_units(paths[:6] + [empty, big] + paths[6:], opts, unit_bytes=100)
   pieces = [p for u in units for p in u]
   # Files keep their order; an empty file gives no piece; a file without a boundary after
   # its nominal cuts stays whole.
@@ -344,37 +345,37 @@ def test_plan_units_groups_small_files(tmp_path):
     assert sum(p.end - p.start for p in unit) + following[0].end - following[0].start > 100
   assert max(len(u) for u in units) >= 3
   # Deterministic, and a function of the files' bytes only.
-  assert readers.plan_units(paths[:6] + [empty, big] + paths[6:], opts, 100) == units
+  assert corpus_pieces.plan_units(paths[:6] + [empty, big] + paths[6:], opts, 100) == units
   copy = tmp_path / 'copy'
   shutil.copytree(tmp_path, copy, ignore=shutil.ignore_patterns('copy'))
-  moved = readers.plan_units([str(copy / os.path.basename(p)) for p in
+  moved = corpus_pieces.plan_units([str(copy / os.path.basename(p)) for p in
                               paths[:6] + [empty, big] + paths[6:]], opts, 100)
   assert [[(p.start, p.end, p.format, os.path.basename(p.path)) for p in u] for u in moved] == \
       [[(p.start, p.end, p.format, os.path.basename(p.path)) for p in u] for u in units]
 
 
 def test_plan_units_counts_compressed_files_on_disk(tmp_path):
-  opts = readers.ReaderOptions()
+  opts = corpus_formats.ReaderOptions()
   text = ''.join(f'Paragraph {i} of a long file.\n\n' for i in range(200)).encode()
   gz = _write(tmp_path / 'a.gz', gzip.compress(text), 'wb')
   small = _write(tmp_path / 'b.txt', 'Small.\n')
   on_disk = os.path.getsize(gz)
   assert on_disk < 1000 < len(text)
-  units = readers.plan_units([gz, small], opts, unit_bytes=on_disk + 7)
-  assert units == [[readers.Piece(gz, 0, -1, 'plain', 'gzip'),
-                    readers.Piece(small, 0, 7, 'plain', '')]]
-  assert len(readers.plan_units([gz, small], opts, unit_bytes=on_disk + 6)) == 2
+  units = corpus_pieces.plan_units([gz, small], opts, unit_bytes=on_disk + 7)
+  assert units == [[corpus_pieces.Piece(gz, 0, -1, 'plain', 'gzip'),
+                    corpus_pieces.Piece(small, 0, 7, 'plain', '')]]
+  assert len(corpus_pieces.plan_units([gz, small], opts, unit_bytes=on_disk + 6)) == 2
   # A compressed empty file gives no pieces either.
-  assert readers.plan_units([_write(tmp_path / 'e.gz', gzip.compress(b''), 'wb')], opts, 10) == []
+  assert corpus_pieces.plan_units([_write(tmp_path / 'e.gz', gzip.compress(b''), 'wb')], opts, 10) == []
 
 
 def test_multi_file_units_read_like_whole_files(tmp_path):
-  opts = readers.ReaderOptions()
+  opts = corpus_formats.ReaderOptions()
   paths = [_write(tmp_path / f'{i}.txt', _plain_text(5 + i)) for i in range(4)]
   paths.append(_write(tmp_path / 'w.raw', _wikitext_text(9)))
   expected = _read(paths, opts)[0]
   for unit_bytes in (50, 400, 2000):
-    units = readers.plan_units(paths, opts, unit_bytes)
+    units = corpus_pieces.plan_units(paths, opts, unit_bytes)
     stats = {}
     assert [d for u in units for d in readers.read_documents(u, opts, stats)] == expected
     # Summed over units, each file counts once; formats count pieces.
@@ -400,7 +401,7 @@ def test_multi_file_units_read_like_whole_files(tmp_path):
      ['He said " go away . "', 'Then he left .', '" The Song " is old .']),
 ])
 def test_split_sentences(text, expected):
-  assert readers.split_sentences(text) == expected
+  assert sentence_split.split_sentences(text) == expected
 
 
 # Sentence-boundary material: abbreviations, initials, quotes, brackets, numbers, odd whitespace.
@@ -414,8 +415,9 @@ def test_document_sentences_are_split_sentences_of_each_paragraph():
   rng = random.Random(0)
   for _ in range(3000):
     text = ''.join(rng.choice(_SENTENCE_FUZZ) for _ in range(rng.randint(1, 40)))
-    paragraphs = [p for p in (readers._clean(line) for line in text.split('\n')) if p]
-    assert readers._document_sentences(paragraphs) == [s for p in paragraphs for s in readers.split_sentences(p)]
+    paragraphs = [p for p in (corpus_formats._clean(line) for line in text.split('\n')) if p]
+    expected = [s for p in paragraphs for s in sentence_split.split_sentences(p)]
+    assert sentence_split.document_sentences(paragraphs) == expected
 
 
 def test_last_word_is_what_the_regex_captures():
@@ -424,7 +426,7 @@ def test_last_word_is_what_the_regex_captures():
   for _ in range(20000):
     text = ''.join(rng.choice(['.', 'a', 'Mr', ' ', '\t', '\xa0', '"', "'", ')', ']', '”', '(', '?']) for _ in range(rng.randint(0, 8)))
     m = regex.search(text)
-    assert readers._last_word(text) == (m.group(1) if m else ''), repr(text)
+    assert sentence_split._last_word(text) == (m.group(1) if m else ''), repr(text)
 
 
 def test_invalid_utf8_is_replaced_and_counted(tmp_path):
@@ -441,24 +443,24 @@ def test_resolve_files(tmp_path):
     os.makedirs(os.path.dirname(tmp_path / name), exist_ok=True)
     _write(tmp_path / name, 'x')
   d = str(tmp_path)
-  assert readers.resolve_files(d) == [f'{d}/a.txt', f'{d}/b/1.txt', f'{d}/b/2.txt',
+  assert corpus_files.resolve_files(d) == [f'{d}/a.txt', f'{d}/b/1.txt', f'{d}/b/2.txt',
                                       f'{d}/b/c/3.gz']
-  assert readers.resolve_files(f'{d}/b/*.txt, {d}/a.txt,{d}/b/1.txt') == [
+  assert corpus_files.resolve_files(f'{d}/b/*.txt, {d}/a.txt,{d}/b/1.txt') == [
       f'{d}/b/1.txt', f'{d}/b/2.txt', f'{d}/a.txt']
-  assert readers.resolve_files(f'{d}/**/*.gz') == [f'{d}/b/c/3.gz']
+  assert corpus_files.resolve_files(f'{d}/**/*.gz') == [f'{d}/b/c/3.gz']
   with pytest.raises(DataError, match='missing.txt.*does not exist'):
-    readers.resolve_files(f'{d}/a.txt,{d}/missing.txt')
+    corpus_files.resolve_files(f'{d}/a.txt,{d}/missing.txt')
   with pytest.raises(DataError, match=r'\*.xyz.*matches no files'):
-    readers.resolve_files(f'{d}/*.xyz')
+    corpus_files.resolve_files(f'{d}/*.xyz')
   os.makedirs(tmp_path / 'empty')
   with pytest.raises(DataError, match='matches no files'):
-    readers.resolve_files(f'{d}/empty')
+    corpus_files.resolve_files(f'{d}/empty')
   with pytest.raises(DataError, match='names no files'):
-    readers.resolve_files(' , ')
+    corpus_files.resolve_files(' , ')
 
 
 def test_resolve_bundled_corpus():
-  files = readers.resolve_files(os.path.join(REPO, 'data', 'wikitext-2-raw'))
+  files = corpus_files.resolve_files(os.path.join(REPO, 'data', 'wikitext-2-raw'))
   assert [os.path.basename(f) for f in files] == ['wiki.test.raw', 'wiki.valid.raw']
 
 
@@ -475,12 +477,12 @@ def test_empty_corpus(tmp_path):
 
 def test_unknown_format():
   with pytest.raises(ConfigError) as e:
-    readers.ReaderOptions(format='markdown')
+    corpus_formats.ReaderOptions(format='markdown')
   _one_line_error(e, "'markdown'", 'auto, wikiextractor, wikitext, plain, jsonl')
   with pytest.raises(ConfigError):
-    readers.ReaderOptions(text_field='')
+    corpus_formats.ReaderOptions(text_field='')
   with pytest.raises(ConfigError, match='unit_bytes'):
-    readers.plan_units([], readers.ReaderOptions(), 0)
+    corpus_pieces.plan_units([], corpus_formats.ReaderOptions(), 0)
 
 
 @pytest.mark.parametrize('line, message', [
@@ -493,8 +495,8 @@ def test_unknown_format():
 def test_bad_jsonl_lines(tmp_path, line, message, unit_bytes):
   good = [json.dumps({'text': f'Document {i}.'}) for i in range(30)]
   path = _write(tmp_path / 'c.jsonl', '\n'.join(good[:25] + [line] + good[25:]) + '\n')
-  opts = readers.ReaderOptions(format='jsonl')
-  units = readers.plan_units([path], opts, unit_bytes)
+  opts = corpus_formats.ReaderOptions(format='jsonl')
+  units = corpus_pieces.plan_units([path], opts, unit_bytes)
   assert len(units) == (1 if unit_bytes > 10**6 else 4)
   with pytest.raises(DataError) as e:
     for unit in units:
@@ -511,23 +513,23 @@ def test_corrupt_compressed_file(tmp_path, monkeypatch, compression, damage):
   data = data[:middle] if damage == 'truncated' else (
       data[:middle] + bytes(range(256))[:64] + data[middle + 64:])
   path = _write(tmp_path / 'corpus.txt', data, 'wb')
-  opts = readers.ReaderOptions()
+  opts = corpus_formats.ReaderOptions()
   with pytest.raises(DataError) as e:
-    pieces = [p for u in readers.plan_units([path], opts, 1000) for p in u]
+    pieces = [p for u in corpus_pieces.plan_units([path], opts, 1000) for p in u]
     list(readers.read_documents(pieces, opts))
   _one_line_error(e, path, f'corrupt {compression} data (')
   # Damage past the head that format detection reads surfaces when the documents are read
   # (bz2 decodes 900 kB blocks, so there detection already fails).
-  monkeypatch.setattr(readers, '_HEAD_BYTES', 100)
+  monkeypatch.setattr(corpus_formats, '_HEAD_BYTES', 100)
   with pytest.raises(DataError) as e:
-    fmt, found = readers.detect_format(path, opts)
+    fmt, found = corpus_formats.detect_format(path, opts)
     assert (fmt, found) == ('plain', compression) and compression != 'bz2'
-    list(readers.read_documents([readers.Piece(path, 0, -1, fmt, found)], opts))
+    list(readers.read_documents([corpus_pieces.Piece(path, 0, -1, fmt, found)], opts))
   _one_line_error(e, path, f'corrupt {compression} data (')
 
 
 def test_unreadable_file(tmp_path):
   path = str(tmp_path / 'gone.txt')
   with pytest.raises(DataError) as e:
-    list(readers.read_documents([readers.Piece(path, 0, 10, 'plain', '')], readers.ReaderOptions()))
+    list(readers.read_documents([corpus_pieces.Piece(path, 0, 10, 'plain', '')], corpus_formats.ReaderOptions()))
   _one_line_error(e, 'cannot read corpus file', path)

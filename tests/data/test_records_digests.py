@@ -26,7 +26,7 @@ if __name__ == '__main__':  # run as a script to re-record the fixture: this che
   sys.path[:0] = [_TESTS, os.path.dirname(_TESTS)]
 
 from bert_jax.config import DataConfig  # noqa: E402
-from bert_jax.data import prepare, readers, records  # noqa: E402
+from bert_jax.data import corpus_files, corpus_formats, corpus_pieces, prepare, readers, records  # noqa: E402
 
 from helpers import FIXTURES, REPO  # noqa: E402
 
@@ -198,8 +198,8 @@ def _reader_digests(directory: str) -> dict[str, str]:
   out = {}
   for fmt in ('wikiextractor', 'wikitext', 'plain'):
     for hard_wrapped in (False, True):
-      opts = readers.ReaderOptions(format=fmt, hard_wrapped=hard_wrapped)
-      docs = [list(readers.read_documents([readers.Piece(p, 0, os.path.getsize(p), fmt, '')], opts))
+      opts = corpus_formats.ReaderOptions(format=fmt, hard_wrapped=hard_wrapped)
+      docs = [list(readers.read_documents([corpus_pieces.Piece(p, 0, os.path.getsize(p), fmt, '')], opts))
               for p in paths]
       out[f'{fmt}{"_wrapped" if hard_wrapped else ""}'] = _sha(json.dumps(docs).encode())
   return out
@@ -282,8 +282,8 @@ if __name__ == '__main__':
     from bert_jax.data import tokenization  # pylint: disable=g-import-not-at-top
     with tempfile.TemporaryDirectory() as tmp:
       corpora = write_corpora(tmp)
-      sample = [s for key in ('short', 'jsonl', 'wikiextractor') for p in readers.resolve_files(corpora[key])
-                for d in readers.read_all([p], readers.ReaderOptions(text_field='body')) for s in d]
+      sample = [s for key in ('short', 'jsonl', 'wikiextractor') for p in corpus_files.resolve_files(corpora[key])
+                for d in readers.read_all([p], corpus_formats.ReaderOptions(text_field='body')) for s in d]
       # Identity normalisation: no 240 KB NFKC table in the committed model.
       import sentencepiece as spm  # pylint: disable=g-import-not-at-top
       train = spm.SentencePieceTrainer.train

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from bert_jax.data import readers
+from bert_jax.data import corpus_formats, readers
 
 from helpers import FIXTURES, assert_one_line_error, run_experiment
 from tools import data_benchmark as bm
@@ -25,7 +25,7 @@ def test_jsonl_shape_holds_several_articles_per_document(tmp_path):
   files = bm.jsonl_corpus([source], str(tmp_path / 'jsonl'), log=lambda _: None)
   articles = readers.read_all([source])
   docs = readers.read_all(files)
-  assert readers.detect_format(files[0], readers.ReaderOptions())[0] == 'jsonl'
+  assert corpus_formats.detect_format(files[0], corpus_formats.ReaderOptions())[0] == 'jsonl'
   assert 100 / 40 <= len(docs) <= 100 / 10 + 1  # 10-40 articles per object
   # The same text, sentence for sentence, regrouped (jsonl drops no heading or title: they are not in it).
   assert [s for d in docs for s in d] == [s for d in articles for s in d]

@@ -1,0 +1,75 @@
+"""A prepared cache's name: a fingerprint of its inputs' contents and of the settings that shape its records.
+
+`fingerprints` computes it, and the name earlier versions gave the same data (keyed by the files' paths);
+`link_earlier_cache` serves a cache an earlier version prepared under the new name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from etils import epath
+
+from bert_jax.data import records, tokenization
+from bert_jax.data.records import META_FILE
+
+# DataConfig fields that change the records (masking happens later, per batch); with the
+# inputs' contents, the seed and records.FORMAT_VERSION they make the cache fingerprint.
+RECORD_FIELDS = ('eval_fraction', 'lower_case', 'max_seq_length', 'short_seq_prob', 'dupe_factor',
+                 'format', 'text_field', 'hard_wrapped', 'unit_mb', 'tokenizer_sample_sentences')
+
+
+def fingerprints(cfg, train_paths, eval_paths, given, vocab_size, seed) -> tuple[str, str]:
+  """(the cache's fingerprint, the same data's fingerprint under earlier versions).
+
+  The fingerprint names the data by its contents: each file's size and sha256 in the order the files are read
+  (which is all preparation reads of them), not where they are, so a moved checkout or corpus is the same data.
+  Earlier versions keyed the files by their absolute paths; that key is computed too, for their checkpoints.
+  """
+  digests = {p: _file_digest(p) for p in (*train_paths, *eval_paths)}
+  key = dict(
+      format=records.FORMAT_VERSION, vocab_size=vocab_size, seed=seed,
+      tokenizer=[_file_digest(p)[1] for p in tokenization.tokenizer_files(given)] if given else None,
+      fields={f: getattr(cfg, f) for f in RECORD_FIELDS})
+  if not given:  # a trained tokenizer's bytes depend on how it is trained
+    key['tokenizer_training'] = tokenization.SENTENCEPIECE_TRAINING
+  elif isinstance(given, tokenization.WordPieceTokenizer):  # earlier caches turned spelled specials into ids
+    key['special_strings'] = 'as_text'
+  if cfg.objective != 'nsp':  # only then: caches of NSP pairs keep their fingerprints
+    key['objective'] = {'none': 'mlm_full_sentences', 'sop': 'sop'}[cfg.objective]
+  by_content = {**key, 'train': [list(digests[p]) for p in train_paths], 'eval': [list(digests[p]) for p in eval_paths],
+                'identity': 'content'}
+  by_path = {**key, 'train': [(_absolute(p), digests[p][1]) for p in train_paths],
+             'eval': [(_absolute(p), digests[p][1]) for p in eval_paths]}
+  return tuple(hashlib.sha256(json.dumps(k, sort_keys=True).encode()).hexdigest()[:16] for k in (by_content, by_path))
+
+
+def _absolute(path: str) -> str:
+  return path if '://' in path else os.path.abspath(path)
+
+
+def _file_digest(path: str) -> tuple[int, str]:
+  """(size, sha256) of a file's bytes."""
+  h, size = hashlib.sha256(), 0
+  with epath.Path(path).open('rb') as f:
+    for block in iter(lambda: f.read(1 << 20), b''):
+      h.update(block)
+      size += len(block)
+  return size, h.hexdigest()
+
+
+def link_earlier_cache(cache_dir: str, legacy: str, final_dir: str, log) -> None:
+  """Serves the cache an earlier version prepared of the same data (named by its files' absolute paths) under
+  the content-keyed name too: a relative link inside `cache_dir`, so an upgrade does not prepare a corpus again.
+  Local caches only (remote filesystems have no links: those prepare again)."""
+  earlier = os.path.join(cache_dir, legacy)
+  if ('://' in cache_dir or os.path.lexists(final_dir) or legacy == os.path.basename(final_dir)
+      or not os.path.exists(os.path.join(earlier, META_FILE))):
+    return
+  try:
+    os.symlink(legacy, final_dir, target_is_directory=True)
+  except FileExistsError:  # another run linked or built it meanwhile
+    return
+  log(f'prepared data: the cache an earlier version prepared of these files, {earlier}, serves as {final_dir}')
