@@ -55,3 +55,20 @@ def wordpiece():
   """all-MiniLM-L6-v2's WordPiece tokenizer; the test skips when the package is not installed."""
   from bert_jax.data.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
   return WordPieceTokenizer.from_directory(minilm_dir_or_skip())
+
+
+# The fast tier (-m "not slow") is a developer's loop: a test in it that takes longer than this on its own (the call,
+# not its shared fixtures) fails with the advice to mark it slow or make it smaller. A timing under load says
+# little, so the check is on only in the fast tier and only when asked: BERT_JAX_FAST_LIMIT_S (docs/architecture.md).
+FAST_LIMIT_S = float(os.environ.get('BERT_JAX_FAST_LIMIT_S', '0') or 0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  outcome = yield
+  report = outcome.get_result()
+  if (FAST_LIMIT_S and report.when == 'call' and report.passed and 'slow' not in item.keywords
+      and report.duration > FAST_LIMIT_S and item.config.getoption('markexpr') == 'not slow'):
+    report.outcome = 'failed'
+    report.longrepr = (f'{item.nodeid} took {report.duration:.1f} s, over the fast tier\'s {FAST_LIMIT_S:g} s: mark '
+                       'it @pytest.mark.slow or make it smaller (shapes, steps, a shared fixture)')

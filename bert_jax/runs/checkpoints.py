@@ -472,8 +472,8 @@ def _better(value: Any, best: tuple[float, int] | None) -> bool:
 def _disk_bytes(directory: str) -> int:
   """Bytes of the files under `directory` (0 when it is gone)."""
   total = 0
-  for root, _, files in os.walk(directory):
-    for name in files:
+  for root, _, names in os.walk(directory):
+    for name in names:
       with contextlib.suppress(OSError):
         total += os.path.getsize(os.path.join(root, name))
   return total
