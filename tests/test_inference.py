@@ -113,6 +113,7 @@ def test_long_texts_are_truncated_with_one_warning(tiny, capsys):
   assert f'{truncated} of {len(TEXTS)} texts' in warnings[0], warnings
 
 
+@pytest.mark.slow
 def test_one_compilation_per_length_bucket(tiny):
   texts = [(' '.join(['word'] * n), None) for n in range(1, 40)]
   inference.embed(tiny, texts, batch_size=4)
@@ -163,6 +164,7 @@ def test_fill_mask_equals_softmax_of_mlm_logits(tiny):
     assert all(a[1] >= b[1] for a, b in zip(top, top[1:]))
 
 
+@pytest.mark.slow
 def test_fill_masks_batched_equal_one_at_a_time(tiny):
   texts = ['The game [MASK] development in 2010 , and [MASK] was released .', 'It [MASK] .',
            'A much longer sentence about the [MASK] of the game , which was released in Japan in 2010 .']
@@ -244,6 +246,7 @@ def test_attention_details_with_pre_ln_rotary_and_a_local_window(tiny):
   np.testing.assert_allclose(jax.nn.softmax(window_scores, axis=-1), d.probs[1], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_encoder_attention_probs_ignore_padding(tiny):
   ids, types, _ = tiny.tokenizer.encode_inputs('The game began development .', max_length=128)
   n, pad = len(ids), 5

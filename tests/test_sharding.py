@@ -53,6 +53,7 @@ def test_mesh_sizes_resolve_and_bad_sizes_are_named():
     sharding.make_mesh(config.MeshConfig(data=-1, fsdp=-1))
 
 
+@pytest.mark.slow
 def test_fsdp_and_tensor_layouts_shard_parameters_by_configuration():
   cfg = config.preset('tiny', vocab_size=96)
   mesh = sharding.make_mesh(config.MeshConfig(data=2, fsdp=2, tensor=2))

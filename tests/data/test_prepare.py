@@ -198,6 +198,7 @@ def test_bad_data_config(tmp_path):
 # ----------------------------------------------------------------------------- parallel and resumable
 
 
+@pytest.mark.slow
 def test_one_and_two_workers_give_identical_caches(tmp_path):
   digests, stats = [], []
   for workers in (1, 2):

@@ -45,6 +45,7 @@ def test_compiled_flops_split_evenly_over_devices(flops, layout, max_overhead):
   assert -0.01 < overhead < max_overhead, (layout, overhead)
 
 
+@pytest.mark.slow
 def test_fsdp_replicates_less_than_data_parallel(flops):
   # Both split the batch; only fsdp also shards the optimizer update instead of repeating it.
   assert flops((1, 8, 1)) < flops((8, 1, 1))

@@ -290,6 +290,7 @@ def test_sweep_runs_tabulates_and_resumes(tmp_path):
   assert _calls(tmp_path)[4:] == [str(tmp_path / 'runs' / names[2])]
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_reused_only_by_the_command_that_ran_it(tmp_path):
   grid = 'config.learning_rate=1e-4,2e-4 config.num_train_epochs=1'
   assert _fake_sweep(tmp_path, grid).returncode == 0

@@ -206,6 +206,7 @@ def test_sentencepiece_truncation_rule_equals_tokenizers(tmp_path):
     tokenizer.encode_inputs('the cat', 'sat', max_length=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('with_heads', [True, False])
 def test_export_import_round_trip_is_bit_exact(tmp_path, with_heads):
   cfg, params = _tiny(with_heads)
@@ -224,6 +225,7 @@ def test_export_import_round_trip_is_bit_exact(tmp_path, with_heads):
       'The cats sat.', 'A dog', max_length=10)
 
 
+@pytest.mark.slow
 def test_export_with_sentencepiece_tokenizer(tmp_path, small_corpus):
   with open(small_corpus, encoding='utf-8') as f:
     lines = [line for line in f if line.strip()]
@@ -300,6 +302,7 @@ def test_minilm_export_is_bit_exact(minilm, tmp_path):
       'Crème brûlée 東京')
 
 
+@pytest.mark.slow
 def test_transformers_loads_the_export(tmp_path):
   torch = pytest.importorskip('torch')
   transformers = pytest.importorskip('transformers')
@@ -426,6 +429,7 @@ def test_bad_checkpoint_directories(tmp_path):
     hf.load_hf_checkpoint(untied)
 
 
+@pytest.mark.slow
 def test_bad_export_and_missing_vocab(tmp_path):
   cfg, params = _tiny()
   out = str(tmp_path / 'out')
@@ -456,6 +460,7 @@ def test_bad_export_and_missing_vocab(tmp_path):
 HEADS_FIXTURE = os.path.join(FIXTURES, 'hf_pretraining')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('explicit_mask', [True, False])
 def test_pretraining_heads_match_transformers(explicit_mask):
   """MLM and NSP logits of a random BertForPreTraining equal transformers' on a padded batch

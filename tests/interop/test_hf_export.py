@@ -162,6 +162,7 @@ def _wordpiece(directory, words=('the', 'cat', 'sat', 'on', 'mat', '##s', '.', '
   return tk.WordPieceTokenizer.from_directory(str(directory))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', list(TASKS))
 def test_task_head_export_round_trip_and_transformers_logits(kind, tmp_path):
   cfg = config.preset('tiny', vocab_size=64, max_position_embeddings=40)

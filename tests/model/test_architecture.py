@@ -37,9 +37,6 @@ VARIANTS = {
 
 
 # Model-compiling tests run every variant in the slow tier, the ModernBERT-shaped one (all switches) in the fast one.
-SLOW_BUT_MODERNBERT = [v if v == 'modernbert' else pytest.param(v, marks=pytest.mark.slow) for v in VARIANTS]
-
-
 def _cfg(variant='bert', **overrides):
   fields = dict(vocab_size=100, num_layers=2, hidden_dropout=0.0, attention_dropout=0.0)
   fields.update(VARIANTS[variant] if isinstance(variant, str) else variant)
@@ -319,7 +316,8 @@ def test_local_layers_attend_within_their_window_only():
   np.testing.assert_allclose(np.asarray(probs).sum(-1), 1, atol=1e-5)
 
 
-@pytest.mark.parametrize('variant', SLOW_BUT_MODERNBERT)
+@pytest.mark.slow
+@pytest.mark.parametrize('variant', list(VARIANTS))
 def test_extra_padding_does_not_change_real_positions(variant):
   cfg = _cfg(variant)
   ids = _ids(length=9)
@@ -334,7 +332,8 @@ def test_extra_padding_does_not_change_real_positions(variant):
   np.testing.assert_allclose(pooled_p, pooled, atol=2e-6)
 
 
-@pytest.mark.parametrize('variant', SLOW_BUT_MODERNBERT)
+@pytest.mark.slow
+@pytest.mark.parametrize('variant', list(VARIANTS))
 def test_packed_row_equals_its_examples_alone(variant):
   """Two examples and padding in one row (segment ids, positions restarting at each example): every token's
   logits and each example's NSP logits are those of the example alone, with rotary positions and windows too."""

@@ -42,6 +42,7 @@ def test_shapes_and_dtypes(tiny):
   assert np.all(np.abs(pooled) <= 1)  # tanh pooler
 
 
+@pytest.mark.slow
 def test_bfloat16_model_outputs_float32_logits():
   cfg = config.preset('tiny', vocab_size=120, dtype='bfloat16')
   m = heads.BertForPreTraining(cfg, rngs=nnx.Rngs(0))

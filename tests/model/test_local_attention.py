@@ -63,12 +63,16 @@ def test_blockwise_equals_the_masked_full_path(t, window, rows, path):
       blockwise = attention.blockwise_local_attention_fused(q, k, v, band, implementation='xla')
     return blockwise, _full_local(q, k, v, full, window)
 
-  got, want = both(q, k, v)
+  # Outputs, and gradients of a loss over the real positions, of both paths: one compiled program (op by op,
+  # the same computation compiles each of its many small operations, several times slower on CPU).
+  weight = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32) * real[:, :, None, None]
+
+  @jax.jit
+  def outputs_and_grads(q, k, v):
+    return both(q, k, v), [jax.grad(lambda q, k, v, i=i: jnp.sum(both(q, k, v)[i] * weight), argnums=(0, 1, 2))(
+        q, k, v) for i in (0, 1)]
+  (got, want), grads = outputs_and_grads(q, k, v)
   np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=1e-5)
-  # Gradients of a loss over the real positions agree too.
-  weight = jnp.asarray(np.random.default_rng(2).normal(size=got.shape), jnp.float32) * real[:, :, None, None]
-  grads = [jax.grad(lambda q, k, v, i=i: jnp.sum(both(q, k, v)[i] * weight), argnums=(0, 1, 2))(q, k, v)
-           for i in (0, 1)]
   for g_block, g_full in zip(*grads):
     np.testing.assert_allclose(g_block, g_full, atol=1e-5)
 
@@ -108,21 +112,22 @@ def test_a_modernbert_model_is_the_same_function_blockwise(packed):
   del graphdef
 
 
+@pytest.mark.slow
 def test_a_local_layer_trains_blockwise_with_attention_dropout():
   """Dropout on the band's probabilities (training): finite outputs and gradients, and some of them dropped."""
   cfg = preset('tiny', vocab_size=100, norm_position='pre', position_embedding='rotary', mlp='geglu', use_bias=False,
                type_vocab_size=0, attention_window=8, global_attention_every=2, num_layers=2, attention_dropout=0.5)
   model = heads.BertForPreTraining(cfg, rngs=nnx.Rngs(0)).bert
-  batch = random_pretraining_batch(batch_size=2, seq_len=40, vocab_size=100, seed=3)
+  batch = random_pretraining_batch(batch_size=2, seq_len=24, vocab_size=100, seed=3)  # 3 windows, padding in each row
 
-  weight = jnp.asarray(np.random.default_rng(4).normal(size=(2, 40, cfg.hidden_size)), jnp.float32)
+  weight = jnp.asarray(np.random.default_rng(4).normal(size=(2, 24, cfg.hidden_size)), jnp.float32)
 
   def loss(model, deterministic=False):  # a normed output's sum of squares is constant: weight it
     return jnp.sum(model(batch['input_ids'], None, batch['attention_mask'], deterministic=deterministic)[0] * weight)
 
-  value, grads = nnx.value_and_grad(loss)(model)
+  value, grads = nnx.jit(nnx.value_and_grad(loss))(model)  # compiled whole: op by op is several times slower
   assert np.isfinite(float(value)) and all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
-  assert float(value) != float(loss(model, deterministic=True))
+  assert float(value) != float(nnx.jit(loss, static_argnames='deterministic')(model, deterministic=True))
 
 
 @pytest.mark.gpu

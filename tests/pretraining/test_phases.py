@@ -185,6 +185,7 @@ def test_the_result_exports_as_its_last_phase_and_transformers_computes_it(phase
   assert ids.shape[1] > 16 and np.abs(theirs - np.asarray(logits)).max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_bad_phase_flags_are_one_line_and_touch_nothing(tmp_path):
   workdir = tmp_path / 'w'
   workdir.mkdir()
