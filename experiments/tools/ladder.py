@@ -114,16 +114,13 @@ def load_config_file(path: str, variant: str, where: str):
   full = path if os.path.isabs(path) else os.path.join(REPO, path)
   if not os.path.isfile(full):
     raise ConfigError(f'{where}: no config file {path}')
-  sys.path.insert(0, os.path.join(REPO, 'experiments'))
-  try:
+  try:  # a config file imports bert_jax and ml_collections only: loaded as --config loads it, by its path
     spec = importlib.util.spec_from_file_location(f'_ladder_cfg_{abs(hash(full))}', full)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(variant)
   except ValueError as e:  # the config files' unknown-variant error
     raise ConfigError(f'{where}: {e}') from None
-  finally:
-    sys.path.remove(os.path.join(REPO, 'experiments'))
 
 
 def _set(cfg, key: str, value: str, where: str) -> None:
