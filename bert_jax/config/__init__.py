@@ -1,0 +1,47 @@
+"""Frozen configuration blocks: model presets, data, optimizer, and the two runs' configs.
+
+One schema: `TrainingConfig` is what every run shares (optimizer, mesh, seed, batch sizes, steps or
+epochs, log/eval/checkpoint cadence, checkpoints kept, resume rules, the checkpoint to start from);
+`PretrainConfig` adds the model and the corpus, `FinetuneConfig` the task and its data. The
+dataclasses are the one source of truth for defaults and for the facts about each field, kept as
+field metadata (`facts`): free on resume, a path, fixed by a checkpoint, an evaluation setting.
+
+Experiment configs (`experiments/configs/*.py`) start from `PretrainConfig().to_dict()` (or
+`FinetuneConfig`) as an ml_collections ConfigDict and turn the result back with `from_dict`, which
+rejects unknown keys with a message naming them, and names the new field of a renamed one.
+Configs saved by earlier versions load through `upgrade_saved`.
+
+The package is one module per concern; every name is importable from `bert_jax.config` itself:
+
+  fields     `_f` (a field with its facts as metadata), `facts` (the fields with a fact), `_block`
+  model      `ModelConfig`, the presets (`PRESETS`, `preset`) and its fields' values (`ATTENTION_IMPLS`, ...)
+  training   `TrainingConfig` (the shared block; `from_dict`), `OptimConfig`, `MeshConfig`
+  pretrain   `PretrainConfig`, `DataConfig` (`OBJECTIVES`, `MASKINGS`), `PhaseConfig`
+  phases     phase planning: a PretrainConfig's phases resolved into the run's plan (`phase_list`, `Phase`)
+  finetune   `FinetuneConfig`
+  migration  configs saved by earlier versions: `upgrade_saved`, `RENAMED`, `REMOVED`
+  resume     identity checks: `from_checkpoint`, `architecture_diffs`, `config_diffs`, `check_resume`,
+             `check_resume_allow`
+"""
+
+from bert_jax.config.fields import _block, facts
+from bert_jax.config.finetune import FinetuneConfig
+from bert_jax.config.migration import REMOVED, RENAMED, upgrade_saved
+from bert_jax.config.model import (ATTENTION_IMPLS, DROPOUT_IMPLS, FUSED_MASKS, LOGITS_BACKWARDS, MLPS,
+                                   NORM_POSITIONS, POSITION_EMBEDDINGS, PRESETS, REMAT_POLICIES, ModelConfig, preset)
+from bert_jax.config.phases import Phase
+from bert_jax.config.pretrain import MASKINGS, OBJECTIVES, DataConfig, PhaseConfig, PretrainConfig
+from bert_jax.config.resume import (architecture_diffs, check_resume, check_resume_allow, config_diffs,
+                                    from_checkpoint)
+from bert_jax.config.training import DECAYS, OPTIMIZERS, SCHEDULES, MeshConfig, OptimConfig, TrainingConfig
+
+__all__ = [
+    'ATTENTION_IMPLS', 'DECAYS', 'DROPOUT_IMPLS', 'FUSED_MASKS', 'LOGITS_BACKWARDS', 'MASKINGS', 'MLPS',
+    'NORM_POSITIONS', 'OBJECTIVES', 'OPTIMIZERS', 'POSITION_EMBEDDINGS', 'PRESETS', 'REMAT_POLICIES', 'REMOVED',
+    'RENAMED', 'SCHEDULES',
+    'DataConfig', 'FinetuneConfig', 'MeshConfig', 'ModelConfig', 'OptimConfig', 'Phase', 'PhaseConfig',
+    'PretrainConfig', 'TrainingConfig',
+    'architecture_diffs', 'check_resume', 'check_resume_allow', 'config_diffs', 'facts', 'from_checkpoint', 'preset',
+    'upgrade_saved',
+    '_block',  # the block a field holds: tests/test_docs.py reads it
+]
