@@ -26,6 +26,7 @@ import re
 import socket
 import stat
 import sys
+import time
 from typing import Any, Callable
 
 from bert_jax.errors import ConfigError, DataError
@@ -86,6 +87,15 @@ def listdir(path: str) -> list[str]:
   return [p.name for p in _gpath(path).iterdir()]
 
 
+def move_tree(source: str, target: str) -> None:
+  """Moves directory `source` to `target` on one object store: copies every object, then deletes the source (what
+a rename is on GCS and S3)."""
+  import fsspec  # pylint: disable=g-import-not-at-top
+  fs, source_path = fsspec.core.url_to_fs(source)
+  fs.copy(source_path, fsspec.core.url_to_fs(target)[1], recursive=True)
+  fs.rm(source_path, recursive=True)
+
+
 def makedirs(path: str) -> None:
   if is_remote(path):
     _gpath(path).mkdir(parents=True, exist_ok=True)
@@ -110,23 +120,31 @@ def rmdir(path: str) -> None:
     os.rmdir(path)
 
 
+# How often an object rewritten whole (an appended text file, TensorBoard's events) is written at most: a bucket
+# takes about one write per second to one object, and each write sends the whole object.
+REMOTE_FLUSH_S = 30.0
+
+
 class _RemoteAppend(io.StringIO):
-  """A text file opened for appending on an object store: the old text, and on every flush the object
-  rewritten whole with what was written since."""
+  """A text file opened for appending on an object store: the old text, and the object rewritten whole with what
+  was written since, on a flush at most every REMOTE_FLUSH_S seconds and on close (a process killed with -9 loses
+  the lines of its last interval; a local file loses none)."""
 
   def __init__(self, path: str):
     super().__init__()
     self._path = _gpath(path)
-    self._old = self._path.read_text(encoding='utf-8') if self._path.is_file() else ''
+    self._old = self._path.read_bytes().decode('utf-8', 'replace') if self._path.is_file() else ''
+    self._written = float('-inf')
 
-  def flush(self) -> None:
+  def flush(self, force: bool = False) -> None:
     super().flush()
-    if not self.closed:
+    if not self.closed and (force or time.monotonic() - self._written >= REMOTE_FLUSH_S):
       self._path.write_text(self._old + self.getvalue(), encoding='utf-8')
+      self._written = time.monotonic()
 
   def close(self) -> None:
     if not self.closed:
-      self.flush()
+      self.flush(force=True)
     super().close()
 
 

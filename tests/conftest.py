@@ -60,15 +60,18 @@ def wordpiece():
 # The fast tier (-m "not slow") is a developer's loop: a test in it whose call (not its shared fixtures) takes longer
 # than this fails, with the advice to mark it slow or make it smaller. On in the fast tier only (the whole suite, as CI
 # runs it, is not timed); BERT_JAX_FAST_LIMIT_S sets the limit in seconds, 0 turns it off (a loaded machine).
-FAST_LIMIT_S = float(os.environ.get('BERT_JAX_FAST_LIMIT_S', '5') or 0)
+try:
+  FAST_LIMIT_S = float(os.environ.get('BERT_JAX_FAST_LIMIT_S', '5') or 0)
+except ValueError:
+  raise pytest.UsageError('BERT_JAX_FAST_LIMIT_S is seconds (a number; 0 turns the check off)') from None
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
   outcome = yield
   report = outcome.get_result()
-  if (FAST_LIMIT_S and report.when == 'call' and report.passed and 'slow' not in item.keywords
-      and report.duration > FAST_LIMIT_S and item.config.getoption('markexpr') == 'not slow'):
+  if (FAST_LIMIT_S and report.when == 'call' and report.passed and item.get_closest_marker('slow') is None
+      and report.duration > FAST_LIMIT_S and 'not slow' in item.config.getoption('markexpr')):
     report.outcome = 'failed'
     report.longrepr = (f'{item.nodeid} took {report.duration:.1f} s, over the fast tier\'s {FAST_LIMIT_S:g} s: mark '
                        'it @pytest.mark.slow or make it smaller (shapes, steps, a shared fixture)')

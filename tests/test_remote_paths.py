@@ -171,3 +171,15 @@ def test_fine_tuning_and_its_evaluation_in_a_bucket(fake_bucket, tiny_checkpoint
   assert evaluated.returncode == 0, evaluated.stderr[-2000:]
   assert files.isfile(f'{run}/seed_0/final_metrics.json') and files.isfile(f'{run}/config.json')
   assert not os.path.exists(os.path.join(REPO, 'gs:')), accuracy
+
+
+def test_an_unusable_checkpoint_in_a_bucket_is_moved_aside(fake_bucket):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  ckpt = Checkpointer(f'{fake_bucket}/run', keep=3)
+  for step in (1, 2):
+    ckpt.save(step, {'w': np.full(4, step, np.float32)}, data_position=step, config={}, force=True)
+  ckpt.wait()
+  moved = ckpt._move_aside(2)  # pylint: disable=protected-access  (what a failed restore of step 2 does)
+  assert moved.startswith(f'{fake_bucket}/run/corrupt_checkpoints/2-') and 'state' in files.listdir(moved)
+  assert ckpt.all_steps() == [1] and not files.exists(f'{fake_bucket}/run/checkpoints/2')
+  ckpt.close()

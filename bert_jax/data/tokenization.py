@@ -594,21 +594,17 @@ _NAMES = (SPIECE_FILE, HF_SPIECE_FILE, _TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_C
 
 
 def _local_copy(path: str) -> str:
-  """A local copy of a remote tokenizer file, or of a remote directory's tokenizer files (SentencePiece and
-  tokenizers read local files only): under the temporary directory, named by the path."""
-  import hashlib  # pylint: disable=g-import-not-at-top
-  local = os.path.join(tempfile.gettempdir(), 'bert_jax-remote', hashlib.sha256(path.encode()).hexdigest()[:16])
-  os.makedirs(local, exist_ok=True)
-  names = _NAMES if files.isdir(path) else (os.path.basename(path.rstrip('/')),)
-  source = path if files.isdir(path) else os.path.dirname(path.rstrip('/'))
-  for name in names:
+  """A local copy (SentencePiece and tokenizers read local files only) of a remote tokenizer directory's files, or
+  of a remote tokenizer file with the tokenizer files beside it (vocab.txt's tokenizer_config.json): a new
+  temporary directory per load, so a copy never outlives what it copied."""
+  is_dir = files.isdir(path)
+  source = path.rstrip('/') if is_dir else os.path.dirname(path.rstrip('/'))
+  local = tempfile.mkdtemp(prefix='bert_jax-remote-tokenizer-')
+  for name in dict.fromkeys(_NAMES + (() if is_dir else (os.path.basename(path.rstrip('/')),))):
     if files.isfile(os.path.join(source, name)):
-      with files.open_file(os.path.join(source, name), 'rb') as f:
-        data = f.read()
-      with open(os.path.join(local, name + '.tmp'), 'wb') as f:
-        f.write(data)
-      os.replace(os.path.join(local, name + '.tmp'), os.path.join(local, name))
-  return local if files.isdir(path) else os.path.join(local, names[0])
+      with files.open_file(os.path.join(source, name), 'rb') as f, open(os.path.join(local, name), 'wb') as out:
+        out.write(f.read())
+  return local if is_dir else os.path.join(local, os.path.basename(path.rstrip('/')))
 
 
 def save_tokenizer(tokenizer: Tokenizer, directory: str) -> str:

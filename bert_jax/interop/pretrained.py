@@ -20,7 +20,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from bert_jax import sharding as shd
+from bert_jax import files, sharding as shd
 from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, PretrainConfig, from_checkpoint
 from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
 from bert_jax.errors import CheckpointError, ConfigError
@@ -247,7 +247,7 @@ def finetuning_tokenizer_path(workdir: Workdir, saved: dict[str, Any], log=repor
   if own:
     return own
   parent = saved['finetune'].get('init_checkpoint', '')
-  if not parent or not os.path.isdir(parent):
+  if not parent or not files.isdir(parent):
     raise CheckpointError(f'{workdir.path}: its starting checkpoint {parent!r} (which holds its tokenizer) is gone')
   log(f'warning: {workdir.path} holds no tokenizer of its own (an earlier bert_jax wrote it): its starting '
       f'checkpoint\'s is read from {parent}, which is wrong if that path now holds another model; copy its '
@@ -298,7 +298,7 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
   Raises:
     CheckpointError: the directory is neither, is incomplete, or holds non-finite weights.
   """
-  if not os.path.isdir(path):
+  if not files.isdir(path):
     raise CheckpointError(f'checkpoint directory {path} does not exist')
   if inspect(path).kind == 'finetuning':
     raise CheckpointError(f'{path} is a fine-tuning workdir: its encoder was fine-tuned with a task head and has no '

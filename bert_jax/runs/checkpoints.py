@@ -441,8 +441,8 @@ class Checkpointer:
       return None
     target = os.path.join(os.path.dirname(self.directory), CORRUPT_DIR, f'{step}-{int(time.time())}')
     if jax.process_index() == 0:
-      if files.is_remote(target):  # an object store renames a directory object by object
-        epath.Path(self.directory, str(step)).rename(target)
+      if files.is_remote(target):  # an object store moves a directory object by object (no parent to create)
+        files.move_tree(os.path.join(self.directory, str(step)), target)
       else:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         os.replace(os.path.join(self.directory, str(step)), target)

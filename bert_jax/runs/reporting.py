@@ -50,7 +50,7 @@ class MetricWriter:
     self._jsonl = files.open_file(os.path.join(workdir, f'metrics_{name}.jsonl'), 'a', encoding='utf-8')
     from tensorboard.summary.writer.event_file_writer import EventFileWriter  # pylint: disable=g-import-not-at-top
     self._tb_dir = os.path.join(workdir, 'tb', name)
-    self._staging = None
+    self._staging, self._uploaded = None, float('-inf')
     if files.is_remote(workdir):  # TensorBoard appends to its event file, which an object store cannot: the
       self._staging = tempfile.mkdtemp(prefix='bert_jax-tb-')  # file is written here, the object rewritten
     self._tb = EventFileWriter(self._staging or self._tb_dir)
@@ -69,10 +69,12 @@ class MetricWriter:
     self._tb.flush()
     self._upload()
 
-  def _upload(self) -> None:
-    """Copies the staged event files of a remote workdir to it, whole."""
-    if self._staging is None:
+  def _upload(self, force: bool = False) -> None:
+    """Copies the staged event files of a remote workdir to it, whole (at most every files.REMOTE_FLUSH_S seconds,
+    and on close)."""
+    if self._staging is None or not force and time.monotonic() - self._uploaded < files.REMOTE_FLUSH_S:
       return
+    self._uploaded = time.monotonic()
     files.makedirs(self._tb_dir)
     for name in os.listdir(self._staging):
       with open(os.path.join(self._staging, name), 'rb') as f, \
@@ -84,7 +86,7 @@ class MetricWriter:
       self._jsonl.close()
     if self._tb:
       self._tb.close()
-      self._upload()
+      self._upload(force=True)
       if self._staging:
         shutil.rmtree(self._staging, ignore_errors=True)
 

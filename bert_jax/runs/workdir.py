@@ -87,7 +87,7 @@ class Found:
   def require(self, *kinds: str | None, what: str = 'checkpoint', hint: str = '') -> Found:
     """Itself when its kind is one of `kinds` (None: a new or empty directory, or none yet); else a ConfigError
     in one wording: '{what} {path} is {its kind}, not {the kinds asked}[; hint]'."""
-    if self.kind in kinds and (self.is_dir or None in kinds):
+    if self.kind in kinds and (self.is_dir or not self.exists):
       return self
     wanted = ' or '.join(KIND_NAMES.get(k, 'a new or empty directory') for k in kinds)
     raise ConfigError(f'{what} {self.path} is {self.describe()}, not {wanted}' + (f'; {hint}' if hint else ''))
@@ -124,8 +124,9 @@ def inspect(path: str) -> Found:
 
 
 def _read_config(path: str, strict: bool = False) -> dict[str, Any] | None:
-  """config.json as a JSON object; None when absent or (unless `strict`: CheckpointError) unreadable."""
-  if not files.isfile(path):
+  """config.json as a JSON object; None when absent or (unless `strict`: CheckpointError; DataError for a
+  directory, FIFO or device) unreadable."""
+  if not (files.exists(path) if strict else files.isfile(path)):
     return None
   check_regular(path, 'workdir config')
   try:

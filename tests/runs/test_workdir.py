@@ -10,7 +10,7 @@ import pytest
 
 from bert_jax.config import FinetuneConfig, PretrainConfig
 from bert_jax.runs import checkpoints
-from bert_jax.errors import ConfigError
+from bert_jax.errors import ConfigError, DataError
 from bert_jax.runs.workdir import Workdir, inspect
 
 from helpers import FIXTURES
@@ -70,6 +70,13 @@ def test_inspect_says_what_a_path_is_once_and_refuses_in_one_wording(tmp_path):
     inspect(str(tmp_path / 'a_file')).require('finetuning')
   with pytest.raises(ConfigError, match=r'/empty is a directory of no known kind, not a pretraining workdir$'):
     inspect(str(tmp_path / 'empty')).require('pretraining')
+  with pytest.raises(ConfigError, match=r'/a_file is a file, not a new or empty directory$'):
+    inspect(str(tmp_path / 'a_file')).require(None)
+  odd = made('config_is_a_directory', 'checkpoints')
+  os.makedirs(os.path.join(odd, 'config.json'))  # decided by what it holds; reading it: refused
+  assert inspect(odd).kind == 'pretraining'
+  with pytest.raises(DataError, match='config.json is a directory, not a regular file'):
+    Workdir(odd).config()
 
 
 def test_configs_of_earlier_versions_load_as_the_new_schema():
