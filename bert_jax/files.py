@@ -8,7 +8,8 @@ install; `check_remote` names it in one line before any work, instead of a trace
 Paths of workdirs: `exists`, `isdir`, `listdir`, `makedirs`, `open_file`, `remove` take a local path (the os
 module, as before) or a remote one (gs://, s3://: etils.epath). An object store has no rename and no append:
 remote atomic writes write the object once (GCS and S3 publish an object whole when it is closed), and
-`open_file(path, 'a')` rewrites the object with the new lines on every flush (metric files are small).
+`open_file(path, 'a')` rewrites the object whole at most every REMOTE_FLUSH_S seconds and on close; `copy_file`
+copies bytes between the two kinds.
 Locks: `Lock` is a file naming its holder (host, pid and the pid's start time), so a lock left
 by a process that no longer exists on this host is recognised and taken over. On a remote workdir the lock is
 written when absent, which two runs starting in the same second could both do (an object store has no
@@ -85,6 +86,14 @@ def listdir(path: str) -> list[str]:
   if not isdir(path):
     raise FileNotFoundError(path)
   return [p.name for p in _gpath(path).iterdir()]
+
+
+def copy_file(source: str, target: str) -> None:
+  """Copies file `source` to `target`, either of them local or remote (small files: read whole)."""
+  with open_file(source, 'rb') as f:
+    data = f.read()
+  with open_file(target, 'wb') as out:
+    out.write(data)
 
 
 def move_tree(source: str, target: str) -> None:

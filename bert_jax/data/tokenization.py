@@ -24,8 +24,8 @@ import numpy as np
 import sentencepiece as spm
 import tokenizers
 
-from bert_jax.errors import ConfigError, DataError
 from bert_jax import files
+from bert_jax.errors import ConfigError, DataError
 from bert_jax.files import check_regular
 
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
@@ -602,8 +602,7 @@ def _local_copy(path: str) -> str:
   local = tempfile.mkdtemp(prefix='bert_jax-remote-tokenizer-')
   for name in dict.fromkeys(_NAMES + (() if is_dir else (os.path.basename(path.rstrip('/')),))):
     if files.isfile(os.path.join(source, name)):
-      with files.open_file(os.path.join(source, name), 'rb') as f, open(os.path.join(local, name), 'wb') as out:
-        out.write(f.read())
+      files.copy_file(os.path.join(source, name), os.path.join(local, name))
   return local if is_dir else os.path.join(local, os.path.basename(path.rstrip('/')))
 
 
@@ -614,9 +613,7 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str) -> str:
       name = os.path.basename(save_tokenizer(tokenizer, local))
       files.makedirs(directory)
       for written in sorted(os.listdir(local), key=lambda n: n == name):  # what readers look for last
-        with open(os.path.join(local, written), 'rb') as f, \
-            files.open_file(os.path.join(directory, written), 'wb') as out:
-          out.write(f.read())
+        files.copy_file(os.path.join(local, written), os.path.join(directory, written))
     return os.path.join(directory, name)
   os.makedirs(directory, exist_ok=True)
   if isinstance(tokenizer, SentencePieceTokenizer):

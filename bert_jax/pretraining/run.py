@@ -273,7 +273,7 @@ class PretrainingJob:
       state = 'is a file' if found.exists else 'does not exist'
       raise ConfigError(f'branch_from {cfg.branch_from} {state}: give the workdir of the pretraining run to branch '
                         'from')
-    if found.kind not in ('pretraining', 'merge'):
+    if not found.trained:
       raise ConfigError(f'branch_from {cfg.branch_from} is not a pretraining workdir')
     if found.kind == 'merge':
       raise ConfigError(f'branch_from {cfg.branch_from} is a merge (parameters only, no optimizer state): start '

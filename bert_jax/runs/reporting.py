@@ -77,9 +77,7 @@ class MetricWriter:
     self._uploaded = time.monotonic()
     files.makedirs(self._tb_dir)
     for name in os.listdir(self._staging):
-      with open(os.path.join(self._staging, name), 'rb') as f, \
-          files.open_file(os.path.join(self._tb_dir, name), 'wb') as out:
-        out.write(f.read())
+      files.copy_file(os.path.join(self._staging, name), os.path.join(self._tb_dir, name))
 
   def close(self) -> None:
     if self._jsonl:
