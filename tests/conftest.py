@@ -1,12 +1,24 @@
 """Test setup: 8 fake CPU devices (set before jax is imported) and shared fixtures (the functions: helpers.py)."""
 
 import os
+import shutil
+import tempfile
 
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8').strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # Entry points run in subprocesses import bert_jax from this checkout, whatever `pip install -e` points at.
 os.environ['PYTHONPATH'] = os.pathsep.join(
     p for p in (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.environ.get('PYTHONPATH')) if p)
+
+# One persistent XLA compilation cache per test run, shared by both xdist workers (they inherit this process's
+# environment) and every entry point a test starts in a subprocess: a step compiles once per run, not once per process
+# (compiling was most of the suite's time). A fresh directory each run, so no test reads what another jax compiled; the
+# size limit turns on jax's file lock, which keeps concurrent processes from reading a half-written entry.
+_OWN_XLA_CACHE = None
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  _OWN_XLA_CACHE = os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='bert_jax_tests_xla_')
+  os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
+  os.environ['JAX_COMPILATION_CACHE_MAX_SIZE'] = str(8 << 30)
 
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -75,3 +87,9 @@ def pytest_runtest_makereport(item, call):
     report.outcome = 'failed'
     report.longrepr = (f'{item.nodeid} took {report.duration:.1f} s, over the fast tier\'s {FAST_LIMIT_S:g} s: mark '
                        'it @pytest.mark.slow or make it smaller (shapes, steps, a shared fixture)')
+
+
+def pytest_unconfigure(config):
+  del config
+  if _OWN_XLA_CACHE:
+    shutil.rmtree(_OWN_XLA_CACHE, ignore_errors=True)
