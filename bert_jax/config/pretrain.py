@@ -1,10 +1,11 @@
 """A pretraining run's config: `PretrainConfig` (the shared training block, the model, the corpus and the phases),
 its corpus block (`DataConfig`, with the values its choice fields take) and one phase's fields (`PhaseConfig`).
-The phases resolved into a plan (`PretrainConfig.phase_list`) are `bert_jax.config.phases`'s."""
+The phases resolved once into the run's plan (`PretrainConfig.plan`) are `bert_jax.config.phases`'s."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -278,7 +279,7 @@ class PretrainConfig(TrainingConfig):
                         'records and masking rate: drop keep_best, or compare steps with experiments/evaluate.py')
     super().__post_init__()
     if phases:
-      self.phase_list()  # every phase's config is checked when the run's is built
+      self.plan  # pylint: disable=pointless-statement  # resolved now: a bad phase is refused at once
     if self.num_train_epochs and (self.data.train_weights or any(p.train_weights for p in phases.values())):
       raise ConfigError('an epoch of a mixture (data.train_weights) is no corpus\'s epoch: give num_train_steps '
                         '(or the phases\' steps or tokens)')
@@ -286,33 +287,28 @@ class PretrainConfig(TrainingConfig):
       raise ConfigError('branch_from continues another run with its whole state; init_checkpoint starts a new one '
                         'from weights: give one of them')
 
-  def phase_list(self) -> list[Phase]:
-    """The run's phases, resolved (one phase named 'train' without `phases`): `phases.phase_list`."""
-    return _phases.phase_list(self)
+  @functools.cached_property
+  def plan(self) -> _phases.Plan:
+    """The run's phase plan, resolved once (`phases.resolve`): a cache beside the fields, not one of them."""
+    return _phases.resolve(self)
 
-  def phase_plan(self) -> str:
-    """One line per phase: its steps, batch size (and ramp), sequence length and row tokens."""
-    lines = []
-    for p in self.phase_list():
-      lines.append(f'{p.label}: steps {p.start}-{p.end}, {p.cfg.batch_size} x {p.cfg.data.max_seq_length} tokens, '
-                   f'{p.tokens:,} row tokens')
-    return '\n'.join(lines)
+  # Views of the plan, as earlier versions named them.
+  def phase_list(self) -> list[Phase]:
+    """The plan's stages (one phase named 'train' without `phases`)."""
+    return list(self.plan.stages)
 
   def learning_rate_levels(self) -> list[tuple[int, float]] | None:
-    """(first step, peak / optim.learning_rate) per phase when a phase sets its own learning_rate, else None."""
-    if not any(p.learning_rate for p in self.phases.values()):
-      return None
-    return [(p.start, p.cfg.optim.learning_rate / self.optim.learning_rate) for p in self.phase_list()]
+    """`Plan.lr_levels`: (first step, peak / optim.learning_rate) per stage when a phase sets its own peak."""
+    return None if self.plan.lr_levels is None else list(self.plan.lr_levels)
 
   def decay_start(self) -> int | None:
-    """The step the WSD decay starts at: the first phase with lr='decay' (None: the schedule's default)."""
-    return next((p.start for p in self.phase_list() if self.phases and self.phases[p.name].lr == 'decay'), None)
+    """`Plan.decay_start`: the first lr='decay' phase's first step (None: the schedule's default)."""
+    return self.plan.decay_start
 
   def phase_at(self, step: int) -> Phase:
-    """The phase that trains step `step` + 1 (the last phase from its end on)."""
-    phases = self.phase_list()
-    return next((p for p in phases if p.start <= step < p.end), phases[-1])
+    """`Plan.at`: the stage that trains step `step` + 1 (the last from its end on)."""
+    return self.plan.at(step)
 
   def phase_before(self, step: int) -> Phase:
-    """The phase whose training produced the state at `step` (the first phase at step 0)."""
-    return self.phase_at(max(step - 1, 0))
+    """`Plan.before`: the stage whose training produced the state at `step`."""
+    return self.plan.before(step)
