@@ -26,33 +26,33 @@ class DataConfig:
   """Pretraining corpus, its preparation (bert_jax/data/prepare.py) and example construction."""
 
   # Comma-separated files, globs or directories; gzip/bz2/xz files are read as they are.
-  train_files: str = _f('data/wikitext-2-raw', path=True)
+  train_files: str = _f('data/wikitext-2-raw', path=True, fingerprinted=True)
   # A mixture: comma-separated weights, one per train_files entry (each entry a corpus, prepared on its own);
   # training rows come from the corpora in these proportions, whatever their sizes. '' = one corpus of all files.
   train_weights: str = ''
   # Held-out files; when empty, documents are held out by a keyed hash of their text with
   # probability `eval_fraction`.
-  eval_files: str = _f('', path=True)
-  eval_fraction: float = 0.05
+  eval_files: str = _f('', path=True, fingerprinted=True)
+  eval_fraction: float = _f(0.05, records=True)
   # Corpus format (corpus_formats.FORMATS): 'auto' detects wikiextractor, jsonl, wikitext or plain per file.
-  format: str = 'auto'
-  text_field: str = 'text'  # jsonl: the field that holds a document's text
+  format: str = _f('auto', records=True)
+  text_field: str = _f('text', records=True)  # jsonl: the field that holds a document's text
   # Plain/jsonl text wrapped at a fixed width: a paragraph is the lines up to a blank line (and
   # in plain files a document ends at two blank lines) instead of one line each.
-  hard_wrapped: bool = False
+  hard_wrapped: bool = _f(False, records=True)
   # A SentencePiece .model, or a Hugging Face WordPiece tokenizer (a checkpoint directory, its
   # tokenizer.json or vocab.txt: the ids of that checkpoint's own tokenizer). Empty: train a
   # SentencePiece model (vocab = model.vocab_size) on a sample of the training sentences.
-  tokenizer: str = _f('', path=True)
-  tokenizer_sample_sentences: int = 1_000_000
-  lower_case: bool = True  # for a trained tokenizer; a given one keeps its own normalisation
+  tokenizer: str = _f('', path=True, fingerprinted=True)
+  tokenizer_sample_sentences: int = _f(1_000_000, records=True)
+  lower_case: bool = _f(True, records=True)  # for a trained tokenizer; a given one keeps its own normalisation
   # Where prepared records (and a trained tokenizer) are cached, keyed by a fingerprint.
   cache_dir: str = _f('data/cache', free=True, path=True)
   # Preparation works on units of whole documents of about this many MB of input, one worker
   # process each: memory grows with unit_mb x num_workers, not with the corpus.
-  unit_mb: int = 16
+  unit_mb: int = _f(16, records=True)
   num_workers: int = _f(0, free=True)  # preparation worker processes per host; 0 = every local core
-  max_seq_length: int = 128
+  max_seq_length: int = _f(128, records=True)
   # Masked-LM slots per sequence; 0 = derived: ceil(masked_lm_prob * max_seq_length) (20 at 128).
   max_predictions_per_seq: int = 0
   masked_lm_prob: float = 0.15
@@ -66,9 +66,9 @@ class DataConfig:
   # 'none': masked LM only, on RoBERTa's FULL-SENTENCES inputs ([CLS] contiguous sentences [SEP],
   #   crossing document boundaries with a [SEP]; built once, as masking is dynamic), no pair head.
   objective: str = 'nsp'
-  short_seq_prob: float = 0.1  # NSP/SOP pairs only
+  short_seq_prob: float = _f(0.1, records=True)  # NSP/SOP pairs only
   # Passes over the documents when building NSP/SOP pairs (each pass pairs differently).
-  dupe_factor: int = 5
+  dupe_factor: int = _f(5, records=True)
   # What masked LM predicts: 'token' (BERT: any tokens), 'whole_word' (every piece of the words
   # chosen), 'span' (SpanBERT: runs of whole words, lengths geometric with span_p, at most
   # span_max_words; one 80/10/10 choice per span).
@@ -229,13 +229,13 @@ class PretrainConfig(TrainingConfig):
 
   model: ModelConfig = _f(factory=lambda: preset('mini', vocab_size=8000))
   data: DataConfig = _f(factory=DataConfig)
-  phases: dict[str, PhaseConfig] = _f(factory=dict)
+  phases: dict[str, PhaseConfig] = _f(factory=dict, branch=True)
   # A branch run: this run continues another run's checkpoint (a pretraining workdir, only ever read) with
   # its whole state (parameters, optimizer, step, RNG, data position), e.g. a WSD decay started from a
   # checkpoint of the stable phase. Its config may differ from the other run's in `phases`, the run's
   # length and the schedule's decay; anything else as resume_allow allows.
-  branch_from: str = _f('', path=True)
-  branch_step: int = -1  # the checkpoint of branch_from: -1 = its latest
+  branch_from: str = _f('', path=True, branch=True)
+  branch_step: int = _f(-1, branch=True)  # the checkpoint of branch_from: -1 = its latest
 
   def __post_init__(self):
     phases = {}

@@ -60,13 +60,17 @@ def validate_config(cfg: PretrainConfig, mesh) -> None:
                         'fsdp): packed rows are split over both')
 
 
+# Files whose contents the data fingerprint covers (the `fingerprinted` fact): read from elsewhere, the same data.
+FINGERPRINTED = facts(PretrainConfig, 'fingerprinted')
+
+
 def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, where: str) -> None:
   """Refuses to resume a checkpoint (its `meta`) written by a run with another identity: another
   config outside the fields free on resume and `cfg.resume_allow`, or another data cache `fingerprint`."""
   old = {'phases': {}, **upgrade_saved(meta.get('config', {})), 'data_fingerprint': meta.get('data_fingerprint')}
   # The same fingerprint is the same data (it covers the files' contents and the tokenizer's): the
-  # paths they were read from may differ (a copied corpus, another mount point).
-  same_data = ('data.train_files', 'data.eval_files', 'data.tokenizer') if old['data_fingerprint'] == fingerprint else ()
+  # paths they were read from (the `fingerprinted` fact) may differ (a copied corpus, another mount point).
+  same_data = FINGERPRINTED if old['data_fingerprint'] == fingerprint else ()
   try:
     scaffold.check_same_run(old, cfg, where, meta.get('step'), more_free=same_data,
                             extra_new={'data_fingerprint': fingerprint})
@@ -191,10 +195,9 @@ def evaluate(model: StepModel, params, batches, baseline_token: int) -> dict[str
   return out
 
 
-# What a branch run may change of the run it continues (beside the fields free on resume): its phases and
-# length, and the decay of its schedule; the data fingerprint covers every phase's records.
-BRANCH_FREE = ('phases', 'num_train_steps', 'optim.schedule', 'optim.decay', 'optim.decay_fraction',
-               'optim.min_lr_ratio', 'branch_from', 'branch_step', 'data_fingerprint')
+# What a branch run may change of the run it continues (beside the fields free on resume; the `branch` fact):
+# its phases and length, and the decay of its schedule; the data fingerprint covers every phase's records.
+BRANCH_FREE = facts(PretrainConfig, 'branch') + ('data_fingerprint',)
 
 
 class PretrainingJob:
