@@ -31,7 +31,8 @@ def main(_):
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
   # SIGTERM/Ctrl-C: the workers stop, finished units stay, exit code 75; the same command resumes.
   with Preemption() as preempt, preempt.immediately('preparing the data'):
-    phases = run.prepare_phase_data(cfg, log=bool(cfg.phases))  # a run in phases: each phase's records
+    # A run in phases: the records of each data config of its plan.
+    phases = run.prepare_phase_data(cfg, log=cfg.plan.phased).values()
   caches = [part for p, _ in phases for part in (p.parts if isinstance(p, Mixture) else [p])]  # a mixture: each corpus
   for prepared in {p.dir: p for p in caches}.values():
     reporting.log(json.dumps({'dir': prepared.dir, 'num_train': prepared.num_train, 'num_eval': prepared.num_eval,

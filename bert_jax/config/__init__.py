@@ -4,7 +4,8 @@ One schema: `TrainingConfig` is what every run shares (optimizer, mesh, seed, ba
 epochs, log/eval/checkpoint cadence, checkpoints kept, resume rules, the checkpoint to start from);
 `PretrainConfig` adds the model and the corpus, `FinetuneConfig` the task and its data. The
 dataclasses are the one source of truth for defaults and for the facts about each field, kept as
-field metadata (`facts`): free on resume, a path, fixed by a checkpoint, an evaluation setting.
+field metadata (`facts`): free on resume, free on a branch, a path, fixed by a checkpoint, an evaluation
+setting, shaping the prepared records, covered by the data fingerprint.
 
 Experiment configs (`experiments/configs/*.py`) start from `PretrainConfig().to_dict()` (or
 `FinetuneConfig`) as an ml_collections ConfigDict and turn the result back with `from_dict`, which
@@ -17,7 +18,7 @@ The package is one module per concern; every name is importable from `bert_jax.c
   model      `ModelConfig`, the presets (`PRESETS`, `preset`) and its fields' values (`ATTENTION_IMPLS`, ...)
   training   `TrainingConfig` (the shared block; `from_dict`), `OptimConfig`, `MeshConfig`
   pretrain   `PretrainConfig`, `DataConfig` (`OBJECTIVES`, `MASKINGS`), `PhaseConfig`
-  phases     phase planning: a PretrainConfig's phases resolved into the run's plan (`phase_list`, `Phase`)
+  phases     the phase plan: a PretrainConfig's phases resolved once (`Plan`, its stages `Phase`, `resolve`)
   finetune   `FinetuneConfig`
   migration  configs saved by earlier versions: `upgrade_saved`, `RENAMED`, `REMOVED`
   resume     identity checks: `from_checkpoint`, `architecture_diffs`, `config_diffs`, `check_resume`,
@@ -29,7 +30,7 @@ from bert_jax.config.finetune import FinetuneConfig
 from bert_jax.config.migration import REMOVED, RENAMED, upgrade_saved
 from bert_jax.config.model import (ATTENTION_IMPLS, DROPOUT_IMPLS, FUSED_MASKS, LOGITS_BACKWARDS, MLPS,
                                    NORM_POSITIONS, POSITION_EMBEDDINGS, PRESETS, REMAT_POLICIES, ModelConfig, preset)
-from bert_jax.config.phases import Phase
+from bert_jax.config.phases import Phase, Plan
 from bert_jax.config.pretrain import MASKINGS, OBJECTIVES, DataConfig, PhaseConfig, PretrainConfig
 from bert_jax.config.resume import (architecture_diffs, check_resume, check_resume_allow, config_diffs,
                                     from_checkpoint)
@@ -39,7 +40,7 @@ __all__ = [
     'ATTENTION_IMPLS', 'DECAYS', 'DROPOUT_IMPLS', 'FUSED_MASKS', 'LOGITS_BACKWARDS', 'MASKINGS', 'MLPS',
     'NORM_POSITIONS', 'OBJECTIVES', 'OPTIMIZERS', 'POSITION_EMBEDDINGS', 'PRESETS', 'REMAT_POLICIES', 'REMOVED',
     'RENAMED', 'SCHEDULES',
-    'DataConfig', 'FinetuneConfig', 'MeshConfig', 'ModelConfig', 'OptimConfig', 'Phase', 'PhaseConfig',
+    'DataConfig', 'FinetuneConfig', 'MeshConfig', 'ModelConfig', 'OptimConfig', 'Phase', 'PhaseConfig', 'Plan',
     'PretrainConfig', 'TrainingConfig',
     'architecture_diffs', 'check_resume', 'check_resume_allow', 'config_diffs', 'facts', 'from_checkpoint', 'preset',
     'upgrade_saved',

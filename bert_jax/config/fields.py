@@ -1,5 +1,6 @@
 """The field-fact helper: a config field declared with `_f` carries the facts the runs need about it as dataclass
-metadata (free on resume, a path, fixed by a checkpoint, an evaluation setting), read with `facts`; `_block` is the
+metadata (free on resume, free on a branch, a path, fixed by a checkpoint, an evaluation setting, shaping the
+prepared records, covered by the data fingerprint), read with `facts`; `_block` is the
 config block (a nested dataclass) a field holds."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from typing import Any
 
 
 def _f(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, free: bool = False,
-       path: bool = False, checkpoint: str = '', evaluation: bool = False) -> Any:
+       path: bool = False, checkpoint: str = '', evaluation: bool = False, branch: bool = False,
+       records: bool = False, fingerprinted: bool = False) -> Any:
   """A config field with the facts the runs need about it (its `metadata`, read with `facts`).
 
   Args:
@@ -20,9 +22,15 @@ def _f(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING
       parameters or the function they compute: the checkpoint's value, a clashing explicit one is
       an error), 'default' (the checkpoint's unless given explicitly); '' the config's.
     evaluation: evaluating a workdir again may set it (experiments/evaluate.py --config.X).
+    branch: a branch run (branch_from) may change it beside the fields free on resume: what comes after its
+      branch point (phases, the run's length, the schedule's decay) and where it branches from.
+    records: it shapes the prepared records (a DataConfig field): part of the cache's fingerprint.
+    fingerprinted: it names files whose contents the data fingerprint covers: with the same fingerprint, a
+      resumed run may read them from other paths.
   """
   return dataclasses.field(default=default, default_factory=factory,
-                           metadata=dict(free=free, path=path, checkpoint=checkpoint, evaluation=evaluation))
+                           metadata=dict(free=free, path=path, checkpoint=checkpoint, evaluation=evaluation,
+                                         branch=branch, records=records, fingerprinted=fingerprinted))
 
 
 def facts(cls, fact: str, prefix: str = '') -> tuple[str, ...]:

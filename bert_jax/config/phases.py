@@ -1,7 +1,14 @@
-"""Phase planning: a `PretrainConfig`'s phases resolved into the run's plan (`phase_list`, which
-`PretrainConfig.phase_list` returns): each phase (and each batch size of its batch-size ramp) as a `Phase`, its steps,
-the run's config during it and the examples consumed before it; a phase's length in tokens as steps
-(`_steps_for_tokens`)."""
+"""The phase plan: a `PretrainConfig`'s phases resolved once into an immutable `Plan` (`PretrainConfig.plan`).
+
+A plan is the run's stages in order: each phase, or each batch size of a phase's batch-size ramp, as a `Phase`
+with its steps [start, end), the run's config during it (sequence length, batch size, masking, RoPE theta, data,
+peak learning rate) and the examples consumed before it. The job, the learning-rate schedule (decay start and
+per-phase peaks) and the branch check all read the one plan. `_steps_for_tokens` turns a phase's length in
+tokens into steps.
+
+The plan lives in `bert_jax.config` (not `bert_jax.pretraining`): a `PretrainConfig` resolves it when it is
+built, to refuse a bad phase at once, and the config package imports nothing of the runs.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +24,9 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class Phase:
-  """A phase (or one batch size of its ramp) resolved: its name, 1-based index of `count`, steps [start, end),
-  the run's config during it, the examples the run consumed before it, and the steps its phase's
-  mask-rate schedule runs over."""
+  """A stage of the plan: a phase (or one batch size of its ramp) resolved: its name, 1-based index of `count`,
+  steps [start, end), the run's config during it, the examples the run consumed before it, the steps its phase's
+  mask-rate schedule runs over, and its phase's learning-rate setting."""
 
   name: str
   index: int
@@ -31,6 +38,7 @@ class Phase:
   schedule_start: int = 0
   schedule_steps: int = 0
   ramp: bool = False  # a batch size of the phase's ramp
+  decay: bool = False  # its phase has lr='decay': the WSD decay runs from the first such phase's start
 
   @property
   def label(self) -> str:
@@ -41,13 +49,76 @@ class Phase:
     """Row tokens it trains: steps x batch x max_seq_length."""
     return (self.end - self.start) * self.cfg.batch_size * self.cfg.data.max_seq_length
 
+  def layout(self, step: int) -> tuple:
+    """What the stage trains on before `step`: its steps, data stream position, batch, sequence length, files,
+    masking (its schedule's length when it ramps) and RoPE theta. A branch must share these up to its branch
+    point: the data stream and the schedules continue."""
+    data, model = self.cfg.data, self.cfg.model
+    return (self.start, min(self.end, step), self.first_example, self.cfg.batch_size, data.max_seq_length,
+            data.train_files, data.train_weights, data.masked_lm_prob, data.masked_lm_prob_end,
+            self.schedule_steps if data.masked_lm_prob_end else None, model.rope_theta, model.local_rope_theta)
 
-def phase_list(run: PretrainConfig) -> list[Phase]:
-  """The run's phases, resolved (one phase named 'train' without `phases`).
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A run's stages, resolved once from its config (`resolve`); one stage named 'train' without phases.
+
+  Attributes:
+    stages: the phases (and batch sizes of their ramps) in order, each starting where the one before ends.
+    phased: the config has `phases` (labels, per-phase evaluation and logging apply).
+    decay_start: the step the WSD decay starts at (the first lr='decay' phase's), None: the schedule's default.
+    lr_levels: (first step, peak / the run's peak) per stage when a phase sets its own learning_rate, else None.
+  """
+
+  stages: tuple[Phase, ...]
+  phased: bool = False
+  decay_start: int | None = None
+  lr_levels: tuple[tuple[int, float], ...] | None = None
+
+  @property
+  def total_steps(self) -> int:
+    """The run's optimizer steps as planned (0: a run in epochs, its length known from its data)."""
+    return self.stages[-1].end
+
+  def at(self, step: int) -> Phase:
+    """The stage that trains step `step` + 1 (the last stage from its end on)."""
+    return next((p for p in self.stages if p.start <= step < p.end), self.stages[-1])
+
+  def before(self, step: int) -> Phase:
+    """The stage whose training produced the state at `step` (the first stage at step 0)."""
+    return self.at(max(step - 1, 0))
+
+  def prefix(self, step: int) -> tuple[tuple, ...]:
+    """Each stage's `layout` before `step`: what a run continued at `step` must share."""
+    return tuple(p.layout(step) for p in self.stages if p.start < step)
+
+  def same_prefix(self, other: Plan, step: int) -> bool:
+    """Whether `other` trains as this plan up to `step` (a branch from `other` at `step`)."""
+    return self.prefix(step) == other.prefix(step)
+
+  def describe(self) -> str:
+    """One line per stage: its steps, batch size (and ramp), sequence length and row tokens."""
+    return '\n'.join(f'{p.label}: steps {p.start}-{p.end}, {p.cfg.batch_size} x {p.cfg.data.max_seq_length} '
+                     f'tokens, {p.tokens:,} row tokens' for p in self.stages)
+
+
+def resolve(run: PretrainConfig) -> Plan:
+  """The run's plan: its stages (`_stages`), where the decay starts and each stage's learning-rate level.
 
   Raises:
     ConfigError: a phase's length, learning-rate segment or resulting config is invalid.
   """
+  stages = tuple(_stages(run))
+  decay_start = next((p.start for p in stages if p.decay), None)
+  levels = None
+  if any(p.learning_rate for p in run.phases.values()):
+    levels = tuple((p.start, p.cfg.optim.learning_rate / run.optim.learning_rate) for p in stages)
+  return Plan(stages, bool(run.phases), decay_start, levels)
+
+
+def _stages(run: PretrainConfig) -> list[Phase]:
+  """The run's stages: each phase, or each batch size of its ramp, with the run's config during it (one stage
+  named 'train' without `phases`)."""
   if not run.phases:
     return [Phase('train', 1, 1, 0, run.num_train_steps, run, schedule_steps=run.num_train_steps)]
   total = sum(p.steps for p in run.phases.values())
@@ -96,7 +167,7 @@ def phase_list(run: PretrainConfig) -> list[Phase]:
       except ConfigError as e:
         raise ConfigError(f'{where} (its ramp at batch {batch}): {e}') from None
       out.append(Phase(name, i + 1, len(run.phases), at, at + steps, part, examples, start, p.steps,
-                       ramp=batch != cfg.batch_size))
+                       ramp=batch != cfg.batch_size, decay=p.lr == 'decay'))
       at, examples = at + steps, examples + steps * batch
     start += p.steps
   return out

@@ -1,10 +1,11 @@
 """A pretraining run's config: `PretrainConfig` (the shared training block, the model, the corpus and the phases),
 its corpus block (`DataConfig`, with the values its choice fields take) and one phase's fields (`PhaseConfig`).
-The phases resolved into a plan (`PretrainConfig.phase_list`) are `bert_jax.config.phases`'s."""
+The phases resolved once into the run's plan (`PretrainConfig.plan`) are `bert_jax.config.phases`'s."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -25,33 +26,33 @@ class DataConfig:
   """Pretraining corpus, its preparation (bert_jax/data/prepare.py) and example construction."""
 
   # Comma-separated files, globs or directories; gzip/bz2/xz files are read as they are.
-  train_files: str = _f('data/wikitext-2-raw', path=True)
+  train_files: str = _f('data/wikitext-2-raw', path=True, fingerprinted=True)
   # A mixture: comma-separated weights, one per train_files entry (each entry a corpus, prepared on its own);
   # training rows come from the corpora in these proportions, whatever their sizes. '' = one corpus of all files.
   train_weights: str = ''
   # Held-out files; when empty, documents are held out by a keyed hash of their text with
   # probability `eval_fraction`.
-  eval_files: str = _f('', path=True)
-  eval_fraction: float = 0.05
+  eval_files: str = _f('', path=True, fingerprinted=True)
+  eval_fraction: float = _f(0.05, records=True)
   # Corpus format (corpus_formats.FORMATS): 'auto' detects wikiextractor, jsonl, wikitext or plain per file.
-  format: str = 'auto'
-  text_field: str = 'text'  # jsonl: the field that holds a document's text
+  format: str = _f('auto', records=True)
+  text_field: str = _f('text', records=True)  # jsonl: the field that holds a document's text
   # Plain/jsonl text wrapped at a fixed width: a paragraph is the lines up to a blank line (and
   # in plain files a document ends at two blank lines) instead of one line each.
-  hard_wrapped: bool = False
+  hard_wrapped: bool = _f(False, records=True)
   # A SentencePiece .model, or a Hugging Face WordPiece tokenizer (a checkpoint directory, its
   # tokenizer.json or vocab.txt: the ids of that checkpoint's own tokenizer). Empty: train a
   # SentencePiece model (vocab = model.vocab_size) on a sample of the training sentences.
-  tokenizer: str = _f('', path=True)
-  tokenizer_sample_sentences: int = 1_000_000
-  lower_case: bool = True  # for a trained tokenizer; a given one keeps its own normalisation
+  tokenizer: str = _f('', path=True, fingerprinted=True)
+  tokenizer_sample_sentences: int = _f(1_000_000, records=True)
+  lower_case: bool = _f(True, records=True)  # for a trained tokenizer; a given one keeps its own normalisation
   # Where prepared records (and a trained tokenizer) are cached, keyed by a fingerprint.
   cache_dir: str = _f('data/cache', free=True, path=True)
   # Preparation works on units of whole documents of about this many MB of input, one worker
   # process each: memory grows with unit_mb x num_workers, not with the corpus.
-  unit_mb: int = 16
+  unit_mb: int = _f(16, records=True)
   num_workers: int = _f(0, free=True)  # preparation worker processes per host; 0 = every local core
-  max_seq_length: int = 128
+  max_seq_length: int = _f(128, records=True)
   # Masked-LM slots per sequence; 0 = derived: ceil(masked_lm_prob * max_seq_length) (20 at 128).
   max_predictions_per_seq: int = 0
   masked_lm_prob: float = 0.15
@@ -65,9 +66,9 @@ class DataConfig:
   # 'none': masked LM only, on RoBERTa's FULL-SENTENCES inputs ([CLS] contiguous sentences [SEP],
   #   crossing document boundaries with a [SEP]; built once, as masking is dynamic), no pair head.
   objective: str = 'nsp'
-  short_seq_prob: float = 0.1  # NSP/SOP pairs only
+  short_seq_prob: float = _f(0.1, records=True)  # NSP/SOP pairs only
   # Passes over the documents when building NSP/SOP pairs (each pass pairs differently).
-  dupe_factor: int = 5
+  dupe_factor: int = _f(5, records=True)
   # What masked LM predicts: 'token' (BERT: any tokens), 'whole_word' (every piece of the words
   # chosen), 'span' (SpanBERT: runs of whole words, lengths geometric with span_p, at most
   # span_max_words; one 80/10/10 choice per span).
@@ -228,13 +229,13 @@ class PretrainConfig(TrainingConfig):
 
   model: ModelConfig = _f(factory=lambda: preset('mini', vocab_size=8000))
   data: DataConfig = _f(factory=DataConfig)
-  phases: dict[str, PhaseConfig] = _f(factory=dict)
+  phases: dict[str, PhaseConfig] = _f(factory=dict, branch=True)
   # A branch run: this run continues another run's checkpoint (a pretraining workdir, only ever read) with
   # its whole state (parameters, optimizer, step, RNG, data position), e.g. a WSD decay started from a
   # checkpoint of the stable phase. Its config may differ from the other run's in `phases`, the run's
   # length and the schedule's decay; anything else as resume_allow allows.
-  branch_from: str = _f('', path=True)
-  branch_step: int = -1  # the checkpoint of branch_from: -1 = its latest
+  branch_from: str = _f('', path=True, branch=True)
+  branch_step: int = _f(-1, branch=True)  # the checkpoint of branch_from: -1 = its latest
 
   def __post_init__(self):
     phases = {}
@@ -278,7 +279,7 @@ class PretrainConfig(TrainingConfig):
                         'records and masking rate: drop keep_best, or compare steps with experiments/evaluate.py')
     super().__post_init__()
     if phases:
-      self.phase_list()  # every phase's config is checked when the run's is built
+      self.plan  # pylint: disable=pointless-statement  # resolved now: a bad phase is refused at once
     if self.num_train_epochs and (self.data.train_weights or any(p.train_weights for p in phases.values())):
       raise ConfigError('an epoch of a mixture (data.train_weights) is no corpus\'s epoch: give num_train_steps '
                         '(or the phases\' steps or tokens)')
@@ -286,33 +287,28 @@ class PretrainConfig(TrainingConfig):
       raise ConfigError('branch_from continues another run with its whole state; init_checkpoint starts a new one '
                         'from weights: give one of them')
 
-  def phase_list(self) -> list[Phase]:
-    """The run's phases, resolved (one phase named 'train' without `phases`): `phases.phase_list`."""
-    return _phases.phase_list(self)
+  @functools.cached_property
+  def plan(self) -> _phases.Plan:
+    """The run's phase plan, resolved once (`phases.resolve`): a cache beside the fields, not one of them."""
+    return _phases.resolve(self)
 
-  def phase_plan(self) -> str:
-    """One line per phase: its steps, batch size (and ramp), sequence length and row tokens."""
-    lines = []
-    for p in self.phase_list():
-      lines.append(f'{p.label}: steps {p.start}-{p.end}, {p.cfg.batch_size} x {p.cfg.data.max_seq_length} tokens, '
-                   f'{p.tokens:,} row tokens')
-    return '\n'.join(lines)
+  # Views of the plan, as earlier versions named them.
+  def phase_list(self) -> list[Phase]:
+    """The plan's stages (one phase named 'train' without `phases`)."""
+    return list(self.plan.stages)
 
   def learning_rate_levels(self) -> list[tuple[int, float]] | None:
-    """(first step, peak / optim.learning_rate) per phase when a phase sets its own learning_rate, else None."""
-    if not any(p.learning_rate for p in self.phases.values()):
-      return None
-    return [(p.start, p.cfg.optim.learning_rate / self.optim.learning_rate) for p in self.phase_list()]
+    """`Plan.lr_levels`: (first step, peak / optim.learning_rate) per stage when a phase sets its own peak."""
+    return None if self.plan.lr_levels is None else list(self.plan.lr_levels)
 
   def decay_start(self) -> int | None:
-    """The step the WSD decay starts at: the first phase with lr='decay' (None: the schedule's default)."""
-    return next((p.start for p in self.phase_list() if self.phases and self.phases[p.name].lr == 'decay'), None)
+    """`Plan.decay_start`: the first lr='decay' phase's first step (None: the schedule's default)."""
+    return self.plan.decay_start
 
   def phase_at(self, step: int) -> Phase:
-    """The phase that trains step `step` + 1 (the last phase from its end on)."""
-    phases = self.phase_list()
-    return next((p for p in phases if p.start <= step < p.end), phases[-1])
+    """`Plan.at`: the stage that trains step `step` + 1 (the last from its end on)."""
+    return self.plan.at(step)
 
   def phase_before(self, step: int) -> Phase:
-    """The phase whose training produced the state at `step` (the first phase at step 0)."""
-    return self.phase_at(max(step - 1, 0))
+    """`Plan.before`: the stage whose training produced the state at `step`."""
+    return self.plan.before(step)

@@ -32,10 +32,10 @@ class OptimConfig:
   # 'linear': after the warmup, linear decay to 0 at the last step (BERT). 'wsd': warmup, then stable at the peak,
   # then `decay` down to min_lr_ratio x the peak over the decay phase (a phase with lr='decay'), or over the
   # last decay_fraction of the run without phases.
-  schedule: str = 'linear'
-  decay: str = 'linear'  # the WSD decay's shape: 'linear', 'cosine' or '1-sqrt'
-  decay_fraction: float = 0.1
-  min_lr_ratio: float = 0.0
+  schedule: str = _f('linear', branch=True)
+  decay: str = _f('linear', branch=True)  # the WSD decay's shape: 'linear', 'cosine' or '1-sqrt'
+  decay_fraction: float = _f(0.1, branch=True)
+  min_lr_ratio: float = _f(0.0, branch=True)
   weight_decay: float = 0.01
   b1: float = 0.9
   b2: float = 0.999
@@ -93,7 +93,7 @@ class TrainingConfig:
   batch_size: int = 32  # global batch per optimizer step
   eval_batch_size: int = _f(64, free=True, evaluation=True)
   # The run's length: num_train_steps when > 0, else num_train_epochs passes over the training examples.
-  num_train_steps: int = 1000
+  num_train_steps: int = _f(1000, branch=True)
   num_train_epochs: float = 0.0
   log_every: int = _f(50, free=True, evaluation=True)
   eval_every: int = _f(500, free=True)  # 0: evaluate at the end only

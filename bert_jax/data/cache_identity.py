@@ -12,13 +12,14 @@ import os
 
 from etils import epath
 
+from bert_jax.config import DataConfig, facts
 from bert_jax.data import records, tokenization
 from bert_jax.data.records import META_FILE
 
-# DataConfig fields that change the records (masking happens later, per batch); with the
-# inputs' contents, the seed and records.FORMAT_VERSION they make the cache fingerprint.
-RECORD_FIELDS = ('eval_fraction', 'lower_case', 'max_seq_length', 'short_seq_prob', 'dupe_factor',
-                 'format', 'text_field', 'hard_wrapped', 'unit_mb', 'tokenizer_sample_sentences')
+# DataConfig fields that change the records (their `records` fact; masking happens later, per batch); with the
+# inputs' contents, the seed and records.FORMAT_VERSION they make the cache fingerprint (keys sorted: their
+# order is no part of it).
+RECORD_FIELDS = facts(DataConfig, 'records')
 
 
 def fingerprints(cfg, train_paths, eval_paths, given, vocab_size, seed) -> tuple[str, str]:

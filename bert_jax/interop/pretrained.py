@@ -226,7 +226,7 @@ def describe(path: str, what: str = 'checkpoint', log=reporting.log) -> Source:
       raise CheckpointError(f'{path} has no tokenizer ({" or ".join(TOKENIZER_FILES)}); it was written by an older '
                             'bert_jax — copy the tokenizer from its data cache into the workdir')
     # A run in phases: its last phase's model (a context extension's RoPE theta).
-    return Source('pretraining', path, PretrainConfig.from_dict(saved).phase_list()[-1].cfg.model, tokenizer, saved)
+    return Source('pretraining', path, PretrainConfig.from_dict(saved).plan.stages[-1].cfg.model, tokenizer, saved)
   if os.path.exists(workdir.file(CONFIG_FILE)):
     spiece = os.path.join(path, hf.SPIECE_FILE)  # a bert_jax export of a SentencePiece model
     return Source('hf', path, hf.read_hf_config(path), spiece if os.path.isfile(spiece) else path)

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from bert_jax import distributed, sharding as shd
-from bert_jax.config import ModelConfig, PretrainConfig, architecture_diffs, facts, upgrade_saved
+from bert_jax.config import DataConfig, ModelConfig, PretrainConfig, architecture_diffs, facts, upgrade_saved
 from bert_jax.data import loader as input_pipeline, mixture, prepare as pretraining_data, tokenization
 from bert_jax.data.mixture import Mixture
 from bert_jax.data.records import PreparedData
@@ -60,13 +60,17 @@ def validate_config(cfg: PretrainConfig, mesh) -> None:
                         'fsdp): packed rows are split over both')
 
 
+# Files whose contents the data fingerprint covers (the `fingerprinted` fact): read from elsewhere, the same data.
+FINGERPRINTED = facts(PretrainConfig, 'fingerprinted')
+
+
 def check_same_run(meta: dict[str, Any], cfg: PretrainConfig, fingerprint: str, where: str) -> None:
   """Refuses to resume a checkpoint (its `meta`) written by a run with another identity: another
   config outside the fields free on resume and `cfg.resume_allow`, or another data cache `fingerprint`."""
   old = {'phases': {}, **upgrade_saved(meta.get('config', {})), 'data_fingerprint': meta.get('data_fingerprint')}
   # The same fingerprint is the same data (it covers the files' contents and the tokenizer's): the
-  # paths they were read from may differ (a copied corpus, another mount point).
-  same_data = ('data.train_files', 'data.eval_files', 'data.tokenizer') if old['data_fingerprint'] == fingerprint else ()
+  # paths they were read from (the `fingerprinted` fact) may differ (a copied corpus, another mount point).
+  same_data = FINGERPRINTED if old['data_fingerprint'] == fingerprint else ()
   try:
     scaffold.check_same_run(old, cfg, where, meta.get('step'), more_free=same_data,
                             extra_new={'data_fingerprint': fingerprint})
@@ -100,9 +104,9 @@ def pretraining_model(model_cfg: ModelConfig, tx: optax.GradientTransformation, 
 
 
 def build_model(cfg: PretrainConfig, mesh, total_steps: int) -> StepModel:
-  """The run's model: `pretraining_model` with its optimizer, schedule (a WSD decay from the first decay
-  phase, if any) and accumulation."""
-  decay_start, levels = cfg.decay_start(), cfg.learning_rate_levels()
+  """The run's model: `pretraining_model` with its optimizer, schedule (from the plan: a WSD decay from the first
+  decay phase, if any, and each phase's peak) and accumulation."""
+  decay_start, levels = cfg.plan.decay_start, cfg.plan.lr_levels
   return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, total_steps, decay_start, levels), mesh,
                            objective=cfg.data.objective, grad_accum_steps=cfg.optim.grad_accum_steps,
                            schedule=optim.learning_rate_schedule(cfg.optim, total_steps, decay_start, levels),
@@ -139,11 +143,13 @@ def prepare_data(cfg: PretrainConfig) -> tuple[PreparedData | Mixture, input_pip
   return prepared, input_pipeline.Vocab.from_tokenizer(tokenizer, prepared.special_ids, cfg.data.masking)
 
 
-def prepare_phase_data(cfg: PretrainConfig, log: bool = False) -> list[tuple[PreparedData, input_pipeline.Vocab]]:
-  """`prepare_data` of each phase (`cfg.phase_list()`), in order; phases that share a data config share a cache,
-  and a tokenizer trained for the first phase tokenizes every later one (the same ids in every phase)."""
+def prepare_phase_data(cfg: PretrainConfig, log: bool = False
+                       ) -> dict[DataConfig, tuple[PreparedData | Mixture, input_pipeline.Vocab]]:
+  """`prepare_data` of each data config of the plan's stages (`cfg.plan`), in order, keyed by it: stages that
+  share a data config share a cache, and a tokenizer trained for the first phase tokenizes every later one (the
+  same ids in every phase)."""
   data, trained = {}, None
-  for phase in cfg.phase_list():
+  for phase in cfg.plan.stages:
     if phase.cfg.data not in data:
       if log:
         mix = ', '.join(f'{share:.0%} {files}' for files, share in phase.cfg.data.mixture())
@@ -154,7 +160,7 @@ def prepare_phase_data(cfg: PretrainConfig, log: bool = False) -> list[tuple[Pre
         own = dataclasses.replace(own, data=dataclasses.replace(own.data, tokenizer=trained))
       data[phase.cfg.data] = prepare_data(own)
       trained = trained or data[phase.cfg.data][0].tokenizer_path
-  return [data[phase.cfg.data] for phase in cfg.phase_list()]
+  return data
 
 
 def _eval_iter(cfg: PretrainConfig, prepared, vocab, mesh) -> Iterator[dict[str, np.ndarray]]:
@@ -189,10 +195,9 @@ def evaluate(model: StepModel, params, batches, baseline_token: int) -> dict[str
   return out
 
 
-# What a branch run may change of the run it continues (beside the fields free on resume): its phases and
-# length, and the decay of its schedule; the data fingerprint covers every phase's records.
-BRANCH_FREE = ('phases', 'num_train_steps', 'optim.schedule', 'optim.decay', 'optim.decay_fraction',
-               'optim.min_lr_ratio', 'branch_from', 'branch_step', 'data_fingerprint')
+# What a branch run may change of the run it continues (beside the fields free on resume; the `branch` fact):
+# its phases and length, and the decay of its schedule; the data fingerprint covers every phase's records.
+BRANCH_FREE = facts(PretrainConfig, 'branch') + ('data_fingerprint',)
 
 
 class PretrainingJob:
@@ -208,7 +213,7 @@ class PretrainingJob:
     self.checkpoint_extra = None
 
   def check(self, mesh, workdir: Workdir) -> None:
-    for phase in self.cfg.phase_list():
+    for phase in self.cfg.plan.stages:
       try:
         validate_config(phase.cfg, mesh)
       except ConfigError as e:
@@ -218,36 +223,38 @@ class PretrainingJob:
       self._check_branch_point()
 
   def prepare(self, mesh) -> None:
-    cfg = self.cfg
-    self.phases = cfg.phase_list()
-    if cfg.phases:
-      reporting.log(cfg.phase_plan())
-    # Each phase's records (its sequence length, files): phases that share a data config share a cache.
-    self.data = [(prepared, vocab, mixture.open_split(prepared, 'train'))
-                 for prepared, vocab in prepare_phase_data(cfg, log=bool(cfg.phases))]
-    self.prepared, self.vocab, self.train_set = self.data[0]
+    cfg, plan = self.cfg, self.cfg.plan
+    if plan.phased:
+      reporting.log(plan.describe())
+    # The records of each stage's data config (its sequence length, files), keyed by it: one cache each.
+    self.data = {key: (prepared, vocab, mixture.open_split(prepared, 'train'))
+                 for key, (prepared, vocab) in prepare_phase_data(cfg, log=plan.phased).items()}
+    self.prepared, self.vocab, self.train_set = self.data[plan.stages[0].cfg.data]
     self.tokenizer = tokenization.load_tokenizer(self.prepared.tokenizer_path)
-    def of_run(caches: list[str]) -> str:
+    def of_run(name: Callable[[Any], str]) -> str:  # the run's data: each stage's cache, in order
+      caches = [name(self.data[p.cfg.data][0]) for p in plan.stages]
       return caches[0] if len(set(caches)) == 1 else hashlib.sha256('+'.join(caches).encode()).hexdigest()[:16]
-    self.fingerprint = of_run([mixture.fingerprint(p) for p, _, _ in self.data])
+    self.fingerprint = of_run(mixture.fingerprint)
     # What checkpoints of earlier versions call the same data (when its files are where they were then).
-    self.legacy_fingerprint = of_run([mixture.legacy_fingerprint(p) for p, _, _ in self.data])
+    self.legacy_fingerprint = of_run(mixture.legacy_fingerprint)
     self.checkpoint_extra = {'data_fingerprint': self.fingerprint}
     self.total_steps = cfg.total_steps(len(self.train_set))
     reporting.log(describe_attention(cfg.model))
-    # The first phase's model (its RoPE theta, when the first phase sets one); without phases, the run's.
-    self.model = build_model(dataclasses.replace(cfg, model=self.phases[0].cfg.model), mesh, self.total_steps)
-    self.models = [self.model]
-    for phase in self.phases[1:]:  # a phase that changes the model's function (RoPE theta) gets its own step
-      same = phase.cfg.model == self.phases[len(self.models) - 1].cfg.model
-      self.models.append(self.models[-1] if same else build_model(dataclasses.replace(cfg, model=phase.cfg.model),
-                                                                   mesh, self.total_steps))
+    # One model per model config of the plan's stages, keyed by it: a phase that changes the model's function
+    # (RoPE theta) gets its own step. The first is the first phase's (without phases, the run's).
+    self.models = {}
+    for phase in plan.stages:
+      if phase.cfg.model not in self.models:
+        self.models[phase.cfg.model] = build_model(dataclasses.replace(cfg, model=phase.cfg.model), mesh,
+                                                   self.total_steps)
+    self.model = self.models[plan.stages[0].cfg.model]
 
   def stages(self) -> list[scaffold.Stage]:
-    if not self.cfg.phases:
+    plan = self.cfg.plan
+    if not plan.phased:
       return [scaffold.Stage(self.total_steps, self.model)]
-    return [scaffold.Stage(p.end, m, f'{p.label}: ', {'phase': p.index}, evaluate_at_end=not p.ramp)
-            for p, m in zip(self.phases, self.models)]
+    return [scaffold.Stage(p.end, self.models[p.cfg.model], f'{p.label}: ', {'phase': p.index},
+                           evaluate_at_end=not p.ramp) for p in plan.stages]
 
   def saved_config(self) -> dict[str, Any]:
     return self.cfg.to_dict()
@@ -283,9 +290,9 @@ class PretrainingJob:
       step = int(ckpt.meta(None if cfg.branch_step < 0 else cfg.branch_step)['step'])
     finally:
       ckpt.close()
-    if cfg.num_train_steps and step >= cfg.num_train_steps:
+    if cfg.plan.total_steps and step >= cfg.plan.total_steps:
       raise ConfigError(f'branch_from {cfg.branch_from} step {step} is not before this run\'s end '
-                        f'({cfg.num_train_steps} steps): nothing would train')
+                        f'({cfg.plan.total_steps} steps): nothing would train')
 
   def branch(self) -> tuple[dict[str, Any], int] | None:
     cfg = self.cfg
@@ -308,13 +315,8 @@ class PretrainingJob:
                             extra_new={'data_fingerprint': self.fingerprint})
     # Up to the branch point the two runs must be laid out alike: the data stream and the schedules continue.
     step = int(meta['step'])
-    def layout(cfg: PretrainConfig) -> list[tuple]:
-      return [(p.start, min(p.end, step), p.first_example, p.cfg.batch_size, p.cfg.data.max_seq_length,
-               p.cfg.data.train_files, p.cfg.data.train_weights, p.cfg.data.masked_lm_prob, p.cfg.data.masked_lm_prob_end,
-               p.schedule_steps if p.cfg.data.masked_lm_prob_end else None, p.cfg.model.rope_theta,
-               p.cfg.model.local_rope_theta) for p in cfg.phase_list() if p.start < step]
     theirs = PretrainConfig.from_dict({k: v for k, v in old.items() if k != 'data_fingerprint'})
-    if layout(theirs) != layout(self.cfg):
+    if not self.cfg.plan.same_prefix(theirs.plan, step):
       raise CheckpointError(f'{where} step {step}: its phases up to that step differ from this run\'s (lengths, batch '
                             'sizes, data or model settings): a branch changes only what comes after its branch point')
 
@@ -323,13 +325,14 @@ class PretrainingJob:
 
   def batches(self, seed: int, position: int, step: int):
     mesh = self.model.mesh
-    phase = self.cfg.phase_at(step)
-    cfg, (_, vocab, train_set) = phase.cfg, self.data[self.phases.index(phase)]
+    plan = self.cfg.plan
+    phase = plan.at(step)
+    cfg, (_, vocab, train_set) = phase.cfg, self.data[phase.cfg.data]
     # This process's rows of each global batch: the block its devices hold in the batch sharding.
     block, num_blocks = distributed.process_batch_block(mesh)
     workers = loader_workers(cfg)
-    end = phase.end if self.cfg.phases else self.total_steps
-    at = f'{phase.label}: ' if self.cfg.phases else ''
+    end = phase.end if plan.phased else self.total_steps
+    at = f'{phase.label}: ' if plan.phased else ''
     reporting.log(f'{at}training {end - step} steps ({step} done) on {len(train_set)} examples; '
                   f'{jax.device_count()} devices, mesh {dict(mesh.shape)}; input: '
                   + (f'{workers} loader process(es)' if workers else 'a loader thread'))
@@ -338,15 +341,14 @@ class PretrainingJob:
     return input_pipeline.PretrainingBatches(
         train_set, global_batch_size=cfg.batch_size, seed=seed, cfg=cfg.data, vocab=vocab,
         process_index=block, process_count=num_blocks, start_position=position, workers=workers,
-        total_steps=phase.schedule_steps if self.cfg.phases else self.total_steps,
+        total_steps=phase.schedule_steps if plan.phased else self.total_steps,
         first_batch=phase.start, first_example=phase.first_example, schedule_start=phase.schedule_start)
 
   def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
     del output_dir  # held-out metrics only: no predictions to write
-    phase = self.cfg.phase_before(step)  # the phase that trained these parameters: its data and model
-    at = self.phases.index(phase)
-    prepared, vocab, _ = self.data[at]
-    return evaluate(self.models[at], params, _eval_iter(phase.cfg, prepared, vocab, self.model.mesh),
+    phase = self.cfg.plan.before(step)  # the stage that trained these parameters: its data and model
+    prepared, vocab, _ = self.data[phase.cfg.data]
+    return evaluate(self.models[phase.cfg.model], params, _eval_iter(phase.cfg, prepared, vocab, self.model.mesh),
                     prepared.most_frequent_token)
 
 
@@ -412,7 +414,7 @@ def _workdir_model(workdir: str, overrides: dict[str, Any] | None = None) -> tup
   cfg = PretrainConfig.from_dict({**saved, **(overrides or {})})
   mesh = shd.make_mesh(cfg.mesh)
   validate_config(cfg, mesh)
-  return cfg, build_model(cfg, mesh, max(cfg.num_train_steps, 1))  # the schedule's length is never used here
+  return cfg, build_model(cfg, mesh, max(cfg.plan.total_steps, 1))  # the schedule's length is never used here
 
 
 def evaluate_checkpoint(workdir: str, step: int | None = None, overrides: dict[str, Any] | None = None
@@ -485,12 +487,12 @@ def evaluate_in(workdir: str, checkpoints: list[tuple[str, int | None]],
     if data is None:  # after the first restore: a bad workdir fails before data work
       data = prepare_phase_data(cfg)
     # The phase that trained the checkpoint: its held-out data and model (RoPE theta); one phase without phases.
-    phase = cfg.phase_before(int(meta['step']) if as_step is None else as_step)
+    phase = cfg.plan.before(int(meta['step']) if as_step is None else as_step)
     if phase.cfg.model not in models:
       same = phase.cfg.model == cfg.model
       models[phase.cfg.model] = model if same else build_model(dataclasses.replace(cfg, model=phase.cfg.model),
-                                                               model.mesh, max(cfg.num_train_steps, 1))
-    prepared, vocab = data[cfg.phase_list().index(phase)]
+                                                               model.mesh, max(cfg.plan.total_steps, 1))
+    prepared, vocab = data[phase.cfg.data]
     results.append({'step': int(meta['step']),
                     **evaluate(models[phase.cfg.model], state['params'], _eval_iter(phase.cfg, prepared, vocab, model.mesh),
                                prepared.most_frequent_token)})
