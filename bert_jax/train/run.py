@@ -51,65 +51,91 @@ class Stage:
   evaluate_at_end: bool = True  # False: a stage the run's phase goes on after (a batch size of a ramp)
 
 
+@dataclasses.dataclass(frozen=True)
+class Branch:
+  """Another run's checkpoint that a run directory without one of its own continues (pretraining's branch_from):
+  its whole train state and data position, restored read-only.
+
+  Attributes:
+    directory: the other run's workdir.
+    step: its checkpoint step (None: the newest usable).
+    check_meta: refuses that checkpoint's meta when it is not this run up to there.
+  """
+
+  directory: str
+  step: int | None
+  check_meta: Callable[[dict[str, Any]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """A job ready to run: its data prepared and its model built, every member there at once (`Job.prepare`).
+
+  Attributes:
+    cfg: the run's config (the starting checkpoint's architecture resolved).
+    stages: the run's stages in order (pretraining's phases; else one), the last ending at `total_steps`.
+    main_metric: the held-out metric `keep_best` ranks by.
+    tokenizer: saved in the workdir when a run directory starts.
+    saved_config: the workdir's config.json.
+    run_dirs: (seed, directory) of each run it trains: the workdir itself, or one seed_<n>/ per seed.
+    batches: (seed, data position, step) -> this process's block of each training batch from there on.
+    evaluate: (params, step, output_dir) -> held-out metrics (predictions written to `output_dir` when given).
+    check_meta: (meta, run_dir) -> refuses a checkpoint another run wrote (its meta: config, step, ...).
+    report: (seed, run_dir) -> the run directory's lines and files.
+    results: (each run directory's result, wall seconds) -> the workdir's final metrics.
+    run_done: (seed, run_dir, result) after each run directory: its own results and lines (None: none).
+    checkpoint_extra: more meta in each checkpoint (a data fingerprint).
+    eval_first: evaluate before the first step (a run continued from other weights).
+    branch: the init choice after resume: another run's checkpoint to continue (None: none).
+    weights: the init choice after that: the starting checkpoint's parameters the model has, read when called
+      (None: from scratch).
+  """
+
+  cfg: TrainingConfig
+  stages: tuple[Stage, ...]
+  main_metric: str
+  tokenizer: Any
+  saved_config: dict[str, Any]
+  run_dirs: tuple[tuple[int, str], ...]
+  batches: Callable[[int, int, int], Batches]
+  evaluate: Callable[[Any, int, str | None], dict[str, Any]]
+  check_meta: Callable[[dict[str, Any], str], None]
+  report: Callable[[int, str], Report]
+  results: Callable[[list[dict[str, Any]], float], dict[str, Any]]
+  run_done: Callable[[int, str, dict[str, Any]], None] | None = None
+  checkpoint_extra: dict[str, Any] | None = None
+  eval_first: bool = False
+  branch: Branch | None = None
+  weights: Callable[[], dict[str, Any]] | None = None
+
+  @property
+  def model(self) -> StepModel:
+    """The first stage's model: its state is the run's (init, restore)."""
+    return self.stages[0].model
+
+  @property
+  def total_steps(self) -> int:
+    return self.stages[-1].end
+
+
 class Job(Protocol):
-  """What a kind of run brings to the scaffold.
+  """What a kind of run brings to the scaffold: five members; everything else comes with `prepare`.
 
   Attributes:
     kind: 'pretraining' or 'finetuning' (the workdir's kind).
-    cfg: the run's config (after its starting checkpoint resolved the model).
-    main_metric: the held-out metric `keep_best` ranks by (known after `prepare`).
+    cfg: the run's config as given (its mesh, resume_allow and starting checkpoints are read before `prepare`).
     preparing: what `prepare` does, for the preemption message.
   """
 
   kind: str
   cfg: TrainingConfig
-  main_metric: str
   preparing: str
-  eval_first: bool  # evaluate before the first step (a run continued from other weights)
-  checkpoint_extra: dict[str, Any] | None  # more meta in each checkpoint (a data fingerprint)
 
-  def check(self, mesh, workdir: Workdir) -> None:
-    """Refuses what needs the mesh or the model, and a workdir that holds another run."""
+  def validate(self, mesh, workdir: Workdir) -> None:
+    """Refuses what needs the mesh or the model, and a workdir that holds another run; changes nothing."""
 
-  def prepare(self, mesh) -> None:
-    """Prepares the data and builds the model (`model`, `total_steps`, `tokenizer`)."""
-
-  model: StepModel
-  total_steps: int
-  tokenizer: Any
-
-  def saved_config(self) -> dict[str, Any]:
-    """The workdir's config.json."""
-
-  def stages(self) -> list[Stage]:
-    """The run's stages in order, the last ending at `total_steps` (pretraining phases; else one)."""
-
-  def run_dirs(self, workdir: Workdir) -> list[tuple[int, str]]:
-    """(seed, directory) of each run it trains: the workdir itself, or one seed_<n>/ per seed."""
-
-  def check_meta(self, meta: dict[str, Any], run_dir: str) -> None:
-    """Refuses a checkpoint another run wrote (its meta: config, step, ...)."""
-
-  def branch(self) -> tuple[dict[str, Any], int] | None:
-    """(train state, data position) another run's checkpoint continues with (a branch run), or None."""
-
-  def initial_params(self) -> dict[str, Any] | None:
-    """The starting checkpoint's parameters the model has, or None to start from scratch."""
-
-  def batches(self, seed: int, position: int, step: int) -> Batches:
-    """This process's block of each training batch from data position `position` on."""
-
-  def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
-    """Held-out metrics of `params` (predictions written to `output_dir` when given)."""
-
-  def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
-    """The run directory's lines and files."""
-
-  def run_done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
-    """After each run directory: its own results and lines, if the kind has any."""
-
-  def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
-    """The workdir's final metrics from each run directory's."""
+  def prepare(self, mesh, workdir: Workdir) -> Prepared:
+    """Prepares the data and builds the model."""
 
 
 def check_sequence_length(cfg: TrainingConfig, name: str, length: int, model) -> None:
@@ -152,60 +178,73 @@ def train(job: Job, workdir: str) -> dict[str, Any]:
       check_outside(workdir, getattr(cfg, name), name)
   check_kind(workdir, job.kind)
   check_resume_allow(cfg.resume_allow, cfg.to_dict(), extra=('data_fingerprint',))
-  job.check(mesh, wd)
+  job.validate(mesh, wd)
   with wd.claim(job.kind, owner=jax.process_index() == 0, log=reporting.log), Preemption() as preempt:
     with preempt.immediately(job.preparing):
-      job.prepare(mesh)
+      prepared = job.prepare(mesh, wd)
 
     def started() -> None:  # once a run directory resumed (the same run) or started: nothing is written before
-      wd.write_config(job.saved_config())
-      wd.save_tokenizer(job.tokenizer)  # the workdir is used on its own later (predict, export, init_checkpoint)
+      wd.write_config(prepared.saved_config)
+      wd.save_tokenizer(prepared.tokenizer)  # the workdir is used on its own later (predict, export, init_checkpoint)
 
     per_run = []
-    for seed, run_dir in job.run_dirs(wd):
-      per_run.append(_train_run(job, wd, seed, run_dir, preempt, started))
-      job.run_done(seed, run_dir, per_run[-1], wd)
-  final = job.results(per_run, wall_s=time.monotonic() - start)
+    for seed, run_dir in prepared.run_dirs:
+      per_run.append(_train_run(prepared, seed, run_dir, preempt, started))
+      if prepared.run_done:
+        prepared.run_done(seed, run_dir, per_run[-1])
+  final = prepared.results(per_run, time.monotonic() - start)
   wd.write_results(final)
   return final
 
 
-def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preemption,
+def _init_state(run: Prepared, ckpt: Checkpointer, seed: int, run_dir: str, label: str) -> tuple[Any, int, bool]:
+  """The init decision of a run directory: (train state, data position, whether it resumed)."""
+  model = run.model
+  if ckpt.latest_step() is not None:  # 1. resume
+    state, meta = ckpt.restore(None, model.abstract_state, log=reporting.log,
+                               check_meta=lambda meta: run.check_meta(meta, run_dir),
+                               fresh_opt_state=model.init_opt_state if allows_fresh_optimizer(run.cfg) else None)
+    position = int(meta['data_position'])
+    reporting.log(f'{label}resumed from {ckpt.directory} at step {int(state["step"])} (data position {position})')
+    return state, position, True
+  if run.branch is not None:  # 2. another run's state, continued (a branch run)
+    other = Checkpointer(run.branch.directory, read_only=True)
+    try:
+      state, meta = other.restore(run.branch.step, model.abstract_state, log=reporting.log,
+                                  check_meta=run.branch.check_meta)
+    finally:
+      other.close()
+    position = int(meta['data_position'])
+    reporting.log(f'{label}branched from {run.branch.directory} at step {int(state["step"])} '
+                  f'(data position {position})')
+    return state, position, False
+  # 3. from a source's weights, or 4. from scratch
+  return model.init_state(run.weights() if run.weights else None, seed=seed), 0, False
+
+
+def _train_run(run: Prepared, seed: int, run_dir: str, preempt: Preemption,
                started: Callable[[], None]) -> dict[str, Any]:
   """One run directory: checkpointer, the init decision, fit, the final (or best) evaluation."""
-  cfg, model = job.cfg, job.model
-  report = job.report(seed, run_dir, wd)
-  ckpt = Checkpointer(run_dir, save_every=cfg.eval_every if cfg.keep_best else cfg.checkpoint_every or job.total_steps,
-                      keep=cfg.keep_checkpoints, best_metric=job.main_metric if cfg.keep_best else None)
+  cfg, model = run.cfg, run.model
+  report = run.report(seed, run_dir)
+  ckpt = Checkpointer(run_dir, save_every=cfg.eval_every if cfg.keep_best else cfg.checkpoint_every or run.total_steps,
+                      keep=cfg.keep_checkpoints, best_metric=run.main_metric if cfg.keep_best else None)
   try:
-    resumed = ckpt.latest_step() is not None
-    if resumed:  # 1. resume
-      state, meta = ckpt.restore(None, model.abstract_state, log=reporting.log,
-                                 check_meta=lambda meta: job.check_meta(meta, run_dir),
-                                 fresh_opt_state=model.init_opt_state if allows_fresh_optimizer(cfg) else None)
-      position = int(meta['data_position'])
-      reporting.log(f'{report.label}resumed from {ckpt.directory} at step {int(state["step"])} '
-                    f'(data position {position})')
-    elif (branched := job.branch()) is not None:  # 2. another run's state, continued (a branch run)
-      state, position = branched
-      reporting.log(f'{report.label}branched from {cfg.branch_from} at step {int(state["step"])} '
-                    f'(data position {position})')
-    else:  # 3. from a source, or 4. from scratch
-      state, position = model.init_state(job.initial_params(), seed=seed), 0
+    state, position, resumed = _init_state(run, ckpt, seed, run_dir, report.label)
     started()
     # Predictions are written at the last step, unless the best step's are wanted.
     final_dir = None if cfg.keep_best else run_dir
     def held_out(params, step: int) -> dict[str, Any]:
-      return job.evaluate(params, step, final_dir if step == job.total_steps else None)
+      return run.evaluate(params, step, final_dir if step == run.total_steps else None)
 
     step, stats = int(jax.device_get(state['step'])), {}
-    stages = job.stages()
+    stages = run.stages
     for stage in [s for s in stages if s.end > step] or stages[-1:]:  # a finished run: the last one, at its end
-      batches = job.batches(seed, position, step)
+      batches = run.batches(seed, position, step)
       fitted = fit(stage.model, state, batches, total_steps=stage.end, ckpt=ckpt, preempt=preempt,
                    report=dataclasses.replace(report, label=report.label + stage.label, fields=stage.fields),
-                   log_every=cfg.log_every, checkpoint_config=cfg.to_dict(), checkpoint_extra=job.checkpoint_extra,
-                   evaluate=held_out, eval_every=cfg.eval_every, eval_first=job.eval_first and not resumed,
+                   log_every=cfg.log_every, checkpoint_config=cfg.to_dict(), checkpoint_extra=run.checkpoint_extra,
+                   evaluate=held_out, eval_every=cfg.eval_every, eval_first=run.eval_first and not resumed,
                    eval_last=stage.evaluate_at_end or stage is stages[-1])
       state, step, position = fitted.state, fitted.step, batches.position
       stats = _add_stats(stats, fitted.stats)
@@ -213,11 +252,11 @@ def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preempti
     stats.pop('row_tokens', None)
     # train_steps: the run's steps (a resumed run's too); this invocation's are train_steps_this_invocation.
     result = {'seed': seed, 'step': fitted.step, 'train_steps': fitted.step, **stats}
-    result.update(fitted.last_eval or job.evaluate(fitted.state['params'], fitted.step, final_dir))  # a finished run
+    result.update(fitted.last_eval or run.evaluate(fitted.state['params'], fitted.step, final_dir))  # a finished run
     if cfg.keep_best:
-      best = ckpt.best_step(job.main_metric)
+      best = ckpt.best_step(run.main_metric)
       state, _ = ckpt.restore(best, model.abstract_state, log=reporting.log, params_only=True)
-      result.update({'best_step': best, **job.evaluate(state['params'], best, run_dir)})
+      result.update({'best_step': best, **run.evaluate(state['params'], best, run_dir)})
   finally:
     ckpt.close()
   return result
