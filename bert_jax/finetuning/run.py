@@ -18,7 +18,6 @@ save and restore the Orbax checkpoints together.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -44,7 +43,6 @@ from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
 from bert_jax.train import optim, run as scaffold
 from bert_jax.train.loop import Report
-from bert_jax.train.preemption import Preemption
 from bert_jax.train.step import StepModel
 
 
@@ -274,28 +272,12 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
     reporting.log(f'warning: {workdir} is read-only: nothing is written there; the results go to stdout'
                   + (f' and {output_dir}' if output_dir else ' (give --output_dir=DIR to keep them)'))
   cfg = FinetuneConfig.from_dict({**saved['finetune'], **(overrides or {})})
-  job = FinetuningJob(cfg, evaluation=True)
-  mesh = shd.make_mesh(cfg.mesh)
-  job.validate(mesh, wd)
-  per_seed = []
-  # The lock keeps a training run out while results are written into the workdir; a read-only one needs none.
-  claimed = contextlib.nullcontext() if read_only else wd.claim('finetuning', owner=jax.process_index() == 0,
-                                                                 log=reporting.log)
-  with claimed, Preemption() as preempt, \
-      preempt.immediately('evaluating the workdir'):  # a signal: exit 75; the results written so far stay
-    run = job.prepare(mesh, wd)
-    for seed, run_dir in run.run_dirs:
-      params, at = scaffold.restore_for_evaluation(run_dir, run.model, step)
-      # Beside the training results (or in output_dir's seed_<n>/), never over them.
-      out_dir = results and os.path.join(results.seed_dir(seed) if output_dir else run_dir, _results_name(cfg, at))
-      result = {'seed': seed, 'step': at, **run.evaluate(params, at, out_dir)}
-      if results:
-        results.write_results(result, out_dir)
-      log_result(run.main_metric, seed, result)
-      per_seed.append(result)
-  summary = run.results(per_seed, 0.0)
+  def out_dir(seed: int, run_dir: str, at: int) -> str | None:  # beside the training results, never over them
+    return results and os.path.join(results.seed_dir(seed) if output_dir else run_dir, _results_name(cfg, at))
+  summary = scaffold.evaluate(FinetuningJob(cfg, evaluation=True), workdir, step, out_dir, read_only=read_only,
+                              on_result=lambda run, seed, result: log_result(run.main_metric, seed, result))
   if results:
-    results.write_json(results.file(_results_name(cfg, per_seed[0]['step']) + '.json'), summary)
+    results.write_json(results.file(_results_name(cfg, summary['step']) + '.json'), summary)
   return summary
 
 

@@ -1,27 +1,38 @@
-"""The one run scaffold of pretraining and fine-tuning, and evaluating a workdir again.
+"""The one run scaffold of pretraining and fine-tuning: training a workdir, and evaluating it again.
 
-`train(job, workdir)` runs a `Job` (what differs between the kinds of run: its objective and
-model, the batches at a data position, its held-out evaluation and its results) in this order:
+A `Job` is what differs between the kinds of run, and it is narrow: `kind`, `cfg` (as given), `preparing` (for
+the preemption message), `validate(mesh, workdir)` (refusals only) and `prepare(mesh, workdir)`, which returns
+a frozen `Prepared`: the stages and their models, the tokenizer and config.json, the run directories, the
+batches at a data position, the held-out evaluation, the checkpoint check, the lines and the results, and
+the init choices as data (`branch`, `weights`). Nothing exists half-initialised.
 
-  1. validate: the config checked itself when it was built (mesh-free checks); here what needs the
-     mesh and the model, then the workdir (its kind; what it already holds belongs to this run);
-  2. claim the workdir (one run at a time) and catch preemption signals; prepare the data;
+`train(job, workdir)` runs it in this order:
+
+  1. validate: the config checked itself when it was built (mesh-free checks); here the starting checkpoints
+     outside the workdir, the workdir's kind, resume_allow, then `job.validate` (the mesh, the model, what
+     the workdir already holds belongs to this run);
+  2. claim the workdir (one run at a time) and catch preemption signals; `job.prepare` (a signal then stops
+     at once);
   3. for each run directory (the workdir; a fine-tuning seed's seed_<n>/), one checkpointer and the
      init decision, in this order:
        resume   the newest usable checkpoint of the directory (refused when another run wrote it);
-       branch   else another run's checkpoint with its whole state (pretraining's branch_from);
-       source   else init_checkpoint's parameters (those the model has): optimizer, step and data
-                position start fresh;
+       branch   else `Prepared.branch`: another run's checkpoint with its whole state (pretraining's
+                branch_from), restored read-only;
+       weights  else `Prepared.weights`: init_checkpoint's parameters (those the model has): optimizer, step
+                and data position start fresh;
        scratch  else parameters from the seed;
-     then `fit()`, and the held-out evaluation of the final (or the best) step;
+     then `fit()` over the stages (a signal: the step is saved and Preempted raised, exit code 75 at the entry
+     points), the held-out evaluation of the final (or the best) step, and `Prepared.run_done`;
   4. final_metrics.json, atomically, last.
 
-`restore_for_evaluation` reads a run directory's parameters for evaluating a workdir again
-(`finetuning.run.evaluate_again`, `pretraining.run.evaluate_checkpoints`): checkpoints are only read.
+`evaluate(job, workdir, step, out_dir)` evaluates each run directory's checkpoint again through the same
+`Prepared` (the workdir claimed unless read-only; checkpoints only read: `restore_for_evaluation`), as
+`finetuning.run.evaluate_again` does; pretraining's checkpoints are evaluated by `pretraining.run.evaluate_in`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Protocol
@@ -273,6 +284,43 @@ def _add_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     out['row_tokens'] = sum(n for _, n in weighted)
     out['train_padding_fraction'] = sum(f * n for f, n in weighted) / max(out['row_tokens'], 1)
   return out
+
+
+def evaluate(job: Job, workdir: str, step: int | None, out_dir: Callable[[int, str, int], str | None], *,
+             read_only: bool = False, on_result: Callable[[Prepared, int, dict[str, Any]], None] | None = None
+             ) -> dict[str, Any]:
+  """Evaluates each run directory's checkpoint `step` (None: the newest usable) of `workdir` again; returns
+  the job's results over them. Checkpoints are only read.
+
+  Args:
+    job: the workdir's job, its config the workdir's own (with evaluation settings changed).
+    workdir: the workdir.
+    step: the checkpoint step of every run directory.
+    out_dir: (seed, run_dir, step) -> where that evaluation's predictions and final_metrics.json go (None:
+      nowhere).
+    read_only: the workdir cannot be written: it is not claimed (else the claim keeps a training run out while
+      results are written).
+    on_result: called with each run directory's result as soon as it is evaluated.
+  """
+  wd = Workdir(workdir)
+  mesh = shd.make_mesh(job.cfg.mesh)
+  job.validate(mesh, wd)
+  per_run = []
+  claimed = contextlib.nullcontext() if read_only else wd.claim(job.kind, owner=jax.process_index() == 0,
+                                                                 log=reporting.log)
+  with claimed, Preemption() as preempt, \
+      preempt.immediately('evaluating the workdir'):  # a signal: exit 75; the results written so far stay
+    run = job.prepare(mesh, wd)
+    for seed, run_dir in run.run_dirs:
+      params, at = restore_for_evaluation(run_dir, run.model, step)
+      where = out_dir(seed, run_dir, at)
+      result = {'seed': seed, 'step': at, **run.evaluate(params, at, where)}
+      if where:
+        wd.write_results(result, where)
+      if on_result:
+        on_result(run, seed, result)
+      per_run.append(result)
+  return run.results(per_run, 0.0)
 
 
 def restore_for_evaluation(run_dir: str, model: StepModel, step: int | None) -> tuple[Any, int]:
