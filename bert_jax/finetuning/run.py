@@ -18,7 +18,6 @@ save and restore the Orbax checkpoints together.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -44,7 +43,6 @@ from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
 from bert_jax.train import optim, run as scaffold
 from bert_jax.train.loop import Report
-from bert_jax.train.preemption import Preemption
 from bert_jax.train.step import StepModel
 
 
@@ -69,58 +67,114 @@ class FinetuningJob:
 
   kind = 'finetuning'
   preparing = 'loading the checkpoint and featurising the task'
-  eval_first = False
 
   def __init__(self, cfg: FinetuneConfig, explicit_model_fields: Collection[str] = (), *, evaluation: bool = False):
-    self.task = get_task(cfg.task)
+    self._task = get_task(cfg.task)
     if not evaluation and not cfg.init_checkpoint:
       raise ConfigError('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir')
-    self.cfg, self.evaluation, self.explicit_model_fields = cfg, evaluation, explicit_model_fields
-    self.source = self.checkpoint_extra = None
+    self.cfg, self._evaluation, self._explicit_model_fields = cfg, evaluation, explicit_model_fields
+    self._inputs_of: dict[str, _Inputs] = {}
 
-  def check(self, mesh, workdir: Workdir) -> None:
-    if not self.evaluation:  # the starting checkpoint sets the architecture
-      self.source = describe(self.cfg.init_checkpoint, 'init_checkpoint')
-      self.cfg = dataclasses.replace(self.cfg, model=self.source.model_config(self.cfg.model,
-                                                                              self.explicit_model_fields))
-    cfg = self.cfg
+  def validate(self, mesh, workdir: Workdir) -> None:
+    self._inputs(mesh, workdir)
+
+  def _inputs(self, mesh, workdir: Workdir) -> _Inputs:
+    """The starting checkpoint, the config with its architecture, and the tokenizer, checked; read once per
+    workdir (`validate` then `prepare`: the starting checkpoint is described, and its lines printed, once)."""
+    if workdir.path not in self._inputs_of:
+      self._inputs_of[workdir.path] = self._read_inputs(mesh, workdir)
+    return self._inputs_of[workdir.path]
+
+  def _read_inputs(self, mesh, workdir: Workdir) -> _Inputs:
+    cfg, source = self.cfg, None
+    if not self._evaluation:  # the starting checkpoint sets the architecture
+      source = describe(cfg.init_checkpoint, 'init_checkpoint')
+      cfg = dataclasses.replace(cfg, model=source.model_config(cfg.model, self._explicit_model_fields))
     scaffold.check_sequence_length(cfg, 'max_seq_length', cfg.max_seq_length, cfg.model)
     scaffold.check_batch_sizes(cfg, mesh)
     saved = workdir.config()
-    if saved is not None and not self.evaluation:
+    if saved is not None and not self._evaluation:
       scaffold.check_same_run(saved['finetune'], cfg, f'workdir {workdir.path}')
-    self.tokenizer = self._tokenizer(workdir, saved)
-    vocab = self.tokenizer.vocab_size
+    tokenizer = self._tokenizer(cfg, source, workdir, saved)
+    vocab = tokenizer.vocab_size
     if vocab > cfg.model.vocab_size:
       raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {vocab} tokens but the model only '
                         f'{cfg.model.vocab_size} embeddings')
+    return _Inputs(cfg, source, tokenizer)
 
-  def _tokenizer(self, workdir: Workdir, saved: dict[str, Any] | None):
+  def _tokenizer(self, cfg: FinetuneConfig, source, workdir: Workdir, saved: dict[str, Any] | None):
     """The workdir's own tokenizer when it holds one (refused for training when the starting checkpoint's
     is no longer that one), else the starting checkpoint's."""
-    if self.evaluation:
+    if self._evaluation:
       return load_tokenizer(finetuning_tokenizer_path(workdir, saved))
-    theirs, own = self.source.tokenizer(), workdir.tokenizer_file()
+    theirs, own = source.tokenizer(), workdir.tokenizer_file()
     if own is None:
       return theirs
     tokenizer = load_tokenizer(own)
     if tokenizer.identity() != theirs.identity():
-      raise ConfigError(f'the tokenizer of the starting checkpoint {self.cfg.init_checkpoint} is not the one this run '
+      raise ConfigError(f'the tokenizer of the starting checkpoint {cfg.init_checkpoint} is not the one this run '
                         f'was fine-tuned with ({own}): that path now holds another model. Restore it, or use a new '
                         '--workdir')
     return tokenizer
 
-  def prepare(self, mesh) -> None:
-    cfg, task = self.cfg, self.task
-    if self.source is not None:
-      self.params, _ = self.source.params(None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
+  def prepare(self, mesh, workdir: Workdir) -> scaffold.Prepared:
+    inputs = self._inputs(mesh, workdir)
+    cfg, task = inputs.cfg, self._task
+    params = None
+    if inputs.source is not None:
+      params, _ = inputs.source.params(None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
+    run = _PreparedRun(cfg, task, inputs.tokenizer, mesh, evaluation=self._evaluation)
+    return scaffold.Prepared(
+        cfg=cfg, stages=(scaffold.Stage(run.total_steps, run.model),), main_metric=run.main_metric,
+        tokenizer=inputs.tokenizer, saved_config=self._saved_config(cfg), run_dirs=_run_dirs(cfg, workdir),
+        batches=run.batches, evaluate=run.evaluate,
+        check_meta=lambda meta, run_dir: scaffold.check_same_run(upgrade_saved(meta['config']), cfg, run_dir,
+                                                                 meta['step']),
+        report=lambda seed, run_dir: run.report(seed, run_dir, workdir),
+        results=run.results, run_done=lambda seed, run_dir, result: run.done(seed, run_dir, result, workdir),
+        weights=None if params is None else (lambda: {'bert': params['bert']}))
+
+  def _saved_config(self, cfg: FinetuneConfig) -> dict[str, Any]:
+    task = self._task
+    return {'finetune': cfg.to_dict(), 'task': {'name': task.name, 'kind': task.kind,
+                                                'num_labels': task.num_labels,
+                                                'label_names': list(getattr(task, 'label_names', []))}}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+  """What a fine-tuning run starts from, checked: its config (the starting checkpoint's architecture), that
+  checkpoint (None when evaluating again) and the tokenizer."""
+
+  cfg: FinetuneConfig
+  source: Any
+  tokenizer: Any
+
+
+def log_result(main: str, seed: int, result: dict[str, Any]) -> None:
+  """A seed's line: its main metric (and best step), and how long evaluating took."""
+  best = f' (best step {result["best_step"]})' if 'best_step' in result else ''
+  reporting.log(f'seed {seed} step {result["step"]}: {main} {result[main]:.4f}{best} '
+                f'(eval {reporting.format_duration(result["eval_wall_s"])})')
+
+
+def _run_dirs(cfg: FinetuneConfig, workdir: Workdir) -> tuple[tuple[int, str], ...]:
+  """(seed, seed_<n>/) of each seed."""
+  return tuple((s, workdir.seed_dir(s)) for s in range(cfg.seed, cfg.seed + cfg.num_seeds))
+
+
+class _PreparedRun:
+  """A fine-tuning run's featurised task and built model (made whole in `__init__`), and what reads them."""
+
+  def __init__(self, cfg: FinetuneConfig, task, tokenizer, mesh, evaluation: bool = False):
+    self.cfg, self.task = cfg, task
     t0 = time.time()
-    self.train = [] if self.evaluation else task.train_features(cfg, self.tokenizer)
-    self.evals = task.eval_sets(cfg, self.tokenizer)
+    self.train = [] if evaluation else task.train_features(cfg, tokenizer)
+    self.evals = task.eval_sets(cfg, tokenizer)
     reporting.log(f'{task.name}: {len(self.train)} training features, eval '
                   + ', '.join(f'{e.name} {len(e.features)}' for e in self.evals)
                   + f' (featurised in {time.time() - t0:.1f}s)')
-    if not self.evaluation and not self.train:
+    if not evaluation and not self.train:
       raise BertJaxError(f'{task.name}: no training examples')
     self.main_metric = f'{self.evals[0].name}_{task.main_metric}'
     self.total_steps = cfg.total_steps(len(self.train)) if self.train else 1
@@ -131,27 +185,6 @@ class FinetuningJob:
                                   rules=shd.rules(cfg.mesh.rules), grad_accum_steps=cfg.optim.grad_accum_steps)
     self.rows_multiple = 2 * shd.num_batch_shards(mesh) * cfg.optim.grad_accum_steps
     self.block = distributed.process_batch_block(mesh)
-
-  def saved_config(self) -> dict[str, Any]:
-    task = self.task
-    return {'finetune': self.cfg.to_dict(), 'task': {'name': task.name, 'kind': task.kind,
-                                                     'num_labels': task.num_labels,
-                                                     'label_names': list(getattr(task, 'label_names', []))}}
-
-  def stages(self) -> list[scaffold.Stage]:
-    return [scaffold.Stage(self.total_steps, self.model)]
-
-  def branch(self) -> None:
-    return None  # fine-tuning has no branch runs
-
-  def run_dirs(self, workdir: Workdir) -> list[tuple[int, str]]:
-    return [(s, workdir.seed_dir(s)) for s in range(self.cfg.seed, self.cfg.seed + self.cfg.num_seeds)]
-
-  def check_meta(self, meta: dict[str, Any], run_dir: str) -> None:
-    scaffold.check_same_run(upgrade_saved(meta['config']), self.cfg, run_dir, meta['step'])
-
-  def initial_params(self) -> dict[str, Any]:
-    return {'bert': self.params['bert']}
 
   def batches(self, seed: int, position: int, step: int) -> batching.TrainBatches:
     cfg = self.cfg
@@ -194,17 +227,11 @@ class FinetuningJob:
                   curves_dir=workdir.path, curves_metrics=self.curve_metrics(),
                   divergence_hint='Lower --config.optim.learning_rate')
 
-  def run_done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
+  def done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
     """A seed's final_metrics.json, every seed's curves so far in workdir/curves.png, and its line."""
     workdir.write_results(result, run_dir)
     reporting.write_curves(workdir.path, metrics=self.curve_metrics())
-    self.log_result(seed, result)
-
-  def log_result(self, seed: int, result: dict[str, Any]) -> None:
-    main = self.main_metric
-    best = f' (best step {result["best_step"]})' if 'best_step' in result else ''
-    reporting.log(f'seed {seed} step {result["step"]}: {main} {result[main]:.4f}{best} '
-                  f'(eval {reporting.format_duration(result["eval_wall_s"])})')
+    log_result(self.main_metric, seed, result)
 
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     del wall_s  # each seed has its train_wall_s and eval_wall_s
@@ -245,28 +272,12 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
     reporting.log(f'warning: {workdir} is read-only: nothing is written there; the results go to stdout'
                   + (f' and {output_dir}' if output_dir else ' (give --output_dir=DIR to keep them)'))
   cfg = FinetuneConfig.from_dict({**saved['finetune'], **(overrides or {})})
-  job = FinetuningJob(cfg, evaluation=True)
-  mesh = shd.make_mesh(cfg.mesh)
-  job.check(mesh, wd)
-  per_seed = []
-  # The lock keeps a training run out while results are written into the workdir; a read-only one needs none.
-  claimed = contextlib.nullcontext() if read_only else wd.claim('finetuning', owner=jax.process_index() == 0,
-                                                                 log=reporting.log)
-  with claimed, Preemption() as preempt, \
-      preempt.immediately('evaluating the workdir'):  # a signal: exit 75; the results written so far stay
-    job.prepare(mesh)
-    for seed, run_dir in job.run_dirs(wd):
-      params, at = scaffold.restore_for_evaluation(run_dir, job.model, step)
-      # Beside the training results (or in output_dir's seed_<n>/), never over them.
-      out_dir = results and os.path.join(results.seed_dir(seed) if output_dir else run_dir, _results_name(cfg, at))
-      result = {'seed': seed, 'step': at, **job.evaluate(params, at, out_dir)}
-      if results:
-        results.write_results(result, out_dir)
-      job.log_result(seed, result)
-      per_seed.append(result)
-  summary = job.results(per_seed, 0.0)
+  def out_dir(seed: int, run_dir: str, at: int) -> str | None:  # beside the training results, never over them
+    return results and os.path.join(results.seed_dir(seed) if output_dir else run_dir, _results_name(cfg, at))
+  summary = scaffold.evaluate(FinetuningJob(cfg, evaluation=True), workdir, step, out_dir, read_only=read_only,
+                              on_result=lambda run, seed, result: log_result(run.main_metric, seed, result))
   if results:
-    results.write_json(results.file(_results_name(cfg, per_seed[0]['step']) + '.json'), summary)
+    results.write_json(results.file(_results_name(cfg, summary['step']) + '.json'), summary)
   return summary
 
 

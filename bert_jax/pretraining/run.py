@@ -201,18 +201,20 @@ BRANCH_FREE = facts(PretrainConfig, 'branch') + ('data_fingerprint',)
 
 
 class PretrainingJob:
-  """A pretraining run for the scaffold (`train.run.Job`): one run directory, the workdir itself."""
+  """A pretraining run for the scaffold (`train.run.Job`): one run directory, the workdir itself.
+
+  Args:
+    cfg: the run's config (its starting checkpoint resolved: `init.resolve_init_checkpoint`).
+    source: that starting checkpoint, or None.
+  """
 
   kind = 'pretraining'
-  main_metric = 'mlm_accuracy'
   preparing = 'preparing the data'
 
   def __init__(self, cfg: PretrainConfig, source: Source | None):
-    self.cfg, self.source = cfg, source
-    self.eval_first = source is not None  # the starting weights' held-out metrics, before step 1
-    self.checkpoint_extra = None
+    self.cfg, self._source = cfg, source
 
-  def check(self, mesh, workdir: Workdir) -> None:
+  def validate(self, mesh, workdir: Workdir) -> None:
     for phase in self.cfg.plan.stages:
       try:
         validate_config(phase.cfg, mesh)
@@ -222,54 +224,19 @@ class PretrainingJob:
     if self.cfg.branch_from and workdir.config() is None:  # a branch that has not started yet
       self._check_branch_point()
 
-  def prepare(self, mesh) -> None:
-    cfg, plan = self.cfg, self.cfg.plan
-    if plan.phased:
-      reporting.log(plan.describe())
-    # The records of each stage's data config (its sequence length, files), keyed by it: one cache each.
-    self.data = {key: (prepared, vocab, mixture.open_split(prepared, 'train'))
-                 for key, (prepared, vocab) in prepare_phase_data(cfg, log=plan.phased).items()}
-    self.prepared, self.vocab, self.train_set = self.data[plan.stages[0].cfg.data]
-    self.tokenizer = tokenization.load_tokenizer(self.prepared.tokenizer_path)
-    def of_run(name: Callable[[Any], str]) -> str:  # the run's data: each stage's cache, in order
-      caches = [name(self.data[p.cfg.data][0]) for p in plan.stages]
-      return caches[0] if len(set(caches)) == 1 else hashlib.sha256('+'.join(caches).encode()).hexdigest()[:16]
-    self.fingerprint = of_run(mixture.fingerprint)
-    # What checkpoints of earlier versions call the same data (when its files are where they were then).
-    self.legacy_fingerprint = of_run(mixture.legacy_fingerprint)
-    self.checkpoint_extra = {'data_fingerprint': self.fingerprint}
-    self.total_steps = cfg.total_steps(len(self.train_set))
-    reporting.log(describe_attention(cfg.model))
-    # One model per model config of the plan's stages, keyed by it: a phase that changes the model's function
-    # (RoPE theta) gets its own step. The first is the first phase's (without phases, the run's).
-    self.models = {}
-    for phase in plan.stages:
-      if phase.cfg.model not in self.models:
-        self.models[phase.cfg.model] = build_model(dataclasses.replace(cfg, model=phase.cfg.model), mesh,
-                                                   self.total_steps)
-    self.model = self.models[plan.stages[0].cfg.model]
-
-  def stages(self) -> list[scaffold.Stage]:
-    plan = self.cfg.plan
-    if not plan.phased:
-      return [scaffold.Stage(self.total_steps, self.model)]
-    return [scaffold.Stage(p.end, self.models[p.cfg.model], f'{p.label}: ', {'phase': p.index},
-                           evaluate_at_end=not p.ramp) for p in plan.stages]
-
-  def saved_config(self) -> dict[str, Any]:
-    return self.cfg.to_dict()
-
-  def run_dirs(self, workdir: Workdir) -> list[tuple[int, str]]:
-    return [(self.cfg.seed, workdir.path)]
-
-  def check_meta(self, meta: dict[str, Any], run_dir: str) -> None:
-    check_same_run(self._current(meta), self.cfg, self.fingerprint, f'workdir {run_dir}')
-
-  def _current(self, meta: dict[str, Any]) -> dict[str, Any]:
-    """`meta` with an earlier version's name of this run's data replaced by today's (the same contents)."""
-    if meta.get('data_fingerprint') == self.legacy_fingerprint:
-      return {**meta, 'data_fingerprint': self.fingerprint}
-    return meta
+  def prepare(self, mesh, workdir: Workdir) -> scaffold.Prepared:
+    cfg, source = self.cfg, self._source
+    run = _PreparedRun(cfg, mesh)
+    branch = None
+    if cfg.branch_from:  # another run's checkpoint, continued (the scaffold's second init choice)
+      branch = scaffold.Branch(cfg.branch_from, None if cfg.branch_step < 0 else cfg.branch_step, run.check_branch)
+    return scaffold.Prepared(
+        cfg=cfg, stages=run.stages(), main_metric='mlm_accuracy', tokenizer=run.tokenizer,
+        saved_config=cfg.to_dict(), run_dirs=((cfg.seed, workdir.path),), batches=run.batches,
+        evaluate=run.evaluate, check_meta=run.check_meta, report=lambda seed, run_dir: reporting_of(run_dir),
+        results=_results, checkpoint_extra={'data_fingerprint': run.fingerprint},
+        eval_first=source is not None,  # the starting weights' held-out metrics, before step 1
+        branch=branch, weights=(lambda: init.initial_params(cfg, source)) if source else None)
 
   def _check_branch_point(self) -> None:
     """Refuses a branch_from that is no pretraining workdir, lacks the step, or is at or past this run's end
@@ -294,19 +261,54 @@ class PretrainingJob:
       raise ConfigError(f'branch_from {cfg.branch_from} step {step} is not before this run\'s end '
                         f'({cfg.plan.total_steps} steps): nothing would train')
 
-  def branch(self) -> tuple[dict[str, Any], int] | None:
-    cfg = self.cfg
-    if not cfg.branch_from:
-      return None
-    ckpt = Checkpointer(cfg.branch_from, read_only=True)
-    try:
-      state, meta = ckpt.restore(None if cfg.branch_step < 0 else cfg.branch_step, self.model.abstract_state,
-                                 log=reporting.log, check_meta=self._check_branch)
-    finally:
-      ckpt.close()
-    return state, int(meta['data_position'])
 
-  def _check_branch(self, meta: dict[str, Any]) -> None:
+class _PreparedRun:
+  """A pretraining run's prepared data and built models (made whole in `__init__`), and what reads them."""
+
+  def __init__(self, cfg: PretrainConfig, mesh):
+    self.cfg = cfg
+    plan = cfg.plan
+    if plan.phased:
+      reporting.log(plan.describe())
+    # The records of each stage's data config (its sequence length, files), keyed by it: one cache each.
+    self.data = {key: (prepared, vocab, mixture.open_split(prepared, 'train'))
+                 for key, (prepared, vocab) in prepare_phase_data(cfg, log=plan.phased).items()}
+    self.prepared, self.vocab, self.train_set = self.data[plan.stages[0].cfg.data]
+    self.tokenizer = tokenization.load_tokenizer(self.prepared.tokenizer_path)
+    def of_run(name: Callable[[Any], str]) -> str:  # the run's data: each stage's cache, in order
+      caches = [name(self.data[p.cfg.data][0]) for p in plan.stages]
+      return caches[0] if len(set(caches)) == 1 else hashlib.sha256('+'.join(caches).encode()).hexdigest()[:16]
+    self.fingerprint = of_run(mixture.fingerprint)
+    # What checkpoints of earlier versions call the same data (when its files are where they were then).
+    self.legacy_fingerprint = of_run(mixture.legacy_fingerprint)
+    self.total_steps = cfg.total_steps(len(self.train_set))
+    reporting.log(describe_attention(cfg.model))
+    # One model per model config of the plan's stages, keyed by it: a phase that changes the model's function
+    # (RoPE theta) gets its own step. The first is the first phase's (without phases, the run's).
+    self.models = {}
+    for phase in plan.stages:
+      if phase.cfg.model not in self.models:
+        self.models[phase.cfg.model] = build_model(dataclasses.replace(cfg, model=phase.cfg.model), mesh,
+                                                   self.total_steps)
+    self.model = self.models[plan.stages[0].cfg.model]
+
+  def stages(self) -> tuple[scaffold.Stage, ...]:
+    plan = self.cfg.plan
+    if not plan.phased:
+      return (scaffold.Stage(self.total_steps, self.model),)
+    return tuple(scaffold.Stage(p.end, self.models[p.cfg.model], f'{p.label}: ', {'phase': p.index},
+                                evaluate_at_end=not p.ramp) for p in plan.stages)
+
+  def check_meta(self, meta: dict[str, Any], run_dir: str) -> None:
+    check_same_run(self._current(meta), self.cfg, self.fingerprint, f'workdir {run_dir}')
+
+  def _current(self, meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` with an earlier version's name of this run's data replaced by today's (the same contents)."""
+    if meta.get('data_fingerprint') == self.legacy_fingerprint:
+      return {**meta, 'data_fingerprint': self.fingerprint}
+    return meta
+
+  def check_branch(self, meta: dict[str, Any]) -> None:
     """The other run is this one up to its checkpoint: the same config but for what a branch may change."""
     meta = self._current(meta)
     old = {**upgrade_saved(meta.get('config', {})), 'data_fingerprint': meta.get('data_fingerprint')}
@@ -319,9 +321,6 @@ class PretrainingJob:
     if not self.cfg.plan.same_prefix(theirs.plan, step):
       raise CheckpointError(f'{where} step {step}: its phases up to that step differ from this run\'s (lengths, batch '
                             'sizes, data or model settings): a branch changes only what comes after its branch point')
-
-  def initial_params(self) -> dict[str, Any] | None:
-    return init.initial_params(self.cfg, self.source) if self.source else None
 
   def batches(self, seed: int, position: int, step: int):
     mesh = self.model.mesh
@@ -352,21 +351,16 @@ class PretrainingJob:
                     prepared.most_frequent_token)
 
 
-  def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
-    return reporting_of(run_dir)
-
-  def run_done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
-    pass  # its one run's results are the workdir's
-
-  def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
-    result = dict(per_run[0])
-    del result['seed']
-    stats = {k: result.pop(k) for k in ('train_steps', 'train_steps_this_invocation', 'train_wall_s',
-                                        'train_padding_fraction') if k in result}
-    final = {**result}
-    if stats.get('train_steps_this_invocation'):  # a finished run resumed trains nothing: no stats then
-      final.update(stats, wall_s=wall_s)  # wall_s: data preparation and evaluation too
-    return final
+def _results(per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+  """The workdir's final metrics: its one run's, with the training statistics of this invocation when it trained."""
+  result = dict(per_run[0])
+  del result['seed']
+  stats = {k: result.pop(k) for k in ('train_steps', 'train_steps_this_invocation', 'train_wall_s',
+                                      'train_padding_fraction') if k in result}
+  final = {**result}
+  if stats.get('train_steps_this_invocation'):  # a finished run resumed trains nothing: no stats then
+    final.update(stats, wall_s=wall_s)  # wall_s: data preparation and evaluation too
+  return final
 
 
 def train_and_evaluate(cfg: PretrainConfig, workdir: str, explicit_model_fields: Collection[str] = ()

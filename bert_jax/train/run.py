@@ -1,27 +1,38 @@
-"""The one run scaffold of pretraining and fine-tuning, and evaluating a workdir again.
+"""The one run scaffold of pretraining and fine-tuning: training a workdir, and evaluating it again.
 
-`train(job, workdir)` runs a `Job` (what differs between the kinds of run: its objective and
-model, the batches at a data position, its held-out evaluation and its results) in this order:
+A `Job` is what differs between the kinds of run, and it is narrow: `kind`, `cfg` (as given), `preparing` (for
+the preemption message), `validate(mesh, workdir)` (refusals only) and `prepare(mesh, workdir)`, which returns
+a frozen `Prepared`: the stages and their models, the tokenizer and config.json, the run directories, the
+batches at a data position, the held-out evaluation, the checkpoint check, the lines and the results, and
+the init choices as data (`branch`, `weights`). Nothing exists half-initialised.
 
-  1. validate: the config checked itself when it was built (mesh-free checks); here what needs the
-     mesh and the model, then the workdir (its kind; what it already holds belongs to this run);
-  2. claim the workdir (one run at a time) and catch preemption signals; prepare the data;
+`train(job, workdir)` runs it in this order:
+
+  1. validate: the config checked itself when it was built (mesh-free checks); here the starting checkpoints
+     outside the workdir, the workdir's kind, resume_allow, then `job.validate` (the mesh, the model, what
+     the workdir already holds belongs to this run);
+  2. claim the workdir (one run at a time) and catch preemption signals; `job.prepare` (a signal then stops
+     at once);
   3. for each run directory (the workdir; a fine-tuning seed's seed_<n>/), one checkpointer and the
      init decision, in this order:
        resume   the newest usable checkpoint of the directory (refused when another run wrote it);
-       branch   else another run's checkpoint with its whole state (pretraining's branch_from);
-       source   else init_checkpoint's parameters (those the model has): optimizer, step and data
-                position start fresh;
+       branch   else `Prepared.branch`: another run's checkpoint with its whole state (pretraining's
+                branch_from), restored read-only;
+       weights  else `Prepared.weights`: init_checkpoint's parameters (those the model has): optimizer, step
+                and data position start fresh;
        scratch  else parameters from the seed;
-     then `fit()`, and the held-out evaluation of the final (or the best) step;
+     then `fit()` over the stages (a signal: the step is saved and Preempted raised, exit code 75 at the entry
+     points), the held-out evaluation of the final (or the best) step, and `Prepared.run_done`;
   4. final_metrics.json, atomically, last.
 
-`restore_for_evaluation` reads a run directory's parameters for evaluating a workdir again
-(`finetuning.run.evaluate_again`, `pretraining.run.evaluate_checkpoints`): checkpoints are only read.
+`evaluate(job, workdir, step, out_dir)` evaluates each run directory's checkpoint again through the same
+`Prepared` (the workdir claimed unless read-only; checkpoints only read: `restore_for_evaluation`), as
+`finetuning.run.evaluate_again` does; pretraining's checkpoints are evaluated by `pretraining.run.evaluate_in`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Protocol
@@ -51,65 +62,91 @@ class Stage:
   evaluate_at_end: bool = True  # False: a stage the run's phase goes on after (a batch size of a ramp)
 
 
+@dataclasses.dataclass(frozen=True)
+class Branch:
+  """Another run's checkpoint that a run directory without one of its own continues (pretraining's branch_from):
+  its whole train state and data position, restored read-only.
+
+  Attributes:
+    directory: the other run's workdir.
+    step: its checkpoint step (None: the newest usable).
+    check_meta: refuses that checkpoint's meta when it is not this run up to there.
+  """
+
+  directory: str
+  step: int | None
+  check_meta: Callable[[dict[str, Any]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """A job ready to run: its data prepared and its model built, every member there at once (`Job.prepare`).
+
+  Attributes:
+    cfg: the run's config (the starting checkpoint's architecture resolved).
+    stages: the run's stages in order (pretraining's phases; else one), the last ending at `total_steps`.
+    main_metric: the held-out metric `keep_best` ranks by.
+    tokenizer: saved in the workdir when a run directory starts.
+    saved_config: the workdir's config.json.
+    run_dirs: (seed, directory) of each run it trains: the workdir itself, or one seed_<n>/ per seed.
+    batches: (seed, data position, step) -> this process's block of each training batch from there on.
+    evaluate: (params, step, output_dir) -> held-out metrics (predictions written to `output_dir` when given).
+    check_meta: (meta, run_dir) -> refuses a checkpoint another run wrote (its meta: config, step, ...).
+    report: (seed, run_dir) -> the run directory's lines and files.
+    results: (each run directory's result, wall seconds) -> the workdir's final metrics.
+    run_done: (seed, run_dir, result) after each run directory: its own results and lines (None: none).
+    checkpoint_extra: more meta in each checkpoint (a data fingerprint).
+    eval_first: evaluate before the first step (a run continued from other weights).
+    branch: the init choice after resume: another run's checkpoint to continue (None: none).
+    weights: the init choice after that: the starting checkpoint's parameters the model has, read when called
+      (None: from scratch).
+  """
+
+  cfg: TrainingConfig
+  stages: tuple[Stage, ...]
+  main_metric: str
+  tokenizer: Any
+  saved_config: dict[str, Any]
+  run_dirs: tuple[tuple[int, str], ...]
+  batches: Callable[[int, int, int], Batches]
+  evaluate: Callable[[Any, int, str | None], dict[str, Any]]
+  check_meta: Callable[[dict[str, Any], str], None]
+  report: Callable[[int, str], Report]
+  results: Callable[[list[dict[str, Any]], float], dict[str, Any]]
+  run_done: Callable[[int, str, dict[str, Any]], None] | None = None
+  checkpoint_extra: dict[str, Any] | None = None
+  eval_first: bool = False
+  branch: Branch | None = None
+  weights: Callable[[], dict[str, Any]] | None = None
+
+  @property
+  def model(self) -> StepModel:
+    """The first stage's model: its state is the run's (init, restore)."""
+    return self.stages[0].model
+
+  @property
+  def total_steps(self) -> int:
+    return self.stages[-1].end
+
+
 class Job(Protocol):
-  """What a kind of run brings to the scaffold.
+  """What a kind of run brings to the scaffold: five members; everything else comes with `prepare`.
 
   Attributes:
     kind: 'pretraining' or 'finetuning' (the workdir's kind).
-    cfg: the run's config (after its starting checkpoint resolved the model).
-    main_metric: the held-out metric `keep_best` ranks by (known after `prepare`).
+    cfg: the run's config as given (its mesh, resume_allow and starting checkpoints are read before `prepare`).
     preparing: what `prepare` does, for the preemption message.
   """
 
   kind: str
   cfg: TrainingConfig
-  main_metric: str
   preparing: str
-  eval_first: bool  # evaluate before the first step (a run continued from other weights)
-  checkpoint_extra: dict[str, Any] | None  # more meta in each checkpoint (a data fingerprint)
 
-  def check(self, mesh, workdir: Workdir) -> None:
-    """Refuses what needs the mesh or the model, and a workdir that holds another run."""
+  def validate(self, mesh, workdir: Workdir) -> None:
+    """Refuses what needs the mesh or the model, and a workdir that holds another run; changes nothing."""
 
-  def prepare(self, mesh) -> None:
-    """Prepares the data and builds the model (`model`, `total_steps`, `tokenizer`)."""
-
-  model: StepModel
-  total_steps: int
-  tokenizer: Any
-
-  def saved_config(self) -> dict[str, Any]:
-    """The workdir's config.json."""
-
-  def stages(self) -> list[Stage]:
-    """The run's stages in order, the last ending at `total_steps` (pretraining phases; else one)."""
-
-  def run_dirs(self, workdir: Workdir) -> list[tuple[int, str]]:
-    """(seed, directory) of each run it trains: the workdir itself, or one seed_<n>/ per seed."""
-
-  def check_meta(self, meta: dict[str, Any], run_dir: str) -> None:
-    """Refuses a checkpoint another run wrote (its meta: config, step, ...)."""
-
-  def branch(self) -> tuple[dict[str, Any], int] | None:
-    """(train state, data position) another run's checkpoint continues with (a branch run), or None."""
-
-  def initial_params(self) -> dict[str, Any] | None:
-    """The starting checkpoint's parameters the model has, or None to start from scratch."""
-
-  def batches(self, seed: int, position: int, step: int) -> Batches:
-    """This process's block of each training batch from data position `position` on."""
-
-  def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
-    """Held-out metrics of `params` (predictions written to `output_dir` when given)."""
-
-  def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
-    """The run directory's lines and files."""
-
-  def run_done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
-    """After each run directory: its own results and lines, if the kind has any."""
-
-  def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
-    """The workdir's final metrics from each run directory's."""
+  def prepare(self, mesh, workdir: Workdir) -> Prepared:
+    """Prepares the data and builds the model."""
 
 
 def check_sequence_length(cfg: TrainingConfig, name: str, length: int, model) -> None:
@@ -152,60 +189,73 @@ def train(job: Job, workdir: str) -> dict[str, Any]:
       check_outside(workdir, getattr(cfg, name), name)
   check_kind(workdir, job.kind)
   check_resume_allow(cfg.resume_allow, cfg.to_dict(), extra=('data_fingerprint',))
-  job.check(mesh, wd)
+  job.validate(mesh, wd)
   with wd.claim(job.kind, owner=jax.process_index() == 0, log=reporting.log), Preemption() as preempt:
     with preempt.immediately(job.preparing):
-      job.prepare(mesh)
+      prepared = job.prepare(mesh, wd)
 
     def started() -> None:  # once a run directory resumed (the same run) or started: nothing is written before
-      wd.write_config(job.saved_config())
-      wd.save_tokenizer(job.tokenizer)  # the workdir is used on its own later (predict, export, init_checkpoint)
+      wd.write_config(prepared.saved_config)
+      wd.save_tokenizer(prepared.tokenizer)  # the workdir is used on its own later (predict, export, init_checkpoint)
 
     per_run = []
-    for seed, run_dir in job.run_dirs(wd):
-      per_run.append(_train_run(job, wd, seed, run_dir, preempt, started))
-      job.run_done(seed, run_dir, per_run[-1], wd)
-  final = job.results(per_run, wall_s=time.monotonic() - start)
+    for seed, run_dir in prepared.run_dirs:
+      per_run.append(_train_run(prepared, seed, run_dir, preempt, started))
+      if prepared.run_done:
+        prepared.run_done(seed, run_dir, per_run[-1])
+  final = prepared.results(per_run, time.monotonic() - start)
   wd.write_results(final)
   return final
 
 
-def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preemption,
+def _init_state(run: Prepared, ckpt: Checkpointer, seed: int, run_dir: str, label: str) -> tuple[Any, int, bool]:
+  """The init decision of a run directory: (train state, data position, whether it resumed)."""
+  model = run.model
+  if ckpt.latest_step() is not None:  # 1. resume
+    state, meta = ckpt.restore(None, model.abstract_state, log=reporting.log,
+                               check_meta=lambda meta: run.check_meta(meta, run_dir),
+                               fresh_opt_state=model.init_opt_state if allows_fresh_optimizer(run.cfg) else None)
+    position = int(meta['data_position'])
+    reporting.log(f'{label}resumed from {ckpt.directory} at step {int(state["step"])} (data position {position})')
+    return state, position, True
+  if run.branch is not None:  # 2. another run's state, continued (a branch run)
+    other = Checkpointer(run.branch.directory, read_only=True)
+    try:
+      state, meta = other.restore(run.branch.step, model.abstract_state, log=reporting.log,
+                                  check_meta=run.branch.check_meta)
+    finally:
+      other.close()
+    position = int(meta['data_position'])
+    reporting.log(f'{label}branched from {run.branch.directory} at step {int(state["step"])} '
+                  f'(data position {position})')
+    return state, position, False
+  # 3. from a source's weights, or 4. from scratch
+  return model.init_state(run.weights() if run.weights else None, seed=seed), 0, False
+
+
+def _train_run(run: Prepared, seed: int, run_dir: str, preempt: Preemption,
                started: Callable[[], None]) -> dict[str, Any]:
   """One run directory: checkpointer, the init decision, fit, the final (or best) evaluation."""
-  cfg, model = job.cfg, job.model
-  report = job.report(seed, run_dir, wd)
-  ckpt = Checkpointer(run_dir, save_every=cfg.eval_every if cfg.keep_best else cfg.checkpoint_every or job.total_steps,
-                      keep=cfg.keep_checkpoints, best_metric=job.main_metric if cfg.keep_best else None)
+  cfg, model = run.cfg, run.model
+  report = run.report(seed, run_dir)
+  ckpt = Checkpointer(run_dir, save_every=cfg.eval_every if cfg.keep_best else cfg.checkpoint_every or run.total_steps,
+                      keep=cfg.keep_checkpoints, best_metric=run.main_metric if cfg.keep_best else None)
   try:
-    resumed = ckpt.latest_step() is not None
-    if resumed:  # 1. resume
-      state, meta = ckpt.restore(None, model.abstract_state, log=reporting.log,
-                                 check_meta=lambda meta: job.check_meta(meta, run_dir),
-                                 fresh_opt_state=model.init_opt_state if allows_fresh_optimizer(cfg) else None)
-      position = int(meta['data_position'])
-      reporting.log(f'{report.label}resumed from {ckpt.directory} at step {int(state["step"])} '
-                    f'(data position {position})')
-    elif (branched := job.branch()) is not None:  # 2. another run's state, continued (a branch run)
-      state, position = branched
-      reporting.log(f'{report.label}branched from {cfg.branch_from} at step {int(state["step"])} '
-                    f'(data position {position})')
-    else:  # 3. from a source, or 4. from scratch
-      state, position = model.init_state(job.initial_params(), seed=seed), 0
+    state, position, resumed = _init_state(run, ckpt, seed, run_dir, report.label)
     started()
     # Predictions are written at the last step, unless the best step's are wanted.
     final_dir = None if cfg.keep_best else run_dir
     def held_out(params, step: int) -> dict[str, Any]:
-      return job.evaluate(params, step, final_dir if step == job.total_steps else None)
+      return run.evaluate(params, step, final_dir if step == run.total_steps else None)
 
     step, stats = int(jax.device_get(state['step'])), {}
-    stages = job.stages()
+    stages = run.stages
     for stage in [s for s in stages if s.end > step] or stages[-1:]:  # a finished run: the last one, at its end
-      batches = job.batches(seed, position, step)
+      batches = run.batches(seed, position, step)
       fitted = fit(stage.model, state, batches, total_steps=stage.end, ckpt=ckpt, preempt=preempt,
                    report=dataclasses.replace(report, label=report.label + stage.label, fields=stage.fields),
-                   log_every=cfg.log_every, checkpoint_config=cfg.to_dict(), checkpoint_extra=job.checkpoint_extra,
-                   evaluate=held_out, eval_every=cfg.eval_every, eval_first=job.eval_first and not resumed,
+                   log_every=cfg.log_every, checkpoint_config=cfg.to_dict(), checkpoint_extra=run.checkpoint_extra,
+                   evaluate=held_out, eval_every=cfg.eval_every, eval_first=run.eval_first and not resumed,
                    eval_last=stage.evaluate_at_end or stage is stages[-1])
       state, step, position = fitted.state, fitted.step, batches.position
       stats = _add_stats(stats, fitted.stats)
@@ -213,11 +263,11 @@ def _train_run(job: Job, wd: Workdir, seed: int, run_dir: str, preempt: Preempti
     stats.pop('row_tokens', None)
     # train_steps: the run's steps (a resumed run's too); this invocation's are train_steps_this_invocation.
     result = {'seed': seed, 'step': fitted.step, 'train_steps': fitted.step, **stats}
-    result.update(fitted.last_eval or job.evaluate(fitted.state['params'], fitted.step, final_dir))  # a finished run
+    result.update(fitted.last_eval or run.evaluate(fitted.state['params'], fitted.step, final_dir))  # a finished run
     if cfg.keep_best:
-      best = ckpt.best_step(job.main_metric)
+      best = ckpt.best_step(run.main_metric)
       state, _ = ckpt.restore(best, model.abstract_state, log=reporting.log, params_only=True)
-      result.update({'best_step': best, **job.evaluate(state['params'], best, run_dir)})
+      result.update({'best_step': best, **run.evaluate(state['params'], best, run_dir)})
   finally:
     ckpt.close()
   return result
@@ -234,6 +284,43 @@ def _add_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     out['row_tokens'] = sum(n for _, n in weighted)
     out['train_padding_fraction'] = sum(f * n for f, n in weighted) / max(out['row_tokens'], 1)
   return out
+
+
+def evaluate(job: Job, workdir: str, step: int | None, out_dir: Callable[[int, str, int], str | None], *,
+             read_only: bool = False, on_result: Callable[[Prepared, int, dict[str, Any]], None] | None = None
+             ) -> dict[str, Any]:
+  """Evaluates each run directory's checkpoint `step` (None: the newest usable) of `workdir` again; returns
+  the job's results over them. Checkpoints are only read.
+
+  Args:
+    job: the workdir's job, its config the workdir's own (with evaluation settings changed).
+    workdir: the workdir.
+    step: the checkpoint step of every run directory.
+    out_dir: (seed, run_dir, step) -> where that evaluation's predictions and final_metrics.json go (None:
+      nowhere).
+    read_only: the workdir cannot be written: it is not claimed (else the claim keeps a training run out while
+      results are written).
+    on_result: called with each run directory's result as soon as it is evaluated.
+  """
+  wd = Workdir(workdir)
+  mesh = shd.make_mesh(job.cfg.mesh)
+  job.validate(mesh, wd)
+  per_run = []
+  claimed = contextlib.nullcontext() if read_only else wd.claim(job.kind, owner=jax.process_index() == 0,
+                                                                 log=reporting.log)
+  with claimed, Preemption() as preempt, \
+      preempt.immediately('evaluating the workdir'):  # a signal: exit 75; the results written so far stay
+    run = job.prepare(mesh, wd)
+    for seed, run_dir in run.run_dirs:
+      params, at = restore_for_evaluation(run_dir, run.model, step)
+      where = out_dir(seed, run_dir, at)
+      result = {'seed': seed, 'step': at, **run.evaluate(params, at, where)}
+      if where:
+        wd.write_results(result, where)
+      if on_result:
+        on_result(run, seed, result)
+      per_run.append(result)
+  return run.results(per_run, 0.0)
 
 
 def restore_for_evaluation(run_dir: str, model: StepModel, step: int | None) -> tuple[Any, int]:
