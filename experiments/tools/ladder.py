@@ -12,9 +12,7 @@ over seeds of its main metric and the difference to the first rung, wall time.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import os
 import statistics
 import sys
@@ -235,16 +233,12 @@ def _metric(rows, task, default):
 def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
   """(markdown, csv) of the ladder's rows."""
   first = rows[0] if rows else None
-  header = ['rung', 'held-out MLM acc']
+  header, csv_header = ['rung', 'held-out MLM acc'], ['rung', 'mlm_accuracy']
   for task in ladder.tasks:
     header += [f'{task.name} {_metric(rows, task, "main metric")}: median [min, max] (seeds)',
                f'{task.name} vs {first["rung"]}']
-  csv_header = ['rung', 'mlm_accuracy'] + [f'{t.name}_{k}' for t in ladder.tasks
-                                            for k in ('metric', 'median', 'min', 'max', 'seeds', 'delta', 'note')]
-  md = ['| ' + ' | '.join(header + ['wall', 'cells without results']) + ' |', '|' + '---|' * (len(header) + 2)]
-  buffer = io.StringIO(newline='')
-  writer = csv.writer(buffer)
-  writer.writerow(csv_header + ['wall_s', 'missing'])
+    csv_header += [f'{task.name}_{k}' for k in ('metric', 'median', 'min', 'max', 'seeds', 'delta', 'note')]
+  md, out = [], [csv_header + ['wall_s', 'missing']]
   for i, row in enumerate(rows):
     acc = row['mlm_accuracy']
     cells_md, cells_csv = [row['rung'], f'{acc:.4f}' if acc is not None else '—'], [row['rung'], acc]
@@ -255,11 +249,9 @@ def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
       cells_md.append(f'{s["median"]:.4f} [{s["min"]:.4f}, {s["max"]:.4f}] ({s["n"]})' if s else '—')
       cells_md.append(f'{delta:+.4f} ({note})' if delta is not None else note or '—')
       cells_csv += [t['metric'], *([s[k] for k in ('median', 'min', 'max', 'n')] if s else [None] * 4), delta, note]
-    cells_md += [f'{row["wall_s"] / 60:.1f} min', ', '.join(row['missing']) or '—']
-    cells_csv += [round(row['wall_s'], 1), ' '.join(row['missing'])]
-    md.append('| ' + ' | '.join(str(c).replace('|', '\\|') for c in cells_md) + ' |')
-    writer.writerow(['' if c is None else c for c in cells_csv])
-  return '\n'.join(md) + '\n', buffer.getvalue()
+    md.append(cells_md + [f'{row["wall_s"] / 60:.1f} min', ', '.join(row['missing']) or '—'])
+    out.append(['' if c is None else c for c in cells_csv + [round(row['wall_s'], 1), ' '.join(row['missing'])]])
+  return sweep.markdown(header + ['wall', 'cells without results'], md), sweep.csv_text(out)
 
 
 def plot(ladder: Ladder, rows: Sequence[dict[str, Any]], path: str) -> None:

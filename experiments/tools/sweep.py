@@ -198,15 +198,19 @@ def markdown(header: Sequence[str], cells: Sequence[Sequence[Any]]) -> str:
   return '\n'.join(lines + ['| ' + ' | '.join(map(show, row)) + ' |' for row in cells]) + '\n'
 
 
+def csv_text(rows: Sequence[Sequence[Any]]) -> str:
+  buffer = io.StringIO(newline='')
+  csv.writer(buffer).writerows(rows)
+  return buffer.getvalue()
+
+
 def write_tables(rows: Sequence[dict[str, Any]], output_dir: str, metric: str | None = None,
                  mode: str = 'max') -> tuple[str, str]:
   """Writes sweep_results.csv and .md into `output_dir`, the best row by `metric` (default: the cells' common
   main_metric) and `mode`. Returns (csv_path, md_path)."""
   header, cells = table(rows, ranking_metric(rows, metric), mode)
   os.makedirs(output_dir, exist_ok=True)
-  buffer = io.StringIO(newline='')
-  csv.writer(buffer).writerows([header, *cells])
   csv_path, md_path = (os.path.join(output_dir, 'sweep_results' + ext) for ext in ('.csv', '.md'))
-  write_text_atomic(csv_path, buffer.getvalue())
+  write_text_atomic(csv_path, csv_text([header, *cells]))
   write_text_atomic(md_path, markdown(header, cells))
   return csv_path, md_path
