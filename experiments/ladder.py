@@ -18,7 +18,6 @@ only writes them); the same command with --gather builds the table from what the
 """
 
 import os
-import shlex
 
 from absl import flags
 
@@ -26,7 +25,7 @@ from bert_jax import files
 from bert_jax.errors import BertJaxError, ConfigError
 
 import cli
-from tools import ladder, launch, sweep
+from tools import cells, ladder, launch
 
 _CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'ladder.py'),
                             'Ladder config file, optionally with :VARIANT (tiny, cpu, accelerator).')
@@ -40,39 +39,30 @@ def main(_):
     raise ConfigError('--workdir is required: where the cells and the results go')
   spec = ladder.Ladder.from_dict(_CONFIG.value.to_dict())
   directory = os.path.realpath(_WORKDIR.value)  # cells' commands name it: the same through any symbolic link
-  pretrain, finetune = ladder.cells(spec, directory)
-  sweep.check_finished([(os.path.relpath(r.workdir, directory), r.argv, r.workdir) for r in pretrain + finetune])
-  ladder.check_fresh(pretrain, finetune)
+  pretrain, finetune = ladder.plan(spec, directory)
+  cells.check(pretrain + finetune, root=directory)
   if _DRY_RUN.value:
-    for run in pretrain + finetune:
-      if not run.is_done():
-        print(shlex.join(run.argv), flush=True)
+    cells.print_pending(pretrain + finetune)
     return
   try:  # before any cell starts: each would fail on its own, and the table could not be written
     files.check_output(directory, 'directory', '--workdir')
   except ConfigError as e:
     raise ConfigError(f'{e}; {ladder.KEPT}') from None
-  gather = _LAUNCH['gather'].value
-  if _LAUNCH['launcher'].value == 'slurm' and not gather:
-    groups = [('ladder_pretrain', [(r.argv, r.workdir) for r in pretrain]),
-              ('ladder_finetune', [(r.argv, r.workdir, os.path.join(directory, 'pretrain', r.values['rung']))
-                                   for r in finetune])]
-    launch.launch(os.path.join(directory, 'slurm'), groups,
-                  **{k: _LAUNCH[k].value for k in ('template', 'sbatch', 'submit')})
+  failed = launch.dispatch(directory, [('ladder_pretrain', pretrain), ('ladder_finetune', finetune)],
+                           lambda: ladder.execute(pretrain, finetune), {k: v.value for k, v in _LAUNCH.items()})
+  if failed is None:
     return
-  failed = [] if gather else ladder.execute(pretrain, finetune)
   rows = ladder.results(spec, pretrain, finetune)
   md_path = ladder.write_results(spec, rows, directory)
   with open(md_path, encoding='utf-8') as f:
     print(f'\n{f.read()}', flush=True)
   base = os.path.splitext(md_path)[0]
   print(f'results: {md_path}, {base}.csv and {base}.png', flush=True)
-  missing = sum(len(r['missing']) for r in rows)
+  total, missing = len(pretrain) + len(finetune), sum(len(r['missing']) for r in rows)
   if failed:
-    raise BertJaxError(f'{len(failed)} of {len(pretrain) + len(finetune)} cells failed: '
-                       f'{", ".join(r.name for r in failed)}')
+    raise BertJaxError(f'{len(failed)} of {total} cells failed: {", ".join(r.name for r in failed)}')
   if missing:
-    print(f'{missing} of {len(pretrain) + len(finetune)} cells have no results yet', flush=True)
+    print(f'{missing} of {total} cells have no results yet', flush=True)
 
 
 if __name__ == '__main__':

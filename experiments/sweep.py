@@ -8,7 +8,7 @@ Every run appends `--key=value` for each grid key (last key varies fastest) to t
 with `{name}` (required, e.g. `learning_rate=1e-4,num_train_epochs=2`) and `{index}` (1-based) filled
 in. Runs whose workdir already holds final_metrics.json are skipped, so re-running continues an
 interrupted sweep (a finished run launched with another command is an error: .NAME.command.json beside its
-workdir records what it ran). The results go to OUTPUT_DIR/sweep_results.csv and .md (the markdown table is also
+workdir records what it ran; tools/cells.py judges every run). The results go to OUTPUT_DIR/sweep_results.csv and .md (the markdown table is also
 printed); the sweep exits 1 if any run failed. `--dry_run` prints one shell-quoted command per line
 (the runs not yet done) and runs nothing.
 
@@ -21,7 +21,6 @@ resources (experiments/launch/array.sbatch is the template).
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 
 from absl import flags
@@ -29,7 +28,7 @@ from absl import flags
 from bert_jax.errors import BertJaxError, ConfigError
 
 import cli
-from tools import launch, sweep
+from tools import cells, launch, sweep
 
 _GRID = flags.DEFINE_string('grid', None, 'key=v1,v2,... entries as shell words (quote a value with spaces), '
                             'e.g. "config.optim.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3".')
@@ -39,18 +38,8 @@ _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where sweep_results.{csv,
 _METRIC = flags.DEFINE_string('metric', None, 'Metric that marks the best run; default: the runs\' '
                               'main_metric.')
 _MODE = flags.DEFINE_string('mode', 'max', 'max or min: whether a larger or smaller --metric is better.')
-
 _LAUNCH = cli.define_launcher_flags()
-
 _COMMAND: list[str] = []  # the argv after '--', split off before absl parses the flags
-
-
-def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
-  """(sweep's own argv, command after the first '--' or None when there is no '--')."""
-  if '--' not in argv:
-    return argv, None
-  i = argv.index('--')
-  return argv[:i], argv[i + 1:]
 
 
 def main(argv):
@@ -61,22 +50,20 @@ def main(argv):
   if _MODE.value not in ('max', 'min'):
     raise ConfigError(f'--mode must be max or min, not {_MODE.value!r}')
   runs = sweep.plan(sweep.parse_grid(_GRID.value), _COMMAND)
-  sweep.check_finished([(r.name, r.argv, r.workdir) for r in runs])
+  cells.check(runs)
   if _DRY_RUN.value:
-    pending = [r for r in runs if not r.is_done()]
-    if len(pending) < len(runs):
-      print(f'# {len(runs) - len(pending)} of {len(runs)} runs already done, not listed', file=sys.stderr)
-    for run in pending:
-      print(shlex.join(run.argv), flush=True)
+    done = sum(cells.state(r) != cells.PENDING for r in runs)
+    if done:
+      print(f'# {done} of {len(runs)} runs already done, not listed', file=sys.stderr)
+    cells.print_pending(runs)
     return
-
   output_dir = _OUTPUT_DIR.value or sweep.default_output_dir(runs)
-  if _LAUNCH['launcher'].value == 'slurm' and not _LAUNCH['gather'].value:
-    launch.launch(os.path.join(output_dir, 'slurm'), [('sweep', [(r.argv, r.workdir) for r in runs])],
-                  **{k: _LAUNCH[k].value for k in ('template', 'sbatch', 'submit')})
+  gather = _LAUNCH['gather'].value
+  failed = launch.dispatch(output_dir, [('sweep', runs)], lambda: cells.execute(runs, 'sweep'),
+                           {k: v.value for k, v in _LAUNCH.items()})
+  if failed is None:
     return
-  failed = [] if _LAUNCH['gather'].value else sweep.execute(runs)
-  rows = sweep.collect(runs, missing=sweep.STATUS_MISSING if _LAUNCH['gather'].value else sweep.STATUS_FAILED)
+  rows = sweep.collect(runs, missing=sweep.STATUS_MISSING if gather else sweep.STATUS_FAILED)
   metric = sweep.ranking_metric(rows, _METRIC.value)
   _, md_path = sweep.write_tables(rows, output_dir, metric, _MODE.value)
   with open(md_path, encoding='utf-8') as f:
@@ -84,7 +71,7 @@ def main(argv):
   print(f'results: {md_path} and {os.path.splitext(md_path)[0]}.csv', flush=True)
   have = sorted({m for r in rows for m in r['metrics']})
   if metric and have and metric not in have:
-    raise ConfigError(f'metric {metric!r} is in no run\'s {sweep.FINAL_METRICS_FILE} (have: {", ".join(have)})')
+    raise ConfigError(f'metric {metric!r} is in no run\'s final_metrics.json (have: {", ".join(have)})')
   if failed:
     raise BertJaxError(f'{len(failed)} of {len(runs)} runs failed: {", ".join(r.name for r in failed)}')
   missing = [r['name'] for r in rows if r['status'] == sweep.STATUS_MISSING]
@@ -92,8 +79,8 @@ def main(argv):
     print(f'{len(missing)} of {len(runs)} runs have no results yet: {", ".join(missing)}', flush=True)
 
 
-
 if __name__ == '__main__':
-  sys.argv, command = split_command(sys.argv)
-  _COMMAND.extend(command or [])
+  if '--' in sys.argv:  # the command to sweep: split off before absl parses the flags
+    _COMMAND.extend(sys.argv[sys.argv.index('--') + 1:])
+    sys.argv = sys.argv[:sys.argv.index('--')]
   cli.run(main, allow_args=True)

@@ -199,6 +199,26 @@ class Workdir:
     if jax.process_index() == 0 and self.tokenizer_file() is None:
       tokenization.save_tokenizer(tokenizer, self.path)
 
+  def finished(self) -> float | None:
+    """When final_metrics.json (a run's last write) was written, in seconds since the epoch; None before."""
+    path = self.file(FINAL_METRICS_FILE)
+    return os.path.getmtime(path) if os.path.isfile(path) else None
+
+  def results(self) -> dict[str, Any] | None:
+    """final_metrics.json, None when absent (the run has not finished); CheckpointError when it is not a readable
+    JSON object."""
+    path = self.file(FINAL_METRICS_FILE)
+    if not files.isfile(path):
+      return None
+    try:
+      with files.open_file(path, encoding='utf-8') as f:
+        results = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+      raise CheckpointError(f'{path} is unreadable ({type(e).__name__})') from None
+    if not isinstance(results, dict):
+      raise CheckpointError(f'{path} is not a JSON object')
+    return results
+
   def write_results(self, results: dict[str, Any], directory: str | None = None) -> None:
     """final_metrics.json in the workdir, or in `directory` (a seed's, an evaluation's)."""
     self.write_json(os.path.join(directory or self.path, FINAL_METRICS_FILE), results)

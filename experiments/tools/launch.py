@@ -1,11 +1,9 @@
-"""Cells of a sweep or ladder as SLURM job arrays: one array per group of independent cells, one cell per task.
+"""Cells as SLURM job arrays (`--launcher=slurm` of experiments/sweep.py and ladder.py); reads no flags.
 
-The library behind `--launcher=slurm` of experiments/sweep.py and ladder.py; it reads no flags. `write_arrays`
-writes, under a directory, each group's cells file (one shell command per line; a cell done before is left out,
-and one that finishes before its task runs is skipped then; a task records its cell's command as it starts it), its
-batch script from a template (experiments/launch/array.sbatch) and submit.sh, which submits the groups in order,
-each after the one before has ended (afterany: a failed cell is reported by the gather, it does not stop the
-others). `launch` writes them and runs submit.sh where `sbatch` is on the PATH.
+`write_arrays` writes, under a directory, per group of cells its cells file (a shell line per pending cell, each a
+`cells.run_task`: it skips a cell finished by then and waits for none: a cell whose `after` has not finished fails),
+its batch script from a template (experiments/launch/array.sbatch) and submit.sh, which submits the groups in order,
+each after the one before has ended (afterany: a failed cell is reported by the gather, it does not stop the others).
 """
 
 from __future__ import annotations
@@ -19,31 +17,11 @@ from typing import Sequence
 
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.files import write_text_atomic
-from bert_jax.runs.workdir import FINAL_METRICS_FILE
 
-from tools import sweep
+from tools import cells
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEFAULT_TEMPLATE = os.path.join(REPO, 'experiments', 'launch', 'array.sbatch')
+DEFAULT_TEMPLATE = os.path.join(cells.REPO, 'experiments', 'launch', 'array.sbatch')
 _FIELDS = ('@JOB_NAME@', '@NUM_CELLS@', '@LOG_DIR@', '@SBATCH_LINES@', '@CWD@', '@CELLS_FILE@')
-
-
-def cell_line(argv: Sequence[str], workdir: str, after: str = '') -> str:
-  """The shell line of one cell: its command (recorded as it starts, `sweep.command_record`), unless its workdir
-  already holds final metrics; with `after` (a workdir), only once that one has them (a ladder's fine-tuning after
-  its rung's pretraining)."""
-  done = os.path.join(os.path.abspath(workdir), FINAL_METRICS_FILE)
-  record = sweep.command_record(workdir)
-  tmp = shlex.quote(record + '.tmp')
-  write = (f'{{ mkdir -p {shlex.quote(os.path.dirname(record))} && printf "%s\\n" '
-           f'{shlex.quote(sweep.record_json(argv))} > {tmp} && mv -f {tmp} {shlex.quote(record)}; }}')
-  line = (f'[ -f {shlex.quote(done)} ] && echo "done before: {FINAL_METRICS_FILE} in {workdir}" || '
-          f'{{ {write}; exec {shlex.join(argv)}; }}')
-  if after:
-    needed = os.path.join(os.path.abspath(after), FINAL_METRICS_FILE)
-    line = (f'[ -f {shlex.quote(needed)} ] || {{ echo "not run: {after} has no {FINAL_METRICS_FILE} (its run '
-            f'failed or is unfinished)" >&2; exit 1; }}; {line}')
-  return line
 
 
 def sbatch_lines(options: str) -> str:
@@ -72,49 +50,34 @@ def read_template(path: str) -> str:
   return text
 
 
-def write_arrays(directory: str, groups: Sequence[tuple[str, Sequence[tuple]]], *, template: str = DEFAULT_TEMPLATE,
-                 sbatch: str = '') -> list[str]:
-  """Writes one job array per group (name, [(argv, workdir[, the workdir it needs finished]) per cell]) under
-  `directory`, and submit.sh; cells done before are left out, the others run in today's working directory (their
-  paths are relative to it).
-
-  Returns:
-    The batch scripts, in submission order.
-  """
+def write_arrays(directory: str, groups: Sequence[tuple[str, Sequence[cells.Cell]]], *,
+                 template: str = DEFAULT_TEMPLATE, sbatch: str = '') -> list[str]:
+  """One job array per group (name, cells) of pending cells under `directory`, and submit.sh; the tasks run in
+  today's working directory (the cells' paths are relative to it). Returns the batch scripts in submission order."""
   text, extra = read_template(template), sbatch_lines(sbatch)
   directory = os.path.abspath(directory)
   os.makedirs(os.path.join(directory, 'logs'), exist_ok=True)
   scripts = []
-  for name, cells in groups:
-    cells = [c for c in cells if not os.path.isfile(os.path.join(c[1], FINAL_METRICS_FILE))]
-    if not cells:
+  for name, group in groups:
+    pending = [c for c in group if cells.state(c) == cells.PENDING]
+    if not pending:
       continue
     cells_file = os.path.join(directory, f'{name}.cells')
-    write_text_atomic(cells_file, ''.join(cell_line(*cell) + '\n' for cell in cells))
-    values = dict(zip(_FIELDS, (name, str(len(cells)), os.path.join(directory, 'logs'), extra, shlex.quote(os.getcwd()),
-                                shlex.quote(cells_file))))
+    write_text_atomic(cells_file, ''.join(cells.task_line(c) + '\n' for c in pending))
     script = text
-    for field, value in values.items():
+    for field, value in zip(_FIELDS, (name, str(len(pending)), os.path.join(directory, 'logs'), extra,
+                                      shlex.quote(os.getcwd()), shlex.quote(cells_file))):
       script = script.replace(field, value)
     scripts.append(os.path.join(directory, f'{name}.sbatch'))
     write_text_atomic(scripts[-1], script)
   lines = ['#!/usr/bin/env bash', '# Submits the arrays in order, each after the one before has ended.', 'set -eu',
            'after=""']
   for script in scripts:
-    lines.append(f'job=$(sbatch --parsable $after {shlex.quote(script)})')
-    lines.append('echo "submitted $job: ' + os.path.basename(script) + '"')
-    lines.append('after="--dependency=afterany:${job%%;*}"')
+    lines += [f'job=$(sbatch --parsable $after {shlex.quote(script)})',
+              f'echo "submitted $job: {os.path.basename(script)}"', 'after="--dependency=afterany:${job%%;*}"']
   write_text_atomic(os.path.join(directory, 'submit.sh'), '\n'.join(lines) + '\n')
   os.chmod(os.path.join(directory, 'submit.sh'), 0o755)
   return scripts
-
-
-def submit_arrays(directory: str) -> str:
-  """Runs `directory`/submit.sh; its output (the job ids)."""
-  done = subprocess.run(['bash', os.path.join(directory, 'submit.sh')], capture_output=True, text=True, check=False)
-  if done.returncode:
-    raise BertJaxError(f'submitting failed: {(done.stderr or done.stdout).strip()}')
-  return done.stdout
 
 
 def num_cells(script: str) -> int:
@@ -125,12 +88,28 @@ def num_cells(script: str) -> int:
 
 
 def launch(directory: str, groups, *, template: str | None, sbatch: str, submit: bool) -> None:
-  """--launcher=slurm: writes the job arrays under `directory` and submits them (or prints how)."""
+  """Writes the job arrays under `directory` and runs submit.sh where `sbatch` is on the PATH (or prints how)."""
   for script in write_arrays(directory, groups, template=template or DEFAULT_TEMPLATE, sbatch=sbatch):
     print(f'wrote {script} ({num_cells(script)} cells)', flush=True)
   if submit and shutil.which('sbatch'):
-    print(submit_arrays(directory), end='', flush=True)
+    done = subprocess.run(['bash', os.path.join(directory, 'submit.sh')], capture_output=True, text=True,
+                          check=False)
+    if done.returncode:
+      raise BertJaxError(f'submitting failed: {(done.stderr or done.stdout).strip()}')
+    print(done.stdout, end='', flush=True)
   else:
     why = 'sbatch is not on the PATH here; ' if submit else ''
     print(f'{why}submit with: bash {os.path.join(directory, "submit.sh")}', flush=True)
   print('when they have run, the same command with --gather builds the table', flush=True)
+
+
+def dispatch(directory: str, groups, execute, launcher: dict) -> list[cells.Cell] | None:
+  """The cells' run as the launcher flags (`cli.define_launcher_flags`, as values) say: None after writing (and
+  submitting) SLURM arrays under `directory`/slurm; else the failed cells of `execute()` (none for --gather)."""
+  if launcher['gather']:
+    return []
+  if launcher['launcher'] == 'slurm':
+    launch(os.path.join(directory, 'slurm'), groups, template=launcher['template'], sbatch=launcher['sbatch'],
+           submit=launcher['submit'])
+    return None
+  return execute()

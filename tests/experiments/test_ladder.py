@@ -38,7 +38,7 @@ def test_every_variant_builds_each_rung_and_task():
     spec = ladder.Ladder.from_dict(ladder_configs.get_config(variant).to_dict())
     assert spec.rungs[0].name == 'bert' and spec.seeds >= 2
   spec = ladder.Ladder.from_dict(_tiny())
-  pretrain, finetune = ladder.cells(spec, '/w')
+  pretrain, finetune = ladder.plan(spec, '/w')
   assert [r.workdir for r in pretrain] == ['/w/pretrain/bert', '/w/pretrain/mlm_only']
   assert [r.name for r in finetune] == ['bert/sst2/seed0', 'bert/sst2/seed1', 'mlm_only/sst2/seed0',
                                         'mlm_only/sst2/seed1']
@@ -75,7 +75,7 @@ def test_an_override_is_shell_words_so_a_path_may_hold_spaces(tmp_path):
   overrides = f"data.objective=none data.train_files='{corpus}'"
   spec = ladder.Ladder.from_dict(_tiny(**{'rungs.mlm_only.overrides': overrides}))
   assert spec.rungs[1].overrides == (('data.objective', 'none'), ('data.train_files', corpus))
-  pretrain, _ = ladder.cells(spec, '/w')
+  pretrain, _ = ladder.plan(spec, '/w')
   assert pretrain[1].argv[-1] == f'--config.data.train_files={corpus}'
   result = run_main('ladder.py', TINY, f'--workdir={tmp_path}/l', '--dry_run',
                     f'--config.rungs.mlm_only.overrides=data.objective=none data.train_files="{corpus}"')
@@ -238,14 +238,15 @@ def test_bad_rungs_tasks_and_seeds_are_one_error_line_and_touch_nothing(tmp_path
 
 
 def test_array_cells_wait_for_what_they_need_and_options_become_sbatch_lines(tmp_path):
-  from tools import launch  # pylint: disable=g-import-not-at-top
+  from tools import cells, launch  # pylint: disable=g-import-not-at-top
   assert launch.sbatch_lines('--partition=gpu -t 4:00:00 --gpus 1') == (
       '#SBATCH --partition=gpu\n#SBATCH -t 4:00:00\n#SBATCH --gpus 1')
   with pytest.raises(ConfigError, match="got 'gpu' where an option should be"):
     launch.sbatch_lines('--partition=x gpu')
   need, work = tmp_path / 'rung', tmp_path / 'cell'
-  line = launch.cell_line(['sh', '-c', f'mkdir -p {work} && echo ran > {work}/final_metrics.json'], str(work),
-                          str(need))
+  cell = cells.Cell(1, 'cell', ['sh', '-c', f'mkdir -p {work} && echo ran > {work}/final_metrics.json'], str(work),
+                    after=str(need))
+  line = cells.task_line(cell)  # a line of an array's cells file: the cell through `cells.run_task`
   refused = subprocess.run(['bash', '-c', line], capture_output=True, text=True)
   assert refused.returncode == 1 and 'has no final_metrics.json' in refused.stderr and not work.exists()
   need.mkdir()
@@ -256,7 +257,7 @@ def test_array_cells_wait_for_what_they_need_and_options_become_sbatch_lines(tmp
   template = tmp_path / 'mine.sbatch'
   with open(launch.DEFAULT_TEMPLATE, encoding='utf-8') as f:
     template.write_text(f.read().replace('1-@NUM_CELLS@', '1-@NUM_CELLS@%2'))  # a throttled array
-  scripts = launch.write_arrays(str(tmp_path / 'slurm'), [('a', [(['true'], str(tmp_path / 'x')),
-                                                                 (['true'], str(tmp_path / 'y')),
-                                                                 (['true'], str(work))])], template=str(template))
+  group = [cells.Cell(i, n, ['true'], str(w)) for i, (n, w) in enumerate(
+      (('x', tmp_path / 'x'), ('y', tmp_path / 'y'), ('cell', work)), 1)]
+  scripts = launch.write_arrays(str(tmp_path / 'slurm'), [('a', group)], template=str(template))
   assert launch.num_cells(scripts[0]) == 2 and '#SBATCH --array=1-2%2' in open(scripts[0]).read()  # done: left out

@@ -14,7 +14,7 @@ import pytest
 from bert_jax.errors import ConfigError
 
 from helpers import assert_one_line_error, run_experiment, tree_digest
-from tools import sweep
+from tools import cells, sweep
 
 GRID = 'config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3'
 
@@ -163,7 +163,7 @@ def test_collect_and_write_tables(tmp_path):
                                  None, 'not json']):
     if metrics is not None:
       os.makedirs(run.workdir)
-      with open(run.metrics_path, 'w') as f:
+      with open(os.path.join(run.workdir, 'final_metrics.json'), 'w') as f:
         f.write(metrics if isinstance(metrics, str) else json.dumps(metrics))
   rows = sweep.collect(runs)
   assert [r['status'] for r in rows] == ['ok', 'ok', 'failed', 'unreadable metrics']
@@ -301,7 +301,7 @@ def test_a_finished_run_is_reused_only_by_the_command_that_ran_it(tmp_path):
   assert sorted(os.listdir(tmp_path / 'runs' / names[0])) == ['final_metrics.json']
   # The same command under another Python's name is the same command.
   runs = sweep.plan(sweep.parse_grid(grid), ['python3.11', *recorded[1:-3], str(tmp_path / 'runs' / '{name}')])
-  sweep.check_finished([(r.name, r.argv, r.workdir) for r in runs])
+  cells.check(runs)
 
   before = tree_digest(str(tmp_path))
   changed = _fake_sweep(tmp_path, grid, command=['--note=longer'])
