@@ -240,10 +240,12 @@ def _warn_cut(log, cut: int, total: int, what: str) -> None:
 
 
 def label_names(task: dict[str, Any]) -> list[str]:
-  """The task's label names: as recorded in the workdir, else (older workdirs) the task's own."""
+  """The task's label names: as recorded in the workdir, else (older workdirs) the ones they had: the labels as the
+  task's files write them (GLUE's '0'/'1' then, not today's names)."""
   if task.get('label_names'):
     return list(task['label_names'])
-  return list(getattr(get_task(task['name']), 'label_names', []))
+  own = get_task(task['name'])
+  return list(getattr(own, 'file_labels', None) or getattr(own, 'label_names', []))
 
 
 def _sequence_output(kind: str, names: Sequence[str], logits: np.ndarray) -> dict[str, Any]:

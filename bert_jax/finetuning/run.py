@@ -77,6 +77,7 @@ class FinetuningJob:
       raise ConfigError('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir')
     self.cfg, self.evaluation, self.explicit_model_fields = cfg, evaluation, explicit_model_fields
     self.source = self.checkpoint_extra = None
+    self.recorded_labels: list[str] = []  # the label names a workdir trained before recorded
 
   def check(self, mesh, workdir: Workdir) -> None:
     if not self.evaluation:  # the starting checkpoint sets the architecture
@@ -90,6 +91,11 @@ class FinetuningJob:
     if saved is not None and not self.evaluation:
       scaffold.check_same_run(saved['finetune'], cfg, f'workdir {workdir.path}')
     self.tokenizer = self._tokenizer(workdir, saved)
+    # A workdir's label names stay the ones it was trained with (older GLUE runs: '0'/'1'); a task that reads its
+    # labels from the data (classify) takes them too, so a resumed or re-evaluated run keeps their order.
+    self.recorded_labels = list(((saved or {}).get('task') or {}).get('label_names') or [])
+    if hasattr(self.task, 'recorded_labels'):
+      self.task.recorded_labels = self.recorded_labels
     vocab = self.tokenizer.vocab_size
     if vocab > cfg.model.vocab_size:
       raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {vocab} tokens but the model only '
@@ -136,7 +142,8 @@ class FinetuningJob:
     task = self.task
     return {'finetune': self.cfg.to_dict(), 'task': {'name': task.name, 'kind': task.kind,
                                                      'num_labels': task.num_labels,
-                                                     'label_names': list(getattr(task, 'label_names', []))}}
+                                                     'label_names': self.recorded_labels
+                                                                    or list(getattr(task, 'label_names', []))}}
 
   def stages(self) -> list[scaffold.Stage]:
     return [scaffold.Stage(self.total_steps, self.model)]
