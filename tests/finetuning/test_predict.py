@@ -67,7 +67,8 @@ def test_predict_cli_text_input_and_outputs(sst2, tmp_path):
   assert [l['text'] for l in lines] == ['A gripping, funny film.', 'Dull and far too long.', 'An instant classic.']
   assert lines[0]['label'] == one['label']  # the same prediction batched with others
   r = run_experiment('predict.py', f'--workdir={sst2}', f'--input={texts}', f'--output={tmp_path}/p.tsv')
-  assert r.returncode == 0 and open(tmp_path / 'p.tsv').read().splitlines()[0] == 'text\ttext_pair\tlabel\tp_negative\tp_positive'
+  header = open(tmp_path / 'p.tsv').read().splitlines()[0]
+  assert r.returncode == 0 and header == 'text\ttext_pair\tlabel\tp_negative\tp_positive'
   for args, message in (((), 'give one of'), (('--text=a', f'--input={texts}'), 'give one of'),
                         (('--text=a', f'--output={sst2}/p.jsonl'), 'inside the workdir'),
                         (('--text=a', f'--output={tmp_path}/p.csv'), '.jsonl or .tsv'),
