@@ -195,3 +195,51 @@ def test_config_fields():
     FinetuneConfig(eval_fraction=1.0)
   cfg = FinetuneConfig()
   assert (cfg.text_column, cfg.text_pair_column, cfg.label_column, cfg.label_names) == ('text', '', 'label', '')
+
+
+_REVIEWS = {
+    'positive': ['A gripping, funny film.', 'An instant classic, loved it.', 'Wonderful acting and a great story.',
+                 'I would watch it again tomorrow.', 'Sharp, warm and beautifully shot.'],
+    'negative': ['Dull and far too long.', 'I want my money back.', 'A mess from start to finish.',
+                 'The worst film I have seen this year.', 'Flat jokes and wooden acting.'],
+    'neutral': ['It was fine, I suppose.', 'Some good scenes, some bad.', 'An average film, neither good nor bad.',
+                'It is a film about a family.', 'Watchable once, then forgettable.'],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_own_csv_fine_tunes_predicts_and_exports_label_names(tiny_checkpoint, tmp_path):
+  """A CSV with three named classes under its own column names: trained, predicted and exported by name, and the
+  transformers pipeline gives predict.py's names and probabilities."""
+  transformers = pytest.importorskip('transformers')
+  from helpers import run_experiment  # pylint: disable=g-import-not-at-top
+  rows = [(text, label) for label, texts in _REVIEWS.items() for text in texts] * 2
+  train = _csv(tmp_path, 'reviews.csv', rows=rows, header='review,sentiment')
+  workdir, export = tmp_path / 'work', tmp_path / 'hf'
+  trained = run_experiment(
+      'finetune.py', '--config=experiments/configs/finetune.py:classify', f'--workdir={workdir}',
+      f'--config.init_checkpoint={tiny_checkpoint}', f'--config.train_file={train}', '--config.text_column=review',
+      '--config.label_column=sentiment', '--config.num_train_steps=3', '--config.batch_size=8',
+      '--config.max_seq_length=32', '--config.eval_fraction=0.2')
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  result = json.loads(trained.stdout.strip().splitlines()[-1])
+  assert result['main_metric'] == 'dev_accuracy' and 0 <= result['dev_macro_f1'] <= 1
+  assert '6 of the 30 rows of' in trained.stdout + trained.stderr
+  names = ['negative', 'neutral', 'positive']
+  with open(workdir / 'config.json', encoding='utf-8') as f:
+    assert json.load(f)['task'] == {'name': 'classify', 'kind': 'classification', 'num_labels': 3,
+                                    'label_names': names}
+  texts = [t for t, _ in rows[::3]]
+  to_predict = _csv(tmp_path, 'new.csv', rows=[(t, '') for t in texts], header='review,unused')
+  predicted = run_experiment('predict.py', f'--workdir={workdir}', f'--input={to_predict}')
+  assert predicted.returncode == 0, predicted.stderr[-3000:]
+  ours = [json.loads(line) for line in predicted.stdout.strip().splitlines()]
+  assert [o['text'] for o in ours] == texts and all(set(o['probabilities']) == set(names) for o in ours)
+  exported = run_experiment('export_hf.py', f'--checkpoint={workdir}', f'--output={export}')
+  assert exported.returncode == 0, exported.stderr[-3000:]
+  assert transformers.AutoConfig.from_pretrained(str(export)).id2label == dict(enumerate(names))
+  theirs = transformers.pipeline('text-classification', model=str(export), top_k=None)(texts)
+  for o, scores in zip(ours, theirs):
+    assert scores[0]['label'] == o['label'] in names
+    assert all(abs(s['score'] - o['probabilities'][s['label']]) <= 1e-5 for s in scores), (scores, o)
