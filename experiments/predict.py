@@ -7,7 +7,8 @@
   python experiments/predict.py --workdir=/tmp/sst2 --input=reviews.txt --output=/tmp/reviews.jsonl
 
 --input takes plain text (one row per line; 'a<TAB>b' for pairs, 'question<TAB>context' for
-SQuAD), JSONL, or the task's own files (a GLUE TSV with its header, CoNLL columns, SQuAD JSON);
+SQuAD), JSONL, or the task's own files (a GLUE TSV with its header, CoNLL columns, SQuAD JSON; a model
+fine-tuned on your own files (classify/regress) reads a .csv/.tsv/.jsonl by the run's text columns);
 see `bert_jax.finetuning.predict.read_rows`. Rows are batched in one process. The predictions
 go to stdout as one JSON line each, or to --output (.jsonl or .tsv). --seed and --step pick the
 checkpoint (default: the run's first seed, latest step). The workdir is only read.
@@ -68,7 +69,7 @@ def main(_):
   tuned = load_finetuned(_WORKDIR.value, _SEED.value, _STEP.value, log=reporting.log)
   kind = tuned.task['kind']
   if _INPUT.value:
-    rows = predict.read_rows(_INPUT.value, kind, tuned.task['name'], _FORMAT.value)
+    rows = predict.read_rows(_INPUT.value, kind, tuned.task['name'], _FORMAT.value, tuned.finetune)
   else:
     rows = [predict.text_row(kind, _TEXT.value, _TEXT_PAIR.value, _QUESTION.value, _CONTEXT.value)]
   if not rows:

@@ -34,9 +34,9 @@ class FinetuneConfig(TrainingConfig):
   checkpoint_every: int = _f(0, free=True)
   keep_checkpoints: int = _f(1, free=True)
   model: ModelConfig = _f(factory=ModelConfig)
-  task: str = 'sst2'  # a GLUE task name, 'conll2003', 'squad' or 'squad_v2'
+  task: str = 'sst2'  # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or 'classify'/'regress' (your files)
   data_dir: str = _f('', path=True)
-  train_file: str = _f('', path=True)  # overrides the task's file in data_dir
+  train_file: str = _f('', path=True)  # overrides the task's file in data_dir; classify/regress: required
   eval_file: str = _f('', free=True, path=True, evaluation=True)
   max_seq_length: int = 128
   max_train_samples: int = 0  # > 0: the first N training examples in file order
@@ -44,6 +44,13 @@ class FinetuneConfig(TrainingConfig):
   # Packs several examples into each row (per-example attention, restarted positions);
   # the same function as padding each one, with no compute spent on padding.
   pack: bool = True
+  # classify / regress: your own CSV, TSV, JSONL or Parquet files, by column names (finetuning.tasks.files)
+  text_column: str = 'text'  # the default also reads a 'sentence' column
+  text_pair_column: str = ''  # the second text of a pair; '' single texts
+  label_column: str = 'label'
+  label_names: str = ''  # classify: the labels in order, comma-separated; '' the training file's, sorted
+  eval_fraction: float = 0.1  # without eval_file: this share of the training file's rows is held out ...
+  split_seed: int = 0  # ... drawn with this seed
   # SQuAD
   doc_stride: int = 128  # overlap in tokens between consecutive windows (HF run_qa convention)
   max_query_length: int = 64
@@ -58,5 +65,7 @@ class FinetuneConfig(TrainingConfig):
     super().__post_init__()
     if self.max_seq_length < 8:
       raise ConfigError(f'max_seq_length={self.max_seq_length} must be at least 8')
+    if not 0.0 <= self.eval_fraction < 1.0:
+      raise ConfigError(f'eval_fraction={self.eval_fraction} must be in [0, 1)')
     if self.num_seeds <= 0:
       raise ConfigError(f'num_seeds must be positive, got {self.num_seeds}')

@@ -16,6 +16,7 @@ Outputs (one dict per row):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -29,7 +30,7 @@ from bert_jax.errors import DataError
 from bert_jax.files import check_regular
 from bert_jax.finetuning import batching
 from bert_jax.finetuning.objective import Finetuning
-from bert_jax.finetuning.tasks import conll, get_task, glue, metrics, squad
+from bert_jax.finetuning.tasks import conll, files, get_task, glue, metrics, squad
 from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.interop.pretrained import FinetunedBert
 from bert_jax.runs import reporting
@@ -42,8 +43,11 @@ _WORD = re.compile(r'\w+|[^\w\s]')
 # ------------------------------------------------------------------------------------------ input
 
 
-def read_rows(path: str, kind: str, task_name: str, fmt: str = 'auto') -> list[dict[str, Any]]:
+def read_rows(path: str, kind: str, task_name: str, fmt: str = 'auto', finetune=None) -> list[dict[str, Any]]:
   """The rows of an input file for a task of `kind`.
+
+  A model fine-tuned on your own files (classify/regress; `finetune` its config) reads a .csv, .tsv, .jsonl or
+  .parquet input by the run's own columns (text_column, text_pair_column); a label column is not needed.
 
   Formats: 'txt' (one row per line: a text; 'a<TAB>b' for pairs; 'question<TAB>context' for
   span tasks), 'tsv' (the same), 'jsonl' (objects with 'text'/'text_pair', 'tokens' (NER),
@@ -57,6 +61,10 @@ def read_rows(path: str, kind: str, task_name: str, fmt: str = 'auto') -> list[d
   check_regular(path, 'input file')
   if not os.path.isfile(path):
     raise DataError(f'input file {path} does not exist')
+  if task_name in files.TASKS and finetune is not None and fmt == 'auto' and \
+      os.path.splitext(path)[1].lower() in files.FORMATS:
+    columns = dataclasses.replace(files.columns(finetune), label='')
+    return [{'text': r.text, 'text_pair': r.text_pair} for r in files.read_rows(path, columns, kind)]
   fmt = _detect(path, kind, task_name) if fmt == 'auto' else fmt
   if fmt == 'conll':
     if kind != 'token':
@@ -196,7 +204,8 @@ def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size:
   """Predictions for `rows` (see `read_rows`), one dict per row in order (module docstring); progress to `log`."""
   kind, ft, tokenizer = tuned.task['kind'], tuned.finetune, tuned.tokenizer
   if kind in ('classification', 'regression'):
-    check_pairs(tuned.task['name'], rows)
+    check_pairs(tuned.task['name'], rows,
+                bool(ft.text_pair_column) if tuned.task['name'] in files.TASKS else None)
   predictor = Predictor(tuned, batch_size, log)
   if kind in ('classification', 'regression'):
     featurized = [glue.featurize(r['text'], r.get('text_pair'), tokenizer, ft.max_seq_length) for r in rows]
@@ -219,12 +228,13 @@ def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size:
   return [_span_output(a) for a in answers]
 
 
-def check_pairs(task_name: str, rows: Sequence[dict[str, Any]]) -> None:
-  """DataError when rows do not match what a GLUE task reads: one sentence (SST-2, CoLA) or a pair (RTE, ...)."""
+def check_pairs(task_name: str, rows: Sequence[dict[str, Any]], pair: bool | None = None) -> None:
+  """DataError when rows do not match what the task read: one sentence (SST-2, CoLA) or a pair (RTE, ...);
+  `pair` for a task on your own files (whether it had a text_pair_column), else the GLUE task's."""
   task = glue.TASKS.get(task_name)
-  if task is None:
+  if pair is None and task is None:
     return
-  pair = task.text_b is not None
+  pair = task.text_b is not None if pair is None else pair
   for i, r in enumerate(rows):
     if (r.get('text_pair') is not None) != pair:
       where = f'row {i + 1}' if len(rows) > 1 else 'the input'
@@ -240,10 +250,12 @@ def _warn_cut(log, cut: int, total: int, what: str) -> None:
 
 
 def label_names(task: dict[str, Any]) -> list[str]:
-  """The task's label names: as recorded in the workdir, else (older workdirs) the task's own."""
+  """The task's label names: as recorded in the workdir, else (older workdirs) the ones they had: the labels as the
+  task's files write them (GLUE's '0'/'1' then, not today's names)."""
   if task.get('label_names'):
     return list(task['label_names'])
-  return list(getattr(get_task(task['name']), 'label_names', []))
+  own = get_task(task['name'])
+  return list(getattr(own, 'file_labels', None) or getattr(own, 'label_names', []))
 
 
 def _sequence_output(kind: str, names: Sequence[str], logits: np.ndarray) -> dict[str, Any]:

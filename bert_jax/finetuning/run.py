@@ -96,11 +96,16 @@ class FinetuningJob:
     if saved is not None and not self._evaluation:
       scaffold.check_same_run(saved['finetune'], cfg, f'workdir {workdir.path}')
     tokenizer = self._tokenizer(cfg, source, workdir, saved)
+    # A workdir's label names stay the ones it was trained with (older GLUE runs: '0'/'1'); a task that reads its
+    # labels from the data (classify) takes them too, so a resumed or re-evaluated run keeps their order.
+    recorded = tuple(((saved or {}).get('task') or {}).get('label_names') or ())
+    if hasattr(self._task, 'recorded_labels'):
+      self._task.recorded_labels = list(recorded)
     vocab = tokenizer.vocab_size
     if vocab > cfg.model.vocab_size:
       raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {vocab} tokens but the model only '
                         f'{cfg.model.vocab_size} embeddings')
-    return _Inputs(cfg, source, tokenizer)
+    return _Inputs(cfg, source, tokenizer, recorded)
 
   def _tokenizer(self, cfg: FinetuneConfig, source, workdir: Workdir, saved: dict[str, Any] | None):
     """The workdir's own tokenizer when it holds one (refused for training when the starting checkpoint's
@@ -126,7 +131,7 @@ class FinetuningJob:
     run = _PreparedRun(cfg, task, inputs.tokenizer, mesh, evaluation=self._evaluation)
     return scaffold.Prepared(
         cfg=cfg, stages=(scaffold.Stage(run.total_steps, run.model),), main_metric=run.main_metric,
-        tokenizer=inputs.tokenizer, saved_config=self._saved_config(cfg), run_dirs=_run_dirs(cfg, workdir),
+        tokenizer=inputs.tokenizer, saved_config=self._saved_config(cfg, inputs.recorded_labels), run_dirs=_run_dirs(cfg, workdir),
         batches=run.batches, evaluate=run.evaluate,
         check_meta=lambda meta, run_dir: scaffold.check_same_run(upgrade_saved(meta['config']), cfg, run_dir,
                                                                  meta['step']),
@@ -134,11 +139,12 @@ class FinetuningJob:
         results=run.results, run_done=lambda seed, run_dir, result: run.done(seed, run_dir, result, workdir),
         weights=None if params is None else (lambda: {'bert': params['bert']}))
 
-  def _saved_config(self, cfg: FinetuneConfig) -> dict[str, Any]:
+  def _saved_config(self, cfg: FinetuneConfig, recorded_labels: tuple[str, ...]) -> dict[str, Any]:
     task = self._task
     return {'finetune': cfg.to_dict(), 'task': {'name': task.name, 'kind': task.kind,
                                                 'num_labels': task.num_labels,
-                                                'label_names': list(getattr(task, 'label_names', []))}}
+                                                'label_names': list(recorded_labels)
+                                                               or list(getattr(task, 'label_names', []))}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +155,7 @@ class _Inputs:
   cfg: FinetuneConfig
   source: Any
   tokenizer: Any
+  recorded_labels: tuple[str, ...] = ()  # the label names the workdir recorded when it trained before
 
 
 def log_result(main: str, seed: int, result: dict[str, Any]) -> None:

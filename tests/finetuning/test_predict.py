@@ -41,9 +41,12 @@ def test_classification_dev_set_gets_the_evaluation_predictions(sst2):
   tuned = load_finetuned(sst2)
   rows = predict.read_rows(os.path.join(shared_data_or_skip('sst2'), 'dev.tsv'), 'classification', 'sst2')
   outputs = predict.predict(tuned, rows, batch_size=48)
-  assert [o['label'] for o in outputs] == _dev_predictions(os.path.join(sst2, 'seed_0', 'predictions_dev.tsv'))
+  # The predictions file writes GLUE's 0/1, predict the names: negative/positive.
+  spelled = dict(zip(['negative', 'positive'], ['0', '1']))
+  assert [spelled[o['label']] for o in outputs] == _dev_predictions(os.path.join(sst2, 'seed_0',
+                                                                                  'predictions_dev.tsv'))
   for o in outputs:
-    assert set(o['probabilities']) == {'0', '1'} and abs(sum(o['probabilities'].values()) - 1) < 1e-6
+    assert set(o['probabilities']) == {'negative', 'positive'} and abs(sum(o['probabilities'].values()) - 1) < 1e-6
     assert o['label'] == max(o['probabilities'], key=o['probabilities'].get)
   assert tree_digest(sst2) == before
 
@@ -54,7 +57,7 @@ def test_predict_cli_text_input_and_outputs(sst2, tmp_path):
   r = run_experiment('predict.py', f'--workdir={sst2}', '--text=A gripping, funny film.')
   assert r.returncode == 0, r.stderr[-3000:]
   one = json.loads(r.stdout.strip().splitlines()[-1])
-  assert one['text'] == 'A gripping, funny film.' and one['label'] in ('0', '1')
+  assert one['text'] == 'A gripping, funny film.' and one['label'] in ('negative', 'positive')
   texts = tmp_path / 'texts.txt'
   texts.write_text('A gripping, funny film.\nDull and far too long.\n\nAn instant classic.\n', encoding='utf-8')
   r = run_experiment('predict.py', f'--workdir={sst2}', f'--input={texts}', f'--output={tmp_path}/p.jsonl',
@@ -64,7 +67,8 @@ def test_predict_cli_text_input_and_outputs(sst2, tmp_path):
   assert [l['text'] for l in lines] == ['A gripping, funny film.', 'Dull and far too long.', 'An instant classic.']
   assert lines[0]['label'] == one['label']  # the same prediction batched with others
   r = run_experiment('predict.py', f'--workdir={sst2}', f'--input={texts}', f'--output={tmp_path}/p.tsv')
-  assert r.returncode == 0 and open(tmp_path / 'p.tsv').read().splitlines()[0] == 'text\ttext_pair\tlabel\tp_0\tp_1'
+  header = open(tmp_path / 'p.tsv').read().splitlines()[0]
+  assert r.returncode == 0 and header == 'text\ttext_pair\tlabel\tp_negative\tp_positive'
   for args, message in (((), 'give one of'), (('--text=a', f'--input={texts}'), 'give one of'),
                         (('--text=a', f'--output={sst2}/p.jsonl'), 'inside the workdir'),
                         (('--text=a', f'--output={tmp_path}/p.csv'), '.jsonl or .tsv'),

@@ -3,7 +3,11 @@
 Files are the GLUE download's: `train.tsv` and `dev.tsv` (MNLI: `dev_matched.tsv` and
 `dev_mismatched.tsv`) under `cfg.data_dir`. Rows are split on tabs only, never csv-quoted
 (GLUE text holds unbalanced quotes), and columns are found by header name; CoLA alone has no
-header. Labels are indexed in Hugging Face's order of `label_names`.
+header. Labels are indexed in Hugging Face's order of `label_values` (the file's spellings: SST-2's '0'/'1')
+and named by `label_names`, GLUE's (and Hugging Face datasets') names: SST-2 negative/positive, CoLA
+unacceptable/acceptable, MRPC not_equivalent/equivalent, QQP not_duplicate/duplicate, WNLI
+not_entailment/entailment; MNLI, QNLI and RTE write their names in the files. Prediction files keep the
+files' spellings (GLUE's submission format).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class GlueTask:
   text_b: Column | None
   label: Column
   label_names: list[str] = dataclasses.field(default_factory=lambda: ['0', '1'])  # [] regression
+  label_values: tuple[str, ...] = ()  # how the file writes each label, in index order; () as label_names
   main_metric: str = 'accuracy'
   extra_metrics: tuple[str, ...] = ()  # beside accuracy (classification) / pearson+spearmanr
   eval_files: tuple[tuple[str, str], ...] = (('dev', 'dev.tsv'),)  # (set name, file name)
@@ -62,6 +67,11 @@ class GlueTask:
   @property
   def num_labels(self) -> int:
     return len(self.label_names) or 1
+
+  @property
+  def file_labels(self) -> list[str]:
+    """Each label as the files write it, in index order (the names an older workdir recorded)."""
+    return list(self.label_values or self.label_names)
 
   @property
   def has_header(self) -> bool:
@@ -152,16 +162,16 @@ class GlueTask:
         return float(value)
       except ValueError:
         raise DataError(f'{path}:{line_no}: label {value!r} is not a number') from None
-    if value not in self.label_names:
+    if value not in self.file_labels:
       raise DataError(f'{path}:{line_no}: label {value!r} is not a {self.name} label; valid '
-                      f'labels are {", ".join(self.label_names)}')
-    return self.label_names.index(value)
+                      f'labels are {", ".join(self.file_labels)}')
+    return self.file_labels.index(value)
 
   def _write_predictions(self, path: str, row_ids: np.ndarray, preds: np.ndarray) -> None:
     if self.kind == 'regression':
       values = [format(float(p), '.6g') for p in preds]
     else:
-      values = [self.label_names[int(p)] for p in preds]
+      values = [self.file_labels[int(p)] for p in preds]  # GLUE's submission format
     lines = ['index\tprediction'] + [f'{r}\t{v}' for r, v in zip(row_ids, values)]
     write_text_atomic(path, '\n'.join(lines) + '\n')
 
@@ -175,15 +185,19 @@ _METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
 }
 
 _NLI = ['entailment', 'not_entailment']
+_BINARY = ('0', '1')  # how CoLA, SST-2, MRPC, QQP and WNLI write their labels
 
 TASKS: dict[str, GlueTask] = {t.name: t for t in (
-    GlueTask('cola', text_a=3, text_b=None, label=1, main_metric='matthews_corrcoef',
-             extra_metrics=('matthews_corrcoef',)),
-    GlueTask('sst2', text_a='sentence', text_b=None, label='label'),
-    GlueTask('mrpc', text_a='#1 String', text_b='#2 String', label='Quality', main_metric='f1',
+    GlueTask('cola', text_a=3, text_b=None, label=1, label_names=['unacceptable', 'acceptable'],
+             label_values=_BINARY, main_metric='matthews_corrcoef', extra_metrics=('matthews_corrcoef',)),
+    GlueTask('sst2', text_a='sentence', text_b=None, label='label', label_names=['negative', 'positive'],
+             label_values=_BINARY),
+    GlueTask('mrpc', text_a='#1 String', text_b='#2 String', label='Quality',
+             label_names=['not_equivalent', 'equivalent'], label_values=_BINARY, main_metric='f1',
              extra_metrics=('f1',)),
     GlueTask('qqp', text_a='question1', text_b='question2', label='is_duplicate',
-             main_metric='f1', extra_metrics=('f1',)),
+             label_names=['not_duplicate', 'duplicate'], label_values=_BINARY, main_metric='f1',
+             extra_metrics=('f1',)),
     GlueTask('stsb', text_a='sentence1', text_b='sentence2', label='score', label_names=[],
              main_metric='pearson'),
     GlueTask('mnli', text_a='sentence1', text_b='sentence2', label='gold_label',
@@ -192,7 +206,8 @@ TASKS: dict[str, GlueTask] = {t.name: t for t in (
                          ('dev_mismatched', 'dev_mismatched.tsv'))),
     GlueTask('qnli', text_a='question', text_b='sentence', label='label', label_names=list(_NLI)),
     GlueTask('rte', text_a='sentence1', text_b='sentence2', label='label', label_names=list(_NLI)),
-    GlueTask('wnli', text_a='sentence1', text_b='sentence2', label='label'),
+    GlueTask('wnli', text_a='sentence1', text_b='sentence2', label='label',
+             label_names=['not_entailment', 'entailment'], label_values=_BINARY),
 )}
 
 

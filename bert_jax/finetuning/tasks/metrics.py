@@ -27,6 +27,12 @@ def f1_binary(preds: Sequence[int], labels: Sequence[int], positive: int = 1) ->
   return _f1(tp, n_pred, n_gold)
 
 
+def f1_macro(preds: Sequence[int], labels: Sequence[int], num_labels: int) -> float:
+  """The mean over classes 0..num_labels-1 of each class's F1 (sklearn's average='macro' over every label);
+  a class neither predicted nor gold scores 0.0."""
+  return float(np.mean([f1_binary(preds, labels, positive=k) for k in range(num_labels)])) if num_labels else 0.0
+
+
 def matthews_corrcoef(preds: Sequence[int], labels: Sequence[int]) -> float:
   """Matthews correlation coefficient (multi-class form, as sklearn); 0.0 when undefined."""
   preds, labels = _pair(preds, labels)

@@ -17,6 +17,7 @@ from bert_jax.finetuning.tasks import glue, metrics
 from helpers import SHARED_DATA
 
 SST2 = os.path.join(SHARED_DATA, 'sst2')
+_NLI_NAMES = ['entailment', 'not_entailment']
 RTE = os.path.join(SHARED_DATA, 'rte')
 
 
@@ -108,7 +109,12 @@ def test_registry():
   assert glue.TASKS['rte'].label_names == ['entailment', 'not_entailment']
   assert glue.TASKS['qnli'].label_names == ['entailment', 'not_entailment']
   assert glue.TASKS['mnli'].label_names == ['contradiction', 'entailment', 'neutral']
-  assert glue.TASKS['sst2'].label_names == ['0', '1'] and glue.TASKS['sst2'].num_labels == 2
+  assert glue.TASKS['sst2'].label_names == ['negative', 'positive'] and glue.TASKS['sst2'].num_labels == 2
+  # GLUE's names; the files (and the prediction files, GLUE's submission format) write 0/1.
+  assert {n: glue.TASKS[n].label_names for n in ('cola', 'mrpc', 'qqp', 'wnli')} == {
+      'cola': ['unacceptable', 'acceptable'], 'mrpc': ['not_equivalent', 'equivalent'],
+      'qqp': ['not_duplicate', 'duplicate'], 'wnli': ['not_entailment', 'entailment']}
+  assert glue.TASKS['sst2'].file_labels == ['0', '1'] and glue.TASKS['rte'].file_labels == _NLI_NAMES
   stsb = glue.TASKS['stsb']
   assert (stsb.kind, stsb.num_labels) == ('regression', 1)
   assert glue.TASKS['mnli'].kind == 'classification' and glue.TASKS['mnli'].num_labels == 3

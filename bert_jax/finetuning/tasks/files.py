@@ -1,0 +1,398 @@
+"""Your own data: single-text and text-pair classification and regression from any file, by column names.
+
+Files are CSV (`.csv`, quoted as Excel writes it), TSV (`.tsv`/`.tab`, split on tabs only: a quote is text),
+JSONL (`.jsonl`/`.ndjson`, one object per line) or Parquet (`.parquet`, with the optional pyarrow:
+`pip install bert_jax[parquet]`). The columns are config fields: `text_column` ('text', or 'sentence' when the
+file has no 'text'), `text_pair_column` (none by default: single texts), `label_column` ('label').
+
+Classification labels are the label column's values, named as written: `label_names` (comma-separated) gives their
+order, else they are the training file's distinct values sorted (as numbers when they all are integers). The names
+are recorded in the workdir, and predictions and exports answer with them. Regression targets are finite numbers.
+
+Without an `eval_file`, `eval_fraction` of the training file's rows (drawn with `split_seed`) is held out and
+evaluated; the split is logged. Every bad row is one DataError naming the file and its line.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from bert_jax.errors import DataError
+from bert_jax.files import check_regular, write_text_atomic
+from bert_jax.finetuning.tasks import metrics
+from bert_jax.finetuning.tasks.base import EvalSet, Feature
+from bert_jax.finetuning.tasks.glue import featurize
+from bert_jax.runs import reporting
+
+FORMATS = {'.csv': 'csv', '.tsv': 'tsv', '.tab': 'tsv', '.jsonl': 'jsonl', '.ndjson': 'jsonl', '.parquet': 'parquet'}
+TEXT_FALLBACK = 'sentence'  # read when text_column is the default 'text' and the file has no such column
+
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+  """Which columns hold the text, the optional second text and the label ('' for none)."""
+
+  text: str = 'text'
+  text_pair: str = ''
+  label: str = 'label'
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One example: its text(s), its label as written (classification) or its target (regression), its line."""
+
+  text: str
+  text_pair: str | None
+  label: Any
+  line: int  # 1-based line of the file where the row starts (Parquet: the row's 1-based index)
+
+
+@dataclasses.dataclass
+class FileEvalData:
+  """`EvalSet.data`: where the rows came from, their gold labels (indices or targets) and lines."""
+
+  path: str
+  labels: np.ndarray
+  lines: np.ndarray
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+def file_format(path: str) -> str:
+  """'csv', 'tsv', 'jsonl' or 'parquet' from the file's extension; DataError for any other."""
+  fmt = FORMATS.get(os.path.splitext(path)[1].lower())
+  if fmt is None:
+    raise DataError(f'{path}: unknown file type; name it .csv, .tsv, .jsonl or .parquet')
+  return fmt
+
+
+def records(path: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
+  """(the file's column names, [(line, {column: value})]) of a CSV, TSV, JSONL or Parquet file.
+
+  Raises:
+    DataError: a missing, empty or malformed file (an unclosed quote, a JSONL line that is not an object), naming
+      the file and the line.
+  """
+  check_regular(path, 'data file')
+  if not os.path.isfile(path):
+    raise DataError(f'{path} does not exist')
+  fmt = file_format(path)
+  if fmt == 'parquet':
+    return _parquet(path)
+  try:
+    with open(path, encoding='utf-8-sig', newline='') as f:
+      columns, rows = _jsonl(path, f) if fmt == 'jsonl' else _delimited(path, f, fmt)
+  except UnicodeDecodeError as e:
+    raise DataError(f'{path} is not UTF-8 text ({e})') from None
+  if not rows:
+    raise DataError(f'{path} is empty' if not columns else f'{path} has a header but no data rows')
+  return columns, rows
+
+
+def _delimited(path: str, f, fmt: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
+  """CSV (quoted, strict: an unclosed quote is an error) or TSV (tabs only); the first row is the header."""
+  reader = (csv.reader(f, strict=True) if fmt == 'csv' else
+            csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE))
+  header, rows, start = None, [], 1
+  while True:
+    try:
+      fields = next(reader)
+    except StopIteration:
+      break
+    except csv.Error as e:
+      raise DataError(f'{path}:{start}: unreadable CSV ({e}): a quote opened on this line is never closed, or '
+                      'text follows a closing quote') from None
+    line, start = start, reader.line_num + 1
+    if not any(v.strip() for v in fields):
+      continue  # blank lines
+    if header is None:
+      header = [c.strip() for c in fields]
+      continue
+    if len(fields) != len(header):
+      raise DataError(f'{path}:{line}: {len(fields)} field(s) but the header has {len(header)} '
+                      f'({", ".join(header)})')
+    rows.append((line, dict(zip(header, fields))))
+  return header or [], rows
+
+
+def _jsonl(path: str, f) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
+  """One JSON object per non-blank line; the columns are the keys of the first."""
+  rows = []
+  for line, text in enumerate(f, 1):
+    if not text.strip():
+      continue
+    try:
+      obj = json.loads(text)
+    except ValueError as e:
+      raise DataError(f'{path}:{line}: not JSON ({e})') from None
+    if not isinstance(obj, dict):
+      raise DataError(f'{path}:{line}: a JSONL line must be an object ({{"text": ..., "label": ...}}), '
+                      f'not {type(obj).__name__}')
+    rows.append((line, obj))
+  return (list(rows[0][1]) if rows else []), rows
+
+
+def _parquet(path: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
+  try:
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise DataError(f'{path}: reading Parquet needs pyarrow, which is not installed: '
+                    'pip install "bert_jax[parquet]" (or pyarrow), or give CSV/TSV/JSONL') from None
+  try:
+    table = pq.read_table(path)
+  except Exception as e:  # pylint: disable=broad-except  (pyarrow's many error types: a damaged file)
+    raise DataError(f'{path}: unreadable Parquet ({e})') from None
+  rows = [(i + 1, r) for i, r in enumerate(table.to_pylist())]
+  if not rows:
+    raise DataError(f'{path} is empty' if not table.column_names else f'{path} has columns but no rows')
+  return list(table.column_names), rows
+
+
+def read_rows(path: str, columns: Columns, kind: str) -> list[Row]:
+  """The rows of `path` by `columns`; a `columns.label` of '' reads no label (text to predict).
+
+  Labels are as written (classification: a string; JSON numbers and booleans as JSON spells them) or finite
+  numbers (regression).
+
+  Raises:
+    DataError: a column the file lacks (naming those it has), an empty text, a missing, non-numeric or non-finite
+      target, labels that mix numbers and strings: the file and line.
+  """
+  names, records_ = records(path)
+  text = resolve_text_column(path, names, columns.text)
+  for wanted in (columns.text_pair, columns.label):
+    if wanted and wanted not in names:
+      raise _missing(path, wanted, names)
+  rows = [Row(_text(path, line, r, text), _text(path, line, r, columns.text_pair) if columns.text_pair else None,
+              _label(path, line, r, columns.label, kind) if columns.label else None, line) for line, r in records_]
+  if columns.label and kind == 'classification':
+    _check_one_label_type(path, records_, columns.label)
+  return rows
+
+
+def resolve_text_column(path: str, names: Sequence[str], text: str) -> str:
+  """`text`, or 'sentence' when `text` is the default 'text' and only 'sentence' is there."""
+  if text in names:
+    return text
+  if text == Columns.text and TEXT_FALLBACK in names:
+    return TEXT_FALLBACK
+  raise _missing(path, text, names)
+
+
+def _missing(path: str, column: str, names: Sequence[str]) -> DataError:
+  return DataError(f'{path}:1: no column {column!r}; the file has {", ".join(map(repr, names)) or "none"} '
+                   '(set --config.text_column, --config.text_pair_column or --config.label_column)')
+
+
+def _value(path: str, line: int, record: dict[str, Any], column: str) -> Any:
+  if column not in record:  # JSONL: another line's keys
+    raise DataError(f'{path}:{line}: no {column!r} (this line has {", ".join(map(repr, record)) or "no keys"})')
+  return record[column]
+
+
+def _text(path: str, line: int, record: dict[str, Any], column: str) -> str:
+  value = _value(path, line, record, column)
+  if not isinstance(value, str) or not value.strip():
+    raise DataError(f'{path}:{line}: {column!r} must be a non-empty text, got {value!r}')
+  return value
+
+
+def _label(path: str, line: int, record: dict[str, Any], column: str, kind: str) -> str | float:
+  value = _value(path, line, record, column)
+  if kind == 'regression':
+    try:
+      target = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+      raise DataError(f'{path}:{line}: target {column!r} is {value!r}, not a number') from None
+    if not math.isfinite(target) or isinstance(value, bool):
+      raise DataError(f'{path}:{line}: target {column!r} is {value!r}; regression needs a finite number')
+    return target
+  if isinstance(value, (bool, int, float)) and not isinstance(value, str):
+    return json.dumps(value)
+  if not isinstance(value, str) or not value.strip():
+    raise DataError(f'{path}:{line}: label {column!r} must be a non-empty text or number, got {value!r}')
+  return value.strip()
+
+
+def _check_one_label_type(path: str, records_: Sequence[tuple[int, dict[str, Any]]], column: str) -> None:
+  """JSONL/Parquet: labels that are all numbers or all strings, never both (1 and "1" would be two classes)."""
+  first = {}
+  for line, r in records_:
+    kind = 'string' if isinstance(r[column], str) else 'number'
+    first.setdefault(kind, (line, r[column]))
+  if len(first) > 1:
+    (l1, v1), (l2, v2) = first['number'], first['string']
+    raise DataError(f'{path}:{max(l1, l2)}: labels mix numbers and strings (line {l1}: {v1!r}, line {l2}: '
+                    f'{v2!r}); write every label the same way')
+
+
+# ------------------------------------------------------------------------------------------ labels
+
+
+def sorted_labels(values: Sequence[str]) -> list[str]:
+  """Distinct label values in order: as numbers when every one is an integer, else as strings."""
+  distinct = set(values)
+  try:
+    return sorted(distinct, key=int)
+  except ValueError:
+    return sorted(distinct)
+
+
+def parse_label_names(text: str) -> list[str]:
+  """label_names as given ('a,b,c'): DataError for an empty or repeated name."""
+  names = [n.strip() for n in text.split(',')] if text.strip() else []
+  if any(not n for n in names) or len(set(names)) != len(names):
+    raise DataError(f'label_names={text!r}: give distinct, non-empty names separated by commas')
+  return names
+
+
+def label_indices(rows: Sequence[Row], names: Sequence[str], path: str, why: str) -> np.ndarray:
+  """Each row's label as its index in `names`; DataError at the first label outside them (`why`: whose names)."""
+  index = {n: i for i, n in enumerate(names)}
+  for r in rows:
+    if r.label not in index:
+      raise DataError(f'{path}:{r.line}: label {r.label!r} {why}; the labels are {", ".join(names)}')
+  return np.array([index[r.label] for r in rows], np.int64)
+
+
+# ------------------------------------------------------------------------------------------ the task
+
+
+class FileTask:
+  """Classification or regression on the config's files (see the module docstring); one per run.
+
+  Its label names are decided when it first reads data: the config's `label_names`, else the ones recorded in a
+  workdir trained before (`recorded_labels`, set by the run), else the training file's sorted values.
+  """
+
+  def __init__(self, name: str, kind: str):
+    self.name, self.kind = name, kind
+    self.main_metric = 'accuracy' if kind == 'classification' else 'pearson'
+    self.label_names: list[str] = []
+    self.recorded_labels: list[str] = []
+    self._split: tuple[list[Row], list[Row]] | None = None  # the training file: (train, held out)
+
+  @property
+  def num_labels(self) -> int:
+    if self.kind == 'regression':
+      return 1
+    if not self.label_names:
+      raise RuntimeError('the label names are known once the task has read its data')
+    return len(self.label_names)
+
+  def train_features(self, cfg, tokenizer) -> list[Feature]:
+    """The training rows (without the held-out ones; the first `max_train_samples` when > 0) as features."""
+    rows, _ = self._train_split(cfg)
+    if cfg.max_train_samples > 0:
+      rows = rows[:cfg.max_train_samples]
+    labels = self._labels(cfg, rows, cfg.train_file)
+    return [featurize(r.text, r.text_pair, tokenizer, cfg.max_seq_length, _item(l), r.line)[0]
+            for r, l in zip(rows, labels)]
+
+  def eval_sets(self, cfg, tokenizer) -> list[EvalSet]:
+    """'dev': the eval file's rows, or the rows held out of the training file."""
+    if cfg.eval_file:
+      path, rows = cfg.eval_file, read_rows(cfg.eval_file, columns(cfg), self.kind)
+    else:
+      path, rows = cfg.train_file, self._train_split(cfg)[1]
+    labels = self._labels(cfg, rows, path)
+    features = [featurize(r.text, r.text_pair, tokenizer, cfg.max_seq_length, _item(l), r.line)[0]
+                for r, l in zip(rows, labels)]
+    return [EvalSet('dev', features, FileEvalData(path, labels, np.array([r.line for r in rows], np.int64)))]
+
+  def evaluate(self, eval_set: EvalSet, logits: Sequence[np.ndarray], output_dir: str | None) -> dict[str, Any]:
+    """accuracy and macro_f1 (classification) or pearson and spearmanr (regression); predictions_<set>.tsv."""
+    data: FileEvalData = eval_set.data
+    scores = np.stack([np.asarray(l, np.float32).reshape(self.num_labels) for l in logits]) if len(logits) \
+        else np.zeros((0, self.num_labels), np.float32)
+    if len(scores) != len(data.labels):
+      raise ValueError(f'{len(scores)} logits for {len(data.labels)} features of {eval_set.name}')
+    if self.kind == 'regression':
+      preds = scores[:, 0].astype(np.float64)
+      result = {'pearson': metrics.pearson(preds, data.labels), 'spearmanr': metrics.spearman(preds, data.labels)}
+      values = [format(float(p), '.6g') for p in preds]
+    else:
+      preds = scores.argmax(axis=-1)
+      result = {'accuracy': metrics.accuracy(preds, data.labels),
+                'macro_f1': metrics.f1_macro(preds, data.labels, self.num_labels)}
+      values = [self.label_names[int(p)] for p in preds]
+    if output_dir is not None:
+      lines = ['line\tprediction'] + [f'{l}\t{v}' for l, v in zip(data.lines, values)]
+      write_text_atomic(os.path.join(output_dir, f'predictions_{eval_set.name}.tsv'), '\n'.join(lines) + '\n')
+    return result
+
+  def _train_split(self, cfg) -> tuple[list[Row], list[Row]]:
+    """(training rows, held-out rows): all and none with an eval file, else a seeded split, logged once."""
+    if self._split is not None:
+      return self._split
+    if not cfg.train_file:
+      raise DataError(f'task {self.name} reads your files: set --config.train_file (and --config.eval_file, or '
+                      'hold out --config.eval_fraction of the training file)')
+    rows = read_rows(cfg.train_file, columns(cfg), self.kind)
+    self._labels(cfg, rows, cfg.train_file, train_rows=rows)  # every class of the file, before any is held out
+    if cfg.eval_file:
+      self._split = rows, []
+      return self._split
+    held = int(round(cfg.eval_fraction * len(rows)))
+    if not 0 < held < len(rows):
+      raise DataError(f'{cfg.train_file}: eval_fraction={cfg.eval_fraction} of its {len(rows)} rows leaves no '
+                      'rows to train or to evaluate; give --config.eval_file or another --config.eval_fraction')
+    order = np.random.default_rng(cfg.split_seed).permutation(len(rows))
+    eval_rows = set(order[:held].tolist())
+    self._split = ([r for i, r in enumerate(rows) if i not in eval_rows],
+                   [r for i, r in enumerate(rows) if i in eval_rows])
+    reporting.log(f'{self.name}: no eval_file: {held} of the {len(rows)} rows of {cfg.train_file} held out for '
+                  f'evaluation (eval_fraction={cfg.eval_fraction}, split_seed={cfg.split_seed})')
+    return self._split
+
+  def _labels(self, cfg, rows: Sequence[Row], path: str, train_rows: Sequence[Row] | None = None) -> np.ndarray:
+    """The rows' labels: targets (regression) or indices in the label names, which the first call decides."""
+    if self.kind == 'regression':
+      return np.array([r.label for r in rows], np.float64)
+    if not self.label_names:
+      self._decide_names(cfg, train_rows)
+    if cfg.label_names:
+      why = 'is not one of label_names'
+    elif self.recorded_labels:
+      why = 'is not one this run was trained with'
+    else:
+      why = f'never appears in the training file {cfg.train_file}'
+    return label_indices(rows, self.label_names, path, why)
+
+  def _decide_names(self, cfg, train_rows: Sequence[Row] | None) -> None:
+    """Sets and logs the label names: label_names, else the recorded ones, else the training file's values."""
+    if cfg.label_names:
+      names = parse_label_names(cfg.label_names)
+    elif self.recorded_labels:
+      names = list(self.recorded_labels)
+    elif train_rows is None:
+      self._train_split(cfg)  # reads the training file, which decides them
+      return
+    else:
+      names = sorted_labels([r.label for r in train_rows])
+      if len(names) < 2:
+        raise DataError(f'{cfg.train_file}: every row has the label {names[0]!r}; classification needs two '
+                        'labels or more')
+    self.label_names = names
+    reporting.log(f'{self.name}: {len(names)} labels: {", ".join(names)}')
+
+
+def columns(cfg) -> Columns:
+  """The config's column names."""
+  return Columns(cfg.text_column, cfg.text_pair_column, cfg.label_column)
+
+
+def _item(label) -> int | float:
+  return label.item() if isinstance(label, np.generic) else label
+
+
+TASKS = {'classify': 'classification', 'regress': 'regression'}  # task name -> kind
+
