@@ -22,7 +22,7 @@ from bert_jax.finetuning import run
 import cli
 
 _CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'finetune.py'),
-                            'Experiment config file with the task as :VARIANT.')
+                            'Experiment config file with the task as :VARIANT.', schema=FinetuneConfig)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, predictions and metrics go.', required=True)
 
 

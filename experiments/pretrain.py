@@ -22,7 +22,7 @@ import cli
 
 _CONFIG = cli.define_config(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
-    'Experiment config file, optionally with :VARIANT.')
+    'Experiment config file, optionally with :VARIANT.', schema=PretrainConfig)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and metrics go.', required=True)
 
 
