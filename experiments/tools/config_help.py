@@ -76,7 +76,10 @@ def variant_lines(module) -> list[str]:
   lines = []
   for names, text in entries:
     label = ', '.join(names)
-    lines += [f'  {label}', _clip(f'  {"":<16} {text}')] if len(label) > 16 and text else [_clip(f'  {label:<16} {text}')]
+    if len(label) > 16 and text:  # a long list of names: the text on its own line below them
+      lines += [f'  {label}', _clip(f'  {"":<16} {text}')]
+    else:
+      lines.append(_clip(f'  {label:<16} {text}'))
   return lines
 
 
@@ -148,7 +151,8 @@ def help_text(spec: str, schema) -> str:
   parts = [f'Config variants (--config={spec.partition(":")[0]}:VARIANT):', *variants] if variants else []
   if schema is not None and schema.__name__ in _MAIN_FIELDS:
     docs, defaults = field_docs(schema), _flatten(module.get_config().to_dict())
-    parts += ['' if parts else None, 'Main fields (--config.FIELD=VALUE; the default variant\'s values; all: --print_config):']
+    parts += ['' if parts else None,
+              'Main fields (--config.FIELD=VALUE; the default variant\'s values; all: --print_config):']
     for name, fallback in _MAIN_FIELDS[schema.__name__]:
       if name in docs:  # a field this version has
         text = '; '.join(t for t in (fallback, _first_sentence(docs[name])) if t)
