@@ -16,14 +16,16 @@ from typing import Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import distributed, files
+from bert_jax import files
 from bert_jax.config import REMOVED, RENAMED
 from bert_jax.errors import BertJaxError, CheckpointWriteError, ConfigError, Preempted
-from bert_jax.train.preemption import EXIT_CODE
 from tools import config_help
 
+# bert_jax.distributed and bert_jax.train.preemption import jax (seconds): they are imported where used, so that a
+# flag or config error comes first. _MODES is distributed.MODES (tests/experiments/test_cli.py checks).
+_MODES = ('auto', 'on', 'off')
 _DISTRIBUTED = flags.DEFINE_enum(
-    'distributed', 'auto', distributed.MODES,
+    'distributed', 'auto', _MODES,
     'Multi-process start-up: auto = when --coordinator_address is given or a SLURM/TPU multi-process '
     'launcher is detected; on = always (jax detects what is not given, e.g. on Cloud TPU pods); off = never.')
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
@@ -77,6 +79,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
         _initialize_distributed()
       main(argv)
     except Preempted as e:
+      from bert_jax.train.preemption import EXIT_CODE  # pylint: disable=g-import-not-at-top
       print(f'preempted: {e}', file=sys.stderr, flush=True)
       sys.exit(EXIT_CODE)
     except CheckpointWriteError as e:
@@ -251,6 +254,7 @@ def config_overrides(section: str = '') -> set[str]:
 
 
 def _initialize_distributed() -> None:
+  from bert_jax import distributed  # pylint: disable=g-import-not-at-top  # imports jax
   # Before main: jax.distributed must start before anything initializes a jax backend.
   ids = _LOCAL_DEVICE_IDS.value
   try:

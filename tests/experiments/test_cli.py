@@ -1,10 +1,13 @@
-"""experiments/cli.py in process: a mistyped --config field is one line naming the closest field."""
+"""experiments/cli.py in process: a mistyped --config field or a value of the wrong type is one line naming the field;
+--help lists the config's variants and main fields; --print_config prints the resolved config and touches nothing."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from helpers import assert_one_line_error, run_main, tree_digest
+from helpers import REPO, assert_one_line_error, run_main, tree_digest
 
 
 @pytest.mark.parametrize('script,flag,want', [
@@ -83,3 +86,24 @@ def test_print_config_of_a_finetuning_run_counts_its_task_head(tmp_path):
   assert '  batch_size: 16 -> 8' in result.stdout and '# tokens per step: 1,024 row tokens (8 x 128)' in result.stdout
   assert 'encoder + classification head, rte' in result.stdout  # all-MiniLM-L6-v2's architecture, not the config's
   assert not (tmp_path / 'w').exists()
+
+
+def test_the_distributed_modes_are_the_library_s():
+  import cli  # pylint: disable=g-import-not-at-top
+  from bert_jax import distributed  # pylint: disable=g-import-not-at-top
+  assert cli._MODES == distributed.MODES  # pylint: disable=protected-access  # cli keeps a copy: no jax import
+
+
+@pytest.mark.slow
+def test_a_config_error_comes_before_jax_is_imported(tmp_path):
+  """The first line of a mistyped or mistyped-value flag comes in about a second: jax, flax and orbax (10-20 s on
+  2 cores) are imported only after the flags and the config are checked."""
+  for flag in ('--config.optim.learnin_rate=1', '--config.num_train_steps=abc'):
+    code = ('import runpy, sys; sys.path.insert(0, "experiments")\n'
+            'sys.argv = ["experiments/pretrain.py", "--workdir=%s", "%s"]\n'
+            'try:\n  runpy.run_path(sys.argv[0], run_name="__main__")\n'
+            'finally:\n  print("jax imported:", "jax" in sys.modules, file=sys.stderr)') % (tmp_path / 'w', flag)
+    result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, 'PYTHONPATH': REPO})
+    assert result.returncode == 1 and result.stderr.startswith('error: '), result.stderr[-3000:]
+    assert 'jax imported: False' in result.stderr
