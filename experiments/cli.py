@@ -69,7 +69,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
     if len(argv) > 1 and not allow_args:
       raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
     try:
-      if _CONFIG and flags.FLAGS.print_config:  # before any work: the workdir is never touched
+      if _has_config() and flags.FLAGS.print_config:  # before any work: the workdir is never touched
         _print_config()
         return
       for name in text_flags:
@@ -102,12 +102,17 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
 
   for holder in _MULTIHOST_FLAGS if multihost else ():  # --help of every entry point lists them beside its own
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
-  if _CONFIG:
+  if _has_config():
     for name in ('config', 'print_config'):  # defined here, in cli: listed as the entry point's own
       flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
     if any(a.split('=')[0] in _HELP_FLAGS for a in sys.argv[1:]):
       _add_config_help()
   app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _has_config() -> bool:
+  # define_config ran for this entry point (its flag is defined; _CONFIG alone may be an earlier one's in a test).
+  return bool(_CONFIG) and 'print_config' in flags.FLAGS
 
 
 def _config_spec() -> str:
