@@ -16,13 +16,16 @@ from typing import Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import distributed, files
+from bert_jax import files
 from bert_jax.config import REMOVED, RENAMED
 from bert_jax.errors import BertJaxError, CheckpointWriteError, ConfigError, Preempted
-from bert_jax.train.preemption import EXIT_CODE
+from tools import config_help
 
+# bert_jax.distributed and bert_jax.train.preemption import jax (seconds): they are imported where used, so that a
+# flag or config error comes first. _MODES is distributed.MODES (tests/experiments/test_cli.py checks).
+_MODES = ('auto', 'on', 'off')
 _DISTRIBUTED = flags.DEFINE_enum(
-    'distributed', 'auto', distributed.MODES,
+    'distributed', 'auto', _MODES,
     'Multi-process start-up: auto = when --coordinator_address is given or a SLURM/TPU multi-process '
     'launcher is detected; on = always (jax detects what is not given, e.g. on Cloud TPU pods); off = never.')
 _COORDINATOR_ADDRESS = flags.DEFINE_string(
@@ -33,6 +36,9 @@ _LOCAL_DEVICE_IDS = flags.DEFINE_list(
     'local_device_ids', None, 'Accelerator ids this process drives (one process per GPU); default all.')
 _FILESYSTEM_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG)
 _MULTIHOST_FLAGS = (_DISTRIBUTED, _COORDINATOR_ADDRESS, _NUM_PROCESSES, _PROCESS_ID, _LOCAL_DEVICE_IDS)
+_HELP_FLAGS = ('--help', '-h', '-?', '--helpshort', '--helpfull')
+# The entry point's config flag (define_config): its default file and its config class (None: a plain ConfigDict).
+_CONFIG = {}
 
 
 # What a failed write (full disk, read-only filesystem) leaves: checkpoints are written atomically, so a failed
@@ -63,6 +69,9 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
     if len(argv) > 1 and not allow_args:
       raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
     try:
+      if _has_config() and flags.FLAGS.print_config:  # before any work: the workdir is never touched
+        _print_config()
+        return
       for name in text_flags:
         _check_utf8(name, flags.FLAGS[name].value)
       _check_remote_paths()
@@ -70,6 +79,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
         _initialize_distributed()
       main(argv)
     except Preempted as e:
+      from bert_jax.train.preemption import EXIT_CODE  # pylint: disable=g-import-not-at-top
       print(f'preempted: {e}', file=sys.stderr, flush=True)
       sys.exit(EXIT_CODE)
     except CheckpointWriteError as e:
@@ -92,7 +102,36 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
 
   for holder in _MULTIHOST_FLAGS if multihost else ():  # --help of every entry point lists them beside its own
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
+  if _has_config():
+    for name in ('config', 'print_config'):  # defined here, in cli: listed as the entry point's own
+      flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+    if any(a.split('=')[0] in _HELP_FLAGS for a in sys.argv[1:]):
+      _add_config_help()
   app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _has_config() -> bool:
+  # define_config ran for this entry point (its flag is defined; _CONFIG alone may be an earlier one's in a test).
+  return bool(_CONFIG) and 'print_config' in flags.FLAGS
+
+
+def _config_spec() -> str:
+  """The --config value given on the command line ('FILE[:VARIANT]'), else the entry point's default."""
+  given = [a.split('=', 1)[1] for a in sys.argv[1:] if a.startswith('--config=')]
+  return given[-1] if given else _CONFIG['default']
+
+
+def _add_config_help() -> None:
+  # absl's --help prints the main module's docstring above the flags: the config's variants and main fields go there.
+  main = sys.modules['__main__']
+  extra = config_help.help_text(_config_spec(), _CONFIG['schema'])
+  # absl %-formats the docstring (its '%s' become the program name): a literal '%' is written '%%'.
+  main.__doc__ = (main.__doc__ or '').rstrip() + '\n\n' + extra.replace('%', '%%') + '\n'
+
+
+def _print_config() -> None:
+  config_help.print_config(flags.FLAGS['config'].config_filename, flags.FLAGS.config.to_dict(), _CONFIG['schema'],
+                           config_overrides('model.'))
 
 
 def _quiet_orbax(record) -> bool:
@@ -144,6 +183,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
+    _bad_config_value(str(e))
     lines = [l.strip() for l in str(e).splitlines() if l.strip()]
     flag = lines[0].split(': ')[0] if lines else ''
     last = lines[-1] if lines else str(e)
@@ -151,6 +191,16 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except (AttributeError, KeyError) as e:  # an unknown --config.KEY after an explicit --config=FILE
     _unknown_key(e)
   return []  # unreachable
+
+
+def _bad_config_value(message: str) -> None:
+  """'--config.FIELD: expected int, got 'abc'' for a --config.* value of the wrong type (absl says 'flag
+  --config.FIELD=abc: invalid literal for int() with base 10: 'abc''); nothing for any other flag error."""
+  match = re.match(r"flag --(config\.[\w.]+)=(.*?): ", message)
+  if not match or match.group(1) not in flags.FLAGS:
+    return
+  expected = flags.FLAGS[match.group(1)].parser.flag_type()
+  _fail(f'--{match.group(1)}: expected {expected}, got {match.group(2)!r}')
 
 
 def _unknown_key(e: Exception) -> None:
@@ -177,12 +227,17 @@ def _unknown_key(e: Exception) -> None:
   _fail(f'unknown field {name} in {flag}{hint} (the config file\'s fields are the valid keys: --helpfull)')
 
 
-def define_config(default: str, help_text: str):
-  """`config_flags.DEFINE_config_file('config', default)`, one line for an unknown --config.KEY override.
+def define_config(default: str, help_text: str, schema: type | None = None):
+  """`config_flags.DEFINE_config_file('config', default)`, one line for an unknown --config.KEY override, and
+  --print_config.
 
   ml_collections applies the overrides while the flag is defined (at import), where an unknown key
-  would escape as a traceback.
+  would escape as a traceback. `schema` (PretrainConfig, FinetuneConfig) is the class the config becomes: --help
+  lists its main fields, --print_config resolves the config with it (parameters, tokens per step).
   """
+  _CONFIG.update(default=default, schema=schema)
+  flags.DEFINE_bool('print_config', False, 'Print the resolved config, what the --config.* flags changed, the '
+                    'parameter count and the tokens per step, then exit (nothing is written).')
   try:
     return config_flags.DEFINE_config_file('config', default, help_text)
   except (AttributeError, KeyError) as e:
@@ -204,6 +259,7 @@ def config_overrides(section: str = '') -> set[str]:
 
 
 def _initialize_distributed() -> None:
+  from bert_jax import distributed  # pylint: disable=g-import-not-at-top  # imports jax
   # Before main: jax.distributed must start before anything initializes a jax backend.
   ids = _LOCAL_DEVICE_IDS.value
   try:

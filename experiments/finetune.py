@@ -17,16 +17,17 @@ import os
 from absl import flags
 
 from bert_jax.config import FinetuneConfig
-from bert_jax.finetuning import run
 
 import cli
 
 _CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'finetune.py'),
-                            'Experiment config file with the task as :VARIANT.')
+                            'Experiment config file with the task as :VARIANT.', schema=FinetuneConfig)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, predictions and metrics go.', required=True)
 
 
 def main(_):
+  # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
+  from bert_jax.finetuning import run  # pylint: disable=g-import-not-at-top
   # Model flags given explicitly must agree with the starting checkpoint's architecture (dropout: they win).
   result = run.finetune(FinetuneConfig.from_dict(_CONFIG.value.to_dict()), _WORKDIR.value,
                         explicit_model_fields=cli.config_overrides('model.'))

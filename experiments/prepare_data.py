@@ -24,7 +24,8 @@ import cli
 
 _CONFIG = cli.define_config(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
-    'Pretraining config file, optionally with :VARIANT; its data and model.vocab_size are used.')
+    'Pretraining config file, optionally with :VARIANT; its data and model.vocab_size are used.',
+    schema=PretrainConfig)
 
 
 def main(_):

@@ -15,18 +15,19 @@ import os
 from absl import flags
 
 from bert_jax.config import PretrainConfig
-from bert_jax.pretraining import run
-from bert_jax.runs import reporting
 
 import cli
 
 _CONFIG = cli.define_config(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'pretrain.py'),
-    'Experiment config file, optionally with :VARIANT.')
+    'Experiment config file, optionally with :VARIANT.', schema=PretrainConfig)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and metrics go.', required=True)
 
 
 def main(_):
+  # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
+  from bert_jax.pretraining import run  # pylint: disable=g-import-not-at-top
+  from bert_jax.runs import reporting  # pylint: disable=g-import-not-at-top
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
   # Model flags given explicitly must agree with an init_checkpoint's architecture.
   result = run.train_and_evaluate(cfg, _WORKDIR.value, explicit_model_fields=cli.config_overrides('model.'))

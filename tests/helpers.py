@@ -147,9 +147,10 @@ def run_main(script, *args) -> subprocess.CompletedProcess:
   """
   import io  # pylint: disable=g-import-not-at-top
   import runpy  # pylint: disable=g-import-not-at-top
-  from absl import flags  # pylint: disable=g-import-not-at-top
+  from absl import app, flags  # pylint: disable=g-import-not-at-top
   import cli  # pylint: disable=g-import-not-at-top,unused-import  (its flags are defined once, with the base)
   if not _BASE_FLAGS:
+    app.define_help_flags()  # --help, --helpfull: absl defines them once per process; they stay with the base
     _BASE_FLAGS.update(flags.FLAGS)
   for name in set(flags.FLAGS) - _BASE_FLAGS:
     delattr(flags.FLAGS, name)

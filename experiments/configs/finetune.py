@@ -43,7 +43,7 @@ import os
 import ml_collections
 
 from bert_jax.config import FinetuneConfig
-from bert_jax.interop.pretrained import packaged_minilm
+from bert_jax.interop.packaged import packaged_minilm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_DATA = os.path.join(os.path.dirname(REPO), 'shared', 'data')

@@ -63,7 +63,7 @@ import os
 import ml_collections
 
 from bert_jax.config import PhaseConfig, PretrainConfig, preset
-from bert_jax.interop.pretrained import packaged_minilm
+from bert_jax.interop.packaged import packaged_minilm
 
 # Paths are anchored at the repository so the commands work from any directory.
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

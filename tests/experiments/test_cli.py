@@ -1,10 +1,13 @@
-"""experiments/cli.py in process: a mistyped --config field is one line naming the closest field."""
+"""experiments/cli.py in process: a mistyped --config field or a value of the wrong type is one line naming the field;
+--help lists the config's variants and main fields; --print_config prints the resolved config and touches nothing."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from helpers import assert_one_line_error, run_main, tree_digest
+from helpers import REPO, assert_one_line_error, run_main, tree_digest
 
 
 @pytest.mark.parametrize('script,flag,want', [
@@ -25,3 +28,82 @@ def test_a_mistyped_field_is_one_clean_line(tmp_path, script, flag, want):
   assert_one_line_error(result, want)
   assert '\\' not in result.stderr  # no escaped quotes or literal \n
   assert tree_digest(str(workdir)) == before and os.listdir(workdir) == ['notes.txt']
+
+
+@pytest.mark.parametrize('flag,want', [
+    ('--config.num_train_steps=abc', "--config.num_train_steps: expected int, got 'abc'"),
+    ('--config.optim.learning_rate=fast', "--config.optim.learning_rate: expected float, got 'fast'"),
+    ('--config.data.lower_case=maybe', "--config.data.lower_case: expected bool, got 'maybe'"),
+])
+def test_a_value_of_the_wrong_type_names_the_field_and_the_type(tmp_path, flag, want):
+  result = run_main('pretrain.py', f'--workdir={tmp_path / "w"}', flag)
+  assert_one_line_error(result, want)
+  assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('script,variants,fields', [
+    ('pretrain.py', ('cpu', 'tiny', 'base', 'recipe', 'sop, mlm_only, span, mask_schedule, modern'),
+     ('optim.learning_rate = 0.002', 'batch_size = 32', 'data.train_files', 'num_train_steps = 1000')),
+    ('finetune.py', ('sst2, rte', 'squad_v2', 'conll2003'),
+     ('task = \'sst2\'', 'init_checkpoint', 'optim.learning_rate', 'num_seeds = 1', 'max_seq_length = 64')),
+])
+def test_help_lists_the_config_variants_and_main_fields(script, variants, fields):
+  out = run_main(script, '--help').stdout
+  listed, main = out.split('Config variants')[1].split('Main fields')
+  lines = {l.split('  ')[1].strip() for l in listed.splitlines()[1:] if l.strip() and l.startswith('  ') and
+           not l.startswith('   ')}
+  assert set(variants) <= lines, lines
+  for field in fields:
+    line = next((l for l in main.splitlines() if l.startswith(f'  {field}')), None)
+    assert line and len(line.split(maxsplit=3)) == 4, (field, main)  # name = value, then its one-line help
+  assert '--print_config' in out and '%%' not in out
+
+
+def test_print_config_shows_the_changes_parameters_and_tokens_and_touches_nothing(tmp_path):
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+  (workdir / 'notes.txt').write_text('a user file')
+  before = tree_digest(str(workdir))
+  result = run_main('pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
+                    '--config.optim.learning_rate=3e-3', '--config.batch_size=8', '--print_config')
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = result.stdout
+  assert '"learning_rate": 0.003' in out  # the resolved config, as the run uses it
+  assert '# changed by --config.* flags (2):\n  batch_size: 16 -> 8\n  optim.learning_rate: 0.001 -> 0.003' in out
+  # tiny: L2/H64/A2/I?, vocab 1000 (the count is eval_shape's; a closed form would drift with the architecture)
+  assert '# parameters: 206,570 (' in out and '# tokens per step: 512 row tokens (8 x 64)' in out
+  assert tree_digest(str(workdir)) == before and os.listdir(workdir) == ['notes.txt']
+  missing = tmp_path / 'missing'
+  assert run_main('pretrain.py', f'--workdir={missing}', '--config=experiments/configs/pretrain.py:tiny',
+                  '--print_config').returncode == 0
+  assert not missing.exists()
+
+
+def test_print_config_of_a_finetuning_run_counts_its_task_head(tmp_path):
+  result = run_main('finetune.py', f'--workdir={tmp_path / "w"}', '--config=experiments/configs/finetune.py:rte',
+                    '--config.batch_size=8', '--print_config')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert '  batch_size: 16 -> 8' in result.stdout and '# tokens per step: 1,024 row tokens (8 x 128)' in result.stdout
+  assert 'encoder + classification head, rte' in result.stdout  # all-MiniLM-L6-v2's architecture, not the config's
+  assert not (tmp_path / 'w').exists()
+
+
+def test_the_distributed_modes_are_the_library_s():
+  import cli  # pylint: disable=g-import-not-at-top
+  from bert_jax import distributed  # pylint: disable=g-import-not-at-top
+  assert cli._MODES == distributed.MODES  # pylint: disable=protected-access  # cli keeps a copy: no jax import
+
+
+@pytest.mark.slow
+def test_a_config_error_comes_before_jax_is_imported(tmp_path):
+  """The first line of a mistyped or mistyped-value flag comes in about a second: jax, flax and orbax (10-20 s on
+  2 cores) are imported only after the flags and the config are checked."""
+  for flag in ('--config.optim.learnin_rate=1', '--config.num_train_steps=abc'):
+    code = ('import runpy, sys; sys.path.insert(0, "experiments")\n'
+            'sys.argv = ["experiments/pretrain.py", "--workdir=%s", "%s"]\n'
+            'try:\n  runpy.run_path(sys.argv[0], run_name="__main__")\n'
+            'finally:\n  print("jax imported:", "jax" in sys.modules, file=sys.stderr)') % (tmp_path / 'w', flag)
+    result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, 'PYTHONPATH': REPO})
+    assert result.returncode == 1 and result.stderr.startswith('error: '), result.stderr[-3000:]
+    assert 'jax imported: False' in result.stderr
