@@ -131,7 +131,8 @@ class FinetuningJob:
     run = _PreparedRun(cfg, task, inputs.tokenizer, mesh, evaluation=self._evaluation)
     return scaffold.Prepared(
         cfg=cfg, stages=(scaffold.Stage(run.total_steps, run.model),), main_metric=run.main_metric,
-        tokenizer=inputs.tokenizer, saved_config=self._saved_config(cfg, inputs.recorded_labels), run_dirs=_run_dirs(cfg, workdir),
+        tokenizer=inputs.tokenizer, saved_config=self._saved_config(cfg, inputs.recorded_labels),
+        run_dirs=_run_dirs(cfg, workdir),
         batches=run.batches, evaluate=run.evaluate,
         check_meta=lambda meta, run_dir: scaffold.check_same_run(upgrade_saved(meta['config']), cfg, run_dir,
                                                                  meta['step']),
