@@ -89,6 +89,24 @@ def pytest_runtest_makereport(item, call):
                        'it @pytest.mark.slow or make it smaller (shapes, steps, a shared fixture)')
 
 
+_XLA_CACHE_ON = [None]  # whether this process's jax uses the persistent cache now (None: not set yet)
+
+
+@pytest.fixture(autouse=True)
+def _persistent_cache_for_slow_tests(request):
+  """In the test processes the persistent compilation cache serves slow tests only: a fast test compiles its own
+  small shapes once, where writing each executable costs more (about 1 s a test) than reading it back saves. The
+  entry points a test starts in a subprocess always use it."""
+  want = request.node.get_closest_marker('slow') is not None
+  if want != _XLA_CACHE_ON[0]:
+    import jax  # pylint: disable=g-import-not-at-top
+    from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+    jax.config.update('jax_enable_compilation_cache', want)
+    compilation_cache.reset_cache()  # is_cache_used() is decided once per process: decide again
+    _XLA_CACHE_ON[0] = want
+  yield
+
+
 def pytest_unconfigure(config):
   del config
   if _OWN_XLA_CACHE:
