@@ -289,6 +289,21 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
   return summary
 
 
+def _evaluate_and_print(workdir: str, step: int | None, overrides: dict[str, Any], options: dict[str, Any]
+                        ) -> dict[str, Any]:
+  """`evaluate_again` with options['output_dir'], its summary printed (`print_summary`)."""
+  result = evaluate_again(workdir, step, overrides, options.get('output_dir'))
+  print_summary(result)
+  return result
+
+
+# A fine-tuning workdir evaluated again (`train.run.evaluate_workdir`): each seed at one step.
+EVALUATION = scaffold.Evaluation(
+    kinds=('finetuning',), name='fine-tuning', fields=facts(FinetuneConfig, 'evaluation'), options=('output_dir',),
+    scope='a fine-tuning workdir is evaluated at one step (--step, default the latest) of each seed',
+    run=_evaluate_and_print)
+
+
 def _results_name(cfg: FinetuneConfig, step: int) -> str:
   """Where an evaluation again puts its results: eval_step<N>, and the eval file's name when one is given."""
   stem = os.path.splitext(os.path.basename(cfg.eval_file))[0] if cfg.eval_file else ''

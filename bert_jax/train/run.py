@@ -25,9 +25,19 @@ the init choices as data (`branch`, `weights`). Nothing exists half-initialised.
      points), the held-out evaluation of the final (or the best) step, and `Prepared.run_done`;
   4. final_metrics.json, atomically, last.
 
-`evaluate(job, workdir, step, out_dir)` evaluates each run directory's checkpoint again through the same
-`Prepared` (the workdir claimed unless read-only; checkpoints only read: `restore_for_evaluation`), as
-`finetuning.run.evaluate_again` does; pretraining's checkpoints are evaluated by `pretraining.run.evaluate_in`.
+Evaluating a workdir again has one entry, `evaluate_workdir(path, evaluations, step, overrides, options)`:
+`inspect(path)` says the workdir's kind, and the `Evaluation` of that kind (declared by its package, handed in
+by the caller: train/ imports neither pretraining nor fine-tuning) evaluates it. Options and config fields that
+only another kind takes are refused first, in one line, before any model work. The kinds' evaluations:
+
+  fine-tuning  `finetuning.run.evaluate_again` -> `evaluate(job, workdir, step, out_dir)` here: each run
+               directory's checkpoint through the same `Prepared` (the workdir claimed unless read-only;
+               checkpoints only read: `restore_for_evaluation`), results beside the training ones;
+  pretraining  `pretraining.evaluation` -> `pretraining.run.evaluate_checkpoints`: one step (a JSON line) or
+               every step (a table, a JSONL, a plot; unusable checkpoints named and skipped), the workdir
+               only read (no claim), the data prepared after the first restore (a bad checkpoint fails before
+               any data work); a merge's parts are read from their own workdirs (`evaluate_in`, `as_step`).
+               It does not go through `Prepared` yet: a `Prepared` prepares the data before any restore.
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import jax
 
@@ -44,7 +54,7 @@ from bert_jax.config import TrainingConfig, check_resume, check_resume_allow, fa
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer
-from bert_jax.runs.workdir import Workdir, check_kind, check_outside
+from bert_jax.runs.workdir import Workdir, check_kind, check_outside, inspect
 from bert_jax.train.loop import Batches, Report, fit
 from bert_jax.train.preemption import Preemption
 from bert_jax.train.step import StepModel
@@ -333,3 +343,63 @@ def restore_for_evaluation(run_dir: str, model: StepModel, step: int | None) -> 
   finally:
     ckpt.close()
   return state['params'], int(meta['step'])
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  """How one kind of workdir is evaluated again: what `evaluate_workdir` asks of a kind, declared by its package
+  (`pretraining.evaluation.EVALUATION`, `finetuning.run.EVALUATION`) and handed in by the caller.
+
+  Attributes:
+    kinds: the `inspect` kinds it evaluates (None: a new, empty or unknown directory, which it refuses).
+    name: how messages name its workdirs ('pretraining', 'fine-tuning').
+    fields: the config fields an evaluation may change (the `evaluation` fact of its config).
+    options: the options it takes beside the step and the fields ('all_steps', 'output_dir', ...).
+    scope: what its evaluation is, said after refusing another kind's option.
+    run: (path, step, overrides, options) -> its results, printed (process 0) and written as the kind does.
+  """
+
+  kinds: tuple[str | None, ...]
+  name: str
+  fields: tuple[str, ...]
+  options: tuple[str, ...]
+  scope: str
+  run: Callable[[str, int | None, dict[str, Any], dict[str, Any]], Any]
+
+
+def evaluate_workdir(path: str, evaluations: Sequence[Evaluation], step: int | None = None,
+                     overrides: dict[str, Any] | None = None, options: dict[str, Any] | None = None) -> Any:
+  """Evaluates the workdir at `path` again with the evaluation of its kind (`inspect(path).kind`); returns its
+  results. Options and fields of another kind are refused first, before any model work, in one line.
+
+  Args:
+    path: the workdir.
+    evaluations: the evaluation of each kind; the first one is that of a kind none declares (it refuses it).
+    step: the checkpoint step (None: the newest usable).
+    overrides: config fields to change (evaluation settings only).
+    options: the evaluation options given, by name (a false value: not given).
+  """
+  kind = inspect(path).kind
+  evaluation = next((e for e in evaluations if kind in e.kinds), evaluations[0])
+  overrides, given = overrides or {}, {k: v for k, v in (options or {}).items() if v}
+  _check_options(evaluation, evaluations, given)
+  _check_fields(evaluation, evaluations, overrides)
+  return evaluation.run(path, step, overrides, given)
+
+
+def _check_options(evaluation: Evaluation, evaluations: Sequence[Evaluation], given: dict[str, Any]) -> None:
+  """ConfigError naming the given options of another kind (the kind declaring them; in its order)."""
+  for other in evaluations:
+    theirs = [f'--{o}' for o in other.options if o in given and o not in evaluation.options]
+    if theirs:
+      verb = 'applies' if len(other.options) == 1 else 'apply'  # a kind's options are named as a set
+      raise ConfigError(f'{" and ".join(theirs)} {verb} to {other.name} workdirs; {evaluation.scope}')
+
+
+def _check_fields(evaluation: Evaluation, evaluations: Sequence[Evaluation], overrides: dict[str, Any]) -> None:
+  """ConfigError naming the given config fields only another kind's evaluation takes."""
+  for other in evaluations:
+    theirs = sorted(n for n in overrides if n in other.fields and n not in evaluation.fields)
+    if theirs:
+      raise ConfigError(f'--config.{", --config.".join(theirs)} apply to {other.name} workdirs; a {evaluation.name} '
+                        f'workdir takes {", ".join(evaluation.fields)}')
