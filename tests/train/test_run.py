@@ -165,3 +165,46 @@ def test_a_claimed_workdir_refuses_a_second_run(tmp_path):
   os.makedirs(os.path.join(workdir, 'seed_0'))
   with pytest.raises(ConfigError, match='is a finetuning directory'):  # a workdir of another kind: nothing written
     scaffold.train(ToyJob(_cfg()), workdir)
+
+
+def _evaluations(calls):
+  """Two toy kinds of evaluation: 'pretraining' (also a directory of no known kind) and 'finetuning'."""
+  def evaluation(kinds, name, fields, options, scope):
+    return scaffold.Evaluation(kinds, name, fields, options, scope,
+                               run=lambda *args: calls.append((name, *args)) or name)
+  return (evaluation(('pretraining', 'merge', None), 'pretraining', ('eval_batch_size',), ('all_steps', 'output_plot'),
+                     'pretraining scope'),
+          evaluation(('finetuning',), 'fine-tuning', ('eval_batch_size', 'eval_file'), ('output_dir',),
+                     'fine-tuning scope'))
+
+
+def test_evaluate_workdir_picks_the_evaluation_of_the_workdirs_kind(tmp_path):
+  finetuned = tmp_path / 'ft'
+  finetuned.mkdir()
+  (finetuned / 'config.json').write_text(json.dumps({'finetune': {}}))
+  calls = []
+  evaluations = _evaluations(calls)
+  result = scaffold.evaluate_workdir(str(finetuned), evaluations, 3, {'eval_file': 'x'}, {'output_dir': 'o'})
+  assert result == 'fine-tuning'
+  # A directory of no known kind goes to the first evaluation; options not given (false) are left out.
+  assert scaffold.evaluate_workdir(str(tmp_path / 'new'), evaluations, None, {},
+                                   {'all_steps': True, 'output_dir': None}) == 'pretraining'
+  assert calls == [('fine-tuning', str(finetuned), 3, {'eval_file': 'x'}, {'output_dir': 'o'}),
+                   ('pretraining', str(tmp_path / 'new'), None, {}, {'all_steps': True})]
+
+
+def test_evaluate_workdir_refuses_another_kinds_options_and_fields(tmp_path):
+  finetuned = tmp_path / 'ft'
+  finetuned.mkdir()
+  (finetuned / 'config.json').write_text(json.dumps({'finetune': {}}))
+  calls = []
+  evaluations = _evaluations(calls)
+  with pytest.raises(ConfigError, match='^--all_steps and --output_plot apply to pretraining workdirs; fine-tuning '
+                     'scope$'):
+    scaffold.evaluate_workdir(str(finetuned), evaluations, options={'all_steps': True, 'output_plot': 'p'})
+  with pytest.raises(ConfigError, match='^--output_dir applies to fine-tuning workdirs; pretraining scope$'):
+    scaffold.evaluate_workdir(str(tmp_path), evaluations, options={'output_dir': 'o'})
+  with pytest.raises(ConfigError, match='^--config.eval_file apply to fine-tuning workdirs; a pretraining workdir '
+                     'takes eval_batch_size$'):
+    scaffold.evaluate_workdir(str(tmp_path), evaluations, overrides={'eval_file': 'x', 'eval_batch_size': 8})
+  assert not calls
