@@ -23,7 +23,6 @@ from ml_collections.config_flags import config_flags  # the parser of --config=F
 
 from bert_jax.config import RENAMED, FinetuneConfig, PretrainConfig
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
-from bert_jax.files import write_text_atomic
 
 from tools import cells, sweep
 
@@ -161,14 +160,14 @@ def plan(ladder: Ladder, directory: str) -> tuple[list[cells.Cell], list[cells.C
   return pretrain, finetune
 
 
-def execute(pretrain: Sequence[cells.Cell], finetune: Sequence[cells.Cell], out=None) -> list[cells.Cell]:
+def execute(pretrain: Sequence[cells.Cell], finetune: Sequence[cells.Cell]) -> list[cells.Cell]:
   """Runs the pending cells, pretraining first; a failed rung's fine-tuning cells are not run (and reported).
   Returns the cells that failed or could not run."""
-  failed = cells.execute(pretrain, 'ladder pretrain', out)
+  failed = cells.execute(pretrain, 'ladder pretrain')
   broken = {r.workdir for r in failed}
   for cell in (c for c in finetune if c.after in broken):
-    print(f'[ladder] {cell.name}: not run, its rung\'s pretraining failed', file=out or sys.stdout, flush=True)
-  failed += cells.execute([c for c in finetune if c.after not in broken], 'ladder finetune', out)
+    print(f'[ladder] {cell.name}: not run, its rung\'s pretraining failed', flush=True)
+  failed += cells.execute([c for c in finetune if c.after not in broken], 'ladder finetune')
   return failed + [c for c in finetune if c.after in broken]
 
 
@@ -282,11 +281,8 @@ def plot(ladder: Ladder, rows: Sequence[dict[str, Any]], path: str) -> None:
 
 def write_results(ladder: Ladder, rows: Sequence[dict[str, Any]], directory: str) -> str:
   """Writes DIR/ladder_results.{md,csv,png}; the markdown path."""
-  md, text = table(ladder, rows)
   base = os.path.join(directory, 'ladder_results')
-  os.makedirs(directory, exist_ok=True)
-  write_text_atomic(base + '.md', md)
-  write_text_atomic(base + '.csv', text)
+  sweep.write_table(base, *table(ladder, rows))
   try:
     plot(ladder, rows, base + '.png')
   except (ImportError, OSError, ValueError) as e:
