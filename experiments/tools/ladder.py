@@ -123,7 +123,7 @@ def _step(where, name, spec, file, base_variant, common, schema) -> Step:
   unknown = set(spec) - {'order', 'variant', 'overrides'}
   if unknown:
     raise ConfigError(f'{where}: unknown key(s) {", ".join(sorted(unknown))}; it takes order, variant, overrides')
-  step = Step(name, file if os.path.isabs(file) else os.path.join(cells.REPO, file), spec.get('variant') or base_variant,
+  step = Step(name, os.path.join(cells.REPO, file), spec.get('variant') or base_variant,
               common + _overrides(f'{where}.overrides', spec.get('overrides', '')))
   if not os.path.isfile(step.file):
     raise ConfigError(f'{where}: no config file {file}')

@@ -189,9 +189,9 @@ def write_tables(rows: Sequence[dict[str, Any]], output_dir: str, metric: str | 
 
 def markdown(header: Sequence[str], cells: Sequence[Sequence[Any]]) -> str:
   """A markdown table (floats to 6 significant digits)."""
-  show = lambda v: (f'{v:.6g}' if isinstance(v, float) else str(v)).replace('|', '\\|')  # pylint: disable=unnecessary-lambda-assignment
-  lines = ['| ' + ' | '.join(map(show, header)) + ' |', '|' + '|'.join('---' for _ in header) + '|']
-  return '\n'.join(lines + ['| ' + ' | '.join(map(show, row)) + ' |' for row in cells]) + '\n'
+  def line(row):
+    return '| ' + ' | '.join((f'{v:.6g}' if isinstance(v, float) else str(v)).replace('|', '\\|') for v in row) + ' |'
+  return '\n'.join([line(header), '|' + '|'.join('---' for _ in header) + '|', *map(line, cells)]) + '\n'
 
 
 def csv_text(rows: Sequence[Sequence[Any]]) -> str:
