@@ -64,16 +64,15 @@ class Ladder:
       raise ConfigError(f'seeds must be a whole number >= 1, got {seeds!r}')
     base_file, _, base_variant = d['pretrain'].partition(':')
     common = _overrides('pretrain_overrides', d.get('pretrain_overrides', ''))
-    rungs = tuple(_step(f'rungs.{name}', name, spec, base_file, base_variant, common, PretrainConfig)
-                  for name, spec in _ordered('rungs', d.get('rungs')))
-    tasks = tuple(_step(f'tasks.{name}', name, spec, d['finetune'], '', (), FinetuneConfig)
-                  for name, spec in _ordered('tasks', d.get('tasks')))
+    rungs = _steps('rungs', d.get('rungs'), Step('', base_file, base_variant, common), PretrainConfig)
+    tasks = _steps('tasks', d.get('tasks'), Step('', d['finetune'], '', ()), FinetuneConfig)
     if not isinstance(step, int) or step < -1:
       raise ConfigError(f'checkpoint_step must be -1 (the final checkpoint) or a step >= 0, got {step!r}')
     return cls(rungs, tasks, seeds, step)
 
 
-def _ordered(what: str, specs) -> list[tuple[str, dict]]:
+def _steps(what: str, specs, base: Step, schema) -> tuple[Step, ...]:
+  """The rungs or tasks in their order, each a `base` changed by its spec."""
   if not specs:
     raise ConfigError(f'the ladder has no {what}')
   for name, spec in specs.items():
@@ -84,7 +83,8 @@ def _ordered(what: str, specs) -> list[tuple[str, dict]]:
   if sorted(spec.get('order', 0) for spec in specs.values()) != list(range(1, len(specs) + 1)):
     listed = ', '.join(f'{n}: {s.get("order")}' for n, s in specs.items())
     raise ConfigError(f'{what}: give each its place, order=1, 2, ... ({listed})')
-  return sorted(specs.items(), key=lambda item: item[1]['order'])
+  return tuple(_step(f'{what}.{name}', name, spec, base, schema)
+               for name, spec in sorted(specs.items(), key=lambda item: item[1]['order']))
 
 
 def _overrides(where: str, text: str) -> tuple[tuple[str, str], ...]:
@@ -118,15 +118,15 @@ def _set(cfg, key: str, value: str, where: str) -> None:
     raise ConfigError(f'{where}: {key}={value!r} is not a {type(old).__name__}') from None
 
 
-def _step(where, name, spec, file, base_variant, common, schema) -> Step:
+def _step(where: str, name: str, spec: dict, base: Step, schema) -> Step:
   """A rung or task whose config builds: loaded as --config loads it (config_flags), overrides set, checked."""
   unknown = set(spec) - {'order', 'variant', 'overrides'}
   if unknown:
     raise ConfigError(f'{where}: unknown key(s) {", ".join(sorted(unknown))}; it takes order, variant, overrides')
-  step = Step(name, os.path.join(cells.REPO, file), spec.get('variant') or base_variant,
-              common + _overrides(f'{where}.overrides', spec.get('overrides', '')))
+  step = Step(name, os.path.join(cells.REPO, base.file), spec.get('variant') or base.variant,
+              base.overrides + _overrides(f'{where}.overrides', spec.get('overrides', '')))
   if not os.path.isfile(step.file):
-    raise ConfigError(f'{where}: no config file {file}')
+    raise ConfigError(f'{where}: no config file {base.file}')
   try:
     with warnings.catch_warnings():  # config_flags' loader uses importlib's deprecated load_module
       warnings.simplefilter('ignore', DeprecationWarning)
