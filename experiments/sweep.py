@@ -8,9 +8,9 @@ Every run appends `--key=value` for each grid key (last key varies fastest) to t
 with `{name}` (required, e.g. `learning_rate=1e-4,num_train_epochs=2`) and `{index}` (1-based) filled
 in. Runs whose workdir already holds final_metrics.json are skipped, so re-running continues an
 interrupted sweep (a finished run launched with another command is an error: .NAME.command.json beside its
-workdir records what it ran; tools/cells.py judges every run). The results go to OUTPUT_DIR/sweep_results.csv and .md (the markdown table is also
-printed); the sweep exits 1 if any run failed. `--dry_run` prints one shell-quoted command per line
-(the runs not yet done) and runs nothing.
+workdir records what it ran; tools/cells.py judges every run). The results go to OUTPUT_DIR/sweep_results.csv
+and .md (the markdown table is also printed); the sweep exits 1 if any run failed. `--dry_run` prints one
+shell-quoted command per line (the runs not yet done) and runs nothing.
 
 On a cluster: --launcher=slurm writes one SLURM job array (a run per array task; OUTPUT_DIR/slurm/) and submits it
 (--noslurm_submit: only writes it); the same command with --gather then builds the table from the finished runs,

@@ -129,26 +129,24 @@ def print_pending(cells: Sequence[Cell]) -> None:
       print(shlex.join(cell.argv), flush=True)
 
 
-def execute(cells: Sequence[Cell], label: str, out=None) -> list[Cell]:
+def execute(cells: Sequence[Cell], label: str) -> list[Cell]:
   """Runs the pending cells here, one after another, their output streaming through; a failed one is reported and
   the others go on. Returns the failed cells (their `returncode` set)."""
-  out = out or sys.stdout
   failed = []
   for cell in cells:
     prefix = f'[{label} {cell.index}/{len(cells)}] {cell.name}:'
     if state(cell) != PENDING:
-      print(f'{prefix} done before ({os.path.join(cell.workdir, FINAL_METRICS_FILE)} exists), skipped', file=out,
-            flush=True)
+      print(f'{prefix} done before ({os.path.join(cell.workdir, FINAL_METRICS_FILE)} exists), skipped', flush=True)
       continue
-    print(f'{prefix} {shlex.join(cell.argv)}', file=out, flush=True)
+    print(f'{prefix} {shlex.join(cell.argv)}', flush=True)
     record_command(cell)
     try:
       cell.returncode = subprocess.run(cell.argv, check=False).returncode
     except OSError as e:  # command not found / not executable
-      print(f'{prefix} could not start: {e}', file=out, flush=True)
+      print(f'{prefix} could not start: {e}', flush=True)
       cell.returncode = 127
     if cell.returncode:
-      print(f'{prefix} failed with exit code {cell.returncode}', file=out, flush=True)
+      print(f'{prefix} failed with exit code {cell.returncode}', flush=True)
       failed.append(cell)
   return failed
 

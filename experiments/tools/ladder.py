@@ -23,7 +23,6 @@ from ml_collections.config_flags import config_flags  # the parser of --config=F
 
 from bert_jax.config import RENAMED, FinetuneConfig, PretrainConfig
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
-from bert_jax.files import write_text_atomic
 
 from tools import cells, sweep
 
@@ -65,16 +64,15 @@ class Ladder:
       raise ConfigError(f'seeds must be a whole number >= 1, got {seeds!r}')
     base_file, _, base_variant = d['pretrain'].partition(':')
     common = _overrides('pretrain_overrides', d.get('pretrain_overrides', ''))
-    rungs = tuple(_step(f'rungs.{name}', name, spec, base_file, base_variant, common, PretrainConfig)
-                  for name, spec in _ordered('rungs', d.get('rungs')))
-    tasks = tuple(_step(f'tasks.{name}', name, spec, d['finetune'], '', (), FinetuneConfig)
-                  for name, spec in _ordered('tasks', d.get('tasks')))
+    rungs = _steps('rungs', d.get('rungs'), Step('', base_file, base_variant, common), PretrainConfig)
+    tasks = _steps('tasks', d.get('tasks'), Step('', d['finetune'], '', ()), FinetuneConfig)
     if not isinstance(step, int) or step < -1:
       raise ConfigError(f'checkpoint_step must be -1 (the final checkpoint) or a step >= 0, got {step!r}')
     return cls(rungs, tasks, seeds, step)
 
 
-def _ordered(what: str, specs) -> list[tuple[str, dict]]:
+def _steps(what: str, specs, base: Step, schema) -> tuple[Step, ...]:
+  """The rungs or tasks in their order, each a `base` changed by its spec."""
   if not specs:
     raise ConfigError(f'the ladder has no {what}')
   for name, spec in specs.items():
@@ -85,7 +83,8 @@ def _ordered(what: str, specs) -> list[tuple[str, dict]]:
   if sorted(spec.get('order', 0) for spec in specs.values()) != list(range(1, len(specs) + 1)):
     listed = ', '.join(f'{n}: {s.get("order")}' for n, s in specs.items())
     raise ConfigError(f'{what}: give each its place, order=1, 2, ... ({listed})')
-  return sorted(specs.items(), key=lambda item: item[1]['order'])
+  return tuple(_step(f'{what}.{name}', name, spec, base, schema)
+               for name, spec in sorted(specs.items(), key=lambda item: item[1]['order']))
 
 
 def _overrides(where: str, text: str) -> tuple[tuple[str, str], ...]:
@@ -119,15 +118,15 @@ def _set(cfg, key: str, value: str, where: str) -> None:
     raise ConfigError(f'{where}: {key}={value!r} is not a {type(old).__name__}') from None
 
 
-def _step(where, name, spec, file, base_variant, common, schema) -> Step:
+def _step(where: str, name: str, spec: dict, base: Step, schema) -> Step:
   """A rung or task whose config builds: loaded as --config loads it (config_flags), overrides set, checked."""
   unknown = set(spec) - {'order', 'variant', 'overrides'}
   if unknown:
     raise ConfigError(f'{where}: unknown key(s) {", ".join(sorted(unknown))}; it takes order, variant, overrides')
-  step = Step(name, file if os.path.isabs(file) else os.path.join(cells.REPO, file), spec.get('variant') or base_variant,
-              common + _overrides(f'{where}.overrides', spec.get('overrides', '')))
+  step = Step(name, os.path.join(cells.REPO, base.file), spec.get('variant') or base.variant,
+              base.overrides + _overrides(f'{where}.overrides', spec.get('overrides', '')))
   if not os.path.isfile(step.file):
-    raise ConfigError(f'{where}: no config file {file}')
+    raise ConfigError(f'{where}: no config file {base.file}')
   try:
     with warnings.catch_warnings():  # config_flags' loader uses importlib's deprecated load_module
       warnings.simplefilter('ignore', DeprecationWarning)
@@ -161,14 +160,14 @@ def plan(ladder: Ladder, directory: str) -> tuple[list[cells.Cell], list[cells.C
   return pretrain, finetune
 
 
-def execute(pretrain: Sequence[cells.Cell], finetune: Sequence[cells.Cell], out=None) -> list[cells.Cell]:
+def execute(pretrain: Sequence[cells.Cell], finetune: Sequence[cells.Cell]) -> list[cells.Cell]:
   """Runs the pending cells, pretraining first; a failed rung's fine-tuning cells are not run (and reported).
   Returns the cells that failed or could not run."""
-  failed = cells.execute(pretrain, 'ladder pretrain', out)
+  failed = cells.execute(pretrain, 'ladder pretrain')
   broken = {r.workdir for r in failed}
   for cell in (c for c in finetune if c.after in broken):
-    print(f'[ladder] {cell.name}: not run, its rung\'s pretraining failed', file=out or sys.stdout, flush=True)
-  failed += cells.execute([c for c in finetune if c.after not in broken], 'ladder finetune', out)
+    print(f'[ladder] {cell.name}: not run, its rung\'s pretraining failed', flush=True)
+  failed += cells.execute([c for c in finetune if c.after not in broken], 'ladder finetune')
   return failed + [c for c in finetune if c.after in broken]
 
 
@@ -282,11 +281,8 @@ def plot(ladder: Ladder, rows: Sequence[dict[str, Any]], path: str) -> None:
 
 def write_results(ladder: Ladder, rows: Sequence[dict[str, Any]], directory: str) -> str:
   """Writes DIR/ladder_results.{md,csv,png}; the markdown path."""
-  md, text = table(ladder, rows)
   base = os.path.join(directory, 'ladder_results')
-  os.makedirs(directory, exist_ok=True)
-  write_text_atomic(base + '.md', md)
-  write_text_atomic(base + '.csv', text)
+  sweep.write_table(base, *table(ladder, rows))
   try:
     plot(ladder, rows, base + '.png')
   except (ImportError, OSError, ValueError) as e:

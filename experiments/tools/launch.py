@@ -87,29 +87,26 @@ def num_cells(script: str) -> int:
   return int(found.group(1)) if found else 0
 
 
-def launch(directory: str, groups, *, template: str | None, sbatch: str, submit: bool) -> None:
-  """Writes the job arrays under `directory` and runs submit.sh where `sbatch` is on the PATH (or prints how)."""
-  for script in write_arrays(directory, groups, template=template or DEFAULT_TEMPLATE, sbatch=sbatch):
+def dispatch(directory: str, groups, execute, launcher: dict) -> list[cells.Cell] | None:
+  """The cells' run as the launcher flags (`cli.define_launcher_flags`, as values) say: [] for --gather; the failed
+  cells of `execute()`; or None after writing the job arrays under `directory`/slurm and running submit.sh where
+  `sbatch` is on the PATH (else printing how)."""
+  if launcher['gather']:
+    return []
+  if launcher['launcher'] != 'slurm':
+    return execute()
+  directory = os.path.join(directory, 'slurm')
+  for script in write_arrays(directory, groups, template=launcher['template'] or DEFAULT_TEMPLATE,
+                             sbatch=launcher['sbatch']):
     print(f'wrote {script} ({num_cells(script)} cells)', flush=True)
-  if submit and shutil.which('sbatch'):
+  if launcher['submit'] and shutil.which('sbatch'):
     done = subprocess.run(['bash', os.path.join(directory, 'submit.sh')], capture_output=True, text=True,
                           check=False)
     if done.returncode:
       raise BertJaxError(f'submitting failed: {(done.stderr or done.stdout).strip()}')
     print(done.stdout, end='', flush=True)
   else:
-    why = 'sbatch is not on the PATH here; ' if submit else ''
+    why = 'sbatch is not on the PATH here; ' if launcher['submit'] else ''
     print(f'{why}submit with: bash {os.path.join(directory, "submit.sh")}', flush=True)
   print('when they have run, the same command with --gather builds the table', flush=True)
-
-
-def dispatch(directory: str, groups, execute, launcher: dict) -> list[cells.Cell] | None:
-  """The cells' run as the launcher flags (`cli.define_launcher_flags`, as values) say: None after writing (and
-  submitting) SLURM arrays under `directory`/slurm; else the failed cells of `execute()` (none for --gather)."""
-  if launcher['gather']:
-    return []
-  if launcher['launcher'] == 'slurm':
-    launch(os.path.join(directory, 'slurm'), groups, template=launcher['template'], sbatch=launcher['sbatch'],
-           submit=launcher['submit'])
-    return None
-  return execute()
+  return None

@@ -168,34 +168,30 @@ def ranking_metric(rows: Sequence[dict[str, Any]], metric: str | None = None) ->
   return metric or (mains[0] if mains else None)
 
 
-def best_index(rows: Sequence[dict[str, Any]], metric: str | None, mode: str = 'max') -> int | None:
-  """Index of the best row by `metric` ('max' or 'min'; first on ties, NaN ignored), or None."""
+def write_tables(rows: Sequence[dict[str, Any]], output_dir: str, metric: str | None = None,
+                 mode: str = 'max') -> tuple[str, str]:
+  """Writes sweep_results.csv and .md into `output_dir`: name, grid keys, metrics (sorted union), status, best ('*'
+  on the first best row by `metric`, default the cells' common main_metric, and `mode`; NaN ignored). Returns
+  (csv_path, md_path)."""
   if mode not in ('max', 'min'):
     raise ConfigError(f'mode must be max or min, not {mode!r}')
-  candidates = [(r['metrics'][metric], i) for i, r in enumerate(rows)
-                if metric and metric in r['metrics'] and not math.isnan(r['metrics'][metric])]
-  if not candidates:
-    return None
-  best = (max if mode == 'max' else min)(v for v, _ in candidates)
-  return next(i for v, i in candidates if v == best)
-
-
-def table(rows: Sequence[dict[str, Any]], metric: str | None, mode: str = 'max') -> tuple[list[str], list[list[Any]]]:
-  """(header, cells): name, grid keys, metrics (sorted union), status, best ('*' on the best row)."""
+  metric = ranking_metric(rows, metric)
+  scores = [r['metrics'].get(metric, math.nan) if metric else math.nan for r in rows]
+  ranked = [v for v in scores if not math.isnan(v)]
+  best = scores.index((max if mode == 'max' else min)(ranked)) if ranked else None
   keys = list(dict.fromkeys(k for r in rows for k in r['values']))
   metric_names = sorted({k for r in rows for k in r['metrics']})
-  best = best_index(rows, metric, mode)
   header = ['name', *keys, *metric_names, 'status', 'best']
   cells = [[r['name'], *(r['values'].get(k, '') for k in keys), *(r['metrics'].get(m, '') for m in metric_names),
             r['status'], '*' if i == best else ''] for i, r in enumerate(rows)]
-  return header, cells
+  return write_table(os.path.join(output_dir, 'sweep_results'), markdown(header, cells), csv_text([header, *cells]))
 
 
 def markdown(header: Sequence[str], cells: Sequence[Sequence[Any]]) -> str:
   """A markdown table (floats to 6 significant digits)."""
-  show = lambda v: (f'{v:.6g}' if isinstance(v, float) else str(v)).replace('|', '\\|')  # pylint: disable=unnecessary-lambda-assignment
-  lines = ['| ' + ' | '.join(map(show, header)) + ' |', '|' + '|'.join('---' for _ in header) + '|']
-  return '\n'.join(lines + ['| ' + ' | '.join(map(show, row)) + ' |' for row in cells]) + '\n'
+  def line(row):
+    return '| ' + ' | '.join((f'{v:.6g}' if isinstance(v, float) else str(v)).replace('|', '\\|') for v in row) + ' |'
+  return '\n'.join([line(header), '|' + '|'.join('---' for _ in header) + '|', *map(line, cells)]) + '\n'
 
 
 def csv_text(rows: Sequence[Sequence[Any]]) -> str:
@@ -204,13 +200,9 @@ def csv_text(rows: Sequence[Sequence[Any]]) -> str:
   return buffer.getvalue()
 
 
-def write_tables(rows: Sequence[dict[str, Any]], output_dir: str, metric: str | None = None,
-                 mode: str = 'max') -> tuple[str, str]:
-  """Writes sweep_results.csv and .md into `output_dir`, the best row by `metric` (default: the cells' common
-  main_metric) and `mode`. Returns (csv_path, md_path)."""
-  header, cells = table(rows, ranking_metric(rows, metric), mode)
-  os.makedirs(output_dir, exist_ok=True)
-  csv_path, md_path = (os.path.join(output_dir, 'sweep_results' + ext) for ext in ('.csv', '.md'))
-  write_text_atomic(csv_path, csv_text([header, *cells]))
-  write_text_atomic(md_path, markdown(header, cells))
-  return csv_path, md_path
+def write_table(base: str, md: str, text: str) -> tuple[str, str]:
+  """Writes BASE.md and BASE.csv (`text`), a sweep's or a ladder's table; returns (csv path, md path)."""
+  os.makedirs(os.path.dirname(base), exist_ok=True)
+  write_text_atomic(base + '.csv', text)
+  write_text_atomic(base + '.md', md)
+  return base + '.csv', base + '.md'
