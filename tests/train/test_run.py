@@ -178,10 +178,16 @@ def _evaluations(calls):
                      'fine-tuning scope'))
 
 
-def test_evaluate_workdir_picks_the_evaluation_of_the_workdirs_kind(tmp_path):
+def _finetuning_workdir(tmp_path):
+  """A directory `inspect` calls a fine-tuning workdir (its config.json has a 'finetune' block)."""
   finetuned = tmp_path / 'ft'
   finetuned.mkdir()
   (finetuned / 'config.json').write_text(json.dumps({'finetune': {}}))
+  return finetuned
+
+
+def test_evaluate_workdir_picks_the_evaluation_of_the_workdirs_kind(tmp_path):
+  finetuned = _finetuning_workdir(tmp_path)
   calls = []
   evaluations = _evaluations(calls)
   result = scaffold.evaluate_workdir(str(finetuned), evaluations, 3, {'eval_file': 'x'}, {'output_dir': 'o'})
@@ -194,9 +200,7 @@ def test_evaluate_workdir_picks_the_evaluation_of_the_workdirs_kind(tmp_path):
 
 
 def test_evaluate_workdir_refuses_another_kinds_options_and_fields(tmp_path):
-  finetuned = tmp_path / 'ft'
-  finetuned.mkdir()
-  (finetuned / 'config.json').write_text(json.dumps({'finetune': {}}))
+  finetuned = _finetuning_workdir(tmp_path)
   calls = []
   evaluations = _evaluations(calls)
   with pytest.raises(ConfigError, match='^--all_steps and --output_plot apply to pretraining workdirs; fine-tuning '
