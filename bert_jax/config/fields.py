@@ -1,6 +1,6 @@
 """The field-fact helper: a config field declared with `_f` carries the facts the runs need about it as dataclass
 metadata (free on resume, free on a branch, a path, fixed by a checkpoint, an evaluation setting, shaping the
-prepared records, covered by the data fingerprint), read with `facts`; `_block` is the
+prepared records, covered by the data fingerprint, what a branch shares before its branch point), read with `facts`; `_block` is the
 config block (a nested dataclass) a field holds."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 def _f(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, free: bool = False,
        path: bool = False, checkpoint: str = '', evaluation: bool = False, branch: bool = False,
-       records: bool = False, fingerprinted: bool = False) -> Any:
+       records: bool = False, fingerprinted: bool = False, layout: bool = False) -> Any:
   """A config field with the facts the runs need about it (its `metadata`, read with `facts`).
 
   Args:
@@ -27,10 +27,13 @@ def _f(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING
     records: it shapes the prepared records (a DataConfig field): part of the cache's fingerprint.
     fingerprinted: it names files whose contents the data fingerprint covers: with the same fingerprint, a
       resumed run may read them from other paths.
+    layout: what a pretraining stage trains on (its data stream, batch, length, masking, positions): a branch
+      must share it with the run it continues up to its branch point (`phases.Phase.layout`).
   """
   return dataclasses.field(default=default, default_factory=factory,
                            metadata=dict(free=free, path=path, checkpoint=checkpoint, evaluation=evaluation,
-                                         branch=branch, records=records, fingerprinted=fingerprinted))
+                                         branch=branch, records=records, fingerprinted=fingerprinted,
+                                         layout=layout))
 
 
 def facts(cls, fact: str, prefix: str = '') -> tuple[str, ...]:

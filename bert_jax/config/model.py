@@ -76,8 +76,8 @@ class ModelConfig:
   # on relative positions only.
   position_embedding: str = _f('learned', free=True, checkpoint='fixed')
   # RoPE base of global-attention layers, and of local-window ones (ModernBERT: 160000 and 10000).
-  rope_theta: float = _f(10000.0, free=True, checkpoint='fixed')
-  local_rope_theta: float = _f(10000.0, free=True, checkpoint='fixed')
+  rope_theta: float = _f(10000.0, free=True, checkpoint='fixed', layout=True)
+  local_rope_theta: float = _f(10000.0, free=True, checkpoint='fixed', layout=True)
   # 'gelu': dense -> exact GELU -> dense (BERT). 'geglu': GELU(x W) * (x V) -> dense, with W and V side by side
   # in one intermediate kernel [hidden, 2, intermediate_size] (ModernBERT).
   mlp: str = _f('gelu', free=True, checkpoint='fixed')

@@ -13,9 +13,11 @@ built, to refuse a bad phase at once, and the config package imports nothing of 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING
 
+from bert_jax.config.fields import facts
 from bert_jax.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -51,12 +53,12 @@ class Phase:
 
   def layout(self, step: int) -> tuple:
     """What the stage trains on before `step`: its steps, data stream position, batch, sequence length, files,
-    masking (its schedule's length when it ramps) and RoPE theta. A branch must share these up to its branch
-    point: the data stream and the schedules continue."""
-    data, model = self.cfg.data, self.cfg.model
-    return (self.start, min(self.end, step), self.first_example, self.cfg.batch_size, data.max_seq_length,
-            data.train_files, data.train_weights, data.masked_lm_prob, data.masked_lm_prob_end,
-            self.schedule_steps if data.masked_lm_prob_end else None, model.rope_theta, model.local_rope_theta)
+    masking (its schedule's length when it ramps) and the config fields marked `layout` (batch, length, files,
+    masking rates, RoPE theta). A branch must share these up to its branch point: the data stream and the
+    schedules continue."""
+    fields = tuple(functools.reduce(getattr, name.split('.'), self.cfg) for name in facts(type(self.cfg), 'layout'))
+    return (self.start, min(self.end, step), self.first_example,
+            self.schedule_steps if self.cfg.data.masked_lm_prob_end else None) + fields
 
 
 @dataclasses.dataclass(frozen=True)

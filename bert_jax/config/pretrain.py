@@ -26,10 +26,10 @@ class DataConfig:
   """Pretraining corpus, its preparation (bert_jax/data/prepare.py) and example construction."""
 
   # Comma-separated files, globs or directories; gzip/bz2/xz files are read as they are.
-  train_files: str = _f('data/wikitext-2-raw', path=True, fingerprinted=True)
+  train_files: str = _f('data/wikitext-2-raw', path=True, fingerprinted=True, layout=True)
   # A mixture: comma-separated weights, one per train_files entry (each entry a corpus, prepared on its own);
   # training rows come from the corpora in these proportions, whatever their sizes. '' = one corpus of all files.
-  train_weights: str = ''
+  train_weights: str = _f('', layout=True)
   # Held-out files; when empty, documents are held out by a keyed hash of their text with
   # probability `eval_fraction`.
   eval_files: str = _f('', path=True, fingerprinted=True)
@@ -52,13 +52,13 @@ class DataConfig:
   # process each: memory grows with unit_mb x num_workers, not with the corpus.
   unit_mb: int = _f(16, records=True)
   num_workers: int = _f(0, free=True)  # preparation worker processes per host; 0 = every local core
-  max_seq_length: int = _f(128, records=True)
+  max_seq_length: int = _f(128, records=True, layout=True)
   # Masked-LM slots per sequence; 0 = derived: ceil(masked_lm_prob * max_seq_length) (20 at 128).
   max_predictions_per_seq: int = 0
-  masked_lm_prob: float = 0.15
+  masked_lm_prob: float = _f(0.15, layout=True)
   # > 0: a mask-rate schedule, the rate moving linearly from masked_lm_prob at the first step to
   # this at the last (Ankner et al. 2023: 0.3 -> 0.15); held-out batches are masked at this rate.
-  masked_lm_prob_end: float = 0.0
+  masked_lm_prob_end: float = _f(0.0, layout=True)
   # The sentence-level objective beside masked LM, on records built for it (its own cache):
   # 'nsp': BERT's pairs, B the next segment or (half of the time) one from another document;
   # 'sop': ALBERT's sentence order, A and B always consecutive and swapped half of the time

@@ -90,7 +90,7 @@ class TrainingConfig:
   optim: OptimConfig = _f(factory=OptimConfig)
   mesh: MeshConfig = _f(factory=MeshConfig, free=True, evaluation=True)
   seed: int = 0
-  batch_size: int = 32  # global batch per optimizer step
+  batch_size: int = _f(32, layout=True)  # global batch per optimizer step
   eval_batch_size: int = _f(64, free=True, evaluation=True)
   # The run's length: num_train_steps when > 0, else num_train_epochs passes over the training examples.
   num_train_steps: int = _f(1000, branch=True)

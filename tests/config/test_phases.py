@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from bert_jax.config import PretrainConfig, phases
+from bert_jax.config import PretrainConfig, fields, phases
 
 
 def _run(**phase_fields) -> PretrainConfig:
@@ -91,3 +91,20 @@ def test_the_views_of_earlier_versions_read_the_plan():
   assert cfg.learning_rate_levels() == list(cfg.plan.lr_levels)
   assert cfg.phase_at(5) is cfg.plan.at(5) and cfg.phase_before(4) is cfg.plan.before(4)
   assert phases.resolve(cfg) == cfg.plan  # resolving again gives the same plan
+
+
+_CHANGED = {'batch_size': 8, 'data.max_seq_length': 64, 'data.train_files': 'data/other', 'data.train_weights': '1',
+            'data.masked_lm_prob': 0.3, 'data.masked_lm_prob_end': 0.2, 'model.rope_theta': 80_000.0,
+            'model.local_rope_theta': 80_000.0}
+
+
+@pytest.mark.parametrize('name', fields.facts(PretrainConfig, 'layout'))
+def test_every_layout_field_is_part_of_the_prefix(name):
+  """A branch shares the fields marked `layout` up to its branch point (and no hand list names them)."""
+  assert set(fields.facts(PretrainConfig, 'layout')) == set(_CHANGED)  # what a branch shares, as before
+  base = PretrainConfig.from_dict(dict(num_train_steps=8, batch_size=16))
+  section, _, field = name.rpartition('.')
+  block = dataclasses.replace(getattr(base, section) if section else base, **{field: _CHANGED[name]})
+  other = dataclasses.replace(base, **{section: block}) if section else block
+  assert base.plan.same_prefix(base.plan, 8) and not base.plan.same_prefix(other.plan, 1), name
+  assert base.plan.same_prefix(dataclasses.replace(base, log_every=7).plan, 8)  # a field free on resume is not
