@@ -180,6 +180,8 @@ def _fail(message: str) -> None:
 
 def _parse_flags(argv: list[str]) -> list[str]:
   # absl prints a multi-line 'FATAL Flags parsing error' (with the config file's traceback): one line instead.
+  if _has_config() and any(a in _PRINT_CONFIG_ON for a in argv[1:]):
+    _not_required('workdir')  # --print_config touches no workdir: it needs none
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
@@ -191,6 +193,16 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except (AttributeError, KeyError) as e:  # an unknown --config.KEY after an explicit --config=FILE
     _unknown_key(e)
   return []  # unreachable
+
+
+_PRINT_CONFIG_ON = ('--print_config', '--print_config=true', '--print_config=True', '--print_config=1')
+
+
+def _not_required(name: str) -> None:
+  """Drops the required-value check absl attached to flag `name` (`required=True`), if it has one."""
+  if name in flags.FLAGS:
+    flag = flags.FLAGS[name]
+    flag.validators = [v for v in flag.validators if 'must have a value other than None' not in v.message]
 
 
 def _bad_config_value(message: str) -> None:

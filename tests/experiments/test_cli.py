@@ -77,6 +77,9 @@ def test_print_config_shows_the_changes_parameters_and_tokens_and_touches_nothin
   assert run_main('pretrain.py', f'--workdir={missing}', '--config=experiments/configs/pretrain.py:tiny',
                   '--print_config').returncode == 0
   assert not missing.exists()
+  alone = run_main('pretrain.py', '--config=experiments/configs/pretrain.py:tiny', '--print_config')
+  assert alone.returncode == 0 and '# parameters: ' in alone.stdout, alone.stderr  # no --workdir needed to look
+  assert 'must have a value' in run_main('pretrain.py', '--config=experiments/configs/pretrain.py:tiny').stderr
 
 
 def test_print_config_of_a_finetuning_run_counts_its_task_head(tmp_path):
