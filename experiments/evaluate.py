@@ -25,10 +25,6 @@ import os
 
 from absl import flags
 
-from bert_jax.finetuning import run as finetuning
-from bert_jax.pretraining import evaluation as pretraining
-from bert_jax.train import run as scaffold
-
 import cli
 
 _CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'evaluate.py'),
@@ -42,10 +38,6 @@ _OUTPUT_PLOT = flags.DEFINE_string('output_plot', None,
                                    'With --all_steps: the PNG to write (default <workdir>/eval_all_steps.png).')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Fine-tuning: the directory the results and predictions go '
                                   'to (default: beside the training ones, in the workdir).')
-# The evaluation of each kind of workdir; the first also answers for a directory of no known kind.
-_EVALUATIONS = (pretraining.EVALUATION, finetuning.EVALUATION)
-
-
 def _overrides() -> dict:
   """The evaluation settings given on the command line (whole blocks: --config.mesh.data sets mesh)."""
   given = {name.split('.')[0] for name in cli.config_overrides()}
@@ -54,9 +46,15 @@ def _overrides() -> dict:
 
 
 def main(_):
-  # The workdir's kind picks its evaluation (train.run.evaluate_workdir), which refuses another kind's options.
+  # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
+  from bert_jax.finetuning import run as finetuning  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining import evaluation as pretraining  # pylint: disable=g-import-not-at-top
+  from bert_jax.train import run as scaffold  # pylint: disable=g-import-not-at-top
+  # The workdir's kind picks its evaluation (train.run.evaluate_workdir), which refuses another kind's options;
+  # the first of the evaluations also answers for a directory of no known kind.
+  evaluations = (pretraining.EVALUATION, finetuning.EVALUATION)
   options = {f.name: f.value for f in (_ALL_STEPS, _OUTPUT_JSONL, _OUTPUT_PLOT, _OUTPUT_DIR)}
-  scaffold.evaluate_workdir(_WORKDIR.value, _EVALUATIONS, _STEP.value, _overrides(), options)
+  scaffold.evaluate_workdir(_WORKDIR.value, evaluations, _STEP.value, _overrides(), options)
 
 
 if __name__ == '__main__':

@@ -15,10 +15,6 @@ import json
 import os
 
 from bert_jax.config import PretrainConfig
-from bert_jax.data.mixture import Mixture
-from bert_jax.pretraining import run
-from bert_jax.runs import reporting
-from bert_jax.train.preemption import Preemption
 
 import cli
 
@@ -29,6 +25,11 @@ _CONFIG = cli.define_config(
 
 
 def main(_):
+  # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
+  from bert_jax.data.mixture import Mixture  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining import run  # pylint: disable=g-import-not-at-top
+  from bert_jax.runs import reporting  # pylint: disable=g-import-not-at-top
+  from bert_jax.train.preemption import Preemption  # pylint: disable=g-import-not-at-top
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
   # SIGTERM/Ctrl-C: the workers stop, finished units stay, exit code 75; the same command resumes.
   with Preemption() as preempt, preempt.immediately('preparing the data'):

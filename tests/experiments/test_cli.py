@@ -101,12 +101,14 @@ def test_the_distributed_modes_are_the_library_s():
 def test_a_config_error_comes_before_jax_is_imported(tmp_path):
   """The first line of a mistyped or mistyped-value flag comes in about a second: jax, flax and orbax (10-20 s on
   2 cores) are imported only after the flags and the config are checked."""
-  for flag in ('--config.optim.learnin_rate=1', '--config.num_train_steps=abc'):
+  for script, flag in (('pretrain', '--config.optim.learnin_rate=1'), ('pretrain', '--config.num_train_steps=abc'),
+                       ('finetune', '--config.optim.learnin_rate=1'), ('evaluate', '--config.eval_batch_size=abc'),
+                       ('prepare_data', '--config.data.max_seq_lenght=64')):
     code = ('import runpy, sys; sys.path.insert(0, "experiments")\n'
-            'sys.argv = ["experiments/pretrain.py", "--workdir=%s", "%s"]\n'
+            'sys.argv = ["experiments/%s.py", "--workdir=%s", "%s"]\n'
             'try:\n  runpy.run_path(sys.argv[0], run_name="__main__")\n'
-            'finally:\n  print("jax imported:", "jax" in sys.modules, file=sys.stderr)') % (tmp_path / 'w', flag)
+            'finally:\n  print("jax imported:", "jax" in sys.modules, file=sys.stderr)') % (script, tmp_path / 'w', flag)
     result = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=120,
                             env={**os.environ, 'PYTHONPATH': REPO})
-    assert result.returncode == 1 and result.stderr.startswith('error: '), result.stderr[-3000:]
-    assert 'jax imported: False' in result.stderr
+    assert result.returncode == 1 and result.stderr.startswith('error: '), (script, result.stderr[-3000:])
+    assert 'jax imported: False' in result.stderr and flag.split('=')[0] in result.stderr, (script, result.stderr)
