@@ -10,7 +10,7 @@
   # SentencePiece training alone, on a sample of 1M sentences:
   python experiments/benchmark_data.py --tokenizer_only=1000000
   # Loader only, over an existing cache:
-  python experiments/benchmark_data.py --loader_only=data/cache/<fingerprint> --batch_size=256 --seq_len=128,512
+  python experiments/benchmark_data.py --loader_only=~/.cache/bert_jax/<fingerprint> --batch_size=256 --seq_len=128,512
 
 Without --tokenizer a SentencePiece model is trained first (its time is reported apart).
 Every preparation starts from an empty cache under --scratch. numpy only: no jax.

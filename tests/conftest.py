@@ -20,6 +20,10 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   _OWN_XLA_CACHE = os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='bert_jax_tests_xla_')
   os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'] = '0'
 
+# Prepared corpora of runs that take the default cache directory (the user's, ~/.cache/bert_jax) go to a
+# temporary one: a test writes nothing into the home directory.
+_OWN_USER_CACHE = os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp(prefix='bert_jax_tests_cache_')
+
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -111,6 +115,7 @@ def pytest_unconfigure(config):
   del config
   if _OWN_XLA_CACHE:
     shutil.rmtree(_OWN_XLA_CACHE, ignore_errors=True)
+  shutil.rmtree(_OWN_USER_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -46,8 +46,9 @@ class DataConfig:
   tokenizer: str = _f('', path=True, fingerprinted=True)
   tokenizer_sample_sentences: int = _f(1_000_000, records=True)
   lower_case: bool = _f(True, records=True)  # for a trained tokenizer; a given one keeps its own normalisation
-  # Where prepared records (and a trained tokenizer) are cached, keyed by a fingerprint.
-  cache_dir: str = _f('data/cache', free=True, path=True)
+  # Where prepared records (and a trained tokenizer) are cached, keyed by a fingerprint; '' (default): the user's
+  # cache directory, $XDG_CACHE_HOME/bert_jax (~/.cache/bert_jax); caches in data/cache (earlier versions') are found.
+  cache_dir: str = _f('', free=True, path=True)
   # Preparation works on units of whole documents of about this many MB of input, one worker
   # process each: memory grows with unit_mb x num_workers, not with the corpus.
   unit_mb: int = _f(16, records=True)

@@ -1,7 +1,8 @@
-"""A prepared cache's name: a fingerprint of its inputs' contents and of the settings that shape its records.
+"""A prepared cache's place and name: a fingerprint of its inputs' contents and of the settings that shape its records.
 
-`fingerprints` computes it, and the name earlier versions gave the same data (keyed by the files' paths);
-`link_earlier_cache` serves a cache an earlier version prepared under the new name.
+`cache_dirs` says where caches are looked for (the user's cache directory by default, then where earlier versions
+put them); `fingerprints` computes the name, and the name earlier versions gave the same data (keyed by the files'
+paths); `link_earlier_cache` serves a cache an earlier version prepared under the new name.
 """
 
 from __future__ import annotations
@@ -20,6 +21,23 @@ from bert_jax.data.records import META_FILE
 # inputs' contents, the seed and records.FORMAT_VERSION they make the cache fingerprint (keys sorted: their
 # order is no part of it).
 RECORD_FIELDS = facts(DataConfig, 'records')
+# Where versions before 2026-11-28 put caches by default: inside the checkout (relative to the working directory).
+EARLIER_DEFAULT = os.path.join('data', 'cache')
+
+
+def cache_dirs(cache_dir: str) -> list[str]:
+  """Where a run looks for its cache, the first the one it prepares into: `data.cache_dir` when given; by
+  default ('') the user's cache directory, $XDG_CACHE_HOME/bert_jax (~/.cache/bert_jax), then the earlier default
+  (data/cache), so that a corpus prepared there is not prepared again."""
+  if cache_dir:
+    return [cache_dir]
+  base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return [os.path.join(base, 'bert_jax'), EARLIER_DEFAULT]
+
+
+def holds(cache_dir: str, fingerprint: str, legacy: str) -> bool:
+  """Whether `cache_dir` holds a complete cache of this data, under its name or the one earlier versions gave it."""
+  return any(os.path.exists(os.path.join(cache_dir, name, META_FILE)) for name in (fingerprint, legacy))
 
 
 def fingerprints(cfg, train_paths, eval_paths, given, vocab_size, seed) -> tuple[str, str]:

@@ -74,9 +74,11 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
     error = e
   if sync(error is not None):
     raise error or DataError('another process could not read the data inputs; its error says why')
-  final_dir = os.path.join(cfg.cache_dir, fingerprint)
+  places = cache_identity.cache_dirs(cfg.cache_dir)
+  cache_dir = next((d for d in places if cache_identity.holds(d, fingerprint, legacy)), places[0])
+  final_dir = os.path.join(cache_dir, fingerprint)
   if process_index == 0:
-    cache_identity.link_earlier_cache(cfg.cache_dir, legacy, final_dir, log)
+    cache_identity.link_earlier_cache(cache_dir, legacy, final_dir, log)
   sync(False)  # every process sees the link
   if os.path.exists(os.path.join(final_dir, META_FILE)):
     log(f'prepared data: reusing {final_dir}')
