@@ -207,16 +207,18 @@ class _PreparedRun:
     del step
     t0, held_out = time.time(), {}
     for eval_set in self.evals:
-      logits = self.predict(params, eval_set.features)
+      logits = self.predict(params, eval_set.features, label=f'evaluating {eval_set.name}')
       # Every process has all the logits and scores them; process 0 alone writes the predictions.
       scores = self.task.evaluate(eval_set, logits, output_dir if jax.process_index() == 0 else None)
       held_out.update({f'{eval_set.name}_{k}': v for k, v in scores.items()})
     return {**held_out, 'eval_wall_s': time.time() - t0}
 
-  def predict(self, params, features: list[Feature]) -> list[np.ndarray]:
-    """Logits for each feature, in order (see tasks.base for the shapes), on every process."""
+  def predict(self, params, features: list[Feature], label: str = 'predicting') -> list[np.ndarray]:
+    """Logits for each feature, in order (see tasks.base for the shapes), on every process; a progress line
+    (`label`) every 10 s of a long one."""
     out: list[np.ndarray] = []
     size, kind = self.cfg.eval_batch_size, self.task.kind
+    ticker = reporting.Ticker(label, -(-len(features) // size))
     for i in range(0, len(features), size):
       chunk = features[i:i + size]
       host = batching.make_batch(chunk, kind, batch_size=size, row_length=self.cfg.max_seq_length,
@@ -225,6 +227,7 @@ class _PreparedRun:
       logits = np.asarray(jax.device_get(self.model.predict_step(params, self.model.rest, batch)))
       out.extend(logits[:len(chunk)] if kind in ('classification', 'regression')
                  else batching.rows_of_examples(logits, host, len(chunk)))
+      ticker.tick(i // size + 1)
     return out
 
   def curve_metrics(self) -> list[str]:

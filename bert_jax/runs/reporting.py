@@ -138,6 +138,28 @@ class Progress:
     return out
 
 
+class Ticker:
+  """Progress of a long loop outside training (an evaluation, a prediction): '<label>: i/n <unit> | elapsed | ETA'
+  when `every_s` seconds have passed since the start or the last line, so no stretch is silent for longer; a loop
+  that ends sooner prints nothing, one that printed gets a last line at its end."""
+
+  def __init__(self, label: str, total: int, unit: str = 'batches', every_s: float = 10.0):
+    self.label, self.total, self.unit, self.every_s = label, total, unit, every_s
+    self._start = self._last = time.perf_counter()
+    self.lines = 0
+
+  def tick(self, done: int) -> None:
+    """`done` of `total` are finished."""
+    now = time.perf_counter()
+    if now - self._last < self.every_s and not (self.lines and done >= self.total):
+      return
+    elapsed = now - self._start
+    eta = elapsed / max(done, 1) * (self.total - done)
+    log(f'{self.label}: {done}/{self.total} {self.unit} | elapsed {format_duration(elapsed)} | '
+        f'ETA {format_duration(eta)}')
+    self._last, self.lines = now, self.lines + 1
+
+
 def progress_line(label: str, step: int, total: int, shown: dict[str, float], rate: dict[str, float]) -> str:
   """'step N/T | metrics | tok/s | ex/s | input wait | ETA' (+ packing when rows hold several examples)."""
   line = (f'{label}step {step}/{total} | {format_metrics(shown)} | {rate["tokens_per_s"]:,.0f} tok/s | '
