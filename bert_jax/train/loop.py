@@ -60,7 +60,8 @@ class Report:
     label: prefixes every line ('seed 0: ' in fine-tuning).
     progress_keys: train metrics shown in the progress line (all are written to the JSONL).
     eval_keys: held-out metrics shown in the eval line (all numbers are written).
-    curves_dir: where curves.png is redrawn after each evaluation (None: not here).
+    curves_dir: where curves.png is redrawn after each evaluation, and from a progress line once CURVES_EVERY_S
+      have passed since the start or the last drawing (None: not here).
     curves_metrics: the held-out metrics it plots (None: every accuracy).
     divergence_hint: what to change when the loss diverges, as flags.
     fields: added to every train and held-out metrics row (e.g. {'phase': 2}).
@@ -185,11 +186,17 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
   return FitResult(state, step, last_eval, stats)
 
 
+# curves.png shows the training curves from the first minute on, not only from the first evaluation; drawing takes
+# about a second (matplotlib), so a progress line redraws it at most this often.
+CURVES_EVERY_S = 60.0
+
+
 class _Writers:
   """The run's train and held-out JSONL/TensorBoard writers and lines (process 0)."""
 
   def __init__(self, report: Report):
     self.report = report
+    self._drawn = time.perf_counter()  # when curves.png was last drawn (the start: a short run draws at evaluations)
     self.train = reporting.MetricWriter(report.workdir, 'train')
     self.eval = reporting.MetricWriter(report.workdir, 'eval')
 
@@ -199,6 +206,8 @@ class _Writers:
                             **self.report.fields})
     shown = {k: means[k] for k in (*self.report.progress_keys, 'learning_rate', 'grad_norm') if k in means}
     reporting.log(reporting.progress_line(self.report.label, step, total, shown, rate))
+    if self.report.curves_dir and time.perf_counter() - self._drawn >= CURVES_EVERY_S:
+      self._curves()
 
   def evaluation(self, step: int, result: dict[str, Any]) -> dict[str, Any]:
     self.eval.write(step, {**(_numbers(result) or {}), **self.report.fields})
@@ -206,8 +215,12 @@ class _Writers:
     reporting.log(f'{self.report.label}eval step {step} | ' + reporting.format_metrics(
         {k: result[k] for k in keys if k in result}))
     if self.report.curves_dir:
-      reporting.write_curves(self.report.curves_dir, metrics=self.report.curves_metrics)
+      self._curves()
     return result
+
+  def _curves(self) -> None:
+    reporting.write_curves(self.report.curves_dir, metrics=self.report.curves_metrics)
+    self._drawn = time.perf_counter()
 
   def close(self) -> None:
     self.train.close()

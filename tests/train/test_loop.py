@@ -19,6 +19,7 @@ import pytest
 from bert_jax import config, sharding
 from bert_jax.errors import Preempted
 from bert_jax.runs.checkpoints import Checkpointer
+from bert_jax.train import loop
 from bert_jax.train.loop import Report, TrainingDivergedError, fit
 from bert_jax.train.preemption import Preemption
 from bert_jax.train.step import StepModel
@@ -193,3 +194,21 @@ def test_a_signal_at_a_random_moment_is_acknowledged_and_saves_within_two_steps(
   assert Checkpointer(str(tmp_path), read_only=True).all_steps() == [saved] and saved < 30
   # Two steps, the save and a little host time (the machine is shared).
   assert took <= 2 * step_s + saves[0] + 0.4, (delay, took, step_s, saves)
+
+
+def test_curves_are_drawn_from_the_progress_lines_at_most_once_a_minute(tmp_path, monkeypatch):
+  drawn = []
+  monkeypatch.setattr(loop.reporting, 'write_curves', lambda directory, metrics=None: drawn.append(directory))
+  monkeypatch.setattr(loop.reporting, 'log', lambda line: None)
+  rate = {'tokens_per_s': 1.0, 'examples_per_s': 1.0, 'input_wait': 0.0, 'eta_s': 1.0, 'packed': False}
+  writers = loop._Writers(loop.Report(str(tmp_path), curves_dir=str(tmp_path)))  # pylint: disable=protected-access
+  try:
+    writers.progress(1, 4, [{'loss': 1.0}], rate)
+    assert drawn == []  # within the first minute: none yet (a short run draws at its evaluations)
+    monkeypatch.setattr(loop, 'CURVES_EVERY_S', 0.0)
+    writers.progress(2, 4, [{'loss': 0.9}], rate)
+    assert drawn == [str(tmp_path)]  # a minute on: the progress line draws them
+    writers.evaluation(3, {'loss': 0.8})
+    assert drawn == [str(tmp_path)] * 2  # and every evaluation does
+  finally:
+    writers.close()
