@@ -104,6 +104,18 @@ def _commands(text: str):
         yield m.group(1), re.findall(r'(?<![\w-])--([a-z_0-9]+)(?=[=\s\]`]|$)', m.group(2))
 
 
+# A measured figure (an accuracy to four places, a wall time) lives in docs/results.md with its date; other pages
+# link there, so that no two pages give two figures for one thing.
+_FIGURE = re.compile(r'\b0\.\d{4}\b|\b\d+ min \d+ s\b|\babout \d+(\.\d+)? (minutes?|hours?)\b')
+
+
+def test_no_page_but_the_results_restates_a_figure():
+  found = [f'{os.path.relpath(path, REPO)}:{n}: {line.strip()[:120]}' for path in DOCS
+           if os.path.basename(path) != 'results.md'
+           for n, line in enumerate(_read(path).splitlines(), 1) if _FIGURE.search(line)]
+  assert not found, found
+
+
 def test_every_entry_point_flag_the_docs_name_exists():
   missing = []
   for path in DOCS:
