@@ -34,7 +34,7 @@ from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.finetuning import batching
 from bert_jax.finetuning.objective import Finetuning
-from bert_jax.finetuning.tasks import get_task
+from bert_jax.finetuning.tasks import get_task, metrics
 from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.interop.pretrained import describe, finetuning_tokenizer_path
 from bert_jax.model.attention import describe_attention
@@ -175,7 +175,7 @@ class _PreparedRun:
   """A fine-tuning run's featurised task and built model (made whole in `__init__`), and what reads them."""
 
   def __init__(self, cfg: FinetuneConfig, task, tokenizer, mesh, evaluation: bool = False):
-    self.cfg, self.task = cfg, task
+    self.cfg, self.task, self.evaluation = cfg, task, evaluation
     t0 = time.time()
     self.train = [] if evaluation else task.train_features(cfg, tokenizer)
     self.evals = task.eval_sets(cfg, tokenizer)
@@ -211,7 +211,18 @@ class _PreparedRun:
       # Every process has all the logits and scores them; process 0 alone writes the predictions.
       scores = self.task.evaluate(eval_set, logits, output_dir if jax.process_index() == 0 else None)
       held_out.update({f'{eval_set.name}_{k}': v for k, v in scores.items()})
+      if self.evaluation and self.task.kind == 'classification':  # evaluate.py: how each class fares
+        self._class_report(eval_set, logits, output_dir)
     return {**held_out, 'eval_wall_s': time.time() - t0}
+
+  def _class_report(self, eval_set, logits: list[np.ndarray], output_dir: str | None) -> None:
+    """Logs `metrics.class_report` of a classification eval set; writes it to report_<set>.txt in `output_dir`."""
+    names = list(getattr(self.task, 'label_names', None) or range(self.task.num_labels))
+    preds = np.array([int(np.argmax(l)) for l in logits], np.int64)
+    report = metrics.class_report(preds, eval_set.data.labels, [str(n) for n in names])
+    reporting.log(f'{eval_set.name}, per class:\n{report}')
+    if output_dir is not None and jax.process_index() == 0:
+      files.write_text_atomic(os.path.join(output_dir, f'report_{eval_set.name}.txt'), report + '\n')
 
   def predict(self, params, features: list[Feature], label: str = 'predicting') -> list[np.ndarray]:
     """Logits for each feature, in order (see tasks.base for the shapes), on every process; a progress line

@@ -90,9 +90,15 @@ def _small_arrays_from_one_replica() -> None:
   _small_arrays_from_one_replica.done = True
   if 'min_slice_bytes_for_replica_parallel' not in inspect.signature(ocp.type_handlers.ArrayHandler).parameters:
     return
-  ocp.type_handlers.register_type_handler(
-      jax.Array, ocp.type_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES),
-      override=True)
+  absl_logger = logging.getLogger('absl')  # Orbax warns of the override it was asked for, on stderr: not here
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES),
+        override=True)
+  finally:
+    absl_logger.setLevel(level)
 
 
 def _quiet_closed_loop_callbacks() -> None:

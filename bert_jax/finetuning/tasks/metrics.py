@@ -33,6 +33,31 @@ def f1_macro(preds: Sequence[int], labels: Sequence[int], num_labels: int) -> fl
   return float(np.mean([f1_binary(preds, labels, positive=k) for k in range(num_labels)])) if num_labels else 0.0
 
 
+# A confusion table is printed for at most this many classes (wider ones do not read as a table).
+CONFUSION_MAX_CLASSES = 20
+
+
+def class_report(preds: Sequence[int], labels: Sequence[int], names: Sequence[str]) -> str:
+  """Per class: precision, recall, F1 (as `f1_binary`) and support (gold count); then, for at most
+  CONFUSION_MAX_CLASSES classes, the confusion table (rows: gold class, columns: predicted class)."""
+  preds, labels = _pair(preds, labels)
+  width = max(8, *(len(n) for n in names))
+  lines = [f'{"class":<{width}}  precision  recall     f1  support']
+  for k, name in enumerate(names):
+    tp = int(np.sum((preds == k) & (labels == k)))
+    n_pred, n_gold = int(np.sum(preds == k)), int(np.sum(labels == k))
+    precision, recall = (tp / n_pred if n_pred else 0.0), (tp / n_gold if n_gold else 0.0)
+    lines.append(f'{name:<{width}}  {precision:9.4f}  {recall:6.4f}  {_f1(tp, n_pred, n_gold):.4f}  {n_gold:7d}')
+  if len(names) <= CONFUSION_MAX_CLASSES:
+    counts = np.zeros((len(names), len(names)), np.int64)
+    np.add.at(counts, (labels, preds), 1)
+    cell = max(6, *(len(n) for n in names), len(str(int(counts.max(initial=0)))))
+    lines.append('confusion (rows: gold, columns: predicted)')
+    lines.append(' ' * width + ''.join(f'  {n:>{cell}}' for n in names))
+    lines += [f'{name:<{width}}' + ''.join(f'  {c:>{cell}d}' for c in row) for name, row in zip(names, counts)]
+  return '\n'.join(lines)
+
+
 def matthews_corrcoef(preds: Sequence[int], labels: Sequence[int]) -> float:
   """Matthews correlation coefficient (multi-class form, as sklearn); 0.0 when undefined."""
   preds, labels = _pair(preds, labels)

@@ -1,0 +1,27 @@
+"""metrics.class_report: evaluate.py's per-class table of a classification eval set (precision, recall, F1 and
+support per class, and the confusion table up to CONFUSION_MAX_CLASSES classes), checked by hand."""
+
+from bert_jax.finetuning.tasks import metrics
+
+
+def test_class_report_by_hand():
+  # gold:      neg neg neg pos pos pos   (no 'neutral' gold)
+  # predicted: neg neg pos pos pos neu
+  report = metrics.class_report([0, 0, 1, 1, 1, 2], [0, 0, 0, 1, 1, 1], ['negative', 'positive', 'neutral'])
+  assert report.splitlines() == [
+      'class     precision  recall     f1  support',
+      'negative     1.0000  0.6667  0.8000        3',
+      'positive     0.6667  0.6667  0.6667        3',
+      'neutral      0.0000  0.0000  0.0000        0',
+      'confusion (rows: gold, columns: predicted)',
+      '          negative  positive   neutral',
+      'negative         2         1         0',
+      'positive         0         2         1',
+      'neutral          0         0         0']
+
+
+def test_many_classes_get_no_confusion_table():
+  names = [f'c{k}' for k in range(metrics.CONFUSION_MAX_CLASSES + 1)]
+  report = metrics.class_report(list(range(len(names))), list(range(len(names))), names)
+  assert len(report.splitlines()) == 1 + len(names) and 'confusion' not in report
+  assert all(line.endswith('1.0000  1.0000  1.0000        1') for line in report.splitlines()[1:])
