@@ -34,7 +34,7 @@ class FinetuneConfig(TrainingConfig):
   checkpoint_every: int = _f(0, free=True)
   keep_checkpoints: int = _f(1, free=True)
   model: ModelConfig = _f(factory=ModelConfig)
-  task: str = 'sst2'  # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or 'classify'/'regress' (your files)
+  task: str = 'sst2'  # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or 'classify'/'regress'/'tag' (your files)
   data_dir: str = _f('', path=True)
   train_file: str = _f('', path=True)  # overrides the task's file in data_dir; classify/regress: required
   eval_file: str = _f('', free=True, path=True, evaluation=True)
@@ -48,7 +48,7 @@ class FinetuneConfig(TrainingConfig):
   text_column: str = 'text'  # the default also reads a 'sentence' column
   text_pair_column: str = ''  # the second text of a pair; '' single texts
   label_column: str = 'label'
-  label_names: str = ''  # classify: the labels in order, comma-separated; '' the training file's, sorted
+  label_names: str = ''  # classify / tag: the labels in order, comma-separated; '' the training file's, sorted
   eval_fraction: float = 0.1  # without eval_file: this share of the training file's rows is held out ...
   split_seed: int = 0  # ... drawn with this seed
   # SQuAD

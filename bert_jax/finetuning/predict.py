@@ -215,7 +215,8 @@ def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size:
   if kind == 'token':
     features, data = conll.featurize([(r['words'], ['O'] * len(r['words'])) for r in rows], tokenizer,
                                      ft.max_seq_length)
-    return [_token_output(words, l, first)
+    names = label_names(tuned.task) or conll.LABELS
+    return [_token_output(words, l, first, names)
             for words, l, first in zip(data.words, predictor.logits(features), data.first_positions)]
   examples = [squad.SquadExample(str(r.get('id', i)), r['question'].lstrip(), r['context'], [])
               for i, r in enumerate(rows)]
@@ -267,11 +268,11 @@ def _sequence_output(kind: str, names: Sequence[str], logits: np.ndarray) -> dic
   return {'label': names[int(np.argmax(logits))], 'probabilities': {n: float(v) for n, v in zip(names, p)}}
 
 
-def _token_output(words: list[str], logits: np.ndarray, first: np.ndarray) -> dict[str, Any]:
+def _token_output(words: list[str], logits: np.ndarray, first: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
   logits = np.asarray(logits, np.float64)
   p = np.exp(logits - logits.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
-  tags = conll.word_predictions(logits, first)
+  tags = conll.word_predictions(logits, first, names, 'O' if 'O' in names else names[0])
   scores = [float(p[f].max()) if f >= 0 else None for f in first]
   entities = [{'type': typ, 'text': ' '.join(words[s:e + 1]), 'start': s, 'end': e + 1}
               for s, e, typ in sorted(metrics.conll_chunks(tags))]

@@ -23,7 +23,6 @@ from bert_jax.finetuning.tasks.base import IGNORE, EvalSet, Feature
 from bert_jax.runs import reporting
 
 LABELS = ['O', 'B-PER', 'I-PER', 'B-LOC', 'I-LOC', 'B-ORG', 'I-ORG', 'B-MISC', 'I-MISC']
-LABEL_INDEX = {label: i for i, label in enumerate(LABELS)}
 TRAIN_FILE, DEV_FILE, TEST_FILE = 'eng.train', 'eng.testa', 'eng.testb'
 
 
@@ -38,15 +37,16 @@ class ConllEvalData:
   n_cut_words: int = 0  # words lost to max_seq_length (predicted 'O')
 
 
-def read_conll(path: str) -> list[tuple[list[str], list[str]]]:
+def read_conll(path: str, labels: Sequence[str] | None = LABELS) -> list[tuple[list[str], list[str]]]:
   """Sentences of a CoNLL file as (words, tags), tags as written (IOB1 for CoNLL-2003).
 
   Args:
     path: the file.
+    labels: the tags a line may have (None: any; the tagging task's own files).
 
   Returns:
     One (words, tags) pair per sentence. DataError naming file:line for a line with fewer
-    than 2 fields or a tag outside LABELS; DataError for a missing or empty file.
+    than 2 fields or a tag outside `labels`; DataError for a missing or empty file.
   """
   check_regular(path, 'CoNLL file')
   if not os.path.isfile(path):
@@ -69,7 +69,7 @@ def read_conll(path: str) -> list[tuple[list[str], list[str]]]:
     if fields[0] == '-DOCSTART-':
       continue
     words.append(fields[0])
-    tags.append(_tag(path, line_no, fields))
+    tags.append(_tag(path, line_no, fields, labels))
   if words:
     sentences.append((words, tags))
   if not sentences:
@@ -92,11 +92,14 @@ def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
 
 
 def featurize(sentences: Sequence[tuple[list[str], list[str]]], tokenizer, max_seq_length: int,
-              path: str = '') -> tuple[list[Feature], ConllEvalData]:
+              path: str = '', labels: Sequence[str] = LABELS, to_bio: bool = True
+              ) -> tuple[list[Feature], ConllEvalData]:
   """Features ([CLS] sub-tokens [SEP], labels on first sub-tokens) of IOB1/BIO sentences.
 
   Args:
     sentences: (words, tags) pairs as `read_conll` returns them.
+    labels: the tag of each label id (CoNLL-2003's, or a tagging task's own).
+    to_bio: IOB1 tags are made BIO (CoNLL-2003); False keeps the tags as written.
     tokenizer: has encode(text) -> ids (no specials) and cls_id/sep_id.
     max_seq_length: length limit including [CLS] and [SEP]; trailing sub-tokens past it are
       dropped, and words whose first sub-token goes with them are cut (logged as a warning).
@@ -109,13 +112,14 @@ def featurize(sentences: Sequence[tuple[list[str], list[str]]], tokenizer, max_s
     raise ConfigError(f'max_seq_length={max_seq_length} leaves no room for a word after '
                       '[CLS]/[SEP]; use a larger max_seq_length')
   features, data = [], ConllEvalData(path, [], [], [])
+  index_of = {label: i for i, label in enumerate(labels)}
   for index, (words, raw_tags) in enumerate(sentences):
-    tags = iob1_to_iob2(raw_tags)
-    ids, labels, first, n_cut = _sentence_tokens(words, tags, tokenizer, max_seq_length - 2)
+    tags = iob1_to_iob2(raw_tags) if to_bio else list(raw_tags)
+    ids, token_labels, first, n_cut = _sentence_tokens(words, tags, tokenizer, max_seq_length - 2, index_of)
     features.append(Feature(
         input_ids=np.array([tokenizer.cls_id] + ids + [tokenizer.sep_id], np.int32),
         token_type_ids=np.zeros(len(ids) + 2, np.int32),
-        token_labels=np.array([IGNORE] + labels + [IGNORE], np.int32),
+        token_labels=np.array([IGNORE] + token_labels + [IGNORE], np.int32),
         example_index=index))
     data.words.append(list(words))
     data.tags.append(tags)
@@ -128,8 +132,8 @@ def featurize(sentences: Sequence[tuple[list[str], list[str]]], tokenizer, max_s
   return features, data
 
 
-def _sentence_tokens(words: Sequence[str], tags: Sequence[str], tokenizer,
-                     budget: int) -> tuple[list[int], list[int], np.ndarray, int]:
+def _sentence_tokens(words: Sequence[str], tags: Sequence[str], tokenizer, budget: int,
+                     index_of: dict[str, int]) -> tuple[list[int], list[int], np.ndarray, int]:
   """(ids, token labels, first-sub-token position per word, cut words) of one sentence."""
   ids, labels, n_cut = [], [], 0
   first = np.full(len(words), -1, np.int32)
@@ -144,7 +148,7 @@ def _sentence_tokens(words: Sequence[str], tags: Sequence[str], tokenizer,
     first[w] = len(ids) + 1  # + 1 for [CLS]
     pieces = pieces[:room]
     ids.extend(pieces)
-    labels.extend([LABEL_INDEX[tag]] + [IGNORE] * (len(pieces) - 1))
+    labels.extend([index_of[tag]] + [IGNORE] * (len(pieces) - 1))
   return ids, labels, first, n_cut
 
 
@@ -201,10 +205,11 @@ class Conll2003:
     return result
 
 
-def word_predictions(logits: np.ndarray, first_positions: np.ndarray) -> list[str]:
-  """A tag per word: the argmax at its first sub-token, 'O' for words without one (-1)."""
+def word_predictions(logits: np.ndarray, first_positions: np.ndarray, labels: Sequence[str] = LABELS,
+                     outside: str = 'O') -> list[str]:
+  """A tag per word: the argmax at its first sub-token, `outside` for words without one (-1)."""
   best = np.asarray(logits).argmax(axis=-1)
-  return [LABELS[int(best[p])] if p >= 0 else 'O' for p in first_positions]
+  return [labels[int(best[p])] if p >= 0 else outside for p in first_positions]
 
 
 def write_predictions(path: str, words: Sequence[Sequence[str]], golds: Sequence[Sequence[str]],
@@ -217,11 +222,11 @@ def write_predictions(path: str, words: Sequence[Sequence[str]], golds: Sequence
   write_text_atomic(path, '\n'.join(lines) + '\n' if lines else '')
 
 
-def _tag(path: str, line_no: int, fields: list[str]) -> str:
+def _tag(path: str, line_no: int, fields: list[str], labels: Sequence[str] | None) -> str:
   if len(fields) < 2:
     raise DataError(f'{path}:{line_no}: {len(fields)} field(s) but a CoNLL line needs a word and '
                     'a tag (token POS chunk NER)')
   tag = fields[-1]
-  if tag not in LABEL_INDEX:
-    raise DataError(f'{path}:{line_no}: tag {tag!r} is not one of {" ".join(LABELS)}')
+  if labels is not None and tag not in labels:
+    raise DataError(f'{path}:{line_no}: tag {tag!r} is not one of {" ".join(labels)}')
   return tag

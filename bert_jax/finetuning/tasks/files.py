@@ -275,10 +275,13 @@ class FileTask:
 
   def __init__(self, name: str, kind: str):
     self.name, self.kind = name, kind
-    self.main_metric = 'accuracy' if kind == 'classification' else 'pearson'
     self.label_names: list[str] = []
     self.recorded_labels: list[str] = []
     self._split: tuple[list[Row], list[Row]] | None = None  # the training file: (train, held out)
+
+  @property
+  def main_metric(self) -> str:
+    return 'accuracy' if self.kind == 'classification' else 'pearson'
 
   @property
   def num_labels(self) -> int:
@@ -300,7 +303,7 @@ class FileTask:
   def eval_sets(self, cfg, tokenizer) -> list[EvalSet]:
     """'dev': the eval file's rows, or the rows held out of the training file."""
     if cfg.eval_file:
-      path, rows = cfg.eval_file, read_rows(cfg.eval_file, columns(cfg), self.kind)
+      path, rows = cfg.eval_file, self._read(cfg.eval_file, cfg)
     else:
       path, rows = cfg.train_file, self._train_split(cfg)[1]
     labels = self._labels(cfg, rows, path)
@@ -336,7 +339,7 @@ class FileTask:
     if not cfg.train_file:
       raise DataError(f'task {self.name} reads your files: set --config.train_file (and --config.eval_file, or '
                       'hold out --config.eval_fraction of the training file)')
-    rows = read_rows(cfg.train_file, columns(cfg), self.kind)
+    rows = self._read(cfg.train_file, cfg)
     self._labels(cfg, rows, cfg.train_file, train_rows=rows)  # every class of the file, before any is held out
     if cfg.eval_file:
       self._split = rows, []
@@ -365,6 +368,20 @@ class FileTask:
       why = 'is not one this run was trained with'
     else:
       why = f'never appears in the training file {cfg.train_file}'
+    return self._indices(rows, path, why)
+
+  # What a subclass reading other rows (tagging.TagTask: a tag per word) changes.
+  def _read(self, path: str, cfg) -> list[Row]:
+    return read_rows(path, columns(cfg), self.kind)
+
+  def _values(self, rows: Sequence[Row]) -> list[str]:
+    """The label values of `rows` (their names are decided from the training rows')."""
+    return [r.label for r in rows]
+
+  def _names_of(self, values: Sequence[str]) -> list[str]:
+    return sorted_labels(values)
+
+  def _indices(self, rows: Sequence[Row], path: str, why: str):
     return label_indices(rows, self.label_names, path, why)
 
   def _decide_names(self, cfg, train_rows: Sequence[Row] | None) -> None:
@@ -377,7 +394,7 @@ class FileTask:
       self._train_split(cfg)  # reads the training file, which decides them
       return
     else:
-      names = sorted_labels([r.label for r in train_rows])
+      names = self._names_of(self._values(train_rows))
       if len(names) < 2:
         raise DataError(f'{cfg.train_file}: every row has the label {names[0]!r}; classification needs two '
                         'labels or more')
