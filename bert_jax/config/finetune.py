@@ -34,7 +34,8 @@ class FinetuneConfig(TrainingConfig):
   checkpoint_every: int = _f(0, free=True)
   keep_checkpoints: int = _f(1, free=True)
   model: ModelConfig = _f(factory=ModelConfig)
-  task: str = 'sst2'  # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or 'classify'/'regress'/'tag' (your files)
+  # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or your own files: 'classify', 'regress', 'tag', 'qa'
+  task: str = 'sst2'
   data_dir: str = _f('', path=True)
   train_file: str = _f('', path=True)  # overrides the task's file in data_dir; classify/regress: required
   eval_file: str = _f('', free=True, path=True, evaluation=True)

@@ -32,6 +32,11 @@ Variants:
                   tags unless text_column/label_column say otherwise), or CoNLL column files (word first, tag
                   last, a blank line between sentences); BIO/IOB1 tags score conlleval's entity F1, others
                   token accuracy
+  qa              extractive QA: SQuAD-format JSON, or rows (JSONL, CSV, TSV, Parquet) with question, context
+                  and answers columns (Hugging Face's {"text": [...], "answer_start": [...]}, or answer texts
+                  found in the context); a row without an answer makes it SQuAD v2.0 (no-answer threshold).
+                  Without eval_file, eval_fraction of the contexts is held out. Hugging Face run_qa's budget:
+                  2 epochs x 16, seq 384, stride 128, lr 3e-5
   squad_v2        SQuAD v2.0 (train-v2.0.json / dev-v2.0.json in data_dir), 2 epochs, lr 5e-5, the
                   no-answer threshold tuned on dev
 
@@ -70,6 +75,7 @@ VARIANTS = {
     'classify': ('classify', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
     'regress': ('regress', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
     'tag': ('tag', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
+    'qa': ('qa', None, 3e-5, dict(max_seq_length=384, batch_size=16, num_train_epochs=2.0, eval_batch_size=32)),
 }
 
 

@@ -1,21 +1,21 @@
 """Fine-tuning tasks: readers, featurisers, metrics and prediction writers.
 
-Each task module (glue, conll, squad; files: your own CSV/TSV/JSONL by columns; tagging: your own tagged words) turns its files into `Feature`s for the shared loop in
+Each task module (glue, conll, squad; files: your own CSV/TSV/JSONL by columns; tagging: your own tagged words; answering: your own questions) turns its files into `Feature`s for the shared loop in
 `finetuning.run` and scores the per-feature logits it gets back. See `base.Task`.
 """
 
 from bert_jax.errors import ConfigError
-from bert_jax.finetuning.tasks import conll, files, glue, squad, tagging
+from bert_jax.finetuning.tasks import answering, conll, files, glue, squad, tagging
 from bert_jax.finetuning.tasks.base import Task
 
 
 def get_task(name: str) -> Task:
   """The task of a FinetuneConfig.task name: a GLUE task, 'conll2003', 'squad', 'squad_v2', or 'classify' /
-  'regress' / 'tag' (the config's own files; a new task each call, as it learns its labels from them)."""
+  'regress' / 'tag' / 'qa' (the config's own files; a new task each call, as it learns its labels from them)."""
   tasks: dict[str, Task] = {**glue.TASKS, 'conll2003': conll.Conll2003(), 'squad': squad.Squad(False),
                             'squad_v2': squad.Squad(True),
                             **{n: files.FileTask(n, kind) for n, kind in files.TASKS.items()},
-                            'tag': tagging.TagTask()}
+                            'tag': tagging.TagTask(), 'qa': answering.AnswerTask()}
   if name not in tasks:
     raise ConfigError(f'unknown task {name!r}; choose from {", ".join(tasks)}')
   return tasks[name]
