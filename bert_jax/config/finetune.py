@@ -34,7 +34,8 @@ class FinetuneConfig(TrainingConfig):
   checkpoint_every: int = _f(0, free=True)
   keep_checkpoints: int = _f(1, free=True)
   model: ModelConfig = _f(factory=ModelConfig)
-  # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or your own files: 'classify', 'regress', 'tag', 'qa'
+  # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or your own files: 'classify', 'regress', 'multilabel',
+  # 'tag', 'qa'
   task: str = 'sst2'
   data_dir: str = _f('', path=True)
   train_file: str = _f('', path=True)  # overrides the task's file in data_dir; classify/regress: required
@@ -49,7 +50,8 @@ class FinetuneConfig(TrainingConfig):
   text_column: str = 'text'  # the default also reads a 'sentence' column
   text_pair_column: str = ''  # the second text of a pair; '' single texts
   label_column: str = 'label'
-  label_names: str = ''  # classify / tag: the labels in order, comma-separated; '' the training file's, sorted
+  # classify / multilabel / tag: the labels in order, comma-separated; '' the training file's, sorted
+  label_names: str = ''
   eval_fraction: float = 0.1  # without eval_file: this share of the training file's rows is held out ...
   split_seed: int = 0  # ... drawn with this seed
   # SQuAD

@@ -9,7 +9,8 @@ up to `rows_multiple` so only a few shapes are ever compiled.
 
 Every batch also carries per-example arrays (`example_row`, `example_offset`,
 `example_length`, `weights`; padding examples have weight 0) so heads and losses can find
-each example in the rows. Labels: `labels` [E] (classification int32, regression float32)
+each example in the rows. Labels: `labels` [E] (classification int32, regression float32), [E, L] (multilabel:
+multi-hot float32)
 or [R, T] int32 (token kind, -100 = no loss); `start_positions`/`end_positions` [E], relative
 to the example's first token (span kind).
 
@@ -26,6 +27,7 @@ import numpy as np
 
 from bert_jax.data.packing import first_fit_decreasing
 from bert_jax.finetuning.tasks.base import IGNORE, Feature
+from bert_jax.model.heads import SEQUENCE_KINDS
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -38,7 +40,7 @@ def make_batch(features: Sequence[Feature], kind: str, *, batch_size: int, row_l
 
   Args:
     features: the batch's features, each at most `row_length` tokens.
-    kind: the head kind ('classification', 'regression', 'token' or 'span').
+    kind: the head kind (model.heads.HEAD_KINDS).
     batch_size: number of example slots E.
     row_length: the longest row (max_seq_length).
     pack: pack several features per row; else one per row.
@@ -67,8 +69,9 @@ def make_batch(features: Sequence[Feature], kind: str, *, batch_size: int, row_l
   batch['weights'] = np.zeros((batch_size,), np.float32)
   if kind == 'token':
     batch['labels'] = np.full((num_rows, width), IGNORE, np.int32)
-  elif kind in ('classification', 'regression'):
-    batch['labels'] = np.zeros((batch_size,), np.float32 if kind == 'regression' else np.int32)
+  elif kind in SEQUENCE_KINDS:
+    shape = (batch_size,) + (np.shape(features[0].label) if kind == 'multilabel' and features else ())
+    batch['labels'] = np.zeros(shape, np.int32 if kind == 'classification' else np.float32)
   else:
     batch['start_positions'] = np.zeros((batch_size,), np.int32)
     batch['end_positions'] = np.zeros((batch_size,), np.int32)
@@ -85,7 +88,7 @@ def make_batch(features: Sequence[Feature], kind: str, *, batch_size: int, row_l
     batch['weights'][e] = 1.0
     if kind == 'token':
       batch['labels'][row, cols] = f.token_labels
-    elif kind in ('classification', 'regression'):
+    elif kind in SEQUENCE_KINDS:
       batch['labels'][e] = f.label
     else:
       batch['start_positions'][e], batch['end_positions'][e] = f.start, f.end

@@ -2,7 +2,8 @@
 
 Batches come from `batching.make_batch` (packed or padded rows plus per-example positions);
 examples with `weights` 0 are padding and count nowhere. classification: cross-entropy on
-`labels` [E]; regression: squared error on `labels` [E] (float); token: cross-entropy on
+`labels` [E]; regression: squared error on `labels` [E] (float); multilabel: the mean over labels of the
+sigmoid cross-entropy on multi-hot `labels` [E, L] (float); token: cross-entropy on
 per-row `labels` [B, T] where labels >= 0 (-100 = ignored); span: the mean of the start and end
 cross-entropies on `start_positions`/`end_positions`, each a softmax over the example's own
 tokens.
@@ -43,6 +44,8 @@ def _losses(kind: str, logits, batch) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch['labels'])
   if kind == 'regression':
     return jnp.square(logits[:, 0] - batch['labels'].astype(jnp.float32))
+  if kind == 'multilabel':
+    return jnp.mean(optax.sigmoid_binary_cross_entropy(logits, batch['labels'].astype(jnp.float32)), axis=-1)
   if kind == 'token':
     return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(batch['labels'], 0))
   if kind == 'span':

@@ -33,6 +33,7 @@ from bert_jax.finetuning.objective import Finetuning
 from bert_jax.finetuning.tasks import conll, files, get_task, glue, metrics, squad
 from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.interop.pretrained import FinetunedBert
+from bert_jax.model.heads import SEQUENCE_KINDS
 from bert_jax.runs import reporting
 
 FORMATS = ('auto', 'txt', 'tsv', 'jsonl', 'glue', 'conll', 'squad')
@@ -190,7 +191,7 @@ class Predictor:
       host = batching.make_batch(chunk, self.kind, batch_size=size, row_length=ft.max_seq_length, pack=ft.pack,
                                  rows_multiple=2)
       logits = np.asarray(jax.device_get(self._forward(self._state, host)))
-      if self.kind in ('classification', 'regression'):
+      if self.kind in SEQUENCE_KINDS:
         out.extend(logits[:len(chunk)])
       else:
         out.extend(batching.rows_of_examples(logits, host, len(chunk)))
@@ -203,11 +204,11 @@ def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size:
             log=reporting.log) -> list[dict[str, Any]]:
   """Predictions for `rows` (see `read_rows`), one dict per row in order (module docstring); progress to `log`."""
   kind, ft, tokenizer = tuned.task['kind'], tuned.finetune, tuned.tokenizer
-  if kind in ('classification', 'regression'):
+  if kind in SEQUENCE_KINDS:
     check_pairs(tuned.task['name'], rows,
                 bool(ft.text_pair_column) if tuned.task['name'] in files.TASKS else None)
   predictor = Predictor(tuned, batch_size, log)
-  if kind in ('classification', 'regression'):
+  if kind in SEQUENCE_KINDS:
     featurized = [glue.featurize(r['text'], r.get('text_pair'), tokenizer, ft.max_seq_length) for r in rows]
     _warn_cut(log, sum(cut for _, cut in featurized), len(rows), f'texts were longer than max_seq_length='
               f'{ft.max_seq_length} tokens (the run\'s) and were truncated')
@@ -263,6 +264,10 @@ def _sequence_output(kind: str, names: Sequence[str], logits: np.ndarray) -> dic
   logits = np.asarray(logits, np.float64).reshape(-1)
   if kind == 'regression':
     return {'score': float(logits[0])}
+  if kind == 'multilabel':  # each label on its own: a sigmoid, predicted above one half
+    p = 1 / (1 + np.exp(-logits))
+    return {'labels': [n for n, v in zip(names, p) if v > 0.5],
+            'probabilities': {n: float(v) for n, v in zip(names, p)}}
   p = np.exp(logits - logits.max())
   p /= p.sum()
   return {'label': names[int(np.argmax(logits))], 'probabilities': {n: float(v) for n, v in zip(names, p)}}
@@ -293,10 +298,11 @@ def _span_output(answers: list[squad.Answer]) -> dict[str, Any]:
 def tsv_lines(kind: str, rows: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]]) -> list[str]:
   """A header and one line per row: the input and the prediction, tab-separated."""
   clean = lambda s: '' if s is None else str(s).replace('\t', ' ').replace('\n', ' ')  # pylint: disable=unnecessary-lambda-assignment
-  if kind == 'classification':
+  if kind in ('classification', 'multilabel'):
     names = list(outputs[0]['probabilities']) if outputs else []
     lines = ['text\ttext_pair\tlabel\t' + '\t'.join(f'p_{n}' for n in names)]
-    lines += [f'{clean(r["text"])}\t{clean(r.get("text_pair"))}\t{o["label"]}\t'
+    label = lambda o: o['label'] if 'label' in o else ','.join(o['labels'])  # pylint: disable=unnecessary-lambda-assignment
+    lines += [f'{clean(r["text"])}\t{clean(r.get("text_pair"))}\t{label(o)}\t'
               + '\t'.join(f'{o["probabilities"][n]:.6f}' for n in names) for r, o in zip(rows, outputs)]
   elif kind == 'regression':
     lines = ['text\ttext_pair\tscore'] + [f'{clean(r["text"])}\t{clean(r.get("text_pair"))}\t{o["score"]:.6g}'

@@ -38,7 +38,7 @@ from bert_jax.finetuning.tasks import get_task, metrics
 from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.interop.pretrained import describe, finetuning_tokenizer_path
 from bert_jax.model.attention import describe_attention
-from bert_jax.model.heads import head_model
+from bert_jax.model.heads import SEQUENCE_KINDS, head_model
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
 from bert_jax.train import optim, run as scaffold
@@ -236,7 +236,7 @@ class _PreparedRun:
                                  pack=self.cfg.pack, rows_multiple=self.rows_multiple)
       batch = self.model.global_batch(batching.process_block(host, *self.block))
       logits = np.asarray(jax.device_get(self.model.predict_step(params, self.model.rest, batch)))
-      out.extend(logits[:len(chunk)] if kind in ('classification', 'regression')
+      out.extend(logits[:len(chunk)] if kind in SEQUENCE_KINDS
                  else batching.rows_of_examples(logits, host, len(chunk)))
       ticker.tick(i // size + 1)
     return out

@@ -100,8 +100,13 @@ def _name_table(num_layers: int) -> list[_Entry]:
 PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), ('classifier', 'qa_outputs')
 # Our head kind (heads.HEAD_KINDS) <-> the transformers class, and the head it has.
 TASK_ARCHITECTURES = {'classification': 'BertForSequenceClassification', 'regression': 'BertForSequenceClassification',
-                      'token': 'BertForTokenClassification', 'span': 'BertForQuestionAnswering'}
-_TASK_HEAD = {'classification': 'classifier', 'regression': 'classifier', 'token': 'classifier', 'span': 'qa_outputs'}
+                      'multilabel': 'BertForSequenceClassification', 'token': 'BertForTokenClassification',
+                      'span': 'BertForQuestionAnswering'}
+_TASK_HEAD = {'classification': 'classifier', 'regression': 'classifier', 'multilabel': 'classifier',
+              'token': 'classifier', 'span': 'qa_outputs'}
+# A sequence head's kind <-> transformers' config.problem_type (which picks the loss and the pipeline's function).
+_PROBLEM_TYPES = {'classification': 'single_label_classification', 'regression': 'regression',
+                  'multilabel': 'multi_label_classification'}
 # transformers builds these two without a pooler (add_pooling_layer=False): ours is not exported with them.
 _NO_POOLER = ('token', 'span')
 
@@ -248,9 +253,10 @@ def read_hf_task(directory: str) -> dict[str, Any] | None:
   elif arch == 'BertForTokenClassification':
     kind = 'token'
   else:
-    kind = 'regression' if hf_config.get('problem_type') == 'regression' else 'classification'
+    kinds = {problem: kind for kind, problem in _PROBLEM_TYPES.items()}
+    kind = kinds.get(hf_config.get('problem_type'), 'classification')
   return {'name': hf_config.get('finetuning_task') or '', 'kind': kind, 'num_labels': num_labels,
-          'label_names': labels if kind in ('classification', 'token') else []}
+          'label_names': labels if kind in ('classification', 'multilabel', 'token') else []}
 
 
 def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
@@ -431,6 +437,6 @@ def _hf_config(cfg: ModelConfig, heads: set, tokenizer, task: dict[str, Any] | N
     names = list(task.get('label_names') or []) or [f'LABEL_{i}' for i in range(int(task['num_labels']))]
     config['id2label'] = {str(i): name for i, name in enumerate(names)}
     config['label2id'] = {name: i for i, name in enumerate(names)}
-  if task['kind'] in ('classification', 'regression'):
-    config['problem_type'] = 'regression' if task['kind'] == 'regression' else 'single_label_classification'
+  if task['kind'] in _PROBLEM_TYPES:
+    config['problem_type'] = _PROBLEM_TYPES[task['kind']]
   return config

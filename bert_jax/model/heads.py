@@ -81,7 +81,9 @@ class BertForPreTraining(nnx.Module):
 
 
 # head kind -> what the logits mean
-HEAD_KINDS = ('classification', 'regression', 'token', 'span')
+HEAD_KINDS = ('classification', 'regression', 'multilabel', 'token', 'span')
+# The kinds with one logits row per example (BertForSequenceClassification): one label, a number, a set of labels.
+SEQUENCE_KINDS = ('classification', 'regression', 'multilabel')
 
 
 def _encode(bert: BertEncoder, input_ids_bt, token_type_ids_bt, segment_ids_bt, position_ids_bt,
@@ -148,7 +150,7 @@ class BertForQuestionAnswering(nnx.Module):
 
 def head_model(kind: str, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs) -> nnx.Module:
   """The model for a head kind (one of HEAD_KINDS)."""
-  if kind in ('classification', 'regression'):
+  if kind in SEQUENCE_KINDS:
     return BertForSequenceClassification(cfg, num_labels, rngs=rngs)
   if kind == 'token':
     return BertForTokenClassification(cfg, num_labels, rngs=rngs)

@@ -28,6 +28,8 @@ Variants:
                   the training file's labels sorted); accuracy and macro F1. Hugging Face Trainer's budget:
                   3 epochs x 32, seq 128, lr 5e-5
   regress         the same for a number per row (label_column holds it): Pearson and Spearman, as STS-B
+  multilabel      the same for a set of labels per row (a JSON list, or labels separated by commas; may be
+                  empty): a sigmoid per label, micro F1 (main), macro F1 and subset accuracy
   tag             a tag per word: JSONL (or Parquet) rows with lists of words and tags (columns tokens/words and
                   tags unless text_column/label_column say otherwise), or CoNLL column files (word first, tag
                   last, a blank line between sentences); BIO/IOB1 tags score conlleval's entity F1, others
@@ -74,6 +76,7 @@ VARIANTS = {
     # Your own files (no data folder): finetuning.tasks.files.
     'classify': ('classify', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
     'regress': ('regress', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
+    'multilabel': ('multilabel', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
     'tag': ('tag', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
     'qa': ('qa', None, 3e-5, dict(max_seq_length=384, batch_size=16, num_train_epochs=2.0, eval_batch_size=32)),
 }

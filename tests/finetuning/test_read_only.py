@@ -39,7 +39,8 @@ def test_a_read_only_workdir_is_evaluated_into_output_dir(read_only, tmp_path, c
   assert said == [f'warning: sst2 is read-only: nothing is written there; the results go to stdout and {out}']
   with open(out / 'eval_step2.json', encoding='utf-8') as f:
     assert json.load(f)['dev_accuracy'] == result['dev_accuracy']
-  assert sorted(os.listdir(out / 'seed_0' / 'eval_step2')) == ['final_metrics.json', 'predictions_dev.tsv']
+  assert sorted(os.listdir(out / 'seed_0' / 'eval_step2')) == ['final_metrics.json', 'predictions_dev.tsv',
+                                                               'report_dev.txt']
   # An output_dir inside the read-only workdir is refused before any model work.
   with pytest.raises(ConfigError, match='is not writable'):
     finetuning.evaluate_again('sst2', output_dir='sst2/again')

@@ -4,7 +4,7 @@ A task reads its files, tokenizes them into `Feature`s (one model input each: [C
 already truncated to `max_seq_length`), and scores the logits the loop returns for an
 `EvalSet`, one array per feature in feature order:
 
-  classification: float32 [num_labels]     regression: float32 [1]
+  classification, multilabel: float32 [num_labels]     regression: float32 [1]
   token:          float32 [len, num_labels] (one row per input token)
   span:           float32 [len, 2]          (start logits [:, 0], end logits [:, 1])
 """
@@ -25,7 +25,7 @@ class Feature:
 
   input_ids: np.ndarray  # int32 [len]
   token_type_ids: np.ndarray  # int32 [len]
-  label: int | float = 0  # classification (class index) / regression (target value)
+  label: int | float | np.ndarray = 0  # classification (class index) / regression (target) / multilabel (multi-hot)
   token_labels: np.ndarray | None = None  # token kind: int32 [len], IGNORE where no loss
   start: int = 0  # span kind: answer start/end token index in this feature; 0/0 = [CLS] = no answer
   end: int = 0
@@ -46,7 +46,7 @@ class EvalSet:
 
 class Task(Protocol):
   name: str
-  kind: str  # 'classification', 'regression', 'token' or 'span'
+  kind: str  # model.heads.HEAD_KINDS: 'classification', 'regression', 'multilabel', 'token' or 'span'
   num_labels: int
   main_metric: str  # the metric a sweep ranks runs by
 

@@ -5,6 +5,9 @@ JSONL (`.jsonl`/`.ndjson`, one object per line) or Parquet (`.parquet`, with the
 `pip install bert_jax[parquet]`). The columns are config fields: `text_column` ('text', or 'sentence' when the
 file has no 'text'), `text_pair_column` (none by default: single texts), `label_column` ('label').
 
+Multi-label rows hold a set of labels: a JSON list (JSONL, Parquet, or a CSV/TSV cell written as one), or labels
+separated by commas; an empty set is allowed (sigmoid cross-entropy per label; micro/macro F1, subset accuracy).
+
 Classification labels are the label column's values, named as written: `label_names` (comma-separated) gives their
 order, else they are the training file's distinct values sorted (as numbers when they all are integers). The names
 are recorded in the workdir, and predictions and exports answer with them. Regression targets are finite numbers.
@@ -175,6 +178,7 @@ def read_rows(path: str, columns: Columns, kind: str) -> list[Row]:
               _label(path, line, r, columns.label, kind) if columns.label else None, line) for line, r in records_]
   if columns.label and kind == 'classification':
     _check_one_label_type(path, records_, columns.label)
+
   return rows
 
 
@@ -205,8 +209,30 @@ def _text(path: str, line: int, record: dict[str, Any], column: str) -> str:
   return value
 
 
-def _label(path: str, line: int, record: dict[str, Any], column: str, kind: str) -> str | float:
+def _label_set(path: str, line: int, value: Any) -> tuple[str, ...]:
+  """A multi-label row's labels: a list, a JSON list in a text, or a comma-separated text ('' none)."""
+  if isinstance(value, str) and value.strip().startswith('['):
+    try:
+      value = json.loads(value)
+    except ValueError:
+      raise DataError(f'{path}:{line}: labels {value!r} start like a JSON list but are not one') from None
+  if isinstance(value, str):
+    value = [v for v in value.split(',') if v.strip()]
+  if not isinstance(value, (list, tuple)):
+    raise DataError(f'{path}:{line}: a multi-label row needs a list of labels (or a comma-separated text), '
+                    f'got {value!r}')
+  labels = []
+  for v in value:
+    if isinstance(v, bool) or not isinstance(v, (str, int)) or (isinstance(v, str) and not v.strip()):
+      raise DataError(f'{path}:{line}: a label must be a non-empty text or an integer, got {v!r}')
+    labels.append(v.strip() if isinstance(v, str) else str(v))
+  return tuple(dict.fromkeys(labels))  # a label given twice is one
+
+
+def _label(path: str, line: int, record: dict[str, Any], column: str, kind: str) -> str | float | tuple[str, ...]:
   value = _value(path, line, record, column)
+  if kind == 'multilabel':
+    return _label_set(path, line, value)
   if kind == 'regression':
     try:
       target = float(value.strip() if isinstance(value, str) else value)
@@ -281,7 +307,7 @@ class FileTask:
 
   @property
   def main_metric(self) -> str:
-    return 'accuracy' if self.kind == 'classification' else 'pearson'
+    return {'classification': 'accuracy', 'multilabel': 'micro_f1'}.get(self.kind, 'pearson')
 
   @property
   def num_labels(self) -> int:
@@ -322,6 +348,10 @@ class FileTask:
       preds = scores[:, 0].astype(np.float64)
       result = {'pearson': metrics.pearson(preds, data.labels), 'spearmanr': metrics.spearman(preds, data.labels)}
       values = [format(float(p), '.6g') for p in preds]
+    elif self.kind == 'multilabel':
+      chosen = scores > 0  # sigmoid above one half
+      result = metrics.multilabel_scores(chosen, data.labels.reshape(chosen.shape) > 0.5)
+      values = [','.join(n for n, c in zip(self.label_names, row) if c) for row in chosen]
     else:
       preds = scores.argmax(axis=-1)
       result = {'accuracy': metrics.accuracy(preds, data.labels),
@@ -376,13 +406,22 @@ class FileTask:
 
   def _values(self, rows: Sequence[Row]) -> list[str]:
     """The label values of `rows` (their names are decided from the training rows')."""
-    return [r.label for r in rows]
+    return [l for r in rows for l in r.label] if self.kind == 'multilabel' else [r.label for r in rows]
 
   def _names_of(self, values: Sequence[str]) -> list[str]:
     return sorted_labels(values)
 
   def _indices(self, rows: Sequence[Row], path: str, why: str):
-    return label_indices(rows, self.label_names, path, why)
+    if self.kind != 'multilabel':
+      return label_indices(rows, self.label_names, path, why)
+    index = {n: i for i, n in enumerate(self.label_names)}
+    hot = np.zeros((len(rows), len(self.label_names)), np.float32)  # multi-hot rows
+    for i, r in enumerate(rows):
+      for label in r.label:
+        if label not in index:
+          raise DataError(f'{path}:{r.line}: label {label!r} {why}; the labels are {", ".join(self.label_names)}')
+        hot[i, index[label]] = 1.0
+    return hot
 
   def _decide_names(self, cfg, train_rows: Sequence[Row] | None) -> None:
     """Sets and logs the label names: label_names, else the recorded ones, else the training file's values."""
@@ -395,7 +434,9 @@ class FileTask:
       return
     else:
       names = self._names_of(self._values(train_rows))
-      if len(names) < 2:
+      if not names:
+        raise DataError(f'{cfg.train_file}: no row has a label')
+      if len(names) < 2 and self.kind != 'multilabel':  # multi-label: one label is a yes/no per row
         raise DataError(f'{cfg.train_file}: every row has the label {names[0]!r}; classification needs two '
                         'labels or more')
     self.label_names = names
@@ -411,5 +452,5 @@ def _item(label) -> int | float:
   return label.item() if isinstance(label, np.generic) else label
 
 
-TASKS = {'classify': 'classification', 'regress': 'regression'}  # task name -> kind
+TASKS = {'classify': 'classification', 'regress': 'regression', 'multilabel': 'multilabel'}  # task name -> kind
 

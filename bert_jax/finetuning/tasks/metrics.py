@@ -33,6 +33,18 @@ def f1_macro(preds: Sequence[int], labels: Sequence[int], num_labels: int) -> fl
   return float(np.mean([f1_binary(preds, labels, positive=k) for k in range(num_labels)])) if num_labels else 0.0
 
 
+def multilabel_scores(preds_nl: np.ndarray, golds_nl: np.ndarray) -> dict[str, float]:
+  """Multi-label scores of boolean [N, L] predictions against gold sets: micro F1 (over every (row, label)
+  decision), macro F1 (the mean of each label's F1; a label neither predicted nor gold scores 0.0, as
+  sklearn's zero_division=0) and subset accuracy (rows whose predicted set equals the gold one)."""
+  preds_nl, golds_nl = np.asarray(preds_nl, bool), np.asarray(golds_nl, bool)
+  tp, n_pred, n_gold = (preds_nl & golds_nl).sum(0), preds_nl.sum(0), golds_nl.sum(0)
+  per_label = [_f1(int(t), int(p), int(g)) for t, p, g in zip(tp, n_pred, n_gold)]
+  return {'micro_f1': _f1(int(tp.sum()), int(n_pred.sum()), int(n_gold.sum())),
+          'macro_f1': float(np.mean(per_label)) if per_label else 0.0,
+          'subset_accuracy': float(np.mean(np.all(preds_nl == golds_nl, axis=1))) if len(golds_nl) else 0.0}
+
+
 # A confusion table is printed for at most this many classes (wider ones do not read as a table).
 CONFUSION_MAX_CLASSES = 20
 

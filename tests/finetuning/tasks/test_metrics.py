@@ -25,3 +25,11 @@ def test_many_classes_get_no_confusion_table():
   report = metrics.class_report(list(range(len(names))), list(range(len(names))), names)
   assert len(report.splitlines()) == 1 + len(names) and 'confusion' not in report
   assert all(line.endswith('1.0000  1.0000  1.0000        1') for line in report.splitlines()[1:])
+
+
+def test_multilabel_scores_by_hand():
+  gold = [[1, 0, 1], [0, 1, 0], [0, 0, 0]]
+  pred = [[1, 0, 0], [0, 1, 1], [0, 0, 0]]
+  scores = metrics.multilabel_scores(pred, gold)
+  # micro: tp 2, predicted 3, gold 3 -> F1 2/3; per label: 1.0, 1.0, 0.0 (1 gold, 1 predicted, none right)
+  assert scores == {'micro_f1': 2 / 3, 'macro_f1': 2 / 3, 'subset_accuracy': 1 / 3}
