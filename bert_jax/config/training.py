@@ -82,6 +82,14 @@ class MeshConfig:
   rules: str = ''
 
 
+TRACKING_SERVICES = ('wandb', 'mlflow')  # what `tracking` may name (runs.tracking sends to them)
+
+
+def tracking_services(tracking: str) -> tuple[str, ...]:
+  """The services a `tracking` field names, in its order."""
+  return tuple(s.strip() for s in tracking.split(',') if s.strip())
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainingConfig:
   """What every run shares: optimizer, mesh, seed, batch, length, cadence, checkpoints, resume rules and
@@ -102,6 +110,11 @@ class TrainingConfig:
   # Also keep the checkpoint with the best held-out main metric (a checkpoint is saved at each evaluation;
   # needs eval_every > 0); the run's final results are then the best step's.
   keep_best: bool = _f(False, free=True)
+  # Also send the run's config and metrics to Weights & Biases and/or MLflow: 'wandb', 'mlflow' or 'wandb,mlflow'
+  # (configured by their own environment: WANDB_MODE/WANDB_DIR, MLFLOW_TRACKING_URI); '' the files only.
+  tracking: str = _f('', free=True)
+  tracking_project: str = _f('bert_jax', free=True)  # the W&B project / MLflow experiment
+  run_name: str = _f('', free=True)  # the tracked run's name; '' the workdir's (and the seed's) name
   # Resuming refuses a checkpoint whose run differs in data, batch, seed, steps or optimizer;
   # comma-separated fields (or sections, e.g. 'optim') listed here may change deliberately
   # (checked when a run starts, so a saved config naming a field renamed since still loads).
@@ -127,6 +140,10 @@ class TrainingConfig:
     if self.keep_best and self.eval_every <= 0:
       raise ConfigError(f'eval_every={self.eval_every}: give a positive number of steps between evaluations '
                         '(keep_best ranks the checkpoints saved at each evaluation)')
+    unknown = [s for s in tracking_services(self.tracking) if s not in TRACKING_SERVICES]
+    if unknown:
+      raise ConfigError(f'tracking={self.tracking!r}: {", ".join(unknown)} is not one of '
+                        f'{", ".join(TRACKING_SERVICES)} (comma-separated; empty for none)')
     if self.batch_size % self.optim.grad_accum_steps:
       raise ConfigError(f'batch_size={self.batch_size} must be a multiple of optim.grad_accum_steps='
                         f'{self.optim.grad_accum_steps}')

@@ -65,6 +65,7 @@ class Report:
     curves_metrics: the held-out metrics it plots (None: every accuracy).
     divergence_hint: what to change when the loss diverges, as flags.
     fields: added to every train and held-out metrics row (e.g. {'phase': 2}).
+    tracker: also gets every train and held-out metrics row (runs.tracking; None: the files only).
   """
 
   workdir: str
@@ -75,6 +76,7 @@ class Report:
   curves_metrics: Sequence[str] | None = None
   divergence_hint: str = 'lower the learning rate'
   fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+  tracker: Any = None
 
 
 @dataclasses.dataclass
@@ -202,15 +204,20 @@ class _Writers:
 
   def progress(self, step: int, total: int, host_metrics: list[dict[str, Any]], rate: dict[str, float]) -> None:
     means = {k: float(np.mean([m[k] for m in host_metrics])) for k in host_metrics[0]}
-    self.train.write(step, {**means, **{k: v for k, v in rate.items() if k not in ('eta_s', 'packed')},
-                            **self.report.fields})
+    row = {**means, **{k: v for k, v in rate.items() if k not in ('eta_s', 'packed')}, **self.report.fields}
+    self.train.write(step, row)
+    if self.report.tracker:
+      self.report.tracker.log(step, row, 'train')
     shown = {k: means[k] for k in (*self.report.progress_keys, 'learning_rate', 'grad_norm') if k in means}
     reporting.log(reporting.progress_line(self.report.label, step, total, shown, rate))
     if self.report.curves_dir and time.perf_counter() - self._drawn >= CURVES_EVERY_S:
       self._curves()
 
   def evaluation(self, step: int, result: dict[str, Any]) -> dict[str, Any]:
-    self.eval.write(step, {**(_numbers(result) or {}), **self.report.fields})
+    row = {**(_numbers(result) or {}), **self.report.fields}
+    self.eval.write(step, row)
+    if self.report.tracker:
+      self.report.tracker.log(step, row, 'eval')
     keys = self.report.eval_keys if self.report.eval_keys is not None else list(result)
     reporting.log(f'{self.report.label}eval step {step} | ' + reporting.format_metrics(
         {k: result[k] for k in keys if k in result}))

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from typing import Any, Callable, Protocol, Sequence
 
@@ -52,7 +53,7 @@ import jax
 from bert_jax import sharding as shd
 from bert_jax.config import TrainingConfig, check_resume, check_resume_allow, facts
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.runs import reporting
+from bert_jax.runs import reporting, tracking
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import Workdir, check_kind, check_outside, inspect
 from bert_jax.train.loop import Batches, Report, fit
@@ -198,6 +199,7 @@ def train(job: Job, workdir: str) -> dict[str, Any]:
     if getattr(cfg, name, ''):
       check_outside(workdir, getattr(cfg, name), name)
   check_kind(workdir, job.kind)
+  tracking.check(cfg.tracking)
   check_resume_allow(cfg.resume_allow, cfg.to_dict(), extra=('data_fingerprint',))
   job.validate(mesh, wd)
   with wd.claim(job.kind, owner=jax.process_index() == 0, log=reporting.log), Preemption() as preempt:
@@ -208,9 +210,10 @@ def train(job: Job, workdir: str) -> dict[str, Any]:
       wd.write_config(prepared.saved_config)
       wd.save_tokenizer(prepared.tokenizer)  # the workdir is used on its own later (predict, export, init_checkpoint)
 
-    per_run = []
+    per_run, name = [], cfg.run_name or os.path.basename(os.path.abspath(workdir))
     for seed, run_dir in prepared.run_dirs:
-      per_run.append(_train_run(prepared, seed, run_dir, preempt, started))
+      seeds = len(prepared.run_dirs) > 1
+      per_run.append(_train_run(prepared, seed, run_dir, preempt, started, f'{name}-seed{seed}' if seeds else name))
       if prepared.run_done:
         prepared.run_done(seed, run_dir, per_run[-1])
   final = prepared.results(per_run, time.monotonic() - start)
@@ -243,16 +246,21 @@ def _init_state(run: Prepared, ckpt: Checkpointer, seed: int, run_dir: str, labe
   return model.init_state(run.weights() if run.weights else None, seed=seed), 0, False
 
 
-def _train_run(run: Prepared, seed: int, run_dir: str, preempt: Preemption,
-               started: Callable[[], None]) -> dict[str, Any]:
-  """One run directory: checkpointer, the init decision, fit, the final (or best) evaluation."""
+def _train_run(run: Prepared, seed: int, run_dir: str, preempt: Preemption, started: Callable[[], None],
+               name: str) -> dict[str, Any]:
+  """One run directory: checkpointer, the init decision, fit, the final (or best) evaluation; `name`: the
+  tracked run's (runs.tracking)."""
   cfg, model = run.cfg, run.model
   report = run.report(seed, run_dir)
+  result, tracker = None, None
   ckpt = Checkpointer(run_dir, save_every=cfg.eval_every if cfg.keep_best else cfg.checkpoint_every or run.total_steps,
                       keep=cfg.keep_checkpoints, best_metric=run.main_metric if cfg.keep_best else None)
   try:
     state, position, resumed = _init_state(run, ckpt, seed, run_dir, report.label)
     started()
+    tracker = tracking.start(cfg.tracking, project=cfg.tracking_project, run_name=name, config=cfg.to_dict(),
+                             run_dir=run_dir)
+    report = dataclasses.replace(report, tracker=tracker)
     # Predictions are written at the last step, unless the best step's are wanted.
     final_dir = None if cfg.keep_best else run_dir
     def held_out(params, step: int) -> dict[str, Any]:
@@ -280,6 +288,8 @@ def _train_run(run: Prepared, seed: int, run_dir: str, preempt: Preemption,
       result.update({'best_step': best, **run.evaluate(state['params'], best, run_dir)})
   finally:
     ckpt.close()
+    if tracker:  # a run stopped by an error or a preemption is closed too, without final metrics
+      tracker.finish(result, {'curves': os.path.join(report.curves_dir, 'curves.png')} if report.curves_dir else {})
   return result
 
 

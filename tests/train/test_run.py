@@ -212,3 +212,49 @@ def test_evaluate_workdir_refuses_another_kinds_options_and_fields(tmp_path):
                      'takes eval_batch_size$'):
     scaffold.evaluate_workdir(str(tmp_path), evaluations, overrides={'eval_file': 'x', 'eval_batch_size': 8})
   assert not calls
+
+
+@pytest.mark.slow  # W&B starts its service process (seconds)
+def test_tracking_sends_the_run_to_wandb_and_mlflow_and_a_resume_continues_it(tmp_path, monkeypatch):
+  """runs/tracking.py through the scaffold: W&B's offline files and an MLflow file store get the config, the train
+  and held-out metrics per step and the final ones; preempted and run again, it is the same tracked run."""
+  pytest.importorskip('wandb')
+  mlflow_tracking = pytest.importorskip('mlflow.tracking')
+  monkeypatch.setenv('WANDB_MODE', 'offline')
+  monkeypatch.setenv('WANDB_DIR', str(tmp_path / 'wandb_files'))
+  monkeypatch.setenv('MLFLOW_TRACKING_URI', (tmp_path / 'mlruns').as_uri())
+  monkeypatch.setenv('MLFLOW_ALLOW_FILE_STORE', 'true')  # MLflow 3 keeps file stores behind this switch
+  (tmp_path / 'wandb_files').mkdir()
+  workdir = str(tmp_path / 'run')
+  cfg = _cfg(tracking='wandb,mlflow', run_name='toy', eval_every=2)
+  with pytest.raises(Preempted):
+    scaffold.train(ToyJob(cfg, sigterm_at=3), workdir)
+  result = scaffold.train(ToyJob(cfg), workdir)
+  with open(os.path.join(workdir, 'tracking.json'), encoding='utf-8') as f:
+    ids = json.load(f)
+  client = mlflow_tracking.MlflowClient()
+  (experiment,) = [e for e in client.search_experiments() if e.name == 'bert_jax']
+  (tracked,) = client.search_runs([experiment.experiment_id])  # one run across the preemption
+  assert tracked.info.run_id == ids['mlflow'] and tracked.info.run_name == 'toy'
+  assert tracked.info.status == 'FINISHED' and tracked.data.params['num_train_steps'] == '6'
+  assert [m.step for m in client.get_metric_history(ids['mlflow'], 'train/loss')] == [2, 4, 6]  # before and after
+  assert tracked.data.metrics['final/loss'] == pytest.approx(result['loss'])
+  assert tracked.data.metrics['eval/loss'] == pytest.approx(result['loss'])
+  runs = sorted(d for d in os.listdir(tmp_path / 'wandb_files' / 'wandb') if d.startswith('offline-run-'))
+  assert len(runs) == 2 and all(d.endswith(ids['wandb']) for d in runs)  # both invocations: one W&B run id
+  # W&B's offline store is its binary run file, whose records hold the keys as written (no reader of it ships in
+  # the wandb package any more): the preempted invocation logged steps and no final metrics, the second both.
+  logged = [(tmp_path / 'wandb_files' / 'wandb' / d / f'run-{ids["wandb"]}.wandb').read_bytes() for d in runs]
+  assert [b.count(b'final/loss') for b in logged] == [0, 1] and all(b'train/loss' in b and b'eval/loss' in b
+                                                                     for b in logged)
+  assert b'num_train_steps' in logged[0] and b'toy' in logged[0]  # the config and the run's name
+
+
+def test_an_unknown_or_missing_tracking_service_is_one_error(tmp_path, monkeypatch):
+  with pytest.raises(ConfigError, match="tracking='tensorboard': tensorboard is not one of wandb, mlflow"):
+    _cfg(tracking='tensorboard')
+  from bert_jax.runs import tracking  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(tracking.importlib.util, 'find_spec', lambda name: None)
+  with pytest.raises(ConfigError, match=r"tracking='wandb': wandb is not installed: pip install wandb"):
+    scaffold.train(ToyJob(_cfg(tracking='wandb')), str(tmp_path / 'run'))
+  assert not os.path.exists(tmp_path / 'run')  # refused before anything is written
