@@ -131,11 +131,11 @@ def check(cells: Sequence[Cell], root: str | None = None) -> None:
 def run(groups: Groups, directory: str, launcher: dict[str, Any], dry_run: bool,
         tabulate: Callable[[bool], tuple[list[str], list[str], Exception | None]], noun: str = 'cells',
         root: str | None = None, kept: str = '') -> None:
-  """The flow of sweep.py and ladder.py: refuses stale cells (`check`); then prints the pending commands (`dry_run`),
-  or runs them here, or writes job arrays under `directory`/slurm (`launcher`: cli.define_launcher_flags' values),
-  or gathers; then `tabulate(gather)` writes the tables and returns (their paths, the markdown first; the cells
-  without results; an error to raise once the table is printed, or None). A failed cell is BertJaxError at the end.
-  `kept` (a ladder's): `directory` is checked writable before any cell starts, its error line ending with it."""
+  """The flow of sweep.py and ladder.py: refuse stale cells (named by workdir under `root`); print the pending
+  commands (`dry_run`), or run them here, or write job arrays under `directory`/slurm (`launcher`: the values of
+  cli.define_launcher_flags), or gather; then `tabulate(gather)` writes the tables and returns (their paths, markdown
+  first; the cells without results; an error to raise once they are printed). A ladder's `kept`: `directory` must be
+  writable before any cell starts. BertJaxError at the end when a cell failed."""
   cells = [cell for _, group in groups for cell in group]
   check(cells, root)
   if dry_run:
@@ -311,9 +311,8 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) != 2 or argv[0] != 'run-task':
       raise ConfigError(f'usage: {os.path.basename(SCRIPT)} run-task CELL (a JSON object, as `task_line` writes it)')
     try:
-      spec = json.loads(argv[1])
-      cell = Cell(0, spec['name'], list(spec['argv']), spec['workdir'], after=spec.get('after', ''))
-    except (ValueError, KeyError, TypeError) as e:
+      cell = Cell(0, **json.loads(argv[1]))  # the fields `task_line` writes
+    except (ValueError, TypeError) as e:
       raise ConfigError(f'a bad cell {argv[1]!r}: {type(e).__name__}: {e}') from None
     return run_task(cell)
   except BertJaxError as e:
