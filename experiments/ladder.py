@@ -21,11 +21,10 @@ import os
 
 from absl import flags
 
-from bert_jax import files
-from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.errors import ConfigError
 
 import cli
-from tools import cells, ladder, launch
+from tools import cells, ladder
 
 _CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'ladder.py'),
                             'Ladder config file, optionally with :VARIANT (tiny, cpu, accelerator).')
@@ -40,29 +39,9 @@ def main(_):
   spec = ladder.Ladder.from_dict(_CONFIG.value.to_dict())
   directory = os.path.realpath(_WORKDIR.value)  # cells' commands name it: the same through any symbolic link
   pretrain, finetune = ladder.plan(spec, directory)
-  cells.check(pretrain + finetune, root=directory)
-  if _DRY_RUN.value:
-    cells.print_pending(pretrain + finetune)
-    return
-  try:  # before any cell starts: each would fail on its own, and the table could not be written
-    files.check_output(directory, 'directory', '--workdir')
-  except ConfigError as e:
-    raise ConfigError(f'{e}; {ladder.KEPT}') from None
-  failed = launch.dispatch(directory, [('ladder_pretrain', pretrain), ('ladder_finetune', finetune)],
-                           lambda: ladder.execute(pretrain, finetune), {k: v.value for k, v in _LAUNCH.items()})
-  if failed is None:
-    return
-  rows = ladder.results(spec, pretrain, finetune)
-  md_path = ladder.write_results(spec, rows, directory)
-  with open(md_path, encoding='utf-8') as f:
-    print(f'\n{f.read()}', flush=True)
-  base = os.path.splitext(md_path)[0]
-  print(f'results: {md_path}, {base}.csv and {base}.png', flush=True)
-  total, missing = len(pretrain) + len(finetune), sum(len(r['missing']) for r in rows)
-  if failed:
-    raise BertJaxError(f'{len(failed)} of {total} cells failed: {", ".join(r.name for r in failed)}')
-  if missing:
-    print(f'{missing} of {total} cells have no results yet', flush=True)
+  cells.run([('ladder_pretrain', pretrain), ('ladder_finetune', finetune)], directory,
+            {k: v.value for k, v in _LAUNCH.items()}, _DRY_RUN.value,
+            lambda _: ladder.tabulate(spec, pretrain, finetune, directory), root=directory, kept=ladder.KEPT)
 
 
 if __name__ == '__main__':

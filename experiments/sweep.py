@@ -20,15 +20,14 @@ resources (experiments/launch/array.sbatch is the template).
 
 from __future__ import annotations
 
-import os
 import sys
 
 from absl import flags
 
-from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.errors import ConfigError
 
 import cli
-from tools import cells, launch, sweep
+from tools import cells, sweep
 
 _GRID = flags.DEFINE_string('grid', None, 'key=v1,v2,... entries as shell words (quote a value with spaces), '
                             'e.g. "config.optim.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3".')
@@ -50,33 +49,9 @@ def main(argv):
   if _MODE.value not in ('max', 'min'):
     raise ConfigError(f'--mode must be max or min, not {_MODE.value!r}')
   runs = sweep.plan(sweep.parse_grid(_GRID.value), _COMMAND)
-  cells.check(runs)
-  if _DRY_RUN.value:
-    done = sum(cells.state(r) != cells.PENDING for r in runs)
-    if done:
-      print(f'# {done} of {len(runs)} runs already done, not listed', file=sys.stderr)
-    cells.print_pending(runs)
-    return
   output_dir = _OUTPUT_DIR.value or sweep.default_output_dir(runs)
-  gather = _LAUNCH['gather'].value
-  failed = launch.dispatch(output_dir, [('sweep', runs)], lambda: cells.execute(runs, 'sweep'),
-                           {k: v.value for k, v in _LAUNCH.items()})
-  if failed is None:
-    return
-  rows = sweep.collect(runs, missing=sweep.STATUS_MISSING if gather else sweep.STATUS_FAILED)
-  metric = sweep.ranking_metric(rows, _METRIC.value)
-  _, md_path = sweep.write_tables(rows, output_dir, metric, _MODE.value)
-  with open(md_path, encoding='utf-8') as f:
-    print(f'\n{f.read()}', flush=True)
-  print(f'results: {md_path} and {os.path.splitext(md_path)[0]}.csv', flush=True)
-  have = sorted({m for r in rows for m in r['metrics']})
-  if metric and have and metric not in have:
-    raise ConfigError(f'metric {metric!r} is in no run\'s final_metrics.json (have: {", ".join(have)})')
-  if failed:
-    raise BertJaxError(f'{len(failed)} of {len(runs)} runs failed: {", ".join(r.name for r in failed)}')
-  missing = [r['name'] for r in rows if r['status'] == sweep.STATUS_MISSING]
-  if missing:
-    print(f'{len(missing)} of {len(runs)} runs have no results yet: {", ".join(missing)}', flush=True)
+  cells.run([('sweep', runs)], output_dir, {k: v.value for k, v in _LAUNCH.items()}, _DRY_RUN.value,
+            lambda gather: sweep.tabulate(runs, output_dir, _METRIC.value, _MODE.value, gather), noun='runs')
 
 
 if __name__ == '__main__':

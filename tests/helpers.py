@@ -138,12 +138,35 @@ def run_experiment(script, *args, timeout=600):
 _BASE_FLAGS: set[str] = set()
 
 
-def run_main(script, *args) -> subprocess.CompletedProcess:
+class _FdCapture:
+  """File descriptor `fd` (1 or 2) appended to a temporary file until `close`, and `stream`, a line-buffered text stream
+  onto it: what this process writes there and what the processes it starts write, in the order they write it."""
+
+  def __init__(self, fd: int):
+    import fcntl  # pylint: disable=g-import-not-at-top
+    import tempfile  # pylint: disable=g-import-not-at-top
+    self.fd, self.file, self.saved = fd, tempfile.TemporaryFile(), os.dup(fd)
+    fcntl.fcntl(self.file.fileno(), fcntl.F_SETFL, fcntl.fcntl(self.file.fileno(), fcntl.F_GETFL) | os.O_APPEND)
+    os.dup2(self.file.fileno(), fd)
+    self.stream = open(fd, 'w', buffering=1, encoding='utf-8', closefd=False)  # pylint: disable=consider-using-with
+
+  def close(self) -> str:
+    self.stream.flush()
+    os.dup2(self.saved, self.fd)
+    os.close(self.saved)
+    self.file.seek(0)
+    text = self.file.read().decode('utf-8', 'replace')
+    self.file.close()
+    return text
+
+
+def run_main(script, *args, children: bool = False) -> subprocess.CompletedProcess:
   """Runs experiments/<script> as its `__main__` in this process, from the repository root (its main through
   cli.run: flags, error lines, exit code) and returns what `run_experiment` would: returncode, stdout, stderr.
 
   Each run defines the script's flags afresh: the flags an earlier script defined are removed first (entry points
-  share names such as --workdir and --config).
+  share names such as --workdir and --config). `children`: the output of the commands the script starts (a sweep's
+  or a ladder's cells: they write to file descriptors 1 and 2, not to sys.stdout) is captured too, in order.
   """
   import io  # pylint: disable=g-import-not-at-top
   import runpy  # pylint: disable=g-import-not-at-top
@@ -155,7 +178,9 @@ def run_main(script, *args) -> subprocess.CompletedProcess:
   for name in set(flags.FLAGS) - _BASE_FLAGS:
     delattr(flags.FLAGS, name)
   path = os.path.join(REPO, 'experiments', script)
-  out, err, code, argv, cwd = io.StringIO(), io.StringIO(), 0, sys.argv, os.getcwd()
+  captures = [_FdCapture(1), _FdCapture(2)] if children else []
+  out, err = (c.stream for c in captures) if children else (io.StringIO(), io.StringIO())
+  code, argv, cwd = 0, sys.argv, os.getcwd()
   sys.argv = [path, *args]
   os.chdir(REPO)  # relative paths (--config=experiments/configs/...) as run_experiment reads them
   try:
@@ -166,8 +191,8 @@ def run_main(script, *args) -> subprocess.CompletedProcess:
   finally:
     sys.argv = argv
     os.chdir(cwd)
-  return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
-
+    texts = [c.close() for c in captures] or [out.getvalue(), err.getvalue()]
+  return subprocess.CompletedProcess([script, *args], code, *texts)
 
 def assert_one_line_error(result, pattern):
   """Exit code 1, exactly one 'error:' line containing `pattern`, no traceback."""

@@ -30,8 +30,6 @@ import os
 import re
 from typing import Any, Iterator
 
-import jax
-
 from bert_jax import files
 from bert_jax.config import upgrade_saved
 from bert_jax.errors import CheckpointError, ConfigError
@@ -186,7 +184,7 @@ class Workdir:
 
   def write_config(self, config: dict[str, Any]) -> None:
     """Writes config.json atomically, keeping a different earlier one in config_history.jsonl."""
-    if jax.process_index() == 0:
+    if _process_index() == 0:
       write_config(self.path, config)
 
   def tokenizer_file(self) -> str | None:
@@ -196,7 +194,7 @@ class Workdir:
   def save_tokenizer(self, tokenizer) -> None:
     """Writes the tokenizer's files (process 0), unless it holds a tokenizer already."""
     from bert_jax.data import tokenization  # pylint: disable=g-import-not-at-top  # sentencepiece: only when saving
-    if jax.process_index() == 0 and self.tokenizer_file() is None:
+    if _process_index() == 0 and self.tokenizer_file() is None:
       tokenization.save_tokenizer(tokenizer, self.path)
 
   def finished(self) -> float | None:
@@ -225,12 +223,19 @@ class Workdir:
 
   def write_json(self, path: str, obj: Any) -> None:
     """Writes a JSON file of the workdir (a path in it) atomically, on process 0."""
-    if jax.process_index() == 0:
+    if _process_index() == 0:
       write_json_atomic(path, obj)
 
   def claim(self, kind: str, *, owner: bool = True, log=print):
     """`claim(self.path, kind, ...)`: the lock, held while the block runs."""
     return claim(self.path, kind, owner=owner, log=log)
+
+
+def _process_index() -> int:
+  # jax is imported here, not with the module: what only reads a workdir (a sweep, a SLURM array task deciding
+  # whether its cell is done) starts in a second instead of several.
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index()
 
 
 def checkpoint_dir(run_dir: str) -> str:

@@ -1,31 +1,37 @@
-"""Cells: the commands of a sweep or a ladder, each with its workdir, and the one judge of whether one is done.
+"""Cells: the commands of a sweep or a ladder, the one judge of whether one is done, and the one flow that runs them.
 
 A cell is done when its workdir holds final metrics (`Workdir.finished`, the runs' last write). The command it is
 launched with is recorded beside its workdir (.NAME.command.json; never in it: an entry point sees its workdir as the
 cell left it, and a bad cell leaves no directory behind). `state` says pending, done or stale (done, but by another
-command than today's, or before the cell it needs last finished: a ladder's rung pretrained again); the local runner
-(`execute`), a SLURM array task (`run_task`: `python3 experiments/tools/cells.py run-task CELL`) and a gather all go
-by it. This module reads no flags and imports nothing of experiments/: an array task runs it as a script.
+command than today's, or before the cell it needs last finished: a ladder's rung pretrained again). `run`, the flow of
+experiments/sweep.py and ladder.py, goes by it: here (`execute`), as SLURM job arrays whose tasks call `python3
+experiments/tools/cells.py run-task CELL` (`run_task`), and in a gather. This module reads no flags and imports
+nothing of experiments/: an array task runs it as a script.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
+from bert_jax import files
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.files import write_text_atomic
 from bert_jax.runs.workdir import FINAL_METRICS_FILE, Workdir
 
 PENDING, DONE, STALE = 'pending', 'done', 'stale'
 SCRIPT = os.path.abspath(__file__)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
+DEFAULT_TEMPLATE = os.path.join(REPO, 'experiments', 'launch', 'array.sbatch')
+Groups = Sequence[tuple[str, Sequence['Cell']]]  # (name, cells): each group runs after the one before
 
 
 @dataclasses.dataclass
@@ -65,7 +71,7 @@ def record_command(cell: Cell) -> None:
   """Records the command a cell is launched with; a place that cannot be written is left to the command to report."""
   try:
     os.makedirs(os.path.dirname(cell.record), exist_ok=True)
-    write_text_atomic(cell.record, json.dumps({'argv': _comparable(cell.argv)}))
+    files.write_text_atomic(cell.record, json.dumps({'argv': _comparable(cell.argv)}))
   except OSError:
     pass
 
@@ -122,33 +128,135 @@ def check(cells: Sequence[Cell], root: str | None = None) -> None:
                         f'Delete {os.path.dirname(os.path.dirname(cell.workdir))} to fine-tune that rung again')
 
 
-def print_pending(cells: Sequence[Cell]) -> None:
-  """--dry_run: one shell-quoted command per cell still to run."""
-  for cell in cells:
-    if state(cell) == PENDING:
-      print(shlex.join(cell.argv), flush=True)
-
-
-def execute(cells: Sequence[Cell], label: str) -> list[Cell]:
-  """Runs the pending cells here, one after another, their output streaming through; a failed one is reported and
-  the others go on. Returns the failed cells (their `returncode` set)."""
-  failed = []
-  for cell in cells:
-    prefix = f'[{label} {cell.index}/{len(cells)}] {cell.name}:'
-    if state(cell) != PENDING:
-      print(f'{prefix} done before ({os.path.join(cell.workdir, FINAL_METRICS_FILE)} exists), skipped', flush=True)
-      continue
-    print(f'{prefix} {shlex.join(cell.argv)}', flush=True)
-    record_command(cell)
+def run(groups: Groups, directory: str, launcher: dict[str, Any], dry_run: bool,
+        tabulate: Callable[[bool], tuple[list[str], list[str], Exception | None]], noun: str = 'cells',
+        root: str | None = None, kept: str = '') -> None:
+  """The flow of sweep.py and ladder.py: refuse stale cells (named by workdir under `root`); print the pending
+  commands (`dry_run`), or run them here, or write job arrays under `directory`/slurm (`launcher`: the values of
+  cli.define_launcher_flags), or gather; then `tabulate(gather)` writes the tables and returns (their paths, markdown
+  first; the cells without results; an error to raise once they are printed). A ladder's `kept`: `directory` must be
+  writable before any cell starts. BertJaxError at the end when a cell failed."""
+  cells = [cell for _, group in groups for cell in group]
+  check(cells, root)
+  if dry_run:
+    pending = [cell for cell in cells if state(cell) == PENDING]
+    if len(pending) < len(cells):
+      print(f'# {len(cells) - len(pending)} of {len(cells)} {noun} already done, not listed', file=sys.stderr)
+    print(''.join(shlex.join(cell.argv) + '\n' for cell in pending), end='', flush=True)
+    return
+  if kept:  # before any cell starts: each would fail on its own, and the table could not be written
     try:
-      cell.returncode = subprocess.run(cell.argv, check=False).returncode
-    except OSError as e:  # command not found / not executable
-      print(f'{prefix} could not start: {e}', flush=True)
-      cell.returncode = 127
-    if cell.returncode:
-      print(f'{prefix} failed with exit code {cell.returncode}', flush=True)
-      failed.append(cell)
-  return failed
+      files.check_output(directory, 'directory', '--workdir')
+    except ConfigError as e:
+      raise ConfigError(f'{e}; {kept}') from None
+  if launcher['launcher'] == 'slurm' and not launcher['gather']:
+    submit(os.path.join(directory, 'slurm'), groups, launcher)
+    return
+  failed = [] if launcher['gather'] else execute(groups)
+  paths, missing, error = tabulate(launcher['gather'])
+  with open(paths[0], encoding='utf-8') as f:
+    print(f'\n{f.read()}', flush=True)
+  print(f'results: {", ".join(paths[:-1])} and {paths[-1]}', flush=True)
+  if error:
+    raise error
+  if failed:
+    raise BertJaxError(f'{len(failed)} of {len(cells)} {noun} failed: {", ".join(c.name for c in failed)}')
+  if missing:
+    print(f'{len(missing)} of {len(cells)} {noun} have no results yet: {", ".join(missing)}', flush=True)
+
+
+def execute(groups: Groups) -> list[Cell]:
+  """Runs the pending cells here, group after group, their output streaming through; a failed cell is reported and
+  the others go on, but not those `after` it. Returns the failed cells (`returncode` set), then those not run."""
+  failed, blocked = [], []
+  for label, group in groups:
+    broken = {cell.workdir for cell in failed}
+    for cell in group:
+      prefix = f'[{label.replace("_", " ")} {cell.index}/{len(group)}] {cell.name}:'
+      if cell.after in broken:
+        print(f'{prefix} not run, its rung\'s pretraining failed', flush=True)
+        blocked.append(cell)
+      elif state(cell) != PENDING:
+        print(f'{prefix} done before ({os.path.join(cell.workdir, FINAL_METRICS_FILE)} exists), skipped', flush=True)
+      else:
+        print(f'{prefix} {shlex.join(cell.argv)}', flush=True)
+        record_command(cell)
+        try:
+          cell.returncode = subprocess.run(cell.argv, check=False).returncode
+        except OSError as e:  # command not found / not executable
+          print(f'{prefix} could not start: {e}', flush=True)
+          cell.returncode = 127
+        if cell.returncode:
+          print(f'{prefix} failed with exit code {cell.returncode}', flush=True)
+          failed.append(cell)
+  return failed + blocked
+
+
+def sbatch_lines(options: str) -> str:
+  """`--slurm_sbatch`'s options ("--partition=gpu --gpus=1", or "-p gpu -t 4:00:00") as #SBATCH lines."""
+  lines = []
+  for word in shlex.split(options):
+    if word.startswith('-'):
+      lines.append(word)
+    elif lines and '=' not in lines[-1] and ' ' not in lines[-1]:
+      lines[-1] += ' ' + word  # the value of the option before
+    else:
+      raise ConfigError(f'--slurm_sbatch takes sbatch options such as "--partition=gpu --time=4:00:00", got '
+                        f'{word!r} where an option should be')
+  return '\n'.join(f'#SBATCH {line}' for line in lines)
+
+
+def write_arrays(directory: str, groups: Groups, *, template: str = DEFAULT_TEMPLATE,
+                 sbatch: str = '') -> list[tuple[str, int]]:
+  """Under `directory`, per group of cells with pending ones: a cells file (a `task_line` per pending cell), a batch
+  script from `template` (experiments/launch/array.sbatch) running one per array task in today's working directory
+  (the cells' paths are relative to it); and submit.sh, which submits them in order, each after the one before has
+  ended (afterany: a failed cell is reported by the gather, it does not stop the others). Returns (batch script,
+  number of cells) in submission order."""
+  try:
+    with open(template, encoding='utf-8') as f:
+      text = f.read()
+  except OSError as e:
+    raise ConfigError(f'--slurm_template={template}: {e.strerror}') from None
+  missing = [field for field in ('@CELLS_FILE@', '@NUM_CELLS@') if field not in text]
+  if missing:
+    raise ConfigError(f'--slurm_template={template} lacks {", ".join(missing)} (see experiments/launch/array.sbatch)')
+  directory = os.path.abspath(directory)
+  fields = {'@SBATCH_LINES@': sbatch_lines(sbatch), '@LOG_DIR@': os.path.join(directory, 'logs'),
+            '@CWD@': shlex.quote(os.getcwd())}
+  os.makedirs(fields['@LOG_DIR@'], exist_ok=True)
+  scripts, lines = [], ['#!/usr/bin/env bash', '# Submits the arrays in order, each after the one before has ended.',
+                        'set -eu', 'after=""']
+  for name, group in groups:
+    pending = [cell for cell in group if state(cell) == PENDING]
+    if pending:
+      base = os.path.join(directory, name)
+      files.write_text_atomic(base + '.cells', ''.join(task_line(cell) + '\n' for cell in pending))
+      fields.update({'@JOB_NAME@': name, '@NUM_CELLS@': str(len(pending)),
+                     '@CELLS_FILE@': shlex.quote(base + '.cells')})
+      files.write_text_atomic(base + '.sbatch', re.sub('|'.join(fields), lambda m: fields[m.group()], text))
+      scripts.append((base + '.sbatch', len(pending)))
+      lines += [f'job=$(sbatch --parsable $after {shlex.quote(base + ".sbatch")})',
+                f'echo "submitted $job: {name}.sbatch"', 'after="--dependency=afterany:${job%%;*}"']
+  files.write_text_atomic(os.path.join(directory, 'submit.sh'), '\n'.join(lines) + '\n')
+  os.chmod(os.path.join(directory, 'submit.sh'), 0o755)
+  return scripts
+
+
+def submit(directory: str, groups: Groups, launcher: dict[str, Any]) -> None:
+  """Writes the job arrays under `directory` and runs its submit.sh where `sbatch` is on the PATH (else says how)."""
+  for script, count in write_arrays(directory, groups, template=launcher['template'] or DEFAULT_TEMPLATE,
+                                    sbatch=launcher['sbatch']):
+    print(f'wrote {script} ({count} cells)', flush=True)
+  script = os.path.join(directory, 'submit.sh')
+  if launcher['submit'] and shutil.which('sbatch'):
+    done = subprocess.run(['bash', script], capture_output=True, text=True, check=False)
+    if done.returncode:
+      raise BertJaxError(f'submitting failed: {(done.stderr or done.stdout).strip()}')
+    print(done.stdout, end='', flush=True)
+  else:
+    print(f'{"sbatch is not on the PATH here; " if launcher["submit"] else ""}submit with: bash {script}', flush=True)
+  print('when they have run, the same command with --gather builds the table', flush=True)
 
 
 def task_line(cell: Cell) -> str:
@@ -177,14 +285,34 @@ def run_task(cell: Cell) -> int:
     raise BertJaxError(f'{cell.name} could not start: {e}') from None
 
 
+def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+  """A markdown table (floats to 6 significant digits)."""
+  def line(row):
+    return '| ' + ' | '.join((f'{v:.6g}' if isinstance(v, float) else str(v)).replace('|', '\\|') for v in row) + ' |'
+  return '\n'.join([line(header), '|' + '|'.join('---' for _ in header) + '|', *map(line, rows)]) + '\n'
+
+
+def csv_text(rows: Sequence[Sequence[Any]]) -> str:
+  buffer = io.StringIO(newline='')
+  csv.writer(buffer).writerows(rows)
+  return buffer.getvalue()
+
+
+def write_table(base: str, md: str, text: str) -> tuple[str, str]:
+  """Writes BASE.md and BASE.csv (`text`), a sweep's or a ladder's table; returns (csv path, md path)."""
+  os.makedirs(os.path.dirname(base), exist_ok=True)
+  files.write_text_atomic(base + '.csv', text)
+  files.write_text_atomic(base + '.md', md)
+  return base + '.csv', base + '.md'
+
+
 def main(argv: Sequence[str]) -> int:
   try:
     if len(argv) != 2 or argv[0] != 'run-task':
       raise ConfigError(f'usage: {os.path.basename(SCRIPT)} run-task CELL (a JSON object, as `task_line` writes it)')
     try:
-      spec = json.loads(argv[1])
-      cell = Cell(0, spec['name'], list(spec['argv']), spec['workdir'], after=spec.get('after', ''))
-    except (ValueError, KeyError, TypeError) as e:
+      cell = Cell(0, **json.loads(argv[1]))  # the fields `task_line` writes
+    except (ValueError, TypeError) as e:
       raise ConfigError(f'a bad cell {argv[1]!r}: {type(e).__name__}: {e}') from None
     return run_task(cell)
   except BertJaxError as e:

@@ -16,15 +16,12 @@ import dataclasses
 import os
 import statistics
 import sys
-import warnings
 from typing import Any, Sequence
-
-from ml_collections.config_flags import config_flags  # the parser of --config=FILE:VARIANT
 
 from bert_jax.config import RENAMED, FinetuneConfig, PretrainConfig
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 
-from tools import cells, sweep
+from tools import cells, config_help, sweep
 
 # A ladder's own files are its table; each cell's workdir keeps its checkpoints, and a rerun skips finished cells.
 KEPT = ('a ladder keeps no checkpoint of its own and its finished cells are kept: free space or fix permissions (or '
@@ -119,7 +116,7 @@ def _set(cfg, key: str, value: str, where: str) -> None:
 
 
 def _step(where: str, name: str, spec: dict, base: Step, schema) -> Step:
-  """A rung or task whose config builds: loaded as --config loads it (config_flags), overrides set, checked."""
+  """A rung or task whose config builds: loaded, overrides set, checked."""
   unknown = set(spec) - {'order', 'variant', 'overrides'}
   if unknown:
     raise ConfigError(f'{where}: unknown key(s) {", ".join(sorted(unknown))}; it takes order, variant, overrides')
@@ -127,12 +124,11 @@ def _step(where: str, name: str, spec: dict, base: Step, schema) -> Step:
               base.overrides + _overrides(f'{where}.overrides', spec.get('overrides', '')))
   if not os.path.isfile(step.file):
     raise ConfigError(f'{where}: no config file {base.file}')
+  module, variant = config_help.load_config_module(step.config)  # as --config loads it
   try:
-    with warnings.catch_warnings():  # config_flags' loader uses importlib's deprecated load_module
-      warnings.simplefilter('ignore', DeprecationWarning)
-      cfg = config_flags.ConfigFileFlagParser(f'ladder_{name}', lock_config=False).parse(step.config)
-  except ValueError as e:  # the config files' unknown-variant error, as the last line of a traceback
-    raise ConfigError(f'{where}: {str(e).strip().splitlines()[-1].split(": ", 1)[-1]}') from None
+    cfg = module.get_config(variant)
+  except ValueError as e:  # the config files' unknown-variant error
+    raise ConfigError(f'{where}: {e}') from None
   for key, value in step.overrides:
     _set(cfg, key, value, where)
   try:
@@ -158,17 +154,6 @@ def plan(ladder: Ladder, directory: str) -> tuple[list[cells.Cell], list[cells.C
         finetune.append(cells.Cell(len(finetune) + 1, f'{rung.name}/{task.name}/seed{seed}', argv, workdir,
                                    {'rung': rung.name, 'task': task.name, 'seed': str(seed)}, after=start))
   return pretrain, finetune
-
-
-def execute(pretrain: Sequence[cells.Cell], finetune: Sequence[cells.Cell]) -> list[cells.Cell]:
-  """Runs the pending cells, pretraining first; a failed rung's fine-tuning cells are not run (and reported).
-  Returns the cells that failed or could not run."""
-  failed = cells.execute(pretrain, 'ladder pretrain')
-  broken = {r.workdir for r in failed}
-  for cell in (c for c in finetune if c.after in broken):
-    print(f'[ladder] {cell.name}: not run, its rung\'s pretraining failed', flush=True)
-  failed += cells.execute([c for c in finetune if c.after not in broken], 'ladder finetune')
-  return failed + [c for c in finetune if c.after in broken]
 
 
 def _results(cell: cells.Cell) -> dict[str, Any] | None:
@@ -250,7 +235,7 @@ def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
       cells_csv += [t['metric'], *([s[k] for k in ('median', 'min', 'max', 'n')] if s else [None] * 4), delta, note]
     md.append(cells_md + [f'{row["wall_s"] / 60:.1f} min', ', '.join(row['missing']) or '—'])
     out.append(['' if c is None else c for c in cells_csv + [round(row['wall_s'], 1), ' '.join(row['missing'])]])
-  return sweep.markdown(header + ['wall', 'cells without results'], md), sweep.csv_text(out)
+  return cells.markdown(header + ['wall', 'cells without results'], md), cells.csv_text(out)
 
 
 def plot(ladder: Ladder, rows: Sequence[dict[str, Any]], path: str) -> None:
@@ -279,12 +264,15 @@ def plot(ladder: Ladder, rows: Sequence[dict[str, Any]], path: str) -> None:
   os.replace(path + '.tmp.png', path)
 
 
-def write_results(ladder: Ladder, rows: Sequence[dict[str, Any]], directory: str) -> str:
-  """Writes DIR/ladder_results.{md,csv,png}; the markdown path."""
+def tabulate(ladder: Ladder, pretrain: Sequence[cells.Cell], finetune: Sequence[cells.Cell],
+             directory: str) -> tuple[list[str], list[str], None]:
+  """`cells.run`'s tabulate: writes DIR/ladder_results.{md,csv,png}; returns their paths and the cells without
+  results."""
+  rows = results(ladder, pretrain, finetune)
   base = os.path.join(directory, 'ladder_results')
-  sweep.write_table(base, *table(ladder, rows))
+  cells.write_table(base, *table(ladder, rows))
   try:
     plot(ladder, rows, base + '.png')
   except (ImportError, OSError, ValueError) as e:
     raise BertJaxError(f'the ladder plot could not be drawn: {e}') from None
-  return base + '.md'
+  return [base + '.md', base + '.csv', base + '.png'], [name for row in rows for name in row['missing']], None

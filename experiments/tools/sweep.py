@@ -8,8 +8,6 @@ file of the value before it), its cells named by variant (`config=sop`).
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import math
 import os
@@ -18,10 +16,9 @@ import shlex
 from typing import Any, Sequence
 
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.files import write_text_atomic
 from bert_jax.runs.workdir import FINAL_METRICS_FILE
 
-from tools.cells import Cell
+from tools import cells
 
 CONFIG_KEY = 'config'  # config_flags' --config=FILE:VARIANT
 STATUS_OK, STATUS_FAILED, STATUS_BAD_METRICS = 'ok', 'failed', 'unreadable metrics'
@@ -117,7 +114,7 @@ def workdir_of(argv: Sequence[str]) -> str | None:
   return workdir
 
 
-def plan(grid: Sequence[tuple[str, Sequence[str]]], template: Sequence[str]) -> list[Cell]:
+def plan(grid: Sequence[tuple[str, Sequence[str]]], template: Sequence[str]) -> list[cells.Cell]:
   """The cells of a sweep, in order; ConfigError for no command, no `{name}` or `--workdir`, or a shared workdir."""
   if not template:
     raise ConfigError('no command after "--": e.g. sweep.py --grid=... -- python experiments/'
@@ -133,16 +130,16 @@ def plan(grid: Sequence[tuple[str, Sequence[str]]], template: Sequence[str]) -> 
     if os.path.abspath(workdir) in seen:
       raise ConfigError(f'runs {seen[os.path.abspath(workdir)]} and {name} would share workdir {workdir}')
     seen[os.path.abspath(workdir)] = name
-    runs.append(Cell(index, name, argv, workdir, values))
+    runs.append(cells.Cell(index, name, argv, workdir, values))
   return runs
 
 
-def default_output_dir(runs: Sequence[Cell]) -> str:
+def default_output_dir(runs: Sequence[cells.Cell]) -> str:
   """The common parent directory of the cells' workdirs."""
   return os.path.commonpath([os.path.dirname(os.path.abspath(r.workdir)) for r in runs])
 
 
-def collect(runs: Sequence[Cell], missing: str = STATUS_FAILED) -> list[dict[str, Any]]:
+def collect(runs: Sequence[cells.Cell], missing: str = STATUS_FAILED) -> list[dict[str, Any]]:
   """One row per cell: {'name', 'values', 'status' (ok, `missing` without results, unreadable metrics), 'metrics'
   (the numeric top-level values), 'main_metric' (str or None)}."""
   rows = []
@@ -182,27 +179,20 @@ def write_tables(rows: Sequence[dict[str, Any]], output_dir: str, metric: str | 
   keys = list(dict.fromkeys(k for r in rows for k in r['values']))
   metric_names = sorted({k for r in rows for k in r['metrics']})
   header = ['name', *keys, *metric_names, 'status', 'best']
-  cells = [[r['name'], *(r['values'].get(k, '') for k in keys), *(r['metrics'].get(m, '') for m in metric_names),
+  table = [[r['name'], *(r['values'].get(k, '') for k in keys), *(r['metrics'].get(m, '') for m in metric_names),
             r['status'], '*' if i == best else ''] for i, r in enumerate(rows)]
-  return write_table(os.path.join(output_dir, 'sweep_results'), markdown(header, cells), csv_text([header, *cells]))
+  return cells.write_table(os.path.join(output_dir, 'sweep_results'), cells.markdown(header, table),
+                           cells.csv_text([header, *table]))
 
 
-def markdown(header: Sequence[str], cells: Sequence[Sequence[Any]]) -> str:
-  """A markdown table (floats to 6 significant digits)."""
-  def line(row):
-    return '| ' + ' | '.join((f'{v:.6g}' if isinstance(v, float) else str(v)).replace('|', '\\|') for v in row) + ' |'
-  return '\n'.join([line(header), '|' + '|'.join('---' for _ in header) + '|', *map(line, cells)]) + '\n'
-
-
-def csv_text(rows: Sequence[Sequence[Any]]) -> str:
-  buffer = io.StringIO(newline='')
-  csv.writer(buffer).writerows(rows)
-  return buffer.getvalue()
-
-
-def write_table(base: str, md: str, text: str) -> tuple[str, str]:
-  """Writes BASE.md and BASE.csv (`text`), a sweep's or a ladder's table; returns (csv path, md path)."""
-  os.makedirs(os.path.dirname(base), exist_ok=True)
-  write_text_atomic(base + '.csv', text)
-  write_text_atomic(base + '.md', md)
-  return base + '.csv', base + '.md'
+def tabulate(runs: Sequence[cells.Cell], output_dir: str, metric: str | None, mode: str,
+             gather: bool) -> tuple[list[str], list[str], ConfigError | None]:
+  """`cells.run`'s tabulate: writes the tables (`collect`, `write_tables`) and returns their paths, the runs without
+  results (a gather's) and, for a --metric in no run's results, the error to raise once the table is printed."""
+  rows = collect(runs, missing=STATUS_MISSING if gather else STATUS_FAILED)
+  metric = ranking_metric(rows, metric)
+  csv_path, md_path = write_tables(rows, output_dir, metric, mode)
+  have = sorted({m for r in rows for m in r['metrics']})
+  error = (ConfigError(f'metric {metric!r} is in no run\'s {FINAL_METRICS_FILE} (have: {", ".join(have)})')
+           if metric and have and metric not in have else None)
+  return [md_path, csv_path], [r['name'] for r in rows if r['status'] == STATUS_MISSING], error

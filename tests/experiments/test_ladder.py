@@ -14,12 +14,17 @@ import pytest
 from bert_jax.errors import ConfigError
 
 from configs import ladder as ladder_configs
-from helpers import REPO, assert_one_line_error, run_experiment, run_main, tmpfs, tree_digest
+from helpers import REPO, assert_one_line_error, run_main, tmpfs, tree_digest
 from tools import ladder
 
 SST2 = os.path.join(os.path.dirname(REPO), 'shared', 'data', 'sst2')
 needs_sst2 = pytest.mark.skipif(not os.path.isdir(SST2), reason=f'SST-2 is read from {SST2} (../shared/data)')
 TINY = '--config=experiments/configs/ladder.py:tiny'
+
+
+def _ladder(*args):
+  """experiments/ladder.py in this process (no interpreter start); its cells still run as commands of their own."""
+  return run_main('ladder.py', *args, children=True)
 
 
 def _tiny(**changes):
@@ -140,7 +145,7 @@ def tiny_ladder(tmp_path_factory):
   if not os.path.isdir(SST2):
     pytest.skip(f'SST-2 is read from {SST2} (../shared/data)')
   workdir = tmp_path_factory.mktemp('ladder') / 'local'
-  result = run_experiment('ladder.py', TINY, f'--workdir={workdir}')
+  result = _ladder(TINY, f'--workdir={workdir}')
   return workdir, result
 
 
@@ -156,13 +161,13 @@ def test_the_tiny_ladder_tabulates_and_a_rerun_skips_every_finished_cell(tiny_la
              for r in rows)
   assert (workdir / 'ladder_results.md').read_text() in result.stdout
   assert (workdir / 'ladder_results.png').read_bytes()[:4] == b'\x89PNG'
-  again = run_experiment('ladder.py', TINY, f'--workdir={workdir}')
+  again = _ladder(TINY, f'--workdir={workdir}')
   assert again.returncode == 0 and again.stdout.count('done before') == 6, again.stdout[-3000:]
   assert _numbers(_csv(workdir / 'ladder_results.csv')) == _numbers(rows)
   # A changed budget never reuses the cells run with the old one: one error line, nothing touched.
   before = tree_digest(str(workdir))
-  changed = run_experiment('ladder.py', TINY, f'--workdir={workdir}',
-                           '--config.tasks.sst2.overrides=num_train_epochs=0 num_train_steps=80 max_train_samples=1280')
+  changed = _ladder(TINY, f'--workdir={workdir}',
+                    '--config.tasks.sst2.overrides=num_train_epochs=0 num_train_steps=80 max_train_samples=1280')
   assert_one_line_error(changed, 'finetune/bert/sst2/seed0 (and 3 more) finished with another command than this '
                         'one (then --config.num_train_steps=40, now --config.num_train_steps=80)')
   assert tree_digest(str(workdir)) == before
@@ -171,7 +176,7 @@ def test_the_tiny_ladder_tabulates_and_a_rerun_skips_every_finished_cell(tiny_la
   stat = os.stat(rung_metrics)
   os.utime(rung_metrics, (stat.st_atime, stat.st_mtime + 3600))
   try:
-    stale = run_experiment('ladder.py', TINY, f'--workdir={workdir}')
+    stale = _ladder(TINY, f'--workdir={workdir}')
     assert_one_line_error(stale, f'bert/sst2/seed0 was fine-tuned from an earlier pretraining of rung bert '
                           f'({workdir / "pretrain" / "bert"} finished after it)')
     assert f'Delete {workdir / "finetune" / "bert"} to fine-tune' in stale.stderr
@@ -185,8 +190,8 @@ def test_the_tiny_ladder_tabulates_and_a_rerun_skips_every_finished_cell(tiny_la
 @pytest.mark.e2e
 def test_a_failed_rung_is_reported_and_the_others_go_on(tmp_path):
   workdir = tmp_path / 'ladder'
-  result = run_experiment('ladder.py', TINY, f'--workdir={workdir}', '--config.seeds=1',
-                          f'--config.rungs.mlm_only.overrides=data.objective=none data.train_files={tmp_path}/none')
+  result = _ladder(TINY, f'--workdir={workdir}', '--config.seeds=1',
+                   f'--config.rungs.mlm_only.overrides=data.objective=none data.train_files={tmp_path}/none')
   assert result.returncode == 1
   errors = [l for l in result.stderr.splitlines() if l.startswith('error:')]
   assert errors[-1] == 'error: 2 of 4 cells failed: mlm_only, mlm_only/sst2/seed0', result.stderr[-3000:]
@@ -203,7 +208,7 @@ def test_slurm_arrays_run_task_by_task_fill_the_local_table(tiny_ladder, tmp_pat
   local, result = tiny_ladder
   assert result.returncode == 0
   workdir = tmp_path / 'cluster'
-  written = run_experiment('ladder.py', TINY, f'--workdir={workdir}', '--launcher=slurm', '--noslurm_submit')
+  written = _ladder(TINY, f'--workdir={workdir}', '--launcher=slurm', '--noslurm_submit')
   assert written.returncode == 0, written.stderr[-3000:]
   slurm = workdir / 'slurm'
   assert 'ladder_pretrain.sbatch (2 cells)' in written.stdout and 'ladder_finetune.sbatch (4 cells)' in written.stdout
@@ -216,7 +221,7 @@ def test_slurm_arrays_run_task_by_task_fill_the_local_table(tiny_ladder, tmp_pat
                                                                          'SLURM_ARRAY_TASK_ID': str(task)},
                             capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
       assert done.returncode == 0, done.stderr[-3000:]
-  gathered = run_experiment('ladder.py', TINY, f'--workdir={workdir}', '--gather')
+  gathered = _ladder(TINY, f'--workdir={workdir}', '--gather')
   assert gathered.returncode == 0, gathered.stderr[-3000:]
   assert _numbers(_csv(workdir / 'ladder_results.csv')) == _numbers(_csv(local / 'ladder_results.csv'))
 
@@ -232,17 +237,17 @@ def test_bad_rungs_tasks_and_seeds_are_one_error_line_and_touch_nothing(tmp_path
                         ('--config.tasks.sst2.overrides=num_train_steps=many', "num_train_steps='many' is not a int"),
                         ('--config.seeds=0', 'seeds must be a whole number >= 1'),
                         ('--config.rungs.bert.overrides=learning_rate=1', 'it is now optim.learning_rate')):
-    assert_one_line_error(run_experiment('ladder.py', TINY, f'--workdir={workdir}', flag), pattern)
-  assert_one_line_error(run_experiment('ladder.py', TINY), '--workdir is required')
+    assert_one_line_error(_ladder(TINY, f'--workdir={workdir}', flag), pattern)
+  assert_one_line_error(_ladder(TINY), '--workdir is required')
   assert tree_digest(str(workdir)) == before
 
 
 def test_array_cells_wait_for_what_they_need_and_options_become_sbatch_lines(tmp_path):
-  from tools import cells, launch  # pylint: disable=g-import-not-at-top
-  assert launch.sbatch_lines('--partition=gpu -t 4:00:00 --gpus 1') == (
+  from tools import cells  # pylint: disable=g-import-not-at-top
+  assert cells.sbatch_lines('--partition=gpu -t 4:00:00 --gpus 1') == (
       '#SBATCH --partition=gpu\n#SBATCH -t 4:00:00\n#SBATCH --gpus 1')
   with pytest.raises(ConfigError, match="got 'gpu' where an option should be"):
-    launch.sbatch_lines('--partition=x gpu')
+    cells.sbatch_lines('--partition=x gpu')
   need, work = tmp_path / 'rung', tmp_path / 'cell'
   cell = cells.Cell(1, 'cell', ['sh', '-c', f'mkdir -p {work} && echo ran > {work}/final_metrics.json'], str(work),
                     after=str(need))
@@ -255,9 +260,9 @@ def test_array_cells_wait_for_what_they_need_and_options_become_sbatch_lines(tmp
   again = subprocess.run(['bash', '-c', line], capture_output=True, text=True)
   assert again.returncode == 0 and 'done before' in again.stdout
   template = tmp_path / 'mine.sbatch'
-  with open(launch.DEFAULT_TEMPLATE, encoding='utf-8') as f:
+  with open(cells.DEFAULT_TEMPLATE, encoding='utf-8') as f:
     template.write_text(f.read().replace('1-@NUM_CELLS@', '1-@NUM_CELLS@%2'))  # a throttled array
   group = [cells.Cell(i, n, ['true'], str(w)) for i, (n, w) in enumerate(
       (('x', tmp_path / 'x'), ('y', tmp_path / 'y'), ('cell', work)), 1)]
-  scripts = launch.write_arrays(str(tmp_path / 'slurm'), [('a', group)], template=str(template))
-  assert launch.num_cells(scripts[0]) == 2 and '#SBATCH --array=1-2%2' in open(scripts[0]).read()  # done: left out
+  [(script, count)] = cells.write_arrays(str(tmp_path / 'slurm'), [('a', group)], template=str(template))
+  assert count == 2 and '#SBATCH --array=1-2%2' in open(script).read()  # done: left out

@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax.errors import ConfigError
 
-from helpers import assert_one_line_error, run_experiment, tree_digest
+from helpers import assert_one_line_error, run_main, tree_digest
 from tools import cells, sweep
 
 GRID = 'config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3'
@@ -38,6 +38,11 @@ metrics = {'main_metric': 'dev_accuracy', 'dev_accuracy': lr * 1000, 'dev_loss':
 with open(os.path.join(args['workdir'], 'final_metrics.json'), 'w') as f:
   json.dump(metrics, f)
 '''
+
+
+def _sweep(*args):
+  """experiments/sweep.py in this process (no interpreter start); its runs still run as commands of their own."""
+  return run_main('sweep.py', *args, children=True)
 
 
 def test_parse_grid_and_product_order():
@@ -109,9 +114,9 @@ def test_the_grids_config_goes_before_the_commands_overrides():
 def test_a_variant_grid_runs_with_overrides_in_the_command(tmp_path):
   """The README's kind of variant sweep with an override in the command (it failed every cell when the grid's
   --config came after the override)."""
-  result = run_experiment('sweep.py', '--grid=config=experiments/configs/pretrain.py:tiny,recipe_tiny', '--',
-                          sys.executable, 'experiments/pretrain.py', f'--workdir={tmp_path}/{{name}}',
-                          '--config.seed=3', f'--config.data.cache_dir={tmp_path}/cache')
+  result = _sweep('--grid=config=experiments/configs/pretrain.py:tiny,recipe_tiny', '--', sys.executable,
+                  'experiments/pretrain.py', f'--workdir={tmp_path}/{{name}}', '--config.seed=3',
+                  f'--config.data.cache_dir={tmp_path}/cache')
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   rows = _csv_rows(tmp_path / 'sweep_results.csv')
   assert [(r['name'], r['status']) for r in rows] == [('config=tiny', 'ok'), ('config=recipe_tiny', 'ok')]
@@ -194,9 +199,9 @@ def test_collect_and_write_tables(tmp_path):
 @pytest.mark.e2e
 def test_dry_run_prints_one_command_per_line(tmp_path):
   workdir = str(tmp_path / 'runs with space' / '{name}')
-  result = run_experiment('sweep.py', '--dry_run', f'--grid={GRID}', '--', 'python', 'experiments/finetune.py',
-                          '--config=experiments/configs/finetune.py:rte', f'--workdir={workdir}',
-                          '--config.init_checkpoint=PATH')
+  result = _sweep('--dry_run', f'--grid={GRID}', '--', 'python', 'experiments/finetune.py',
+                  '--config=experiments/configs/finetune.py:rte', f'--workdir={workdir}',
+                  '--config.init_checkpoint=PATH')
   assert result.returncode == 0, result.stderr
   lines = result.stdout.splitlines()
   assert len(lines) == 4
@@ -228,15 +233,14 @@ def test_dry_run_prints_one_command_per_line(tmp_path):
     (['--grid=a=1', '--', 'python', 'x.py', '--out=out/{name}'], 'no --workdir'),
 ])
 def test_bad_flags(args, pattern):
-  assert_one_line_error(run_experiment('sweep.py', '--dry_run', *args), pattern)
+  assert_one_line_error(_sweep('--dry_run', *args), pattern)
 
 
 def _fake_sweep(tmp_path, grid, *extra, command=()):
   script = tmp_path / 'fake_train.py'
   script.write_text(FAKE_SCRIPT)
-  return run_experiment('sweep.py', f'--grid={grid}', *extra, '--', sys.executable, str(script),
-                        f'--counter={tmp_path / "calls.txt"}', '--workdir', str(tmp_path / 'runs' / '{name}'),
-                        *command)
+  return _sweep(f'--grid={grid}', *extra, '--', sys.executable, str(script), f'--counter={tmp_path / "calls.txt"}',
+                '--workdir', str(tmp_path / 'runs' / '{name}'), *command)
 
 
 def _calls(tmp_path):
