@@ -283,8 +283,9 @@ def _initialize_distributed() -> None:
 
 
 def define_launcher_flags():
-  """--launcher, --gather and the SLURM flags of the scripts that run many cells (sweep.py, ladder.py)."""
-  return dict(
+  """--launcher, --gather and the SLURM flags of the scripts that run many cells (sweep.py, ladder.py); --help
+  lists them as the script's own."""
+  defined = dict(
       launcher=flags.DEFINE_enum('launcher', 'local', ('local', 'slurm'), 'local: run the cells here, one after '
                                  'another; slurm: write job arrays (one cell per array task) and submit them.'),
       gather=flags.DEFINE_bool('gather', False, 'Run nothing: build the results from what the cells left (after '
@@ -296,3 +297,6 @@ def define_launcher_flags():
       submit=flags.DEFINE_bool('slurm_submit', True, 'Submit the arrays with sbatch (--noslurm_submit: only '
                                'write them and print how to submit).'),
   )
+  for holder in defined.values():
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
+  return defined

@@ -58,4 +58,4 @@ if __name__ == '__main__':
   if '--' in sys.argv:  # the command to sweep: split off before absl parses the flags
     _COMMAND.extend(sys.argv[sys.argv.index('--') + 1:])
     sys.argv = sys.argv[:sys.argv.index('--')]
-  cli.run(main, allow_args=True)
+  cli.run(main, allow_args=True, multihost=False)  # the cells are the runs: this process starts no jax

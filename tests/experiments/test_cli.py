@@ -2,6 +2,7 @@
 --help lists the config's variants and main fields; --print_config prints the resolved config and touches nothing."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -112,3 +113,11 @@ def test_a_config_error_comes_before_jax_is_imported(tmp_path):
                             env={**os.environ, 'PYTHONPATH': REPO})
     assert result.returncode == 1 and result.stderr.startswith('error: '), (script, result.stderr[-3000:])
     assert 'jax imported: False' in result.stderr and flag.split('=')[0] in result.stderr, (script, result.stderr)
+
+
+@pytest.mark.parametrize('script', ['sweep.py', 'ladder.py'])
+def test_the_cell_runners_help_lists_their_launcher_flags_not_the_multi_host_ones(script):
+  out = run_main(script, '--help').stdout
+  listed = set(re.findall(r'^\s+--(?:\[no\])?(\w+):', out, re.M))
+  assert {'launcher', 'gather', 'slurm_sbatch', 'slurm_submit', 'slurm_template', 'dry_run'} <= listed, listed
+  assert not listed & {'coordinator_address', 'num_processes', 'process_id', 'distributed'}, listed
