@@ -211,6 +211,8 @@ class _PreparedRun:
       # Every process has all the logits and scores them; process 0 alone writes the predictions.
       scores = self.task.evaluate(eval_set, logits, output_dir if jax.process_index() == 0 else None)
       held_out.update({f'{eval_set.name}_{k}': v for k, v in scores.items()})
+      if self.task.kind == 'classification':  # what always answering the set's most frequent class scores
+        held_out[f'{eval_set.name}_majority_accuracy'] = metrics.majority_accuracy(eval_set.data.labels)
       if self.evaluation and self.task.kind == 'classification':  # evaluate.py: how each class fares
         self._class_report(eval_set, logits, output_dir)
     return {**held_out, 'eval_wall_s': time.time() - t0}

@@ -169,25 +169,29 @@ def _wall(metrics: dict[str, Any]) -> float:
 
 
 def results(ladder: Ladder, pretrain: Sequence[cells.Cell], finetune: Sequence[cells.Cell]) -> list[dict[str, Any]]:
-  """One row per rung: {'rung', 'mlm_accuracy' (None without results), 'tasks': {task: {'metric', 'values'
-  (per seed, None where the cell left no result)}}, 'wall_s', 'missing' (cells without results)}."""
+  """One row per rung: {'rung', 'mlm_accuracy' and 'mlm_baseline' (None without results), 'tasks': {task:
+  {'metric', 'values' (per seed, None where the cell left no result), 'majority' (the eval set's majority-class
+  accuracy when the metric is an accuracy, else None)}}, 'wall_s', 'missing' (cells without results)}."""
   rows = []
   for rung, run in zip(ladder.rungs, pretrain):
     m = _results(run)
-    row = {'rung': rung.name, 'mlm_accuracy': m.get('mlm_accuracy') if m else None, 'tasks': {},
+    row = {'rung': rung.name, 'mlm_accuracy': m.get('mlm_accuracy') if m else None,
+           'mlm_baseline': m.get('mlm_baseline_accuracy') if m else None, 'tasks': {},
            'wall_s': _wall(m) if m else 0.0, 'missing': [] if m else [run.name]}
     for task in ladder.tasks:
-      values, metric = [], None
+      values, metric, majority = [], None, None
       for cell in (c for c in finetune if c.values['rung'] == rung.name and c.values['task'] == task.name):
         fm = _results(cell) if m else None  # a rung without its pretraining's results has none
         if fm and isinstance(fm.get('main_metric'), str) and isinstance(fm.get(fm['main_metric']), (int, float)):
           metric = fm['main_metric']
           values.append(float(fm[metric]))
+          if metric.endswith('_accuracy'):
+            majority = fm.get(metric[:-len('accuracy')] + 'majority_accuracy', majority)
           row['wall_s'] += _wall(fm)
         else:
           values.append(None)
           row['missing'].append(cell.name)
-      row['tasks'][task.name] = {'metric': metric, 'values': values}
+      row['tasks'][task.name] = {'metric': metric, 'values': values, 'majority': majority}
     rows.append(row)
   return rows
 
@@ -197,17 +201,29 @@ def summary(values: Sequence[float | None]) -> dict[str, Any] | None:
   return {'median': statistics.median(have), 'min': min(have), 'max': max(have), 'n': len(have)} if have else None
 
 
-def compare(mine: dict | None, first: dict | None) -> tuple[float | None, str]:
-  """(difference of medians to the first rung, a note across seeds): every seed above (or below) the first
-  rung's range, or within the spread of seeds."""
+def compare(mine: dict | None, first: dict | None, majority: float | None = None) -> tuple[float | None, str]:
+  """(difference of medians to the first rung, a note across seeds): no seed above the majority class (such a
+  rung learnt nothing the table can rank), every seed above (or below) the first rung's range, or within the
+  spread of seeds."""
   if not mine or not first:
     return None, ''
   delta = mine['median'] - first['median']
+  if _at_majority(mine, majority):
+    return delta, 'no seed above the majority class'
   if mine['n'] < 2 or first['n'] < 2:
     return delta, 'one seed: no spread to compare'
   if mine['min'] > first['max']:
     return delta, 'every seed above'
   return delta, 'every seed below' if mine['max'] < first['min'] else 'within the seeds\' spread'
+
+
+def _at_majority(summarized: dict | None, majority: float | None) -> bool:
+  return bool(summarized) and majority is not None and summarized['max'] <= majority + 1e-9
+
+
+def _majority(rows, task) -> float | None:
+  return next((r['tasks'][task.name]['majority'] for r in rows if r['tasks'][task.name]['majority'] is not None),
+              None)
 
 
 def _metric(rows, task, default):
@@ -217,22 +233,31 @@ def _metric(rows, task, default):
 def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
   """(markdown, csv) of the ladder's rows."""
   first = rows[0] if rows else None
-  header, csv_header = ['rung', 'held-out MLM acc'], ['rung', 'mlm_accuracy']
+  header, csv_header = ['rung', 'held-out MLM acc (baseline)'], ['rung', 'mlm_accuracy', 'mlm_baseline_accuracy']
   for task in ladder.tasks:
-    header += [f'{task.name} {_metric(rows, task, "main metric")}: median [min, max] (seeds)',
+    majority = _majority(rows, task)
+    header += [f'{task.name} {_metric(rows, task, "main metric")}: median [min, max] (seeds)'
+               + (f'; majority class {majority:.4f}' if majority is not None else ''),
                f'{task.name} vs {first["rung"]}']
-    csv_header += [f'{task.name}_{k}' for k in ('metric', 'median', 'min', 'max', 'seeds', 'delta', 'note')]
+    csv_header += [f'{task.name}_{k}' for k in ('metric', 'median', 'min', 'max', 'seeds', 'majority', 'delta',
+                                                'note')]
   md, out = [], [csv_header + ['wall_s', 'missing']]
   for i, row in enumerate(rows):
-    acc = row['mlm_accuracy']
-    cells_md, cells_csv = [row['rung'], f'{acc:.4f}' if acc is not None else '—'], [row['rung'], acc]
+    acc, base = row['mlm_accuracy'], row['mlm_baseline']
+    shown = '—' if acc is None else f'{acc:.4f}' + (f' ({base:.4f})' if base is not None else '')
+    cells_md, cells_csv = [row['rung'], shown], [row['rung'], acc, base]
     for task in ladder.tasks:
-      t = row['tasks'][task.name]
+      t, majority = row['tasks'][task.name], _majority(rows, task)
       s = summary(t['values'])
-      delta, note = compare(s, summary(first['tasks'][task.name]['values'])) if i else (None, 'the reference')
+      if i:
+        delta, note = compare(s, summary(first['tasks'][task.name]['values']), majority)
+      else:
+        delta, note = None, 'the reference' + ('; no seed above the majority class' if _at_majority(s, majority)
+                                               else '')
       cells_md.append(f'{s["median"]:.4f} [{s["min"]:.4f}, {s["max"]:.4f}] ({s["n"]})' if s else '—')
       cells_md.append(f'{delta:+.4f} ({note})' if delta is not None else note or '—')
-      cells_csv += [t['metric'], *([s[k] for k in ('median', 'min', 'max', 'n')] if s else [None] * 4), delta, note]
+      cells_csv += [t['metric'], *([s[k] for k in ('median', 'min', 'max', 'n')] if s else [None] * 4), majority,
+                    delta, note]
     md.append(cells_md + [f'{row["wall_s"] / 60:.1f} min', ', '.join(row['missing']) or '—'])
     out.append(['' if c is None else c for c in cells_csv + [round(row['wall_s'], 1), ' '.join(row['missing'])]])
   return cells.markdown(header + ['wall', 'cells without results'], md), cells.csv_text(out)

@@ -109,25 +109,34 @@ def test_a_read_only_ladder_directory_is_one_line_that_fits_a_ladder(tmp_path):
 
 def test_the_table_compares_each_rung_with_the_first_over_seeds():
   spec = ladder.Ladder.from_dict(_tiny())
-  task = {'metric': 'dev_accuracy'}
-  rows = [{'rung': 'bert', 'mlm_accuracy': 0.2, 'tasks': {'sst2': {**task, 'values': [0.80, 0.82]}}, 'wall_s': 60.0,
-           'missing': []},
-          {'rung': 'mlm_only', 'mlm_accuracy': 0.21, 'tasks': {'sst2': {**task, 'values': [0.85, 0.86]}},
-           'wall_s': 90.0, 'missing': []},
-          {'rung': 'span', 'mlm_accuracy': None, 'tasks': {'sst2': {**task, 'values': [0.81, None]}}, 'wall_s': 0.0,
-           'missing': ['span', 'span/sst2/seed1']}]
+  task = {'metric': 'dev_accuracy', 'majority': 0.5092}
+  rows = [{'rung': 'bert', 'mlm_accuracy': 0.2, 'mlm_baseline': 0.05,
+           'tasks': {'sst2': {**task, 'values': [0.80, 0.82]}}, 'wall_s': 60.0, 'missing': []},
+          {'rung': 'mlm_only', 'mlm_accuracy': 0.21, 'mlm_baseline': 0.05,
+           'tasks': {'sst2': {**task, 'values': [0.85, 0.86]}}, 'wall_s': 90.0, 'missing': []},
+          {'rung': 'span', 'mlm_accuracy': None, 'mlm_baseline': None,
+           'tasks': {'sst2': {**task, 'values': [0.81, None]}}, 'wall_s': 0.0, 'missing': ['span', 'span/sst2/seed1']},
+          {'rung': 'sop', 'mlm_accuracy': 0.19, 'mlm_baseline': 0.05,
+           'tasks': {'sst2': {**task, 'values': [0.5092, 0.5092]}}, 'wall_s': 60.0, 'missing': []}]
   md, text = ladder.table(spec, rows)
   lines = md.splitlines()
-  assert lines[2] == '| bert | 0.2000 | 0.8100 [0.8000, 0.8200] (2) | the reference | 1.0 min | — |'
-  assert lines[3] == '| mlm_only | 0.2100 | 0.8550 [0.8500, 0.8600] (2) | +0.0450 (every seed above) | 1.5 min | — |'
+  assert lines[0].startswith('| rung | held-out MLM acc (baseline) | sst2 dev_accuracy: median [min, max] (seeds); '
+                             'majority class 0.5092 |')
+  assert lines[2] == '| bert | 0.2000 (0.0500) | 0.8100 [0.8000, 0.8200] (2) | the reference | 1.0 min | — |'
+  assert lines[3] == ('| mlm_only | 0.2100 (0.0500) | 0.8550 [0.8500, 0.8600] (2) | +0.0450 (every seed above) | '
+                      '1.5 min | — |')
   assert lines[4] == ('| span | — | 0.8100 [0.8100, 0.8100] (1) | +0.0000 (one seed: no spread to compare) | 0.0 min | '
                       'span, span/sst2/seed1 |')
+  # A rung at the majority class learnt nothing the table can rank: it says so, not "within the seeds' spread".
+  assert lines[5] == ('| sop | 0.1900 (0.0500) | 0.5092 [0.5092, 0.5092] (2) | -0.3008 (no seed above the majority '
+                      'class) | 1.0 min | — |')
   assert ladder.compare({'median': 0.8, 'min': 0.7, 'max': 0.9, 'n': 3}, {'median': 0.8, 'min': 0.75, 'max': 0.85,
                                                                             'n': 3})[1] == 'within the seeds\' spread'
   assert ladder.compare({'median': 0.6, 'min': 0.5, 'max': 0.7, 'n': 2}, {'median': 0.8, 'min': 0.75, 'max': 0.85,
                                                                             'n': 2})[1] == 'every seed below'
   header = list(csv.reader(text.splitlines()))[0]
-  assert header[:4] == ['rung', 'mlm_accuracy', 'sst2_metric', 'sst2_median'] and header[-2:] == ['wall_s', 'missing']
+  assert header[:5] == ['rung', 'mlm_accuracy', 'mlm_baseline_accuracy', 'sst2_metric', 'sst2_median']
+  assert 'sst2_majority' in header and header[-2:] == ['wall_s', 'missing']
 
 
 def _csv(path):
@@ -158,6 +167,9 @@ def test_the_tiny_ladder_tabulates_and_a_rerun_skips_every_finished_cell(tiny_la
   rows = _csv(workdir / 'ladder_results.csv')
   assert [r['rung'] for r in rows] == ['bert', 'mlm_only'] and all(r['missing'] == '' for r in rows)
   assert all(0 < float(r['mlm_accuracy']) < 1 and r['sst2_metric'] == 'dev_accuracy' and r['sst2_seeds'] == '2'
+             for r in rows)
+  # SST-2's dev set: 444 of 872 sentences positive; and the MLM baseline beside each rung's accuracy
+  assert all(float(r['sst2_majority']) == pytest.approx(444 / 872) and 0 < float(r['mlm_baseline_accuracy']) < 1
              for r in rows)
   assert (workdir / 'ladder_results.md').read_text() in result.stdout
   assert (workdir / 'ladder_results.png').read_bytes()[:4] == b'\x89PNG'

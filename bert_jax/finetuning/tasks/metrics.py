@@ -19,6 +19,12 @@ def accuracy(preds: Sequence[int], labels: Sequence[int]) -> float:
   return float(np.mean(preds == labels)) if len(labels) else 0.0
 
 
+def majority_accuracy(labels: Sequence[int]) -> float:
+  """The accuracy of always answering the most frequent of `labels` (the floor a classifier must beat)."""
+  labels = np.asarray(labels)
+  return float(np.unique(labels, return_counts=True)[1].max() / len(labels)) if len(labels) else 0.0
+
+
 def f1_binary(preds: Sequence[int], labels: Sequence[int], positive: int = 1) -> float:
   """F1 of the `positive` class; 0.0 when it is neither predicted nor gold."""
   preds, labels = _pair(preds, labels)

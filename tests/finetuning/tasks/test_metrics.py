@@ -33,3 +33,7 @@ def test_multilabel_scores_by_hand():
   scores = metrics.multilabel_scores(pred, gold)
   # micro: tp 2, predicted 3, gold 3 -> F1 2/3; per label: 1.0, 1.0, 0.0 (1 gold, 1 predicted, none right)
   assert scores == {'micro_f1': 2 / 3, 'macro_f1': 2 / 3, 'subset_accuracy': 1 / 3}
+
+
+def test_majority_accuracy_is_the_most_frequent_class_share():
+  assert metrics.majority_accuracy([1, 0, 1, 1, 2]) == 0.6 and metrics.majority_accuracy([]) == 0.0
