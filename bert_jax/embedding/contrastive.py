@@ -191,7 +191,11 @@ def info_nce(query_bd: jax.Array, passage_bd: jax.Array, negative_bkd: jax.Array
   out, total_b = {}, jnp.zeros((b,), jnp.float32)
   for i, (dim, weight) in enumerate(zip(dims, weights)):
     q_bd, p_bd = truncate(query_bd, dim), truncate(passage_bd, dim)
-    candidates_cd = p_bd if not k else jnp.concatenate([p_bd, truncate(negative_bkd, dim).reshape(b * k, dim)])
+    # Each part gathered before they are joined (gathering the joined array makes XLA replicate and re-split it).
+    candidates_cd = constrain(p_bd, _GATHERED)
+    if k:
+      negatives_cd = constrain(truncate(negative_bkd, dim).reshape(b * k, dim), _GATHERED)
+      candidates_cd = jnp.concatenate([candidates_cd, negatives_cd])
     loss_b, hit_b = _direction(q_bd, candidates_cd, q2c_mask_bc, temperature)
     if symmetric:
       loss_b = (loss_b + _direction(p_bd, q_bd, p2q_mask_bb, temperature)[0]) / 2
