@@ -22,6 +22,7 @@ from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning.tasks.metrics import spearman
 
 RECALL_AT = (1, 10)
+_truncate = jax.jit(pooling.truncate, static_argnums=1)  # one compilation per shape, not one per operation
 CUTOFF = 10  # MRR@10 and nDCG@10
 
 
@@ -83,8 +84,8 @@ def retrieval_metrics(queries_qd, corpus, qrels: Sequence[Mapping[int, float]], 
     raise ConfigError('Matryoshka dims need the corpus as one array (a stream of blocks is read once)')
 
   def at(dim):
-    q = pooling.truncate(queries_qd, dim)
-    c = pooling.truncate(jnp.asarray(corpus, jnp.float32), dim) if whole else corpus
+    q = _truncate(queries_qd, dim)
+    c = _truncate(jnp.asarray(corpus, jnp.float32), dim) if whole else corpus
     _, ids = search.exact_top_k(q, c, k=k, block_size=block_size)
     return ranking_metrics(ids, qrels, recall_at=recall_at, cutoff=cutoff)
 
