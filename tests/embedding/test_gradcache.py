@@ -163,3 +163,30 @@ def test_tiny_bert_gradients_equal_the_uncached_computation_with_dropout_on():
   _assert_trees_close(grads, ref_grads)
   # Dropout matters at this size: another key gives another gradient.
   assert _max_difference(uncached(params, batch, jax.random.key(2))[1], ref_grads) > 1e-2
+
+
+def test_peak_memory_is_one_micro_batch_of_activations_not_the_whole_batch():
+  # Compiled only (abstract inputs): XLA's own account of the scratch memory of each step. A 4-layer tanh tower
+  # over 16 tokens keeps 4 x 16 x 32 floats per text for its backward pass; 512 pairs in micro-batches of 32.
+  def tower(p, b, key):
+    del key
+    out = {}
+    for side, h in b.items():
+      for _ in range(4):
+        h = jnp.tanh(h @ p['w'])
+      out[side] = h.mean(1)
+    return out
+
+  def loss(p, e):
+    del p
+    return contrastive.mean_loss(contrastive.info_nce(e['query'], e['passage'], temperature=0.05)['loss']), ()
+
+  batch = {side: jax.ShapeDtypeStruct((512, 16, 32), jnp.float32) for side in ('query', 'passage')}
+  params = {'w': jax.ShapeDtypeStruct((32, 32), jnp.float32)}
+  temp = {}
+  for fn in (gradcache.grad_cache, gradcache.value_and_grad_uncached):
+    step = jax.jit(lambda p, b, k, fn=fn: fn(tower, loss, p, b, k, micro_batch_size=32))
+    temp[fn.__name__] = step.lower(params, batch, jax.random.key(0)).compile().memory_analysis().temp_size_in_bytes
+  activations = 512 * 2 * 4 * 16 * 32 * 4  # pairs x sides x layers x tokens x width x float32: 16 MiB
+  assert temp['value_and_grad_uncached'] > activations
+  assert temp['grad_cache'] < temp['value_and_grad_uncached'] / 3
