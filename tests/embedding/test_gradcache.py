@@ -66,24 +66,32 @@ def _run(fn, params, batch, rng, micro, embed=linear_embed, loss=loss_fn):
   return jax.jit(lambda p, b, k: fn(embed, loss, p, b, k, micro_batch_size=micro))(params, batch, rng)
 
 
-# One compilation shared by the tests that run it on one device.
+# One compilation each, shared by the tests that run them on one device.
 _grad_cache_8 = jax.jit(lambda p, b, k: gradcache.grad_cache(linear_embed, loss_fn, p, b, k, micro_batch_size=8))
+_uncached_8 = jax.jit(
+    lambda p, b, k: gradcache.value_and_grad_uncached(linear_embed, loss_fn, p, b, k, micro_batch_size=8))
 
 
 def test_gradients_equal_the_uncached_computation_with_dropout_on():
-  # 64 pairs (+ a hard negative each) in micro-batches of 8, dropout 0.2, a learned temperature, Matryoshka.
+  # 64 pairs (+ a hard negative each) in micro-batches of 8, dropout 0.2, a learned temperature, symmetric.
   params, batch = _case()
   rng = jax.random.key(7)
   (loss, acc), grads = _grad_cache_8(params, batch, rng)
-  (ref_loss, ref_acc), ref_grads = _run(gradcache.value_and_grad_uncached, params, batch, rng, 8)
+  (ref_loss, ref_acc), ref_grads = _uncached_8(params, batch, rng)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
   np.testing.assert_allclose(acc, ref_acc)
   _assert_trees_close(grads, ref_grads)
   assert float(np.abs(grads['temperature'])) > 0  # the loss's own parameter gets its gradient too
 
-  # What the equality rules out: a second pass with other dropout masks than the first's (GradCache's silent bug).
-  # Built from the same two passes, pass 3 drawing from another key; its gradient is off by far more than the
-  # tolerance above, so the test fails for an implementation whose passes disagree.
+
+def test_a_second_pass_with_other_dropout_masks_would_be_caught():
+  # What the equality above rules out: GradCache's silent bug, a second pass whose dropout masks differ from the
+  # first's. Built from the same two passes, pass 3 drawing from another key: its gradient is off by far more than
+  # the tolerance above, so the test fails for an implementation whose passes disagree.
+  params, batch = _case()
+  rng = jax.random.key(7)
+  _, ref_grads = _uncached_8(params, batch, rng)
+
   def mismatched(p, b):
     k = gradcache.num_micro_batches(b, 8)
     chunks = gradcache.split_micro_batches(b, k)
