@@ -45,8 +45,53 @@ def _blocks(corpus, block_size: int):
   return iter(corpus)
 
 
-def exact_top_k(queries_qd, corpus: np.ndarray | jax.Array | Iterable[np.ndarray], *, k: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                ) -> tuple[np.ndarray, np.ndarray]:
+class StreamingTopK:
+  """The running exact top-k of fixed queries over corpus blocks added in corpus order (`exact_top_k` streams
+  one; several of them share one pass over a corpus, e.g. one per Matryoshka size of the same embedded block).
+
+  Raises (from __init__ and add):
+    ConfigError: k or block_size < 1, or a block larger than block_size.
+    DataError: vectors whose width differs from the queries'.
+  """
+
+  def __init__(self, queries_qd, *, k: int, block_size: int = DEFAULT_BLOCK_SIZE):
+    if k < 1 or block_size < 1:
+      raise ConfigError(f'k and block_size must be positive, got k={k} block_size={block_size}')
+    self.queries_qd = jnp.asarray(queries_qd, jnp.float32)
+    q = self.queries_qd.shape[0]
+    self.k, self.block_size, self.size = k, block_size, 0
+    self._scores, self._ids = jnp.full((q, k), -jnp.inf, jnp.float32), jnp.full((q, k), -1, jnp.int32)
+
+  def add(self, block_nd) -> None:
+    """Scores the next `block_nd` [n, D] (n <= block_size) of the corpus and merges it in."""
+    block_nd = np.asarray(block_nd, np.float32) if not isinstance(block_nd, jax.Array) else block_nd
+    d, n = self.queries_qd.shape[1], block_nd.shape[0]
+    if block_nd.ndim != 2 or block_nd.shape[1] != d:
+      raise DataError(f'corpus vectors {tuple(block_nd.shape)} do not match the queries\' width {d}')
+    if n > self.block_size:
+      raise ConfigError(f'a corpus block of {n} rows exceeds block_size={self.block_size}')
+    if n == 0:
+      return
+    if n < self.block_size:  # one compiled shape: pad the short (last) block
+      block_nd = jnp.pad(jnp.asarray(block_nd, jnp.float32), ((0, self.block_size - n), (0, 0)))
+    self._scores, self._ids = _merge_block(self._scores, self._ids, self.queries_qd, block_nd,
+                                           jnp.int32(self.size), jnp.int32(n), k=self.k)
+    self.size += n
+
+  def result(self) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 scores [Q, min(k, N)], int32 corpus indices [Q, min(k, N)]), best first; ties: lower index first.
+
+    Raises:
+      DataError: no corpus vector was added.
+    """
+    if not self.size:
+      raise DataError('the corpus is empty: nothing to retrieve')
+    kept = min(self.k, self.size)
+    return np.asarray(self._scores[:, :kept]), np.asarray(self._ids[:, :kept])
+
+
+def exact_top_k(queries_qd, corpus: np.ndarray | jax.Array | Iterable[np.ndarray], *, k: int,
+                block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[np.ndarray, np.ndarray]:
   """The k highest dot-product scores of each query over the corpus, and their corpus indices, best first.
 
   Args:
@@ -63,28 +108,7 @@ def exact_top_k(queries_qd, corpus: np.ndarray | jax.Array | Iterable[np.ndarray
     ConfigError: k or block_size < 1, or a block larger than block_size.
     DataError: an empty corpus, or vectors whose width differs from the queries'.
   """
-  if k < 1 or block_size < 1:
-    raise ConfigError(f'k and block_size must be positive, got k={k} block_size={block_size}')
-  queries_qd = jnp.asarray(queries_qd, jnp.float32)
-  q, d = queries_qd.shape
-  top_scores, top_ids = jnp.full((q, k), -jnp.inf, jnp.float32), jnp.full((q, k), -1, jnp.int32)
-  offset = 0
+  top = StreamingTopK(queries_qd, k=k, block_size=block_size)
   for block_nd in _blocks(corpus, block_size):
-    block_nd = np.asarray(block_nd, np.float32) if not isinstance(block_nd, jax.Array) else block_nd
-    n = block_nd.shape[0]
-    if block_nd.ndim != 2 or block_nd.shape[1] != d:
-      raise DataError(f'corpus vectors {tuple(block_nd.shape)} do not match the queries\' width {d}')
-    if n > block_size:
-      raise ConfigError(f'a corpus block of {n} rows exceeds block_size={block_size}')
-    if n == 0:
-      continue
-    if n < block_size:  # one compiled shape: pad the short (last) block
-      block_nd = jnp.pad(jnp.asarray(block_nd, jnp.float32), ((0, block_size - n), (0, 0)))
-    top_scores, top_ids = _merge_block(top_scores, top_ids, queries_qd, block_nd, jnp.int32(offset), jnp.int32(n),
-                                       k=k)
-    offset += n
-  if offset == 0:
-    raise DataError('the corpus is empty: nothing to retrieve')
-  kept = min(k, offset)
-  return np.asarray(top_scores[:, :kept]), np.asarray(top_ids[:, :kept])
-
+    top.add(block_nd)
+  return top.result()
