@@ -17,12 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import files
+from bert_jax.embedding import pooling as pooling_lib
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.interop.pretrained import PretrainedBert
 from bert_jax.model.encoder import attention_mask_b11s
 from bert_jax.runs import reporting
 
-POOLINGS = ('mean', 'cls')
+POOLINGS = pooling_lib.POOLINGS
 # Padded lengths are rounded up to a multiple of this, so the encoder compiles once per bucket
 # rather than once per distinct text length.
 LENGTH_BUCKET = 16
@@ -64,16 +65,12 @@ def _encode(graphdef, state, input_ids_bt, token_type_ids_bt, attention_mask_bt,
   encoder = nnx.merge(graphdef, state)
   seq_btd, pooled_bd = encoder(input_ids_bt, token_type_ids_bt, attention_mask_bt, deterministic=True)
   seq_btd, pooled_bd = seq_btd.astype(jnp.float32), pooled_bd.astype(jnp.float32)
-  mask_bt1 = attention_mask_bt[..., None].astype(jnp.float32)
-  seq_btd = seq_btd * mask_bt1  # padded positions are zero in the output
-  if pooling == 'mean':
-    # sentence-transformers: the mean over every real token, [CLS] and [SEP] included.
-    emb_bd = seq_btd.sum(1) / jnp.maximum(mask_bt1.sum(1), 1.0)
-  else:
-    emb_bd = seq_btd[:, 0]
+  seq_btd = seq_btd * attention_mask_bt[..., None].astype(jnp.float32)  # padded positions are zero in the output
+  # The pooling contrastive training uses (embedding/pooling.py): the mean over every real token, [CLS] and [SEP]
+  # included, as sentence-transformers; the normalisation with torch's eps, as its Normalize module.
+  emb_bd = pooling_lib.pool(seq_btd, attention_mask_bt, pooling)
   if normalize:
-    # torch.nn.functional.normalize's eps, as in sentence-transformers' Normalize module.
-    emb_bd = emb_bd / jnp.maximum(jnp.linalg.norm(emb_bd, axis=-1, keepdims=True), 1e-12)
+    emb_bd = pooling_lib.l2_normalize(emb_bd)
   return seq_btd, pooled_bd, emb_bd
 
 

@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 import optax
 
 from bert_jax import sharding as shd
+from bert_jax.embedding import gradcache
 
 
 class Objective(Protocol):
@@ -61,6 +62,10 @@ def opt_state_shardings(tx: optax.GradientTransformation, abstract_params: Any, 
                                           param_shardings, transform_non_params=lambda _: default)
 
 
+def _rows(batch) -> int:
+  return jax.tree.leaves(batch)[0].shape[0]
+
+
 class StepModel:
   """Builds sharded train states of a module and holds its jitted train, eval and predict steps.
 
@@ -69,7 +74,8 @@ class StepModel:
     objective: the `Objective` trained and evaluated.
     tx: the optimizer.
     mesh: the (data, fsdp, tensor) mesh.
-    grad_accum_steps: micro-batches per step (the batch's rows are split every k-th).
+    grad_accum_steps: micro-batches per step (the batch's rows are split every k-th); for an objective whose
+      rows are coupled (`couples_rows`: a contrastive loss), GradCache over them.
     schedule: step -> learning rate, reported beside the loss.
     state_rng: seed -> the state's RNG key, from which every step's dropout keys derive.
     rules: the logical-axis rules table (`sharding.rules(mesh_config.rules)`).
@@ -170,7 +176,11 @@ class StepModel:
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     k = self.grad_accum_steps
-    if k == 1:
+    if k > 1 and getattr(objective, 'couples_rows', False):
+      # A loss over the whole batch's rows (contrastive: every query against every passage) is not a sum of
+      # micro-batch losses: accumulate by GradCache, its exact gradient at one micro-batch's activations.
+      (_, sums), grads = self._cached_grads(state['params'], batch, rest, key, k, counts)
+    elif k == 1:
       (_, sums), grads = grad_fn(state['params'], batch, self.reseed(state['params'], rest, key))
     else:
       # [B, ...] -> [k, B/k, ...] taking every k-th row, so each micro-batch stays spread
@@ -197,6 +207,23 @@ class StepModel:
       metrics['learning_rate'] = jnp.asarray(self.schedule(state['step']), jnp.float32)
     new_state = {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state, 'rng': state['rng']}
     return new_state, metrics
+
+  def _cached_grads(self, params, batch, rest, key, k, counts):
+    """((loss, sums), grads) of an objective whose rows are coupled, by `embedding.gradcache` over k micro-batches
+    (every k-th row, as plain accumulation; micro-batch j's dropout from fold_in(key, j) in both passes)."""
+    objective = self.objective
+
+    def embed_fn(params, micro, micro_key):
+      module = self.merge(params, rest)  # a module of this trace: reseeding it inside the vjp is allowed
+      nnx.reseed(module, dropout=micro_key)
+      return objective.embed(module, micro, deterministic=False)
+
+    def loss_fn(params, embeddings):
+      sums = objective.sums(objective.head(self.merge(params, rest), embeddings), batch)
+      loss = sum(sums[f'{t}_loss_sum'] / counts[t] for t in objective.terms)
+      return loss, sums
+
+    return gradcache.grad_cache(embed_fn, loss_fn, params, batch, key, micro_batch_size=_rows(batch) // k)
 
   def _eval_step(self, params, rest, batch, aux):
     return self.objective.eval_sums(self.apply(params, rest, batch), batch, aux)

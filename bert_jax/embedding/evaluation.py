@@ -1,0 +1,60 @@
+"""Retrieval evaluation of an embedding function on a BEIR-layout set, the corpus embedded and searched block by
+block: one block of corpus vectors and the running top-k of each size are all it holds, whatever the corpus size.
+
+`embed` is any texts -> [n, D] function (e.g. `inference.embed` of a checkpoint, or a training run's model); the
+queries are embedded once, each corpus block once, and every Matryoshka size is searched from the same block
+(truncated and normalised again).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from bert_jax.embedding import metrics, pooling, search
+from bert_jax.embedding.beir import BeirSet
+from bert_jax.errors import DataError
+
+_truncate = jax.jit(pooling.truncate, static_argnums=1)
+
+
+def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarray], *,
+                       dims: Sequence[int] | None = None, block_size: int = search.DEFAULT_BLOCK_SIZE,
+                       recall_at: Sequence[int] = metrics.RECALL_AT, cutoff: int = metrics.CUTOFF) -> dict:
+  """recall@k, MRR@cutoff and nDCG@cutoff of `data`'s queries against its corpus (`metrics.ranking_metrics`).
+
+  Args:
+    data: a `beir.read_beir` set.
+    embed: texts -> float [n, D] embeddings.
+    dims: Matryoshka sizes reported besides the full one ('matryoshka': {dim: metrics}).
+    block_size: corpus texts embedded and searched at a time.
+
+  Raises:
+    DataError: `embed` returned another number of vectors than texts, or vectors of another width.
+  """
+  def vectors(texts):
+    out = np.asarray(embed(texts), np.float32)
+    if out.ndim != 2 or len(out) != len(texts):
+      raise DataError(f'the embedding function returned {out.shape} for {len(texts)} texts; expected [n, D]')
+    return out
+
+  queries_qd = vectors(data.queries)
+  full = queries_qd.shape[1]
+  sizes = (full,) + tuple(int(d) for d in dims or ())
+  k = max(tuple(recall_at) + (cutoff,))
+  tops = {d: search.StreamingTopK(_truncate(queries_qd, d), k=k, block_size=block_size) for d in sizes}
+  passages = data.passages()
+  for start in range(0, len(passages), block_size):
+    block_nd = vectors(passages[start:start + block_size])
+    for d, top in tops.items():
+      top.add(_truncate(block_nd, d))
+
+  def scores(d):
+    return metrics.ranking_metrics(tops[d].result()[1], data.qrels, recall_at=recall_at, cutoff=cutoff)
+
+  out = scores(full)
+  if dims:
+    out['matryoshka'] = {d: scores(d) for d in sizes[1:]}
+  return out

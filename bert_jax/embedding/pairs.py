@@ -1,0 +1,144 @@
+"""Training pairs and triplets from your files: (query, positive passage, zero or more hard negatives) by column
+names, and the padded batches the `Contrastive` objective reads.
+
+Files are CSV, TSV, JSONL or Parquet (`finetuning.tasks.files.records`: the same reader as the classify/regress
+tasks). `PairColumns` names the query and positive columns and any negative columns; in JSONL (or Parquet) a
+negative column may hold a list of texts. Every row must have the same number of negatives (a batch is
+[B, K, T]).
+
+Passage ids: every distinct passage text (positives and negatives together) gets one int32 id, its index in
+first-appearance order, so the same passage twice in a batch is recognised exactly (no hash collisions) and masked
+as a false negative by the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from bert_jax.errors import DataError
+from bert_jax.finetuning.tasks import files as file_tasks
+
+
+@dataclasses.dataclass(frozen=True)
+class PairColumns:
+  """Which columns hold the query, its positive passage and its hard negatives (none by default)."""
+
+  query: str = 'query'
+  positive: str = 'positive'
+  negatives: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+  """One training example and the line of the file it came from."""
+
+  query: str
+  positive: str
+  negatives: tuple[str, ...]
+  line: int
+
+
+def _texts(path: str, line: int, record: dict[str, Any], column: str) -> list[str]:
+  if column not in record:
+    raise DataError(f'{path}:{line}: no {column!r} (this line has {", ".join(map(repr, record)) or "no keys"})')
+  value = record[column]
+  values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value]
+  for v in values:
+    if not isinstance(v, str) or not v.strip():
+      raise DataError(f'{path}:{line}: {column!r} must hold non-empty texts, got {v!r}')
+  return values
+
+
+def read_pairs(path: str, columns: PairColumns = PairColumns()) -> list[Pair]:
+  """The (query, positive, negatives) rows of `path`.
+
+  Raises:
+    DataError: a missing, empty or headerless file, a column it lacks (naming those it has), an empty query or
+      positive (a query with no positive), a ragged number of negatives: the file and line.
+  """
+  names, records = file_tasks.records(path)
+  for column in (columns.query, columns.positive) + tuple(columns.negatives):
+    if column not in names:
+      raise DataError(f'{path}:1: no column {column!r}; the file has {", ".join(map(repr, names)) or "none"} '
+                      '(a header line naming the query, positive and negative columns is required)')
+  pairs, first = [], None
+  for line, record in records:
+    query = file_tasks._text(path, line, record, columns.query)  # pylint: disable=protected-access
+    try:
+      positive = file_tasks._text(path, line, record, columns.positive)  # pylint: disable=protected-access
+    except DataError:
+      raise DataError(f'{path}:{line}: the query has no positive passage: {columns.positive!r} must be a '
+                      f'non-empty text, got {record.get(columns.positive)!r}') from None
+    negatives = tuple(t for c in columns.negatives for t in _texts(path, line, record, c))
+    if first is None:
+      first = (line, len(negatives))
+    elif len(negatives) != first[1]:
+      raise DataError(f'{path}:{line}: {len(negatives)} hard negatives, but line {first[0]} has {first[1]}: every '
+                      'row needs the same number')
+    pairs.append(Pair(query, positive, negatives, line))
+  return pairs
+
+
+def passage_ids(pairs: Sequence[Pair]) -> tuple[np.ndarray, np.ndarray]:
+  """(int32 ids of the positives [N], of the negatives [N, K]): one id per distinct passage text."""
+  index: dict[str, int] = {}
+  positive_n = np.array([index.setdefault(p.positive, len(index)) for p in pairs], np.int32)
+  k = len(pairs[0].negatives) if pairs else 0
+  negative_nk = np.array([[index.setdefault(t, len(index)) for t in p.negatives] for p in pairs],
+                         np.int32).reshape(len(pairs), k)
+  return positive_n, negative_nk
+
+
+def _pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+  ids = np.full((len(rows), width), pad_id, np.int32)
+  mask = np.zeros((len(rows), width), np.int32)
+  for i, row in enumerate(rows):
+    ids[i, :len(row)], mask[i, :len(row)] = row, 1
+  return ids, mask
+
+
+def make_batch(tokenizer, pairs: Sequence[Pair], ids: tuple[np.ndarray, np.ndarray], rows: Sequence[int], *,
+               max_query_length: int, max_passage_length: int, batch_size: int | None = None) -> dict[str, np.ndarray]:
+  """The `Contrastive` objective's batch of `pairs[rows]`, padded to the longest text per side (and to `batch_size`
+  rows with weight 0).
+
+  Args:
+    tokenizer: has `encode_inputs(text, None, max_length=...) -> (ids, types, truncated)` and `pad_id`.
+    ids: `passage_ids(pairs)`.
+    rows: which pairs, in batch order.
+  """
+  batch_size = batch_size or len(rows)
+  chosen = [pairs[r] for r in rows]
+  k = len(chosen[0].negatives) if chosen else 0
+
+  def encode(texts, limit):
+    return [tokenizer.encode_inputs(t, None, max_length=limit)[0] for t in texts]
+
+  pad = batch_size - len(chosen)
+  query = encode([p.query for p in chosen], max_query_length) + [[tokenizer.pad_id]] * pad
+  passage = encode([p.positive for p in chosen], max_passage_length) + [[tokenizer.pad_id]] * pad
+  batch = {}
+  batch['query_input_ids'], batch['query_attention_mask'] = _pad(query, max(map(len, query)), tokenizer.pad_id)
+  batch['passage_input_ids'], batch['passage_attention_mask'] = _pad(passage, max(map(len, passage)),
+                                                                     tokenizer.pad_id)
+  if k:
+    negatives = encode([t for p in chosen for t in p.negatives], max_passage_length)
+    negatives += [[tokenizer.pad_id]] * (pad * k)
+    width = max(map(len, negatives))
+    ids_, mask = _pad(negatives, width, tokenizer.pad_id)
+    batch['negative_input_ids'], batch['negative_attention_mask'] = (ids_.reshape(batch_size, k, width),
+                                                                     mask.reshape(batch_size, k, width))
+  for name in ('query', 'passage', 'negative'):
+    if f'{name}_attention_mask' in batch:
+      batch[f'{name}_attention_mask'][..., 0] = 1  # padding rows: keep every softmax row non-empty
+  positive_n, negative_nk = ids
+  # Padding rows get ids no real passage has (-1 - row), so they never mask a real row; their weight is 0.
+  filler = -1 - np.arange(pad, dtype=np.int32)
+  batch['passage_ids'] = np.concatenate([positive_n[list(rows)], filler])
+  if k:
+    batch['negative_ids'] = np.concatenate([negative_nk[list(rows)], np.repeat(filler[:, None], k, 1)])
+  batch['weights'] = np.concatenate([np.ones(len(chosen), np.float32), np.zeros(pad, np.float32)])
+  return batch

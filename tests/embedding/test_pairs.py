@@ -1,0 +1,76 @@
+"""Pairs and triplets from files by column names; exact passage ids; the padded batch; one error per bad input."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bert_jax.embedding import pairs
+from bert_jax.errors import DataError
+
+
+class CharTokenizer:
+  """[CLS]=1 + one id per character + [SEP]=2, cut at max_length; [PAD]=0."""
+
+  pad_id = 0
+
+  def encode_inputs(self, text, text_b, max_length):
+    assert text_b is None
+    ids = [1] + [3 + ord(c) % 50 for c in text][:max_length - 2] + [2]
+    return ids, [0] * len(ids), len(text) > max_length - 2
+
+
+def _write(path, text):
+  path.write_text(text, encoding='utf-8')
+  return str(path)
+
+
+def test_tsv_triplets_and_jsonl_lists_of_negatives(tmp_path):
+  tsv = _write(tmp_path / 'train.tsv', 'query\tpositive\tneg\nwho\tParis\tBerlin\nwhat\tBerlin\tRome\n')
+  got = pairs.read_pairs(tsv, pairs.PairColumns(negatives=('neg',)))
+  assert got == [pairs.Pair('who', 'Paris', ('Berlin',), 2), pairs.Pair('what', 'Berlin', ('Rome',), 3)]
+  jsonl = _write(tmp_path / 'train.jsonl', '\n'.join(json.dumps(r) for r in [
+      {'q': 'a', 'p': 'x', 'n': ['y', 'z']}, {'q': 'b', 'p': 'y', 'n': ['x', 'w']}]) + '\n')
+  got = pairs.read_pairs(jsonl, pairs.PairColumns('q', 'p', ('n',)))
+  assert [p.negatives for p in got] == [('y', 'z'), ('x', 'w')]
+  positive_n, negative_nk = pairs.passage_ids(got)
+  np.testing.assert_array_equal(positive_n, [0, 1])  # x, y
+  np.testing.assert_array_equal(negative_nk, [[1, 2], [0, 3]])  # y is b's positive: the same id
+
+
+def test_the_batch_pads_rows_and_sides(tmp_path):
+  path = _write(tmp_path / 'train.csv', 'query,positive,neg\nab,cde,f\nabcd,e,ghi\nx,cde,y\n')
+  rows = pairs.read_pairs(path, pairs.PairColumns(negatives=('neg',)))
+  batch = pairs.make_batch(CharTokenizer(), rows, pairs.passage_ids(rows), [2, 0], max_query_length=8,
+                           max_passage_length=4, batch_size=4)
+  assert batch['query_input_ids'].shape == (4, 4)  # 'x', 'ab' with [CLS] and [SEP]: the longest is 4
+  np.testing.assert_array_equal(batch['weights'], [1, 1, 0, 0])
+  np.testing.assert_array_equal(batch['passage_ids'][:2], [0, 0])  # rows 2 and 0 share 'cde': a false negative
+  assert np.all(batch['passage_ids'][2:] < 0)
+  assert batch['negative_input_ids'].shape == (4, 1, 3)
+  np.testing.assert_array_equal(batch['passage_attention_mask'][0], [1, 1, 1, 1])  # 'cde' cut to 4 tokens
+  np.testing.assert_array_equal(batch['query_attention_mask'][:, 0], 1)  # padding rows keep one real position
+
+
+@pytest.mark.parametrize('name, text, columns, message', [
+    ('empty.tsv', '', pairs.PairColumns(), r'empty.tsv is empty'),
+    ('header.tsv', 'query\tpositive\n', pairs.PairColumns(), r'has a header but no data rows'),
+    ('headerless.tsv', 'who\tParis\nwhat\tBerlin\n', pairs.PairColumns(), r"no column 'query'.*a header line naming"),
+    ('cols.tsv', 'question\tpositive\nwho\tParis\n', pairs.PairColumns(), r"no column 'query'; the file has "
+     r"'question', 'positive'"),
+    ('nopos.tsv', 'query\tpositive\nwho\t \n', pairs.PairColumns(), r'nopos.tsv:2: the query has no positive'),
+    ('noquery.tsv', 'query\tpositive\n\tParis\n', pairs.PairColumns(), r"noquery.tsv:2: 'query' must be a non-empty"),
+    ('ragged.jsonl', '{"query": "a", "positive": "b", "n": ["c"]}\n{"query": "d", "positive": "e", "n": []}\n',
+     pairs.PairColumns(negatives=('n',)), r'ragged.jsonl:2: 0 hard negatives, but line 1 has 1'),
+    ('badneg.jsonl', '{"query": "a", "positive": "b", "n": [3]}\n', pairs.PairColumns(negatives=('n',)),
+     r"'n' must hold non-empty texts, got 3"),
+    ('fields.tsv', 'query\tpositive\nwho\tParis\textra\n', pairs.PairColumns(), r'fields.tsv:2: 3 field'),
+])
+def test_bad_files_are_one_clear_error(tmp_path, name, text, columns, message):
+  with pytest.raises(DataError, match=message):
+    pairs.read_pairs(_write(tmp_path / name, text), columns)
+
+
+def test_a_missing_file(tmp_path):
+  with pytest.raises(DataError, match='does not exist'):
+    pairs.read_pairs(str(tmp_path / 'none.tsv'))
