@@ -67,15 +67,10 @@ def test_own_label_sets_fine_tune_predict_and_export(tiny_checkpoint, tmp_path):
   """Trained in process; predict.py names every label above one half with its sigmoid, and the exported model is
   a transformers multi-label classifier whose pipeline gives the same probabilities."""
   transformers = pytest.importorskip('transformers')
-  from helpers import run_main  # pylint: disable=g-import-not-at-top
-  train = _jsonl(tmp_path / 'train.jsonl', _ROWS * 4)
+  from helpers import finetune_own_file, run_main  # pylint: disable=g-import-not-at-top
   workdir, export = tmp_path / 'work', tmp_path / 'hf'
-  trained = run_main('finetune.py', '--config=experiments/configs/finetune.py:multilabel', f'--workdir={workdir}',
-                     f'--config.init_checkpoint={tiny_checkpoint}', f'--config.train_file={train}',
-                     '--config.num_train_steps=3', '--config.batch_size=8', '--config.max_seq_length=32',
-                     '--config.eval_fraction=0.2')
-  assert trained.returncode == 0, trained.stderr[-3000:]
-  assert json.loads(trained.stdout.strip().splitlines()[-1])['main_metric'] == 'dev_micro_f1'
+  result = finetune_own_file('multilabel', workdir, tiny_checkpoint, _jsonl(tmp_path / 'train.jsonl', _ROWS * 4))
+  assert result['main_metric'] == 'dev_micro_f1'
   names = ['battery', 'screen', 'shipping']
   with open(workdir / 'config.json', encoding='utf-8') as f:
     assert json.load(f)['task'] == {'name': 'multilabel', 'kind': 'multilabel', 'num_labels': 3, 'label_names': names}

@@ -92,15 +92,9 @@ def test_scores_are_entity_f1_for_chunk_tags_and_token_accuracy_otherwise(tmp_pa
 def test_own_tags_fine_tune_predict_and_export_by_name(tiny_checkpoint, tmp_path):
   """A JSONL of tagged sentences: trained in process, its tag names recorded, predicted and exported by name."""
   transformers = pytest.importorskip('transformers')
-  from helpers import run_main  # pylint: disable=g-import-not-at-top
-  train = _jsonl(tmp_path / 'train.jsonl', _sentences(20))
+  from helpers import finetune_own_file, run_main  # pylint: disable=g-import-not-at-top
   workdir, export = tmp_path / 'work', tmp_path / 'hf'
-  trained = run_main('finetune.py', '--config=experiments/configs/finetune.py:tag', f'--workdir={workdir}',
-                     f'--config.init_checkpoint={tiny_checkpoint}', f'--config.train_file={train}',
-                     '--config.num_train_steps=3', '--config.batch_size=8', '--config.max_seq_length=32',
-                     '--config.eval_fraction=0.2')
-  assert trained.returncode == 0, trained.stderr[-3000:]
-  result = json.loads(trained.stdout.strip().splitlines()[-1])
+  result = finetune_own_file('tag', workdir, tiny_checkpoint, _jsonl(tmp_path / 'train.jsonl', _sentences(20)))
   assert result['main_metric'] == 'dev_f1' and 0 <= result['dev_token_accuracy'] <= 1
   names = ['O', 'B-LOC', 'B-PER', 'I-PER']
   with open(workdir / 'config.json', encoding='utf-8') as f:
