@@ -104,7 +104,6 @@ def test_retrieval_with_gradcache_trains_through_the_entry_point(tiny_checkpoint
     assert json.load(f)['pooling'] == 'cls'
 
 
-@pytest.mark.slow
 def test_bad_retrieval_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_path):
   pairs, good_beir = _write_data(tmp_path)
   (tmp_path / 'other').mkdir()
