@@ -102,6 +102,8 @@ def test_retrieval_with_gradcache_trains_through_the_entry_point(tiny_checkpoint
   assert 'retrieval: eval_ndcg_at_10' in r.stdout, r.stdout[-3000:]
   with open(tmp_path / 'w' / 'final_metrics.json', encoding='utf-8') as f:
     assert json.load(f)['pooling'] == 'cls'
+  assert_one_line_error(run_main('evaluate.py', f'--workdir={tmp_path / "w"}'),
+                        'is a retrieval run: evaluating it again is not supported yet')
 
 
 def test_bad_retrieval_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_path):
