@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from bert_jax.config.fields import _f
 from bert_jax.config.model import ModelConfig
@@ -35,7 +36,7 @@ class FinetuneConfig(TrainingConfig):
   keep_checkpoints: int = _f(1, free=True)
   model: ModelConfig = _f(factory=ModelConfig)
   # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or your own files: 'classify', 'regress', 'multilabel',
-  # 'tag', 'qa'
+  # 'tag', 'qa'; 'retrieval': a bi-encoder on pairs (embedding.run)
   task: str = 'sst2'
   data_dir: str = _f('', path=True)
   train_file: str = _f('', path=True)  # overrides the task's file in data_dir; classify/regress: required
@@ -63,6 +64,21 @@ class FinetuneConfig(TrainingConfig):
   tune_null_threshold: bool = _f(True, free=True, evaluation=True)  # SQuAD 2.0: also report the best threshold
   train_articles: int = 40  # without a train file: the first N articles of dev-v1.1.json train
   eval_articles: int = _f(8, free=True, evaluation=True)  # ... and the last N evaluate
+  # retrieval: a bi-encoder trained contrastively (InfoNCE over the global batch) on pairs from train_file, by
+  # columns; passages are cut to max_seq_length tokens, queries to max_query_length (embedding/)
+  pooling: str = 'mean'  # 'mean' or 'cls'; embeddings are normalised
+  temperature: float = 0.05  # fixed, or the learned one's initial value
+  learn_temperature: bool = False
+  temperature_min: float = 0.01  # the learned temperature's bounds
+  temperature_max: float = 1.0
+  symmetric: bool = False  # also passage -> query
+  matryoshka_dims: str = ''  # e.g. '384,256,128,64': the loss at each leading size, evaluated at each
+  matryoshka_weights: str = ''  # one per dim, comma-separated; '' equal
+  query_column: str = 'query'
+  positive_column: str = 'positive'
+  negative_columns: str = ''  # comma-separated hard-negative columns (JSONL/Parquet: a column may hold a list)
+  beir_dir: str = _f('', free=True, path=True, evaluation=True)  # corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+  beir_split: str = _f('test', free=True, evaluation=True)
 
   def __post_init__(self):
     super().__post_init__()
@@ -72,3 +88,53 @@ class FinetuneConfig(TrainingConfig):
       raise ConfigError(f'eval_fraction={self.eval_fraction} must be in [0, 1)')
     if self.num_seeds <= 0:
       raise ConfigError(f'num_seeds must be positive, got {self.num_seeds}')
+    if self.task == 'retrieval':
+      self._check_retrieval()
+
+  def _check_retrieval(self) -> None:
+    """The retrieval fields' mesh- and model-free checks (the dims against the model: `embedding.run`)."""
+    if self.pooling not in ('mean', 'cls'):
+      raise ConfigError(f"pooling must be 'mean' or 'cls', got {self.pooling!r}")
+    for name in ('temperature',) + (('temperature_min', 'temperature_max') if self.learn_temperature else ()):
+      value = getattr(self, name)
+      if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f'{name}={value} must be a finite number > 0')
+    if self.learn_temperature and not self.temperature_min <= self.temperature <= self.temperature_max:
+      raise ConfigError(f'temperature={self.temperature} must lie within [temperature_min, temperature_max] = '
+                        f'[{self.temperature_min}, {self.temperature_max}] when learn_temperature is set')
+    dims, weights = self.retrieval_dims(), self.retrieval_weights()
+    if any(a <= b for a, b in zip(dims, dims[1:])):
+      raise ConfigError(f'matryoshka_dims={self.matryoshka_dims!r} must be strictly decreasing (largest first)')
+    if weights and len(weights) != len(dims):
+      raise ConfigError(f'matryoshka_weights has {len(weights)} values for {len(dims)} matryoshka_dims')
+    for name in ('query_column', 'positive_column'):
+      if not getattr(self, name).strip():
+        raise ConfigError(f'{name} must name a column')
+    if self.max_query_length < 3:
+      raise ConfigError(f'max_query_length={self.max_query_length} must be at least 3')
+
+  def retrieval_dims(self) -> tuple[int, ...]:
+    """matryoshka_dims as integers (ConfigError when they are not positive integers)."""
+    return _int_list('matryoshka_dims', self.matryoshka_dims)
+
+  def retrieval_weights(self) -> tuple[float, ...]:
+    try:
+      weights = tuple(float(w) for w in self.matryoshka_weights.split(',') if w.strip())
+    except ValueError:
+      raise ConfigError(f'matryoshka_weights={self.matryoshka_weights!r} must be numbers separated by commas') from None
+    if any(not math.isfinite(w) or w < 0 for w in weights):
+      raise ConfigError(f'matryoshka_weights={self.matryoshka_weights!r} must be finite numbers >= 0')
+    return weights
+
+  def negative_column_names(self) -> tuple[str, ...]:
+    return tuple(c.strip() for c in self.negative_columns.split(',') if c.strip())
+
+
+def _int_list(name: str, text: str) -> tuple[int, ...]:
+  try:
+    values = tuple(int(v) for v in text.split(',') if v.strip())
+  except ValueError:
+    raise ConfigError(f'{name}={text!r} must be positive integers separated by commas') from None
+  if any(v < 1 for v in values):
+    raise ConfigError(f'{name}={text!r} must be positive integers separated by commas')
+  return values

@@ -284,6 +284,9 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
   saved = wd.config()
   if saved is None or 'finetune' not in saved:
     raise ConfigError(f'{workdir} holds no fine-tuning run to evaluate (no config.json); train first')
+  if saved['finetune'].get('task') == 'retrieval':
+    raise ConfigError(f'{workdir} is a retrieval run: evaluating it again is not supported yet; its training '
+                      'results are in final_metrics.json (docs/embeddings.md)')
   unknown = sorted(set(overrides or {}) - set(facts(FinetuneConfig, 'evaluation')))
   if unknown:
     raise ConfigError(f'{", ".join(unknown)} cannot change when a workdir is evaluated again; its training config '

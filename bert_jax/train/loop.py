@@ -51,6 +51,11 @@ class Batches(Protocol):
     ...
 
 
+def _token_shape(local: dict[str, np.ndarray]) -> tuple[int, ...]:
+  """The shape of a batch's token rows: its input_ids (a contrastive batch: its passages')."""
+  return tuple(local['input_ids' if 'input_ids' in local else 'passage_input_ids'].shape)
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
   """What the run's lines say and where its files go.
@@ -135,8 +140,8 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
     while step < total_steps:
       t_wait = time.perf_counter()
       local = next(batches)
-      progress.add(batches.last_sizes, local['input_ids'].shape[1], time.perf_counter() - t_wait)
-      shape = tuple(local['input_ids'].shape)
+      shape = _token_shape(local)
+      progress.add(batches.last_sizes, shape[1], time.perf_counter() - t_wait)
       if shape not in compiled:  # a first step of this shape compiles (tens of seconds on large models): say so
         reporting.log(f'compiling the train step for {shape[0]} x {shape[1]} tokens per process ...')
         t_compile = time.perf_counter()

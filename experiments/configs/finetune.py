@@ -6,6 +6,8 @@
   python experiments/finetune.py --config=experiments/configs/finetune.py:squad --workdir=/tmp/squad
   python experiments/finetune.py --config=experiments/configs/finetune.py:classify --workdir=/tmp/reviews \
       --config.train_file=reviews.csv [--config.eval_file=reviews_dev.csv]
+  python experiments/finetune.py --config=experiments/configs/finetune.py:retrieval --workdir=/tmp/retrieval \
+      --config.train_file=pairs.jsonl --config.beir_dir=my_beir_set [--config.negative_columns=negative]
 
 Variants:
   sst2, rte       GLUE, the budgets of the README results table (sst2: 300 steps x 32 on the first 9,600
@@ -39,6 +41,12 @@ Variants:
                   found in the context); a row without an answer makes it SQuAD v2.0 (no-answer threshold).
                   Without eval_file, eval_fraction of the contexts is held out. Hugging Face run_qa's budget:
                   2 epochs x 16, seq 384, stride 128, lr 3e-5
+  retrieval       an embedding model (bi-encoder, docs/embeddings.md): InfoNCE over the global batch on the pairs of
+                  --config.train_file (columns query_column, positive_column, any negative_columns; CSV, TSV,
+                  JSONL, Parquet), evaluated on the BEIR-layout set in --config.beir_dir (split beir_split):
+                  recall@1/@10, MRR@10, nDCG@10 (main) at the full size and each of matryoshka_dims. Mean
+                  pooling, temperature 0.05 (sentence-transformers' MultipleNegativesRankingLoss), 1 epoch x 64
+                  pairs, passages 128 tokens, queries 32, lr 2e-5
   squad_v2        SQuAD v2.0 (train-v2.0.json / dev-v2.0.json in data_dir), 2 epochs, lr 5e-5, the
                   no-answer threshold tuned on dev
 
@@ -78,6 +86,8 @@ VARIANTS = {
     'regress': ('regress', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
     'multilabel': ('multilabel', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
     'tag': ('tag', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
+    'retrieval': ('retrieval', None, 2e-5, dict(max_seq_length=128, max_query_length=32, batch_size=64,
+                                                num_train_epochs=1.0, eval_batch_size=64)),
     'qa': ('qa', None, 3e-5, dict(max_seq_length=384, batch_size=16, num_train_epochs=2.0, eval_batch_size=32)),
 }
 

@@ -1,0 +1,280 @@
+"""A retrieval fine-tuning run: a bi-encoder trained contrastively in the one run scaffold (`train.run`).
+
+`RetrievalJob` is the `Job` of `FinetuneConfig(task='retrieval')`: the starting checkpoint's encoder under
+`Contrastive(spec)` (InfoNCE over the global batch; GradCache with optim.grad_accum_steps > 1), trained on the pairs
+of `train_file` (`pairs.read_pairs` by query_column / positive_column / negative_columns), evaluated by
+`evaluation.evaluate_retrieval` on the BEIR-layout set in `beir_dir` (recall@1/@10, MRR@10, nDCG@10 at the full
+size and at every Matryoshka size). A seed trains in seed_<n>/ and the workdir's final_metrics.json summarises the
+seeds, as every fine-tuning run; config.json records the pooling (its 'task' entry), so the workdir's embeddings
+are reproducible.
+
+Batches: step s's pairs are `finetuning.batching.batch_indices(…, s)` (a fresh permutation every epoch), so the
+data position is the step and a resumed run continues exactly. Each side is padded to a fixed width (queries to
+max_query_length, passages and negatives to max_seq_length): one compilation of the train step per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Collection, Sequence
+
+import jax
+import numpy as np
+
+from bert_jax import distributed, sharding as shd
+from bert_jax.config import FinetuneConfig, upgrade_saved
+from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.embedding import beir, pairs as pairs_lib
+from bert_jax.embedding.evaluation import evaluate_retrieval
+from bert_jax.embedding.objective import BiEncoder, Contrastive, ContrastiveSpec
+from bert_jax.errors import ConfigError, DataError
+from bert_jax.finetuning import batching
+from bert_jax.finetuning.run import _run_dirs, log_result, summarize_seeds  # pylint: disable=protected-access
+from bert_jax.interop.pretrained import describe
+from bert_jax.model.attention import describe_attention
+from bert_jax.runs import reporting
+from bert_jax.runs.workdir import Workdir
+from bert_jax.train import optim, run as scaffold
+from bert_jax.train.loop import Report
+from bert_jax.train.step import StepModel
+
+TASK = 'retrieval'
+MAIN_METRIC = 'eval_ndcg_at_10'
+
+
+def spec_of(cfg: FinetuneConfig) -> ContrastiveSpec:
+  """The contrastive spec of a retrieval config."""
+  return ContrastiveSpec(pooling=cfg.pooling, temperature=cfg.temperature, learn_temperature=cfg.learn_temperature,
+                         temperature_min=cfg.temperature_min, temperature_max=cfg.temperature_max,
+                         symmetric=cfg.symmetric, matryoshka_dims=cfg.retrieval_dims(),
+                         matryoshka_weights=cfg.retrieval_weights())
+
+
+def retrieval_model(cfg: FinetuneConfig, mesh, total_steps: int) -> StepModel:
+  """StepModel(BiEncoder, Contrastive(spec)) of `cfg` (its model the starting checkpoint's)."""
+  spec = spec_of(cfg)
+  return StepModel(lambda rngs: BiEncoder(cfg.model, spec, rngs=rngs), Contrastive(spec),
+                   optim.make_optimizer(cfg.optim, total_steps), mesh,
+                   schedule=optim.learning_rate_schedule(cfg.optim, total_steps),
+                   state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1),
+                   rules=shd.rules(cfg.mesh.rules), grad_accum_steps=cfg.optim.grad_accum_steps)
+
+
+class RetrievalJob:
+  """A retrieval fine-tuning run for the scaffold (`train.run.Job`): one run directory per seed.
+
+  Args:
+    cfg: the run's config (task 'retrieval').
+    explicit_model_fields: model fields the user set; the rest is the starting checkpoint's.
+  """
+
+  kind = 'finetuning'
+  preparing = 'loading the checkpoint and reading the pairs and the retrieval set'
+
+  def __init__(self, cfg: FinetuneConfig, explicit_model_fields: Collection[str] = ()):
+    if cfg.task != TASK:
+      raise ConfigError(f'RetrievalJob runs task {TASK!r}, got {cfg.task!r}')
+    if not cfg.init_checkpoint:
+      raise ConfigError('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir')
+    if not cfg.train_file:
+      raise ConfigError('retrieval: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
+                        f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
+    if not cfg.beir_dir:
+      raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
+                        'qrels/<split>.tsv) to evaluate on')
+    self.cfg, self._explicit_model_fields = cfg, explicit_model_fields
+    self._inputs_of: dict[str, _Inputs] = {}
+
+  def validate(self, mesh, workdir: Workdir) -> None:
+    self._inputs(mesh, workdir)
+
+  def _inputs(self, mesh, workdir: Workdir) -> _Inputs:
+    """Everything read before any training, checked once per workdir (`validate`, then `prepare`)."""
+    if workdir.path not in self._inputs_of:
+      self._inputs_of[workdir.path] = self._read_inputs(mesh, workdir)
+    return self._inputs_of[workdir.path]
+
+  def _read_inputs(self, mesh, workdir: Workdir) -> _Inputs:
+    source = describe(self.cfg.init_checkpoint, 'init_checkpoint')
+    cfg = dataclasses.replace(self.cfg, model=source.model_config(self.cfg.model, self._explicit_model_fields))
+    spec_of(cfg).check(cfg.model.hidden_size)  # Matryoshka dims against the hidden size, the temperature's bounds
+    for name in ('max_seq_length', 'max_query_length'):
+      scaffold.check_sequence_length(cfg, name, getattr(cfg, name), cfg.model)
+    scaffold.check_batch_sizes(cfg, mesh)
+    if cfg.batch_size % cfg.optim.grad_accum_steps:
+      raise ConfigError(f'batch_size={cfg.batch_size} must divide into optim.grad_accum_steps='
+                        f'{cfg.optim.grad_accum_steps} micro-batches')
+    saved = workdir.config()
+    if saved is not None:
+      scaffold.check_same_run(saved['finetune'], cfg, f'workdir {workdir.path}')
+    tokenizer = source.tokenizer()
+    own = workdir.tokenizer_file()
+    if own is not None and load_tokenizer(own).identity() != tokenizer.identity():
+      raise ConfigError(f'the tokenizer of the starting checkpoint {cfg.init_checkpoint} is not the one this run '
+                        f'was fine-tuned with ({own}): that path now holds another model. Restore it, or use a new '
+                        '--workdir')
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+      raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {tokenizer.vocab_size} tokens but the model '
+                        f'only {cfg.model.vocab_size} embeddings')
+    train = pairs_lib.read_pairs(cfg.train_file, pairs_lib.PairColumns(cfg.query_column, cfg.positive_column,
+                                                                       cfg.negative_column_names()))
+    if cfg.max_train_samples > 0:
+      train = train[:cfg.max_train_samples]
+    if not train:
+      raise DataError(f'{cfg.train_file}: no training pairs')
+    held_out = beir.read_beir(cfg.beir_dir, cfg.beir_split)
+    return _Inputs(cfg, source, tokenizer, train, held_out)
+
+  def prepare(self, mesh, workdir: Workdir) -> scaffold.Prepared:
+    inputs = self._inputs(mesh, workdir)
+    cfg = inputs.cfg
+    params, _ = inputs.source.params(None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
+    run = _PreparedRun(inputs, mesh)
+    return scaffold.Prepared(
+        cfg=cfg, stages=(scaffold.Stage(run.total_steps, run.model),), main_metric=MAIN_METRIC,
+        tokenizer=inputs.tokenizer, saved_config=saved_config(cfg), run_dirs=_run_dirs(cfg, workdir),
+        batches=run.batches, evaluate=run.evaluate,
+        check_meta=lambda meta, run_dir: scaffold.check_same_run(upgrade_saved(meta['config']), cfg, run_dir,
+                                                                 meta['step']),
+        report=lambda seed, run_dir: run.report(seed, run_dir, workdir),
+        results=run.results, run_done=lambda seed, run_dir, result: run.done(seed, run_dir, result, workdir),
+        weights=lambda: {'bert': params['bert']})
+
+
+def saved_config(cfg: FinetuneConfig) -> dict[str, Any]:
+  """The workdir's config.json: the config, and how its embeddings are made (pooling, normalised, sizes)."""
+  return {'finetune': cfg.to_dict(),
+          'task': {'name': TASK, 'kind': TASK, 'num_labels': 0, 'label_names': [],
+                   'pooling': cfg.pooling, 'normalize': True, 'matryoshka_dims': list(cfg.retrieval_dims()),
+                   'similarity': 'cosine'}}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+  """A retrieval run's inputs, checked: config (the starting checkpoint's architecture), checkpoint, tokenizer,
+  training pairs and the held-out BEIR set."""
+
+  cfg: FinetuneConfig
+  source: Any
+  tokenizer: Any
+  train: list[pairs_lib.Pair]
+  held_out: beir.BeirSet
+
+
+def _name(metric: str) -> str:
+  """'ndcg@10' -> 'eval_ndcg_at_10' (names that flags, TensorBoard and JSON readers take as they are)."""
+  return 'eval_' + metric.replace('@', '_at_')
+
+
+def _pad_to(batch: dict[str, np.ndarray], widths: dict[str, int], pad_id: int) -> dict[str, np.ndarray]:
+  """Each side's token arrays padded (ids with `pad_id`, masks with 0) to its fixed width."""
+  out = dict(batch)
+  for side, width in widths.items():
+    for name, fill in (('input_ids', pad_id), ('attention_mask', 0)):
+      key = f'{side}_{name}'
+      if key in out:
+        a = out[key]
+        out[key] = np.concatenate([a, np.full(a.shape[:-1] + (width - a.shape[-1],), fill, a.dtype)], axis=-1)
+  return out
+
+
+class RetrievalBatches:
+  """This process's block of each training step's batch of pairs, from step `start` on (`train.loop.Batches`)."""
+
+  def __init__(self, train: Sequence[pairs_lib.Pair], tokenizer, cfg: FinetuneConfig, *, seed: int, start: int,
+               block: tuple[int, int]):
+    self.train, self.tokenizer, self.cfg, self.seed, self.block = train, tokenizer, cfg, seed, block
+    self.ids = pairs_lib.passage_ids(train)
+    self.widths = {'query': cfg.max_query_length, 'passage': cfg.max_seq_length, 'negative': cfg.max_seq_length}
+    self.position = start
+    self.last_sizes: dict[str, int] | None = None
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    cfg = self.cfg
+    # Through the module (not an imported name): a test can stop the run at a step's batch.
+    chosen = batching.batch_indices(len(self.train), cfg.batch_size, self.seed, self.position, cfg.shuffle)
+    self.position += 1
+    host = pairs_lib.make_batch(self.tokenizer, self.train, self.ids, [int(i) for i in chosen],
+                                max_query_length=cfg.max_query_length, max_passage_length=cfg.max_seq_length,
+                                batch_size=cfg.batch_size)
+    host = _pad_to(host, self.widths, self.tokenizer.pad_id)
+    masks = [v for k, v in host.items() if k.endswith('_attention_mask')]
+    self.last_sizes = {'rows': cfg.batch_size, 'examples': len(chosen),
+                       'row_tokens': int(sum(m.size for m in masks)),
+                       'real_tokens': int(sum(m[:len(chosen)].sum() for m in masks))}
+    return batching.process_block(host, *self.block)
+
+  def close(self) -> None:
+    pass
+
+
+class _PreparedRun:
+  """A retrieval run's built model and what reads it: batches, evaluation, lines and results."""
+
+  def __init__(self, inputs: _Inputs, mesh):
+    self.cfg, self.tokenizer, self.train, self.held_out = inputs.cfg, inputs.tokenizer, inputs.train, inputs.held_out
+    reporting.log(f'{TASK}: {len(self.train)} training pairs ({len(self.train[0].negatives)} hard negatives each), '
+                  f'eval {len(self.held_out.queries)} queries against {len(self.held_out.texts)} passages')
+    self.total_steps = self.cfg.total_steps(len(self.train))
+    reporting.log(describe_attention(self.cfg.model))
+    self.model = retrieval_model(self.cfg, mesh, self.total_steps)
+    self.block = distributed.process_batch_block(mesh)
+    self.dims = self.cfg.retrieval_dims()
+
+  def batches(self, seed: int, position: int, step: int) -> RetrievalBatches:
+    cfg = self.cfg
+    reporting.log(f'seed {seed}: training {self.total_steps - step} of {self.total_steps} steps, batch '
+                  f'{cfg.batch_size} pairs ({cfg.optim.grad_accum_steps} micro-batches), {len(self.train)} pairs')
+    return RetrievalBatches(self.train, self.tokenizer, cfg, seed=seed, start=position, block=self.block)
+
+  def embed(self, params, texts: Sequence[str], side: str, width: int) -> np.ndarray:
+    """Normalised embeddings [n, D] of `texts` (as queries or passages), eval_batch_size at a time."""
+    size, out = self.cfg.eval_batch_size, []
+    for i in range(0, len(texts), size):
+      chunk = list(texts[i:i + size])
+      rows = [self.tokenizer.encode_inputs(t, None, max_length=width)[0] for t in chunk]
+      rows += [[self.tokenizer.pad_id]] * (size - len(chunk))
+      ids, mask = pairs_lib._pad(rows, width, self.tokenizer.pad_id)  # pylint: disable=protected-access
+      host = {f'{side}_input_ids': ids, f'{side}_attention_mask': mask}
+      batch = self.model.global_batch(batching.process_block(host, *self.block))
+      outputs = self.model.predict_step(params, self.model.rest, batch)
+      out.append(np.asarray(jax.device_get(outputs['embeddings'][side]))[:len(chunk)])
+    return np.concatenate(out) if out else np.zeros((0, self.cfg.model.hidden_size), np.float32)
+
+  def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
+    """recall@1/@10, MRR@10 and nDCG@10 ('eval_<metric>', and 'eval_<metric>_dim<d>' per Matryoshka size)."""
+    del step, output_dir  # no predictions are written yet
+    t0 = time.time()
+    calls = []
+    def embed(texts):  # evaluate_retrieval embeds the queries first (cut as queries), then blocks of the corpus
+      calls.append(len(texts))
+      return (self.embed(params, texts, 'query', self.cfg.max_query_length) if len(calls) == 1
+              else self.embed(params, texts, 'passage', self.cfg.max_seq_length))
+    hidden = self.cfg.model.hidden_size
+    scores = evaluate_retrieval(self.held_out, embed, dims=tuple(d for d in self.dims if d != hidden))
+    out = {_name(k): v for k, v in scores.items() if k != 'matryoshka'}
+    for d, per_dim in (scores.get('matryoshka') or {}).items():
+      out.update({f'{_name(k)}_dim{d}': v for k, v in per_dim.items()})
+    return {**out, 'eval_wall_s': time.time() - t0}
+
+  def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
+    return Report(run_dir, label=f'seed {seed}: ', progress_keys=('loss', 'accuracy', 'temperature'),
+                  eval_keys=(MAIN_METRIC, 'eval_mrr_at_10', 'eval_recall_at_10', 'eval_wall_s'),
+                  curves_dir=workdir.path, curves_metrics=[MAIN_METRIC],
+                  divergence_hint='Lower --config.optim.learning_rate or raise --config.temperature')
+
+  def done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
+    workdir.write_results(result, run_dir)
+    reporting.write_curves(workdir.path, metrics=[MAIN_METRIC])
+    log_result(MAIN_METRIC, seed, result)
+
+  def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    del wall_s
+    return {'task': TASK, 'init_checkpoint': self.cfg.init_checkpoint, 'pooling': self.cfg.pooling,
+            **summarize_seeds(per_run, main_metric=MAIN_METRIC)}
+
+
+def train_retrieval(cfg: FinetuneConfig, workdir: str, explicit_model_fields: Collection[str] = ()) -> dict[str, Any]:
+  """Trains every seed of a retrieval run (or finishes, or only evaluates, what a rerun finds done)."""
+  return scaffold.train(RetrievalJob(cfg, explicit_model_fields), workdir)

