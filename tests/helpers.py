@@ -230,11 +230,7 @@ def pretrain_subprocess(corpus: str, cache: str, workdir: str, steps: int, patch
   """A command running experiments/pretrain.py (tiny variant; checkpoints and logs every 10 steps; `extra`
   flags) in a fresh Python that first runs `patch`: code that wraps a library function to inject a fault."""
   import sys  # pylint: disable=g-import-not-at-top
-  argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
-          f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
-          f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
-          '--config.eval_every=1000', '--config.data.eval_fraction=0.4', *extra]
-  return [sys.executable, '-c', script_code(argv, patch)]
+  return [sys.executable, '-c', script_code(['pretrain.py', *pretrain_flags(corpus, cache, workdir, steps, extra)], patch)]
 
 
 def script_code(argv: list[str], patch: str = '') -> str:
@@ -448,3 +444,12 @@ def finetune_own_file(variant: str, workdir, checkpoint: str, train_file: str, *
                     '--config.eval_fraction=0.2', *extra)
   assert result.returncode == 0, result.stderr[-3000:]
   return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def pretrain_flags(corpus: str, cache: str, workdir: str, steps: int, extra=()) -> list[str]:
+  """The flags of `pretrain_subprocess`'s run, for the same run in this process:
+  `run_main('pretrain.py', *pretrain_flags(...))` (an uninterrupted run, or the resume after a killed one)."""
+  return [f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
+          f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
+          f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
+          '--config.eval_every=1000', '--config.data.eval_fraction=0.4', *extra]

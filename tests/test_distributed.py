@@ -22,7 +22,7 @@ from helpers import (
   free_port,
   launch_process,
   prints_nothing,
-  run_experiment,
+  run_main,
   script_code,
   shared_data_or_skip,
   sigterm_at_batch,
@@ -244,7 +244,7 @@ def test_bad_fine_tuning_input_stops_every_process_with_one_error_line(tiny_chec
 @pytest.mark.e2e
 @pytest.mark.parametrize('script', ['pretrain.py', 'finetune.py'])
 def test_bad_flags_give_one_error_line(script, tmp_path):
-  result = run_experiment(script, f'--workdir={tmp_path / "w"}', '--num_processes=2', timeout=120)
+  result = run_main(script, f'--workdir={tmp_path / "w"}', '--num_processes=2')  # refused before any process starts
   assert_one_line_error(result, 'needs all of --coordinator_address')
   assert not (tmp_path / 'w').exists()
 

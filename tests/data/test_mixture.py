@@ -15,7 +15,7 @@ from bert_jax import config
 from bert_jax.data import loader, mixture
 from bert_jax.errors import ConfigError
 
-from helpers import REPO, WIKITEXT, assert_one_line_error, kill_after_save, run_experiment, script_code, tree_digest
+from helpers import REPO, WIKITEXT, assert_one_line_error, kill_after_save, run_main, script_code, tree_digest
 
 
 def test_quotas_apportion_the_period_by_the_shares():
@@ -112,8 +112,9 @@ def test_a_phase_switches_to_a_mixture_and_resumes_bitwise_after_kill_9(tmp_path
                     '--config.data.eval_fraction=0.4', f'--config.phases.extend.train_files={a},{b}',
                     '--config.phases.extend.train_weights=1,3']
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
-  first = subprocess.run([sys.executable, '-c', script_code(argv(straight))], cwd=REPO, capture_output=True,
-                         text=True, timeout=600)
+  # The kill -9 needs a process of its own; the uninterrupted run, the resume and the refusal run in this one (the
+  # same command lines, through run_main): no Python start and JAX import each.
+  first = run_main(*argv(straight))
   assert first.returncode == 0, first.stderr[-3000:]
   # Corpus a alone (stable), then a and b each prepared on their own at the extension's length.
   assert first.stdout.count('prepared data written to') == 3, first.stdout
@@ -121,8 +122,7 @@ def test_a_phase_switches_to_a_mixture_and_resumes_bitwise_after_kill_9(tmp_path
   killed = subprocess.run([sys.executable, '-c', script_code(argv(resumed), kill)], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-  again = subprocess.run([sys.executable, '-c', script_code(argv(resumed))], cwd=REPO, capture_output=True,
-                         text=True, timeout=600)
+  again = run_main(*argv(resumed))
   assert again.returncode == 0, again.stderr[-3000:]
   assert 'at step 6' in again.stdout
   losses = lambda w: {r['step']: r['loss'] for r in map(json.loads, open(os.path.join(w, 'metrics_train.jsonl')))}  # pylint: disable=unnecessary-lambda-assignment
@@ -131,6 +131,6 @@ def test_a_phase_switches_to_a_mixture_and_resumes_bitwise_after_kill_9(tmp_path
   assert final(resumed)['mlm_loss'] == final(straight)['mlm_loss']
   # Other weights are other data: the run refuses to resume on them, in one line, touching nothing.
   before = tree_digest(resumed)
-  other = run_experiment(*argv(resumed)[:-1], '--config.phases.extend.train_weights=3,1')
+  other = run_main(*argv(resumed)[:-1], '--config.phases.extend.train_weights=3,1')
   assert_one_line_error(other, 'phases')
   assert tree_digest(resumed) == before

@@ -27,6 +27,7 @@ from helpers import (
   assert_one_line_error,
   minilm_dir_or_skip,
   prints_nothing,
+  run_main,
   small_data_config,
   start_two,
   succeed,
@@ -427,10 +428,9 @@ def test_bad_input_is_one_error_line_and_leaves_no_cache(tmp_path, case):
     vocab.mkdir()
     (vocab / 'vocab.txt').write_text('\n'.join(['[PAD]', '[UNK]', '[CLS]', '[SEP]', 'one', 'two']) + '\n')
     extra, pattern = [f'--config.data.tokenizer={vocab}'], '[MASK]'
-  result = subprocess.run(
-      [sys.executable, 'experiments/prepare_data.py', '--config=experiments/configs/pretrain.py:tiny',
-       f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}', *extra],
-      cwd=REPO, capture_output=True, text=True, timeout=300)
+  # In this process (run_main: the same flags, error line and exit code; one corpus file is prepared without workers).
+  result = run_main('prepare_data.py', '--config=experiments/configs/pretrain.py:tiny',
+                    f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}', *extra)
   assert_one_line_error(result, pattern)
   assert _no_cache_left(cache), os.listdir(cache)
 

@@ -25,9 +25,10 @@ from helpers import (
   WIKITEXT,
   assert_one_line_error,
   finetune_config,
+  pretrain_flags,
   pretrain_subprocess,
   restore_pretraining_state,
-  run_experiment,
+  run_main,
   sigterm_at_batch,
   tiny_pretrain_config as tiny_config,
   tree_digest,
@@ -130,14 +131,16 @@ def test_phase_two_starts_from_phase_one_and_resumes_bitwise(small_corpus, tmp_p
   _assert_trees_equal(jax.device_get(state['params']), final1['params'])  # phase 1's final parameters, exactly
 
   extra = (f'--config.init_checkpoint={phase1}', '--config.data.max_seq_length=128')
-  run = lambda cmd: subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
   straight, preempted = str(tmp_path / 'straight'), str(tmp_path / 'preempted')
-  r = run(pretrain_subprocess(small_corpus, cache, straight, 20, extra=extra))
+  # The SIGTERM goes to a process of its own; the uninterrupted run and the resume run in this one (the same command
+  # line, through run_main), saving two Python starts and JAX imports.
+  r = run_main('pretrain.py', *pretrain_flags(small_corpus, cache, straight, 20, extra=extra))
   assert r.returncode == 0, r.stderr[-2000:]
   assert 'initialised from pretraining checkpoint' in r.stdout and 'eval step 0 |' in r.stdout
-  r = run(pretrain_subprocess(small_corpus, cache, preempted, 20, _SIGTERM_AT_STEP_13, extra=extra))
+  r = subprocess.run(pretrain_subprocess(small_corpus, cache, preempted, 20, _SIGTERM_AT_STEP_13, extra=extra),
+                     cwd=REPO, capture_output=True, text=True, timeout=600)
   assert r.returncode == 75, r.stderr[-2000:]
-  r = run(pretrain_subprocess(small_corpus, cache, preempted, 20, extra=extra))
+  r = run_main('pretrain.py', *pretrain_flags(small_corpus, cache, preempted, 20, extra=extra))
   assert r.returncode == 0, r.stderr[-2000:]
   assert 'resumed from' in r.stdout and 'initialised from' not in r.stdout  # a resume never reloads the source
   saved = PretrainConfig.from_dict(json.load(open(os.path.join(straight, 'config.json'), encoding='utf-8')))
@@ -191,7 +194,7 @@ def test_bad_input_is_one_error_line_and_writes_nothing(case, small_corpus, tmp_
   if case == 'missing':
     source = str(tmp_path / 'nowhere')
   before = tree_digest(source) if os.path.isdir(source) else None
-  result = run_experiment('pretrain.py', *args, f'--config.init_checkpoint={source}', *extra)
+  result = run_main('pretrain.py', *args, f'--config.init_checkpoint={source}', *extra)
   assert_one_line_error(result, pattern)
   assert not os.path.exists(tmp_path / 'run') and not os.path.exists(os.path.join(source, 'run'))
   assert (tree_digest(source) if os.path.isdir(source) else None) == before

@@ -2,6 +2,7 @@
 input refused in one line with the sources untouched."""
 
 import dataclasses
+import filecmp
 import json
 import os
 import shutil
@@ -11,13 +12,14 @@ import numpy as np
 import pytest
 
 from bert_jax import files
-from bert_jax.config import preset
+from bert_jax.data import tokenization
 from bert_jax.errors import CheckpointError, CheckpointGone, ConfigError
 from bert_jax.interop.pretrained import describe, load_pretrained
 from bert_jax.pretraining import merge, run
 from bert_jax.runs.checkpoints import Checkpointer
+from bert_jax.runs.workdir import Workdir
 
-from helpers import (assert_one_line_error, run_experiment, run_main, tiny_pretrain_config, tree_digest,
+from helpers import (assert_one_line_error, run_main, tiny_pretrain_config, tree_digest,
                      write_small_corpus)
 
 
@@ -73,7 +75,7 @@ def test_the_merge_is_the_weighted_mean_and_every_tool_reads_it(runs, tmp_path):
 def test_the_command_reports_each_part_and_the_merge(runs, tmp_path):
   _, a, b, _ = runs
   out = str(tmp_path / 'merged')
-  result = run_experiment('merge.py', f'--sources={a}@4,{b}@6', f'--workdir={out}')
+  result = run_main('merge.py', f'--sources={a}@4,{b}@6', f'--workdir={out}')
   assert result.returncode == 0, result.stderr[-3000:]
   line = json.loads(result.stdout.strip().splitlines()[-1])
   assert [p['step'] for p in line['parts']] == [4, 6] and line['merge']['step'] == 6
@@ -87,29 +89,40 @@ def test_the_command_reports_each_part_and_the_merge(runs, tmp_path):
   assert final['parts'] == line['parts']
   # The same command again (a sweep's rerun, an interrupted evaluation): nothing written, the same figures.
   written = tree_digest(os.path.join(out, 'checkpoints'))
-  again = run_experiment('merge.py', f'--sources={a}@4,{b}@6', f'--workdir={out}')
+  again = run_main('merge.py', f'--sources={a}@4,{b}@6', f'--workdir={out}')
   assert again.returncode == 0 and 'already holds this merge' in again.stdout + again.stderr, again.stderr[-3000:]
   assert json.loads(again.stdout.strip().splitlines()[-1]) == line
   assert tree_digest(os.path.join(out, 'checkpoints')) == written
   # Another merge into it is refused, naming the merge it holds.
-  assert_one_line_error(run_experiment('merge.py', f'--sources={a}@4,{b}@6', '--weights=2,1', f'--workdir={out}'),
+  assert_one_line_error(run_main('merge.py', f'--sources={a}@4,{b}@6', '--weights=2,1', f'--workdir={out}'),
                         f'already holds another merge of {os.path.abspath(a)}@4 (weight 0.5)')
 
 
 @pytest.mark.slow
 def test_bad_input_is_one_line_and_nothing_is_written(runs, tmp_path):
-  cfg, a, b, tmp = runs
+  _, a, b, tmp = runs
+  # Two sources merge refuses by what it compares before it reads any parameter (the saved config, the tokenizer
+  # file): copies of `a` whose config.json says another width, and whose tokenizer is another one. (This test trained
+  # both, compiling a model of another width and a run of another seed: most of its time.)
   other_arch = str(tmp / 'other_arch')
   if not os.path.exists(other_arch):
-    run.train_and_evaluate(dataclasses.replace(cfg, model=preset('tiny', vocab_size=1000, hidden_size=48),
-                                               num_train_steps=2), other_arch)
+    shutil.copytree(a, other_arch)
+    with open(os.path.join(other_arch, 'config.json'), encoding='utf-8') as f:
+      saved = json.load(f)
+    saved['model']['hidden_size'] = 48
+    with open(os.path.join(other_arch, 'config.json'), 'w', encoding='utf-8') as f:
+      json.dump(saved, f)
   full = str(tmp_path / 'full')
   os.makedirs(full)
   with open(os.path.join(full, 'keep.txt'), 'w') as f:
     f.write('a user file')
-  seed1 = str(tmp / 'seed1')  # another seed: another tokenizer is trained on the corpus
+  seed1 = str(tmp / 'seed1')  # another tokenizer: one trained on the corpus with another seed
   if not os.path.exists(seed1):
-    run.train_and_evaluate(dataclasses.replace(cfg, seed=1, num_train_steps=2), seed1)
+    shutil.copytree(a, seed1)
+    with open(os.path.join(tmp, 'corpus.txt'), encoding='utf-8') as f:
+      sentences = [line.strip() for line in f if line.strip()]
+    tokenization.train_sentencepiece(sentences[::-1], Workdir(seed1).tokenizer_file(), 1000, lower_case=False, seed=1)
+    assert not filecmp.cmp(Workdir(seed1).tokenizer_file(), Workdir(a).tokenizer_file(), shallow=False)
   digests = {d: tree_digest(d) for d in (a, b, full)}
   out = str(tmp_path / 'out')
   for args, pattern in (
@@ -128,7 +141,7 @@ def test_bad_input_is_one_line_and_nothing_is_written(runs, tmp_path):
       ([f'--sources={a},{b}', f'--workdir={a}/inside'], 'a merge source'),
   ):
     args = args if any(x.startswith('--workdir') for x in args) else [*args, f'--workdir={out}']
-    assert_one_line_error(run_experiment('merge.py', *args), pattern)
+    assert_one_line_error(run_main('merge.py', *args), pattern)
     assert not os.path.exists(out)
   assert {d: tree_digest(d) for d in digests} == digests
 

@@ -25,7 +25,6 @@ from helpers import (
   assert_one_line_error,
   kill_after_save,
   restore_pretraining_state,
-  run_experiment,
   run_main,
   script_code,
   sigterm_at_batch,
@@ -142,8 +141,7 @@ def test_resume_anywhere_continues_as_if_uninterrupted(phased, tmp_path, patch, 
                          timeout=600)
   assert first.returncode == code, first.stderr[-3000:]
   assert Checkpointer(workdir, read_only=True).latest_step() == at
-  second = subprocess.run([sys.executable, '-c', script_code(argv)], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+  second = run_main(*argv)  # the resume: the same command again, in this process (no Python start, no JAX import)
   assert second.returncode == 0, second.stderr[-3000:]
   assert f'resumed from {workdir}/checkpoints at step {at}' in second.stdout
   assert ('phase 2/3 extend: training' in second.stdout) and 'phase 1/3 stable: training' not in second.stdout
@@ -163,7 +161,7 @@ def test_the_result_exports_as_its_last_phase_and_transformers_computes_it(phase
   torch, transformers = pytest.importorskip('torch'), pytest.importorskip('transformers')
   _, _, _, workdir, _ = phased
   out = str(tmp_path / 'hf')
-  result = run_experiment('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
+  result = run_main('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
   assert result.returncode == 0, result.stderr[-3000:]
   exported = json.load(open(os.path.join(out, 'config.json')))
   assert exported['architectures'] == ['ModernBertForMaskedLM'] and exported['global_rope_theta'] == 160000.0
@@ -194,8 +192,8 @@ def test_bad_phase_flags_are_one_line_and_touch_nothing(tmp_path):
   for flag, pattern in (('--config.phases.extend.order=7', 'order=1, 2, ...'),
                         ('--config.phases.decay.lr=stable', "phases.decay.lr must be '' or 'decay'"),
                         ('--config.num_train_steps=50', 'the sum of their steps (12)')):
-    assert_one_line_error(run_experiment('pretrain.py', f'--workdir={workdir}',
-                                         '--config=experiments/configs/pretrain.py:recipe_tiny', flag), pattern)
+    assert_one_line_error(run_main('pretrain.py', f'--workdir={workdir}',
+                                   '--config=experiments/configs/pretrain.py:recipe_tiny', flag), pattern)
   assert tree_digest(str(workdir)) == before
 
 
@@ -385,8 +383,7 @@ def test_a_ramp_trains_its_batch_sizes_and_resumes_bitwise_in_the_middle(phased,
                          capture_output=True, text=True, timeout=600)
   assert first.returncode == preemption.EXIT_CODE, first.stderr[-3000:]
   assert Checkpointer(workdir, read_only=True).latest_step() == 1  # saved in the middle of the ramp
-  second = subprocess.run([sys.executable, '-c', script_code(argv)], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+  second = run_main(*argv)  # the resume, in this process
   assert second.returncode == 0, second.stderr[-3000:]
   a, _ = restore_pretraining_state(straight, cfg, 12)
   b, _ = restore_pretraining_state(workdir, cfg, 12)

@@ -18,7 +18,8 @@ from bert_jax.pretraining import run as pretraining
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train.loop import TrainingDivergedError
 
-from helpers import REPO, pretrain_subprocess, restore_pretraining_state, tiny_pretrain_config as tiny_config
+from helpers import (REPO, pretrain_flags, pretrain_subprocess, restore_pretraining_state, run_main,
+                     tiny_pretrain_config as tiny_config)
 
 
 def _snapshot(workdir):
@@ -80,14 +81,16 @@ checkpointing.Checkpointer.save = killing_save
 def test_resume_after_kill_9_is_bitwise(small_corpus, tmp_path):
   cache = str(tmp_path / 'cache')
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
-  run = lambda cmd: subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-  r = run(pretrain_subprocess(small_corpus, cache, straight, 40))
+  # The kill -9 needs a process of its own; the uninterrupted run and the resume run in this one (the same command
+  # line, through run_main), saving two Python starts and JAX imports.
+  r = run_main('pretrain.py', *pretrain_flags(small_corpus, cache, straight, 40))
   assert r.returncode == 0, r.stderr[-2000:]
-  r = run(pretrain_subprocess(small_corpus, cache, resumed, 40, _KILL_AFTER_SAVE_30))
+  r = subprocess.run(pretrain_subprocess(small_corpus, cache, resumed, 40, _KILL_AFTER_SAVE_30), cwd=REPO,
+                     capture_output=True, text=True, timeout=600)
   assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
   steps_at_kill = Checkpointer(resumed, read_only=True).all_steps()
   assert steps_at_kill and max(steps_at_kill) in (10, 20, 30), steps_at_kill
-  r = run(pretrain_subprocess(small_corpus, cache, resumed, 40))
+  r = run_main('pretrain.py', *pretrain_flags(small_corpus, cache, resumed, 40))
   assert r.returncode == 0, r.stderr[-2000:]
   assert 'resumed from' in r.stdout
   cfg = config.PretrainConfig.from_dict(json.load(open(os.path.join(straight, 'config.json'))))
@@ -101,12 +104,14 @@ def test_resume_after_kill_9_is_bitwise(small_corpus, tmp_path):
 @pytest.mark.slow
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(small_corpus, tmp_path):
   workdir = str(tmp_path / 'run')
-  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), num_train_steps=4, eval_every=100)
+  # tiny_config's 6 steps, as test_train_evaluate_and_restore's (and test_merge's) run: the same train step, compiled
+  # once per test run (the persistent compilation cache); the step count enters the schedule, so the executable.
+  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), eval_every=100)
   pretraining.train_and_evaluate(cfg, workdir)
   before = _snapshot(os.path.join(workdir, 'checkpoints'))
   bad = dataclasses.replace(cfg, num_train_steps=10, optim=config.OptimConfig(learning_rate=1e30, warmup_steps=0),
                             resume_allow='num_train_steps,optim')
-  with pytest.raises(TrainingDivergedError, match='last good checkpoint \\(step 4\\) is kept'):
+  with pytest.raises(TrainingDivergedError, match='last good checkpoint \\(step 6\\) is kept'):
     pretraining.train_and_evaluate(bad, workdir)
   after = _snapshot(os.path.join(workdir, 'checkpoints'))
   assert after == before
@@ -115,7 +120,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(small_corpus, tmp_path):
 @pytest.mark.slow
 def test_workdir_of_another_model_is_refused_untouched(small_corpus, tmp_path):
   workdir = str(tmp_path / 'run')
-  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), num_train_steps=2, eval_every=100)
+  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), eval_every=100)  # 6 steps: a train step compiled already
   pretraining.train_and_evaluate(cfg, workdir)
   before = _snapshot(workdir)
   other = dataclasses.replace(cfg, model=config.preset('tiny', vocab_size=1000, hidden_size=32))
