@@ -138,26 +138,29 @@ def run_experiment(script, *args, timeout=600):
 _BASE_FLAGS: set[str] = set()
 
 
-def run_main(script, *args) -> subprocess.CompletedProcess:
-  """Runs experiments/<script> as its `__main__` in this process, from the repository root (its main through
-  cli.run: flags, error lines, exit code) and returns what `run_experiment` would: returncode, stdout, stderr.
+def run_main(script, *args, cwd=REPO) -> subprocess.CompletedProcess:
+  """Runs experiments/<script> as its `__main__` in this process, from `cwd` (the repository root, as
+  run_experiment) (its main through cli.run: flags, error lines, exit code) and returns what `run_experiment` would:
+  returncode, stdout, stderr.
 
   Each run defines the script's flags afresh: the flags an earlier script defined are removed first (entry points
-  share names such as --workdir and --config).
+  share names such as --workdir and --config). Where the library's lines go (`reporting.log_to`, which some
+  scripts point at their stderr) is restored afterwards.
   """
   import io  # pylint: disable=g-import-not-at-top
   import runpy  # pylint: disable=g-import-not-at-top
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   import cli  # pylint: disable=g-import-not-at-top,unused-import  (its flags are defined once, with the base)
+  from bert_jax.runs import reporting  # pylint: disable=g-import-not-at-top
   if not _BASE_FLAGS:
     app.define_help_flags()  # --help, --helpfull: absl defines them once per process; they stay with the base
     _BASE_FLAGS.update(flags.FLAGS)
   for name in set(flags.FLAGS) - _BASE_FLAGS:
     delattr(flags.FLAGS, name)
   path = os.path.join(REPO, 'experiments', script)
-  out, err, code, argv, cwd = io.StringIO(), io.StringIO(), 0, sys.argv, os.getcwd()
+  out, err, code, argv, here, stream = io.StringIO(), io.StringIO(), 0, sys.argv, os.getcwd(), reporting._stream  # pylint: disable=protected-access
   sys.argv = [path, *args]
-  os.chdir(REPO)  # relative paths (--config=experiments/configs/...) as run_experiment reads them
+  os.chdir(cwd)  # relative paths (--config=experiments/configs/...) as run_experiment reads them
   try:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
       runpy.run_path(path, run_name='__main__')
@@ -165,7 +168,8 @@ def run_main(script, *args) -> subprocess.CompletedProcess:
     code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   finally:
     sys.argv = argv
-    os.chdir(cwd)
+    os.chdir(here)
+    reporting.log_to(stream)
   return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
 
 
@@ -408,3 +412,19 @@ def reference_first_fit_decreasing(lengths, row_length, max_per_row=None):
       free.append(row_length - n)
       count.append(1)
   return placed
+
+
+def head_of_task_file(path, n, directory) -> str:
+  """A copy in `directory` of the first `n` rows of a task file (TSV: the header and n rows; CoNLL: up to the n-th
+  blank line): a small train or eval file where the data's size is not what a test checks."""
+  with open(path, encoding='utf-8') as f:
+    lines = f.read().split('\n')
+  if path.endswith('.tsv'):
+    lines = lines[:n + 1]
+  else:
+    blank = [i for i, line in enumerate(lines) if not line.strip()]
+    lines = lines[:blank[min(n, len(blank) - 1)]]
+  out = os.path.join(str(directory), os.path.basename(path))
+  with open(out, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(lines) + '\n')
+  return out
