@@ -161,18 +161,22 @@ class _FdCapture:
     return text
 
 
-def run_main(script, *args, children: bool = False) -> subprocess.CompletedProcess:
-  """Runs experiments/<script> as its `__main__` in this process, from the repository root (its main through
-  cli.run: flags, error lines, exit code) and returns what `run_experiment` would: returncode, stdout, stderr.
+def run_main(script, *args, cwd=REPO, children: bool = False) -> subprocess.CompletedProcess:
+  """Runs experiments/<script> as its `__main__` in this process, from `cwd` (the repository root, as
+  run_experiment) (its main through cli.run: flags, error lines, exit code) and returns what `run_experiment` would:
+  returncode, stdout, stderr.
 
   Each run defines the script's flags afresh: the flags an earlier script defined are removed first (entry points
-  share names such as --workdir and --config). `children`: the output of the commands the script starts (a sweep's
-  or a ladder's cells: they write to file descriptors 1 and 2, not to sys.stdout) is captured too, in order.
+  share names such as --workdir and --config). Where the library's lines go (`reporting.log_to`, which some
+  scripts point at their stderr) is restored afterwards. `children`: the output of the commands the script starts
+  (a sweep's or a ladder's cells: they write to file descriptors 1 and 2, not to sys.stdout) is captured too, in
+  order.
   """
   import io  # pylint: disable=g-import-not-at-top
   import runpy  # pylint: disable=g-import-not-at-top
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   import cli  # pylint: disable=g-import-not-at-top,unused-import  (its flags are defined once, with the base)
+  from bert_jax.runs import reporting  # pylint: disable=g-import-not-at-top
   if not _BASE_FLAGS:
     app.define_help_flags()  # --help, --helpfull: absl defines them once per process; they stay with the base
     _BASE_FLAGS.update(flags.FLAGS)
@@ -181,9 +185,9 @@ def run_main(script, *args, children: bool = False) -> subprocess.CompletedProce
   path = os.path.join(REPO, 'experiments', script)
   captures = [_FdCapture(1), _FdCapture(2)] if children else []
   out, err = (c.stream for c in captures) if children else (io.StringIO(), io.StringIO())
-  code, argv, cwd = 0, sys.argv, os.getcwd()
+  code, argv, here, stream = 0, sys.argv, os.getcwd(), reporting._stream  # pylint: disable=protected-access
   sys.argv = [path, *args]
-  os.chdir(REPO)  # relative paths (--config=experiments/configs/...) as run_experiment reads them
+  os.chdir(cwd)  # relative paths (--config=experiments/configs/...) as run_experiment reads them
   try:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
       runpy.run_path(path, run_name='__main__')
@@ -191,10 +195,9 @@ def run_main(script, *args, children: bool = False) -> subprocess.CompletedProce
     code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   finally:
     sys.argv = argv
-    os.chdir(cwd)
+    os.chdir(here)
+    reporting.log_to(stream)
     texts = [c.close() for c in captures] or [out.getvalue(), err.getvalue()]
-    if 'bert_jax.runs.reporting' in sys.modules:  # a tool sends the library's lines to its stderr: not the next's
-      sys.modules['bert_jax.runs.reporting'].log_to(None)
   return subprocess.CompletedProcess([script, *args], code, *texts)
 
 
@@ -453,3 +456,19 @@ def pretrain_flags(corpus: str, cache: str, workdir: str, steps: int, extra=()) 
           f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
           f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
           '--config.eval_every=1000', '--config.data.eval_fraction=0.4', *extra]
+
+
+def head_of_task_file(path, n, directory) -> str:
+  """A copy in `directory` of the first `n` rows of a task file (TSV: the header and n rows; CoNLL: up to the n-th
+  blank line): a small train or eval file where the data's size is not what a test checks."""
+  with open(path, encoding='utf-8') as f:
+    lines = f.read().split('\n')
+  if path.endswith('.tsv'):
+    lines = lines[:n + 1]
+  else:
+    blank = [i for i, line in enumerate(lines) if not line.strip()]
+    lines = lines[:blank[min(n, len(blank) - 1)]]
+  out = os.path.join(str(directory), os.path.basename(path))
+  with open(out, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(lines) + '\n')
+  return out

@@ -13,7 +13,15 @@ from bert_jax.finetuning import predict, run as finetuning
 from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop.pretrained import load_finetuned
 
-from helpers import FIXTURES, assert_one_line_error, finetune_config, run_experiment, shared_data_or_skip, tree_digest
+from helpers import (
+  FIXTURES,
+  assert_one_line_error,
+  finetune_config,
+  head_of_task_file,
+  run_main,
+  shared_data_or_skip,
+  tree_digest,
+)
 
 pytestmark = pytest.mark.slow  # each fixture fine-tunes a tiny model
 
@@ -25,10 +33,25 @@ def _tune(tmp_path_factory, tiny_checkpoint, name, task, **fields):
   return workdir
 
 
+# The dev sets these runs evaluate (and predict then reads again): their first 200 rows or blocks, which show whether
+# predict gives what evaluation wrote as well as the whole set does (SST-2 has 872, CoNLL-2003 3,250).
+DEV_EXAMPLES = 200
+
+
+def _dev_head(tmp_path_factory, path):
+  return head_of_task_file(path, DEV_EXAMPLES, tmp_path_factory.mktemp('dev'))
+
+
 @pytest.fixture(scope='module')
-def sst2(tmp_path_factory, tiny_checkpoint):
+def sst2_dev(tmp_path_factory):
+  return _dev_head(tmp_path_factory, os.path.join(shared_data_or_skip('sst2'), 'dev.tsv'))
+
+
+@pytest.fixture(scope='module')
+def sst2(tmp_path_factory, tiny_checkpoint, sst2_dev):
+  """Read by every test that takes it, never written (each checks its digest)."""
   return _tune(tmp_path_factory, tiny_checkpoint, 'sst2', 'sst2', data_dir=shared_data_or_skip('sst2'),
-               max_seq_length=64, batch_size=16, num_train_steps=8, max_train_samples=128)
+               eval_file=sst2_dev, max_seq_length=64, batch_size=16, num_train_steps=8, max_train_samples=128)
 
 
 def _dev_predictions(path):
@@ -36,10 +59,11 @@ def _dev_predictions(path):
     return [line.split('\t')[1] for line in f.read().splitlines()[1:]]
 
 
-def test_classification_dev_set_gets_the_evaluation_predictions(sst2):
+def test_classification_dev_set_gets_the_evaluation_predictions(sst2, sst2_dev):
   before = tree_digest(sst2)
   tuned = load_finetuned(sst2)
-  rows = predict.read_rows(os.path.join(shared_data_or_skip('sst2'), 'dev.tsv'), 'classification', 'sst2')
+  rows = predict.read_rows(sst2_dev, 'classification', 'sst2')
+  assert len(rows) == DEV_EXAMPLES
   outputs = predict.predict(tuned, rows, batch_size=48)
   # The predictions file writes GLUE's 0/1, predict the names: negative/positive.
   spelled = dict(zip(['negative', 'positive'], ['0', '1']))
@@ -53,20 +77,23 @@ def test_classification_dev_set_gets_the_evaluation_predictions(sst2):
 
 @pytest.mark.e2e
 def test_predict_cli_text_input_and_outputs(sst2, tmp_path):
+  """experiments/predict.py's inputs, outputs and one-line errors. It runs in this process (run_main: its flags,
+  stdout, stderr and exit code as a subprocess gives them): 14 runs, each of which would otherwise import jax and
+  compile again."""
   before = tree_digest(sst2)
-  r = run_experiment('predict.py', f'--workdir={sst2}', '--text=A gripping, funny film.')
+  r = run_main('predict.py', f'--workdir={sst2}', '--text=A gripping, funny film.')
   assert r.returncode == 0, r.stderr[-3000:]
   one = json.loads(r.stdout.strip().splitlines()[-1])
   assert one['text'] == 'A gripping, funny film.' and one['label'] in ('negative', 'positive')
   texts = tmp_path / 'texts.txt'
   texts.write_text('A gripping, funny film.\nDull and far too long.\n\nAn instant classic.\n', encoding='utf-8')
-  r = run_experiment('predict.py', f'--workdir={sst2}', f'--input={texts}', f'--output={tmp_path}/p.jsonl',
+  r = run_main('predict.py', f'--workdir={sst2}', f'--input={texts}', f'--output={tmp_path}/p.jsonl',
                      '--batch_size=2')
   assert r.returncode == 0, r.stderr[-3000:]
   lines = [json.loads(l) for l in open(tmp_path / 'p.jsonl', encoding='utf-8')]
   assert [l['text'] for l in lines] == ['A gripping, funny film.', 'Dull and far too long.', 'An instant classic.']
   assert lines[0]['label'] == one['label']  # the same prediction batched with others
-  r = run_experiment('predict.py', f'--workdir={sst2}', f'--input={texts}', f'--output={tmp_path}/p.tsv')
+  r = run_main('predict.py', f'--workdir={sst2}', f'--input={texts}', f'--output={tmp_path}/p.tsv')
   header = open(tmp_path / 'p.tsv').read().splitlines()[0]
   assert r.returncode == 0 and header == 'text\ttext_pair\tlabel\tp_negative\tp_positive'
   for args, message in (((), 'give one of'), (('--text=a', f'--input={texts}'), 'give one of'),
@@ -77,11 +104,11 @@ def test_predict_cli_text_input_and_outputs(sst2, tmp_path):
                         (('--text=a', '--step=999'), 'no checkpoint for step 999'),
                         (('--text=a', '--text_pair=b'), 'sst2 classifies single sentences'),
                         (('--text=caf\udce9',), '--text is not UTF-8 text (byte 0xe9 at character 3)')):
-    assert_one_line_error(run_experiment('predict.py', f'--workdir={sst2}', *args), message)
+    assert_one_line_error(run_main('predict.py', f'--workdir={sst2}', *args), message)
   (tmp_path / 'pairs.txt').write_text('fine\nA film.\tA film.\n', encoding='utf-8')
-  assert_one_line_error(run_experiment('predict.py', f'--workdir={sst2}', f'--input={tmp_path}/pairs.txt'),
+  assert_one_line_error(run_main('predict.py', f'--workdir={sst2}', f'--input={tmp_path}/pairs.txt'),
                         'row 2: sst2 classifies single sentences')
-  r = run_experiment('predict.py', f'--workdir={sst2}', '--text=' + 'a long review ' * 40)
+  r = run_main('predict.py', f'--workdir={sst2}', '--text=' + 'a long review ' * 40)
   assert r.returncode == 0, r.stderr[-3000:]
   assert [l for l in r.stderr.splitlines() if l.startswith('warning:')] == [
       'warning: 1 of 1 texts were longer than max_seq_length=64 tokens (the run\'s) and were truncated']
@@ -102,7 +129,7 @@ def test_a_workdir_keeps_its_tokenizer_when_the_starting_checkpoint_changes(tiny
   shutil.copytree(os.path.join(FIXTURES, 'legacy', 'pretrain'), start)  # SentencePiece, 300 pieces
   before = tree_digest(workdir)
   assert predict.predict(load_finetuned(workdir), rows) == before_outputs
-  r = run_experiment('predict.py', f'--workdir={workdir}', '--text=A gripping, funny film.')
+  r = run_main('predict.py', f'--workdir={workdir}', '--text=A gripping, funny film.')
   assert r.returncode == 0 and 'warning' not in r.stderr, r.stderr[-3000:]
   assert json.loads(r.stdout.strip().splitlines()[-1])['probabilities'] == before_outputs[0]['probabilities']
   with pytest.raises(ConfigError, match='is not the one this run was fine-tuned with'):
@@ -112,10 +139,12 @@ def test_a_workdir_keeps_its_tokenizer_when_the_starting_checkpoint_changes(tiny
 
 def test_token_classification_dev_set_gets_the_evaluation_tags(tmp_path_factory, tiny_checkpoint):
   data = shared_data_or_skip('conll2003')
-  workdir = _tune(tmp_path_factory, tiny_checkpoint, 'conll', 'conll2003', data_dir=data, max_seq_length=64,
-                  batch_size=16, num_train_steps=8, max_train_samples=128)
+  dev = _dev_head(tmp_path_factory, os.path.join(data, conll.DEV_FILE))
+  workdir = _tune(tmp_path_factory, tiny_checkpoint, 'conll', 'conll2003', data_dir=data, eval_file=dev,
+                  max_seq_length=64, batch_size=16, num_train_steps=8, max_train_samples=128)
   before = tree_digest(workdir)
-  rows = predict.read_rows(os.path.join(data, conll.DEV_FILE), 'token', 'conll2003')
+  rows = predict.read_rows(dev, 'token', 'conll2003')
+  assert len(rows) == 189  # 200 blank lines, after 11 of which a -DOCSTART- line
   outputs = predict.predict(load_finetuned(workdir), rows)
   with open(os.path.join(workdir, 'seed_0', 'predictions_dev.txt'), encoding='utf-8') as f:
     written = [line.split()[2] for line in f if line.strip()]

@@ -20,7 +20,7 @@ from helpers import (
   assert_one_line_error,
   finetune_config,
   minilm_dir,
-  run_experiment,
+  run_main,
   script_code,
   shared_data_or_skip as _data,
   signal_at_finetuning_batch,
@@ -88,7 +88,9 @@ def test_seeds_report_mean_and_std_and_evaluate_restores(tiny_checkpoint, tmp_pa
           f'--config.init_checkpoint={tiny_checkpoint}', f'--config.data_dir={_data("sst2")}',
           '--config.num_train_steps=4', '--config.max_train_samples=64', '--config.num_seeds=2',
           '--config.batch_size=16']
-  trained = run_experiment('finetune.py', *args)
+  # The entry points run in this process (run_main: flags, stdout, exit code as a subprocess gives them); a subprocess
+  # each would import jax and compile again.
+  trained = run_main('finetune.py', *args)
   assert trained.returncode == 0, trained.stderr[-3000:]
   result = json.loads(trained.stdout.strip().splitlines()[-1])
   per_seed = result['dev_accuracy_per_seed']
@@ -105,9 +107,8 @@ def test_seeds_report_mean_and_std_and_evaluate_restores(tiny_checkpoint, tmp_pa
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   trained_files = _file_digests(tmp_path)
   # Evaluate again (the training config is the workdir's own), from another directory with a relative --workdir.
-  again = subprocess.run([sys.executable, os.path.join(REPO, 'experiments', 'evaluate.py'),
-                          f'--workdir={os.path.relpath(tmp_path, tmp_path.parent)}', '--config.num_seeds=2'],
-                         cwd=tmp_path.parent, capture_output=True, text=True, timeout=600)
+  again = run_main('evaluate.py', f'--workdir={os.path.relpath(tmp_path, tmp_path.parent)}', '--config.num_seeds=2',
+                   cwd=tmp_path.parent)
   assert again.returncode == 0, again.stderr[-3000:]
   restored = json.loads(again.stdout.strip().splitlines()[-1])
   assert restored['dev_accuracy_per_seed'] == per_seed  # the same weights, evaluated again
@@ -131,6 +132,7 @@ def _file_digests(directory) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_bad_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_path):
+  """Each entry point runs in this process (run_main: cli.run's error line and exit code, as a subprocess gives them)."""
   base = ['--config=experiments/configs/finetune.py:sst2', f'--config.init_checkpoint={tiny_checkpoint}',
           f'--config.data_dir={_data("sst2")}']
   cases = [
@@ -142,16 +144,16 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_pat
   ]
   for i, (extra, pattern) in enumerate(cases):
     workdir = tmp_path / f'run{i}'
-    assert_one_line_error(run_experiment('finetune.py', *base, f'--workdir={workdir}', *extra), pattern)
+    assert_one_line_error(run_main('finetune.py', *base, f'--workdir={workdir}', *extra), pattern)
     assert not workdir.exists()
-  inside = run_experiment('finetune.py', *base, f'--workdir={tiny_checkpoint}/ft')
+  inside = run_main('finetune.py', *base, f'--workdir={tiny_checkpoint}/ft')
   assert_one_line_error(inside, 'is inside init_checkpoint')
-  assert_one_line_error(run_experiment('finetune.py', *base, f'--workdir={tmp_path}/x', '--config.eval_only=True'),
+  assert_one_line_error(run_main('finetune.py', *base, f'--workdir={tmp_path}/x', '--config.eval_only=True'),
                         '--config.eval_only is gone: evaluate a workdir again with experiments/evaluate.py')
-  assert_one_line_error(run_experiment('finetune.py', *base, f'--workdir={tmp_path}/x', '--config.learning_rate=1'),
+  assert_one_line_error(run_main('finetune.py', *base, f'--workdir={tmp_path}/x', '--config.learning_rate=1'),
                         '--config.learning_rate is now --config.optim.learning_rate')
   os.makedirs(tmp_path / 'untrained')
-  assert_one_line_error(run_experiment('evaluate.py', f'--workdir={tmp_path}/untrained', '--config.eval_file=x'),
+  assert_one_line_error(run_main('evaluate.py', f'--workdir={tmp_path}/untrained', '--config.eval_file=x'),
                         'apply to fine-tuning workdirs')
   assert not os.path.exists(tmp_path / 'x')
 
@@ -229,8 +231,8 @@ def test_keep_best_survives_sigterm_and_kill_9(tiny_checkpoint, tmp_path, monkey
                      text=True, timeout=600)
   assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
   assert best in _kept(tmp_path / 'killed' / 'seed_0') and max(_kept(tmp_path / 'killed' / 'seed_0')) >= 8
-  r = subprocess.run([sys.executable, '-c', script_code(argv)], cwd=REPO, capture_output=True, text=True,
-                     timeout=600)
+  # The kill -9 needs a process of its own; the same command again runs in this one (run_main: the same argv).
+  r = run_main(*argv)
   assert r.returncode == 0, r.stderr[-2000:]
   with open(tmp_path / 'killed' / 'final_metrics.json', encoding='utf-8') as f:
     killed = json.load(f)

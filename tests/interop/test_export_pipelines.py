@@ -25,7 +25,8 @@ from bert_jax.pretraining import run as pretraining
 from helpers import (
   assert_one_line_error,
   finetune_config,
-  run_experiment,
+  head_of_task_file as _head,
+  run_main,
   shared_data_or_skip,
   tiny_pretrain_config,
   write_small_corpus,
@@ -53,24 +54,11 @@ def sp_workdir(tmp_path_factory):
 
 
 def _export(source, out, *flags):
-  result = run_experiment('export_hf.py', f'--checkpoint={source}', f'--output={out}', *flags)
+  """experiments/export_hf.py in this process (its flags, result line and exit code; no process boundary is tested
+  here, and a subprocess would pay for importing jax and compiling again)."""
+  result = run_main('export_hf.py', f'--checkpoint={source}', f'--output={out}', *flags)
   assert result.returncode == 0, result.stderr[-3000:]
   return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def _head(path, n, tmp):
-  """The first `n` lines (TSV: the header and n rows; CoNLL: up to the n-th blank line) of a task file, in `tmp`."""
-  with open(path, encoding='utf-8') as f:
-    lines = f.read().split('\n')
-  if path.endswith('.tsv'):
-    lines = lines[:n + 1]
-  else:
-    blank = [i for i, line in enumerate(lines) if not line.strip()]
-    lines = lines[:blank[min(n, len(blank) - 1)]]
-  out = os.path.join(str(tmp), os.path.basename(path))
-  with open(out, 'w', encoding='utf-8') as f:
-    f.write('\n'.join(lines) + '\n')
-  return out
 
 
 def _finetune(task, init, workdir, train_file='', eval_file='', data_dir='', **fields):
@@ -91,12 +79,21 @@ def _sst2(init, workdir, tmp, **fields):
 
 def _logits(tuned, pairs):
   """The head model's float32 logits of each (text_a, text_b) as bert_jax tokenizes it (no truncation)."""
-  model = tuned.head_model()
-  out = []
-  for a, b in pairs:
-    ids, types, _ = tuned.tokenizer.encode_inputs(a, b, max_length=tuned.config.max_position_embeddings)
-    out.append(np.asarray(model(jnp.asarray([ids]), jnp.asarray([types]))[0], np.float32))
-  return out
+  rows = [tuned.tokenizer.encode_inputs(a, b, max_length=tuned.config.max_position_embeddings)[:2] for a, b in pairs]
+  return _model_logits(tuned.head_model(), rows)
+
+
+def _model_logits(model, rows):
+  """The head model's float32 logits of each (ids, token types) row, each as long as its row (token and span heads).
+
+  One call for all rows, padded with [PAD] (id 0) to the longest: the model attends to the non-[PAD] tokens only, so
+  a row's logits are its own, and the eager model's ops compile for one shape rather than once per length (seconds a
+  text)."""
+  ids, types = np.zeros((2, len(rows), max(len(r[0]) for r in rows)), np.int32)
+  for i, (row_ids, row_types) in enumerate(rows):
+    ids[i, :len(row_ids)], types[i, :len(row_types)] = row_ids, row_types
+  logits = np.asarray(model(jnp.asarray(ids), jnp.asarray(types)), np.float32)
+  return [x if x.ndim == 1 else x[:len(row_ids)] for x, (row_ids, _) in zip(logits, rows)]
 
 
 def test_fill_mask_pipeline_on_an_exported_sentencepiece_workdir(sp_workdir, tmp_path):
@@ -122,14 +119,31 @@ def test_fill_mask_pipeline_on_an_exported_sentencepiece_workdir(sp_workdir, tmp
   print(f'fill-mask: top-5 ids equal, max |probability difference| {worst:.2e}')
 
 
-@pytest.mark.parametrize('init', ['sentencepiece', 'wordpiece'])
-def test_text_classification_pipeline(init, sp_workdir, tiny_checkpoint, tmp_path):
-  source = sp_workdir if init == 'sentencepiece' else tiny_checkpoint
-  tuned = _sst2(source, str(tmp_path / 'sst2'), tmp_path)
-  out = str(tmp_path / 'hf')
-  line = _export(str(tmp_path / 'sst2'), out)
+def _sst2_exported(init, tmp):
+  """SST-2 fine-tuned for 4 steps from `init` in tmp/sst2 and exported to tmp/hf: (workdir, export, FinetunedBert)."""
+  workdir, out = str(tmp / 'sst2'), str(tmp / 'hf')
+  tuned = _sst2(init, workdir, tmp)
+  line = _export(workdir, out)
   assert (line['architecture'], line['kind'], line['task'], line['seed']) == (
       'BertForSequenceClassification', 'classification', 'sst2', 0)
+  return workdir, out, tuned
+
+
+# Fine-tuned and exported once per module, read (never written) by the tests that take them: the text-classification
+# pipeline test, and for the WordPiece one the export refusals too (a fine-tuning and an export each fewer).
+@pytest.fixture(scope='module')
+def sst2_sentencepiece(sp_workdir, tmp_path_factory):
+  return _sst2_exported(sp_workdir, tmp_path_factory.mktemp('sst2_sentencepiece'))
+
+
+@pytest.fixture(scope='module')
+def sst2_wordpiece(tiny_checkpoint, tmp_path_factory):
+  return _sst2_exported(tiny_checkpoint, tmp_path_factory.mktemp('sst2_wordpiece'))
+
+
+@pytest.mark.parametrize('init', ['sentencepiece', 'wordpiece'])
+def test_text_classification_pipeline(init, request, tmp_path):
+  workdir, out, tuned = request.getfixturevalue(f'sst2_{init}')
   classify = transformers.pipeline('text-classification', model=out, top_k=None)
   labels = tuned.task['label_names']
   assert transformers.AutoConfig.from_pretrained(out).id2label == dict(enumerate(labels))
@@ -147,7 +161,7 @@ def test_text_classification_pipeline(init, sp_workdir, tiny_checkpoint, tmp_pat
   # predict.py on the workdir gives the pipeline's labels and probabilities.
   texts = tmp_path / 'texts.txt'
   texts.write_text('\n'.join(SENTENCES) + '\n', encoding='utf-8')
-  result = run_experiment('predict.py', f'--workdir={tmp_path / "sst2"}', f'--input={texts}')
+  result = run_main('predict.py', f'--workdir={workdir}', f'--input={texts}')
   assert result.returncode == 0, result.stderr[-3000:]
   predicted = [json.loads(line) for line in result.stdout.strip().splitlines()]
   assert [p['text'] for p in predicted] == list(SENTENCES)
@@ -197,10 +211,9 @@ def test_question_answering_pipeline(sp_workdir, tmp_path):
   features, offsets = squad.featurize(examples, tuned.tokenizer, max_seq_length=max_seq_len, doc_stride=128,
                                       max_query_length=64, train=False)
   assert len(features) == len(examples)  # one window each
-  model = tuned.head_model()
+  all_logits = _model_logits(tuned.head_model(), [(f.input_ids, f.token_type_ids) for f in features])
   worst = 0.0
-  for example, feature, offs in zip(examples, features, offsets):
-    logits = np.asarray(model(jnp.asarray([feature.input_ids]), jnp.asarray([feature.token_type_ids]))[0])
+  for example, logits, offs in zip(examples, all_logits, offsets):
     allowed = np.array([o is not None for o in offs])
     allowed[0] = True  # the pipeline keeps [CLS] in the softmax, then zeroes it
     probs = [np.array(jax.nn.softmax(np.where(allowed, logits[:, k], -10000.0))) for k in (0, 1)]
@@ -220,19 +233,18 @@ def test_question_answering_pipeline(sp_workdir, tmp_path):
   print(f'question-answering: {len(examples)} answers equal, max |score difference| {worst:.2e}')
 
 
-def test_export_refuses_bad_fine_tuning_input(tiny_checkpoint, tmp_path):
-  workdir = str(tmp_path / 'sst2')
-  _sst2(tiny_checkpoint, workdir, tmp_path, num_train_steps=2)
-  assert_one_line_error(run_experiment('export_hf.py', f'--checkpoint={workdir}', f'--output={tmp_path / "a"}',
-                                       '--seed=3'), 'has no seed 3 (it has seed_0)')
-  assert_one_line_error(run_experiment('export_hf.py', f'--checkpoint={workdir}', f'--output={tmp_path / "b"}',
-                                       '--step=1'), 'no checkpoint for step 1')
-  assert_one_line_error(run_experiment('export_hf.py', f'--checkpoint={tiny_checkpoint}',
-                                       f'--output={tmp_path / "c"}', '--seed=0'), '--seed applies to fine-tuning')
+def test_export_refuses_bad_fine_tuning_input(sst2_wordpiece, tiny_checkpoint, tmp_path):
+  workdir, exported, _ = sst2_wordpiece  # fine-tuned for 4 steps: one checkpoint, of step 4
+  assert_one_line_error(run_main('export_hf.py', f'--checkpoint={workdir}', f'--output={tmp_path / "a"}',
+                                 '--seed=3'), 'has no seed 3 (it has seed_0)')
+  assert_one_line_error(run_main('export_hf.py', f'--checkpoint={workdir}', f'--output={tmp_path / "b"}',
+                                 '--step=1'), 'no checkpoint for step 1')
+  assert_one_line_error(run_main('export_hf.py', f'--checkpoint={tiny_checkpoint}',
+                                 f'--output={tmp_path / "c"}', '--seed=0'), '--seed applies to fine-tuning')
   assert not any(os.path.exists(tmp_path / name) for name in 'abc')
-  # An exported fine-tuned model re-exports with its head; bert_jax reads its encoder as a pretrained BERT.
-  _export(workdir, str(tmp_path / 'hf'))
-  line = _export(str(tmp_path / 'hf'), str(tmp_path / 'again'))
+  # An exported fine-tuned model (the fixture's) re-exports with its head; bert_jax reads its encoder as a
+  # pretrained BERT.
+  line = _export(exported, str(tmp_path / 'again'))
   assert (line['architecture'], line['source']) == ('BertForSequenceClassification', 'hf')
   assert set(load_pretrained(str(tmp_path / 'again')).params) == {'bert'}
-  assert hf.read_hf_task(str(tmp_path / 'again')) == hf.read_hf_task(str(tmp_path / 'hf'))
+  assert hf.read_hf_task(str(tmp_path / 'again')) == hf.read_hf_task(exported)

@@ -213,11 +213,13 @@ def test_own_csv_fine_tunes_predicts_and_exports_label_names(tiny_checkpoint, tm
   """A CSV with three named classes under its own column names: trained, predicted and exported by name, and the
   transformers pipeline gives predict.py's names and probabilities."""
   transformers = pytest.importorskip('transformers')
-  from helpers import run_experiment  # pylint: disable=g-import-not-at-top
+  # The entry points run in this process (run_main: flags, stdout, stderr, exit code as a subprocess gives them); a
+  # subprocess each would import jax and compile again.
+  from helpers import run_main  # pylint: disable=g-import-not-at-top
   rows = [(text, label) for label, texts in _REVIEWS.items() for text in texts] * 2
   train = _csv(tmp_path, 'reviews.csv', rows=rows, header='review,sentiment')
   workdir, export = tmp_path / 'work', tmp_path / 'hf'
-  trained = run_experiment(
+  trained = run_main(
       'finetune.py', '--config=experiments/configs/finetune.py:classify', f'--workdir={workdir}',
       f'--config.init_checkpoint={tiny_checkpoint}', f'--config.train_file={train}', '--config.text_column=review',
       '--config.label_column=sentiment', '--config.num_train_steps=3', '--config.batch_size=8',
@@ -232,11 +234,11 @@ def test_own_csv_fine_tunes_predicts_and_exports_label_names(tiny_checkpoint, tm
                                     'label_names': names}
   texts = [t for t, _ in rows[::3]]
   to_predict = _csv(tmp_path, 'new.csv', rows=[(t, '') for t in texts], header='review,unused')
-  predicted = run_experiment('predict.py', f'--workdir={workdir}', f'--input={to_predict}')
+  predicted = run_main('predict.py', f'--workdir={workdir}', f'--input={to_predict}')
   assert predicted.returncode == 0, predicted.stderr[-3000:]
   ours = [json.loads(line) for line in predicted.stdout.strip().splitlines()]
   assert [o['text'] for o in ours] == texts and all(set(o['probabilities']) == set(names) for o in ours)
-  exported = run_experiment('export_hf.py', f'--checkpoint={workdir}', f'--output={export}')
+  exported = run_main('export_hf.py', f'--checkpoint={workdir}', f'--output={export}')
   assert exported.returncode == 0, exported.stderr[-3000:]
   assert transformers.AutoConfig.from_pretrained(str(export)).id2label == dict(enumerate(names))
   theirs = transformers.pipeline('text-classification', model=str(export), top_k=None)(texts)
