@@ -138,9 +138,10 @@ def run_experiment(script, *args, timeout=600):
 _BASE_FLAGS: set[str] = set()
 
 
-def run_main(script, *args) -> subprocess.CompletedProcess:
-  """Runs experiments/<script> as its `__main__` in this process, from the repository root (its main through
-  cli.run: flags, error lines, exit code) and returns what `run_experiment` would: returncode, stdout, stderr.
+def run_main(script, *args, cwd=REPO) -> subprocess.CompletedProcess:
+  """Runs experiments/<script> as its `__main__` in this process (its main through cli.run: flags, error lines,
+  exit code) from `cwd` (by default the repository root, as `run_experiment`: relative paths read the same) and
+  returns what `run_experiment` would: returncode, stdout, stderr.
 
   Each run defines the script's flags afresh: the flags an earlier script defined are removed first (entry points
   share names such as --workdir and --config).
@@ -155,9 +156,9 @@ def run_main(script, *args) -> subprocess.CompletedProcess:
   for name in set(flags.FLAGS) - _BASE_FLAGS:
     delattr(flags.FLAGS, name)
   path = os.path.join(REPO, 'experiments', script)
-  out, err, code, argv, cwd = io.StringIO(), io.StringIO(), 0, sys.argv, os.getcwd()
+  out, err, code, argv, previous_cwd = io.StringIO(), io.StringIO(), 0, sys.argv, os.getcwd()
   sys.argv = [path, *args]
-  os.chdir(REPO)  # relative paths (--config=experiments/configs/...) as run_experiment reads them
+  os.chdir(cwd)
   try:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
       runpy.run_path(path, run_name='__main__')
@@ -165,7 +166,7 @@ def run_main(script, *args) -> subprocess.CompletedProcess:
     code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   finally:
     sys.argv = argv
-    os.chdir(cwd)
+    os.chdir(previous_cwd)
   return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
 
 
@@ -197,15 +198,21 @@ def finetune_config(learning_rate: float | None = None, warmup_ratio: float | No
   return FinetuneConfig(optim=dataclasses.replace(FinetuneConfig().optim, **given), **fields)
 
 
-def pretrain_subprocess(corpus: str, cache: str, workdir: str, steps: int, patch: str = '', extra=()) -> list[str]:
-  """A command running experiments/pretrain.py (tiny variant; checkpoints and logs every 10 steps; `extra`
-  flags) in a fresh Python that first runs `patch`: code that wraps a library function to inject a fault."""
-  import sys  # pylint: disable=g-import-not-at-top
-  argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
+def pretrain_args(corpus: str, cache: str, workdir: str, steps: int, extra=()) -> list[str]:
+  """experiments/pretrain.py's flags for a run of the tiny variant (checkpoints and logs every 10 steps; `extra`
+  flags): `run_main('pretrain.py', *pretrain_args(...))` runs in this process what `pretrain_subprocess` runs."""
+  return [f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
           f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}',
           f'--config.num_train_steps={steps}', '--config.checkpoint_every=10', '--config.log_every=10',
           '--config.eval_every=1000', '--config.data.eval_fraction=0.4', *extra]
-  return [sys.executable, '-c', script_code(argv, patch)]
+
+
+def pretrain_subprocess(corpus: str, cache: str, workdir: str, steps: int, patch: str = '', extra=()) -> list[str]:
+  """A command running experiments/pretrain.py (`pretrain_args`) in a fresh Python that first runs `patch`: code
+  that wraps a library function to inject a fault."""
+  import sys  # pylint: disable=g-import-not-at-top
+  return [sys.executable, '-c', script_code(['pretrain.py', *pretrain_args(corpus, cache, workdir, steps, extra)],
+                                            patch)]
 
 
 def script_code(argv: list[str], patch: str = '') -> str:
