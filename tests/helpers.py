@@ -167,6 +167,10 @@ def run_main(script, *args, cwd=REPO) -> subprocess.CompletedProcess:
   finally:
     sys.argv = argv
     os.chdir(previous_cwd)
+    # What an entry point sets for its process, undone as a process's end would: the library's log stream (a tool
+    # sends it to its stderr, here the StringIO above; the next run's lines would vanish into it).
+    from bert_jax.runs import reporting  # pylint: disable=g-import-not-at-top
+    reporting.log_to(None)
   return subprocess.CompletedProcess([script, *args], code, out.getvalue(), err.getvalue())
 
 
