@@ -1,6 +1,7 @@
 """Test setup: 8 fake CPU devices (set before jax is imported) and shared fixtures (the functions: helpers.py)."""
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import tempfile
@@ -36,7 +37,6 @@ from helpers import (  # pylint: disable=g-import-not-at-top,wrong-import-positi
   shared_data_or_skip,
   small_data_config,
   tiny_pretrain_config,
-  tree_digest,
   write_small_corpus,
 )
 
@@ -59,13 +59,26 @@ def small_corpus(tmp_path):
 # (once per xdist worker) and shared by every module whose checks hold for any such run: building them per module
 # was minutes of the suite. They are READ-ONLY: a test that writes into one (resumes it, damages a checkpoint,
 # evaluates with outputs inside) first copies it, e.g. `shutil.copytree(pretrained_run.workdir, tmp_path / 'run')`.
-# Each tree's digest is taken when it is built and compared at the end of the session: a write into one fails
-# the run (an error at the teardown of the last test that used it), naming the fixture.
+# Each file's digest is taken when it is built and compared at the end of the session: a write into one fails the
+# run (an error at the teardown of the last test, naming the fixture and the files).
 
 
-def _assert_unchanged(name, root, digest):
-  assert tree_digest(root) == digest, (f'the shared fixture {name} ({root}) was written to: it is shared read-only; '
-                                       'copy it to tmp_path before changing it')
+def _file_digests(root) -> dict[str, str]:
+  """{path under root: sha256 of its bytes} of every file (a link: its target's)."""
+  digests = {}
+  for directory, _, names in os.walk(root):
+    for name in names:
+      path = os.path.join(directory, name)
+      with open(path, 'rb') as f:
+        digests[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+  return digests
+
+
+def _assert_unchanged(name, root, digests):
+  now = _file_digests(root)
+  changed = sorted(p for p in now.keys() | digests.keys() if now.get(p) != digests.get(p))
+  assert not changed, (f'the shared fixture {name} ({root}) was written to (files added, removed or changed: '
+                       f'{", ".join(changed[:10])}): it is shared read-only; copy it to tmp_path before changing it')
 
 
 @pytest.fixture(scope='session')
@@ -85,9 +98,9 @@ def tiny_checkpoint(tmp_path_factory):
   params = jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   directory = str(tmp_path_factory.mktemp('tiny') / 'hf')
   hf.save_hf_checkpoint(directory, cfg, {'bert': params['bert']}, WordPieceTokenizer.from_directory(vocab))
-  digest = tree_digest(directory)
+  digests = _file_digests(directory)
   yield directory
-  _assert_unchanged('tiny_checkpoint', directory, digest)
+  _assert_unchanged('tiny_checkpoint', directory, digests)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,9 +122,9 @@ def pretrained_run(tmp_path_factory):
   cfg = tiny_pretrain_config(corpus, str(root / 'cache'), num_train_steps=4, eval_every=100)
   run = PretrainedRun(cfg, str(root / 'run'), corpus, str(root / 'cache'))
   pretraining.train_and_evaluate(cfg, run.workdir)
-  digest = tree_digest(root)
+  digests = _file_digests(root)
   yield run
-  _assert_unchanged('pretrained_run', root, digest)
+  _assert_unchanged('pretrained_run', root, digests)
 
 
 @pytest.fixture(scope='session')
@@ -123,9 +136,9 @@ def finetuned_workdir(tiny_checkpoint, tmp_path_factory):
                         max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32)
   workdir = str(tmp_path_factory.mktemp('finetuned') / 'sst2')
   finetuning.finetune(cfg, workdir)
-  digest = tree_digest(workdir)
+  digests = _file_digests(workdir)
   yield workdir
-  _assert_unchanged('finetuned_workdir', workdir, digest)
+  _assert_unchanged('finetuned_workdir', workdir, digests)
 
 
 @pytest.fixture(scope='session')

@@ -59,15 +59,18 @@ def _assert_bitwise(a, b):
 @pytest.fixture
 def trained(pretrained_run):
   """(config, workdir) of the shared finished 4-step tiny pretraining run (conftest.py: checkpoints of steps 2 and
-  4); read-only: _copy the workdir before changing it."""
+  4); read-only, its data cache too: _copy it before running anything on it."""
   return pretrained_run.cfg, pretrained_run.workdir
 
 
 def _copy(trained, tmp_path):
+  """(config, workdir) of a copy of the shared run in tmp_path, with its data cache (a run of another seed or
+  tokenizer prepares its data there)."""
   cfg, workdir = trained
-  target = str(tmp_path / 'run')
+  target, cache = str(tmp_path / 'run'), str(tmp_path / 'cache')
   shutil.copytree(workdir, target)
-  return cfg, target
+  shutil.copytree(cfg.data.cache_dir, cache)
+  return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache_dir=cache)), target
 
 
 # --- preemption ---------------------------------------------------------------------------------
@@ -175,7 +178,7 @@ def test_sigterm_in_finetuning_loses_no_step(tiny_checkpoint, tmp_path, monkeypa
   if threading.current_thread() is not threading.main_thread():
     pytest.skip('signal handlers need the main thread')
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                        max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e-3,
+                        max_seq_length=32, batch_size=16, eval_batch_size=64, learning_rate=1e-3,
                         num_train_steps=10, max_train_samples=48, log_every=4)
   finetuning.finetune(cfg, str(tmp_path / 'straight'))
   with signal_at_finetuning_batch(monkeypatch, 5), pytest.raises(preemption.Preempted, match='saved step 6'):
@@ -353,7 +356,7 @@ def test_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(trained,
 
 def test_finetuning_never_saves_an_exploded_state(tiny_checkpoint, tmp_path):
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                        max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e8,
+                        max_seq_length=32, batch_size=16, eval_batch_size=64, learning_rate=1e8,
                         warmup_ratio=0.0, num_train_steps=6, max_train_samples=32, log_every=100,
                         checkpoint_every=2)
   with pytest.raises(BertJaxError, match='seed 0: the (parameters exploded|loss became)'):
@@ -537,7 +540,7 @@ def test_a_checkpoint_with_nan_weights_is_one_line(trained, tiny_checkpoint, tmp
   (tmp_path / 'texts.txt').write_text('A sentence.\n')
   assert_one_line_error(run_main('embed.py', f'--checkpoint={nan_dir}', f'--input={tmp_path}/texts.txt',
                                  f'--output={tmp_path}/e.npz'), 'contain NaN or Inf')
-  cfg, _ = trained
+  cfg, _ = _copy(trained, tmp_path)  # its own cache: the checkpoint's tokenizer would prepare data there
   with pytest.raises(CheckpointError, match='contain NaN or Inf'):
     pretraining.train_and_evaluate(dataclasses.replace(cfg, init_checkpoint=nan_dir), str(tmp_path / 'continued'))
   assert tree_digest(nan_dir) == before and not os.path.exists(tmp_path / 'e.npz')
