@@ -1,8 +1,11 @@
 """Test setup: 8 fake CPU devices (set before jax is imported) and shared fixtures (the functions: helpers.py)."""
 
+import dataclasses
+import hashlib
 import os
 import shutil
 import tempfile
+from typing import Any
 
 os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8').strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -31,7 +34,15 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 # flags, which the experiments/ scripts parse.
 flags.FLAGS.mark_as_parsed()
 
-from helpers import SMALL_VOCAB, minilm_dir_or_skip, small_data_config, write_small_corpus  # pylint: disable=g-import-not-at-top,wrong-import-position
+from helpers import (  # pylint: disable=g-import-not-at-top,wrong-import-position
+  SMALL_VOCAB,
+  finetune_config,
+  minilm_dir_or_skip,
+  shared_data_or_skip,
+  small_data_config,
+  tiny_pretrain_config,
+  write_small_corpus,
+)
 
 
 @pytest.fixture(scope='module')
@@ -47,9 +58,37 @@ def small_corpus(tmp_path):
   return write_small_corpus(tmp_path)
 
 
-@pytest.fixture(scope='module')
+# --- Shared read-only runs ---------------------------------------------------------------------------------------
+# A tiny Hugging Face checkpoint, a tiny pretraining run and a tiny fine-tuning run, each built once per test process
+# (once per xdist worker) and shared by every module whose checks hold for any such run: building them per module
+# was minutes of the suite. They are READ-ONLY: a test that writes into one (resumes it, damages a checkpoint,
+# evaluates with outputs inside) first copies it, e.g. `shutil.copytree(pretrained_run.workdir, tmp_path / 'run')`.
+# Each file's digest is taken when it is built and compared at the end of the session: a write into one fails the
+# run (an error at the teardown of the last test, naming the fixture and the files).
+
+
+def _file_digests(root) -> dict[str, str]:
+  """{path under root: sha256 of its bytes} of every file (a link: its target's)."""
+  digests = {}
+  for directory, _, names in os.walk(root):
+    for name in names:
+      path = os.path.join(directory, name)
+      with open(path, 'rb') as f:
+        digests[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+  return digests
+
+
+def _assert_unchanged(name, root, digests):
+  now = _file_digests(root)
+  changed = sorted(p for p in now.keys() | digests.keys() if now.get(p) != digests.get(p))
+  assert not changed, (f'the shared fixture {name} ({root}) was written to (files added, removed or changed: '
+                       f'{", ".join(changed[:10])}): it is shared read-only; copy it to tmp_path before changing it')
+
+
+@pytest.fixture(scope='session')
 def tiny_checkpoint(tmp_path_factory):
-  """A 2-layer, hidden-32 BERT with MiniLM's WordPiece vocabulary, saved as a Hugging Face directory."""
+  """A 2-layer, hidden-32 BERT with MiniLM's WordPiece vocabulary, saved as a Hugging Face directory. Shared
+  read-only (above)."""
   from flax import nnx  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
@@ -63,7 +102,47 @@ def tiny_checkpoint(tmp_path_factory):
   params = jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
   directory = str(tmp_path_factory.mktemp('tiny') / 'hf')
   hf.save_hf_checkpoint(directory, cfg, {'bert': params['bert']}, WordPieceTokenizer.from_directory(vocab))
-  return directory
+  digests = _file_digests(directory)
+  yield directory
+  _assert_unchanged('tiny_checkpoint', directory, digests)
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainedRun:
+  cfg: Any  # the PretrainConfig it was trained with (helpers.tiny_pretrain_config)
+  workdir: str  # checkpoints of steps 2 and 4, config.json, tokenizer.model, final_metrics.json
+  corpus: str  # its data.train_files (helpers.write_small_corpus)
+  cache: str  # its data.cache_dir (the prepared data)
+
+
+@pytest.fixture(scope='session')
+def pretrained_run(tmp_path_factory):
+  """A finished tiny pretraining run (helpers.tiny_pretrain_config: 4 steps, checkpoints at 2 and 4, the final
+  evaluation only), as the main job leaves one (SentencePiece tokenizer). Shared read-only (above): its workdir,
+  corpus and cache."""
+  from bert_jax.pretraining import run as pretraining  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp('pretrained_run')
+  corpus = write_small_corpus(root)
+  cfg = tiny_pretrain_config(corpus, str(root / 'cache'), num_train_steps=4, eval_every=100)
+  run = PretrainedRun(cfg, str(root / 'run'), corpus, str(root / 'cache'))
+  pretraining.train_and_evaluate(cfg, run.workdir)
+  digests = _file_digests(root)
+  yield run
+  _assert_unchanged('pretrained_run', root, digests)
+
+
+@pytest.fixture(scope='session')
+def finetuned_workdir(tiny_checkpoint, tmp_path_factory):
+  """A finished fine-tuning workdir: SST-2 from `tiny_checkpoint` (hidden 32, WordPiece), 2 steps of 16 at seq 32
+  on 32 sentences, seed 0. Shared read-only (above); skips where the shared SST-2 data is absent."""
+  from bert_jax.finetuning import run as finetuning  # pylint: disable=g-import-not-at-top
+  cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
+                        max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32)
+  workdir = str(tmp_path_factory.mktemp('finetuned') / 'sst2')
+  finetuning.finetune(cfg, workdir)
+  digests = _file_digests(workdir)
+  yield workdir
+  _assert_unchanged('finetuned_workdir', workdir, digests)
 
 
 @pytest.fixture(scope='session')

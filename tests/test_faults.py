@@ -1,6 +1,10 @@
 """Faults: preemption loses no step, corrupt or insane checkpoints fall back, one run per workdir,
 no non-finite state is saved, a resume of another run is refused, and bad input is one error line
-that leaves the workdir's files unchanged."""
+that leaves the workdir's files unchanged.
+
+Entry points run in this process (helpers.run_main: their main, output and exit code) unless the check is about
+the process: a signal to it, its exit status, or everything it writes to stderr (tensorstore's and Orbax's own
+lines, written outside Python's sys.stderr or after main returns)."""
 
 import contextlib
 import dataclasses
@@ -31,13 +35,14 @@ from helpers import (
   REPO,
   assert_one_line_error,
   finetune_config,
+  pretrain_flags,
   pretrain_subprocess,
   restore_pretraining_state,
   run_experiment,
+  run_main,
   shared_data_or_skip,
   signal_at_finetuning_batch,
   sigterm_at_batch,
-  tiny_pretrain_config,
   tmpfs,
   tree_digest,
   write_small_corpus,
@@ -51,21 +56,21 @@ def _assert_bitwise(a, b):
     np.testing.assert_array_equal(x, y)
 
 
-@pytest.fixture(scope='module')
-def trained(tmp_path_factory):
-  """(config, workdir) of a finished 4-step tiny pretraining run; copy the workdir before changing it."""
-  root = tmp_path_factory.mktemp('faults')
-  cfg = tiny_pretrain_config(write_small_corpus(root), str(root / 'cache'), num_train_steps=4, eval_every=100)
-  workdir = str(root / 'run')
-  pretraining.train_and_evaluate(cfg, workdir)
-  return cfg, workdir
+@pytest.fixture
+def trained(pretrained_run):
+  """(config, workdir) of the shared finished 4-step tiny pretraining run (conftest.py: checkpoints of steps 2 and
+  4); read-only, its data cache too: _copy it before running anything on it."""
+  return pretrained_run.cfg, pretrained_run.workdir
 
 
 def _copy(trained, tmp_path):
+  """(config, workdir) of a copy of the shared run in tmp_path, with its data cache (a run of another seed or
+  tokenizer prepares its data there)."""
   cfg, workdir = trained
-  target = str(tmp_path / 'run')
+  target, cache = str(tmp_path / 'run'), str(tmp_path / 'cache')
   shutil.copytree(workdir, target)
-  return cfg, target
+  shutil.copytree(cfg.data.cache_dir, cache)
+  return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, cache_dir=cache)), target
 
 
 # --- preemption ---------------------------------------------------------------------------------
@@ -77,17 +82,19 @@ _SIGTERM_AT_STEP_23 = sigterm_at_batch(23)
 def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(tmp_path):
   corpus, cache = write_small_corpus(tmp_path), str(tmp_path / 'cache')
   straight, preempted = str(tmp_path / 'straight'), str(tmp_path / 'preempted')
-  run = lambda cmd: subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-  r = run(pretrain_subprocess(corpus, cache, straight, 30))
+  # The straight run and the rerun in this process; the preempted one is a process of its own (its signal, its
+  # exit status, all of its stderr).
+  r = run_main('pretrain.py', *pretrain_flags(corpus, cache, straight, 30))
   assert r.returncode == 0, r.stderr[-2000:]
-  r = run(pretrain_subprocess(corpus, cache, preempted, 30, _SIGTERM_AT_STEP_23))
+  r = subprocess.run(pretrain_subprocess(corpus, cache, preempted, 30, _SIGTERM_AT_STEP_23), cwd=REPO,
+                     capture_output=True, text=True, timeout=600)
   assert r.returncode == preemption.EXIT_CODE, r.stderr[-2000:]
   lines = [l for l in r.stderr.splitlines() if l.startswith('preempted:')]
   assert len(lines) == 1 and 'SIGTERM received: saved step 23' in lines[0], r.stderr[-2000:]
   assert 'Traceback' not in r.stderr
   assert Checkpointer(preempted, read_only=True).latest_step() == 23  # every trained step kept
   assert not os.path.exists(os.path.join(preempted, workdir_lib.LOCK_FILE))
-  r = run(pretrain_subprocess(corpus, cache, preempted, 30))
+  r = run_main('pretrain.py', *pretrain_flags(corpus, cache, preempted, 30))
   assert r.returncode == 0, r.stderr[-2000:]
   assert 'at step 23' in r.stdout
   cfg = config.PretrainConfig.from_dict(json.load(open(os.path.join(straight, 'config.json'))))
@@ -171,7 +178,7 @@ def test_sigterm_in_finetuning_loses_no_step(tiny_checkpoint, tmp_path, monkeypa
   if threading.current_thread() is not threading.main_thread():
     pytest.skip('signal handlers need the main thread')
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                        max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e-3,
+                        max_seq_length=32, batch_size=16, eval_batch_size=64, learning_rate=1e-3,
                         num_train_steps=10, max_train_samples=48, log_every=4)
   finetuning.finetune(cfg, str(tmp_path / 'straight'))
   with signal_at_finetuning_batch(monkeypatch, 5), pytest.raises(preemption.Preempted, match='saved step 6'):
@@ -349,7 +356,7 @@ def test_second_run_on_a_workdir_is_refused_and_a_stale_lock_taken_over(trained,
 
 def test_finetuning_never_saves_an_exploded_state(tiny_checkpoint, tmp_path):
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                        max_seq_length=64, batch_size=16, eval_batch_size=32, learning_rate=1e8,
+                        max_seq_length=32, batch_size=16, eval_batch_size=64, learning_rate=1e8,
                         warmup_ratio=0.0, num_train_steps=6, max_train_samples=32, log_every=100,
                         checkpoint_every=2)
   with pytest.raises(BertJaxError, match='seed 0: the (parameters exploded|loss became)'):
@@ -381,13 +388,16 @@ def test_a_named_change_resumes_and_the_config_history_keeps_the_old_one(trained
   assert json.load(open(os.path.join(workdir, 'config.json')))['num_train_steps'] == 6
 
 
-def test_a_run_resumes_after_its_corpus_and_cache_move_and_old_fingerprints_are_accepted(tmp_path, monkeypatch,
-                                                                                            capsys):
+def test_a_run_resumes_after_its_corpus_and_cache_move_and_old_fingerprints_are_accepted(pretrained_run, tmp_path,
+                                                                                            monkeypatch, capsys):
   # The data is named by its contents: moved (another checkout, mount point), the run and its cache are found.
+  # The shared run (conftest.py) with its corpus and cache, copied away from where it was trained, then moved.
   old, new = tmp_path / 'old', tmp_path / 'new'
   old.mkdir()
-  cfg = tiny_pretrain_config(write_small_corpus(old), str(old / 'cache'), num_train_steps=4, eval_every=100)
-  pretraining.train_and_evaluate(cfg, str(old / 'run'))
+  shutil.copy(pretrained_run.corpus, old / 'corpus.txt')
+  shutil.copytree(pretrained_run.cache, old / 'cache')
+  shutil.copytree(pretrained_run.workdir, old / 'run')
+  cfg = pretrained_run.cfg
   shutil.move(str(old), str(new))
   moved = dataclasses.replace(cfg, num_train_steps=6, resume_allow='num_train_steps',
                               data=dataclasses.replace(cfg.data, train_files=str(new / 'corpus.txt'),
@@ -449,7 +459,7 @@ def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
       (('attention.py', f'--checkpoint={workdir}', '--text=a', f'--output={workdir}/config.json'), 'is a file'),
   ]
   for args, message in cases:
-    assert_one_line_error(run_experiment(*args), message)
+    assert_one_line_error(run_main(*args), message)
   assert {d: tree_digest(d) for d in (workdir, finetune_dir)} == before
 
 
@@ -512,7 +522,8 @@ def test_pipes_and_devices_are_refused_before_any_read(trained, tiny_checkpoint,
                           f'--scratch={tmp_path}/bench'), 'are all empty')):
     if 'benchmark_data.py' in args:
       open(tmp_path / 'empty.txt', 'w').close()
-    assert_one_line_error(run_experiment(*args, timeout=120), message)
+    with _within(120):  # in this process: a blocked read fails the test instead of hanging it
+      assert_one_line_error(run_main(*args), message)
   assert not os.path.exists(tmp_path / 'run') and not os.path.exists(tmp_path / 'bench')
 
 
@@ -527,9 +538,9 @@ def test_a_checkpoint_with_nan_weights_is_one_line(trained, tiny_checkpoint, tmp
   st_numpy.save_file({k: np.full_like(v, np.nan) for k, v in st_numpy.load_file(weights).items()}, weights)
   before = tree_digest(nan_dir)
   (tmp_path / 'texts.txt').write_text('A sentence.\n')
-  assert_one_line_error(run_experiment('embed.py', f'--checkpoint={nan_dir}', f'--input={tmp_path}/texts.txt',
-                                       f'--output={tmp_path}/e.npz'), 'contain NaN or Inf')
-  cfg, _ = trained
+  assert_one_line_error(run_main('embed.py', f'--checkpoint={nan_dir}', f'--input={tmp_path}/texts.txt',
+                                 f'--output={tmp_path}/e.npz'), 'contain NaN or Inf')
+  cfg, _ = _copy(trained, tmp_path)  # its own cache: the checkpoint's tokenizer would prepare data there
   with pytest.raises(CheckpointError, match='contain NaN or Inf'):
     pretraining.train_and_evaluate(dataclasses.replace(cfg, init_checkpoint=nan_dir), str(tmp_path / 'continued'))
   assert tree_digest(nan_dir) == before and not os.path.exists(tmp_path / 'e.npz')
@@ -538,6 +549,7 @@ def test_a_checkpoint_with_nan_weights_is_one_line(trained, tiny_checkpoint, tmp
 @pytest.mark.e2e
 def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_corpus, tmp_path):
   # A 4 MB filesystem: the tiny model's first checkpoint (2.3 MB) fits, the second not.
+  # The failing run is a process of its own: the check is all of its stderr (Orbax's writes log outside sys.stderr).
   with tmpfs(tmp_path / 'smallfs', '4M') as fs:
     workdir, cache = os.path.join(fs, 'run'), str(tmp_path / 'cache')
     cmd = pretrain_subprocess(small_corpus, cache, workdir, 12, extra=('--config.checkpoint_every=4',))
@@ -548,16 +560,17 @@ def test_full_disk_is_one_line_and_keeps_the_last_checkpoint(small_corpus, tmp_p
     # Nothing but that line: the free-space check refuses the save before Orbax starts writing.
     assert [l for l in r.stderr.splitlines() if l.strip()] == errors, r.stderr[-3000:]
     subprocess.run(['mount', '-o', 'remount,size=64M', fs], check=True)
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    r = run_main('pretrain.py', *pretrain_flags(small_corpus, cache, workdir, 12, ('--config.checkpoint_every=4',)))
     assert r.returncode == 0 and 'resumed from' in r.stdout and 'at step 4 ' in r.stdout, r.stderr[-3000:]
 
 
 @pytest.mark.e2e
 def test_read_only_filesystem_is_one_line_and_changes_nothing(small_corpus, tmp_path):
+  # The refused runs are processes of their own (no traceback anywhere in their stderr, Orbax's included); the run
+  # that writes the workdir first and the evaluation that reads it run in this process.
   with tmpfs(tmp_path / 'rofs', '64M') as fs:
     workdir, cache = os.path.join(fs, 'run'), str(tmp_path / 'cache')
-    r = subprocess.run(pretrain_subprocess(small_corpus, cache, workdir, 4), cwd=REPO, capture_output=True,
-                       text=True, timeout=600)
+    r = run_main('pretrain.py', *pretrain_flags(small_corpus, cache, workdir, 4))
     assert r.returncode == 0, r.stderr[-3000:]
     subprocess.run(['mount', '-o', 'remount,ro', fs], check=True)
     before = tree_digest(fs)
@@ -567,6 +580,6 @@ def test_read_only_filesystem_is_one_line_and_changes_nothing(small_corpus, tmp_
     fresh = pretrain_subprocess(small_corpus, cache, os.path.join(fs, 'new'), 4)
     assert_one_line_error(subprocess.run(fresh, cwd=REPO, capture_output=True, text=True, timeout=600),
                           'Read-only file system')
-    r = run_experiment('evaluate.py', f'--workdir={workdir}')  # reading still works
+    r = run_main('evaluate.py', f'--workdir={workdir}')  # reading still works
     assert r.returncode == 0 and 'mlm_accuracy' in r.stdout, r.stderr[-3000:]
     assert tree_digest(fs) == before

@@ -1,12 +1,11 @@
 """Workdirs written by an earlier bert_jax (tests/fixtures/legacy, built by 01d6c6b) still work with this one:
 predict, export, fill-mask, evaluate, evaluate again, and serve as init_checkpoint. The fixtures use relative
-paths, so each test runs the entry points from a copy of the fixture folder."""
+paths, so each test runs the entry points from a copy of the fixture folder (in this process: their main, output
+and exit code, as a command would give them)."""
 
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -15,6 +14,7 @@ from helpers import (
   REPO,
   assert_one_line_error,
   minilm_dir_or_skip,
+  run_main,
   shared_data_or_skip,
   tree_digest,
   write_small_corpus,
@@ -34,8 +34,7 @@ def legacy(tmp_path):
 
 
 def _run(root, script, *args):
-  return subprocess.run([sys.executable, os.path.join(REPO, 'experiments', script), *args], cwd=root,
-                        capture_output=True, text=True, timeout=600)
+  return run_main(script, *args, cwd=root)
 
 
 def test_predict_reads_an_old_workdir_with_one_warning(legacy):

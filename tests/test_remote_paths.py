@@ -164,7 +164,8 @@ def test_fine_tuning_and_its_evaluation_in_a_bucket(fake_bucket, tiny_checkpoint
   trained = run_main('finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={run}',
                      f'--config.init_checkpoint={tiny_checkpoint}', f'--config.data_dir={shared_data_or_skip("sst2")}',
                      '--config.num_train_steps=2', '--config.max_train_samples=32', '--config.num_seeds=1',
-                     '--config.log_every=1', '--config.eval_batch_size=64')
+                     '--config.log_every=1', '--config.eval_batch_size=64',
+                     '--config.max_seq_length=32', '--config.batch_size=16')  # the shapes of conftest's finetuned_workdir
   assert trained.returncode == 0, trained.stderr[-2000:]
   accuracy = _read_json(f'{run}/final_metrics.json')
   evaluated = run_main('evaluate.py', f'--workdir={run}')

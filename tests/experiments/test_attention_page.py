@@ -10,7 +10,8 @@ from bert_jax import inference
 from bert_jax.interop import pretrained
 
 import chromium
-from helpers import assert_one_line_error, minilm_dir_or_skip, run_experiment, tiny_pretrain_config, write_small_corpus
+# attention.py runs in this process (its main: flags, output, exit code); no check here is about a process.
+from helpers import assert_one_line_error, minilm_dir_or_skip, run_main
 from tools import attention_page as attention_html
 
 pytestmark = pytest.mark.slow  # a browser and real checkpoints
@@ -31,9 +32,9 @@ def minilm_page(tmp_path_factory):
   """(html path, npz contents, PretrainedBert) for all-MiniLM-L6-v2 on a sentence pair, layer 3 head 7."""
   checkpoint = minilm_dir_or_skip()
   out = tmp_path_factory.mktemp('explorer')
-  summary = _last_json(run_experiment('attention.py', f'--checkpoint={checkpoint}', f'--text={TEXT_A}',
-                                      f'--text_pair={TEXT_B}', f'--output={out / "maps"}',
-                                      f'--html={out / "minilm.html"}', '--layer=3', '--head=7'))
+  summary = _last_json(run_main('attention.py', f'--checkpoint={checkpoint}', f'--text={TEXT_A}',
+                                f'--text_pair={TEXT_B}', f'--output={out / "maps"}',
+                                f'--html={out / "minilm.html"}', '--layer=3', '--head=7'))
   assert summary['html'] == str(out / 'minilm.html')
   return summary['html'], np.load(summary['npz']), pretrained.load_pretrained(checkpoint)
 
@@ -43,21 +44,19 @@ def example_page(tmp_path_factory):
   """(html path, npz contents) for all-MiniLM-L6-v2 on the README's example, as its command makes them."""
   checkpoint = minilm_dir_or_skip()
   out = tmp_path_factory.mktemp('example')
-  summary = _last_json(run_experiment('attention.py', f'--checkpoint={checkpoint}', f'--text={EXAMPLE_A}',
-                                      f'--text_pair={EXAMPLE_B}', f'--output={out / "maps"}',
-                                      f'--html={out / "example.html"}', '--layer=3', '--head=1'))
+  summary = _last_json(run_main('attention.py', f'--checkpoint={checkpoint}', f'--text={EXAMPLE_A}',
+                                f'--text_pair={EXAMPLE_B}', f'--output={out / "maps"}',
+                                f'--html={out / "example.html"}', '--layer=3', '--head=1'))
   npz = np.load(summary['npz'])
   assert npz['tokens'][IT] == 'it' and npz['tokens'][ANIMAL] == 'animal'
   return summary['html'], npz
 
 
-@pytest.fixture(scope='module')
-def tiny_workdir(tmp_path_factory):
-  """A tiny pretraining workdir, as the main job leaves (SentencePiece tokenizer)."""
-  from bert_jax.pretraining import run as pretraining  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.mktemp('explorer_tiny')
-  pretraining.train_and_evaluate(tiny_pretrain_config(write_small_corpus(root), str(root / 'cache')), str(root / 'run'))
-  return str(root / 'run')
+@pytest.fixture
+def tiny_workdir(pretrained_run):
+  """The shared tiny pretraining workdir (conftest.py), as the main job leaves one (SentencePiece tokenizer);
+  read-only."""
+  return pretrained_run.workdir
 
 
 @pytest.fixture(scope='module')
@@ -311,11 +310,11 @@ def test_any_text_renders_even_markup_that_would_end_the_script(tiny_workdir, br
 def test_bad_input_is_one_line_before_model_work(tiny_workdir, tmp_path, args, message):
   html = tmp_path / 'page.html'
   extra = () if message == 'give --output' else (f'--html={html}',)
-  assert_one_line_error(run_experiment('attention.py', f'--checkpoint={tiny_workdir}', *args, *extra), message)
+  assert_one_line_error(run_main('attention.py', f'--checkpoint={tiny_workdir}', *args, *extra), message)
   assert not html.exists()
 
 
 @pytest.mark.e2e
 def test_html_path_that_is_a_directory(tiny_workdir, tmp_path):
-  r = run_experiment('attention.py', '--checkpoint=/nonexistent', '--text=Hi .', f'--html={tmp_path}')
+  r = run_main('attention.py', '--checkpoint=/nonexistent', '--text=Hi .', f'--html={tmp_path}')
   assert_one_line_error(r, 'is a directory')  # refused before the (missing) checkpoint is even read

@@ -7,9 +7,11 @@ import subprocess
 
 import pytest
 
-from helpers import assert_one_line_error, run_experiment as run, tmpfs, write_small_corpus
+# The entry points run in this process (their main through cli.run: flags, output, error lines, exit code): no
+# check here is about a process of their own.
+from helpers import assert_one_line_error, run_main as run, tmpfs, write_small_corpus
 
-pytestmark = pytest.mark.slow  # the entry points in subprocesses
+pytestmark = pytest.mark.slow  # the entry points on real runs
 
 
 def tiny_args(corpus, cache, workdir, *extra):
@@ -22,11 +24,10 @@ def last_json(stdout):
   return json.loads(stdout.strip().splitlines()[-1])
 
 
-
-
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
-  """One tiny pretraining run through the CLI, shared by the tests below."""
+  """One tiny pretraining run through the CLI (its output is tested), shared by the tests below; not the shared
+  pretrained_run of conftest.py: this one's workdir is written (evaluate.py --all_steps)."""
   root = tmp_path_factory.mktemp('cli')
   corpus = write_small_corpus(root)
   workdir, cache = root / 'run', root / 'cache'

@@ -5,16 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from helpers import (
-  assert_one_line_error,
-  finetune_config,
-  minilm_dir_or_skip,
-  run_experiment as run,
-  tiny_pretrain_config,
-  write_small_corpus,
-)
+# The entry points run in this process (their main: flags, output, exit code); no check here is about a process.
+from helpers import assert_one_line_error, minilm_dir_or_skip, run_main as run
 
-pytestmark = pytest.mark.slow  # the entry points in subprocesses
+pytestmark = pytest.mark.slow  # the entry points on trained workdirs
 
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 
@@ -24,14 +18,10 @@ def last_json(result):
   return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope='module')
-def workdir(tmp_path_factory):
-  """A tiny pretraining workdir (checkpoints, config.json, tokenizer.model)."""
-  from bert_jax.pretraining import run as pretraining  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.mktemp('inference_cli')
-  corpus = write_small_corpus(root)
-  pretraining.train_and_evaluate(tiny_pretrain_config(str(corpus), str(root / 'cache')), str(root / 'run'))
-  return str(root / 'run')
+@pytest.fixture
+def workdir(pretrained_run):
+  """The shared tiny pretraining workdir (conftest.py: checkpoints, config.json, tokenizer.model), read-only."""
+  return pretrained_run.workdir
 
 
 def test_embed_writes_rows_in_input_order(workdir, tmp_path):
@@ -149,13 +139,8 @@ def test_many_texts_in_one_process(workdir, tmp_path):
                         'give --text or --input')
 
 
-def test_encoder_tools_take_a_fine_tuning_workdir(tiny_checkpoint, tmp_path):
-  from bert_jax.finetuning import run as finetuning  # pylint: disable=g-import-not-at-top
-
-  from helpers import shared_data_or_skip  # pylint: disable=g-import-not-at-top
-  tuned = str(tmp_path / 'sst2')
-  finetuning.finetune(finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                                      max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32), tuned)
+def test_encoder_tools_take_a_fine_tuning_workdir(finetuned_workdir, tmp_path):
+  tuned = finetuned_workdir  # the shared one (conftest.py): SST-2 from tiny_checkpoint, read-only
   texts = tmp_path / 'texts.txt'
   texts.write_text('A fine film .\n', encoding='utf-8')
   summary = last_json(run('embed.py', f'--checkpoint={tuned}', f'--input={texts}', f'--output={tmp_path}/e.npz'))

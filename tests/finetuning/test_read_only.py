@@ -5,14 +5,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
 from bert_jax.errors import ConfigError
 from bert_jax.finetuning import run as finetuning
 
-from helpers import FIXTURES, REPO, assert_one_line_error, shared_data_or_skip, tmpfs, tree_digest
+from helpers import FIXTURES, assert_one_line_error, run_main, shared_data_or_skip, tmpfs, tree_digest
 
 
 @pytest.fixture
@@ -48,8 +47,8 @@ def test_a_read_only_workdir_is_evaluated_into_output_dir(read_only, tmp_path, c
 
 
 def _evaluate(*args):
-  return subprocess.run([sys.executable, os.path.join(REPO, 'experiments', 'evaluate.py'), *args],
-                        capture_output=True, text=True, timeout=600)  # from the cwd: the fixture's relative paths
+  # In this process (its main, output and exit code), from the cwd: the fixture's relative paths.
+  return run_main('evaluate.py', *args, cwd=os.getcwd())
 
 
 @pytest.mark.slow

@@ -10,25 +10,21 @@ import pytest
 from bert_jax.data.tokenization import SentencePieceTokenizer
 from bert_jax.errors import CheckpointError
 from bert_jax.interop.pretrained import load_pretrained
-from bert_jax.pretraining import run as pretraining
 
-from helpers import tiny_pretrain_config, write_small_corpus
+from helpers import run_main
 
-pytestmark = pytest.mark.slow  # a trained workdir per module
+pytestmark = pytest.mark.slow  # a trained workdir
 
 
-@pytest.fixture(scope='module')
-def workdir(tmp_path_factory):
-  root = tmp_path_factory.mktemp('pretrained')
-  corpus = write_small_corpus(root)
-  workdir = str(root / 'run')
-  pretraining.train_and_evaluate(tiny_pretrain_config(str(corpus), str(root / 'cache'), eval_every=100), workdir)
-  return workdir
+@pytest.fixture
+def workdir(pretrained_run):
+  """The shared tiny pretraining run's workdir (conftest.py: checkpoints of steps 2 and 4), read-only."""
+  return pretrained_run.workdir
 
 
 def test_loads_latest_or_given_step_with_heads_and_tokenizer(workdir):
   latest = load_pretrained(workdir)
-  assert latest.source == 'bert_jax' and latest.step == 6 and latest.has_mlm_head
+  assert latest.source == 'bert_jax' and latest.step == 4 and latest.has_mlm_head
   assert isinstance(latest.tokenizer, SentencePieceTokenizer)
   assert latest.tokenizer.vocab_size == latest.config.vocab_size == 1000
   early = load_pretrained(workdir, step=2)
@@ -56,8 +52,8 @@ def test_bad_directories(workdir, tmp_path):
     load_pretrained(str(tmp_path / 'missing'))
   with pytest.raises(CheckpointError, match='neither a Hugging Face checkpoint'):
     load_pretrained(str(tmp_path))
-  with pytest.raises(CheckpointError, match='no checkpoint for step 5'):
-    load_pretrained(workdir, step=5)
+  with pytest.raises(CheckpointError, match='no checkpoint for step 3'):
+    load_pretrained(workdir, step=3)
   os.makedirs(tmp_path / 'w' / 'checkpoints')
   with pytest.raises(CheckpointError, match='config.json is missing'):
     load_pretrained(str(tmp_path / 'w'))
@@ -65,13 +61,9 @@ def test_bad_directories(workdir, tmp_path):
 
 @pytest.mark.e2e
 def test_export_cli_round_trips_a_workdir_bit_exactly(workdir, tmp_path):
-  import subprocess  # pylint: disable=g-import-not-at-top,multiple-imports
-  import sys
-
-  from helpers import REPO  # pylint: disable=g-import-not-at-top
   out = str(tmp_path / 'hf')
-  cmd = [sys.executable, 'experiments/export_hf.py', f'--checkpoint={workdir}', f'--output={out}']
-  result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  args = ('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
+  result = run_main(*args)  # in this process: the command's flags, output and exit code, not a process, are tested
   assert result.returncode == 0, result.stderr[-3000:]
   assert {'config.json', 'model.safetensors'} <= set(os.listdir(out))
   original, exported = load_pretrained(workdir), load_pretrained(out)
@@ -79,5 +71,5 @@ def test_export_cli_round_trips_a_workdir_bit_exactly(workdir, tmp_path):
   for a, b in zip(jax.tree.leaves(original.params), jax.tree.leaves(exported.params)):
     np.testing.assert_array_equal(a, b)
   assert exported.tokenizer.encode('a test sentence .') == original.tokenizer.encode('a test sentence .')
-  again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+  again = run_main(*args)
   assert again.returncode == 1 and again.stderr.strip().splitlines()[-1].startswith('error:')
