@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import inspect
 import logging
 import math
 import os
@@ -39,10 +38,6 @@ CORRUPT_DIR = 'corrupt_checkpoints'
 # A parameter beyond this magnitude means training blew up (BERT's stay within ~10-100):
 # such a state evaluates to NaN even when every value is still finite.
 EXPLODED = 1e6
-# Orbax saves a replicated array from all its replicas at once, each writing a slice, and slicing compiles one small
-# XLA program per array shape (about 5 s at a process's first save of a tiny BERT on 8 devices, 108 compiles, more
-# than the writes take). Arrays whose slice per replica would be smaller than this are written by one replica whole.
-MIN_REPLICA_SLICE_BYTES = 1 << 20
 
 
 @jax.jit
@@ -80,25 +75,6 @@ def _agree(problem: str | None) -> str | None:
     if np.any(failed) and problem is None:
       return 'another process cannot read it'
   return problem
-
-
-def _small_arrays_from_one_replica() -> None:
-  """Registers Orbax's array handler with MIN_REPLICA_SLICE_BYTES (once per process; the files are the same).
-  Orbax before 0.12 has no such setting and keeps its own behaviour."""
-  if getattr(_small_arrays_from_one_replica, 'done', False):
-    return
-  _small_arrays_from_one_replica.done = True
-  if 'min_slice_bytes_for_replica_parallel' not in inspect.signature(ocp.type_handlers.ArrayHandler).parameters:
-    return
-  absl_logger = logging.getLogger('absl')  # Orbax warns of the override it was asked for, on stderr: not here
-  level = absl_logger.level
-  absl_logger.setLevel(logging.ERROR)
-  try:
-    ocp.type_handlers.register_type_handler(
-        jax.Array, ocp.type_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES),
-        override=True)
-  finally:
-    absl_logger.setLevel(level)
 
 
 def _quiet_closed_loop_callbacks() -> None:
@@ -170,7 +146,6 @@ class Checkpointer:
   def __init__(self, workdir: str, *, save_every: int = 1, keep: int = 3, read_only: bool = False,
                best_metric: str | None = None):
     _quiet_closed_loop_callbacks()
-    _small_arrays_from_one_replica()
     preserve = ocp.checkpoint_managers.LatestN(keep)
     self.best_metric, self._best = best_metric, None  # (value, step) of the best checkpoint
     if best_metric:

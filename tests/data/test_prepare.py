@@ -380,6 +380,7 @@ def test_invalid_utf8_in_the_corpus_is_one_warning_line(tmp_path, capsys):
                       f'in {corpus})']
 
 
+@pytest.mark.slow  # prepares the whole bundled corpus (about 5 s on 2 cores)
 def test_streaming_hold_out_is_deterministic_and_disjoint(tmp_path):
   cfg = _bundled_cfg(tmp_path)
   data = prepare.prepare_pretraining_data(cfg, vocab_size=2000, seed=0, log=lambda _: None)
