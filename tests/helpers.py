@@ -182,6 +182,8 @@ def run_main(script, *args, cwd=REPO, children: bool = False) -> subprocess.Comp
     _BASE_FLAGS.update(flags.FLAGS)
   for name in set(flags.FLAGS) - _BASE_FLAGS:
     delattr(flags.FLAGS, name)
+  for name in _BASE_FLAGS:  # as in a new process: an earlier run's --num_processes=2 must not carry over
+    flags.FLAGS[name].unparse()
   path = os.path.join(REPO, 'experiments', script)
   captures = [_FdCapture(1), _FdCapture(2)] if children else []
   out, err = (c.stream for c in captures) if children else (io.StringIO(), io.StringIO())

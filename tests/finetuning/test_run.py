@@ -116,7 +116,7 @@ def test_seeds_report_mean_and_std_and_evaluate_restores(tiny_checkpoint, tmp_pa
   assert {k: v for k, v in after.items() if k in trained_files} == trained_files  # nothing overwritten
   assert sorted(set(after) - set(trained_files)) == [  # the evaluation's results, beside the training's
       'eval_step4.json', *[f'seed_{s}/eval_step4/{n}' for s in (0, 1)
-                           for n in ('final_metrics.json', 'predictions_dev.tsv')]]
+                           for n in ('final_metrics.json', 'predictions_dev.tsv', 'report_dev.txt')]]
   assert _digest(tiny_checkpoint) == before  # the starting checkpoint is never written
 
 
