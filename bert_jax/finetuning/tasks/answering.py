@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,6 +24,8 @@ from bert_jax.finetuning.tasks import files, squad
 from bert_jax.runs import reporting
 
 QUESTION_COLUMNS, CONTEXT_COLUMNS, ANSWER_COLUMNS = ('question',), ('context',), ('answers',)
+_FLAGS = ("--config.text_column to the questions', --config.text_pair_column to the contexts' and "
+          "--config.label_column to the answers' column")
 
 
 def read_examples(path: str, cfg) -> list[squad.SquadExample]:
@@ -31,9 +33,9 @@ def read_examples(path: str, cfg) -> list[squad.SquadExample]:
   if os.path.splitext(path)[1].lower() == '.json':
     return squad.articles_to_examples(squad.read_articles(path), path)
   names, records = files.records(path)
-  question = _column(path, names, cfg.text_column, files.Columns.text, QUESTION_COLUMNS)
-  context = _column(path, names, cfg.text_pair_column, '', CONTEXT_COLUMNS)
-  answers = _column(path, names, cfg.label_column, files.Columns.label, ANSWER_COLUMNS)
+  question = files.find_column(path, names, cfg.text_column, files.Columns.text, QUESTION_COLUMNS, _FLAGS)
+  context = files.find_column(path, names, cfg.text_pair_column, '', CONTEXT_COLUMNS, _FLAGS)
+  answers = files.find_column(path, names, cfg.label_column, files.Columns.label, ANSWER_COLUMNS, _FLAGS)
   examples = []
   for line, record in records:
     q, c = (_text(path, line, record, col) for col in (question, context))
@@ -41,17 +43,6 @@ def read_examples(path: str, cfg) -> list[squad.SquadExample]:
     examples.append(squad.SquadExample(id=str(record.get('id', line)), question=q.lstrip(), context=c,
                                        answers=found, is_impossible=not found))
   return examples
-
-
-def _column(path: str, names: Sequence[str], wanted: str, default: str, fallbacks: Sequence[str]) -> str:
-  if wanted and wanted in names:
-    return wanted
-  found = [c for c in fallbacks if c in names] if wanted == default else []
-  if found:
-    return found[0]
-  raise DataError(f'{path}:1: no column {wanted or fallbacks[0]!r}; the file has {", ".join(map(repr, names))} '
-                  '(set --config.text_column to the questions\', --config.text_pair_column to the contexts\' and '
-                  '--config.label_column to the answers\' column)')
 
 
 def _text(path: str, line: int, record: dict[str, Any], column: str) -> str:

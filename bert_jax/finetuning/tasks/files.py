@@ -182,18 +182,29 @@ def read_rows(path: str, columns: Columns, kind: str) -> list[Row]:
   return rows
 
 
+_COLUMN_FLAGS = '--config.text_column, --config.text_pair_column or --config.label_column'
+
+
 def resolve_text_column(path: str, names: Sequence[str], text: str) -> str:
   """`text`, or 'sentence' when `text` is the default 'text' and only 'sentence' is there."""
-  if text in names:
-    return text
-  if text == Columns.text and TEXT_FALLBACK in names:
-    return TEXT_FALLBACK
-  raise _missing(path, text, names)
+  return find_column(path, names, text, Columns.text, (TEXT_FALLBACK,))
 
 
-def _missing(path: str, column: str, names: Sequence[str]) -> DataError:
+def find_column(path: str, names: Sequence[str], wanted: str, default: str, fallbacks: Sequence[str] = (),
+                flags: str = _COLUMN_FLAGS) -> str:
+  """`wanted` when the file has it; when `wanted` is its field's `default`, the first of `fallbacks` the file has
+  (the names other datasets use); else a DataError naming the file's columns and the `flags` that set them."""
+  if wanted and wanted in names:
+    return wanted
+  found = [c for c in fallbacks if c in names] if wanted == default else []
+  if found:
+    return found[0]
+  raise _missing(path, wanted or fallbacks[0], names, flags)
+
+
+def _missing(path: str, column: str, names: Sequence[str], flags: str = _COLUMN_FLAGS) -> DataError:
   return DataError(f'{path}:1: no column {column!r}; the file has {", ".join(map(repr, names)) or "none"} '
-                   '(set --config.text_column, --config.text_pair_column or --config.label_column)')
+                   f'(set {flags})')
 
 
 def _value(path: str, line: int, record: dict[str, Any], column: str) -> Any:

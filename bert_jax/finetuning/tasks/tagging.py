@@ -25,6 +25,7 @@ from bert_jax.finetuning.tasks.files import Row
 
 WORD_COLUMNS = ('tokens', 'words')  # read when text_column is the default and the file has no 'text'
 TAG_COLUMNS = ('tags',)  # read when label_column is the default and the file has no 'label'
+_FLAGS = "--config.text_column to the words' column and --config.label_column to the tags'"
 
 
 def read_sentences(path: str, text_column: str, label_column: str) -> list[Row]:
@@ -32,8 +33,8 @@ def read_sentences(path: str, text_column: str, label_column: str) -> list[Row]:
   if os.path.splitext(path)[1].lower() not in ('.jsonl', '.ndjson', '.parquet'):
     return [Row(words, None, tags, i + 1) for i, (words, tags) in enumerate(conll.read_conll(path, labels=None))]
   names, records = files.records(path)
-  words_at = _column(path, names, text_column, files.Columns.text, WORD_COLUMNS)
-  tags_at = _column(path, names, label_column, files.Columns.label, TAG_COLUMNS)
+  words_at = files.find_column(path, names, text_column, files.Columns.text, WORD_COLUMNS, _FLAGS)
+  tags_at = files.find_column(path, names, label_column, files.Columns.label, TAG_COLUMNS, _FLAGS)
   rows = []
   for line, record in records:
     words, tags = _strings(path, line, record, words_at), _strings(path, line, record, tags_at)
@@ -41,16 +42,6 @@ def read_sentences(path: str, text_column: str, label_column: str) -> list[Row]:
       raise DataError(f'{path}:{line}: {len(words)} words but {len(tags)} tags; give one tag per word')
     rows.append(Row(words, None, tags, line))
   return rows
-
-
-def _column(path: str, names: Sequence[str], wanted: str, default: str, fallbacks: Sequence[str]) -> str:
-  if wanted in names:
-    return wanted
-  found = [c for c in fallbacks if c in names] if wanted == default else []
-  if found:
-    return found[0]
-  raise DataError(f'{path}:1: no column {wanted!r}; the file has {", ".join(map(repr, names)) or "none"} (set '
-                  f'--config.text_column to the words\' column and --config.label_column to the tags\')')
 
 
 def _strings(path: str, line: int, record: dict[str, Any], column: str) -> list[str]:
