@@ -1,8 +1,10 @@
 """Configs saved by earlier versions (a workdir's config.json, a checkpoint's meta) in today's field names
-(`upgrade_saved`), and the fields renamed or removed since (`RENAMED`, `REMOVED`: `from_dict` names them)."""
+(`upgrade_saved`), the fields renamed or removed since (`RENAMED`, `REMOVED`: `from_dict` names them), and saved
+metrics in today's scale (`upgrade_metrics`)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -69,3 +71,33 @@ def _upgrade_finetune(flat: dict[str, Any]) -> dict[str, Any]:
   if 'optim' in out:  # the warmup was a ratio then: no fixed number of steps
     out['optim'] = {'warmup_steps': 0, **out['optim']}
   return out
+
+
+# Metrics: every score is a fraction in [0, 1]. SQuAD's EM/F1 (and own-file QA's) were percents, the official
+# scripts' scale, until 2026-11-28; results and checkpoint metas written since carry METRIC_SCALE, and what was
+# written before is read in today's scale, so tables, keep_best and resumed runs never mix the two.
+METRIC_SCALE = {'metric_scale': 'fraction'}
+_PERCENT_TASKS = frozenset({'squad', 'squad_v2', 'qa'})
+_PERCENT_METRIC = re.compile(r'(?:^|_)(?:exact_match|exact|f1)(?:_mean|_std|_per_seed)?$')
+
+
+def upgrade_metrics(metrics: dict[str, Any], task: Any) -> dict[str, Any]:
+  """`metrics` (final_metrics.json, a checkpoint's held-out metrics) in today's scale; a new dict when it changes.
+
+  Args:
+    metrics: as written; one with METRIC_SCALE's key is today's already.
+    task: the run's task name (or the saved task block, {'name': ...}).
+  """
+  name = task.get('name') if isinstance(task, dict) else task
+  if name not in _PERCENT_TASKS or 'metric_scale' in metrics:
+    return metrics
+  out = {k: _fraction(v) if _PERCENT_METRIC.search(k) else v for k, v in metrics.items()}
+  if isinstance(metrics.get('per_seed'), list):  # several seeds: each seed's own metrics too
+    out['per_seed'] = [upgrade_metrics(r, name) if isinstance(r, dict) else r for r in metrics['per_seed']]
+  return out
+
+
+def _fraction(value: Any) -> Any:
+  if isinstance(value, list):
+    return [_fraction(v) for v in value]
+  return value / 100.0 if isinstance(value, (int, float)) and not isinstance(value, bool) else value

@@ -30,6 +30,7 @@ import optax
 
 from bert_jax import distributed, files, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, facts, upgrade_saved
+from bert_jax.config.migration import METRIC_SCALE
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.finetuning import batching
@@ -253,14 +254,14 @@ class _PreparedRun:
 
   def done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
     """A seed's final_metrics.json, every seed's curves so far in workdir/curves.png, and its line."""
-    workdir.write_results(result, run_dir)
+    workdir.write_results({**result, **METRIC_SCALE}, run_dir)
     reporting.write_curves(workdir.path, metrics=self.curve_metrics())
     log_result(self.main_metric, seed, result)
 
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     del wall_s  # each seed has its train_wall_s and eval_wall_s
     return {'task': self.task.name, 'init_checkpoint': self.cfg.init_checkpoint,
-            **summarize_seeds(per_run, main_metric=self.main_metric)}
+            **summarize_seeds(per_run, main_metric=self.main_metric), **METRIC_SCALE}
 
 
 def finetune(cfg: FinetuneConfig, workdir: str, explicit_model_fields: Collection[str] = ()) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bert_jax import files
+from bert_jax.config.migration import METRIC_SCALE, upgrade_metrics
 from bert_jax.errors import CheckpointError, CheckpointGone, CheckpointWriteError, UnusableCheckpoint
 from bert_jax.files import WRITE_FAILURES, check_remote
 from bert_jax.runs import workdir as workdir_lib
@@ -185,7 +186,7 @@ class Checkpointer:
     """
     meta = {'step': int(step), 'data_position': int(data_position), 'config': config, **(extra or {})}
     if metrics:
-      meta['eval'] = metrics
+      meta['eval'] = {**metrics, **METRIC_SCALE}
     with self._write_errors():  # the previous async save's error surfaces here
       if not (force or self.manager.should_save(step)):
         return False
@@ -225,8 +226,8 @@ class Checkpointer:
     best = None
     for step in sorted(self.all_steps()):
       try:
-        value = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta'].get(
-            'eval', {}).get(metric)
+        meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta']
+        value = upgrade_metrics(meta.get('eval', {}), (meta.get('config') or {}).get('task')).get(metric)
       except Exception:  # pylint: disable=broad-except  # an unreadable checkpoint is no candidate
         continue
       if _better(value, best):

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 from bert_jax import files
 from bert_jax.config import upgrade_saved
+from bert_jax.config.migration import upgrade_metrics
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.files import check_regular, write_json_atomic
 
@@ -203,8 +204,8 @@ class Workdir:
     return os.path.getmtime(path) if os.path.isfile(path) else None
 
   def results(self) -> dict[str, Any] | None:
-    """final_metrics.json, None when absent (the run has not finished); CheckpointError when it is not a readable
-    JSON object."""
+    """final_metrics.json (in today's metric scale), None when absent (the run has not finished); CheckpointError
+    when it is not a readable JSON object."""
     path = self.file(FINAL_METRICS_FILE)
     if not files.isfile(path):
       return None
@@ -215,7 +216,7 @@ class Workdir:
       raise CheckpointError(f'{path} is unreadable ({type(e).__name__})') from None
     if not isinstance(results, dict):
       raise CheckpointError(f'{path} is not a JSON object')
-    return results
+    return upgrade_metrics(results, results.get('task'))  # an earlier version's SQuAD percents as fractions
 
   def write_results(self, results: dict[str, Any], directory: str | None = None) -> None:
     """final_metrics.json in the workdir, or in `directory` (a seed's, an evaluation's)."""

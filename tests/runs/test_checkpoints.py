@@ -124,3 +124,25 @@ def test_late_reports_of_abandoned_reads_are_dropped_and_others_kept():
                    '/site-packages/orbax/checkpoint/fake.py:1>>')
   assert shown('Task exception was never retrieved', exc=ValueError('a bug of ours'))
   assert shown('Executing <Task> took 0.5 seconds')
+
+
+def test_keep_best_ranks_an_earlier_versions_squad_percents_as_fractions(tmp_path, monkeypatch):
+  """A SQuAD run saved by an earlier version (F1 in percents, no scale mark) and resumed now (fractions): the
+  best is the highest F1 in one scale, not every old checkpoint above every new one."""
+  state = {'w': np.zeros(4, np.float32)}
+  squad = {'task': 'squad'}
+  monkeypatch.setattr(checkpoints, 'METRIC_SCALE', {})  # what the earlier version wrote
+  ckpt = Checkpointer(str(tmp_path), save_every=1, keep=1, best_metric='eval_f1')
+  for step, f1 in ((1, 40.0), (2, 55.0)):
+    ckpt.save(step, state, data_position=step, config=squad, metrics={'eval_f1': f1})
+  ckpt.close()
+  monkeypatch.undo()
+  ckpt = Checkpointer(str(tmp_path), save_every=1, keep=1, best_metric='eval_f1')
+  assert ckpt.best_step('eval_f1') == 2
+  ckpt.save(3, state, data_position=3, config=squad, metrics={'eval_f1': 0.6})
+  ckpt.save(4, state, data_position=4, config=squad, metrics={'eval_f1': 0.5})
+  ckpt.close()
+  again = Checkpointer(str(tmp_path), read_only=True, best_metric='eval_f1')
+  assert again.best_step('eval_f1') == 3 and again.all_steps() == [3, 4]
+  # GLUE's F1 was a fraction already: the same numbers of an MRPC run are taken as written.
+  assert checkpoints.upgrade_metrics({'eval_f1': 0.55}, 'mrpc') == {'eval_f1': 0.55}

@@ -106,3 +106,23 @@ def test_a_remote_workdir_reaches_orbax_unchanged(monkeypatch):
   with pytest.raises(Stop):
     checkpoints.Checkpointer('gs://bucket/runs/a')
   assert seen == ['gs://bucket/runs/a/checkpoints']  # not os.path.abspath'd into ./gs:/bucket/...
+
+
+def test_results_of_an_earlier_versions_squad_run_read_in_todays_scale(tmp_path):
+  """final_metrics.json of SQuAD runs written in percents (before every metric became a fraction) read as
+  fractions, seeds and v2.0's HasAns/NoAns included; thresholds, counts and other tasks' F1 untouched."""
+  old = {'task': 'squad_v2', 'main_metric': 'eval_f1_mean', 'eval_f1_mean': 50.0, 'eval_f1_std': 2.0,
+         'eval_f1_per_seed': [48.0, 52.0], 'eval_HasAns_exact_mean': 40.0, 'eval_best_f1_thresh_mean': -1.5,
+         'eval_total_mean': 5.0, 'per_seed': [{'seed': 0, 'eval_f1': 48.0}, {'seed': 1, 'eval_f1': 52.0}]}
+  wd = Workdir(str(tmp_path))
+  wd.write_results(old)
+  got = wd.results()
+  assert got['eval_f1_mean'] == 0.5 and got['eval_f1_std'] == 0.02 and got['eval_f1_per_seed'] == [0.48, 0.52]
+  assert got['eval_HasAns_exact_mean'] == 0.4 and [r['eval_f1'] for r in got['per_seed']] == [0.48, 0.52]
+  assert (got['eval_best_f1_thresh_mean'], got['eval_total_mean'], got['main_metric']) == (-1.5, 5.0, 'eval_f1_mean')
+  today = {**old, 'eval_f1_mean': 0.5, 'metric_scale': 'fraction'}
+  wd.write_results(today)
+  assert wd.results() == today
+  mrpc = {'task': 'mrpc', 'main_metric': 'dev_f1', 'dev_f1': 0.81}
+  wd.write_results(mrpc)
+  assert wd.results() == mrpc

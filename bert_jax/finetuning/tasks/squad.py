@@ -412,7 +412,7 @@ def f1_score(prediction: str, ground_truth: str) -> float:
 
 
 def squad_v1_metrics(examples: Sequence[SquadExample], predictions: dict[str, str]) -> dict[str, Any]:
-  """evaluate-v1.1.py: EM and F1 (x100) maxed over each question's gold answers.
+  """evaluate-v1.1.py: EM and F1 maxed over each question's gold answers, as fractions (the script prints x100).
 
   Args:
     examples: the questions with their gold answers.
@@ -430,7 +430,7 @@ def squad_v1_metrics(examples: Sequence[SquadExample], predictions: dict[str, st
     em += max(float(exact_match_score(pred, g)) for g in golds)
     f1 += max(f1_score(pred, g) for g in golds)
   n = len(examples)
-  return {'exact_match': 100.0 * em / n, 'f1': 100.0 * f1 / n, 'num_examples': n}
+  return {'exact_match': em / n, 'f1': f1 / n, 'num_examples': n}
 
 
 def _tokens_v2(s: str) -> list[str]:
@@ -463,13 +463,13 @@ def _raw_scores_v2(examples, predictions) -> tuple[dict[str, float], dict[str, f
 
 def _mean_dict(exact, f1, qids) -> dict[str, float]:
   n = len(qids)
-  return {'exact': 100.0 * sum(exact.get(k, 0.0) for k in qids) / n,
-          'f1': 100.0 * sum(f1.get(k, 0.0) for k in qids) / n, 'total': n}
+  return {'exact': sum(exact.get(k, 0.0) for k in qids) / n, 'f1': sum(f1.get(k, 0.0) for k in qids) / n,
+          'total': n}
 
 
 def find_best_thresh(preds: dict[str, str], scores: dict[str, float], na_probs: dict[str, float],
                      qid_to_has_ans: dict[str, bool]) -> tuple[float, float]:
-  """evaluate-v2.0.py's threshold search: (best score x100, its na_prob threshold)."""
+  """evaluate-v2.0.py's threshold search: (best score as a fraction, its na_prob threshold)."""
   cur = best = sum(1 for k in qid_to_has_ans if not qid_to_has_ans[k])
   best_thresh = 0.0
   for qid in sorted(na_probs, key=lambda k: na_probs[k]):
@@ -481,13 +481,13 @@ def find_best_thresh(preds: dict[str, str], scores: dict[str, float], na_probs: 
       cur += -1 if preds[qid] else 0
     if cur > best:
       best, best_thresh = cur, na_probs[qid]
-  return 100.0 * best / len(scores), best_thresh
+  return best / len(scores), best_thresh
 
 
 def squad_v2_metrics(examples: Sequence[SquadExample], predictions: dict[str, str], *,
                      na_probs: dict[str, float] | None = None,
                      answer_predictions: dict[str, str] | None = None) -> dict[str, Any]:
-  """evaluate-v2.0.py: exact/f1 overall and over HasAns/NoAns questions, best thresholds.
+  """evaluate-v2.0.py: exact/f1 overall and over HasAns/NoAns questions, best thresholds (fractions; x100 there).
 
   Args:
     examples: the questions; an empty answer list means unanswerable.

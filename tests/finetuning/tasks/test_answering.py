@@ -82,7 +82,7 @@ def test_own_questions_fine_tune_and_evaluate(tiny_checkpoint, tmp_path):
                      '--config.max_seq_length=64', '--config.doc_stride=16', '--config.eval_batch_size=8')
   assert trained.returncode == 0, trained.stderr[-3000:]
   result = json.loads(trained.stdout.strip().splitlines()[-1])
-  assert result['main_metric'] == 'eval_f1' and 0 <= result['eval_exact_match'] <= 100
+  assert result['main_metric'] == 'eval_f1' and 0 <= result['eval_exact_match'] <= 1
   with open(workdir / 'config.json', encoding='utf-8') as f:
     assert json.load(f)['task']['name'] == 'qa'
   again = run_main('evaluate.py', f'--workdir={workdir}')

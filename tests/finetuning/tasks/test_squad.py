@@ -147,7 +147,7 @@ def test_eval_oracle_gives_full_marks(eval_set, task, tmp_path):
   logits, done = _oracle_logits(eval_set)
   assert len(done) == 1589
   metrics = task.evaluate(eval_set, logits, str(tmp_path))
-  assert metrics == {'exact_match': 100.0, 'f1': 100.0, 'num_examples': 1589}
+  assert metrics == {'exact_match': 1.0, 'f1': 1.0, 'num_examples': 1589}
   with open(tmp_path / 'predictions_eval.json', encoding='utf-8') as f:
     preds = json.load(f)
   assert set(preds) == {e.id for e in data.examples}
@@ -167,8 +167,8 @@ def test_official_v1_metric_by_hand():
               squad.SquadExample('b', 'q', 'c', [{'text': 'Paris', 'answer_start': 0}])]
   # a: EM 0; F1 max(2/3, {big, dog} vs {big, red, dog}: P 2/3 R 1 -> 0.8) = 0.8. b: EM = F1 = 1.
   metrics = squad.squad_v1_metrics(examples, {'a': 'the big red dog', 'b': 'paris.'})
-  assert metrics['exact_match'] == pytest.approx(50.0)
-  assert metrics['f1'] == pytest.approx(100 * (0.8 + 1) / 2)
+  assert metrics['exact_match'] == pytest.approx(0.5)  # fractions: the official script prints x100
+  assert metrics['f1'] == pytest.approx((0.8 + 1) / 2)
   assert metrics['num_examples'] == 2
 
 
@@ -179,15 +179,15 @@ def test_official_v2_threshold_by_hand():
   na = {'q1': 0.1, 'q2': 0.5, 'q3': 0.9}
   final = {'q1': 'red dog', 'q2': 'red cat', 'q3': ''}  # null above 0.8
   m = squad.squad_v2_metrics(examples, final, na_probs=na, answer_predictions=answers)
-  assert m['exact'] == pytest.approx(200 / 3) and m['f1'] == pytest.approx(100 * 2.4 / 3)
-  assert (m['HasAns_exact'], m['HasAns_f1'], m['HasAns_total']) == (50.0, pytest.approx(70.0), 2)
-  assert (m['NoAns_exact'], m['NoAns_f1'], m['NoAns_total'], m['total']) == (100.0, 100.0, 1, 3)
+  assert m['exact'] == pytest.approx(2 / 3) and m['f1'] == pytest.approx(2.4 / 3)
+  assert (m['HasAns_exact'], m['HasAns_f1'], m['HasAns_total']) == (0.5, pytest.approx(0.7), 2)
+  assert (m['NoAns_exact'], m['NoAns_f1'], m['NoAns_total'], m['total']) == (1.0, 1.0, 1, 3)
   # Start at 1 (q3 null); q1 +1 -> 2 at 0.1; q2 +0 (EM) / +0.4 (F1) at 0.5; q3 answered -1.
-  assert (m['best_exact'], m['best_exact_thresh']) == (pytest.approx(200 / 3), 0.1)
-  assert (m['best_f1'], m['best_f1_thresh']) == (pytest.approx(100 * 2.4 / 3), 0.5)
+  assert (m['best_exact'], m['best_exact_thresh']) == (pytest.approx(2 / 3), 0.1)
+  assert (m['best_f1'], m['best_f1_thresh']) == (pytest.approx(2.4 / 3), 0.5)
   # v2 F1 of two empty answers is 1, and gold answers that normalise to '' count as no answer.
   only_empty = squad.squad_v2_metrics([ex('q', ['the'])], {'q': ''})
-  assert (only_empty['exact'], only_empty['f1']) == (100.0, 100.0)
+  assert (only_empty['exact'], only_empty['f1']) == (1.0, 1.0)
 
 
 def _write_v2(path):
@@ -225,9 +225,8 @@ def test_v2_no_answer_and_best_threshold(tokenizer, tmp_path):
       logits[k][0] = 10.0
       logits[k][word] = 5.0
   m = task.evaluate(eval_set, logits, str(tmp_path / 'out'))
-  assert (m['exact'], m['f1'], m['HasAns_exact'], m['NoAns_exact'], m['total']) == (100.0, 100.0, 100.0,
-                                                                                     100.0, 5)
-  assert (m['best_exact'], m['best_exact_thresh'], m['best_f1']) == (100.0, -20.0, 100.0)
+  assert (m['exact'], m['f1'], m['HasAns_exact'], m['NoAns_exact'], m['total']) == (1.0, 1.0, 1.0, 1.0, 5)
+  assert (m['best_exact'], m['best_exact_thresh'], m['best_f1']) == (1.0, -20.0, 1.0)
   with open(tmp_path / 'out' / 'predictions_eval.json', encoding='utf-8') as f:
     assert json.load(f) == {'q1': 'Paris', 'q2': '1889', 'q3': '', 'q4': 'wrought iron', 'q5': ''}
   with open(tmp_path / 'out' / 'null_odds_eval.json', encoding='utf-8') as f:
@@ -236,7 +235,7 @@ def test_v2_no_answer_and_best_threshold(tokenizer, tmp_path):
   loose = dataclasses.replace(eval_set, data=dataclasses.replace(eval_set.data,
                                                                  null_score_diff_threshold=25.0))
   m = task.evaluate(loose, logits, None)
-  assert (m['exact'], m['HasAns_exact'], m['NoAns_exact'], m['best_exact']) == (60.0, 100.0, 0.0, 100.0)
+  assert (m['exact'], m['HasAns_exact'], m['NoAns_exact'], m['best_exact']) == (0.6, 1.0, 0.0, 1.0)
 
 
 def test_mismatched_answer_is_skipped_with_warning(tokenizer, tmp_path, capsys):
