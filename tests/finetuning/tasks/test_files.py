@@ -180,16 +180,6 @@ def test_eval_labels_unseen_in_training_and_one_class(tmp_path):
   assert 'set --config.train_file' in _error(get_task('classify').train_features, _cfg(''), WhitespaceTokenizer())
 
 
-def test_parquet_without_pyarrow_is_one_clear_error(tmp_path):
-  try:
-    import pyarrow  # pylint: disable=g-import-not-at-top,unused-import
-    pytest.skip('pyarrow is installed')
-  except ImportError:
-    pass
-  path = _write(tmp_path, 'train.parquet', 'PAR1')
-  assert 'reading Parquet needs pyarrow' in _error(files.read_rows, path, files.Columns(), 'classification')
-
-
 def test_config_fields():
   with pytest.raises(ConfigError, match='eval_fraction'):
     FinetuneConfig(eval_fraction=1.0)
