@@ -186,6 +186,7 @@ def write_curves(workdir: str, metrics: Sequence[str] | None = None) -> None:
 
 
 _stream = None  # None: sys.stdout (as it is when a line is printed)
+_last_line = time.perf_counter()  # when `log` last printed: a loop that has said nothing for long says where it is
 
 
 def log(message: str) -> None:
@@ -195,8 +196,15 @@ def log(message: str) -> None:
   logging stays at WARNING in the entry points, as jax and Orbax are chatty at INFO, and a line of
   ours must show whatever its level. Warnings are lines that start with 'warning: '.
   """
+  global _last_line  # pylint: disable=global-statement
   if jax.process_index() == 0:
     print(message, file=_stream or sys.stdout, flush=True)
+  _last_line = time.perf_counter()
+
+
+def silent_for() -> float:
+  """Seconds since the last line of `log`."""
+  return time.perf_counter() - _last_line
 
 
 def log_to(stream) -> None:

@@ -165,6 +165,10 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
           raise _diverged(report, f'the loss became {bad[0]}', step, last_good)
         if log_now:
           writers.progress(step, total_steps, host, progress.update(step))
+      elif reporting.silent_for() > HEARTBEAT_S:  # slow steps between progress lines: where it is, without a sync
+        done = step - start
+        reporting.log(f'{report.label}step {step}/{total_steps} | ETA '
+                      f'{reporting.format_duration((time.time() - t0) / done * (total_steps - step))}')
       evaluated = None
       if evaluate is not None and ((eval_every and step % eval_every == 0) or (is_last and eval_last)):
         last_eval = evaluated = writers.evaluation(step, evaluate(state['params'], step))
@@ -192,6 +196,10 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
     stats['row_tokens'] = progress.row_tokens  # what stages' padding fractions are weighted by
   return FitResult(state, step, last_eval, stats)
 
+
+# No stretch of training is silent for longer than this: between progress lines (log_every steps apart, which on a
+# slow machine or a large model can be minutes), a short line with the step and the ETA.
+HEARTBEAT_S = 10.0
 
 # curves.png shows the training curves from the first minute on, not only from the first evaluation; drawing takes
 # about a second (matplotlib), so a progress line redraws it at most this often.

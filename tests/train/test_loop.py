@@ -212,3 +212,17 @@ def test_curves_are_drawn_from_the_progress_lines_at_most_once_a_minute(tmp_path
     assert drawn == [str(tmp_path)] * 2  # and every evaluation does
   finally:
     writers.close()
+
+
+def test_slow_steps_between_progress_lines_say_where_the_run_is(tmp_path, capsys, monkeypatch):
+  """A step taking longer than HEARTBEAT_S since the last line prints the step and the ETA (no metrics, no sync),
+  so a run with far-apart progress lines is never silent for long; the metric files are unchanged."""
+  model = _model()
+  monkeypatch.setattr(loop, 'HEARTBEAT_S', 0.0)  # every step is "a long time" after the last line
+  _fit(model, tmp_path, model.init_state(seed=0), _Batches(), 6, log_every=3)
+  lines = capsys.readouterr().out.splitlines()
+  beats = [l for l in lines if re.fullmatch(r'step \d/6 \| ETA \S+', l)]
+  assert [l.split()[1] for l in beats] == ['1/6', '2/6', '4/6', '5/6'], lines
+  assert [l.split(' |')[0] for l in lines if '| loss' in l] == ['step 3/6', 'step 6/6']
+  with open(tmp_path / 'metrics_train.jsonl', encoding='utf-8') as f:
+    assert [json.loads(line)['step'] for line in f] == [3, 6]
