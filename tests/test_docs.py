@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax import config
 
-from helpers import REPO, shared_data_or_skip
+from helpers import REPO, run_main, shared_data_or_skip
 
 DOCS = [os.path.join(REPO, 'README.md'), *sorted(glob.glob(os.path.join(REPO, 'docs', '*.md')))]
 ENTRY_POINTS = sorted(p for p in glob.glob(os.path.join(REPO, 'experiments', '*.py')) if not p.endswith('cli.py'))
@@ -184,8 +184,13 @@ def test_the_readmes_commands_run(tmp_path):
   commands = _readme_commands(tmp_path)
   assert len(commands) >= 10 and commands[0][1] == 'experiments/pretrain.py'
   for argv in commands:
+    # Each entry point's main() in this process (run_main: its flags, output and exit code as a shell gives them):
+    # a subprocess each would pay Python's and jax's start-up fourteen times. The commands a sweep or a ladder
+    # starts (after --) are still processes of their own, run by `python3` as in a shell.
     argv = [sys.executable if a == 'python3' else a for a in argv]
-    r = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=900)
+    at = next(i for i, a in enumerate(argv) if a.startswith('experiments/'))
+    script = os.path.basename(argv[at])
+    r = run_main(script, *argv[at + 1:], children=script in ('sweep.py', 'ladder.py'))
     assert r.returncode == 0, (argv, r.stderr[-3000:])
   assert os.path.exists(tmp_path / 'sst2_hf' / 'model.safetensors') and os.path.exists(tmp_path / 'attn.html')
   assert os.path.exists(tmp_path / 'recipe_merged' / 'merge.json')

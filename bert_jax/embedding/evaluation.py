@@ -22,7 +22,8 @@ _truncate = jax.jit(pooling.truncate, static_argnums=1)
 
 def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarray], *,
                        dims: Sequence[int] | None = None, block_size: int = search.DEFAULT_BLOCK_SIZE,
-                       recall_at: Sequence[int] = metrics.RECALL_AT, cutoff: int = metrics.CUTOFF) -> dict:
+                       recall_at: Sequence[int] = metrics.RECALL_AT, cutoff: int = metrics.CUTOFF,
+                       mesh=None) -> dict:
   """recall@k, MRR@cutoff and nDCG@cutoff of `data`'s queries against its corpus (`metrics.ranking_metrics`).
 
   Args:
@@ -30,6 +31,7 @@ def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarra
     embed: texts -> float [n, D] embeddings.
     dims: Matryoshka sizes reported besides the full one ('matryoshka': {dim: metrics}).
     block_size: corpus texts embedded and searched at a time.
+    mesh: search each block with its rows split over this mesh's devices (`search.StreamingTopK`).
 
   Raises:
     DataError: `embed` returned another number of vectors than texts, or vectors of another width.
@@ -44,7 +46,7 @@ def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarra
   full = queries_qd.shape[1]
   sizes = (full,) + tuple(int(d) for d in dims or ())
   k = max(tuple(recall_at) + (cutoff,))
-  tops = {d: search.StreamingTopK(_truncate(queries_qd, d), k=k, block_size=block_size) for d in sizes}
+  tops = {d: search.StreamingTopK(_truncate(queries_qd, d), k=k, block_size=block_size, mesh=mesh) for d in sizes}
   passages = data.passages()
   for start in range(0, len(passages), block_size):
     block_nd = vectors(passages[start:start + block_size])

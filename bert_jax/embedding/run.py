@@ -219,7 +219,7 @@ class _PreparedRun:
     self.total_steps = self.cfg.total_steps(len(self.train))
     reporting.log(describe_attention(self.cfg.model))
     self.model = retrieval_model(self.cfg, mesh, self.total_steps)
-    self.block = distributed.process_batch_block(mesh)
+    self.block, self.mesh = distributed.process_batch_block(mesh), mesh
     self.dims = self.cfg.retrieval_dims()
 
   def batches(self, seed: int, position: int, step: int) -> RetrievalBatches:
@@ -252,7 +252,7 @@ class _PreparedRun:
       return (self.embed(params, texts, 'query', self.cfg.max_query_length) if len(calls) == 1
               else self.embed(params, texts, 'passage', self.cfg.max_seq_length))
     hidden = self.cfg.model.hidden_size
-    scores = evaluate_retrieval(self.held_out, embed, dims=tuple(d for d in self.dims if d != hidden))
+    scores = evaluate_retrieval(self.held_out, embed, dims=tuple(d for d in self.dims if d != hidden), mesh=self.mesh)
     out = {_name(k): v for k, v in scores.items() if k != 'matryoshka'}
     for d, per_dim in (scores.get('matryoshka') or {}).items():
       out.update({f'{_name(k)}_dim{d}': v for k, v in per_dim.items()})

@@ -95,15 +95,18 @@ def enwiki_pairs(paths: Sequence[str], max_pairs: int = 0, seed: int = 0) -> lis
 
 def write_pairs(path: str, pairs: Iterable[dict[str, str]]) -> int:
   """Writes pairs as JSONL (query, positive) atomically; returns how many."""
-  lines = [json.dumps(p, ensure_ascii=False) for p in pairs]
-  files.write_text_atomic(path, '\n'.join(lines) + '\n')
-  return len(lines)
+  pairs = list(pairs)
+  files.write_text_atomic(path, _jsonl(pairs))
+  return len(pairs)
+
+
+def _jsonl(rows: Iterable[dict[str, str]]) -> str:
+  return '\n'.join(json.dumps(r, ensure_ascii=False) for r in rows) + '\n'
 
 
 def write_beir(directory: str, records: BeirRecords, split: str = 'test') -> None:
   """corpus.jsonl, queries.jsonl and qrels/<split>.tsv under `directory`."""
-  jsonl = lambda rows: '\n'.join(json.dumps(r, ensure_ascii=False) for r in rows) + '\n'  # pylint: disable=unnecessary-lambda-assignment
-  files.write_text_atomic(os.path.join(directory, 'corpus.jsonl'), jsonl(records.corpus))
-  files.write_text_atomic(os.path.join(directory, 'queries.jsonl'), jsonl(records.queries))
+  files.write_text_atomic(os.path.join(directory, 'corpus.jsonl'), _jsonl(records.corpus))
+  files.write_text_atomic(os.path.join(directory, 'queries.jsonl'), _jsonl(records.queries))
   qrels = ''.join(f'{q}\t{d}\t1\n' for q, d in records.qrels)
   files.write_text_atomic(os.path.join(directory, 'qrels', f'{split}.tsv'), 'query-id\tcorpus-id\tscore\n' + qrels)

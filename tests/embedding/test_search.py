@@ -49,3 +49,23 @@ def test_bad_inputs_raise_one_clear_error():
     search.exact_top_k(q, [np.ones((3, 3), np.float32)], k=1, block_size=2)
   with pytest.raises(ConfigError, match='must be positive'):
     search.exact_top_k(q, np.ones((4, 3), np.float32), k=0)
+
+
+def test_a_mesh_splits_each_block_over_its_devices_and_gives_the_one_device_result():
+  """8 fake devices as data x fsdp x tensor = 2 x 2 x 2: each block's rows spread over all of them; the scores and
+  ids equal the full sort's, ties across devices and a short last block included."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import config, sharding  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh(config.MeshConfig(data=2, fsdp=2, tensor=2))
+  assert mesh.size == 8 == len(jax.devices())
+  rng = np.random.default_rng(2)
+  queries = rng.integers(-2, 3, (5, 4)).astype(np.float32)
+  corpus = rng.integers(-2, 3, (45, 4)).astype(np.float32)
+  corpus[40] = corpus[1]  # the same vector on another device, in another block
+  ref_scores, ref_ids = _reference(queries, corpus, 12)
+  for block_size in (16, 20, 64):  # 20: rounded up to 24 rows, 3 per device
+    scores, ids = search.exact_top_k(queries, corpus, k=12, block_size=block_size, mesh=mesh)
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_array_equal(scores, ref_scores)
+  blocks = [corpus[:3], corpus[3:19], corpus[19:]]
+  np.testing.assert_array_equal(search.exact_top_k(queries, blocks, k=12, block_size=26, mesh=mesh)[1], ref_ids)
