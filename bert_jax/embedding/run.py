@@ -45,10 +45,7 @@ MAIN_METRIC = 'eval_ndcg_at_10'
 
 def spec_of(cfg: FinetuneConfig) -> ContrastiveSpec:
   """The contrastive spec of a retrieval config."""
-  return ContrastiveSpec(pooling=cfg.pooling, temperature=cfg.temperature, learn_temperature=cfg.learn_temperature,
-                         temperature_min=cfg.temperature_min, temperature_max=cfg.temperature_max,
-                         symmetric=cfg.symmetric, matryoshka_dims=cfg.retrieval_dims(),
-                         matryoshka_weights=cfg.retrieval_weights())
+  return ContrastiveSpec.of(cfg)
 
 
 def retrieval_model(cfg: FinetuneConfig, mesh, total_steps: int) -> StepModel:

