@@ -181,8 +181,10 @@ def read_embedding(directory: str) -> Embedding | None:
   if 'pooling_mode' in pooling_config:  # sentence-transformers 6
     pooling = pooling_config['pooling_mode']
   else:
-    chosen = [k for k, v in pooling_config.items() if k.startswith('pooling_mode_') and v]
-    pooling = {key: mode for mode, key in _POOLING_KEYS.items()}.get(chosen[0] if len(chosen) == 1 else '', chosen)
+    # 'pooling_mode_cls_token' -> 'cls', 'pooling_mode_mean_tokens' -> 'mean', ...; several at once: concatenated
+    chosen = [k.removeprefix('pooling_mode_').removesuffix('_tokens').removesuffix('_token')
+              for k, v in pooling_config.items() if k.startswith('pooling_mode_') and v]
+    pooling = chosen[0] if len(chosen) == 1 else '+'.join(chosen)
   if pooling not in POOLINGS:
     raise CheckpointError(f'{directory}: its pooling {pooling!r} is not one bert_jax reproduces (mean or cls)')
   sbert = os.path.join(directory, SBERT_CONFIG_FILE)

@@ -76,8 +76,44 @@ def test_retrieval_with_gradcache_trains_through_the_entry_point(tiny_checkpoint
   assert 'retrieval: eval_ndcg_at_10' in r.stdout, r.stdout[-3000:]
   with open(tmp_path / 'w' / 'final_metrics.json', encoding='utf-8') as f:
     assert json.load(f)['pooling'] == 'cls'
-  assert_one_line_error(run_main('evaluate.py', f'--workdir={tmp_path / "w"}'),
-                        'is a retrieval run: evaluating it again is not supported yet')
+  # evaluate.py evaluates it again through the run scaffold: the training's final evaluation, bit for bit
+  with open(tmp_path / 'w' / 'final_metrics.json', encoding='utf-8') as f:
+    trained = json.load(f)
+  r = run_main('evaluate.py', f'--workdir={tmp_path / "w"}')
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert 'retrieval: eval_ndcg_at_10' in r.stdout + r.stderr
+  with open(tmp_path / 'w' / 'eval_step2.json', encoding='utf-8') as f:
+    again = json.load(f)
+  assert again['step'] == 2 and again['pooling'] == 'cls'
+  for name in ('eval_recall_at_1', 'eval_recall_at_10', 'eval_mrr_at_10', 'eval_ndcg_at_10'):
+    assert again[name] == trained[name], name
+  assert (tmp_path / 'w' / 'seed_0' / 'eval_step2' / 'final_metrics.json').is_file()
+  # predict.py has no task head to run: one line pointing to embed.py
+  assert_one_line_error(run_main('predict.py', f'--workdir={tmp_path / "w"}', '--text=what is the apple?'),
+                        'is a retrieval run (an embedding model, no task head to predict with): embed texts with '
+                        'experiments/embed.py')
+
+
+@pytest.mark.slow
+def test_evaluate_takes_another_beir_set_and_refuses_training_fields(retrieval_workdir, tmp_path):
+  other = tmp_path / 'other'
+  other.mkdir()
+  _, beir = _write_data(other)
+  with open(os.path.join(beir, 'queries.jsonl'), 'a', encoding='utf-8') as f:  # a query with no judged passage
+    f.write(json.dumps({'_id': 'q9', 'text': 'what is the harbor?'}) + '\n')
+  out = tmp_path / 'results'
+  r = run_main('evaluate.py', f'--workdir={retrieval_workdir}', f'--config.beir_dir={beir}', f'--output_dir={out}')
+  assert r.returncode == 0, r.stderr[-3000:]
+  with open(out / 'eval_step2_beir.json', encoding='utf-8') as f:
+    again = json.load(f)
+  with open(os.path.join(retrieval_workdir, 'final_metrics.json'), encoding='utf-8') as f:
+    trained = json.load(f)
+  # the same model and the same judged queries and corpus: the same figures, and its Matryoshka size
+  for name in ('eval_ndcg_at_10', 'eval_mrr_at_10', 'eval_ndcg_at_10_dim16'):
+    assert again[name] == trained[name], name
+  assert (out / 'seed_0' / 'eval_step2_beir' / 'final_metrics.json').is_file()
+  assert_one_line_error(run_main('evaluate.py', f'--workdir={retrieval_workdir}', '--config.pooling=cls'),
+                        'pooling cannot change when a workdir is evaluated again')
 
 
 def test_bad_retrieval_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_path):
