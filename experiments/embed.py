@@ -30,6 +30,7 @@ from absl import flags
 import numpy as np
 
 from bert_jax import files, inference
+from bert_jax.errors import CheckpointError
 from bert_jax.interop import pretrained, sentence_transformers
 from bert_jax.runs import reporting
 
@@ -52,7 +53,11 @@ DEFAULT_MAX_LENGTH = 128
 def _settings(checkpoint: str) -> sentence_transformers.Embedding:
   """The checkpoint's own embedding settings (a retrieval run's, a sentence-transformers folder's) or the
   defaults, with the flags given explicitly over them."""
-  own = pretrained.describe(checkpoint, log=lambda _: None).embedding()
+  try:
+    own = pretrained.describe(checkpoint, log=lambda _: None).embedding()
+  except CheckpointError as e:  # e.g. a sentence-transformers folder with a Dense module: the encoder alone
+    reporting.log(f'warning: {e}; embedding with the encoder alone, pooled as the flags say')
+    own = None
   if own is not None:
     reporting.log(f'pooling {own.pooling}, {"normalised" if own.normalize else "not normalised"}, '
                   f'max_length {own.max_seq_length} from {own.origin}')

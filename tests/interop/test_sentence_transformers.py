@@ -206,3 +206,19 @@ def test_read_embedding_refuses_what_bert_jax_cannot_reproduce(tmp_path):
   (tmp_path / '1_Pooling' / 'config.json').write_text(json.dumps({'pooling_mode': 'cls'}))  # sentence-transformers 6
   settings = st_folder.read_embedding(str(tmp_path))
   assert (settings.pooling, settings.normalize, settings.max_seq_length) == ('cls', False, None)
+
+
+@pytest.mark.slow
+def test_embed_warns_on_a_folder_it_cannot_reproduce_and_embeds_the_encoder(tiny_checkpoint, tmp_path):
+  import shutil  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / 'dense'
+  shutil.copytree(tiny_checkpoint, folder)
+  (folder / 'modules.json').write_text(json.dumps([{'path': '', 'type': 'sentence_transformers.models.Transformer'},
+                                                   {'path': '1_Pooling', 'type': 'sentence_transformers.models.Pooling'},
+                                                   {'path': '2_Dense', 'type': 'sentence_transformers.models.Dense'}]))
+  ours, line, stderr = _bert_jax_embeddings(tmp_path, str(folder), '--pooling=cls')
+  assert 'warning: ' in stderr and 'Transformer, Pooling, Dense' in stderr
+  assert line['pooling'] == 'cls' and line['max_length'] == 128
+  assert_one_line_error(run_main('export_hf.py', f'--checkpoint={folder}', f'--output={tmp_path / "st"}',
+                                 '--sentence_transformers'), 'Transformer, Pooling, Dense')
+  assert not (tmp_path / 'st').exists()
