@@ -10,11 +10,17 @@ line, or two tab-separated texts for a sentence pair; row i of every array is li
 holds input_ids, token_type_ids, attention_mask, last_hidden_state, pooler_output and
 sentence_embedding (see `bert_jax.inference.embed`). Ends by printing one JSON line.
 
+The pooling, normalisation and length are the checkpoint's own when it records them: a retrieval workdir
+(finetune.py:retrieval) its run's pooling, normalisation and passage length (max_seq_length), a
+sentence-transformers folder its modules' (1_Pooling, Normalize, sentence_bert_config.json); else mean,
+normalised, 128 tokens. A flag given explicitly wins, with a line saying so.
+
 A special token spelled in a text ("[SEP]", "[CLS]", "[MASK]", "[PAD]") is read as that token, as
 Hugging Face's tokenizer (and sentence-transformers) read it; texts longer than --max_length are
 truncated, with one warning.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -24,7 +30,8 @@ from absl import flags
 import numpy as np
 
 from bert_jax import files, inference
-from bert_jax.interop import pretrained
+from bert_jax.errors import CheckpointError
+from bert_jax.interop import pretrained, sentence_transformers
 from bert_jax.runs import reporting
 
 import cli
@@ -33,11 +40,32 @@ _CHECKPOINT = flags.DEFINE_string('checkpoint', None, 'HF directory or bert_jax 
 _INPUT = flags.DEFINE_string('input', None, 'Text file: one text, or two tab-separated texts, per line.',
                              required=True)
 _OUTPUT = flags.DEFINE_string('output', None, 'The .npz to write.', required=True)
-_MAX_LENGTH = flags.DEFINE_integer('max_length', 128, 'Tokens per text ([CLS]/[SEP] included); longer '
-                                   'texts are truncated with a warning.')
+_MAX_LENGTH = flags.DEFINE_integer('max_length', None, 'Tokens per text ([CLS]/[SEP] included); longer texts are '
+                                   "truncated with a warning (default: the checkpoint's, else 128).")
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Texts per encoder call.')
-_POOLING = flags.DEFINE_enum('pooling', 'mean', inference.POOLINGS, 'mean: over real tokens; cls: [CLS].')
-_NORMALIZE = flags.DEFINE_boolean('normalize', True, 'L2-normalise sentence_embedding.')
+_POOLING = flags.DEFINE_enum('pooling', None, inference.POOLINGS, "mean: over real tokens; cls: [CLS] (default: the "
+                             "checkpoint's, else mean).")
+_NORMALIZE = flags.DEFINE_boolean('normalize', None, "L2-normalise sentence_embedding (default: the checkpoint's, "
+                                  'else true).')
+DEFAULT_MAX_LENGTH = 128
+
+
+def _settings(checkpoint: str) -> sentence_transformers.Embedding:
+  """The checkpoint's own embedding settings (a retrieval run's, a sentence-transformers folder's) or the
+  defaults, with the flags given explicitly over them."""
+  try:
+    own = pretrained.describe(checkpoint, log=lambda _: None).embedding()
+  except CheckpointError as e:  # e.g. a sentence-transformers folder with a Dense module: the encoder alone
+    reporting.log(f'warning: {e}; embedding with the encoder alone, pooled as the flags say')
+    own = None
+  if own is not None:
+    reporting.log(f'pooling {own.pooling}, {"normalised" if own.normalize else "not normalised"}, '
+                  f'max_length {own.max_seq_length} from {own.origin}')
+  settings = (own or sentence_transformers.Embedding()).given(
+      pooling=_POOLING.value, normalize=_NORMALIZE.value, max_seq_length=_MAX_LENGTH.value)
+  if settings.max_seq_length is None:
+    settings = dataclasses.replace(settings, max_seq_length=DEFAULT_MAX_LENGTH)
+  return settings
 
 
 def main(_):
@@ -46,14 +74,17 @@ def main(_):
   texts = inference.read_texts(_INPUT.value)  # bad input fails before the (slow) checkpoint load
   files.check_output(_OUTPUT.value, 'file')
   model = pretrained.load_encoder(_CHECKPOINT.value)
-  result = inference.embed(model, texts, max_length=_MAX_LENGTH.value, batch_size=_BATCH_SIZE.value,
-                           pooling=_POOLING.value, normalize=_NORMALIZE.value)
+  settings = _settings(_CHECKPOINT.value)
+  result = inference.embed(model, texts, max_length=settings.max_seq_length, batch_size=_BATCH_SIZE.value,
+                           pooling=settings.pooling, normalize=settings.normalize)
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
   with open(_OUTPUT.value, 'wb') as f:  # a file object: np.savez would otherwise append '.npz'
     np.savez(f, **result)
   print(json.dumps({'output': _OUTPUT.value, 'num_texts': len(texts),
                     'shape': list(result['sentence_embedding'].shape),
                     'max_tokens': int(result['attention_mask'].sum(1).max()),
+                    'pooling': settings.pooling, 'normalize': settings.normalize,
+                    'max_length': settings.max_seq_length,
                     'seconds': round(time.time() - start, 2)}), flush=True)
 
 

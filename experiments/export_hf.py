@@ -13,6 +13,16 @@ WordPiece as transformers' own, SentencePiece as a tokenizer.json that transform
 runs with the same ids as bert_jax (a model for which that cannot be made exact is refused) plus
 spiece.model for bert_jax. `load_pretrained` reads the encoder back bit-exactly, `hf.load_hf_checkpoint`
 the head too. Ends with one JSON line.
+
+A sentence-transformers folder (the encoder as above, plus modules.json, sentence_bert_config.json,
+config_sentence_transformers.json, 1_Pooling/, 2_Normalize/ and a model card; docs/embeddings.md):
+  python experiments/export_hf.py --checkpoint=/tmp/retrieval --output=/tmp/retrieval_st
+  python experiments/export_hf.py --checkpoint=/tmp/bert_mini --output=/tmp/bert_mini_st --sentence_transformers \
+      [--pooling=cls] [--normalize=false] [--max_seq_length=256]
+A retrieval workdir (finetune.py:retrieval) exports as one by default, with its run's pooling, normalisation,
+passage length (max_seq_length) and Matryoshka sizes (--nosentence_transformers: the plain encoder); any other
+encoder with --sentence_transformers (mean pooling, normalised, the model's positions unless given; a
+sentence-transformers folder keeps its own). A flag given explicitly wins over the run's, with a line saying so.
 """
 
 import json
@@ -23,8 +33,9 @@ from absl import flags
 
 from bert_jax import files
 from bert_jax.errors import ConfigError
-from bert_jax.interop import hf, modernbert
-from bert_jax.interop.pretrained import load_finetuned, load_pretrained
+from bert_jax.embedding.pooling import POOLINGS
+from bert_jax.interop import hf, modernbert, sentence_transformers
+from bert_jax.interop.pretrained import RETRIEVAL, describe, load_finetuned, load_pretrained
 from bert_jax.runs import reporting, workdir
 
 import cli
@@ -35,6 +46,15 @@ _OUTPUT = flags.DEFINE_string('output', None, 'Directory to write (must be empty
 _STEP = flags.DEFINE_integer('step', None, 'Checkpoint step of a workdir (default: latest).')
 _SEED = flags.DEFINE_integer('seed', None, 'Seed of a fine-tuning workdir to export (default: its first).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace the files in a non-empty --output.')
+_SENTENCE_TRANSFORMERS = flags.DEFINE_bool(
+    'sentence_transformers', None, 'Write a sentence-transformers folder (default: for a retrieval workdir only).')
+_POOLING = flags.DEFINE_enum('pooling', None, POOLINGS, 'sentence-transformers export: mean or cls (default: the '
+                             "retrieval run's, else mean).")
+_NORMALIZE = flags.DEFINE_bool('normalize', None, 'sentence-transformers export: L2-normalise (default: the run\'s, '
+                               'else true).')
+_MAX_SEQ_LENGTH = flags.DEFINE_integer('max_seq_length', None, 'sentence-transformers export: tokens per text '
+                                       "(default: the run's passage length, else the model's positions).")
+_EMBEDDING_FLAGS = (_POOLING, _NORMALIZE, _MAX_SEQ_LENGTH)
 
 
 def main(_):
@@ -45,14 +65,23 @@ def main(_):
                       'export into another directory (--overwrite never applies to the source)')
   files.check_output(_OUTPUT.value, 'directory')
   workdir.check_kind(_OUTPUT.value, 'export', what='--output')
-  kind = workdir.inspect(_CHECKPOINT.value).kind
+  found = workdir.inspect(_CHECKPOINT.value)
+  kind = found.kind
   if _SEED.value is not None and kind != 'finetuning':
     raise ConfigError(f'--seed applies to fine-tuning workdirs only; {_CHECKPOINT.value} is not one')
+  retrieval = kind == 'finetuning' and (found.saved or {}).get('finetune', {}).get('task') == RETRIEVAL
+  as_st = retrieval if _SENTENCE_TRANSFORMERS.value is None else _SENTENCE_TRANSFORMERS.value
+  given = [f'--{f.name}' for f in _EMBEDDING_FLAGS if f.value is not None]
+  if given and not as_st:
+    raise ConfigError(f'{", ".join(given)} apply to a sentence-transformers export only: add '
+                      '--sentence_transformers (a retrieval workdir exports as one by default)')
   task, seed = None, None
   if kind == 'finetuning':
     tuned = load_finetuned(_CHECKPOINT.value, seed=_SEED.value, step=_STEP.value)
     config, params, tokenizer, task, source_kind, step, seed = (
         tuned.config, tuned.params, tuned.tokenizer, tuned.task, 'bert_jax', tuned.step, tuned.seed)
+    if task['kind'] == RETRIEVAL or as_st:  # an embedding model, or a fine-tuned encoder: the encoder alone
+      params = {'bert': params['bert']}
   elif kind == 'export' and hf.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, with its head
     config, params, _, _ = hf.load_hf_checkpoint(_CHECKPOINT.value)
     task, tokenizer, source_kind, step = (hf.read_hf_task(_CHECKPOINT.value), hf.load_hf_tokenizer(_CHECKPOINT.value),
@@ -61,16 +90,31 @@ def main(_):
     pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value)
     config, params, tokenizer, source_kind, step = (pretrained.config, pretrained.params, pretrained.tokenizer,
                                                     pretrained.source, pretrained.step)
-  hf.save_hf_checkpoint(_OUTPUT.value, config, params, tokenizer, overwrite=_OVERWRITE.value, task=task)
+  if as_st:
+    embedding = describe(_CHECKPOINT.value, log=lambda _: None).embedding() or sentence_transformers.Embedding()
+    embedding = embedding.given(pooling=_POOLING.value, normalize=_NORMALIZE.value,
+                                max_seq_length=_MAX_SEQ_LENGTH.value).check(config)
+    if task is not None and task['kind'] != RETRIEVAL:
+      reporting.log(f'{_CHECKPOINT.value} is a {task["kind"]} fine-tuning run: its encoder is exported, not its '
+                    'task head')
+    sentence_transformers.save_sentence_transformers(
+        _OUTPUT.value, config, params, tokenizer, embedding, overwrite=_OVERWRITE.value,
+        description=f'Exported from {_CHECKPOINT.value}' + (f' (step {step})' if step is not None else '') + '.')
+  else:
+    hf.save_hf_checkpoint(_OUTPUT.value, config, params, tokenizer, overwrite=_OVERWRITE.value,
+                          task=None if task is not None and task['kind'] == RETRIEVAL else task)
   with open(os.path.join(_OUTPUT.value, hf.CONFIG_FILE), encoding='utf-8') as f:
     architecture = json.load(f)['architectures'][0]
-  heads = set(params) - {'bert'}
+  heads = set() if as_st else set(params) - {'bert'}
   if modernbert.hf_architecture(config) == 'modernbert':
     heads -= {'nsp'}  # ModernBertForMaskedLM has no NSP head
   line = {'output': _OUTPUT.value, 'source': source_kind, 'step': step, 'architecture': architecture,
           'heads': sorted(heads), 'tokenizer': type(tokenizer).__name__}
   if task is not None:
     line.update(task=task.get('name', ''), kind=task['kind'], seed=seed)
+  if as_st:
+    line.update(sentence_transformers=True, pooling=embedding.pooling, normalize=embedding.normalize,
+                max_seq_length=embedding.max_seq_length, matryoshka_dims=list(embedding.matryoshka_dims))
   print(json.dumps(line), flush=True)
 
 

@@ -38,9 +38,11 @@ from helpers import (  # pylint: disable=g-import-not-at-top,wrong-import-positi
   SMALL_VOCAB,
   finetune_config,
   minilm_dir_or_skip,
+  retrieval_config,
   shared_data_or_skip,
   small_data_config,
   tiny_pretrain_config,
+  write_retrieval_data,
   write_small_corpus,
 )
 
@@ -143,6 +145,22 @@ def finetuned_workdir(tiny_checkpoint, tmp_path_factory):
   digests = _file_digests(workdir)
   yield workdir
   _assert_unchanged('finetuned_workdir', workdir, digests)
+
+
+@pytest.fixture(scope='session')
+def retrieval_workdir(tiny_checkpoint, tmp_path_factory):
+  """A finished retrieval run (finetune.py:retrieval): 2 steps of 8 pairs from `tiny_checkpoint`, mean pooling,
+  Matryoshka sizes 32,16, learned temperature, evaluated on a BEIR set of 4 queries against 8 passages
+  (helpers.write_retrieval_data, in its `data` directory beside it). Shared read-only (above)."""
+  from bert_jax.embedding import run as retrieval  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp('retrieval')
+  (root / 'data').mkdir()
+  pairs, beir = write_retrieval_data(root / 'data')
+  workdir = str(root / 'run')
+  retrieval.train_retrieval(retrieval_config(tiny_checkpoint, pairs, beir, num_train_steps=2), workdir)
+  digests = _file_digests(workdir)
+  yield workdir
+  _assert_unchanged('retrieval_workdir', workdir, digests)
 
 
 @pytest.fixture(scope='session')

@@ -231,6 +231,42 @@ def finetune_config(learning_rate: float | None = None, warmup_ratio: float | No
   return FinetuneConfig(optim=dataclasses.replace(FinetuneConfig().optim, **given), **fields)
 
 
+_RETRIEVAL_TOPICS = ['apple', 'river', 'engine', 'violin', 'glacier', 'tomato', 'satellite', 'castle', 'penguin',
+                     'copper', 'volcano', 'library', 'tiger', 'bicycle', 'coffee', 'harbor']
+
+
+def write_retrieval_data(root):
+  """Under `root` (a pathlib.Path): a pairs file (16 pairs, one hard negative each) and a BEIR set of 4 queries
+  against 8 passages. Returns (pairs file, BEIR directory) as strings."""
+  import json  # pylint: disable=g-import-not-at-top
+  topics = _RETRIEVAL_TOPICS
+  rows = [{'query': f'what is the {t}?', 'positive': f'the {t} is described here in detail',
+           'negative': f'the {topics[(i + 1) % len(topics)]} is described here'} for i, t in enumerate(topics)]
+  pairs = root / 'pairs.jsonl'
+  pairs.write_text(''.join(json.dumps(r) + '\n' for r in rows), encoding='utf-8')
+  beir = root / 'beir'
+  (beir / 'qrels').mkdir(parents=True)
+  (beir / 'corpus.jsonl').write_text(''.join(
+      json.dumps({'_id': f'd{i}', 'title': t, 'text': f'the {t} is described here in detail'}) + '\n'
+      for i, t in enumerate(topics[:8])), encoding='utf-8')
+  (beir / 'queries.jsonl').write_text(''.join(
+      json.dumps({'_id': f'q{i}', 'text': f'what is the {t}?'}) + '\n' for i, t in enumerate(topics[:4])),
+      encoding='utf-8')
+  (beir / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\n' + ''.join(
+      f'q{i}\td{i}\t1\n' for i in range(4)), encoding='utf-8')
+  return str(pairs), str(beir)
+
+
+def retrieval_config(checkpoint, pairs, beir, **fields):
+  """A tiny retrieval FinetuneConfig (6 steps of 8 pairs, passages 16 tokens, queries 8, Matryoshka 32,16, learned
+  temperature) on `write_retrieval_data`'s files; `fields` override."""
+  values = dict(task='retrieval', init_checkpoint=checkpoint, train_file=pairs, beir_dir=beir, max_seq_length=16,
+                max_query_length=8, batch_size=8, eval_batch_size=8, learning_rate=1e-3, num_train_steps=6,
+                log_every=2, negative_columns='negative', matryoshka_dims='32,16', learn_temperature=True)
+  values.update(fields)
+  return finetune_config(**values)
+
+
 def pretrain_subprocess(corpus: str, cache: str, workdir: str, steps: int, patch: str = '', extra=()) -> list[str]:
   """A command running experiments/pretrain.py (tiny variant; checkpoints and logs every 10 steps; `extra`
   flags) in a fresh Python that first runs `patch`: code that wraps a library function to inject a fault."""

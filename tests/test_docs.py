@@ -194,3 +194,4 @@ def test_the_readmes_commands_run(tmp_path):
     assert r.returncode == 0, (argv, r.stderr[-3000:])
   assert os.path.exists(tmp_path / 'sst2_hf' / 'model.safetensors') and os.path.exists(tmp_path / 'attn.html')
   assert os.path.exists(tmp_path / 'recipe_merged' / 'merge.json')
+  assert os.path.exists(tmp_path / 'retrieval_st' / 'modules.json')  # a sentence-transformers folder

@@ -45,6 +45,13 @@ class ContrastiveSpec:
   matryoshka_dims: tuple[int, ...] = ()  # () : the full size only
   matryoshka_weights: tuple[float, ...] = ()  # () : equal
 
+  @classmethod
+  def of(cls, cfg) -> ContrastiveSpec:
+    """The spec of a retrieval `FinetuneConfig` (what its run trains, and what its checkpoints hold)."""
+    return cls(pooling=cfg.pooling, temperature=cfg.temperature, learn_temperature=cfg.learn_temperature,
+               temperature_min=cfg.temperature_min, temperature_max=cfg.temperature_max, symmetric=cfg.symmetric,
+               matryoshka_dims=cfg.retrieval_dims(), matryoshka_weights=cfg.retrieval_weights())
+
   def check(self, hidden_size: int) -> None:
     """ConfigError for a bad pooling, temperature, bounds or Matryoshka sizes for a model of `hidden_size`."""
     if self.pooling not in POOLINGS:

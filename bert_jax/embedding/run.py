@@ -31,7 +31,7 @@ from bert_jax.embedding.objective import BiEncoder, Contrastive, ContrastiveSpec
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import batching
 from bert_jax.finetuning.run import _run_dirs, log_result, summarize_seeds  # pylint: disable=protected-access
-from bert_jax.interop.pretrained import describe
+from bert_jax.interop.pretrained import describe, finetuning_tokenizer_path
 from bert_jax.model.attention import describe_attention
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
@@ -45,10 +45,7 @@ MAIN_METRIC = 'eval_ndcg_at_10'
 
 def spec_of(cfg: FinetuneConfig) -> ContrastiveSpec:
   """The contrastive spec of a retrieval config."""
-  return ContrastiveSpec(pooling=cfg.pooling, temperature=cfg.temperature, learn_temperature=cfg.learn_temperature,
-                         temperature_min=cfg.temperature_min, temperature_max=cfg.temperature_max,
-                         symmetric=cfg.symmetric, matryoshka_dims=cfg.retrieval_dims(),
-                         matryoshka_weights=cfg.retrieval_weights())
+  return ContrastiveSpec.of(cfg)
 
 
 def retrieval_model(cfg: FinetuneConfig, mesh, total_steps: int) -> StepModel:
@@ -67,23 +64,25 @@ class RetrievalJob:
   Args:
     cfg: the run's config (task 'retrieval').
     explicit_model_fields: model fields the user set; the rest is the starting checkpoint's.
+    evaluation: only evaluate the workdir's checkpoints again (`finetuning.run.evaluate_again`): neither the
+      starting checkpoint nor the pairs are read (cfg.model is the one the run trained).
   """
 
   kind = 'finetuning'
   preparing = 'loading the checkpoint and reading the pairs and the retrieval set'
 
-  def __init__(self, cfg: FinetuneConfig, explicit_model_fields: Collection[str] = ()):
+  def __init__(self, cfg: FinetuneConfig, explicit_model_fields: Collection[str] = (), *, evaluation: bool = False):
     if cfg.task != TASK:
       raise ConfigError(f'RetrievalJob runs task {TASK!r}, got {cfg.task!r}')
-    if not cfg.init_checkpoint:
+    if not evaluation and not cfg.init_checkpoint:
       raise ConfigError('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir')
-    if not cfg.train_file:
+    if not evaluation and not cfg.train_file:
       raise ConfigError('retrieval: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
                         f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
     if not cfg.beir_dir:
       raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
                         'qrels/<split>.tsv) to evaluate on')
-    self.cfg, self._explicit_model_fields = cfg, explicit_model_fields
+    self.cfg, self._explicit_model_fields, self._evaluation = cfg, explicit_model_fields, evaluation
     self._inputs_of: dict[str, _Inputs] = {}
 
   def validate(self, mesh, workdir: Workdir) -> None:
@@ -96,15 +95,14 @@ class RetrievalJob:
     return self._inputs_of[workdir.path]
 
   def _read_inputs(self, mesh, workdir: Workdir) -> _Inputs:
+    if self._evaluation:  # the workdir's own model and tokenizer; no pairs
+      cfg = self.cfg
+      self._check(cfg, mesh)
+      tokenizer = load_tokenizer(finetuning_tokenizer_path(workdir, workdir.config()))
+      return _Inputs(cfg, None, tokenizer, [], beir.read_beir(cfg.beir_dir, cfg.beir_split))
     source = describe(self.cfg.init_checkpoint, 'init_checkpoint')
     cfg = dataclasses.replace(self.cfg, model=source.model_config(self.cfg.model, self._explicit_model_fields))
-    spec_of(cfg).check(cfg.model.hidden_size)  # Matryoshka dims against the hidden size, the temperature's bounds
-    for name in ('max_seq_length', 'max_query_length'):
-      scaffold.check_sequence_length(cfg, name, getattr(cfg, name), cfg.model)
-    scaffold.check_batch_sizes(cfg, mesh)
-    if cfg.batch_size % cfg.optim.grad_accum_steps:
-      raise ConfigError(f'batch_size={cfg.batch_size} must divide into optim.grad_accum_steps='
-                        f'{cfg.optim.grad_accum_steps} micro-batches')
+    self._check(cfg, mesh)
     saved = workdir.config()
     if saved is not None:
       scaffold.check_same_run(saved['finetune'], cfg, f'workdir {workdir.path}')
@@ -126,10 +124,23 @@ class RetrievalJob:
     held_out = beir.read_beir(cfg.beir_dir, cfg.beir_split)
     return _Inputs(cfg, source, tokenizer, train, held_out)
 
+  @staticmethod
+  def _check(cfg: FinetuneConfig, mesh) -> None:
+    """The config against its model and the mesh."""
+    spec_of(cfg).check(cfg.model.hidden_size)  # Matryoshka dims against the hidden size, the temperature's bounds
+    for name in ('max_seq_length', 'max_query_length'):
+      scaffold.check_sequence_length(cfg, name, getattr(cfg, name), cfg.model)
+    scaffold.check_batch_sizes(cfg, mesh)
+    if cfg.batch_size % cfg.optim.grad_accum_steps:
+      raise ConfigError(f'batch_size={cfg.batch_size} must divide into optim.grad_accum_steps='
+                        f'{cfg.optim.grad_accum_steps} micro-batches')
+
   def prepare(self, mesh, workdir: Workdir) -> scaffold.Prepared:
     inputs = self._inputs(mesh, workdir)
     cfg = inputs.cfg
-    params, _ = inputs.source.params(None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
+    params = None
+    if inputs.source is not None:
+      params, _ = inputs.source.params(None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
     run = _PreparedRun(inputs, mesh)
     return scaffold.Prepared(
         cfg=cfg, stages=(scaffold.Stage(run.total_steps, run.model),), main_metric=MAIN_METRIC,
@@ -139,7 +150,7 @@ class RetrievalJob:
                                                                  meta['step']),
         report=lambda seed, run_dir: run.report(seed, run_dir, workdir),
         results=run.results, run_done=lambda seed, run_dir, result: run.done(seed, run_dir, result, workdir),
-        weights=lambda: {'bert': params['bert']})
+        weights=None if params is None else (lambda: {'bert': params['bert']}))
 
 
 def saved_config(cfg: FinetuneConfig) -> dict[str, Any]:
@@ -214,9 +225,10 @@ class _PreparedRun:
 
   def __init__(self, inputs: _Inputs, mesh):
     self.cfg, self.tokenizer, self.train, self.held_out = inputs.cfg, inputs.tokenizer, inputs.train, inputs.held_out
-    reporting.log(f'{TASK}: {len(self.train)} training pairs ({len(self.train[0].negatives)} hard negatives each), '
+    negatives = f' ({len(self.train[0].negatives)} hard negatives each)' if self.train else ''
+    reporting.log(f'{TASK}: {len(self.train)} training pairs{negatives}, '
                   f'eval {len(self.held_out.queries)} queries against {len(self.held_out.texts)} passages')
-    self.total_steps = self.cfg.total_steps(len(self.train))
+    self.total_steps = self.cfg.total_steps(len(self.train)) if self.train else 1
     reporting.log(describe_attention(self.cfg.model))
     self.model = retrieval_model(self.cfg, mesh, self.total_steps)
     self.block, self.mesh = distributed.process_batch_block(mesh), mesh

@@ -285,9 +285,6 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
   saved = wd.config()
   if saved is None or 'finetune' not in saved:
     raise ConfigError(f'{workdir} holds no fine-tuning run to evaluate (no config.json); train first')
-  if saved['finetune'].get('task') == 'retrieval':
-    raise ConfigError(f'{workdir} is a retrieval run: evaluating it again is not supported yet; its training '
-                      'results are in final_metrics.json (docs/embeddings.md)')
   unknown = sorted(set(overrides or {}) - set(facts(FinetuneConfig, 'evaluation')))
   if unknown:
     raise ConfigError(f'{", ".join(unknown)} cannot change when a workdir is evaluated again; its training config '
@@ -300,12 +297,18 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
     reporting.log(f'warning: {workdir} is read-only: nothing is written there; the results go to stdout'
                   + (f' and {output_dir}' if output_dir else ' (give --output_dir=DIR to keep them)'))
   cfg = FinetuneConfig.from_dict({**saved['finetune'], **(overrides or {})})
+  if cfg.task == 'retrieval':  # a bi-encoder on its BEIR set; embedding.run builds on this module, hence here
+    from bert_jax.embedding.run import RetrievalJob  # pylint: disable=g-import-not-at-top
+    job = RetrievalJob(cfg, evaluation=True)
+  else:
+    job = FinetuningJob(cfg, evaluation=True)
+  name = lambda at: _results_name(cfg, at, (overrides or {}).get('beir_dir', ''))
   def out_dir(seed: int, run_dir: str, at: int) -> str | None:  # beside the training results, never over them
-    return results and os.path.join(results.seed_dir(seed) if output_dir else run_dir, _results_name(cfg, at))
-  summary = scaffold.evaluate(FinetuningJob(cfg, evaluation=True), workdir, step, out_dir, read_only=read_only,
+    return results and os.path.join(results.seed_dir(seed) if output_dir else run_dir, name(at))
+  summary = scaffold.evaluate(job, workdir, step, out_dir, read_only=read_only,
                               on_result=lambda run, seed, result: log_result(run.main_metric, seed, result))
   if results:
-    results.write_json(results.file(_results_name(cfg, summary['step']) + '.json'), summary)
+    results.write_json(results.file(name(summary['step']) + '.json'), summary)
   return summary
 
 
@@ -324,9 +327,11 @@ EVALUATION = scaffold.Evaluation(
     run=_evaluate_and_print)
 
 
-def _results_name(cfg: FinetuneConfig, step: int) -> str:
-  """Where an evaluation again puts its results: eval_step<N>, and the eval file's name when one is given."""
-  stem = os.path.splitext(os.path.basename(cfg.eval_file))[0] if cfg.eval_file else ''
+def _results_name(cfg: FinetuneConfig, step: int, beir_dir: str = '') -> str:
+  """Where an evaluation again puts its results: eval_step<N>, and the eval file's name when one is given (a
+  retrieval run's: the BEIR directory given instead of its own)."""
+  given = cfg.eval_file or beir_dir.rstrip('/\\')
+  stem = os.path.splitext(os.path.basename(given))[0] if given else ''
   return f'eval_step{step}' + (f'_{stem}' if stem else '')
 
 

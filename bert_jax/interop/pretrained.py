@@ -23,14 +23,18 @@ import jax.numpy as jnp
 from bert_jax import files, sharding as shd
 from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, PretrainConfig, from_checkpoint
 from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
+from bert_jax.embedding.objective import BiEncoder, ContrastiveSpec
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.interop import hf
+from bert_jax.interop import hf, sentence_transformers
 from bert_jax.interop.packaged import packaged_minilm  # pylint: disable=unused-import  # its old home
 from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer, state_problem
 from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir, inspect
+
+
+RETRIEVAL = 'retrieval'  # the fine-tuning task whose workdir holds a bi-encoder (bert_jax.embedding.run)
 
 
 @dataclasses.dataclass
@@ -126,6 +130,9 @@ class FinetunedBert:
   def head_model(self) -> nnx.Module:
     """The head model (BertForSequenceClassification, ...) as an nnx module holding these parameters."""
     task = self.task
+    if task['kind'] == RETRIEVAL:
+      raise CheckpointError(f'{self.path} is a retrieval run (an embedding model, no task head): embed texts with '
+                            'experiments/embed.py, or export it with experiments/export_hf.py')
     return _build(lambda cfg, rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs), self.config,
                   self.params)
 
@@ -154,6 +161,20 @@ class Source:
 
   def tokenizer(self):
     return load_tokenizer(self.tokenizer_path)
+
+  def embedding(self) -> sentence_transformers.Embedding | None:
+    """How this checkpoint's sentence embeddings are made, when it says: a retrieval run's pooling,
+    normalisation, passage length and Matryoshka sizes, or a sentence-transformers folder's; else None."""
+    if self.kind == 'finetuning' and self.saved['finetune'].get('task') == RETRIEVAL:
+      task = self.saved['task']
+      return sentence_transformers.Embedding(
+          pooling=task['pooling'], normalize=bool(task.get('normalize', True)),
+          max_seq_length=int(self.saved['finetune']['max_seq_length']),
+          matryoshka_dims=tuple(int(d) for d in task.get('matryoshka_dims') or ()),
+          origin=f'the retrieval run {self.path}')
+    if self.kind == 'hf':
+      return sentence_transformers.read_embedding(self.path)
+    return None
 
   def model_config(self, model: ModelConfig, explicit: Collection[str] = (), log=reporting.log) -> ModelConfig:
     """`model` with what this checkpoint sets: its architecture (fields with checkpoint='fixed'), and its
@@ -268,8 +289,11 @@ def load_finetuned(workdir: str, seed: int | None = None, step: int | None = Non
   if seed not in wd.seeds():
     raise CheckpointError(f'{workdir} has no seed {seed} (it has '
                           f'{", ".join(f"seed_{n}" for n in wd.seeds()) or "none"})')
-  params, at = restore_params(wd.seed_dir(seed), lambda rngs: head_model(task['kind'], cfg, task['num_labels'],
-                                                                        rngs=rngs), step)
+  if task['kind'] == RETRIEVAL:  # a bi-encoder: the encoder, and the temperature when it was learned
+    module_fn = lambda rngs: BiEncoder(cfg, ContrastiveSpec.of(ft), rngs=rngs)
+  else:
+    module_fn = lambda rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs)
+  params, at = restore_params(wd.seed_dir(seed), module_fn, step)
   tokenizer = load_tokenizer(finetuning_tokenizer_path(wd, saved, log))
   if tokenizer.vocab_size > cfg.vocab_size:  # ids past the embedding table would give NaN, silently
     raise CheckpointError(f'{workdir}: the tokenizer of its starting checkpoint {ft.init_checkpoint} has '

