@@ -150,7 +150,9 @@ class RetrievalJob:
                                                                  meta['step']),
         report=lambda seed, run_dir: run.report(seed, run_dir, workdir),
         results=run.results, run_done=lambda seed, run_dir, result: run.done(seed, run_dir, result, workdir),
-        weights=None if params is None else (lambda: {'bert': params['bert']}))
+        weights=None if params is None else (lambda: {'bert': params['bert']}),
+        # The starting encoder's retrieval first (step 0 of metrics_eval.jsonl): what the training adds is read off.
+        eval_first=params is not None)
 
 
 def saved_config(cfg: FinetuneConfig) -> dict[str, Any]:
