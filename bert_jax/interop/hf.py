@@ -3,10 +3,9 @@
 ModernBERT-shaped models and checkpoints (model_type 'modernbert') go to `interop.modernbert`;
 other architectures export as bert_jax only.
 
-One table, `_name_table`, pairs each of our parameter paths with its Hugging Face tensor name
-and the rule that converts between the two layouts; import and export both read it, so they
-cannot drift apart. Our attention kernels keep an explicit heads axis ((D, N, H) for q/k/v,
-(N, H, D) for the output projection) where PyTorch stores flat (out, in) Linear weights.
+One table, `hf_names.bert_table`, pairs each of our parameter paths with its Hugging Face tensor
+name and the rule that converts between the two layouts; import and export both read it, so they
+cannot drift apart.
 
 The heads are BertForPreTraining's (MLM, NSP) and the fine-tuning ones (`classifier` of
 BertForSequenceClassification / BertForTokenClassification, `qa_outputs` of
@@ -18,10 +17,9 @@ Only safetensors are read: a `pytorch_model.bin` is a pickle, and unpickling run
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from typing import Any, Callable
+from typing import Any
 
 from flax import nnx, traverse_util
 import jax
@@ -31,70 +29,12 @@ from safetensors import numpy as st_numpy
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
-from bert_jax.interop import hf_files, modernbert
+from bert_jax.interop import hf_files, hf_names, modernbert
 from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE, ParamPath
 from bert_jax.runs import reporting
 
 
-@dataclasses.dataclass(frozen=True)
-class _Rule:
-  """Converts one tensor: `to_hf(ours)` and `from_hf(theirs, our_shape)`; both are exact."""
-  to_hf: Callable[[Any], Any]
-  from_hf: Callable[[Any, tuple], Any]
-
-
-_SAME = _Rule(lambda x: x, lambda x, shape: x)
-# nn.Linear stores (out, in); our Dense kernels are (in, out).
-_LINEAR = _Rule(lambda x: x.T, lambda x, shape: x.T)
-# q/k/v: ours (D, N, H) <-> theirs (N*H, D); their biases (N*H,) <-> ours (N, H).
-_QKV_KERNEL = _Rule(lambda x: x.reshape(x.shape[0], -1).T, lambda x, shape: x.T.reshape(shape))
-_QKV_BIAS = _Rule(lambda x: x.reshape(-1), lambda x, shape: x.reshape(shape))
-# attention output: ours (N, H, D) <-> theirs (D, N*H).
-_OUT_KERNEL = _Rule(lambda x: x.reshape(-1, x.shape[-1]).T, lambda x, shape: x.T.reshape(shape))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-  path: ParamPath
-  hf_name: str  # encoder names without the 'bert.' prefix that models with heads add
-  rule: _Rule
-  group: str  # 'bert', 'pooler', 'mlm', 'nsp' (pretraining heads), 'classifier' or 'qa_outputs' (task heads)
-
-
-def _name_table(num_layers: int) -> list[_Entry]:
-  """Every parameter of BertForPreTraining and of the task heads with its Hugging Face name and conversion rule."""
-  def norm(path, hf, group='bert'):
-    return [_Entry(path + ('scale',), hf + '.weight', _SAME, group),
-            _Entry(path + ('bias',), hf + '.bias', _SAME, group)]
-
-  def dense(path, hf, group='bert', kernel_rule=_LINEAR, bias_rule=_SAME):
-    return [_Entry(path + ('kernel',), hf + '.weight', kernel_rule, group),
-            _Entry(path + ('bias',), hf + '.bias', bias_rule, group)]
-
-  emb = ('bert', 'embeddings')
-  table = [_Entry(emb + (name, 'embedding'), f'embeddings.{name}.weight', _SAME, 'bert')
-           for name in ('word_embeddings', 'position_embeddings', 'token_type_embeddings')]
-  table += norm(emb + ('layer_norm',), 'embeddings.LayerNorm')
-  for i in range(num_layers):
-    ours, theirs = ('bert', 'layers', i), f'encoder.layer.{i}'
-    for name in ('query', 'key', 'value'):
-      table += dense(ours + ('attention', name), f'{theirs}.attention.self.{name}',
-                     kernel_rule=_QKV_KERNEL, bias_rule=_QKV_BIAS)
-    table += dense(ours + ('attention', 'output'), f'{theirs}.attention.output.dense',
-                   kernel_rule=_OUT_KERNEL)
-    table += norm(ours + ('attention_norm',), f'{theirs}.attention.output.LayerNorm')
-    table += dense(ours + ('intermediate',), f'{theirs}.intermediate.dense')
-    table += dense(ours + ('output',), f'{theirs}.output.dense')
-    table += norm(ours + ('output_norm',), f'{theirs}.output.LayerNorm')
-  table += dense(('bert', 'pooler'), 'pooler.dense', group='pooler')
-  table += dense(('mlm', 'transform'), 'cls.predictions.transform.dense', group='mlm')
-  table += norm(('mlm', 'layer_norm'), 'cls.predictions.transform.LayerNorm', group='mlm')
-  table.append(_Entry(('mlm', 'bias'), 'cls.predictions.bias', _SAME, 'mlm'))
-  table += dense(('nsp',), 'cls.seq_relationship', group='nsp')
-  # Task heads: BertFor{Sequence,Token}Classification's `classifier`, BertForQuestionAnswering's `qa_outputs`.
-  table += dense(('classifier',), 'classifier', group='classifier')
-  table += dense(('qa_outputs',), 'qa_outputs', group='qa_outputs')
-  return table
+_Entry, _name_table, _hf_shape = hf_names.Entry, hf_names.bert_table, hf_names.hf_shape
 
 
 PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), ('classifier', 'qa_outputs')
@@ -413,11 +353,6 @@ def _check_tied(directory, tied, source, tied_name, source_name):
                            or not np.array_equal(tied, source)):
     raise CheckpointError(f'{directory}: {tied_name} differs from {source_name}; bert_jax ties the '
                           'MLM decoder to them, so an untied decoder cannot be imported')
-
-
-def _hf_shape(entry: _Entry, our_shape: tuple) -> tuple:
-  # A zero-stride view: the rule's reshape/transpose yield the shape without allocating.
-  return entry.rule.to_hf(np.broadcast_to(np.float32(0), our_shape)).shape
 
 
 def _hf_config(cfg: ModelConfig, heads: set, tokenizer, task: dict[str, Any] | None = None) -> dict:
