@@ -1,6 +1,8 @@
-"""Import and export of Hugging Face BERT checkpoints (config.json + model.safetensors).
+"""Import and export of Hugging Face BERT checkpoints (config.json + model.safetensors), and the door to the
+other families (`hf_model_type`, `MODEL_TYPES`).
 
-ModernBERT-shaped models and checkpoints (model_type 'modernbert') go to `interop.modernbert`;
+ModernBERT-shaped models and checkpoints (model_type 'modernbert') go to `interop.modernbert`, DistilBERT
+(a BERT without token types) to `interop.distilbert`, ELECTRA (model.embedding_size > 0) to `interop.electra`;
 other architectures export as bert_jax only.
 
 One table, `hf_names.bert_table`, pairs each of our parameter paths with its Hugging Face tensor
@@ -29,12 +31,34 @@ from safetensors import numpy as st_numpy
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
-from bert_jax.interop import hf_files, hf_names, modernbert
+from bert_jax.interop import distilbert, electra, hf_files, hf_names, modernbert
 from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE, ParamPath
 from bert_jax.runs import reporting
 
 
 _Entry, _name_table, _hf_shape = hf_names.Entry, hf_names.bert_table, hf_names.hf_shape
+
+
+# config.json's model_type -> the module that reads and writes that family (BERT's is this one).
+MODEL_TYPES = {'bert': None, 'distilbert': distilbert, 'electra': electra, 'modernbert': modernbert}
+
+
+def hf_model_type(cfg: ModelConfig) -> str:
+  """The Hugging Face model_type `cfg` exports as: a BERT-shaped config is 'bert', 'distilbert' without token
+  types, 'electra' with an embedding_size; a ModernBERT-shaped one 'modernbert'.
+
+  Raises:
+    CheckpointError: none of them (one line naming the switches that differ).
+  """
+  if all(getattr(cfg, k) == v for k, v in modernbert.BERT_SHAPE.items()):
+    if cfg.embedding_size:
+      return 'electra'
+    return 'bert' if cfg.type_vocab_size else 'distilbert'
+  if cfg.embedding_size:
+    raise CheckpointError(f'model.embedding_size={cfg.embedding_size} exports as ELECTRA, a BERT-shaped model '
+                          f'({modernbert.describe_shape(modernbert.BERT_SHAPE)}); this one is not: it exports as '
+                          'bert_jax only')
+  return modernbert.hf_architecture(cfg)
 
 
 PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), ('classifier', 'qa_outputs')
@@ -96,8 +120,9 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     and 'classifier' or 'qa_outputs' when it has a task head (`read_hf_task` names the task).
   """
   cfg = read_hf_config(directory)
-  if modernbert.hf_architecture(cfg) == 'modernbert':
-    return modernbert.load_checkpoint(directory, cfg)
+  family = MODEL_TYPES[hf_files.read_json_config(directory).get('model_type', 'bert')]
+  if family is not None:
+    return family.load_checkpoint(directory, cfg)
   tensors = hf_files.read_tensors(directory)
   names = {_modern_name(n): n for n in tensors}
   if len(names) != len(tensors):
@@ -231,11 +256,12 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     CheckpointError: parameters that do not fit the config or the task; DataError: a tokenizer that
       cannot be exported exactly. Nothing is written then.
   """
-  if modernbert.hf_architecture(cfg) == 'modernbert':  # other architectures than BERT's: one line
+  model_type = hf_model_type(cfg)  # other architectures than these: one line
+  if model_type != 'bert':
     if task is not None:
-      raise CheckpointError('a fine-tuned ModernBERT-shaped model exports as bert_jax only: its task head has no '
+      raise CheckpointError(f'a fine-tuned {model_type} model exports as bert_jax only: its task head has no '
                             'Hugging Face counterpart here')
-    return modernbert.save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite)
+    return MODEL_TYPES[model_type].save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite)
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
@@ -318,12 +344,13 @@ def read_hf_config(directory: str) -> ModelConfig:
                           f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')
   path = os.path.join(directory, CONFIG_FILE)
   hf = hf_files.read_json_config(directory)
-  if hf.get('model_type') == 'modernbert':
-    return modernbert.model_config(path, hf)
+  model_type = hf.get('model_type', 'bert')
+  if model_type not in MODEL_TYPES:
+    raise CheckpointError(f'{path}: model_type={model_type!r}; bert_jax imports the model types '
+                          f'{", ".join(MODEL_TYPES)}')
+  if MODEL_TYPES[model_type] is not None:
+    return MODEL_TYPES[model_type].model_config(path, hf)
   hf = {**_HF_DEFAULTS, **hf}
-  if hf.get('model_type', 'bert') != 'bert':
-    raise CheckpointError(f"{path}: model_type={hf['model_type']!r}; only 'bert' and 'modernbert' checkpoints "
-                          'can be imported')
   if hf['hidden_act'] != 'gelu':
     raise CheckpointError(f"{path}: hidden_act={hf['hidden_act']!r}, but bert_jax implements only "
                           "BERT's exact (erf) GELU, 'gelu'; this model's outputs would not match")
