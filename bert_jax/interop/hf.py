@@ -54,11 +54,7 @@ def hf_model_type(cfg: ModelConfig) -> str:
     if cfg.embedding_size:
       return 'electra'
     return 'bert' if cfg.type_vocab_size else 'distilbert'
-  if cfg.embedding_size:
-    raise CheckpointError(f'model.embedding_size={cfg.embedding_size} exports as ELECTRA, a BERT-shaped model '
-                          f'({modernbert.describe_shape(modernbert.BERT_SHAPE)}); this one is not: it exports as '
-                          'bert_jax only')
-  return modernbert.hf_architecture(cfg)
+  return modernbert.hf_architecture(cfg)  # 'modernbert', or one line naming the switches
 
 
 PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), ('classifier', 'qa_outputs')
