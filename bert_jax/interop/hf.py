@@ -32,7 +32,7 @@ from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
 from bert_jax.interop import distilbert, electra, hf_files, hf_names, modernbert
-from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE, ParamPath
+from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE
 from bert_jax.runs import reporting
 
 

@@ -2,13 +2,17 @@
 WordPiece vocabulary written as their own fast tokenizer): they load with transformers' outputs, export back to
 their own model_type, continue pretraining and fine-tune; bad checkpoints give one error line."""
 
+import dataclasses
 import json
 import os
 import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from safetensors import numpy as st_numpy
 
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf, pretrained
@@ -116,7 +120,6 @@ def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
   with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
     written = json.load(f)
   assert written['model_type'] == family and written['architectures'] == [cls]
-  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   theirs = set(st_numpy.load_file(os.path.join(built[name], 'model.safetensors')))
   ours = set(st_numpy.load_file(os.path.join(out, 'model.safetensors')))
   assert ours == theirs  # the same tensors: no pooler, no token types invented, the head kept
@@ -130,13 +133,9 @@ def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
   assert len(original) == len(_VOCAB) and original(text)['input_ids'].count(1) == 0  # no [UNK]: the whole vocabulary
   assert ('token_type_ids' in fast(text)) == (family != 'distilbert')
   again = hf.load_hf_checkpoint(out)[1]
-  for a, b in zip(jax_leaves(again), jax_leaves(params)):
+  assert jax.tree.structure(again) == jax.tree.structure(params)  # and bit-exact
+  for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(params)):
     np.testing.assert_array_equal(a, b)
-
-
-def jax_leaves(tree):
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.tree.leaves(tree)
 
 
 def test_unsupported_model_type_names_the_supported_ones(built, tmp_path):
@@ -152,7 +151,6 @@ def test_unsupported_model_type_names_the_supported_ones(built, tmp_path):
 
 
 def _rewrite(directory, change):
-  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   path = os.path.join(directory, 'model.safetensors')
   tensors = st_numpy.load_file(path)
   change(tensors)
@@ -188,7 +186,6 @@ def test_bad_checkpoint_is_one_error_line_and_writes_nothing(built, name, case, 
 
 def test_export_refuses_what_the_family_cannot_hold(built, tmp_path):
   cfg, params, _, _ = hf.load_hf_checkpoint(built['distilbert'])
-  import dataclasses  # pylint: disable=g-import-not-at-top
   with pytest.raises(CheckpointError, match='fine-tuned distilbert model exports as bert_jax only'):
     hf.save_hf_checkpoint(str(tmp_path / 'a'), cfg, {'bert': params['bert'], 'classifier': {}},
                           task={'kind': 'classification', 'num_labels': 2})
