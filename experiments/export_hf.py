@@ -1,11 +1,14 @@
-"""Exports a bert_jax workdir (or re-exports an HF directory) as a Hugging Face BERT or ModernBERT directory.
+"""Exports a bert_jax workdir (or re-exports an HF directory) as a Hugging Face BERT, DistilBERT, ELECTRA or
+ModernBERT directory.
 
   python experiments/export_hf.py --checkpoint=/tmp/bert_mini --output=/tmp/bert_mini_hf [--step=N]
   python experiments/export_hf.py --checkpoint=/tmp/sst2 --output=/tmp/sst2_hf [--seed=N] [--step=N]
 
 A pretraining workdir becomes BertForPreTraining (BertForMaskedLM without NSP), or
 ModernBertForMaskedLM for a ModernBERT-shaped one (model.norm_position=pre, position_embedding=rotary,
-mlp=geglu, type_vocab_size=0); other combinations of the architecture switches have no Hugging Face
+mlp=geglu, type_vocab_size=0), DistilBertForMaskedLM for a BERT without token types (type_vocab_size=0),
+ElectraForMaskedLM for one with model.embedding_size (ElectraForPreTraining when re-exporting an ELECTRA
+discriminator directory; a model without an MLM head: DistilBertModel / ElectraModel); other combinations of the architecture switches have no Hugging Face
 class: one error line. A fine-tuning workdir (one seed, default its first) becomes
 BertForSequenceClassification, BertForTokenClassification or BertForQuestionAnswering with its task's
 label names as id2label. The result holds config.json, model.safetensors and the tokenizer files:
@@ -34,7 +37,7 @@ from absl import flags
 from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.embedding.pooling import POOLINGS
-from bert_jax.interop import hf, modernbert, sentence_transformers
+from bert_jax.interop import hf, sentence_transformers
 from bert_jax.interop.pretrained import RETRIEVAL, describe, load_finetuned, load_pretrained
 from bert_jax.runs import reporting, workdir
 
@@ -87,7 +90,7 @@ def main(_):
     task, tokenizer, source_kind, step = (hf.read_hf_task(_CHECKPOINT.value), hf.load_hf_tokenizer(_CHECKPOINT.value),
                                           'hf', None)
   else:
-    pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value)
+    pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value, other_heads=True)  # ELECTRA's discriminator too
     config, params, tokenizer, source_kind, step = (pretrained.config, pretrained.params, pretrained.tokenizer,
                                                     pretrained.source, pretrained.step)
   if as_st:
@@ -106,8 +109,8 @@ def main(_):
   with open(os.path.join(_OUTPUT.value, hf.CONFIG_FILE), encoding='utf-8') as f:
     architecture = json.load(f)['architectures'][0]
   heads = set() if as_st else set(params) - {'bert'}
-  if modernbert.hf_architecture(config) == 'modernbert':
-    heads -= {'nsp'}  # ModernBertForMaskedLM has no NSP head
+  if hf.hf_model_type(config) != 'bert':
+    heads -= {'nsp'}  # ModernBERT, DistilBERT and ELECTRA have no NSP head
   line = {'output': _OUTPUT.value, 'source': source_kind, 'step': step, 'architecture': architecture,
           'heads': sorted(heads), 'tokenizer': type(tokenizer).__name__}
   if task is not None:

@@ -66,6 +66,12 @@ def test_fsdp_and_tensor_layouts_shard_parameters_by_configuration():
   mu = state['opt_state'][1][0].mu['bert']['embeddings']['word_embeddings']['embedding']
   assert mu.sharding == emb.sharding  # Adam moments follow their parameters
   assert jax.device_count() == 8
+  # ELECTRA's narrower tables (model.embedding_size) and their projection to hidden_size shard by the same rules.
+  model = pretraining_model(config.preset('tiny', vocab_size=96, embedding_size=32),
+                            optim.make_optimizer(config.OptimConfig(), 10), mesh)
+  embeddings = model.init_state()['params']['bert']['embeddings']
+  assert embeddings['word_embeddings']['embedding'].addressable_shards[0].data.shape == (96 // 2, 32 // 2)
+  assert embeddings['project']['kernel'].addressable_shards[0].data.shape == (32, 64 // 2)  # embed/fsdp
 
 
 def test_constrain_pins_activations_only_under_a_mesh():

@@ -59,6 +59,9 @@ class ModelConfig:
   max_position_embeddings: int = _f(512, free=True, checkpoint='fixed')
   # Token type (segment A/B) embeddings; 0 = none (ModernBERT): token_type_ids are ignored.
   type_vocab_size: int = _f(2, free=True, checkpoint='fixed')
+  # Width of the embedding tables and their LayerNorm; 0 = hidden_size (BERT). ELECTRA's embedding_size: a dense
+  # projection (embeddings/project) to hidden_size follows when it differs, and the MLM transform maps back to it.
+  embedding_size: int = _f(0, free=True, checkpoint='fixed')
   hidden_dropout: float = _f(0.1, free=True, checkpoint='default')
   attention_dropout: float = _f(0.1, free=True, checkpoint='default')
   initializer_range: float = _f(0.02, free=True, checkpoint='fixed')
@@ -148,7 +151,7 @@ class ModelConfig:
                           ('mlp', MLPS)):
       if getattr(self, name) not in choices:
         raise ConfigError(f'model.{name} must be one of {", ".join(choices)}, got {getattr(self, name)!r}')
-    for name in ('type_vocab_size', 'attention_window', 'global_attention_every'):
+    for name in ('type_vocab_size', 'embedding_size', 'attention_window', 'global_attention_every'):
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
         raise ConfigError(f'model.{name} must be a non-negative integer, got {getattr(self, name)!r}')
     if self.attention_window % 2:
@@ -163,6 +166,11 @@ class ModelConfig:
     if self.position_embedding == 'rotary' and self.head_dim % 2:
       raise ConfigError(f'model.position_embedding=rotary needs an even head dim (hidden_size / num_heads = '
                         f'{self.head_dim})')
+
+  @property
+  def embed_dim(self) -> int:
+    """The width of the embedding tables (embedding_size, or hidden_size when 0)."""
+    return self.embedding_size or self.hidden_size
 
   @property
   def head_dim(self) -> int:

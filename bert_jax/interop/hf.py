@@ -1,12 +1,13 @@
-"""Import and export of Hugging Face BERT checkpoints (config.json + model.safetensors).
+"""Import and export of Hugging Face BERT checkpoints (config.json + model.safetensors), and the door to the
+other families (`hf_model_type`, `MODEL_TYPES`).
 
-ModernBERT-shaped models and checkpoints (model_type 'modernbert') go to `interop.modernbert`;
+ModernBERT-shaped models and checkpoints (model_type 'modernbert') go to `interop.modernbert`, DistilBERT
+(a BERT without token types) to `interop.distilbert`, ELECTRA (model.embedding_size > 0) to `interop.electra`;
 other architectures export as bert_jax only.
 
-One table, `_name_table`, pairs each of our parameter paths with its Hugging Face tensor name
-and the rule that converts between the two layouts; import and export both read it, so they
-cannot drift apart. Our attention kernels keep an explicit heads axis ((D, N, H) for q/k/v,
-(N, H, D) for the output projection) where PyTorch stores flat (out, in) Linear weights.
+One table, `hf_names.bert_table`, pairs each of our parameter paths with its Hugging Face tensor
+name and the rule that converts between the two layouts; import and export both read it, so they
+cannot drift apart.
 
 The heads are BertForPreTraining's (MLM, NSP) and the fine-tuning ones (`classifier` of
 BertForSequenceClassification / BertForTokenClassification, `qa_outputs` of
@@ -18,10 +19,9 @@ Only safetensors are read: a `pytorch_model.bin` is a pickle, and unpickling run
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from typing import Any, Callable
+from typing import Any
 
 from flax import nnx, traverse_util
 import jax
@@ -31,70 +31,30 @@ from safetensors import numpy as st_numpy
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
-from bert_jax.interop import hf_files, modernbert
-from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE, ParamPath
+from bert_jax.interop import distilbert, electra, hf_files, hf_names, modernbert
+from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE
 from bert_jax.runs import reporting
 
 
-@dataclasses.dataclass(frozen=True)
-class _Rule:
-  """Converts one tensor: `to_hf(ours)` and `from_hf(theirs, our_shape)`; both are exact."""
-  to_hf: Callable[[Any], Any]
-  from_hf: Callable[[Any, tuple], Any]
+_Entry, _name_table, _hf_shape = hf_names.Entry, hf_names.bert_table, hf_names.hf_shape
 
 
-_SAME = _Rule(lambda x: x, lambda x, shape: x)
-# nn.Linear stores (out, in); our Dense kernels are (in, out).
-_LINEAR = _Rule(lambda x: x.T, lambda x, shape: x.T)
-# q/k/v: ours (D, N, H) <-> theirs (N*H, D); their biases (N*H,) <-> ours (N, H).
-_QKV_KERNEL = _Rule(lambda x: x.reshape(x.shape[0], -1).T, lambda x, shape: x.T.reshape(shape))
-_QKV_BIAS = _Rule(lambda x: x.reshape(-1), lambda x, shape: x.reshape(shape))
-# attention output: ours (N, H, D) <-> theirs (D, N*H).
-_OUT_KERNEL = _Rule(lambda x: x.reshape(-1, x.shape[-1]).T, lambda x, shape: x.T.reshape(shape))
+# config.json's model_type -> the module that reads and writes that family (BERT's is this one).
+MODEL_TYPES = {'bert': None, 'distilbert': distilbert, 'electra': electra, 'modernbert': modernbert}
 
 
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-  path: ParamPath
-  hf_name: str  # encoder names without the 'bert.' prefix that models with heads add
-  rule: _Rule
-  group: str  # 'bert', 'pooler', 'mlm', 'nsp' (pretraining heads), 'classifier' or 'qa_outputs' (task heads)
+def hf_model_type(cfg: ModelConfig) -> str:
+  """The Hugging Face model_type `cfg` exports as: a BERT-shaped config is 'bert', 'distilbert' without token
+  types, 'electra' with an embedding_size; a ModernBERT-shaped one 'modernbert'.
 
-
-def _name_table(num_layers: int) -> list[_Entry]:
-  """Every parameter of BertForPreTraining and of the task heads with its Hugging Face name and conversion rule."""
-  def norm(path, hf, group='bert'):
-    return [_Entry(path + ('scale',), hf + '.weight', _SAME, group),
-            _Entry(path + ('bias',), hf + '.bias', _SAME, group)]
-
-  def dense(path, hf, group='bert', kernel_rule=_LINEAR, bias_rule=_SAME):
-    return [_Entry(path + ('kernel',), hf + '.weight', kernel_rule, group),
-            _Entry(path + ('bias',), hf + '.bias', bias_rule, group)]
-
-  emb = ('bert', 'embeddings')
-  table = [_Entry(emb + (name, 'embedding'), f'embeddings.{name}.weight', _SAME, 'bert')
-           for name in ('word_embeddings', 'position_embeddings', 'token_type_embeddings')]
-  table += norm(emb + ('layer_norm',), 'embeddings.LayerNorm')
-  for i in range(num_layers):
-    ours, theirs = ('bert', 'layers', i), f'encoder.layer.{i}'
-    for name in ('query', 'key', 'value'):
-      table += dense(ours + ('attention', name), f'{theirs}.attention.self.{name}',
-                     kernel_rule=_QKV_KERNEL, bias_rule=_QKV_BIAS)
-    table += dense(ours + ('attention', 'output'), f'{theirs}.attention.output.dense',
-                   kernel_rule=_OUT_KERNEL)
-    table += norm(ours + ('attention_norm',), f'{theirs}.attention.output.LayerNorm')
-    table += dense(ours + ('intermediate',), f'{theirs}.intermediate.dense')
-    table += dense(ours + ('output',), f'{theirs}.output.dense')
-    table += norm(ours + ('output_norm',), f'{theirs}.output.LayerNorm')
-  table += dense(('bert', 'pooler'), 'pooler.dense', group='pooler')
-  table += dense(('mlm', 'transform'), 'cls.predictions.transform.dense', group='mlm')
-  table += norm(('mlm', 'layer_norm'), 'cls.predictions.transform.LayerNorm', group='mlm')
-  table.append(_Entry(('mlm', 'bias'), 'cls.predictions.bias', _SAME, 'mlm'))
-  table += dense(('nsp',), 'cls.seq_relationship', group='nsp')
-  # Task heads: BertFor{Sequence,Token}Classification's `classifier`, BertForQuestionAnswering's `qa_outputs`.
-  table += dense(('classifier',), 'classifier', group='classifier')
-  table += dense(('qa_outputs',), 'qa_outputs', group='qa_outputs')
-  return table
+  Raises:
+    CheckpointError: none of them (one line naming the switches that differ).
+  """
+  if all(getattr(cfg, k) == v for k, v in modernbert.BERT_SHAPE.items()):
+    if cfg.embedding_size:
+      return 'electra'
+    return 'bert' if cfg.type_vocab_size else 'distilbert'
+  return modernbert.hf_architecture(cfg)  # 'modernbert', or one line naming the switches
 
 
 PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), ('classifier', 'qa_outputs')
@@ -156,8 +116,9 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     and 'classifier' or 'qa_outputs' when it has a task head (`read_hf_task` names the task).
   """
   cfg = read_hf_config(directory)
-  if modernbert.hf_architecture(cfg) == 'modernbert':
-    return modernbert.load_checkpoint(directory, cfg)
+  family = MODEL_TYPES[hf_files.read_json_config(directory).get('model_type', 'bert')]
+  if family is not None:
+    return family.load_checkpoint(directory, cfg)
   tensors = hf_files.read_tensors(directory)
   names = {_modern_name(n): n for n in tensors}
   if len(names) != len(tensors):
@@ -291,11 +252,12 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     CheckpointError: parameters that do not fit the config or the task; DataError: a tokenizer that
       cannot be exported exactly. Nothing is written then.
   """
-  if modernbert.hf_architecture(cfg) == 'modernbert':  # other architectures than BERT's: one line
+  model_type = hf_model_type(cfg)  # other architectures than these: one line
+  if model_type != 'bert':
     if task is not None:
-      raise CheckpointError('a fine-tuned ModernBERT-shaped model exports as bert_jax only: its task head has no '
+      raise CheckpointError(f'a fine-tuned {model_type} model exports as bert_jax only: its task head has no '
                             'Hugging Face counterpart here')
-    return modernbert.save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite)
+    return MODEL_TYPES[model_type].save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite)
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
@@ -378,12 +340,13 @@ def read_hf_config(directory: str) -> ModelConfig:
                           f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')
   path = os.path.join(directory, CONFIG_FILE)
   hf = hf_files.read_json_config(directory)
-  if hf.get('model_type') == 'modernbert':
-    return modernbert.model_config(path, hf)
+  model_type = hf.get('model_type', 'bert')
+  if model_type not in MODEL_TYPES:
+    raise CheckpointError(f'{path}: model_type={model_type!r}; bert_jax imports the model types '
+                          f'{", ".join(MODEL_TYPES)}')
+  if MODEL_TYPES[model_type] is not None:
+    return MODEL_TYPES[model_type].model_config(path, hf)
   hf = {**_HF_DEFAULTS, **hf}
-  if hf.get('model_type', 'bert') != 'bert':
-    raise CheckpointError(f"{path}: model_type={hf['model_type']!r}; only 'bert' and 'modernbert' checkpoints "
-                          'can be imported')
   if hf['hidden_act'] != 'gelu':
     raise CheckpointError(f"{path}: hidden_act={hf['hidden_act']!r}, but bert_jax implements only "
                           "BERT's exact (erf) GELU, 'gelu'; this model's outputs would not match")
@@ -413,11 +376,6 @@ def _check_tied(directory, tied, source, tied_name, source_name):
                            or not np.array_equal(tied, source)):
     raise CheckpointError(f'{directory}: {tied_name} differs from {source_name}; bert_jax ties the '
                           'MLM decoder to them, so an untied decoder cannot be imported')
-
-
-def _hf_shape(entry: _Entry, our_shape: tuple) -> tuple:
-  # A zero-stride view: the rule's reshape/transpose yield the shape without allocating.
-  return entry.rule.to_hf(np.broadcast_to(np.float32(0), our_shape)).shape
 
 
 def _hf_config(cfg: ModelConfig, heads: set, tokenizer, task: dict[str, Any] | None = None) -> dict:

@@ -88,13 +88,13 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
 
 
 def hf_class(directory: str) -> str:
-  """The transformers class named in config.json when it is a BERT one, else BertModel."""
+  """The transformers class named in config.json when it is one of the families bert_jax reads, else BertModel."""
   try:
     with open(os.path.join(directory, CONFIG_FILE), encoding='utf-8') as f:
       arch = (json.load(f).get('architectures') or ['BertModel'])[0]
   except (OSError, ValueError, AttributeError, IndexError):
     arch = 'BertModel'
-  return arch if arch.startswith('Bert') else 'BertModel'
+  return arch if arch.startswith(('Bert', 'DistilBert', 'Electra', 'ModernBert')) else 'BertModel'
 
 
 

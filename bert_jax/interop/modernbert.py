@@ -70,19 +70,21 @@ def hf_architecture(cfg: ModelConfig) -> str:
   def differs(shape):
     return [f'{k}={getattr(cfg, k)!r}' for k, v in shape.items() if getattr(cfg, k) != v]
 
-  bert = differs(BERT_SHAPE) + (['type_vocab_size=0'] if not cfg.type_vocab_size else [])
-  if not bert:
+  bert = differs(BERT_SHAPE)
+  if not bert:  # DistilBERT without token types, ELECTRA with an embedding_size: hf.hf_model_type
     return 'bert'
   modern = differs(MODERNBERT_SHAPE)
-  if not modern:
+  if not modern and not cfg.embedding_size:
     return 'modernbert'
+  modern += [f'embedding_size={cfg.embedding_size}'] if cfg.embedding_size else []
   raise CheckpointError(
-      f'this architecture exports as bert_jax only: Hugging Face has BERT ({_describe(BERT_SHAPE)}, '
-      f'type_vocab_size>0; this model has {", ".join(bert)}) and ModernBERT ({_describe(MODERNBERT_SHAPE)}; '
-      f'this model has {", ".join(modern)}); keep the bert_jax workdir, or train one of those two shapes')
+      f'this architecture exports as bert_jax only: Hugging Face has BERT, DistilBERT and ELECTRA '
+      f'({describe_shape(BERT_SHAPE)}; this model has {", ".join(bert)}) and ModernBERT '
+      f'({describe_shape(MODERNBERT_SHAPE)}; this model has {", ".join(modern)}); keep the bert_jax workdir, or '
+      'train one of those shapes')
 
 
-def _describe(shape: dict[str, Any]) -> str:
+def describe_shape(shape: dict[str, Any]) -> str:
   return ', '.join(f'{k}={v!r}' for k, v in shape.items())
 
 

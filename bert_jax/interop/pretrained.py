@@ -195,9 +195,11 @@ class Source:
       log(f'init_checkpoint {self.path}: its architecture replaces the config\'s (' + ', '.join(changed) + ')')
     return dataclasses.replace(model, **theirs)
 
-  def params(self, step: int | None = None) -> tuple[dict[str, Any], int | None]:
-    """Its parameters as host arrays: {'bert'} plus the pretraining heads it has ('mlm', 'nsp'); a
-    fine-tuning workdir's first seed's encoder. Returns (params, the bert_jax checkpoint step or None)."""
+  def params(self, step: int | None = None, other_heads: bool = False) -> tuple[dict[str, Any], int | None]:
+    """Its parameters as host arrays: {'bert'} plus the pretraining heads it has ('mlm', 'nsp'), and with
+    `other_heads` the heads of a Hugging Face family that bert_jax only carries to an export (ELECTRA's
+    'discriminator'); a fine-tuning workdir's first seed's encoder. Returns (params, the bert_jax checkpoint
+    step or None)."""
     if self.kind == 'finetuning':
       tuned = load_finetuned(self.path, step=step, log=lambda _: None)  # described (and warned) already
       return {'bert': tuned.params['bert']}, tuned.step
@@ -210,7 +212,8 @@ class Source:
     if problem:
       raise CheckpointError(f'checkpoint {self.path} is unusable: {problem}')
     # A fine-tuned export's task head is not part of a pretrained BERT: its encoder is (hf.read_hf_task names it).
-    return {k: v for k, v in params.items() if k not in hf.TASK_HEADS}, None
+    return {k: v for k, v in params.items()
+            if k in ('bert',) + hf.PRETRAINING_HEADS or (other_heads and k not in hf.TASK_HEADS)}, None
 
 
 def describe(path: str, what: str = 'checkpoint', log=reporting.log) -> Source:
@@ -302,12 +305,13 @@ def load_finetuned(workdir: str, seed: int | None = None, step: int | None = Non
   return FinetunedBert(cfg, ft, task, params, tokenizer, workdir, seed, at)
 
 
-def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
+def load_pretrained(path: str, step: int | None = None, other_heads: bool = False) -> PretrainedBert:
   """Loads an HF directory (config.json + model.safetensors) or a bert_jax pretraining workdir.
 
   Args:
     path: the directory.
     step: for a bert_jax workdir, the checkpoint step (default: latest).
+    other_heads: also the heads bert_jax does not train but exports back (ELECTRA's discriminator).
 
   Raises:
     CheckpointError: the directory is neither, is incomplete, or holds non-finite weights.
@@ -319,7 +323,7 @@ def load_pretrained(path: str, step: int | None = None) -> PretrainedBert:
                           'masked-LM head; use experiments/predict.py on it, or give a pretraining workdir or a '
                           'Hugging Face BertForMaskedLM / BertForPreTraining directory')
   source = describe(path)
-  params, at = source.params(step)
+  params, at = source.params(step, other_heads)
   return PretrainedBert(source.model, params, source.tokenizer(), 'hf' if source.kind == 'hf' else 'bert_jax', path,
                         step=at)
 

@@ -28,13 +28,14 @@ from bert_jax.sharding import constrain
 
 class MaskedLMHead(nnx.Module):
   """dense + GELU + LayerNorm, then the tied word-embedding matrix plus a bias (BERT's and ModernBERT's
-  head; `use_bias=False` drops the dense and LayerNorm biases, never the per-token one)."""
+  head; `use_bias=False` drops the dense and LayerNorm biases, never the per-token one). The dense maps
+  hidden_size to the embeddings' width (ELECTRA's generator head when `embedding_size` differs)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    d = cfg.hidden_size
-    self.transform = Dense((d,), (d,), ('embed', 'mlp'), std=cfg.initializer_range,
+    d, e = cfg.hidden_size, cfg.embed_dim
+    self.transform = Dense((d,), (e,), ('embed', 'mlp'), std=cfg.initializer_range,
                            dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias)
-    self.layer_norm = LayerNorm(d, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg), use_bias=cfg.use_bias)
+    self.layer_norm = LayerNorm(e, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg), use_bias=cfg.use_bias)
     self.bias = param(jax.nn.initializers.zeros, None, (cfg.vocab_size,), ('vocab',))
     self.logits_backward = cfg.logits_backward
 

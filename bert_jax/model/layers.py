@@ -156,31 +156,37 @@ class Embed(nnx.Module):
 
 
 class Embeddings(nnx.Module):
-  """word + learned position + token type, then LayerNorm and dropout.
+  """word + learned position + token type, then LayerNorm and dropout; then, when the tables are narrower or
+  wider than the encoder (`embedding_size`, ELECTRA), a dense projection to hidden_size (`project`).
 
   Without a position table (`position_embedding='rotary'`: positions act inside attention) or a
   token type table (`type_vocab_size=0`), those terms are absent and their ids unused.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    std = cfg.initializer_range
-    self.word_embeddings = Embed(cfg.vocab_size, cfg.hidden_size, ('vocab', 'embed'), std=std, rngs=rngs)
-    self.position_embeddings = Embed(cfg.max_position_embeddings, cfg.hidden_size, (None, 'embed'),
+    std, e = cfg.initializer_range, cfg.embed_dim
+    self.word_embeddings = Embed(cfg.vocab_size, e, ('vocab', 'embed'), std=std, rngs=rngs)
+    self.position_embeddings = Embed(cfg.max_position_embeddings, e, (None, 'embed'),
                                      std=std, rngs=rngs) if cfg.position_embedding == 'learned' else None
-    self.token_type_embeddings = Embed(cfg.type_vocab_size, cfg.hidden_size, (None, 'embed'), std=std,
+    self.token_type_embeddings = Embed(cfg.type_vocab_size, e, (None, 'embed'), std=std,
                                        rngs=rngs) if cfg.type_vocab_size else None
-    self.layer_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg),
-                                use_bias=cfg.use_bias)
+    self.layer_norm = LayerNorm(e, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg), use_bias=cfg.use_bias)
     self.dropout = Dropout(cfg.hidden_dropout, impl=cfg.dropout_impl, rngs=rngs)
+    # ELECTRA's embeddings_project (after the dropout, as there); none when the widths agree.
+    self.project = Dense((e,), (cfg.hidden_size,), (None, 'embed'), std=std, dtype=compute_dtype(cfg), rngs=rngs,
+                         use_bias=cfg.use_bias) if e != cfg.hidden_size else None
 
   def __call__(self, input_ids_bt, token_type_ids_bt, position_ids_bt, *, deterministic: bool):
-    x_btd = self.word_embeddings(input_ids_bt)
+    x_bte = self.word_embeddings(input_ids_bt)
     if self.position_embeddings is not None:
-      x_btd = x_btd + self.position_embeddings(position_ids_bt)
+      x_bte = x_bte + self.position_embeddings(position_ids_bt)
     if self.token_type_embeddings is not None:
-      x_btd = x_btd + self.token_type_embeddings(token_type_ids_bt)
-    x_btd = constrain(x_btd, ('activation_batch', 'activation_length', 'activation_embed'))
-    return self.dropout(self.layer_norm(x_btd), deterministic=deterministic)
+      x_bte = x_bte + self.token_type_embeddings(token_type_ids_bt)
+    x_bte = constrain(x_bte, ('activation_batch', 'activation_length', 'activation_embed'))
+    x_bte = self.dropout(self.layer_norm(x_bte), deterministic=deterministic)
+    if self.project is None:
+      return x_bte
+    return constrain(self.project(x_bte), ('activation_batch', 'activation_length', 'activation_embed'))
 
 
 def rotary_tables(position_ids_bt: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:

@@ -105,6 +105,10 @@ def test_name_table_covers_every_parameter_but_the_pooler_once(use_bias):
 
 def test_architecture_decides_the_export():
   assert modernbert.hf_architecture(config.preset('tiny')) == 'bert'
+  # BERT-shaped: without token types DistilBERT, with an embedding size ELECTRA.
+  assert [hf.hf_model_type(config.preset('tiny', **o)) for o in ({}, dict(type_vocab_size=0), dict(embedding_size=32))
+          ] == ['bert', 'distilbert', 'electra']
+  assert hf.hf_model_type(_modern_cfg()) == 'modernbert'
   assert modernbert.hf_architecture(_modern_cfg()) == 'modernbert'
   assert modernbert.hf_architecture(_modern_cfg(use_bias=True, attention_window=0, global_attention_every=0)) == (
       'modernbert')
@@ -178,7 +182,7 @@ def test_random_model_round_trip_with_a_tokenizer(tmp_path, use_bias):
     dict(mlp='geglu'),
     dict(use_bias=False),
     dict(attention_window=4),
-    dict(type_vocab_size=0),
+    dict(MODERN, embedding_size=16),  # ELECTRA's embedding width belongs to BERT-shaped models only
     dict(MODERN, position_embedding='learned'),
     dict(MODERN, type_vocab_size=2),
 ])

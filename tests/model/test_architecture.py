@@ -33,6 +33,7 @@ VARIANTS = {
     'no_token_types': dict(type_vocab_size=0),
     'local_window': dict(attention_window=4, global_attention_every=2),
     'modernbert': MODERN,
+    'embedding_size': dict(embedding_size=16),  # ELECTRA's narrower embeddings, projected to hidden_size
 }
 
 
@@ -99,6 +100,9 @@ def test_default_config_is_bert():
   saved = {k: v for k, v in dataclasses.asdict(config.preset('tiny')).items()
            if k not in ('norm_position', 'position_embedding', 'mlp', 'use_bias', 'attention_window')}
   assert config.ModelConfig.from_saved(saved) == config.preset('tiny')
+  assert cfg.embedding_size == 0 and cfg.embed_dim == cfg.hidden_size  # and before model.embedding_size
+  saved = {k: v for k, v in dataclasses.asdict(config.preset('tiny')).items() if k != 'embedding_size'}
+  assert config.ModelConfig.from_saved(saved) == config.preset('tiny')
 
 
 @pytest.mark.parametrize('variant', list(VARIANTS))
@@ -128,6 +132,14 @@ def test_parameter_tree_per_switch(variant):
   if variant == 'modernbert':
     assert 'bert/embeddings/position_embeddings/embedding' not in paths and 'bert/final_norm/scale' in paths
     assert paths['bert/layers/1/intermediate/kernel'] == (d, 2, i)
+  if variant == 'embedding_size':  # the tables, their LayerNorm and the MLM transform's output are 16 wide
+    assert added == {'bert/embeddings/project/kernel', 'bert/embeddings/project/bias'} and not removed
+    assert paths['bert/embeddings/project/kernel'] == (16, d) and paths['bert/embeddings/word_embeddings/embedding'] == (
+        cfg.vocab_size, 16)
+    assert paths['bert/embeddings/layer_norm/scale'] == (16,) and paths['mlm/transform/kernel'] == (d, 16)
+    assert paths['mlm/layer_norm/scale'] == (16,)
+  if variant != 'embedding_size':  # embedding_size=hidden_size is the default's tree: no projection
+    assert _paths(_cfg(variant, embedding_size=cfg.hidden_size)) == paths
 
 
 @pytest.mark.slow
@@ -156,6 +168,7 @@ def test_bad_switch_values_are_one_line():
       (dict(attention_window=-2), 'model.attention_window must be a non-negative integer'),
       (dict(global_attention_every=3), 'model.global_attention_every=3 needs model.attention_window > 0'),
       (dict(type_vocab_size=-1), 'model.type_vocab_size must be a non-negative integer'),
+      (dict(embedding_size=-8), 'model.embedding_size must be a non-negative integer'),
       (dict(rope_theta=0.0), 'model.rope_theta must be positive'),
       (dict(position_embedding='rotary', hidden_size=66, num_heads=2), 'needs an even head dim'),
   ]:

@@ -1,0 +1,144 @@
+"""Import and export of the BERT-layout families other than BERT itself (`distilbert`, `electra`), from one
+description each (`Family`): their name table (`hf_names` entries), the prefix their models with heads add, the
+tied MLM decoder they may store, and the transformers classes by heads.
+
+These families have no pooler: an import's pooler is zeros (with a warning, as a BertForMaskedLM import's), and
+an export leaves the pooler and an NSP head out. Their heads beside the MLM head (ELECTRA's discriminator) are
+imported under their own group and exported back; bert_jax trains none of them (`pretrained.Source.params`
+keeps only the encoder and our pretraining heads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable
+
+from flax import nnx, traverse_util
+import jax
+import numpy as np
+from safetensors import numpy as st_numpy
+
+from bert_jax.config import ModelConfig
+from bert_jax.errors import CheckpointError
+from bert_jax.interop import hf_files
+from bert_jax.interop.hf_names import Entry, hf_shape
+from bert_jax.runs import reporting
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A Hugging Face family whose encoder is BERT's function under other names."""
+
+  name: str  # 'DistilBERT'
+  prefix: str  # what models with heads put before the encoder's names: 'distilbert.'
+  table: Callable[[ModelConfig], list[Entry]]  # every tensor: groups 'bert' and the heads
+  decoder: str  # the tied MLM decoder's name, which checkpoints may store (equal to the word embeddings)
+  words: str  # the word embeddings' name (without the prefix)
+  classes: dict[frozenset, str]  # the heads exported -> the transformers class
+  extra_shapes: Callable[[ModelConfig], dict] = lambda cfg: {}  # shapes of head parameters outside our modules
+  token_types: bool = True  # its tokenizer gives token_type_ids
+
+  def hf_name(self, entry: Entry, prefix: str) -> str:
+    return prefix + entry.hf_name if entry.group == 'bert' else entry.hf_name
+
+  def shapes(self, cfg: ModelConfig) -> dict:
+    return {**hf_files.param_shapes(cfg), **self.extra_shapes(cfg)}
+
+  def describe(self) -> str:
+    return ' and '.join(sorted(self.classes.values()))
+
+
+def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig, dict, bool, bool]:
+  """Reads a checkpoint of `family` whose config.json gave `cfg`; returns as `hf.load_hf_checkpoint`:
+  (config, params, has_mlm_head, False), params with 'bert' (its pooler zeros) and the heads it holds."""
+  tensors = hf_files.read_tensors(directory)
+  prefix = family.prefix if any(n.startswith(family.prefix) for n in tensors) else ''
+  table, shapes = family.table(cfg), family.shapes(cfg)
+  words, decoder = tensors.get(prefix + family.words), tensors.get(family.decoder)
+  if decoder is not None and (words is None or decoder.shape != words.shape or not np.array_equal(decoder, words)):
+    raise CheckpointError(f'{directory}: {family.decoder} differs from {prefix}{family.words}; bert_jax ties the MLM '
+                          'decoder to them, so an untied decoder cannot be imported')
+  heads = {e.group for e in table if e.group != 'bert' and family.hf_name(e, prefix) in tensors}
+  wanted = [e for e in table if e.group == 'bert' or e.group in heads]
+  where = f'{directory}/{hf_files.WEIGHTS_FILE}'
+  missing = [family.hf_name(e, prefix) for e in wanted if family.hf_name(e, prefix) not in tensors]
+  if missing:
+    raise CheckpointError(f'{where} lacks {len(missing)} tensor(s) a {cfg.num_layers}-layer {family.name} needs: '
+                          f'{hf_files.some(missing)}')
+  known = {family.hf_name(e, prefix) for e in table} | {family.decoder}
+  unknown = sorted(n for n in tensors if n not in known and n.removeprefix(prefix) not in hf_files.BUFFERS)
+  if unknown:
+    raise CheckpointError(f'{where} has tensor(s) that a {cfg.num_layers}-layer {family.name} lacks: '
+                          f'{hf_files.some(unknown)}; bert_jax imports {family.describe()} checkpoints')
+  flat = {}
+  for e in wanted:
+    theirs, expected = tensors[family.hf_name(e, prefix)], hf_shape(e, shapes[e.path])
+    if theirs.shape != expected:
+      raise CheckpointError(f'{directory}: tensor {family.hf_name(e, prefix)} has shape {theirs.shape} but '
+                            f'config.json implies {expected}')
+    flat[e.path] = np.ascontiguousarray(e.rule.from_hf(theirs, shapes[e.path]))
+  reporting.log(f'warning: {directory} holds a {family.name} model, which has no pooler: its pooler parameters are '
+                'set to zeros (pooler_output is meaningless until fine-tuning trains it)')
+  for path, shape in shapes.items():
+    if path[:2] == ('bert', 'pooler'):
+      flat[path] = np.zeros(shape, np.float32)
+  return cfg, traverse_util.unflatten_dict(flat), 'mlm' in heads, False
+
+
+def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
+         hf_config: Callable[[ModelConfig, str, Any], dict], *, overwrite: bool = False) -> None:
+  """Writes `params` as a Hugging Face directory of `family`, the class its heads give (`Family.classes`),
+  with `hf_config(cfg, class, tokenizer)` as config.json; arguments and errors as `hf.save_hf_checkpoint`.
+  The pooler and an NSP head are left out (a warning for the NSP head)."""
+  if isinstance(params, nnx.State):
+    params = nnx.to_pure_dict(params)
+  flat = traverse_util.flatten_dict(dict(params))
+  if any(p[0] == 'nsp' for p in flat):
+    reporting.log(f'warning: {family.name} has no next-sentence head: the NSP head and the pooler are not exported')
+  flat = {p: x for p, x in flat.items() if p[0] != 'nsp' and p[:2] != ('bert', 'pooler')}
+  heads = frozenset(p[0] for p in flat) - {'bert'}
+  if heads not in family.classes:
+    raise CheckpointError(f'params hold the heads {", ".join(sorted(heads))}: no {family.name} class of transformers '
+                          f'has them together ({family.describe()}); nothing written')
+  table = [e for e in family.table(cfg) if e.group == 'bert' or e.group in heads]
+  shapes = family.shapes(cfg)
+  ours = {e.path for e in table}
+  unknown = sorted('/'.join(map(str, p)) for p in set(flat) - ours)
+  if unknown:
+    raise CheckpointError(f'parameters {hf_files.some(unknown)} are not part of a {cfg.num_layers}-layer '
+                          f'{family.name} ({family.describe()}); nothing written')
+  missing = sorted('/'.join(map(str, p)) for p in ours - set(flat))
+  if missing:
+    raise CheckpointError(f'params lack {hf_files.some(missing)}; nothing written')
+  for p in ours:
+    if tuple(flat[p].shape) != shapes[p]:
+      raise CheckpointError(f'parameter {"/".join(map(str, p))} has shape {tuple(flat[p].shape)} but the config '
+                            f'implies {shapes[p]}; nothing written')
+  tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
+
+  hf_files.prepare_directory(directory, overwrite)
+  prefix = family.prefix if heads else ''
+  tensors = {family.hf_name(e, prefix): np.ascontiguousarray(
+      e.rule.to_hf(np.asarray(jax.device_get(flat[e.path]), np.float32))) for e in table}
+  st_numpy.save_file(tensors, os.path.join(directory, hf_files.WEIGHTS_FILE), metadata={'format': 'pt'})
+  if tokenizer_files is not None:
+    tokenizer_files.write(directory, cfg.max_position_embeddings, token_types=family.token_types)
+    if not family.token_types:
+      _without_token_types(directory)
+  with open(os.path.join(directory, hf_files.CONFIG_FILE), 'w', encoding='utf-8') as f:
+    json.dump(hf_config(cfg, family.classes[heads], tokenizer), f, indent=2, sort_keys=True)
+
+
+def _without_token_types(directory: str) -> None:
+  """tokenizer_config.json without token_type_ids among the model inputs (a model without token types, as
+  DistilBertTokenizer has it), so transformers' tokenizer does not pass them."""
+  path = os.path.join(directory, 'tokenizer_config.json')
+  if not os.path.isfile(path):
+    return
+  with open(path, encoding='utf-8') as f:
+    config = json.load(f)
+  config['model_input_names'] = ['input_ids', 'attention_mask']
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(config, f, indent=2, sort_keys=True)

@@ -1,0 +1,250 @@
+"""DistilBERT and ELECTRA checkpoints, built here with transformers from small configs (random weights, a small
+WordPiece vocabulary written as their own fast tokenizer): they load with transformers' outputs, export back to
+their own model_type, continue pretraining and fine-tune; bad checkpoints give one error line."""
+
+import dataclasses
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from safetensors import numpy as st_numpy
+
+from bert_jax.errors import CheckpointError
+from bert_jax.interop import hf, pretrained
+
+from helpers import assert_one_line_error, finetune_own_file, pretrain_flags, run_main, tree_digest
+
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+transformers.logging.set_verbosity_error()  # no load reports
+transformers.utils.logging.disable_progress_bar()
+
+_VOCAB = list(dict.fromkeys(['[PAD]', '[UNK]', '[CLS]', '[SEP]', '[MASK]'] + list('abcdefghijklmnopqrstuvwxyz.,!?\'"-')
+          + 'the a of and to in is was it for on with as by at he she they this that from be are were an or had not but'
+          .split() + ['##' + c for c in 'abcdefghijklmnopqrstuvwxyz'] + ['##ed', '##ing', '##er', '##ly']))
+# name -> (family, transformers class, its head)
+MODELS = {
+    'distilbert': ('distilbert', 'DistilBertForMaskedLM', 'mlm'),
+    'distilbert_base': ('distilbert', 'DistilBertModel', None),
+    'electra_generator': ('electra', 'ElectraForMaskedLM', 'mlm'),
+    'electra_discriminator': ('electra', 'ElectraForPreTraining', 'discriminator'),
+    'electra_same_width': ('electra', 'ElectraModel', None),  # embedding_size = hidden_size: no projection
+}
+_IDS = np.array([[2, 40, 50, 60, 4, 70, 3, 0, 0, 0], [2, 41, 42, 43, 44, 45, 46, 47, 48, 3]])
+_MASK = (_IDS != 0).astype(np.int64)
+
+
+def build(name: str, directory: str) -> str:
+  """A transformers model of MODELS[name] with every weight perturbed (LayerNorms too), saved with its tokenizer."""
+  family, cls, _ = MODELS[name]
+  os.makedirs(directory)
+  vocab = os.path.join(directory, 'vocab.txt')
+  with open(vocab, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(_VOCAB) + '\n')
+  if family == 'distilbert':
+    config = transformers.DistilBertConfig(vocab_size=len(_VOCAB), dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                                           max_position_embeddings=64)
+    tokenizer = transformers.DistilBertTokenizerFast(vocab=vocab)  # transformers 5: the path
+  else:
+    width = 32 if name == 'electra_same_width' else 16
+    config = transformers.ElectraConfig(vocab_size=len(_VOCAB), embedding_size=width, hidden_size=32,
+                                        num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                        max_position_embeddings=64)
+    tokenizer = transformers.ElectraTokenizerFast(vocab=vocab)
+  torch.manual_seed(sum(map(ord, name)))
+  model = getattr(transformers, cls)(config)
+  with torch.no_grad():
+    for p in model.parameters():  # tied tensors are one parameter: they stay tied
+      p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(directory)
+  tokenizer.save_pretrained(directory)
+  return directory
+
+
+@pytest.fixture(scope='module')
+def built(tmp_path_factory):
+  root = tmp_path_factory.mktemp('families')
+  return {name: build(name, str(root / name)) for name in MODELS}
+
+
+def _reference(directory, cls, **kwargs):
+  model = getattr(transformers, cls).from_pretrained(directory).eval()
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(_IDS), attention_mask=torch.tensor(_MASK), **kwargs)
+
+
+def _hidden(directory, family):
+  return _reference(directory, 'DistilBertModel' if family == 'distilbert' else 'ElectraModel').last_hidden_state
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_loads_with_transformers_outputs(built, name, record_property):
+  family, cls, head = MODELS[name]
+  directory = built[name]
+  cfg, params, has_mlm, has_nsp = hf.load_hf_checkpoint(directory)
+  assert (has_mlm, has_nsp) == (head == 'mlm', False)
+  assert sorted(params) == sorted(['bert'] + ([head] if head else []))
+  embeddings = params['bert']['embeddings']
+  if family == 'distilbert':  # no token types: no table, and nothing to export
+    assert cfg.type_vocab_size == 0 and 'token_type_embeddings' not in embeddings and cfg.embedding_size == 0
+  else:
+    assert cfg.embedding_size == (32 if name == 'electra_same_width' else 16) and cfg.hidden_size == 32
+    assert ('project' in embeddings) == (name != 'electra_same_width')
+  model = pretrained.load_pretrained(directory)
+  seq, _ = model.encoder()(jnp.asarray(_IDS), None, jnp.asarray(_MASK))
+  real = _MASK.astype(bool)
+  hidden_diff = float(np.abs(np.asarray(seq) - _hidden(directory, family).numpy())[real].max())
+  record_property('hidden_max_abs_diff', hidden_diff)
+  assert hidden_diff <= 1e-5
+  if head == 'mlm':
+    positions = np.tile(np.arange(_IDS.shape[1]), (2, 1))
+    logits, _ = model.pretraining_model()(jnp.asarray(_IDS), jnp.zeros_like(_IDS), jnp.asarray(_MASK),
+                                          jnp.asarray(positions))
+    ref = _reference(directory, cls).logits.numpy()
+    logits_diff = float(np.abs(np.asarray(logits) - ref)[real].max())
+    record_property('mlm_logits_max_abs_diff', logits_diff)
+    assert logits_diff <= 1e-4
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
+  family, cls, head = MODELS[name]
+  cfg, params, _, _ = hf.load_hf_checkpoint(built[name])
+  out = str(tmp_path / 'export')
+  hf.save_hf_checkpoint(out, cfg, params, hf.load_hf_tokenizer(built[name]))
+  with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
+    written = json.load(f)
+  assert written['model_type'] == family and written['architectures'] == [cls]
+  theirs = set(st_numpy.load_file(os.path.join(built[name], 'model.safetensors')))
+  ours = set(st_numpy.load_file(os.path.join(out, 'model.safetensors')))
+  assert ours == theirs  # the same tensors: no pooler, no token types invented, the head kept
+  np.testing.assert_array_equal(_hidden(out, family).numpy(), _hidden(built[name], family).numpy())
+  if head is not None:
+    np.testing.assert_array_equal(_reference(out, cls).logits.numpy(), _reference(built[name], cls).logits.numpy())
+  fast = transformers.AutoTokenizer.from_pretrained(out)
+  original = transformers.AutoTokenizer.from_pretrained(built[name])
+  text = "the cat's hat, isn't it? unbelievable!"
+  assert fast(text) == original(text)  # DistilBERT's: no token_type_ids
+  assert len(original) == len(_VOCAB) and original(text)['input_ids'].count(1) == 0  # no [UNK]: the whole vocabulary
+  assert ('token_type_ids' in fast(text)) == (family != 'distilbert')
+  again = hf.load_hf_checkpoint(out)[1]
+  assert jax.tree.structure(again) == jax.tree.structure(params)  # and bit-exact
+  for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_unsupported_model_type_names_the_supported_ones(built, tmp_path):
+  directory = str(tmp_path / 'roberta')
+  shutil.copytree(built['distilbert'], directory)
+  with open(os.path.join(directory, 'config.json'), encoding='utf-8') as f:
+    config = json.load(f)
+  with open(os.path.join(directory, 'config.json'), 'w', encoding='utf-8') as f:
+    json.dump({**config, 'model_type': 'roberta'}, f)
+  with pytest.raises(CheckpointError, match="model_type='roberta'; bert_jax imports the model types bert, "
+                                            'distilbert, electra, modernbert'):
+    hf.load_hf_checkpoint(directory)
+
+
+def _rewrite(directory, change):
+  path = os.path.join(directory, 'model.safetensors')
+  tensors = st_numpy.load_file(path)
+  change(tensors)
+  st_numpy.save_file(tensors, path, metadata={'format': 'pt'})
+
+
+@pytest.mark.parametrize('case', ['missing', 'extra', 'cut'])
+@pytest.mark.parametrize('name', ['distilbert', 'electra_discriminator'])
+def test_bad_checkpoint_is_one_error_line_and_writes_nothing(built, name, case, tmp_path):
+  directory, out = str(tmp_path / 'model'), str(tmp_path / 'export')
+  shutil.copytree(built[name], directory)
+  prefix = 'distilbert.' if name == 'distilbert' else 'electra.'
+  lost = prefix + ('transformer.layer.1.ffn.lin2.bias' if name == 'distilbert' else 'embeddings_project.weight')
+  if case == 'missing':
+    _rewrite(directory, lambda t: t.pop(lost))
+    pattern = f'lacks 1 tensor(s) a 2-layer {"DistilBERT" if name == "distilbert" else "ELECTRA"} needs: {lost}'
+  elif case == 'extra':
+    _rewrite(directory, lambda t: t.update({prefix + 'pooler.dense.weight': np.zeros((32, 32), np.float32)}))
+    pattern = f'has tensor(s) that a 2-layer {"DistilBERT" if name == "distilbert" else "ELECTRA"} lacks: ' \
+              f'{prefix}pooler.dense.weight'
+  else:
+    path = os.path.join(directory, 'model.safetensors')
+    with open(path, 'rb') as f:
+      data = f.read()
+    with open(path, 'wb') as f:
+      f.write(data[:len(data) // 2])
+    pattern = 'cannot be read as safetensors'
+  before = tree_digest(directory)
+  result = run_main('export_hf.py', f'--checkpoint={directory}', f'--output={out}')
+  assert_one_line_error(result, pattern)
+  assert not os.path.exists(out) and tree_digest(directory) == before
+
+
+def test_export_refuses_what_the_family_cannot_hold(built, tmp_path):
+  cfg, params, _, _ = hf.load_hf_checkpoint(built['distilbert'])
+  with pytest.raises(CheckpointError, match='fine-tuned distilbert model exports as bert_jax only'):
+    hf.save_hf_checkpoint(str(tmp_path / 'a'), cfg, {'bert': params['bert'], 'classifier': {}},
+                          task={'kind': 'classification', 'num_labels': 2})
+  with pytest.raises(CheckpointError, match='LayerNorms have eps 1e-12'):
+    hf.save_hf_checkpoint(str(tmp_path / 'b'), dataclasses.replace(cfg, layer_norm_eps=1e-6), params)
+  e_cfg, e_params, _, _ = hf.load_hf_checkpoint(built['electra_discriminator'])
+  mlm = hf.load_hf_checkpoint(built['electra_generator'])[1]['mlm']  # the same widths
+  with pytest.raises(CheckpointError, match='no ELECTRA class of transformers has them together'):
+    hf.save_hf_checkpoint(str(tmp_path / 'c'), e_cfg, {**e_params, 'mlm': mlm})
+  assert not any(os.path.exists(tmp_path / d) for d in 'abc')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['distilbert', 'electra_discriminator'])
+def test_continued_pretraining_exports_back(built, name, small_corpus, tmp_path):
+  """Two steps of pretraining from the Hugging Face directory (DistilBERT's MLM head loaded and tied; ELECTRA's
+  discriminator has none: a fresh one), exported back to the same model_type, which transformers loads."""
+  family, _, head = MODELS[name]
+  workdir, out = str(tmp_path / 'run'), str(tmp_path / 'export')
+  before = tree_digest(built[name])
+  result = run_main('pretrain.py', *pretrain_flags(small_corpus, str(tmp_path / 'cache'), workdir, 2),
+                    f'--config.init_checkpoint={built[name]}', '--config.data.objective=none')
+  assert result.returncode == 0, result.stderr[-3000:]
+  loaded = 'loaded encoder, MLM head' if head == 'mlm' else 'loaded encoder; fresh MLM head'
+  assert loaded in result.stdout, result.stdout[-3000:]
+  result = run_main('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  line = json.loads(result.stdout.strip().splitlines()[-1])
+  cls = 'DistilBertForMaskedLM' if family == 'distilbert' else 'ElectraForMaskedLM'
+  assert line['architecture'] == cls and line['heads'] == ['mlm']
+  trained = pretrained.load_pretrained(workdir)
+  seq, _ = trained.encoder()(jnp.asarray(_IDS), None, jnp.asarray(_MASK))
+  real = _MASK.astype(bool)
+  assert np.abs(np.asarray(seq) - _hidden(out, family).numpy())[real].max() <= 1e-5
+  positions = np.tile(np.arange(_IDS.shape[1]), (2, 1))
+  logits, _ = trained.pretraining_model()(jnp.asarray(_IDS), jnp.zeros_like(_IDS), jnp.asarray(_MASK),
+                                          jnp.asarray(positions))
+  assert np.abs(np.asarray(logits) - _reference(out, cls).logits.numpy())[real].max() <= 1e-4
+  # Trained: not the checkpoint it started from.
+  assert not np.allclose(np.asarray(seq), _hidden(built[name], family).numpy(), atol=1e-5)
+  assert tree_digest(built[name]) == before
+
+
+_ROWS = [('A gripping, funny film.', 'positive'), ('Dull and far too long.', 'negative'),
+         ('An instant classic.', 'positive'), ('I want my money back.', 'negative')] * 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['distilbert', 'electra_discriminator'])
+def test_finetunes_from_the_hugging_face_directory(built, name, tmp_path):
+  train = str(tmp_path / 'train.csv')
+  with open(train, 'w', encoding='utf-8') as f:
+    f.write('text,label\n' + ''.join(f'"{t}",{l}\n' for t, l in _ROWS))
+  line = finetune_own_file('classify', str(tmp_path / 'run'), built[name], train)
+  assert 0 <= line[line['main_metric']] <= 1, line
+  tuned = pretrained.load_finetuned(str(tmp_path / 'run'))
+  assert tuned.config.type_vocab_size == (0 if name == 'distilbert' else 2)
+  assert ('project' in tuned.params['bert']['embeddings']) == (name != 'distilbert')
+  # Fine-tuned from the checkpoint's weights (three small steps away), not from a fresh encoder.
+  start = hf.load_hf_checkpoint(built[name])[1]['bert']['embeddings']['word_embeddings']['embedding']
+  tuned_words = np.asarray(tuned.params['bert']['embeddings']['word_embeddings']['embedding'])
+  assert np.corrcoef(start.ravel(), tuned_words.ravel())[0, 1] > 0.99 and not np.array_equal(start, tuned_words)
