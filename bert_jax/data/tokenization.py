@@ -309,12 +309,15 @@ def _longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
 
 
 def check_vocab_size(tokenizer: SentencePieceTokenizer, model_vocab_size: int) -> None:
-  """Raises ConfigError unless the model's embedding table matches the tokenizer.
+  """Raises ConfigError unless the model's embedding table matches the tokenizer (or, for a Hugging Face
+  tokenizer, holds all its ids).
 
   Args:
     tokenizer: the tokenizer the data is encoded with.
     model_vocab_size: `config.model.vocab_size`.
   """
+  if tokenizer.vocab_size < model_vocab_size and not isinstance(tokenizer, SentencePieceTokenizer):
+    return  # a checkpoint's table padded past its tokenizer (ModernBERT's to a multiple of 64): ids never produced
   if tokenizer.vocab_size != model_vocab_size:
     raise ConfigError(f'model.vocab_size={model_vocab_size} but tokenizer {tokenizer.path} has '
                       f'{tokenizer.vocab_size} tokens; set '
