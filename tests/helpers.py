@@ -510,3 +510,41 @@ def head_of_task_file(path, n, directory) -> str:
   with open(out, 'w', encoding='utf-8') as f:
     f.write('\n'.join(lines) + '\n')
   return out
+
+
+def modernbert_style_tokenizer(directory: str, vocab_size: int = 400, lines: int = 3000) -> str:
+  """A byte-level BPE tokenizer trained here on WikiText in ModernBERT's style, saved with transformers as
+  PreTrainedTokenizerFast: NFC, GPT-2's byte-level pre-tokeniser without a prefix space, '|||IP_ADDRESS|||' and
+  '<|padding|>' first, then [UNK] [CLS] [SEP] [PAD] [MASK] (lstrip, as ModernBERT's) and [unusedN] appended after the
+  merges (so no special sits at BERT's ids), its `[CLS] A [SEP] B [SEP]` template and no token type ids.
+  Returns `directory`."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors, trainers  # pylint: disable=g-import-not-at-top
+  from transformers import PreTrainedTokenizerFast  # pylint: disable=g-import-not-at-top
+  with open(WIKITEXT, encoding='utf-8') as f:
+    text = [line.strip() for line, _ in zip(f, range(lines)) if line.strip()]
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.normalizer = normalizers.NFC()
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+  tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+  tok.train_from_iterator(text, trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=['|||IP_ADDRESS|||', '<|padding|>'], show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  special = dict(normalized=False, special=True)
+  mask = AddedToken('[MASK]', lstrip=True, **special)
+  tok.add_special_tokens([AddedToken(t, **special) for t in ('[UNK]', '[CLS]', '[SEP]', '[PAD]')] + [mask] +
+                         [AddedToken(f'[unused{i}]', **special) for i in range(3)])
+  tok.post_processor = processors.TemplateProcessing(
+      single='[CLS]:0 $A:0 [SEP]:0', pair='[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1',
+      special_tokens=[(t, tok.token_to_id(t)) for t in ('[CLS]', '[SEP]')])
+  PreTrainedTokenizerFast(
+      tokenizer_object=tok, cls_token='[CLS]', sep_token='[SEP]', pad_token='[PAD]', unk_token='[UNK]',
+      mask_token=mask, model_input_names=['input_ids', 'attention_mask'], clean_up_tokenization_spaces=True,
+      model_max_length=8192).save_pretrained(directory)
+  path = os.path.join(directory, 'tokenizer_config.json')
+  with open(path, encoding='utf-8') as f:
+    config = json.load(f)
+  config['tokenizer_class'] = 'PreTrainedTokenizerFast'  # as ModernBERT's file says (transformers 5 writes its own)
+  with open(path, 'w', encoding='utf-8') as f:
+    json.dump(config, f, indent=2)
+  return directory

@@ -1,28 +1,27 @@
-"""Tokenizers: SentencePiece with BERT's special tokens at fixed ids; WordPiece for imports.
+"""Tokenizers: SentencePiece with BERT's special tokens at fixed ids; Hugging Face tokenizers for imports.
 
 Our own SentencePiece models always have ids 0..4 = [PAD], [UNK], [CLS], [SEP], [MASK], so
 model code, masking and checkpoints can rely on constants instead of asking the tokenizer.
-Imported Hugging Face checkpoints bring a WordPiece vocabulary whose special ids differ
-(101/102/103 in BERT's); `WordPieceTokenizer` reads it with the `tokenizers` package, the
-same code Hugging Face runs, so ids match exactly. Both classes share `encode_inputs`, which
-adds [CLS]/[SEP] and truncates pairs longest-first.
+Imported Hugging Face checkpoints bring their own tokenizer (WordPiece, byte-level BPE, Unigram)
+whose special ids and template differ; `fast_tokenizer.FastTokenizer` (also named
+`WordPieceTokenizer` here) runs it with the `tokenizers` package, the same code Hugging Face runs,
+so ids match exactly. Both share `encode_inputs`, which adds the template's specials and truncates
+pairs longest-first, and the tables masking reads (`special_table`, `word_start_table`).
 """
 
 from __future__ import annotations
 
 import collections
 import io
-import json
 import os
 import random
 import re
 import shutil
 import tempfile
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
-import tokenizers
 
 from bert_jax import files
 from bert_jax.errors import ConfigError, DataError
@@ -200,7 +199,7 @@ class SentencePieceTokenizer:
     """Id of a piece; [UNK]'s id for unknown pieces."""
     return self._sp.piece_to_id(token)
 
-  # The same properties as WordPieceTokenizer, so callers need not know which one they hold.
+  # The same properties as FastTokenizer, so callers need not know which one they hold.
   pad_id = property(lambda self: PAD_ID)
   unk_id = property(lambda self: UNK_ID)
   cls_id = property(lambda self: CLS_ID)
@@ -276,7 +275,7 @@ def assemble_inputs(ids_a: Sequence[int], ids_b: Sequence[int] | None, *, max_le
   Returns:
     (input_ids, token_type_ids, truncated).
   """
-  budget = _check_max_length(max_length, is_pair=ids_b is not None)
+  budget = check_max_length(max_length, is_pair=ids_b is not None)
   if ids_b is None:
     kept_a = list(ids_a[:budget])
     return [cls_id] + kept_a + [sep_id], [0] * (len(kept_a) + 2), len(ids_a) > budget
@@ -286,9 +285,10 @@ def assemble_inputs(ids_a: Sequence[int], ids_b: Sequence[int] | None, *, max_le
   return input_ids, token_type_ids, (n_a, n_b) != (len(ids_a), len(ids_b))
 
 
-def _check_max_length(max_length: int, *, is_pair: bool) -> int:
-  """Returns the room left for text after [CLS]/[SEP]s; ConfigError when there is none."""
-  budget = max_length - (3 if is_pair else 2)
+def check_max_length(max_length: int, *, is_pair: bool, num_specials: int | None = None) -> int:
+  """Returns the room left for text after the template's `num_specials` special tokens ([CLS]/[SEP]s
+  by default); ConfigError when there is none."""
+  budget = max_length - (num_specials if num_specials is not None else 3 if is_pair else 2)
   if budget < 1:
     raise ConfigError(f'max_length={max_length} leaves no room for text after [CLS]/[SEP]; '
                       'use a larger max_length')
@@ -309,12 +309,15 @@ def _longest_first(n_a: int, n_b: int, budget: int) -> tuple[int, int]:
 
 
 def check_vocab_size(tokenizer: SentencePieceTokenizer, model_vocab_size: int) -> None:
-  """Raises ConfigError unless the model's embedding table matches the tokenizer.
+  """Raises ConfigError unless the model's embedding table matches the tokenizer (or, for a Hugging Face
+  tokenizer, holds all its ids).
 
   Args:
     tokenizer: the tokenizer the data is encoded with.
     model_vocab_size: `config.model.vocab_size`.
   """
+  if tokenizer.vocab_size < model_vocab_size and not isinstance(tokenizer, SentencePieceTokenizer):
+    return  # a checkpoint's table padded past its tokenizer (ModernBERT's to a multiple of 64): ids never produced
   if tokenizer.vocab_size != model_vocab_size:
     raise ConfigError(f'model.vocab_size={model_vocab_size} but tokenizer {tokenizer.path} has '
                       f'{tokenizer.vocab_size} tokens; set '
@@ -324,245 +327,27 @@ def check_vocab_size(tokenizer: SentencePieceTokenizer, model_vocab_size: int) -
 _TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_CONFIG = 'tokenizer.json', 'vocab.txt', 'tokenizer_config.json'
 SPIECE_FILE = 'tokenizer.model'  # the name a SentencePiece model has in a cache or workdir
 HF_SPIECE_FILE = 'spiece.model'  # its name in a Hugging Face directory that bert_jax exported
-_UNUSED = re.compile(r'^\[unused\d+\]$')
+UNUSED = re.compile(r'^\[unused\d+\]$')  # BERT's spare vocabulary slots, never masked or drawn
 
 
-class WordPieceTokenizer:
-  """BERT's WordPiece tokenizer (basic tokenisation + WordPiece) via the `tokenizers` package.
-
-  It is the library Hugging Face's own BertTokenizer runs on, read from the same files, so ids
-  are theirs exactly: lower-casing and accent stripping, punctuation and CJK splitting, [UNK]
-  for words over 100 characters, and special tokens spelled in the text ("[MASK]").
-  """
-
-  def __init__(self, tokenizer: tokenizers.Tokenizer, path: str):
-    """Wraps a WordPiece `tokenizers.Tokenizer`; use `from_directory` to read one from files."""
-    if not isinstance(tokenizer.model, tokenizers.models.WordPiece):
-      raise DataError(f'{path} holds a {type(tokenizer.model).__name__} tokenizer, not WordPiece; '
-                      'bert_jax reads BERT (WordPiece) tokenizers only')
-    missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
-    if missing:
-      raise DataError(f'tokenizer {path} lacks the special token(s) {", ".join(missing)}; '
-                      'BERT needs all of ' + ' '.join(SPECIAL_TOKENS))
-    # Padding and truncation saved in tokenizer.json (MiniLM's pads to 128) would leak into
-    # `encode`; `encode_inputs` asks for truncation explicitly instead.
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    if tokenizer.post_processor is None:
-      tokenizer.post_processor = _bert_post_processor(tokenizer)
-    self._tok = tokenizer
-    self._truncating: dict[int, tokenizers.Tokenizer] = {}
-    self._as_text: tokenizers.Tokenizer | None = None  # a copy that splits special tokens as text
-    self.path = path
-    self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
-        tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
-
-  @classmethod
-  def from_directory(cls, directory: str) -> 'WordPieceTokenizer':
-    """Reads tokenizer.json, or else vocab.txt (+ tokenizer_config.json), as Hugging Face does.
-
-    Args:
-      directory: a Hugging Face checkpoint or tokenizer directory.
-
-    Returns:
-      The tokenizer. DataError if the directory has neither file.
-    """
-    json_path = os.path.join(directory, _TOKENIZER_JSON)
-    vocab_path = os.path.join(directory, _VOCAB_TXT)
-    for path in (json_path, vocab_path, os.path.join(directory, 'tokenizer_config.json')):
-      check_regular(path, 'tokenizer file')
-    if os.path.isfile(json_path):
-      try:
-        tok = tokenizers.Tokenizer.from_file(json_path)
-      except Exception as e:  # pylint: disable=broad-except  (tokenizers raises bare Exception)
-        raise DataError(f'{json_path} is not a tokenizers JSON file ({e})') from None
-      return cls(tok, json_path)
-    if os.path.isfile(vocab_path):
-      return cls(_tokenizer_from_vocab(vocab_path, _read_tokenizer_config(directory)), vocab_path)
-    raise DataError(f'{directory} has no vocabulary: neither {_TOKENIZER_JSON} nor {_VOCAB_TXT}; '
-                    'copy the tokenizer files of the checkpoint into it')
-
-  @property
-  def vocab_size(self) -> int:
-    return self._tok.get_vocab_size(with_added_tokens=True)
-
-  @property
-  def do_lower_case(self) -> bool | None:
-    """The normaliser's lower-casing, or None when it is not a BertNormalizer."""
-    normalizer = json.loads(self._tok.to_str()).get('normalizer') or {}
-    return normalizer.get('lowercase') if normalizer.get('type') == 'BertNormalizer' else None
-
-  def encode(self, text: str) -> list[int]:
-    """Token ids of `text`, without [CLS]/[SEP]."""
-    return self._tok.encode(text, add_special_tokens=False).ids
-
-  def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    """Token ids of `text` (no specials) and each token's (start, end) character span in it."""
-    enc = self._tok.encode(text, add_special_tokens=False)
-    return enc.ids, [tuple(o) for o in enc.offsets]
-
-  @property
-  def special_strings(self) -> tuple[str, ...]:
-    """The texts that `encode` turns into special ids ([CLS], [SEP], ..., and any other special added token)."""
-    added = [a.content for a in self._tok.get_added_tokens_decoder().values() if a.special]
-    return tuple(dict.fromkeys([*SPECIAL_TOKENS, *added]))
-
-  def encode_batch(self, texts: Sequence[str], num_threads: int = 0,
-                   specials_as_text: bool = False) -> list[list[int]]:
-    """Token ids of each text: on one thread if num_threads == 1, else on the library's thread pool.
-
-    By default a special token spelled in a text ("[MASK]") becomes its id, as in Hugging Face's
-    tokenizer. With `specials_as_text` it is split as ordinary text ('[', 'mask', ']'; the library's
-    `encode_special_tokens`, transformers' `split_special_tokens`), as corpus preparation needs: a
-    "[SEP]" in a document must not become a segment boundary.
-    """
-    tok = self._tok
-    if specials_as_text:
-      if self._as_text is None:
-        self._as_text = tokenizers.Tokenizer.from_str(self._tok.to_str())
-        self._as_text.encode_special_tokens = True
-      tok = self._as_text
-    if num_threads != 1:
-      return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
-    # The library has no per-call thread count; it reads this variable on every batch call.
-    before = os.environ.get('TOKENIZERS_PARALLELISM')
-    os.environ['TOKENIZERS_PARALLELISM'] = 'false'
-    try:
-      return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
-    finally:
-      if before is None:
-        del os.environ['TOKENIZERS_PARALLELISM']
-      else:
-        os.environ['TOKENIZERS_PARALLELISM'] = before
-
-  def encode_inputs(self, text_a: str, text_b: str | None = None, *,
-                    max_length: int) -> tuple[list[int], list[int], bool]:
-    """Model inputs for one text or a pair, exactly as Hugging Face's tokenizer builds them.
-
-    Args:
-      text_a: the first (or only) text.
-      text_b: the second text of a pair, or None.
-      max_length: length limit including [CLS] and [SEP]s; longest-first truncation.
-
-    Returns:
-      (input_ids, token_type_ids, truncated).
-    """
-    _check_max_length(max_length, is_pair=text_b is not None)
-    tok = self._truncating.get(max_length)
-    if tok is None:
-      # A copy per length: the library's truncation is tokenizer state, and `encode` must
-      # stay untruncated.
-      tok = tokenizers.Tokenizer.from_str(self._tok.to_str())
-      tok.enable_truncation(max_length, strategy='longest_first')
-      self._truncating[max_length] = tok
-    enc = tok.encode(text_a) if text_b is None else tok.encode(text_a, text_b)
-    return enc.ids, enc.type_ids, bool(enc.overflowing)
-
-  def decode(self, ids: Sequence[int]) -> str:
-    """Text of `ids` with special tokens dropped and '##' pieces joined."""
-    return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
-
-  def id_to_token(self, i: int) -> str:
-    return self._tok.id_to_token(int(i))
-
-  def token_to_id(self, token: str) -> int:
-    """Id of a token; [UNK]'s id for unknown tokens."""
-    i = self._tok.token_to_id(token)
-    return self.unk_id if i is None else i
-
-  def special_table(self) -> np.ndarray:
-    """bool[vocab_size]: True for ids masking never picks or draws: [PAD]/[CLS]/[SEP]/[MASK], the
-    '[unusedN]' slots and other added special tokens. [UNK] stands for text and is not special."""
-    table_v = np.zeros(self.vocab_size, bool)
-    for i in range(self.vocab_size):
-      token = self._tok.id_to_token(i) or ''
-      table_v[i] = bool(_UNUSED.match(token))
-    for i, added in self._tok.get_added_tokens_decoder().items():
-      if added.special and i < self.vocab_size:
-        table_v[i] = True
-    table_v[[self.pad_id, self.cls_id, self.sep_id, self.mask_id]] = True
-    table_v[self.unk_id] = False
-    return table_v
-
-  def word_start_table(self) -> np.ndarray:
-    """bool[vocab_size]: True unless a token continues a word ('##…'); specials are starts."""
-    return np.array([not (self._tok.id_to_token(i) or '').startswith('##')
-                     for i in range(self.vocab_size)], dtype=bool)
-
-  def save(self, directory: str, *, model_max_length: int | None = None) -> None:
-    """Writes tokenizer.json, vocab.txt and tokenizer_config.json, which transformers loads.
-
-    Args:
-      directory: where to write (created if needed).
-      model_max_length: recorded in tokenizer_config.json for transformers' truncation.
-    """
-    os.makedirs(directory, exist_ok=True)
-    # Each file is written beside its final name and renamed, tokenizer.json (what readers look for) last:
-    # a write killed half-way never leaves a file that reads as a broken tokenizer.
-    staging = tempfile.mkdtemp(prefix='.tokenizer-', dir=directory)
-    try:
-      self._tok.model.save(staging)  # vocab.txt, for tools that read only that
-      config = {'tokenizer_class': 'BertTokenizer', 'unk_token': UNK_TOKEN, 'sep_token': SEP_TOKEN,
-                'pad_token': PAD_TOKEN, 'cls_token': CLS_TOKEN, 'mask_token': MASK_TOKEN}
-      if self.do_lower_case is not None:
-        config['do_lower_case'] = self.do_lower_case
-      if model_max_length is not None:
-        config['model_max_length'] = model_max_length
-      with open(os.path.join(staging, _TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
-        json.dump(config, f, indent=2)
-      self._tok.save(os.path.join(staging, _TOKENIZER_JSON))
-      for name in (_VOCAB_TXT, _TOKENIZER_CONFIG, _TOKENIZER_JSON):
-        os.replace(os.path.join(staging, name), os.path.join(directory, name))
-    finally:
-      shutil.rmtree(staging, ignore_errors=True)
-
-  def identity(self) -> str:
-    """What defines its ids (vocabulary, normaliser, pre-tokeniser, specials): equal for the same tokenizer."""
-    return self._tok.to_str()
+def __getattr__(name: str):
+  # The Hugging Face tokenizer lives in fast_tokenizer.py, which imports this module: imported when first
+  # asked for. WordPieceTokenizer is its name from when bert_jax read WordPiece only; Tokenizer is either kind.
+  if name in ('FastTokenizer', 'WordPieceTokenizer', 'Tokenizer'):
+    from bert_jax.data.fast_tokenizer import FastTokenizer  # pylint: disable=g-import-not-at-top
+    return SentencePieceTokenizer | FastTokenizer if name == 'Tokenizer' else FastTokenizer
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
-def _read_tokenizer_config(directory: str) -> dict:
-  path = os.path.join(directory, _TOKENIZER_CONFIG)
-  if not os.path.isfile(path):
-    return {}
-  try:
-    with open(path, encoding='utf-8') as f:
-      return json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise DataError(f'{path} is not valid JSON ({e})') from None
 
 
-def _tokenizer_from_vocab(vocab_path: str, config: dict) -> tokenizers.Tokenizer:
-  # The pipeline transformers' BertTokenizer builds from a vocab.txt (same defaults).
-  try:
-    model = tokenizers.models.WordPiece.from_file(vocab_path, unk_token=UNK_TOKEN,
-                                                  max_input_chars_per_word=100)
-  except Exception as e:  # pylint: disable=broad-except  (tokenizers raises bare Exception)
-    raise DataError(f'{vocab_path} is not a WordPiece vocabulary ({e})') from None
-  tok = tokenizers.Tokenizer(model)
-  tok.normalizer = tokenizers.normalizers.BertNormalizer(
-      clean_text=True, handle_chinese_chars=config.get('tokenize_chinese_chars', True),
-      strip_accents=config.get('strip_accents'), lowercase=config.get('do_lower_case', True))
-  tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
-  tok.decoder = tokenizers.decoders.WordPiece(prefix='##')
-  # Specials match the raw text ("[MASK]" is one token even when lower-casing).
-  tok.add_special_tokens([t for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None])
-  return tok  # WordPieceTokenizer checks the specials and adds the [CLS]/[SEP] template
-
-
-def _bert_post_processor(tok: tokenizers.Tokenizer):
-  cls_id, sep_id = tok.token_to_id(CLS_TOKEN), tok.token_to_id(SEP_TOKEN)
-  return tokenizers.processors.TemplateProcessing(
-      single=f'{CLS_TOKEN}:0 $A:0 {SEP_TOKEN}:0',
-      pair=f'{CLS_TOKEN}:0 $A:0 {SEP_TOKEN}:0 $B:1 {SEP_TOKEN}:1',
-      special_tokens=[(CLS_TOKEN, cls_id), (SEP_TOKEN, sep_id)])
-
-
-Tokenizer = SentencePieceTokenizer | WordPieceTokenizer
+if TYPE_CHECKING:  # for annotations (fast_tokenizer imports this module: see __getattr__)
+  from bert_jax.data.fast_tokenizer import FastTokenizer
+  Tokenizer = SentencePieceTokenizer | FastTokenizer
 
 
 def load_tokenizer(path: str) -> Tokenizer:
-  """Loads a SentencePiece model or a Hugging Face WordPiece tokenizer.
+  """Loads a SentencePiece model or a Hugging Face tokenizer (any tokenizer.json, or a BERT vocab.txt).
 
   Args:
     path: a SentencePiece `.model` file; a Hugging Face checkpoint or tokenizer directory
@@ -579,10 +364,15 @@ def load_tokenizer(path: str) -> Tokenizer:
     for name in (SPIECE_FILE, HF_SPIECE_FILE):  # an exported directory's tokenizer.json is its conversion
       if os.path.isfile(os.path.join(path, name)):
         return SentencePieceTokenizer(os.path.join(path, name))
-    return WordPieceTokenizer.from_directory(path)
+    return _hf_tokenizer(path)
   if os.path.basename(path) in (_TOKENIZER_JSON, _VOCAB_TXT) and os.path.isfile(path):
-    return WordPieceTokenizer.from_directory(os.path.dirname(path) or '.')
+    return _hf_tokenizer(os.path.dirname(path) or '.')
   return SentencePieceTokenizer(path)
+
+
+def _hf_tokenizer(directory: str):
+  from bert_jax.data.fast_tokenizer import FastTokenizer  # pylint: disable=g-import-not-at-top  (it imports us)
+  return FastTokenizer.from_directory(directory)
 
 
 def tokenizer_file_name(tokenizer: Tokenizer) -> str:
@@ -590,7 +380,7 @@ def tokenizer_file_name(tokenizer: Tokenizer) -> str:
   return SPIECE_FILE if isinstance(tokenizer, SentencePieceTokenizer) else _TOKENIZER_JSON
 
 
-_NAMES = (SPIECE_FILE, HF_SPIECE_FILE, _TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_CONFIG)
+_NAMES = (SPIECE_FILE, HF_SPIECE_FILE, _TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_CONFIG, 'special_tokens_map.json')
 
 
 def _local_copy(path: str) -> str:

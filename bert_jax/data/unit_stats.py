@@ -73,7 +73,8 @@ def merge_unit_stats(build_dir: str, units: Sequence[work_units.Unit], vocab_siz
   for split, agg in splits.items():
     work_units.atomic(os.path.join(build_dir, records.index_name(split)),
                       lambda p, split=split, n=agg['num']: _join_indexes(p, build_dir, units, split, n))
-  counts[tokenizer.special_table()] = 0
+  special = tokenizer.special_table()  # a checkpoint's embedding table may be longer than its tokenizer
+  counts[:len(special)][special] = 0
   train, evals = splits['train'], splits['eval']
   stats = dict(
       files=len({p.path for u in units for p in u.pieces}), bytes=totals['bytes'],

@@ -320,10 +320,11 @@ def load_hf_tokenizer(directory: str):
 
   Args:
     directory: holds spiece.model (a SentencePiece model bert_jax exported; its tokenizer.json is
-      only the conversion for transformers), or else tokenizer.json or vocab.txt (WordPiece).
+      only the conversion for transformers), or else tokenizer.json (any model: WordPiece, BPE, Unigram) or
+      vocab.txt (WordPiece).
 
   Returns:
-    A SentencePieceTokenizer or WordPieceTokenizer; DataError when there is no vocabulary.
+    A SentencePieceTokenizer or FastTokenizer; DataError when there is no vocabulary or a special token lacks.
   """
   if os.path.isfile(os.path.join(directory, SPIECE_FILE)):
     return tokenization.SentencePieceTokenizer(os.path.join(directory, SPIECE_FILE))

@@ -137,7 +137,7 @@ def some(names: list[str], limit: int = 6) -> str:
 class TokenizerExport:
   """A tokenizer checked for export before anything is written; `write` adds its files beside the weights.
 
-  WordPiece is written as transformers' own files; SentencePiece as spiece.model (read now: an in-place export's
+  A Hugging Face tokenizer is written as transformers' own files (its tokenizer.json as read); SentencePiece as spiece.model (read now: an in-place export's
   directory is emptied first) plus the tokenizer.json transformers runs with the same ids (`hf_tokenizer`).
   """
 
@@ -151,7 +151,7 @@ class TokenizerExport:
     if tokenizer is None:
       return None
     if not isinstance(tokenizer, (tokenization.WordPieceTokenizer, tokenization.SentencePieceTokenizer)):
-      raise TypeError(f'tokenizer must be a WordPiece or SentencePiece tokenizer, got {tokenizer!r}')
+      raise TypeError(f'tokenizer must be a Hugging Face or SentencePiece tokenizer, got {tokenizer!r}')
     if tokenizer.vocab_size > cfg.vocab_size:
       raise CheckpointError(f'tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens but the '
                             f'model only {cfg.vocab_size} embeddings; export the matching tokenizer')

@@ -1,0 +1,173 @@
+"""A ModernBERT checkpoint as published: its own byte-level BPE tokenizer ([CLS]/[SEP]/[MASK] at ids past the merges,
+no token type ids) and an embedding table longer than the tokenizer.
+
+Built here with transformers from a small ModernBertConfig (random weights, save_pretrained) and a tokenizer trained
+with `tokenizers` in ModernBERT's style (helpers.modernbert_style_tokenizer): it loads with transformers' hidden
+states, logits and ids, continues pretraining (whole-word masking from the tokenizer's word starts), fine-tunes on
+SST-2, predicts, and exports back to a ModernBertForMaskedLM that transformers loads with our logits and whose
+fill-mask pipeline gives fill_mask.py's answers."""
+
+import glob
+import json
+import os
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors import numpy as st_numpy
+
+from bert_jax.data import tokenization as tk
+from bert_jax.interop import pretrained
+
+from helpers import (
+  assert_one_line_error,
+  head_of_task_file,
+  modernbert_style_tokenizer,
+  run_main,
+  shared_data_or_skip,
+  write_small_corpus,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')]
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+
+VOCAB = 448  # the embedding table: the tokenizer's 408 tokens padded to a multiple of 64, as ModernBERT's
+TEXTS = ['Paris is the capital of France.', 'Crème brûlée at the Café 東京 👍, see https://example.com/a?b=c#d',
+         'def f(x):\n    return x ** 2', 'the [MASK] sat on the <mask> [SEP] twice']
+
+
+@pytest.fixture(scope='module')
+def modernbert(tmp_path_factory):
+  directory = modernbert_style_tokenizer(str(tmp_path_factory.mktemp('modernbert') / 'hf'))
+  tok = transformers.AutoTokenizer.from_pretrained(directory)
+  torch.manual_seed(0)
+  config = transformers.ModernBertConfig(
+      vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=2,
+      max_position_embeddings=128, global_attn_every_n_layers=2, local_attention=16, pad_token_id=tok.pad_token_id,
+      cls_token_id=tok.cls_token_id, sep_token_id=tok.sep_token_id, bos_token_id=tok.cls_token_id,
+      eos_token_id=tok.sep_token_id)
+  transformers.ModernBertForMaskedLM(config).eval().save_pretrained(directory)
+  return directory
+
+
+def _ours(loaded, ids, mask):
+  """Our (MLM logits, last hidden state) of a padded batch."""
+  model = loaded.pretraining_model()
+  ids, mask = jnp.asarray(ids), jnp.asarray(mask)
+  mlm, _ = model(ids, None, mask, jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape))
+  return np.asarray(mlm), np.asarray(model.bert(ids, None, mask)[0])
+
+
+def _assert_matches_transformers(directory, loaded):
+  """transformers' ids, hidden states (<= 1e-5) and MLM logits (<= 1e-4) at the real positions of a padded batch."""
+  theirs_tok = transformers.AutoTokenizer.from_pretrained(directory)
+  for a in TEXTS:
+    assert loaded.tokenizer.encode_inputs(a, TEXTS[0], max_length=128)[0] == theirs_tok(a, TEXTS[0])['input_ids']
+  batch = theirs_tok(TEXTS, padding=True, return_tensors='pt')
+  assert 'token_type_ids' not in batch
+  mlm = transformers.ModernBertForMaskedLM.from_pretrained(directory).eval()
+  with torch.no_grad():
+    hidden = mlm.model(**batch).last_hidden_state.numpy()
+    logits = mlm(**batch).logits.numpy()
+  real = batch['attention_mask'].numpy() == 1
+  our_logits, our_hidden = _ours(loaded, batch['input_ids'].numpy().astype(np.int32),
+                                 batch['attention_mask'].numpy().astype(np.int32))
+  assert np.abs(hidden[real] - our_hidden[real]).max() <= 1e-5
+  assert np.abs(logits[real] - our_logits[real]).max() <= 1e-4
+
+
+def test_loads_with_transformers_ids_and_outputs(modernbert):
+  loaded = pretrained.load_pretrained(modernbert)
+  assert loaded.config.vocab_size == VOCAB and loaded.config.type_vocab_size == 0 and loaded.has_mlm_head
+  assert (loaded.tokenizer.vocab_size, loaded.tokenizer.mask_id, loaded.tokenizer.cls_id) == (408, 404, 401)
+  _assert_matches_transformers(modernbert, loaded)
+
+
+def test_continued_pretraining_exports_back_to_modernbert(modernbert, tmp_path):
+  corpus = write_small_corpus(tmp_path)
+  workdir, out = str(tmp_path / 'run'), str(tmp_path / 'export')
+  result = run_main('pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
+                    f'--config.init_checkpoint={modernbert}', f'--config.data.train_files={corpus}',
+                    f'--config.data.cache_dir={tmp_path / "cache"}', '--config.data.masking=whole_word',
+                    '--config.data.objective=none', '--config.num_train_steps=2', '--config.batch_size=8',
+                    '--config.data.max_seq_length=64', '--config.eval_every=1000', '--config.data.eval_fraction=0.4')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert json.loads(result.stdout.strip().splitlines()[-1])['step'] == 2
+  [manifest] = glob.glob(str(tmp_path / 'cache' / '*' / 'meta.json'))
+  with open(manifest, encoding='utf-8') as f:  # the records carry the model's own special ids
+    assert json.load(f)['tokenizer']['special_ids']['mask'] == 404
+
+  result = run_main('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  line = json.loads(result.stdout.strip().splitlines()[-1])
+  assert (line['architecture'], line['tokenizer']) == ('ModernBertForMaskedLM', 'FastTokenizer')
+  with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
+    config = json.load(f)
+  assert (config['model_type'], config['vocab_size'], config['pad_token_id'], config['cls_token_id']) == (
+      'modernbert', VOCAB, 403, 401)
+  ours = pretrained.load_pretrained(workdir)
+  _assert_matches_transformers(out, ours)
+  theirs = transformers.AutoTokenizer.from_pretrained(out)
+  original = transformers.AutoTokenizer.from_pretrained(modernbert)
+  assert [theirs(t)['input_ids'] for t in TEXTS] == [original(t)['input_ids'] for t in TEXTS]
+
+  text = 'The capital of France is [MASK] , not [MASK].'
+  result = run_main('fill_mask.py', f'--checkpoint={out}', f'--text={text}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  answers = json.loads(result.stdout.strip().splitlines()[-1])['predictions']
+  pipeline = transformers.pipeline('fill-mask', model=out, top_k=5)(text)
+  assert len(pipeline) == len(answers) == 2
+  for their_top, our_top in zip(pipeline, answers):
+    assert [t['token'] for t in their_top] == [ours.tokenizer.token_to_id(a['token']) for a in our_top]
+    assert np.abs(np.array([t['score'] for t in their_top]) - [a['probability'] for a in our_top]).max() <= 1e-5
+
+
+def test_fine_tunes_on_sst2_and_predicts(modernbert, tmp_path):
+  data = shared_data_or_skip('sst2')
+  head_of_task_file(os.path.join(data, 'train.tsv'), 48, tmp_path)
+  head_of_task_file(os.path.join(data, 'dev.tsv'), 16, tmp_path)
+  workdir = str(tmp_path / 'sst2')
+  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={workdir}',
+                    f'--config.init_checkpoint={modernbert}', f'--config.data_dir={tmp_path}',
+                    '--config.num_train_steps=2', '--config.batch_size=8', '--config.max_seq_length=32')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'dev_accuracy' in json.loads(result.stdout.strip().splitlines()[-1])
+  result = run_main('predict.py', f'--workdir={workdir}', '--text=a charming and often affecting journey')
+  assert result.returncode == 0, result.stderr[-3000:]
+  row = json.loads(result.stdout.strip().splitlines()[-1])
+  assert row['label'] in ('negative', 'positive') and abs(sum(row['probabilities'].values()) - 1) < 1e-6
+  tuned = pretrained.load_finetuned(workdir)
+  assert tuned.tokenizer.identity() == tk.load_tokenizer(modernbert).identity()
+
+
+def _copy(src, dst):
+  shutil.copytree(src, dst)
+  return str(dst)
+
+
+def test_bad_tokenizers_are_one_error_line_and_write_nothing(modernbert, tmp_path):
+  corpus = write_small_corpus(tmp_path)
+  no_mask = _copy(modernbert, tmp_path / 'no_mask')
+  with open(os.path.join(no_mask, 'tokenizer.json'), encoding='utf-8') as f:
+    spec = json.load(f)
+  spec['added_tokens'] = [a for a in spec['added_tokens'] if a['content'] != '[MASK]']
+  with open(os.path.join(no_mask, 'tokenizer.json'), 'w', encoding='utf-8') as f:
+    json.dump(spec, f)
+  small = _copy(modernbert, tmp_path / 'small')  # an embedding table shorter than the tokenizer
+  tensors = st_numpy.load_file(os.path.join(small, 'model.safetensors'))
+  tensors = {name: x[:400] if x.shape[0] == VOCAB else x for name, x in tensors.items()}  # embeddings, decoder bias
+  st_numpy.save_file(tensors, os.path.join(small, 'model.safetensors'), metadata={'format': 'pt'})
+  with open(os.path.join(small, 'config.json'), encoding='utf-8') as f:
+    config = json.load(f)
+  with open(os.path.join(small, 'config.json'), 'w', encoding='utf-8') as f:
+    json.dump({**config, 'vocab_size': 400}, f)
+  for source, pattern in ((no_mask, 'lacks the special token(s) [MASK] (mask)'),
+                          (small, 'has 408 tokens')):
+    workdir = tmp_path / f'run_{os.path.basename(source)}'
+    result = run_main('pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
+                      f'--config.init_checkpoint={source}', f'--config.data.train_files={corpus}',
+                      f'--config.data.cache_dir={tmp_path / "cache"}', '--config.num_train_steps=1')
+    assert_one_line_error(result, pattern)
+    assert not workdir.exists() and not (tmp_path / 'cache').exists()
