@@ -79,7 +79,7 @@ def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig,
       raise CheckpointError(f'{directory}: tensor {family.hf_name(e, prefix)} has shape {theirs.shape} but '
                             f'config.json implies {expected}')
     flat[e.path] = np.ascontiguousarray(e.rule.from_hf(theirs, shapes[e.path]))
-  reporting.log(f'warning: {directory} holds a {family.name} model, which has no pooler: its pooler parameters are '
+  reporting.log(f'warning: {directory} holds a {family.name} checkpoint, which has no pooler: its pooler parameters are '
                 'set to zeros (pooler_output is meaningless until fine-tuning trains it)')
   for path, shape in shapes.items():
     if path[:2] == ('bert', 'pooler'):
