@@ -22,7 +22,7 @@ from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
 from bert_jax.interop import hf_family
-from bert_jax.interop.hf_names import SAME, Entry, bert_encoder_table, dense, norm
+from bert_jax.interop.hf_names import SAME, Entry, bert_encoder_table, check_bert_layers, dense, norm
 
 # ElectraConfig's defaults, for keys a config.json leaves out.
 _HF_DEFAULTS = dict(vocab_size=30522, embedding_size=128, hidden_size=256, num_hidden_layers=12,
@@ -61,14 +61,7 @@ FAMILY = hf_family.Family(
 def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
   """The ModelConfig of an ELECTRA config.json (`hf`, already parsed; `path` names it in errors)."""
   hf = {**_HF_DEFAULTS, **hf}
-  if hf['hidden_act'] != 'gelu':
-    raise CheckpointError(f"{path}: hidden_act={hf['hidden_act']!r}, but bert_jax implements only BERT's exact "
-                          "(erf) GELU, 'gelu'; this model's outputs would not match")
-  if hf['position_embedding_type'] != 'absolute':
-    raise CheckpointError(f"{path}: position_embedding_type={hf['position_embedding_type']!r}; bert_jax "
-                          "implements only 'absolute' (learned) positions")
-  if hf.get('is_decoder'):
-    raise CheckpointError(f'{path}: is_decoder=true (causal attention); bert_jax is an encoder only')
+  check_bert_layers(path, hf)
   if not hf['tie_word_embeddings']:
     raise CheckpointError(f'{path}: tie_word_embeddings=false; bert_jax ties the MLM decoder to the word '
                           'embeddings, so an untied decoder cannot be imported')

@@ -348,15 +348,7 @@ def read_hf_config(directory: str) -> ModelConfig:
   if MODEL_TYPES[model_type] is not None:
     return MODEL_TYPES[model_type].model_config(path, hf)
   hf = {**_HF_DEFAULTS, **hf}
-  if hf['hidden_act'] != 'gelu':
-    raise CheckpointError(f"{path}: hidden_act={hf['hidden_act']!r}, but bert_jax implements only "
-                          "BERT's exact (erf) GELU, 'gelu'; this model's outputs would not match")
-  if hf['position_embedding_type'] != 'absolute':
-    raise CheckpointError(f"{path}: position_embedding_type={hf['position_embedding_type']!r}; "
-                          "bert_jax implements only 'absolute' (learned) positions")
-  if hf.get('is_decoder'):
-    raise CheckpointError(f'{path}: is_decoder=true (causal attention); bert_jax BERT is an '
-                          'encoder only')
+  hf_names.check_bert_layers(path, hf)
   try:
     return ModelConfig(**{ours: hf[theirs] for ours, theirs in _CONFIG_KEYS.items()})
   except (BertJaxError, TypeError) as e:

@@ -104,18 +104,8 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
                           f'has them together ({family.describe()}); nothing written')
   table = [e for e in family.table(cfg) if e.group == 'bert' or e.group in heads]
   shapes = family.shapes(cfg)
-  ours = {e.path for e in table}
-  unknown = sorted('/'.join(map(str, p)) for p in set(flat) - ours)
-  if unknown:
-    raise CheckpointError(f'parameters {hf_files.some(unknown)} are not part of a {cfg.num_layers}-layer '
-                          f'{family.name} ({family.describe()}); nothing written')
-  missing = sorted('/'.join(map(str, p)) for p in ours - set(flat))
-  if missing:
-    raise CheckpointError(f'params lack {hf_files.some(missing)}; nothing written')
-  for p in ours:
-    if tuple(flat[p].shape) != shapes[p]:
-      raise CheckpointError(f'parameter {"/".join(map(str, p))} has shape {tuple(flat[p].shape)} but the config '
-                            f'implies {shapes[p]}; nothing written')
+  hf_files.check_params(flat, {e.path for e in table}, shapes,
+                        f'a {cfg.num_layers}-layer {family.name} ({family.describe()})')
   tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
 
   hf_files.prepare_directory(directory, overwrite)

@@ -133,6 +133,24 @@ def some(names: list[str], limit: int = 6) -> str:
   return shown + (f' (and {len(names) - limit} more)' if len(names) > limit else '')
 
 
+def check_params(flat: dict, expected: set, shapes: dict, model: str) -> None:
+  """Refuses, before anything is written, flattened params that are not exactly the `expected` paths at `shapes`.
+
+  Args:
+    model: what the params should be, completing 'parameters ... are not part of <model>'.
+  """
+  unknown = sorted('/'.join(map(str, p)) for p in set(flat) - expected)
+  if unknown:
+    raise CheckpointError(f'parameters {some(unknown)} are not part of {model}; nothing written')
+  missing = sorted('/'.join(map(str, p)) for p in expected - set(flat))
+  if missing:
+    raise CheckpointError(f'params lack {some(missing)}; nothing written')
+  for p in expected:
+    if tuple(flat[p].shape) != shapes[p]:
+      raise CheckpointError(f'parameter {"/".join(map(str, p))} has shape {tuple(flat[p].shape)} but the config '
+                            f'implies {shapes[p]}; nothing written')
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenizerExport:
   """A tokenizer checked for export before anything is written; `write` adds its files beside the weights.

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bert_jax.errors import CheckpointError
 from bert_jax.interop.hf_files import ParamPath
 
 
@@ -94,3 +95,15 @@ def hf_shape(entry: Entry, our_shape: tuple) -> tuple:
   """The Hugging Face shape of a tensor of ours of `our_shape`."""
   # A zero-stride view: the rule's reshape/transpose yield the shape without allocating.
   return entry.rule.to_hf(np.broadcast_to(np.float32(0), our_shape)).shape
+
+
+def check_bert_layers(path: str, hf: dict[str, Any]) -> None:
+  """Refuses a BERT-layout config.json (`hf`, defaults filled in) whose layers bert_jax does not compute alike."""
+  if hf['hidden_act'] != 'gelu':
+    raise CheckpointError(f"{path}: hidden_act={hf['hidden_act']!r}, but bert_jax implements only "
+                          "BERT's exact (erf) GELU, 'gelu'; this model's outputs would not match")
+  if hf['position_embedding_type'] != 'absolute':
+    raise CheckpointError(f"{path}: position_embedding_type={hf['position_embedding_type']!r}; "
+                          "bert_jax implements only 'absolute' (learned) positions")
+  if hf.get('is_decoder'):
+    raise CheckpointError(f'{path}: is_decoder=true (causal attention); bert_jax is an encoder only')

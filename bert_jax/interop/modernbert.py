@@ -332,19 +332,9 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
   with_mlm = any(p[0] == 'mlm' for p in flat)
   table = [e for e in _name_table(cfg) if e.group == 'bert' or with_mlm]
   shapes = hf_files.param_shapes(cfg)
-  ours = {p for e in table for p in e.paths}
-  unknown = sorted('/'.join(map(str, p)) for p in set(flat) - ours)
-  if unknown:
-    raise CheckpointError(f'parameters {hf_files.some(unknown)} are not part of a {cfg.num_layers}-layer ModernBERT '
-                          "with a masked-LM head; pass {'bert': params['bert']} (plus 'mlm') to export the "
-                          'encoder; nothing written')
-  missing = sorted('/'.join(map(str, p)) for p in ours - set(flat))
-  if missing:
-    raise CheckpointError(f'params lack {hf_files.some(missing)}; nothing written')
-  for p in ours:
-    if tuple(flat[p].shape) != shapes[p]:
-      raise CheckpointError(f'parameter {"/".join(map(str, p))} has shape {tuple(flat[p].shape)} but the config '
-                            f'implies {shapes[p]}')
+  hf_files.check_params(flat, {p for e in table for p in e.paths}, shapes,
+                        f"a {cfg.num_layers}-layer ModernBERT with a masked-LM head; pass {{'bert': params['bert']}} "
+                        "(plus 'mlm') to export the encoder")
   tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
 
   hf_files.prepare_directory(directory, overwrite)
