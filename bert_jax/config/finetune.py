@@ -79,6 +79,9 @@ class FinetuneConfig(TrainingConfig):
   negative_columns: str = ''  # comma-separated hard-negative columns (JSONL/Parquet: a column may hold a list)
   beir_dir: str = _f('', free=True, path=True, evaluation=True)  # corpus.jsonl, queries.jsonl, qrels/<split>.tsv
   beir_split: str = _f('test', free=True, evaluation=True)
+  # Scored pairs (STS): also report Spearman's correlation of the embeddings' cosine with the gold scores.
+  sts_file: str = _f('', free=True, path=True, evaluation=True)
+  sts_columns: str = _f('sentence1,sentence2,score', free=True, evaluation=True)
 
   def __post_init__(self):
     super().__post_init__()

@@ -25,7 +25,7 @@ import numpy as np
 from bert_jax import distributed, sharding as shd
 from bert_jax.config import FinetuneConfig, upgrade_saved
 from bert_jax.data.tokenization import load_tokenizer
-from bert_jax.embedding import beir, pairs as pairs_lib
+from bert_jax.embedding import beir, pairs as pairs_lib, sts as sts_lib
 from bert_jax.embedding.evaluation import evaluate_retrieval
 from bert_jax.embedding.objective import BiEncoder, Contrastive, ContrastiveSpec
 from bert_jax.errors import ConfigError, DataError
@@ -99,7 +99,7 @@ class RetrievalJob:
       cfg = self.cfg
       self._check(cfg, mesh)
       tokenizer = load_tokenizer(finetuning_tokenizer_path(workdir, workdir.config()))
-      return _Inputs(cfg, None, tokenizer, [], beir.read_beir(cfg.beir_dir, cfg.beir_split))
+      return _Inputs(cfg, None, tokenizer, [], beir.read_beir(cfg.beir_dir, cfg.beir_split), _sts(cfg))
     source = describe(self.cfg.init_checkpoint, 'init_checkpoint')
     cfg = dataclasses.replace(self.cfg, model=source.model_config(self.cfg.model, self._explicit_model_fields))
     self._check(cfg, mesh)
@@ -122,7 +122,7 @@ class RetrievalJob:
     if not train:
       raise DataError(f'{cfg.train_file}: no training pairs')
     held_out = beir.read_beir(cfg.beir_dir, cfg.beir_split)
-    return _Inputs(cfg, source, tokenizer, train, held_out)
+    return _Inputs(cfg, source, tokenizer, train, held_out, _sts(cfg))
 
   @staticmethod
   def _check(cfg: FinetuneConfig, mesh) -> None:
@@ -166,13 +166,20 @@ def saved_config(cfg: FinetuneConfig) -> dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class _Inputs:
   """A retrieval run's inputs, checked: config (the starting checkpoint's architecture), checkpoint, tokenizer,
-  training pairs and the held-out BEIR set."""
+  training pairs, the held-out BEIR set and the scored pairs (STS), if any."""
 
   cfg: FinetuneConfig
   source: Any
   tokenizer: Any
   train: list[pairs_lib.Pair]
   held_out: beir.BeirSet
+  sts: sts_lib.ScoredPairs | None = None
+
+
+def _sts(cfg: FinetuneConfig) -> sts_lib.ScoredPairs | None:
+  if not cfg.sts_file:
+    return None
+  return sts_lib.read_scored_pairs(cfg.sts_file, tuple(c.strip() for c in cfg.sts_columns.split(',')))
 
 
 def _name(metric: str) -> str:
@@ -227,6 +234,7 @@ class _PreparedRun:
 
   def __init__(self, inputs: _Inputs, mesh):
     self.cfg, self.tokenizer, self.train, self.held_out = inputs.cfg, inputs.tokenizer, inputs.train, inputs.held_out
+    self.sts = inputs.sts
     negatives = f' ({len(self.train[0].negatives)} hard negatives each)' if self.train else ''
     reporting.log(f'{TASK}: {len(self.train)} training pairs{negatives}, '
                   f'eval {len(self.held_out.queries)} queries against {len(self.held_out.texts)} passages')
@@ -270,6 +278,9 @@ class _PreparedRun:
     out = {_name(k): v for k, v in scores.items() if k != 'matryoshka'}
     for d, per_dim in (scores.get('matryoshka') or {}).items():
       out.update({f'{_name(k)}_dim{d}': v for k, v in per_dim.items()})
+    if self.sts is not None:  # both sentences embedded as passages (one encoder, the passage length)
+      out['eval_sts_spearman'] = sts_lib.sts_spearman(
+          self.sts, lambda texts: self.embed(params, texts, 'passage', self.cfg.max_seq_length))
     return {**out, 'eval_wall_s': time.time() - t0}
 
   def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:

@@ -44,9 +44,10 @@ Variants:
   retrieval       an embedding model (bi-encoder, docs/embeddings.md): InfoNCE over the global batch on the pairs of
                   --config.train_file (columns query_column, positive_column, any negative_columns; CSV, TSV,
                   JSONL, Parquet), evaluated on the BEIR-layout set in --config.beir_dir (split beir_split):
-                  recall@1/@10, MRR@10, nDCG@10 (main) at the full size and each of matryoshka_dims. Mean
-                  pooling, temperature 0.05 (sentence-transformers' MultipleNegativesRankingLoss), 1 epoch x 64
-                  pairs, passages 128 tokens, queries 32, lr 2e-5
+                  recall@1/@10, MRR@10, nDCG@10 (main) at the full size and each of matryoshka_dims, and with
+                  --config.sts_file scored pairs' Spearman (eval_sts_spearman). Mean pooling, temperature 0.05
+                  (sentence-transformers' MultipleNegativesRankingLoss), 1 epoch x 64 pairs, passages 128 tokens,
+                  queries 32, lr 2e-5
   squad_v2        SQuAD v2.0 (train-v2.0.json / dev-v2.0.json in data_dir), 2 epochs, lr 5e-5, the
                   no-answer threshold tuned on dev
 

@@ -114,6 +114,16 @@ def test_evaluate_takes_another_beir_set_and_refuses_training_fields(retrieval_w
   assert (out / 'seed_0' / 'eval_step2_beir' / 'final_metrics.json').is_file()
   assert_one_line_error(run_main('evaluate.py', f'--workdir={retrieval_workdir}', '--config.pooling=cls'),
                         'unknown field pooling in --config.pooling')  # only evaluation settings may change
+  # Scored pairs (STS) beside the retrieval figures: Spearman of the cosine with the gold scores.
+  sts = tmp_path / 'sts.jsonl'
+  sts.write_text(''.join(json.dumps({'sentence1': a, 'sentence2': b, 'score': s}) + '\n' for a, b, s in (
+      ('the ship left the harbor', 'a boat sailed from the port', 4.5), ('the ship left the harbor', 'rain fell', 0.5),
+      ('bread is baked', 'the baker makes bread', 4.0), ('bread is baked', 'ships sail', 1.0))), encoding='utf-8')
+  r = run_main('evaluate.py', f'--workdir={retrieval_workdir}', f'--config.sts_file={sts}',
+               f'--output_dir={tmp_path / "with_sts"}')
+  assert r.returncode == 0, r.stderr[-3000:]
+  with_sts = json.loads(r.stdout.strip().splitlines()[-1])
+  assert -1 <= with_sts['eval_sts_spearman'] <= 1 and with_sts['eval_ndcg_at_10'] == trained['eval_ndcg_at_10']
 
 
 def test_bad_retrieval_input_is_one_error_line_and_writes_nothing(tiny_checkpoint, tmp_path):
