@@ -21,8 +21,10 @@ from bert_jax.data.records import META_FILE
 # inputs' contents, the seed and records.FORMAT_VERSION they make the cache fingerprint (keys sorted: their
 # order is no part of it).
 RECORD_FIELDS = facts(DataConfig, 'records')
-# Where versions before 2026-11-28 put caches by default: inside the checkout (relative to the working directory).
-EARLIER_DEFAULT = os.path.join('data', 'cache')
+# Where versions before 2026-11-28 put caches by default: inside the checkout, data/cache (the shipped configs named
+# the checkout's; the library's default was relative to the working directory).
+EARLIER_DEFAULTS = (os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'data',
+                                 'cache'), os.path.join('data', 'cache'))
 
 
 def cache_dirs(cache_dir: str) -> list[str]:
@@ -32,7 +34,9 @@ def cache_dirs(cache_dir: str) -> list[str]:
   if cache_dir:
     return [cache_dir]
   base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
-  return [os.path.join(base, 'bert_jax'), EARLIER_DEFAULT]
+  earlier = [d for i, d in enumerate(EARLIER_DEFAULTS) if os.path.abspath(d) not in map(os.path.abspath,
+                                                                                      EARLIER_DEFAULTS[:i])]
+  return [os.path.join(base, 'bert_jax'), *earlier]
 
 
 def holds(cache_dir: str, fingerprint: str, legacy: str) -> bool:

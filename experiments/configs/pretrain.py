@@ -93,8 +93,10 @@ def _base() -> dict:
   cfg = PretrainConfig().to_dict()
   # Documents are held out by a keyed hash of their text: 8% keeps 5 of the 122 articles at seed 0.
   # max_predictions_per_seq 0 = derived from masked_lm_prob and max_seq_length (20 at 128, 15%).
-  cfg['data'].update(train_files=os.path.join(REPO, 'data', 'wikitext-2-raw'),
-                     cache_dir=os.path.join(REPO, 'data', 'cache'), eval_fraction=0.08, max_predictions_per_seq=0)
+  # The prepared corpus goes to the user's cache directory (data.cache_dir's default: $XDG_CACHE_HOME/bert_jax), where
+  # one prepared by an earlier version in the checkout's data/cache is still found.
+  cfg['data'].update(train_files=os.path.join(REPO, 'data', 'wikitext-2-raw'), eval_fraction=0.08,
+                     max_predictions_per_seq=0)
   return cfg
 
 

@@ -10,7 +10,11 @@ from helpers import SMALL_VOCAB, small_data_config
 
 def test_the_default_is_the_user_cache_directory(monkeypatch, tmp_path):
   monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
-  assert cache_identity.cache_dirs('') == [str(tmp_path / 'xdg' / 'bert_jax'), os.path.join('data', 'cache')]
+  checkout = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'data', 'cache')
+  monkeypatch.chdir(tmp_path)  # elsewhere: the checkout's data/cache, then the working directory's
+  assert cache_identity.cache_dirs('') == [str(tmp_path / 'xdg' / 'bert_jax'), checkout, os.path.join('data', 'cache')]
+  monkeypatch.chdir(os.path.dirname(os.path.dirname(checkout)))  # in the checkout the two earlier places are one
+  assert cache_identity.cache_dirs('') == [str(tmp_path / 'xdg' / 'bert_jax'), checkout]
   monkeypatch.delenv('XDG_CACHE_HOME')
   assert cache_identity.cache_dirs('')[0] == os.path.join(os.path.expanduser('~'), '.cache', 'bert_jax')
   assert cache_identity.cache_dirs('/corpora/cache') == ['/corpora/cache']  # a given directory is the only one
