@@ -66,9 +66,9 @@ def read_pairs(path: str, columns: PairColumns = PairColumns()) -> list[Pair]:
                       '(a header line naming the query, positive and negative columns is required)')
   pairs, first = [], None
   for line, record in records:
-    query = file_tasks._text(path, line, record, columns.query)  # pylint: disable=protected-access
+    query = file_tasks.text_at(path, line, record, columns.query)
     try:
-      positive = file_tasks._text(path, line, record, columns.positive)  # pylint: disable=protected-access
+      positive = file_tasks.text_at(path, line, record, columns.positive)
     except DataError:
       raise DataError(f'{path}:{line}: the query has no positive passage: {columns.positive!r} must be a '
                       f'non-empty text, got {record.get(columns.positive)!r}') from None

@@ -35,16 +35,11 @@ def read_scored_pairs(path: str, columns: Sequence[str] = DEFAULT_COLUMNS) -> Sc
   if len(columns) != 3:
     raise DataError(f'STS columns are three (first text, second text, score), got {", ".join(columns)}')
   names, records = files.records(path)
-  missing = [c for c in columns if c not in names]
-  if missing:
-    raise DataError(f'{path}: no column {", ".join(map(repr, missing))}; the file has '
-                    f'{", ".join(map(repr, names))}')
+  for column in columns:
+    files.find_column(path, names, column, column, flags='--config.sts_columns')
   first, second, scores = [], [], []
   for line, record in records:
-    texts = [record.get(c) for c in columns[:2]]
-    for column, text in zip(columns[:2], texts):
-      if not isinstance(text, str) or not text.strip():
-        raise DataError(f'{path}:{line}: {column!r} must be a non-empty text, got {text!r}')
+    texts = [files.text_at(path, line, record, c) for c in columns[:2]]
     try:
       score = float(record.get(columns[2]))
     except (TypeError, ValueError):

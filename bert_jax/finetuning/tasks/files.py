@@ -174,7 +174,7 @@ def read_rows(path: str, columns: Columns, kind: str) -> list[Row]:
   for wanted in (columns.text_pair, columns.label):
     if wanted and wanted not in names:
       raise _missing(path, wanted, names)
-  rows = [Row(_text(path, line, r, text), _text(path, line, r, columns.text_pair) if columns.text_pair else None,
+  rows = [Row(text_at(path, line, r, text), text_at(path, line, r, columns.text_pair) if columns.text_pair else None,
               _label(path, line, r, columns.label, kind) if columns.label else None, line) for line, r in records_]
   if columns.label and kind == 'classification':
     _check_one_label_type(path, records_, columns.label)
@@ -213,7 +213,8 @@ def _value(path: str, line: int, record: dict[str, Any], column: str) -> Any:
   return record[column]
 
 
-def _text(path: str, line: int, record: dict[str, Any], column: str) -> str:
+def text_at(path: str, line: int, record: dict[str, Any], column: str) -> str:
+  """The row's non-empty text in `column`; DataError naming the file and line otherwise."""
   value = _value(path, line, record, column)
   if not isinstance(value, str) or not value.strip():
     raise DataError(f'{path}:{line}: {column!r} must be a non-empty text, got {value!r}')
