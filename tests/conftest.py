@@ -7,7 +7,16 @@ import shutil
 import tempfile
 from typing import Any
 
-os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8').strip()
+# The tests' programs are tiny and compiled once or a few times each, so compiling is most of the suite's time:
+# LLVM's optimisation passes are skipped (the CPU code runs a little slower, compiles about a third faster; the slow
+# tier of tests/train + tests/model took 250 s with them, 181 s without). The same operations in the same order (no
+# fast-math at any level). BERT_JAX_TEST_XLA_OPT=1 keeps the default optimisation (e.g. to time code in a test).
+# helpers.launch_process gives the processes it starts with their own device count the same (this variable).
+os.environ['BERT_JAX_TEST_XLA_FLAGS'] = ('' if os.environ.get('BERT_JAX_TEST_XLA_OPT') == '1' else
+                                         '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+os.environ['XLA_FLAGS'] = ' '.join(
+    f for f in (os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8',
+                os.environ['BERT_JAX_TEST_XLA_FLAGS']) if f)
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # Entry points run in subprocesses import bert_jax from this checkout, whatever `pip install -e` points at.
 os.environ['PYTHONPATH'] = os.pathsep.join(

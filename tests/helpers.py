@@ -391,7 +391,8 @@ def free_port() -> int:
 
 
 def launch_process(script, args, devices, **env):
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}', **env)
+  xla = f'--xla_force_host_platform_device_count={devices} {os.environ.get("BERT_JAX_TEST_XLA_FLAGS", "")}'.strip()
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=xla, **env)
   return subprocess.Popen([sys.executable, script, *args], cwd=REPO, env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
