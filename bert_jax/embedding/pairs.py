@@ -100,6 +100,15 @@ def _pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[np.nda
   return ids, mask
 
 
+def bucket_width(longest: int, limit: int) -> int:
+  """The width a side is padded to: its longest row rounded up to a multiple of 32 (of 64 past 128 tokens, of 128
+  past 256), at most `limit`. A run compiles its step once per width it meets (a handful: 8 up to 512 tokens), not
+  once per length, and pays for at most a step's worth of padding, not for `limit`: SQuAD's questions (about 16
+  tokens) run at 32, not at a max_query_length of 128."""
+  step = 32 if longest <= 128 else 64 if longest <= 256 else 128
+  return max(1, min(limit, -(-longest // step) * step))
+
+
 def make_batch(tokenizer, pairs: Sequence[Pair], ids: tuple[np.ndarray, np.ndarray], rows: Sequence[int], *,
                max_query_length: int, max_passage_length: int, batch_size: int | None = None) -> dict[str, np.ndarray]:
   """The `Contrastive` objective's batch of `pairs[rows]`, padded to the longest text per side (and to `batch_size`

@@ -9,8 +9,9 @@ seeds, as every fine-tuning run; config.json records the pooling (its 'task' ent
 are reproducible.
 
 Batches: step s's pairs are `finetuning.batching.batch_indices(…, s)` (a fresh permutation every epoch), so the
-data position is the step and a resumed run continues exactly. Each side is padded to a fixed width (queries to
-max_query_length, passages and negatives to max_seq_length): one compilation of the train step per run.
+data position is the step and a resumed run continues exactly. Each side is padded to `pairs.bucket_width` of its
+longest text (at most max_query_length for queries, max_seq_length for passages and negatives): the train step
+compiles once per width met, and short queries are not padded to a long max_query_length.
 """
 
 from __future__ import annotations
@@ -187,14 +188,15 @@ def _name(metric: str) -> str:
   return 'eval_' + metric.replace('@', '_at_')
 
 
-def _pad_to(batch: dict[str, np.ndarray], widths: dict[str, int], pad_id: int) -> dict[str, np.ndarray]:
-  """Each side's token arrays padded (ids with `pad_id`, masks with 0) to its fixed width."""
+def _pad_to(batch: dict[str, np.ndarray], limits: dict[str, int], pad_id: int) -> dict[str, np.ndarray]:
+  """Each side's token arrays padded (ids with `pad_id`, masks with 0) to `pairs.bucket_width` of their width."""
   out = dict(batch)
-  for side, width in widths.items():
+  for side, limit in limits.items():
     for name, fill in (('input_ids', pad_id), ('attention_mask', 0)):
       key = f'{side}_{name}'
       if key in out:
         a = out[key]
+        width = pairs_lib.bucket_width(a.shape[-1], limit)
         out[key] = np.concatenate([a, np.full(a.shape[:-1] + (width - a.shape[-1],), fill, a.dtype)], axis=-1)
   return out
 
@@ -206,7 +208,7 @@ class RetrievalBatches:
                block: tuple[int, int]):
     self.train, self.tokenizer, self.cfg, self.seed, self.block = train, tokenizer, cfg, seed, block
     self.ids = pairs_lib.passage_ids(train)
-    self.widths = {'query': cfg.max_query_length, 'passage': cfg.max_seq_length, 'negative': cfg.max_seq_length}
+    self.limits = {'query': cfg.max_query_length, 'passage': cfg.max_seq_length, 'negative': cfg.max_seq_length}
     self.position = start
     self.last_sizes: dict[str, int] | None = None
 
@@ -218,7 +220,7 @@ class RetrievalBatches:
     host = pairs_lib.make_batch(self.tokenizer, self.train, self.ids, [int(i) for i in chosen],
                                 max_query_length=cfg.max_query_length, max_passage_length=cfg.max_seq_length,
                                 batch_size=cfg.batch_size)
-    host = _pad_to(host, self.widths, self.tokenizer.pad_id)
+    host = _pad_to(host, self.limits, self.tokenizer.pad_id)
     masks = [v for k, v in host.items() if k.endswith('_attention_mask')]
     self.last_sizes = {'rows': cfg.batch_size, 'examples': len(chosen),
                        'row_tokens': int(sum(m.size for m in masks)),
@@ -250,13 +252,15 @@ class _PreparedRun:
                   f'{cfg.batch_size} pairs ({cfg.optim.grad_accum_steps} micro-batches), {len(self.train)} pairs')
     return RetrievalBatches(self.train, self.tokenizer, cfg, seed=seed, start=position, block=self.block)
 
-  def embed(self, params, texts: Sequence[str], side: str, width: int) -> np.ndarray:
-    """Normalised embeddings [n, D] of `texts` (as queries or passages), eval_batch_size at a time."""
+  def embed(self, params, texts: Sequence[str], side: str, limit: int) -> np.ndarray:
+    """Normalised embeddings [n, D] of `texts` (as queries or passages, cut at `limit` tokens), eval_batch_size at
+    a time, each chunk padded to `pairs.bucket_width` of its longest text."""
     size, out = self.cfg.eval_batch_size, []
     for i in range(0, len(texts), size):
       chunk = list(texts[i:i + size])
-      rows = [self.tokenizer.encode_inputs(t, None, max_length=width)[0] for t in chunk]
+      rows = [self.tokenizer.encode_inputs(t, None, max_length=limit)[0] for t in chunk]
       rows += [[self.tokenizer.pad_id]] * (size - len(chunk))
+      width = pairs_lib.bucket_width(max(map(len, rows)), limit)
       ids, mask = pairs_lib._pad(rows, width, self.tokenizer.pad_id)  # pylint: disable=protected-access
       host = {f'{side}_input_ids': ids, f'{side}_attention_mask': mask}
       batch = self.model.global_batch(batching.process_block(host, *self.block))

@@ -52,6 +52,18 @@ def test_the_batch_pads_rows_and_sides(tmp_path):
   np.testing.assert_array_equal(batch['query_attention_mask'][:, 0], 1)  # padding rows keep one real position
 
 
+@pytest.mark.parametrize('longest, limit, width', [
+    (1, 128, 32), (16, 128, 32), (32, 128, 32), (33, 128, 64), (100, 128, 128), (129, 512, 192), (257, 512, 384),
+    (500, 512, 512), (20, 8, 8), (200, 150, 150)])
+def test_a_side_is_padded_to_its_bucket_not_to_its_limit(longest, limit, width):
+  assert pairs.bucket_width(longest, limit) == width
+
+
+def test_widths_over_any_lengths_are_few():
+  # The train step compiles once per width: lengths 1..512 meet 8 widths.
+  assert sorted({pairs.bucket_width(n, 512) for n in range(1, 513)}) == [32, 64, 96, 128, 192, 256, 384, 512]
+
+
 @pytest.mark.parametrize('name, text, columns, message', [
     ('empty.tsv', '', pairs.PairColumns(), r'empty.tsv is empty'),
     ('header.tsv', 'query\tpositive\n', pairs.PairColumns(), r'has a header but no data rows'),

@@ -33,6 +33,19 @@ def _params(cfg, seed_dir):
   return [np.asarray(x) for x in jax.device_get(jax.tree.leaves(params))]
 
 
+def test_batches_pad_each_side_to_its_bucket_not_to_its_limit(wordpiece):
+  import types  # pylint: disable=g-import-not-at-top
+  from bert_jax.embedding import pairs as pairs_lib  # pylint: disable=g-import-not-at-top
+  train = [pairs_lib.Pair(f'who wrote book {i}?', 'A passage about a book. ' * (3 + 35 * (i == 5)), (), i)
+           for i in range(8)]
+  cfg = types.SimpleNamespace(batch_size=4, shuffle=False, max_query_length=128, max_seq_length=512)
+  batches = retrieval.RetrievalBatches(train, wordpiece, cfg, seed=0, start=0, block=(0, 1))
+  first, second = next(batches), next(batches)  # rows 0-3, then 4-7 (row 5: a passage of about 230 tokens)
+  assert first['query_input_ids'].shape == (4, 32) and first['passage_input_ids'].shape == (4, 32)
+  assert second['passage_input_ids'].shape == (4, 256)
+  assert second['passage_attention_mask'].sum(1).max() < 256 and first['query_attention_mask'][:, -1].sum() == 0
+
+
 @pytest.mark.slow
 def test_retrieval_trains_evaluates_and_resumes_bit_identically(tiny_checkpoint, tmp_path, monkeypatch):
   pairs, beir = _write_data(tmp_path)
