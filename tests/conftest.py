@@ -70,8 +70,8 @@ def small_corpus(tmp_path):
 
 
 # --- Shared read-only runs ---------------------------------------------------------------------------------------
-# A tiny Hugging Face checkpoint, a tiny pretraining run and a tiny fine-tuning run, each built once per test process
-# (once per xdist worker) and shared by every module whose checks hold for any such run: building them per module
+# A tiny Hugging Face checkpoint, a tiny pretraining run, a tiny fine-tuning run and a tiny retrieval run, each built
+# once per test run (by the first xdist worker to ask: `_built_once`) and shared by every module whose checks hold for any such run: building them per module
 # was minutes of the suite. They are READ-ONLY: a test that writes into one (resumes it, damages a checkpoint,
 # evaluates with outputs inside) first copies it, e.g. `shutil.copytree(pretrained_run.workdir, tmp_path / 'run')`.
 # Each file's digest is taken when it is built and compared at the end of the session: a write into one fails the
@@ -96,6 +96,25 @@ def _assert_unchanged(name, root, digests):
                        f'{", ".join(changed[:10])}): it is shared read-only; copy it to tmp_path before changing it')
 
 
+def _built_once(tmp_path_factory, name: str, build) -> str:
+  """A directory that `build(directory)` fills, built once per test run: the xdist workers share their basetemp's
+  parent, the first to ask builds there under a lock and the others wait for it and read (each worker building its
+  own was a minute of the suite; a waiting worker leaves the core to the builder). Its digests are taken once built."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    root = root.parent
+  directory, done = root / f'shared_{name}', root / f'shared_{name}.done'
+  with open(root / f'shared_{name}.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      shutil.rmtree(directory, ignore_errors=True)
+      directory.mkdir()
+      build(directory)
+      done.touch()
+  return directory
+
+
 @pytest.fixture(scope='session')
 def tiny_checkpoint(tmp_path_factory):
   """A 2-layer, hidden-32 BERT with MiniLM's WordPiece vocabulary, saved as a Hugging Face directory. Shared
@@ -111,8 +130,8 @@ def tiny_checkpoint(tmp_path_factory):
   cfg = preset('tiny', vocab_size=30522, hidden_size=32, num_heads=2, intermediate_size=64)
   model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
   params = jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-  directory = str(tmp_path_factory.mktemp('tiny') / 'hf')
-  hf.save_hf_checkpoint(directory, cfg, {'bert': params['bert']}, WordPieceTokenizer.from_directory(vocab))
+  directory = str(_built_once(tmp_path_factory, 'tiny_checkpoint', lambda d: hf.save_hf_checkpoint(
+      str(d / 'hf'), cfg, {'bert': params['bert']}, WordPieceTokenizer.from_directory(vocab))) / 'hf')
   digests = _file_digests(directory)
   yield directory
   _assert_unchanged('tiny_checkpoint', directory, digests)
@@ -132,11 +151,16 @@ def pretrained_run(tmp_path_factory):
   evaluation only), as the main job leaves one (SentencePiece tokenizer). Shared read-only (above): its workdir,
   corpus and cache."""
   from bert_jax.pretraining import run as pretraining  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.mktemp('pretrained_run')
-  corpus = write_small_corpus(root)
+
+  def build(root):
+    corpus = write_small_corpus(root)
+    pretraining.train_and_evaluate(tiny_pretrain_config(corpus, str(root / 'cache'), num_train_steps=4,
+                                                        eval_every=100), str(root / 'run'))
+
+  root = _built_once(tmp_path_factory, 'pretrained_run', build)
+  corpus = str(root / 'corpus.txt')
   cfg = tiny_pretrain_config(corpus, str(root / 'cache'), num_train_steps=4, eval_every=100)
   run = PretrainedRun(cfg, str(root / 'run'), corpus, str(root / 'cache'))
-  pretraining.train_and_evaluate(cfg, run.workdir)
   digests = _file_digests(root)
   yield run
   _assert_unchanged('pretrained_run', root, digests)
@@ -149,8 +173,8 @@ def finetuned_workdir(tiny_checkpoint, tmp_path_factory):
   from bert_jax.finetuning import run as finetuning  # pylint: disable=g-import-not-at-top
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
                         max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32)
-  workdir = str(tmp_path_factory.mktemp('finetuned') / 'sst2')
-  finetuning.finetune(cfg, workdir)
+  workdir = str(_built_once(tmp_path_factory, 'finetuned_workdir',
+                            lambda d: finetuning.finetune(cfg, str(d / 'sst2'))) / 'sst2')
   digests = _file_digests(workdir)
   yield workdir
   _assert_unchanged('finetuned_workdir', workdir, digests)
@@ -162,11 +186,13 @@ def retrieval_workdir(tiny_checkpoint, tmp_path_factory):
   Matryoshka sizes 32,16, learned temperature, evaluated on a BEIR set of 4 queries against 8 passages
   (helpers.write_retrieval_data, in its `data` directory beside it). Shared read-only (above)."""
   from bert_jax.embedding import run as retrieval  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.mktemp('retrieval')
-  (root / 'data').mkdir()
-  pairs, beir = write_retrieval_data(root / 'data')
-  workdir = str(root / 'run')
-  retrieval.train_retrieval(retrieval_config(tiny_checkpoint, pairs, beir, num_train_steps=2), workdir)
+
+  def build(root):
+    (root / 'data').mkdir()
+    pairs, beir = write_retrieval_data(root / 'data')
+    retrieval.train_retrieval(retrieval_config(tiny_checkpoint, pairs, beir, num_train_steps=2), str(root / 'run'))
+
+  workdir = str(_built_once(tmp_path_factory, 'retrieval_workdir', build) / 'run')
   digests = _file_digests(workdir)
   yield workdir
   _assert_unchanged('retrieval_workdir', workdir, digests)
