@@ -6,8 +6,10 @@
 
 PATH is a bert_jax pretraining workdir or a Hugging Face BertForMaskedLM / BertForPreTraining
 directory (a fine-tuning workdir has no masked-LM head: use predict.py). With --text: one line per
-[MASK] (token and probability), then one JSON line. With --input (one text per line, blank lines
-skipped), texts are batched in one process and each gives one JSON line, on stdout or in --output.
+[MASK] (the predicted token as text, and its probability), then one JSON line. With --input (one text per line,
+blank lines skipped), texts are batched in one process and each gives one JSON line, on stdout or in --output.
+Each prediction in the JSON: `token` (the vocabulary's piece, e.g. 'Ġparis' of a byte-level BPE), `token_str` (that
+piece decoded as transformers' fill-mask pipeline gives it, ' paris') and `probability`.
 """
 
 import json
@@ -50,17 +52,25 @@ def _texts() -> list[str]:
   return texts
 
 
+def _token_str(tokenizer, token: str) -> str:
+  """`token` decoded alone, as transformers' fill-mask pipeline shows it (byte-level BPE's 'Ġparis' -> ' paris',
+  SentencePiece's '▁paris' -> 'paris', WordPiece's '##s' stays); a special token, which decodes to '', stays
+  itself."""
+  return tokenizer.decode([tokenizer.token_to_id(token)]) or token
+
+
 def main(_):
   reporting.log_to(sys.stderr)  # stdout carries the results
   texts = _texts()  # bad input fails before the (slow) checkpoint load
   model = pretrained.load_pretrained(_CHECKPOINT.value)
   predictions = inference.fill_masks(model, texts, top_k=_TOP_K.value, batch_size=_BATCH_SIZE.value)
-  lines = [json.dumps({'text': text, 'predictions': [[{'token': t, 'probability': p} for t, p in top]
-                                                     for top in masks]}, ensure_ascii=False)
+  shown = {t: _token_str(model.tokenizer, t) for masks in predictions for top in masks for t, _ in top}
+  lines = [json.dumps({'text': text, 'predictions': [[{'token': t, 'token_str': shown[t], 'probability': p}
+                                                      for t, p in top] for top in masks]}, ensure_ascii=False)
            for text, masks in zip(texts, predictions)]
   if _TEXT.value is not None:
     for i, top in enumerate(predictions[0], 1):
-      print(f'[MASK] {i}: ' + ' | '.join(f'{token} {p:.4f}' for token, p in top), flush=True)
+      print(f'[MASK] {i}: ' + ' | '.join(f'{shown[t].strip() or t} {p:.4f}' for t, p in top), flush=True)
   if _OUTPUT.value:
     files.write_text_atomic(_OUTPUT.value, '\n'.join(lines) + '\n')
     print(json.dumps({'output': _OUTPUT.value, 'texts': len(texts)}), flush=True)

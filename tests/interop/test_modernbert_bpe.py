@@ -121,7 +121,9 @@ def test_continued_pretraining_exports_back_to_modernbert(modernbert, tmp_path):
   assert len(pipeline) == len(answers) == 2
   for their_top, our_top in zip(pipeline, answers):
     assert [t['token'] for t in their_top] == [ours.tokenizer.token_to_id(a['token']) for a in our_top]
+    assert [t['token_str'] for t in their_top] == [a['token_str'] for a in our_top]  # ' the', not 'Ġthe'
     assert np.abs(np.array([t['score'] for t in their_top]) - [a['probability'] for a in our_top]).max() <= 1e-5
+  assert any(a['token'].startswith('Ġ') for top in answers for a in top)  # (so the decoding above is tested)
 
 
 def test_fine_tunes_on_sst2_and_predicts(modernbert, tmp_path):
