@@ -1,5 +1,5 @@
 """Process-0 metric writers: a progress line on stdout, JSONL and TensorBoard event files, and
-the curves picture redrawn from those files; results tables as markdown and CSV files.
+the curves picture redrawn from those files.
 
 TensorBoard events are written with the `tensorboard` package's own event writer, so no
 TensorFlow is needed. On processes other than 0 every writer is a no-op.
@@ -7,8 +7,6 @@ TensorFlow is needed. On processes other than 0 every writer is a no-op.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -37,27 +35,6 @@ def format_metrics(values: dict[str, Any]) -> str:
       v = f'{v:.3e}' if k in ('learning_rate',) or (v != 0 and abs(v) < 1e-3) else f'{v:.4f}'
     parts.append(f'{k} {v}')
   return ' | '.join(parts)
-
-
-def markdown_table(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
-  """A markdown table (floats to 6 significant digits, a '|' in a value escaped)."""
-  def line(row):
-    return '| ' + ' | '.join((f'{v:.6g}' if isinstance(v, float) else str(v)).replace('|', '\\|') for v in row) + ' |'
-  return '\n'.join([line(header), '|' + '|'.join('---' for _ in header) + '|', *map(line, rows)]) + '\n'
-
-
-def csv_text(rows: Sequence[Sequence[Any]]) -> str:
-  """CSV text of `rows` (the header first)."""
-  buffer = io.StringIO(newline='')
-  csv.writer(buffer).writerows(rows)
-  return buffer.getvalue()
-
-
-def write_table(base: str, markdown: str, text: str) -> tuple[str, str]:
-  """Writes BASE.csv (`text`) and BASE.md (`markdown`), each atomically; returns their paths, (csv, md)."""
-  files.write_text_atomic(base + '.csv', text)
-  files.write_text_atomic(base + '.md', markdown)
-  return base + '.csv', base + '.md'
 
 
 class MetricWriter:

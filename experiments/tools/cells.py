@@ -98,10 +98,10 @@ def state(cell: Cell) -> tuple[str, str]:
 
 def check(cells: Sequence[Cell], root: str | None = None) -> None:
   """ConfigError naming the first stale cell (by its workdir under `root`, else its name), why, and the ways out."""
-  stale = [(cell, why) for cell in cells for kind, why in [state(cell)] if kind == STALE]
+  stale = [(cell, why) for cell, (kind, why) in zip(cells, map(state, cells)) if kind == STALE]
   if stale:
-    (cell, why), same = stale[0], [c for c, w in stale[1:] if w.startswith('finished with another command')]
-    more = f' (and {len(same)} more)' if same and why.startswith('finished with another command') else ''
+    (cell, why), changed = stale[0], [c for c, w in stale[1:] if w.startswith('finished with another command')]
+    more = f' (and {len(changed)} more)' if changed and why.startswith('finished with another command') else ''
     raise ConfigError(f'{os.path.relpath(cell.workdir, root) if root else cell.name}{more} {why}')
 
 
@@ -126,17 +126,17 @@ def _record(cell: Cell) -> None:
     pass
 
 
-def run(groups: Groups, directory: str, launcher: dict[str, Any], dry_run: bool,
+def run(groups: Groups, directory: str, launcher: dict[str, Any],
         tabulate: Callable[[bool], tuple[list[str], list[str], Exception | None]], noun: str = 'cells',
         root: str | None = None, kept: str = '') -> None:
-  """The flow of sweep.py and ladder.py: refuse stale cells (named by workdir under `root`); print the pending
-  commands (`dry_run`), or run them here, or write job arrays under `directory`/slurm (`launcher`: the values of
-  cli.define_launcher_flags), or gather; then `tabulate(gather)` writes the tables and returns (their paths, markdown
+  """The flow of sweep.py and ladder.py (`launcher`: the values of cli.define_launcher_flags): refuse stale cells
+  (named by workdir under `root`); print the pending commands (--dry_run), or run them here, or write job arrays
+  under `directory`/slurm, or gather; then `tabulate(gather)` writes the tables and returns (their paths, markdown
   first; the cells without results; an error to raise once they are printed). A ladder's `kept`: `directory` must be
   writable before any cell starts. BertJaxError at the end when a cell failed."""
   cells = [cell for _, group in groups for cell in group]
   check(cells, root)
-  if dry_run:
+  if launcher['dry_run']:
     pending = [cell for cell in cells if state(cell)[0] == PENDING]
     if len(pending) < len(cells):
       print(f'# {len(cells) - len(pending)} of {len(cells)} {noun} already done, not listed', file=sys.stderr)

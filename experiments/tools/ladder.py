@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from bert_jax.config import RENAMED, FinetuneConfig, PretrainConfig
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.runs import reporting
+from bert_jax.runs import tables
 
 from tools import cells, config_help, sweep
 
@@ -215,13 +215,9 @@ def _at_majority(summarized: dict | None, majority: float | None) -> bool:
   return bool(summarized) and majority is not None and summarized['max'] <= majority + 1e-9
 
 
-def _majority(rows, task) -> float | None:
-  return next((r['tasks'][task.name]['majority'] for r in rows if r['tasks'][task.name]['majority'] is not None),
-              None)
-
-
-def _metric(rows, task, default):
-  return next((r['tasks'][task.name]['metric'] for r in rows if r['tasks'][task.name]['metric']), default)
+def _task(rows, task, key: str, default=None):
+  """A task's `key` ('metric', 'majority') as the first rung that has one gives it."""
+  return next((r['tasks'][task.name][key] for r in rows if r['tasks'][task.name][key] is not None), default)
 
 
 def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
@@ -229,8 +225,8 @@ def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
   first = rows[0] if rows else None
   header, csv_header = ['rung', 'held-out MLM acc (baseline)'], ['rung', 'mlm_accuracy', 'mlm_baseline_accuracy']
   for task in ladder.tasks:
-    majority = _majority(rows, task)
-    header += [f'{task.name} {_metric(rows, task, "main metric")}: median [min, max] (seeds)'
+    majority = _task(rows, task, 'majority')
+    header += [f'{task.name} {_task(rows, task, "metric", "main metric")}: median [min, max] (seeds)'
                + (f'; majority class {majority:.4f}' if majority is not None else ''),
                f'{task.name} vs {first["rung"]}']
     csv_header += [f'{task.name}_{k}' for k in ('metric', 'median', 'min', 'max', 'seeds', 'majority', 'delta',
@@ -241,7 +237,7 @@ def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
     shown = '—' if acc is None else f'{acc:.4f}' + (f' ({base:.4f})' if base is not None else '')
     cells_md, cells_csv = [row['rung'], shown], [row['rung'], acc, base]
     for task in ladder.tasks:
-      t, majority = row['tasks'][task.name], _majority(rows, task)
+      t, majority = row['tasks'][task.name], _task(rows, task, 'majority')
       s = summary(t['values'])
       if i:
         delta, note = compare(s, summary(first['tasks'][task.name]['values']), majority)
@@ -254,7 +250,7 @@ def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
                     delta, note]
     md.append(cells_md + [f'{row["wall_s"] / 60:.1f} min', ', '.join(row['missing']) or '—'])
     out.append(['' if c is None else c for c in cells_csv + [round(row['wall_s'], 1), ' '.join(row['missing'])]])
-  return reporting.markdown_table(header + ['wall', 'cells without results'], md), reporting.csv_text(out)
+  return tables.markdown(header + ['wall', 'cells without results'], md), tables.csv_text(out)
 
 
 def tabulate(ladder: Ladder, pretrain: Sequence[cells.Cell], finetune: Sequence[cells.Cell],
@@ -263,9 +259,9 @@ def tabulate(ladder: Ladder, pretrain: Sequence[cells.Cell], finetune: Sequence[
   results."""
   rows = results(ladder, pretrain, finetune)
   base = os.path.join(directory, 'ladder_results')
-  reporting.write_table(base, *table(ladder, rows))
+  tables.write(base, *table(ladder, rows))
   panels = [('held-out MLM accuracy', [[r['mlm_accuracy'] or 0.0] for r in rows])]
-  panels += [(f'{task.name} {_metric(rows, task, "")}'.strip(),
+  panels += [(f'{task.name} {_task(rows, task, "metric", "")}'.strip(),
               [[v for v in r['tasks'][task.name]['values'] if v is not None] for r in rows]) for task in ladder.tasks]
   try:
     from bert_jax.runs import curves  # pylint: disable=g-import-not-at-top  # matplotlib: only to draw

@@ -14,7 +14,7 @@ import shlex
 from typing import Any, Sequence
 
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.runs import reporting
+from bert_jax.runs import tables
 from bert_jax.runs.workdir import FINAL_METRICS_FILE, Workdir
 
 from tools import cells
@@ -180,8 +180,8 @@ def write_tables(rows: Sequence[dict[str, Any]], output_dir: str, metric: str | 
   header = ['name', *keys, *metric_names, 'status', 'best']
   table = [[r['name'], *(r['values'].get(k, '') for k in keys), *(r['metrics'].get(m, '') for m in metric_names),
             r['status'], '*' if i == best else ''] for i, r in enumerate(rows)]
-  return reporting.write_table(os.path.join(output_dir, 'sweep_results'), reporting.markdown_table(header, table),
-                               reporting.csv_text([header, *table]))
+  return tables.write(os.path.join(output_dir, 'sweep_results'), tables.markdown(header, table),
+                      tables.csv_text([header, *table]))
 
 
 def tabulate(runs: Sequence[cells.Cell], output_dir: str, metric: str | None, mode: str,
