@@ -69,9 +69,9 @@ def _changed(cell: Cell) -> str | None:
   except (OSError, ValueError, KeyError, TypeError):
     return None
   now = _comparable(cell.argv)
-  gone, new = [a for a in before if a not in now], [a for a in now if a not in before]
   if before == now:
     return None
+  gone, new = [a for a in before if a not in now], [a for a in now if a not in before]
   return (f'then {shlex.join(gone) or "nothing else"}, now {shlex.join(new) or "nothing else"}' if gone or new
           else 'the order of its arguments')
 
