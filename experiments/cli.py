@@ -282,10 +282,11 @@ def _initialize_distributed() -> None:
                          mode=_DISTRIBUTED.value)
 
 
-def define_launcher_flags():
-  """--launcher, --gather and the SLURM flags of the scripts that run many cells (sweep.py, ladder.py); --help
-  lists them as the script's own."""
+def define_launcher_flags(noun: str = 'cell'):
+  """--launcher, --gather, --dry_run and the SLURM flags of the scripts that run many cells (sweep.py, ladder.py;
+  `noun`: what their help calls a cell); --help lists them as the script's own."""
   defined = dict(
+      dry_run=flags.DEFINE_bool('dry_run', False, f'Print one shell-quoted command per pending {noun}; run nothing.'),
       launcher=flags.DEFINE_enum('launcher', 'local', ('local', 'slurm'), 'local: run the cells here, one after '
                                  'another; slurm: write job arrays (one cell per array task) and submit them.'),
       gather=flags.DEFINE_bool('gather', False, 'Run nothing: build the results from what the cells left (after '

@@ -29,7 +29,6 @@ from tools import cells, ladder
 _CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'ladder.py'),
                             'Ladder config file, optionally with :VARIANT (tiny, cpu, accelerator).')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Where every cell\'s workdir and the results go.')
-_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print one shell-quoted command per pending cell; run nothing.')
 _LAUNCH = cli.define_launcher_flags()
 
 
@@ -40,8 +39,8 @@ def main(_):
   directory = os.path.realpath(_WORKDIR.value)  # cells' commands name it: the same through any symbolic link
   pretrain, finetune = ladder.plan(spec, directory)
   cells.run([('ladder_pretrain', pretrain), ('ladder_finetune', finetune)], directory,
-            {k: v.value for k, v in _LAUNCH.items()}, _DRY_RUN.value,
-            lambda _: ladder.tabulate(spec, pretrain, finetune, directory), root=directory, kept=ladder.KEPT)
+            {k: v.value for k, v in _LAUNCH.items()}, lambda _: ladder.tabulate(spec, pretrain, finetune, directory),
+            root=directory, kept=ladder.KEPT)
 
 
 if __name__ == '__main__':

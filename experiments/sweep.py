@@ -31,13 +31,12 @@ from tools import cells, sweep
 
 _GRID = flags.DEFINE_string('grid', None, 'key=v1,v2,... entries as shell words (quote a value with spaces), '
                             'e.g. "config.optim.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3".')
-_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print one shell-quoted command per pending run; run nothing.')
 _OUTPUT_DIR = flags.DEFINE_string('output_dir', None, 'Where sweep_results.{csv,md} go; default: the common '
                                   'parent directory of the run workdirs.')
 _METRIC = flags.DEFINE_string('metric', None, 'Metric that marks the best run; default: the runs\' '
                               'main_metric.')
 _MODE = flags.DEFINE_string('mode', 'max', 'max or min: whether a larger or smaller --metric is better.')
-_LAUNCH = cli.define_launcher_flags()
+_LAUNCH = cli.define_launcher_flags('run')
 _COMMAND: list[str] = []  # the argv after '--', split off before absl parses the flags
 
 
@@ -50,7 +49,7 @@ def main(argv):
     raise ConfigError(f'--mode must be max or min, not {_MODE.value!r}')
   runs = sweep.plan(sweep.parse_grid(_GRID.value), _COMMAND)
   output_dir = _OUTPUT_DIR.value or sweep.default_output_dir(runs)
-  cells.run([('sweep', runs)], output_dir, {k: v.value for k, v in _LAUNCH.items()}, _DRY_RUN.value,
+  cells.run([('sweep', runs)], output_dir, {k: v.value for k, v in _LAUNCH.items()},
             lambda gather: sweep.tabulate(runs, output_dir, _METRIC.value, _MODE.value, gather), noun='runs')
 
 

@@ -19,7 +19,7 @@ DOCS = [os.path.join(REPO, 'README.md'), *sorted(glob.glob(os.path.join(REPO, 'd
 ENTRY_POINTS = sorted(p for p in glob.glob(os.path.join(REPO, 'experiments', '*.py')) if not p.endswith('cli.py'))
 _CLI_FLAGS = ('distributed', 'coordinator_address', 'num_processes', 'process_id', 'local_device_ids')
 # cli.define_launcher_flags(): the scripts that call it (sweep.py, ladder.py) take these too.
-_LAUNCHER_FLAGS = ('launcher', 'gather', 'slurm_template', 'slurm_sbatch', 'slurm_submit', 'noslurm_submit')
+_LAUNCHER_FLAGS = ('launcher', 'gather', 'dry_run', 'slurm_template', 'slurm_sbatch', 'slurm_submit', 'noslurm_submit')
 
 
 def _read(path):

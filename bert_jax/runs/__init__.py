@@ -4,5 +4,6 @@
                tokenizer files, final_metrics.json), what kind of directory a path is, the lock
   checkpoints  the one Orbax manager (fallback past unusable checkpoints, params-only restores, the best kept)
   reporting    the library's one log channel (process 0), JSONL and TensorBoard writers, progress
-  curves       curves.png of a run, and the plot of a workdir's evaluated checkpoints
+  tables       results tables of several runs (a sweep's, a ladder's) as markdown and CSV
+  curves       curves.png of a run, the plot of a workdir's evaluated checkpoints, values per group (seeds)
 """

@@ -218,3 +218,22 @@ def plot_eval_steps(results: Sequence[dict[str, Any]], path: str, title: str) ->
     _draw(ax, runs, keys, panel_title, held_out_lines=True)
     ax.set_xlabel('step', fontsize=9)
   return save_png(fig, path)
+
+
+def plot_groups(labels: Sequence[str], panels: Sequence[tuple[str, Sequence[Sequence[float]]]], path: str) -> str:
+  """Side by side, one panel per (title, values per label): a bar per label where each has one value at most, else
+  each label's values (e.g. its seeds') as dots and their median as a bar; written atomically to `path`."""
+  fig = Figure(figsize=(3.2 * len(panels), 3.2), dpi=110, layout='tight')
+  for ax, (title, groups) in zip(fig.subplots(1, len(panels), squeeze=False)[0], panels):
+    if all(len(values) <= 1 for values in groups):
+      ax.bar(range(len(labels)), [values[0] if values else 0.0 for values in groups], color='#8899aa')
+    else:
+      for x, values in enumerate(groups):
+        if values:
+          ax.scatter([x] * len(values), values, s=14, color='#335577', zorder=3)
+          ax.hlines(float(np.median(values)), x - 0.3, x + 0.3, color='#cc5533')
+    ax.set_title(title, fontsize=9)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=45, ha='right', fontsize=8)
+    ax.tick_params(axis='y', labelsize=8)
+  return save_png(fig, path)

@@ -3,17 +3,14 @@
 A cell is done when its workdir holds final metrics (`Workdir.finished`, the runs' last write). The command it is
 launched with is recorded beside its workdir (.NAME.command.json; never in it: an entry point sees its workdir as the
 cell left it, and a bad cell leaves no directory behind). `state` says pending, done or stale (done, but by another
-command than today's, or before the cell it needs last finished: a ladder's rung pretrained again). `run`, the flow of
-experiments/sweep.py and ladder.py, goes by it: here (`execute`), as SLURM job arrays whose tasks call `python3
-experiments/tools/cells.py run-task CELL` (`run_task`), and in a gather. This module reads no flags and imports
-nothing of experiments/: an array task runs it as a script.
+command than today's, or before the cell it needs last finished: a ladder's rung pretrained again); the local runner
+(`execute`), the SLURM array tasks (`python3 experiments/tools/cells.py run-task CELL`: `run_task`) and a gather all
+go by it. This module reads no flags and imports nothing of experiments/: an array task runs it as a script.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import os
 import re
@@ -52,10 +49,6 @@ class Cell:
     path = os.path.abspath(self.workdir)
     return os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.command.json')
 
-  def results(self) -> dict | None:
-    """Its final metrics (None before it finished); CheckpointError when unreadable."""
-    return Workdir(self.workdir).results()
-
 
 def _comparable(argv: Sequence[str]) -> list[str]:
   """A command as compared across invocations: which Python runs it, and where this checkout is, do not matter."""
@@ -67,79 +60,84 @@ def _comparable(argv: Sequence[str]) -> list[str]:
   return argv
 
 
-def record_command(cell: Cell) -> None:
-  """Records the command a cell is launched with; a place that cannot be written is left to the command to report."""
-  try:
-    os.makedirs(os.path.dirname(cell.record), exist_ok=True)
-    files.write_text_atomic(cell.record, json.dumps({'argv': _comparable(cell.argv)}))
-  except OSError:
-    pass
-
-
-def changed(cell: Cell) -> str | None:
-  """How a finished cell's recorded command differs from today's; None when it does not, or none is recorded."""
+def _changed(cell: Cell) -> str | None:
+  """How the recorded command of a cell differs from today's; None when it does not, or none is recorded (a cell
+  finished before commands were recorded is reused as it is)."""
   try:
     with open(cell.record, encoding='utf-8') as f:
       before = json.load(f)['argv']
   except (OSError, ValueError, KeyError, TypeError):
     return None
   now = _comparable(cell.argv)
-  if before == now or Workdir(cell.workdir).finished() is None:
+  if before == now:
     return None
   gone, new = [a for a in before if a not in now], [a for a in now if a not in before]
   return (f'then {shlex.join(gone) or "nothing else"}, now {shlex.join(new) or "nothing else"}' if gone or new
           else 'the order of its arguments')
 
 
-def outdated(cell: Cell) -> str | None:
-  """Why a finished cell predates what the cell it needs has now (that one unfinished, or finished after it)."""
+def state(cell: Cell) -> tuple[str, str]:
+  """(PENDING, ''), (DONE, '') or (STALE, why): finished, but by another command than today's or before the cell it
+  needs last finished. A stale cell is never reused: its results would be tabulated for a command that never ran."""
   finished = Workdir(cell.workdir).finished()
-  if not cell.after or finished is None:
-    return None
-  needed = Workdir(cell.after).finished()
-  if needed is None:
-    return f'{cell.after} has no {FINAL_METRICS_FILE} now'
-  return f'{cell.after} finished after it' if needed > finished else None
-
-
-def state(cell: Cell) -> str:
-  """PENDING (not finished), DONE, or STALE (finished, but `changed` or `outdated`: never reused)."""
-  if Workdir(cell.workdir).finished() is None:
-    return PENDING
-  return STALE if changed(cell) is not None or outdated(cell) is not None else DONE
+  if finished is None:
+    return PENDING, ''
+  diff = _changed(cell)
+  if diff is not None:
+    return STALE, (f'finished with another command than this one ({diff}): its results would be reused for a command '
+                   f'that never ran. Use a new --workdir, delete {cell.workdir} to run it again, or delete '
+                   f'{cell.record} to reuse it as it is (e.g. a moved directory)')
+  needed = Workdir(cell.after).finished() if cell.after else finished
+  if needed is None or needed > finished:
+    why = f'{cell.after} has no {FINAL_METRICS_FILE} now' if needed is None else f'{cell.after} finished after it'
+    return STALE, (f'was fine-tuned from an earlier pretraining of rung {os.path.basename(cell.after)} ({why}): its '
+                   f'results would be tabulated beside the new one. Delete '
+                   f'{os.path.dirname(os.path.dirname(cell.workdir))} to fine-tune that rung again')
+  return DONE, ''
 
 
 def check(cells: Sequence[Cell], root: str | None = None) -> None:
-  """ConfigError naming the first stale cell (by its workdir under `root`, else its name), what differs and the
-  ways out: its results would otherwise be tabulated for a command that never ran."""
-  diffs = [(c, d) for c in cells if (d := changed(c)) is not None]
-  if diffs:
-    cell, diff = diffs[0]
-    more = f' (and {len(diffs) - 1} more)' if len(diffs) > 1 else ''
-    raise ConfigError(f'{os.path.relpath(cell.workdir, root) if root else cell.name}{more} finished with another '
-                      f'command than this one ({diff}): its results would be reused for a command that never ran. '
-                      f'Use a new --workdir, delete {cell.workdir} to run it again, or delete {cell.record} to reuse '
-                      'it as it is (e.g. a moved directory)')
-  for cell in cells:
-    why = outdated(cell)
-    if why:
-      raise ConfigError(f'{cell.name} was fine-tuned from an earlier pretraining of rung '
-                        f'{os.path.basename(cell.after)} ({why}): its results would be tabulated beside the new one. '
-                        f'Delete {os.path.dirname(os.path.dirname(cell.workdir))} to fine-tune that rung again')
+  """ConfigError naming the first stale cell (by its workdir under `root`, else its name), why, and the ways out."""
+  stale = [(cell, why) for cell, (kind, why) in zip(cells, map(state, cells)) if kind == STALE]
+  if stale:
+    (cell, why), changed = stale[0], [c for c, w in stale[1:] if w.startswith('finished with another command')]
+    more = f' (and {len(changed)} more)' if changed and why.startswith('finished with another command') else ''
+    raise ConfigError(f'{os.path.relpath(cell.workdir, root) if root else cell.name}{more} {why}')
 
 
-def run(groups: Groups, directory: str, launcher: dict[str, Any], dry_run: bool,
+def _skip(cell: Cell) -> tuple[int, str] | None:
+  """(exit status, why) for a cell not to run now: 0, it is done; 1, what it needs has not finished. None: run it."""
+  kind, _ = state(cell)
+  if kind == STALE:
+    check([cell])
+  if kind == DONE:
+    return 0, f'done before ({os.path.join(cell.workdir, FINAL_METRICS_FILE)} exists), skipped'
+  if cell.after and Workdir(cell.after).finished() is None:
+    return 1, (f'not run, its rung\'s pretraining failed or is unfinished ({cell.after} has no '
+               f'{FINAL_METRICS_FILE})')
+  return None
+
+
+def _record(cell: Cell) -> None:
+  """Records the command a cell is launched with; a place that cannot be written is left to the command to report."""
+  try:
+    files.write_text_atomic(cell.record, json.dumps({'argv': _comparable(cell.argv)}))
+  except OSError:
+    pass
+
+
+def run(groups: Groups, directory: str, launcher: dict[str, Any],
         tabulate: Callable[[bool], tuple[list[str], list[str], Exception | None]], noun: str = 'cells',
         root: str | None = None, kept: str = '') -> None:
-  """The flow of sweep.py and ladder.py: refuse stale cells (named by workdir under `root`); print the pending
-  commands (`dry_run`), or run them here, or write job arrays under `directory`/slurm (`launcher`: the values of
-  cli.define_launcher_flags), or gather; then `tabulate(gather)` writes the tables and returns (their paths, markdown
+  """The flow of sweep.py and ladder.py (`launcher`: the values of cli.define_launcher_flags): refuse stale cells
+  (named by workdir under `root`); print the pending commands (--dry_run), or run them here, or write job arrays
+  under `directory`/slurm, or gather; then `tabulate(gather)` writes the tables and returns (their paths, markdown
   first; the cells without results; an error to raise once they are printed). A ladder's `kept`: `directory` must be
   writable before any cell starts. BertJaxError at the end when a cell failed."""
   cells = [cell for _, group in groups for cell in group]
   check(cells, root)
-  if dry_run:
-    pending = [cell for cell in cells if state(cell) == PENDING]
+  if launcher['dry_run']:
+    pending = [cell for cell in cells if state(cell)[0] == PENDING]
     if len(pending) < len(cells):
       print(f'# {len(cells) - len(pending)} of {len(cells)} {noun} already done, not listed', file=sys.stderr)
     print(''.join(shlex.join(cell.argv) + '\n' for cell in pending), end='', flush=True)
@@ -167,29 +165,27 @@ def run(groups: Groups, directory: str, launcher: dict[str, Any], dry_run: bool,
 
 def execute(groups: Groups) -> list[Cell]:
   """Runs the pending cells here, group after group, their output streaming through; a failed cell is reported and
-  the others go on, but not those `after` it. Returns the failed cells (`returncode` set), then those not run."""
-  failed, blocked = [], []
+  the others go on, but not those after it. Returns the cells that failed (`returncode` set) or could not run."""
+  failed = []
   for label, group in groups:
-    broken = {cell.workdir for cell in failed}
     for cell in group:
       prefix = f'[{label.replace("_", " ")} {cell.index}/{len(group)}] {cell.name}:'
-      if cell.after in broken:
-        print(f'{prefix} not run, its rung\'s pretraining failed', flush=True)
-        blocked.append(cell)
-      elif state(cell) != PENDING:
-        print(f'{prefix} done before ({os.path.join(cell.workdir, FINAL_METRICS_FILE)} exists), skipped', flush=True)
-      else:
-        print(f'{prefix} {shlex.join(cell.argv)}', flush=True)
-        record_command(cell)
-        try:
-          cell.returncode = subprocess.run(cell.argv, check=False).returncode
-        except OSError as e:  # command not found / not executable
-          print(f'{prefix} could not start: {e}', flush=True)
-          cell.returncode = 127
-        if cell.returncode:
-          print(f'{prefix} failed with exit code {cell.returncode}', flush=True)
-          failed.append(cell)
-  return failed + blocked
+      skip = _skip(cell)
+      if skip:
+        print(f'{prefix} {skip[1]}', flush=True)
+        failed += [cell] if skip[0] else []
+        continue
+      print(f'{prefix} {shlex.join(cell.argv)}', flush=True)
+      _record(cell)
+      try:
+        cell.returncode = subprocess.run(cell.argv, check=False).returncode
+      except OSError as e:  # command not found / not executable
+        print(f'{prefix} could not start: {e}', flush=True)
+        cell.returncode = 127
+      if cell.returncode:
+        print(f'{prefix} failed with exit code {cell.returncode}', flush=True)
+        failed.append(cell)
+  return failed
 
 
 def sbatch_lines(options: str) -> str:
@@ -228,7 +224,7 @@ def write_arrays(directory: str, groups: Groups, *, template: str = DEFAULT_TEMP
   scripts, lines = [], ['#!/usr/bin/env bash', '# Submits the arrays in order, each after the one before has ended.',
                         'set -eu', 'after=""']
   for name, group in groups:
-    pending = [cell for cell in group if state(cell) == PENDING]
+    pending = [cell for cell in group if state(cell)[0] == PENDING]
     if pending:
       base = os.path.join(directory, name)
       files.write_text_atomic(base + '.cells', ''.join(task_line(cell) + '\n' for cell in pending))
@@ -266,44 +262,18 @@ def task_line(cell: Cell) -> str:
 
 
 def run_task(cell: Cell) -> int:
-  """An array task: nothing for a done cell; the cell's command in place of this process (SIGTERM reaches it) once
-  what it needs has finished. Returns an exit status when it does not run the command."""
-  cell_state = state(cell)
-  if cell_state == DONE:
-    print(f'done before: {FINAL_METRICS_FILE} in {cell.workdir}', flush=True)
-    return 0
-  if cell_state == STALE:
-    check([cell])
-  if cell.after and Workdir(cell.after).finished() is None:
-    print(f'not run: {cell.after} has no {FINAL_METRICS_FILE} (its run failed or is unfinished)', file=sys.stderr)
-    return 1
-  record_command(cell)
+  """An array task: the cell's command in place of this process (SIGTERM reaches it), unless `_skip` says not to;
+  then its exit status."""
+  skip = _skip(cell)
+  if skip:
+    print(skip[1], file=sys.stderr if skip[0] else sys.stdout, flush=True)
+    return skip[0]
+  _record(cell)
   sys.stdout.flush()
   try:
     os.execvp(cell.argv[0], cell.argv)
   except OSError as e:
     raise BertJaxError(f'{cell.name} could not start: {e}') from None
-
-
-def markdown(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-  """A markdown table (floats to 6 significant digits)."""
-  def line(row):
-    return '| ' + ' | '.join((f'{v:.6g}' if isinstance(v, float) else str(v)).replace('|', '\\|') for v in row) + ' |'
-  return '\n'.join([line(header), '|' + '|'.join('---' for _ in header) + '|', *map(line, rows)]) + '\n'
-
-
-def csv_text(rows: Sequence[Sequence[Any]]) -> str:
-  buffer = io.StringIO(newline='')
-  csv.writer(buffer).writerows(rows)
-  return buffer.getvalue()
-
-
-def write_table(base: str, md: str, text: str) -> tuple[str, str]:
-  """Writes BASE.md and BASE.csv (`text`), a sweep's or a ladder's table; returns (csv path, md path)."""
-  os.makedirs(os.path.dirname(base), exist_ok=True)
-  files.write_text_atomic(base + '.csv', text)
-  files.write_text_atomic(base + '.md', md)
-  return base + '.csv', base + '.md'
 
 
 def main(argv: Sequence[str]) -> int:

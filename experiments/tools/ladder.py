@@ -19,7 +19,8 @@ import sys
 from typing import Any, Sequence
 
 from bert_jax.config import RENAMED, FinetuneConfig, PretrainConfig
-from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
+from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.runs import tables
 
 from tools import cells, config_help, sweep
 
@@ -156,13 +157,6 @@ def plan(ladder: Ladder, directory: str) -> tuple[list[cells.Cell], list[cells.C
   return pretrain, finetune
 
 
-def _results(cell: cells.Cell) -> dict[str, Any] | None:
-  try:
-    return cell.results()
-  except CheckpointError:
-    return None
-
-
 def _wall(metrics: dict[str, Any]) -> float:
   return float(metrics['wall_s'] if 'wall_s' in metrics else
                float(metrics.get('train_wall_s', 0.0)) + float(metrics.get('eval_wall_s', 0.0)))
@@ -172,25 +166,25 @@ def results(ladder: Ladder, pretrain: Sequence[cells.Cell], finetune: Sequence[c
   """One row per rung: {'rung', 'mlm_accuracy' and 'mlm_baseline' (None without results), 'tasks': {task:
   {'metric', 'values' (per seed, None where the cell left no result), 'majority' (the eval set's majority-class
   accuracy when the metric is an accuracy, else None)}}, 'wall_s', 'missing' (cells without results)}."""
-  rows = []
-  for rung, run in zip(ladder.rungs, pretrain):
-    m = _results(run)
+  rows, finetuned = [], sweep.collect(finetune)
+  for rung, pretrained in zip(ladder.rungs, sweep.collect(pretrain)):
+    m = pretrained['metrics']
     row = {'rung': rung.name, 'mlm_accuracy': m.get('mlm_accuracy') if m else None,
            'mlm_baseline': m.get('mlm_baseline_accuracy') if m else None, 'tasks': {},
-           'wall_s': _wall(m) if m else 0.0, 'missing': [] if m else [run.name]}
+           'wall_s': _wall(m) if m else 0.0, 'missing': [] if m else [pretrained['name']]}
     for task in ladder.tasks:
       values, metric, majority = [], None, None
-      for cell in (c for c in finetune if c.values['rung'] == rung.name and c.values['task'] == task.name):
-        fm = _results(cell) if m else None  # a rung without its pretraining's results has none
-        if fm and isinstance(fm.get('main_metric'), str) and isinstance(fm.get(fm['main_metric']), (int, float)):
-          metric = fm['main_metric']
+      for cell in (c for c in finetuned if c['values']['rung'] == rung.name and c['values']['task'] == task.name):
+        fm = cell['metrics'] if m else {}  # a rung without its pretraining's results has none
+        if cell['main_metric'] in fm:
+          metric = cell['main_metric']
           values.append(float(fm[metric]))
           if metric.endswith('_accuracy'):
             majority = fm.get(metric[:-len('accuracy')] + 'majority_accuracy', majority)
           row['wall_s'] += _wall(fm)
         else:
           values.append(None)
-          row['missing'].append(cell.name)
+          row['missing'].append(cell['name'])
       row['tasks'][task.name] = {'metric': metric, 'values': values, 'majority': majority}
     rows.append(row)
   return rows
@@ -221,13 +215,9 @@ def _at_majority(summarized: dict | None, majority: float | None) -> bool:
   return bool(summarized) and majority is not None and summarized['max'] <= majority + 1e-9
 
 
-def _majority(rows, task) -> float | None:
-  return next((r['tasks'][task.name]['majority'] for r in rows if r['tasks'][task.name]['majority'] is not None),
-              None)
-
-
-def _metric(rows, task, default):
-  return next((r['tasks'][task.name]['metric'] for r in rows if r['tasks'][task.name]['metric']), default)
+def _task(rows, task, key: str, default=None):
+  """A task's `key` ('metric', 'majority') as the first rung that has one gives it."""
+  return next((r['tasks'][task.name][key] for r in rows if r['tasks'][task.name][key] is not None), default)
 
 
 def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
@@ -235,8 +225,8 @@ def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
   first = rows[0] if rows else None
   header, csv_header = ['rung', 'held-out MLM acc (baseline)'], ['rung', 'mlm_accuracy', 'mlm_baseline_accuracy']
   for task in ladder.tasks:
-    majority = _majority(rows, task)
-    header += [f'{task.name} {_metric(rows, task, "main metric")}: median [min, max] (seeds)'
+    majority = _task(rows, task, 'majority')
+    header += [f'{task.name} {_task(rows, task, "metric", "main metric")}: median [min, max] (seeds)'
                + (f'; majority class {majority:.4f}' if majority is not None else ''),
                f'{task.name} vs {first["rung"]}']
     csv_header += [f'{task.name}_{k}' for k in ('metric', 'median', 'min', 'max', 'seeds', 'majority', 'delta',
@@ -247,7 +237,7 @@ def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
     shown = '—' if acc is None else f'{acc:.4f}' + (f' ({base:.4f})' if base is not None else '')
     cells_md, cells_csv = [row['rung'], shown], [row['rung'], acc, base]
     for task in ladder.tasks:
-      t, majority = row['tasks'][task.name], _majority(rows, task)
+      t, majority = row['tasks'][task.name], _task(rows, task, 'majority')
       s = summary(t['values'])
       if i:
         delta, note = compare(s, summary(first['tasks'][task.name]['values']), majority)
@@ -260,33 +250,7 @@ def table(ladder: Ladder, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
                     delta, note]
     md.append(cells_md + [f'{row["wall_s"] / 60:.1f} min', ', '.join(row['missing']) or '—'])
     out.append(['' if c is None else c for c in cells_csv + [round(row['wall_s'], 1), ' '.join(row['missing'])]])
-  return cells.markdown(header + ['wall', 'cells without results'], md), cells.csv_text(out)
-
-
-def plot(ladder: Ladder, rows: Sequence[dict[str, Any]], path: str) -> None:
-  """Held-out MLM accuracy per rung, then each task's metric per seed (dots) and median (bar)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, axes = plt.subplots(1, 1 + len(ladder.tasks), figsize=(3.2 * (1 + len(ladder.tasks)), 3.2), squeeze=False)
-  axes = axes[0]
-  axes[0].bar(range(len(rows)), [r['mlm_accuracy'] or 0.0 for r in rows], color='#8899aa')
-  axes[0].set_title('held-out MLM accuracy', fontsize=9)
-  for ax, task in zip(axes[1:], ladder.tasks):
-    for x, row in enumerate(rows):
-      values = [v for v in row['tasks'][task.name]['values'] if v is not None]
-      if values:
-        ax.scatter([x] * len(values), values, s=14, color='#335577', zorder=3)
-        ax.hlines(statistics.median(values), x - 0.3, x + 0.3, color='#cc5533')
-    ax.set_title(f'{task.name} {_metric(rows, task, "")}'.strip(), fontsize=9)
-  for ax in axes:
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([r['rung'] for r in rows], rotation=45, ha='right', fontsize=8)
-    ax.tick_params(axis='y', labelsize=8)
-  fig.tight_layout()
-  fig.savefig(path + '.tmp.png', dpi=110)
-  plt.close(fig)
-  os.replace(path + '.tmp.png', path)
+  return tables.markdown(header + ['wall', 'cells without results'], md), tables.csv_text(out)
 
 
 def tabulate(ladder: Ladder, pretrain: Sequence[cells.Cell], finetune: Sequence[cells.Cell],
@@ -295,9 +259,13 @@ def tabulate(ladder: Ladder, pretrain: Sequence[cells.Cell], finetune: Sequence[
   results."""
   rows = results(ladder, pretrain, finetune)
   base = os.path.join(directory, 'ladder_results')
-  cells.write_table(base, *table(ladder, rows))
+  tables.write(base, *table(ladder, rows))
+  panels = [('held-out MLM accuracy', [[r['mlm_accuracy'] or 0.0] for r in rows])]
+  panels += [(f'{task.name} {_task(rows, task, "metric", "")}'.strip(),
+              [[v for v in r['tasks'][task.name]['values'] if v is not None] for r in rows]) for task in ladder.tasks]
   try:
-    plot(ladder, rows, base + '.png')
+    from bert_jax.runs import curves  # pylint: disable=g-import-not-at-top  # matplotlib: only to draw
+    curves.plot_groups([r['rung'] for r in rows], panels, base + '.png')
   except (ImportError, OSError, ValueError) as e:
     raise BertJaxError(f'the ladder plot could not be drawn: {e}') from None
   return [base + '.md', base + '.csv', base + '.png'], [name for row in rows for name in row['missing']], None

@@ -1,9 +1,7 @@
 """Hyperparameter sweeps: a grid of flag values, one cell per combination, one results table; reads no flags.
 
-A cell is the command after experiments/sweep.py's `--` with `{name}` (e.g. `learning_rate=1e-4,num_train_epochs=2`)
-and `{index}` (1-based) filled in and `--key=value` appended per grid key (last key varying fastest). A grid over
-`config` runs a config file's variants: `config=experiments/configs/pretrain.py:cpu,sop` (a bare value takes the
-file of the value before it), its cells named by variant (`config=sop`).
+A grid over `config` runs a config file's variants: `config=experiments/configs/pretrain.py:cpu,sop` (a bare value
+takes the file of the value before it), its cells named by variant (`config=sop`).
 """
 
 from __future__ import annotations
@@ -16,7 +14,8 @@ import shlex
 from typing import Any, Sequence
 
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.runs.workdir import FINAL_METRICS_FILE
+from bert_jax.runs import tables
+from bert_jax.runs.workdir import FINAL_METRICS_FILE, Workdir
 
 from tools import cells
 
@@ -141,12 +140,12 @@ def default_output_dir(runs: Sequence[cells.Cell]) -> str:
 
 def collect(runs: Sequence[cells.Cell], missing: str = STATUS_FAILED) -> list[dict[str, Any]]:
   """One row per cell: {'name', 'values', 'status' (ok, `missing` without results, unreadable metrics), 'metrics'
-  (the numeric top-level values), 'main_metric' (str or None)}."""
+  (the numeric top-level values), 'main_metric' (str or None)}; a ladder's table reads its cells through it too."""
   rows = []
   for run in runs:
     row = {'name': run.name, 'values': dict(run.values), 'status': missing, 'metrics': {}, 'main_metric': None}
     try:
-      data = run.results()
+      data = Workdir(run.workdir).results()
     except CheckpointError:
       data, row['status'] = None, STATUS_BAD_METRICS
     if data is not None:
@@ -181,8 +180,8 @@ def write_tables(rows: Sequence[dict[str, Any]], output_dir: str, metric: str | 
   header = ['name', *keys, *metric_names, 'status', 'best']
   table = [[r['name'], *(r['values'].get(k, '') for k in keys), *(r['metrics'].get(m, '') for m in metric_names),
             r['status'], '*' if i == best else ''] for i, r in enumerate(rows)]
-  return cells.write_table(os.path.join(output_dir, 'sweep_results'), cells.markdown(header, table),
-                           cells.csv_text([header, *table]))
+  return tables.write(os.path.join(output_dir, 'sweep_results'), tables.markdown(header, table),
+                      tables.csv_text([header, *table]))
 
 
 def tabulate(runs: Sequence[cells.Cell], output_dir: str, metric: str | None, mode: str,

@@ -81,3 +81,11 @@ def test_a_run_in_phases_marks_where_each_phase_starts(tmp_path):
                           'extend': {'order': 2, 'steps': 10}}}, f)
   assert curves.phase_starts(str(tmp_path)) == [(20, 'extend'), (30, 'decay')]
   assert curves.phase_starts(str(tmp_path / 'none')) == []
+
+
+def test_values_per_group_plot(tmp_path):
+  """A panel of one value per group is a bar chart; a panel of seeds draws each seed and its median."""
+  path = curves.plot_groups(['a', 'b'], [('one each', [[0.2], [0.3]]), ('seeds', [[0.8, 0.9], []])],
+                            str(tmp_path / 'out' / 'groups.png'))
+  assert png_size(path) == (704, 352)  # 3.2 in per panel at 110 dpi
+  assert not os.path.exists(path + '.tmp')
