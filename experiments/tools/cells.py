@@ -25,6 +25,7 @@ from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.runs.workdir import FINAL_METRICS_FILE, Workdir
 
 PENDING, DONE, STALE = 'pending', 'done', 'stale'
+_CHANGED = 'finished with another command than this one'  # how `state` begins the why of a changed command
 SCRIPT = os.path.abspath(__file__)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
 DEFAULT_TEMPLATE = os.path.join(REPO, 'experiments', 'launch', 'array.sbatch')
@@ -84,7 +85,7 @@ def state(cell: Cell) -> tuple[str, str]:
     return PENDING, ''
   diff = _changed(cell)
   if diff is not None:
-    return STALE, (f'finished with another command than this one ({diff}): its results would be reused for a command '
+    return STALE, (f'{_CHANGED} ({diff}): its results would be reused for a command '
                    f'that never ran. Use a new --workdir, delete {cell.workdir} to run it again, or delete '
                    f'{cell.record} to reuse it as it is (e.g. a moved directory)')
   needed = Workdir(cell.after).finished() if cell.after else finished
@@ -100,16 +101,16 @@ def check(cells: Sequence[Cell], root: str | None = None) -> None:
   """ConfigError naming the first stale cell (by its workdir under `root`, else its name), why, and the ways out."""
   stale = [(cell, why) for cell, (kind, why) in zip(cells, map(state, cells)) if kind == STALE]
   if stale:
-    (cell, why), changed = stale[0], [c for c, w in stale[1:] if w.startswith('finished with another command')]
-    more = f' (and {len(changed)} more)' if changed and why.startswith('finished with another command') else ''
+    (cell, why), changed = stale[0], [c for c, w in stale[1:] if w.startswith(_CHANGED)]
+    more = f' (and {len(changed)} more)' if changed and why.startswith(_CHANGED) else ''
     raise ConfigError(f'{os.path.relpath(cell.workdir, root) if root else cell.name}{more} {why}')
 
 
 def _skip(cell: Cell) -> tuple[int, str] | None:
   """(exit status, why) for a cell not to run now: 0, it is done; 1, what it needs has not finished. None: run it."""
-  kind, _ = state(cell)
-  if kind == STALE:
-    check([cell])
+  kind, why = state(cell)
+  if kind == STALE:  # as `check` words it for one cell
+    raise ConfigError(f'{cell.name} {why}')
   if kind == DONE:
     return 0, f'done before ({os.path.join(cell.workdir, FINAL_METRICS_FILE)} exists), skipped'
   if cell.after and Workdir(cell.after).finished() is None:
