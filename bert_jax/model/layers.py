@@ -183,7 +183,10 @@ class Embeddings(nnx.Module):
       if self.position_offset:
         position_ids_bt = position_ids_bt + self.position_offset
       x_bte = x_bte + self.position_embeddings(position_ids_bt)
-    if self.token_type_embeddings is not None:
+    if self.token_type_embeddings is not None and self.token_type_embeddings.embedding.shape[0] == 1:
+      # One token type (RoBERTa, XLM-R): every id is 0, whatever a BERT-style template (B = 1) says.
+      x_bte = x_bte + self.token_type_embeddings.embedding[...][0].astype(x_bte.dtype)
+    elif self.token_type_embeddings is not None:
       x_bte = x_bte + self.token_type_embeddings(token_type_ids_bt)
     x_bte = constrain(x_bte, ('activation_batch', 'activation_length', 'activation_embed'))
     x_bte = self.dropout(self.layer_norm(x_bte), deterministic=deterministic)

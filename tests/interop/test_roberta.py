@@ -132,6 +132,13 @@ def test_pairs_follow_the_tokenizer_template(built):
   ids = tok.encode_inputs('a b', 'c d', max_length=32)[0]
   a, b = tok.encode('a b'), tok.encode('c d')
   assert ids == [tok.cls_id, *a, tok.sep_id, tok.sep_id, *b, tok.sep_id]  # RoBERTa's double separator
+  # One token type: a BERT-style segment B (type 1, as NSP records give) reads row 0 as transformers does.
+  loaded = pretrained.load_pretrained(built['roberta'])
+  x = jnp.asarray([ids])
+  zeros, _ = loaded.encoder()(x, jnp.zeros_like(x), jnp.ones_like(x))
+  ones, _ = loaded.encoder()(x, jnp.ones_like(x), jnp.ones_like(x))
+  np.testing.assert_array_equal(np.asarray(zeros), np.asarray(ones))
+  assert np.isfinite(np.asarray(ones)).all()
 
 
 @pytest.mark.parametrize('name', MODELS)
