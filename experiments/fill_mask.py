@@ -55,12 +55,16 @@ def main(_):
   texts = _texts()  # bad input fails before the (slow) checkpoint load
   model = pretrained.load_pretrained(_CHECKPOINT.value)
   predictions = inference.fill_masks(model, texts, top_k=_TOP_K.value, batch_size=_BATCH_SIZE.value)
-  lines = [json.dumps({'text': text, 'predictions': [[{'token': t, 'probability': p} for t, p in top]
-                                                     for top in masks]}, ensure_ascii=False)
+  # 'token' is the vocabulary's piece ('Ġthe', '▁the', '##s'); 'token_str' its text as the tokenizer decodes it
+  # (transformers' fill-mask pipeline's token_str), which the summary lines show.
+  tok = model.tokenizer
+  text_of = lambda token: tok.decode([tok.token_to_id(token)]).strip() or token  # pylint: disable=unnecessary-lambda-assignment
+  lines = [json.dumps({'text': text, 'predictions': [[{'token': t, 'token_str': text_of(t), 'probability': p}
+                                                      for t, p in top] for top in masks]}, ensure_ascii=False)
            for text, masks in zip(texts, predictions)]
   if _TEXT.value is not None:
     for i, top in enumerate(predictions[0], 1):
-      print(f'[MASK] {i}: ' + ' | '.join(f'{token} {p:.4f}' for token, p in top), flush=True)
+      print(f'[MASK] {i}: ' + ' | '.join(f'{text_of(token)} {p:.4f}' for token, p in top), flush=True)
   if _OUTPUT.value:
     files.write_text_atomic(_OUTPUT.value, '\n'.join(lines) + '\n')
     print(json.dumps({'output': _OUTPUT.value, 'texts': len(texts)}), flush=True)
