@@ -549,3 +549,45 @@ def modernbert_style_tokenizer(directory: str, vocab_size: int = 400, lines: int
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2)
   return directory
+
+
+def _wikitext_lines(lines: int) -> list[str]:
+  with open(WIKITEXT, encoding='utf-8') as f:
+    return [line.strip() for line, _ in zip(f, range(lines)) if line.strip()]
+
+
+def roberta_style_tokenizer(directory: str, vocab_size: int = 400, lines: int = 3000) -> str:
+  """A byte-level BPE trained here on WikiText in RoBERTa's style (<s> <pad> </s> <unk> first, <mask> last), saved
+  by transformers' RobertaTokenizer from its vocabulary and merges (GPT-2's pre-tokeniser, no prefix space, the
+  `<s> A </s></s> B </s>` template, no token type ids), as roberta-base's files are. Returns `directory`."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from tokenizers import models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.train_from_iterator(_wikitext_lines(lines), trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=['<s>', '<pad>', '</s>', '<unk>'], show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  model = json.loads(tok.to_str())['model']
+  vocab = {**model['vocab'], '<mask>': len(model['vocab'])}
+  merges = [tuple(m) if isinstance(m, list) else tuple(m.split(' ')) for m in model['merges']]
+  transformers.RobertaTokenizer(vocab=vocab, merges=merges, model_max_length=512).save_pretrained(directory)
+  return directory
+
+
+def xlmr_style_tokenizer(directory: str, vocab_size: int = 400, lines: int = 3000) -> str:
+  """A SentencePiece-style Unigram trained here with `tokenizers` on WikiText in XLM-R's style (<s> <pad> </s> <unk>
+  first, <mask> last), saved by transformers' XLMRobertaTokenizer from its pieces and scores (Metaspace, its
+  template, no token type ids) as a tokenizer.json. Returns `directory`."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from tokenizers import models, normalizers, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  tok = tokenizers.Tokenizer(models.Unigram())
+  tok.normalizer = normalizers.NFKC()
+  tok.pre_tokenizer = pre_tokenizers.Metaspace()
+  tok.train_from_iterator(_wikitext_lines(lines), trainers.UnigramTrainer(
+      vocab_size=vocab_size, special_tokens=['<s>', '<pad>', '</s>', '<unk>'], unk_token='<unk>',
+      show_progress=False))
+  pieces = [tuple(p) for p in json.loads(tok.to_str())['model']['vocab']] + [('<mask>', 0.0)]
+  transformers.XLMRobertaTokenizer(vocab=pieces, model_max_length=512).save_pretrained(directory)
+  return directory

@@ -57,6 +57,10 @@ class ModelConfig:
   intermediate_size: int = _f(3072, free=True, checkpoint='fixed')
   # The longest sequence: the rows of the learned position table, a bound on inputs with rotary positions.
   max_position_embeddings: int = _f(512, free=True, checkpoint='fixed')
+  # Rows of the learned position table before position 0 (RoBERTa / XLM-R: padding_idx + 1 = 2, their positions
+  # start past the padding row): the table has max_position_embeddings + position_offset rows and position p reads
+  # row p + position_offset. 0 = BERT. Kept so those tables import and export whole, unused rows included.
+  position_offset: int = _f(0, free=True, checkpoint='fixed')
   # Token type (segment A/B) embeddings; 0 = none (ModernBERT): token_type_ids are ignored.
   type_vocab_size: int = _f(2, free=True, checkpoint='fixed')
   # Width of the embedding tables and their LayerNorm; 0 = hidden_size (BERT). ELECTRA's embedding_size: a dense
@@ -151,9 +155,13 @@ class ModelConfig:
                           ('mlp', MLPS)):
       if getattr(self, name) not in choices:
         raise ConfigError(f'model.{name} must be one of {", ".join(choices)}, got {getattr(self, name)!r}')
-    for name in ('type_vocab_size', 'embedding_size', 'attention_window', 'global_attention_every'):
+    for name in ('type_vocab_size', 'embedding_size', 'attention_window', 'global_attention_every',
+                 'position_offset'):
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
         raise ConfigError(f'model.{name} must be a non-negative integer, got {getattr(self, name)!r}')
+    if self.position_offset and self.position_embedding != 'learned':
+      raise ConfigError(f'model.position_offset={self.position_offset} needs learned positions '
+                        f'(position_embedding=learned), got {self.position_embedding!r}')
     if self.attention_window % 2:
       raise ConfigError(f'model.attention_window={self.attention_window} must be even: local layers attend '
                         f'attention_window / 2 positions to each side')

@@ -81,6 +81,7 @@ class FastTokenizer:
     self._tok = tokenizer
     self._truncating: dict[int, tokenizers.Tokenizer] = {}
     self._as_text: tokenizers.Tokenizer | None = None  # a copy that splits special tokens as text
+    self._template: tk.Template | None = None
     self.path = path
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         tokenizer.token_to_id(names[role]) for role in ROLES)
@@ -198,6 +199,21 @@ class FastTokenizer:
     enc = tok.encode(text_a) if text_b is None else tok.encode(text_a, text_b)
     types = enc.type_ids if self.token_types else [0] * len(enc.ids)
     return enc.ids, types, bool(enc.overflowing)
+
+  def template(self) -> tk.Template:
+    """The post-processor's specials around one text and a pair (`tokenization.Template`), read by running the
+    tokenizer on two short texts; B's token type is 0 where the tokenizer has no token types."""
+    if self._template is None:
+      single, pair = self._tok.encode('a'), self._tok.encode('a', 'b')
+      seq = pair.sequence_ids
+      a_at = [i for i, s in enumerate(seq) if s == 0]
+      b_at = [i for i, s in enumerate(seq) if s == 1]
+      single_at = [i for i, s in enumerate(single.sequence_ids) if s == 0]
+      b_type = pair.type_ids[b_at[0]] if self.token_types else 0
+      self._template = tk.Template(
+          head=tuple(pair.ids[:a_at[0]]), single_tail=tuple(single.ids[single_at[-1] + 1:]),
+          mid=tuple(pair.ids[a_at[-1] + 1:b_at[0]]), tail=tuple(pair.ids[b_at[-1] + 1:]), b_type=b_type)
+    return self._template
 
   def decode(self, ids: Sequence[int]) -> str:
     """Text of `ids` with special tokens dropped and sub-word pieces joined."""

@@ -12,6 +12,7 @@ pairs longest-first, and the tables masking reads (`special_table`, `word_start_
 from __future__ import annotations
 
 import collections
+import dataclasses
 import io
 import os
 import random
@@ -256,6 +257,48 @@ class SentencePieceTokenizer:
                         for i in range(self.vocab_size)], dtype=bool)
     table_v[:NUM_SPECIAL] = True
     return table_v
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+  """Where a tokenizer puts its special tokens: `head` A `single_tail` for one text, `head` A `mid` B `tail` for a
+  pair, B and `tail` of token type `b_type` (the rest 0). BERT's (`bert_template`): [CLS] A [SEP] and
+  [CLS] A [SEP] B [SEP] with B [SEP] of type 1; RoBERTa's: <s> A </s> and <s> A </s></s> B </s>, all type 0.
+  Callers that assemble inputs from pieces (SQuAD windows, CoNLL sentences) take it from `template_of`."""
+
+  head: tuple[int, ...]
+  single_tail: tuple[int, ...]
+  mid: tuple[int, ...]
+  tail: tuple[int, ...]
+  b_type: int = 1
+
+  @property
+  def pair_specials(self) -> int:
+    return len(self.head) + len(self.mid) + len(self.tail)
+
+  @property
+  def single_specials(self) -> int:
+    return len(self.head) + len(self.single_tail)
+
+  def single(self, ids_a: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(input_ids, token_type_ids) of one text's ids."""
+    ids = [*self.head, *ids_a, *self.single_tail]
+    return ids, [0] * len(ids)
+
+  def pair(self, ids_a: Sequence[int], ids_b: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(input_ids, token_type_ids) of a pair's ids."""
+    first, second = [*self.head, *ids_a, *self.mid], [*ids_b, *self.tail]
+    return first + second, [0] * len(first) + [self.b_type] * len(second)
+
+
+def bert_template(cls_id: int, sep_id: int) -> Template:
+  return Template(head=(cls_id,), single_tail=(sep_id,), mid=(sep_id,), tail=(sep_id,))
+
+
+def template_of(tokenizer) -> Template:
+  """The tokenizer's own template (a Hugging Face tokenizer's post-processor), else BERT's with its ids."""
+  own = getattr(tokenizer, 'template', None)
+  return own() if callable(own) else bert_template(tokenizer.cls_id, tokenizer.sep_id)
 
 
 def assemble_inputs(ids_a: Sequence[int], ids_b: Sequence[int] | None, *, max_length: int,

@@ -2,8 +2,8 @@
 other families (`hf_model_type`, `MODEL_TYPES`).
 
 ModernBERT-shaped models and checkpoints (model_type 'modernbert') go to `interop.modernbert`, DistilBERT
-(a BERT without token types) to `interop.distilbert`, ELECTRA (model.embedding_size > 0) to `interop.electra`;
-other architectures export as bert_jax only.
+(a BERT without token types) to `interop.distilbert`, ELECTRA (model.embedding_size > 0) to `interop.electra`,
+RoBERTa and XLM-R (model.position_offset > 0) to `interop.roberta`; other architectures export as bert_jax only.
 
 One table, `hf_names.bert_table`, pairs each of our parameter paths with its Hugging Face tensor
 name and the rule that converts between the two layouts; import and export both read it, so they
@@ -31,7 +31,7 @@ from safetensors import numpy as st_numpy
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
-from bert_jax.interop import distilbert, electra, hf_files, hf_names, modernbert
+from bert_jax.interop import distilbert, electra, hf_files, hf_names, modernbert, roberta
 from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE
 from bert_jax.runs import reporting
 
@@ -40,19 +40,27 @@ _Entry, _name_table, _hf_shape = hf_names.Entry, hf_names.bert_table, hf_names.h
 
 
 # config.json's model_type -> the module that reads and writes that family (BERT's is this one).
-MODEL_TYPES = {'bert': None, 'distilbert': distilbert, 'electra': electra, 'modernbert': modernbert}
+MODEL_TYPES = {'bert': None, 'distilbert': distilbert, 'electra': electra, 'modernbert': modernbert,
+               'roberta': roberta, 'xlm-roberta': roberta}
 
 
 def hf_model_type(cfg: ModelConfig) -> str:
   """The Hugging Face model_type `cfg` exports as: a BERT-shaped config is 'bert', 'distilbert' without token
-  types, 'electra' with an embedding_size; a ModernBERT-shaped one 'modernbert'.
+  types, 'electra' with an embedding_size, 'roberta' with a position_offset (`roberta.save_checkpoint` writes
+  'xlm-roberta' for a Unigram tokenizer); a ModernBERT-shaped one 'modernbert'.
 
   Raises:
     CheckpointError: none of them (one line naming the switches that differ).
   """
   if all(getattr(cfg, k) == v for k, v in modernbert.BERT_SHAPE.items()):
+    if cfg.embedding_size and cfg.position_offset:
+      raise CheckpointError(f'model.embedding_size={cfg.embedding_size} with model.position_offset='
+                            f'{cfg.position_offset}: no Hugging Face family has both (ELECTRA; RoBERTa); this '
+                            'architecture exports as bert_jax only')
     if cfg.embedding_size:
       return 'electra'
+    if cfg.position_offset:
+      return 'roberta'
     return 'bert' if cfg.type_vocab_size else 'distilbert'
   return modernbert.hf_architecture(cfg)  # 'modernbert', or one line naming the switches
 

@@ -1,9 +1,10 @@
-"""Import and export of the BERT-layout families other than BERT itself (`distilbert`, `electra`), from one
-description each (`Family`): their name table (`hf_names` entries), the prefix their models with heads add, the
-tied MLM decoder they may store, and the transformers classes by heads.
+"""Import and export of the BERT-layout families other than BERT itself (`distilbert`, `electra`, `roberta`),
+from one description each (`Family`): their name table (`hf_names` entries), the prefix their models with heads
+add, the tied MLM decoder they may store, and the transformers classes by heads.
 
-These families have no pooler: an import's pooler is zeros (with a warning, as a BertForMaskedLM import's), and
-an export leaves the pooler and an NSP head out. Their heads beside the MLM head (ELECTRA's discriminator) are
+DistilBERT and ELECTRA have no pooler, RoBERTa's has one in RobertaModel only: an import without one gets a pooler
+of zeros (with a warning, as a BertForMaskedLM import's), and an export leaves it out unless its class has one
+(`Family.pooled`); an NSP head is never exported. Their heads beside the MLM head (ELECTRA's discriminator) are
 imported under their own group and exported back; bert_jax trains none of them (`pretrained.Source.params`
 keeps only the encoder and our pretraining heads).
 """
@@ -39,9 +40,11 @@ class Family:
   classes: dict[frozenset, str]  # the heads exported -> the transformers class
   extra_shapes: Callable[[ModelConfig], dict] = lambda cfg: {}  # shapes of head parameters outside our modules
   token_types: bool = True  # its tokenizer gives token_type_ids
+  pooled: frozenset = frozenset()  # the head sets (keys of `classes`) whose class has a pooler (group 'pooler')
+  decoder_bias: tuple[str, str] | None = None  # (the tied decoder bias checkpoints may store, the bias it equals)
 
   def hf_name(self, entry: Entry, prefix: str) -> str:
-    return prefix + entry.hf_name if entry.group == 'bert' else entry.hf_name
+    return prefix + entry.hf_name if entry.group in ('bert', 'pooler') else entry.hf_name
 
   def shapes(self, cfg: ModelConfig) -> dict:
     return {**hf_files.param_shapes(cfg), **self.extra_shapes(cfg)}
@@ -60,6 +63,11 @@ def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig,
   if decoder is not None and (words is None or decoder.shape != words.shape or not np.array_equal(decoder, words)):
     raise CheckpointError(f'{directory}: {family.decoder} differs from {prefix}{family.words}; bert_jax ties the MLM '
                           'decoder to them, so an untied decoder cannot be imported')
+  if family.decoder_bias is not None and family.decoder_bias[0] in tensors:
+    stored, bias = tensors[family.decoder_bias[0]], tensors.get(family.decoder_bias[1])
+    if bias is None or stored.shape != bias.shape or not np.array_equal(stored, bias):
+      raise CheckpointError(f'{directory}: {family.decoder_bias[0]} differs from {family.decoder_bias[1]}; bert_jax '
+                            'ties the MLM decoder bias to it, so an untied one cannot be imported')
   heads = {e.group for e in table if e.group != 'bert' and family.hf_name(e, prefix) in tensors}
   wanted = [e for e in table if e.group == 'bert' or e.group in heads]
   where = f'{directory}/{hf_files.WEIGHTS_FILE}'
@@ -67,7 +75,7 @@ def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig,
   if missing:
     raise CheckpointError(f'{where} lacks {len(missing)} tensor(s) a {cfg.num_layers}-layer {family.name} needs: '
                           f'{hf_files.some(missing)}')
-  known = {family.hf_name(e, prefix) for e in table} | {family.decoder}
+  known = {family.hf_name(e, prefix) for e in table} | {family.decoder} | set(family.decoder_bias or ())
   unknown = sorted(n for n in tensors if n not in known and n.removeprefix(prefix) not in hf_files.BUFFERS)
   if unknown:
     raise CheckpointError(f'{where} has tensor(s) that a {cfg.num_layers}-layer {family.name} lacks: '
@@ -79,11 +87,12 @@ def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig,
       raise CheckpointError(f'{directory}: tensor {family.hf_name(e, prefix)} has shape {theirs.shape} but '
                             f'config.json implies {expected}')
     flat[e.path] = np.ascontiguousarray(e.rule.from_hf(theirs, shapes[e.path]))
-  reporting.log(f'warning: {directory} holds a {family.name} checkpoint, which has no pooler: its pooler parameters are '
-                'set to zeros (pooler_output is meaningless until fine-tuning trains it)')
-  for path, shape in shapes.items():
-    if path[:2] == ('bert', 'pooler'):
-      flat[path] = np.zeros(shape, np.float32)
+  if 'pooler' not in heads:
+    reporting.log(f'warning: {directory} holds a {family.name} checkpoint without a pooler: its pooler parameters are '
+                  'set to zeros (pooler_output is meaningless until fine-tuning trains it)')
+    for path, shape in shapes.items():
+      if path[:2] == ('bert', 'pooler'):
+        flat[path] = np.zeros(shape, np.float32)
   return cfg, traverse_util.unflatten_dict(flat), 'mlm' in heads, False
 
 
@@ -97,12 +106,14 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
   flat = traverse_util.flatten_dict(dict(params))
   if any(p[0] == 'nsp' for p in flat):
     reporting.log(f'warning: {family.name} has no next-sentence head: the NSP head and the pooler are not exported')
-  flat = {p: x for p, x in flat.items() if p[0] != 'nsp' and p[:2] != ('bert', 'pooler')}
-  heads = frozenset(p[0] for p in flat) - {'bert'}
+  heads = frozenset(p[0] for p in flat) - {'bert', 'nsp'}
   if heads not in family.classes:
     raise CheckpointError(f'params hold the heads {", ".join(sorted(heads))}: no {family.name} class of transformers '
                           f'has them together ({family.describe()}); nothing written')
-  table = [e for e in family.table(cfg) if e.group == 'bert' or e.group in heads]
+  pooled = heads in family.pooled
+  flat = {p: x for p, x in flat.items() if p[0] != 'nsp' and (pooled or p[:2] != ('bert', 'pooler'))}
+  groups = heads | {'bert'} | ({'pooler'} if pooled else set())
+  table = [e for e in family.table(cfg) if e.group in groups]
   shapes = family.shapes(cfg)
   hf_files.check_params(flat, {e.path for e in table}, shapes,
                         f'a {cfg.num_layers}-layer {family.name} ({family.describe()})')

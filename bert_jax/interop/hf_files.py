@@ -94,7 +94,7 @@ def hf_class(directory: str) -> str:
       arch = (json.load(f).get('architectures') or ['BertModel'])[0]
   except (OSError, ValueError, AttributeError, IndexError):
     arch = 'BertModel'
-  return arch if arch.startswith(('Bert', 'DistilBert', 'Electra', 'ModernBert')) else 'BertModel'
+  return arch if arch.startswith(('Bert', 'DistilBert', 'Electra', 'ModernBert', 'Roberta', 'XLMRoberta')) else 'BertModel'
 
 
 

@@ -166,8 +166,9 @@ class Embeddings(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     std, e = cfg.initializer_range, cfg.embed_dim
     self.word_embeddings = Embed(cfg.vocab_size, e, ('vocab', 'embed'), std=std, rngs=rngs)
-    self.position_embeddings = Embed(cfg.max_position_embeddings, e, (None, 'embed'),
+    self.position_embeddings = Embed(cfg.max_position_embeddings + cfg.position_offset, e, (None, 'embed'),
                                      std=std, rngs=rngs) if cfg.position_embedding == 'learned' else None
+    self.position_offset = cfg.position_offset  # RoBERTa's rows before position 0
     self.token_type_embeddings = Embed(cfg.type_vocab_size, e, (None, 'embed'), std=std,
                                        rngs=rngs) if cfg.type_vocab_size else None
     self.layer_norm = LayerNorm(e, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg), use_bias=cfg.use_bias)
@@ -179,8 +180,13 @@ class Embeddings(nnx.Module):
   def __call__(self, input_ids_bt, token_type_ids_bt, position_ids_bt, *, deterministic: bool):
     x_bte = self.word_embeddings(input_ids_bt)
     if self.position_embeddings is not None:
+      if self.position_offset:
+        position_ids_bt = position_ids_bt + self.position_offset
       x_bte = x_bte + self.position_embeddings(position_ids_bt)
-    if self.token_type_embeddings is not None:
+    if self.token_type_embeddings is not None and self.token_type_embeddings.embedding.shape[0] == 1:
+      # One token type (RoBERTa, XLM-R): every id is 0, whatever a BERT-style template (B = 1) says.
+      x_bte = x_bte + self.token_type_embeddings.embedding[...][0].astype(x_bte.dtype)
+    elif self.token_type_embeddings is not None:
       x_bte = x_bte + self.token_type_embeddings(token_type_ids_bt)
     x_bte = constrain(x_bte, ('activation_batch', 'activation_length', 'activation_embed'))
     x_bte = self.dropout(self.layer_norm(x_bte), deterministic=deterministic)

@@ -1,7 +1,8 @@
 """bert_jax.data.fast_tokenizer: any Hugging Face tokenizer.json, with ids equal to transformers' AutoTokenizer.
 
 The tokenizers are trained here in the style of the published models (nothing is downloaded): ModernBERT's
-byte-level BPE ([CLS]/[SEP]/[MASK] appended after the merges, no token type ids)."""
+byte-level BPE ([CLS]/[SEP]/[MASK] appended after the merges, no token type ids), RoBERTa's byte-level BPE
+(<s>/</s>/<mask>, `<s> A </s></s> B </s>`) and XLM-R's Unigram (SentencePiece pieces in tokenizer.json form)."""
 
 import json
 import os
@@ -13,7 +14,7 @@ from bert_jax.data import fast_tokenizer, masking, tokenization as tk
 from bert_jax.errors import DataError
 from bert_jax.interop import hf_tokenizer
 
-from helpers import modernbert_style_tokenizer
+from helpers import modernbert_style_tokenizer, roberta_style_tokenizer, xlmr_style_tokenizer
 
 transformers = pytest.importorskip('transformers')
 
@@ -58,6 +59,29 @@ def test_modernbert_style_bpe_gives_transformers_ids(modernbert_dir):
   assert ids.count(tokenizer.mask_id) == 1 and tokenizer.decode(ids) == 'Paris is the of France.'
   # Corpus preparation reads a spelled "[SEP]" as text, never as a boundary.
   assert tokenizer.sep_id not in tokenizer.encode_batch(['a [SEP] b'], specials_as_text=True)[0]
+
+
+@pytest.mark.parametrize('style', ['roberta', 'xlmr'])
+def test_roberta_and_xlmr_style_give_transformers_ids(style, tmp_path):
+  directory = (roberta_style_tokenizer if style == 'roberta' else xlmr_style_tokenizer)(str(tmp_path / style))
+  tokenizer = tk.load_tokenizer(directory)
+  theirs = transformers.AutoTokenizer.from_pretrained(directory)
+  assert (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, tokenizer.pad_id, tokenizer.unk_id) == (
+      theirs.cls_token_id, theirs.sep_token_id, theirs.mask_token_id, theirs.pad_token_id, theirs.unk_token_id)
+  assert [tokenizer.id_to_token(i) for i in (tokenizer.cls_id, tokenizer.pad_id, tokenizer.sep_id)] == [
+      '<s>', '<pad>', '</s>']
+  assert not tokenizer.token_types and tokenizer.vocab_size == len(theirs)
+  _assert_same_as_transformers(tokenizer, directory)
+  a, b = tokenizer.encode('a b'), tokenizer.encode('c d')
+  seps = 2 if style == 'roberta' else 1  # transformers 5's XLMRobertaTokenizer writes one </s> between the texts
+  assert tokenizer.encode_inputs('a b', 'c d', max_length=32)[0] == [
+      tokenizer.cls_id, *a, *[tokenizer.sep_id] * seps, *b, tokenizer.sep_id]
+  starts = tokenizer.word_start_table()
+  ids = tokenizer.encode('The tokenization of words')
+  mark = 'Ġ' if style == 'roberta' else '▁'
+  # After the first (which joins what precedes it in a row: module docstring), the marked pieces start words.
+  assert [bool(starts[i]) for i in ids[1:]] == [tokenizer.id_to_token(i).startswith(mark) for i in ids[1:]]
+  assert len(ids) > 4 and starts[[tokenizer.cls_id, tokenizer.sep_id]].all()
 
 
 def test_tables_for_masking(modernbert_dir):

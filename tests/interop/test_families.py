@@ -143,14 +143,14 @@ def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
 
 
 def test_unsupported_model_type_names_the_supported_ones(built, tmp_path):
-  directory = str(tmp_path / 'roberta')
+  directory = str(tmp_path / 'deberta')
   shutil.copytree(built['distilbert'], directory)
   with open(os.path.join(directory, 'config.json'), encoding='utf-8') as f:
     config = json.load(f)
   with open(os.path.join(directory, 'config.json'), 'w', encoding='utf-8') as f:
-    json.dump({**config, 'model_type': 'roberta'}, f)
-  with pytest.raises(CheckpointError, match="model_type='roberta'; bert_jax imports the model types bert, "
-                                            'distilbert, electra, modernbert'):
+    json.dump({**config, 'model_type': 'deberta-v2'}, f)
+  with pytest.raises(CheckpointError, match="model_type='deberta-v2'; bert_jax imports the model types bert, "
+                                            'distilbert, electra, modernbert, roberta, xlm-roberta'):
     hf.load_hf_checkpoint(directory)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bert_jax.data import tokenization
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.files import check_regular, write_text_atomic
 from bert_jax.finetuning.tasks import metrics
@@ -94,7 +95,8 @@ def iob1_to_iob2(tags: Sequence[str]) -> list[str]:
 def featurize(sentences: Sequence[tuple[list[str], list[str]]], tokenizer, max_seq_length: int,
               path: str = '', labels: Sequence[str] = LABELS, to_bio: bool = True
               ) -> tuple[list[Feature], ConllEvalData]:
-  """Features ([CLS] sub-tokens [SEP], labels on first sub-tokens) of IOB1/BIO sentences.
+  """Features ([CLS] sub-tokens [SEP], or the tokenizer's own template: <s> ... </s>; labels on first sub-tokens)
+  of IOB1/BIO sentences.
 
   Args:
     sentences: (words, tags) pairs as `read_conll` returns them.
@@ -108,18 +110,21 @@ def featurize(sentences: Sequence[tuple[list[str], list[str]]], tokenizer, max_s
   Returns:
     (features, data): one feature per sentence, example_index = its sentence index.
   """
-  if max_seq_length < 3:
+  template = tokenization.template_of(tokenizer)
+  if max_seq_length < template.single_specials + 1:
     raise ConfigError(f'max_seq_length={max_seq_length} leaves no room for a word after '
                       '[CLS]/[SEP]; use a larger max_seq_length')
   features, data = [], ConllEvalData(path, [], [], [])
   index_of = {label: i for i, label in enumerate(labels)}
   for index, (words, raw_tags) in enumerate(sentences):
     tags = iob1_to_iob2(raw_tags) if to_bio else list(raw_tags)
-    ids, token_labels, first, n_cut = _sentence_tokens(words, tags, tokenizer, max_seq_length - 2, index_of)
+    budget = max_seq_length - template.single_specials
+    ids, token_labels, first, n_cut = _sentence_tokens(words, tags, tokenizer, budget, index_of, len(template.head))
+    input_ids, token_type_ids = template.single(ids)
     features.append(Feature(
-        input_ids=np.array([tokenizer.cls_id] + ids + [tokenizer.sep_id], np.int32),
-        token_type_ids=np.zeros(len(ids) + 2, np.int32),
-        token_labels=np.array([IGNORE] + token_labels + [IGNORE], np.int32),
+        input_ids=np.array(input_ids, np.int32), token_type_ids=np.array(token_type_ids, np.int32),
+        token_labels=np.array([IGNORE] * len(template.head) + token_labels + [IGNORE] * len(template.single_tail),
+                              np.int32),
         example_index=index))
     data.words.append(list(words))
     data.tags.append(tags)
@@ -133,7 +138,7 @@ def featurize(sentences: Sequence[tuple[list[str], list[str]]], tokenizer, max_s
 
 
 def _sentence_tokens(words: Sequence[str], tags: Sequence[str], tokenizer, budget: int,
-                     index_of: dict[str, int]) -> tuple[list[int], list[int], np.ndarray, int]:
+                     index_of: dict[str, int], head: int = 1) -> tuple[list[int], list[int], np.ndarray, int]:
   """(ids, token labels, first-sub-token position per word, cut words) of one sentence."""
   ids, labels, n_cut = [], [], 0
   first = np.full(len(words), -1, np.int32)
@@ -145,7 +150,7 @@ def _sentence_tokens(words: Sequence[str], tags: Sequence[str], tokenizer, budge
     if room <= 0:
       n_cut += 1
       continue
-    first[w] = len(ids) + 1  # + 1 for [CLS]
+    first[w] = len(ids) + head  # + the template's specials before the text ([CLS])
     pieces = pieces[:room]
     ids.extend(pieces)
     labels.extend([index_of[tag]] + [IGNORE] * (len(pieces) - 1))

@@ -1,6 +1,7 @@
 """SQuAD v1.1 / v2.0: reader, sliding-window featuriser, post-processing and official metrics.
 
-Features follow Hugging Face's `run_qa.py`: [CLS] question [SEP] context-window [SEP], the
+Features follow Hugging Face's `run_qa.py`: [CLS] question [SEP] context-window [SEP] (the tokenizer's own pair
+template: RoBERTa's <s> question </s></s> context-window </s>), the
 question cut to `max_query_length` WordPieces, the context split into windows that overlap by
 `doc_stride` tokens (the `tokenizers` overflow convention), and the same windows for training
 and evaluation. Predictions are picked as `postprocess_qa_predictions` picks them; EM/F1 are
@@ -22,6 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bert_jax.data import tokenization
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.files import check_regular, write_json_atomic
 from bert_jax.finetuning.tasks.base import EvalSet, Feature
@@ -249,6 +251,8 @@ def featurize(examples: Sequence[SquadExample], tokenizer, *, max_seq_length: in
     (start, end) character span per context token and None for [CLS], question and [SEP].
   """
   questions = tokenizer.encode_batch([e.question for e in examples])
+  template = tokenization.template_of(tokenizer)  # [CLS] q [SEP] ctx [SEP], or the tokenizer's own pair template
+  before = len(template.head) + len(template.mid)  # specials before the context, besides the question
   contexts: dict[str, tuple[list[int], list[tuple[int, int]]]] = {}
   features, offsets, skipped = [], [], 0
   for i, (example, q_ids) in enumerate(zip(examples, questions)):
@@ -263,16 +267,16 @@ def featurize(examples: Sequence[SquadExample], tokenizer, *, max_seq_length: in
         continue
       span = char_to_token_span(ctx_offsets, *char_span)
     q_ids = q_ids[:max_query_length]
-    window = max_seq_length - len(q_ids) - 3
+    window = max_seq_length - len(q_ids) - template.pair_specials
     if window < 1:
       raise ConfigError(f'max_seq_length={max_seq_length} leaves no room for context after a '
                         f'{len(q_ids)}-token question; raise it or lower max_query_length')
     for lo, hi in windows(len(ctx_ids), window, doc_stride):
-      feature = _feature(tokenizer, q_ids, ctx_ids[lo:hi], i)
+      feature = _feature(template, q_ids, ctx_ids[lo:hi], i)
       if span is not None and lo <= span[0] and span[1] < hi:
-        feature.start, feature.end = (t - lo + len(q_ids) + 2 for t in span)
+        feature.start, feature.end = (t - lo + len(q_ids) + before for t in span)
       features.append(feature)
-      offsets.append([None] * (len(q_ids) + 2) + list(ctx_offsets[lo:hi]) + [None])
+      offsets.append([None] * (len(q_ids) + before) + list(ctx_offsets[lo:hi]) + [None] * len(template.tail))
   if skipped and skipped == len(examples):
     raise DataError('every SQuAD training question was skipped: no answer text matches its '
                     'context at answer_start')
@@ -280,9 +284,9 @@ def featurize(examples: Sequence[SquadExample], tokenizer, *, max_seq_length: in
   return features, offsets
 
 
-def _feature(tokenizer, q_ids: Sequence[int], ctx_ids: Sequence[int], example_index: int) -> Feature:
-  input_ids = [tokenizer.cls_id, *q_ids, tokenizer.sep_id, *ctx_ids, tokenizer.sep_id]
-  token_type_ids = [0] * (len(q_ids) + 2) + [1] * (len(ctx_ids) + 1)
+def _feature(template: tokenization.Template, q_ids: Sequence[int], ctx_ids: Sequence[int],
+             example_index: int) -> Feature:
+  input_ids, token_type_ids = template.pair(q_ids, ctx_ids)
   return Feature(input_ids=np.asarray(input_ids, np.int32),
                  token_type_ids=np.asarray(token_type_ids, np.int32), example_index=example_index)
 

@@ -265,3 +265,18 @@ def test_missing_file(tmp_path):
   _write(tmp_path, 'eng.testa', SMALL)
   with pytest.raises(DataError, match=r'eng.testb does not exist'):
     conll.Conll2003().eval_sets(cfg, None)
+
+
+def test_features_take_the_tokenizers_template(tmp_path):
+  """A RoBERTa-style tokenizer's sentence is `<s> sub-tokens </s>` with its own ids; labels on first sub-tokens."""
+  from bert_jax.data import tokenization as tk  # pylint: disable=g-import-not-at-top
+  from helpers import roberta_style_tokenizer  # pylint: disable=g-import-not-at-top
+  tokenizer = tk.load_tokenizer(roberta_style_tokenizer(str(tmp_path / 'roberta')))
+  words = ['Obama', 'visited', 'Paris']
+  (feature,), data = conll.featurize([(words, ['I-PER', 'O', 'I-LOC'])], tokenizer, 64)
+  ids = feature.input_ids.tolist()
+  assert ids[0] == tokenizer.cls_id and ids[-1] == tokenizer.sep_id and tokenizer.pad_id not in ids
+  assert ids[1:-1] == [i for w in words for i in tokenizer.encode(w)]
+  first = data.first_positions[0]
+  assert [feature.token_labels[p] for p in first] == [conll.LABELS.index(t) for t in ('B-PER', 'O', 'B-LOC')]
+  assert (feature.token_labels != IGNORE).sum() == 3 and not feature.token_type_ids.any()

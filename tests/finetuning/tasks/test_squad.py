@@ -285,3 +285,24 @@ def test_bad_input(tmp_path, tokenizer):
   v2 = _write_v2(tmp_path / 'v2.json')
   with pytest.raises(DataError, match="use task 'squad_v2'"):
     squad.Squad().eval_sets(FinetuneConfig(train_file=v2, eval_file=v2), tokenizer)
+
+
+def test_features_take_the_tokenizers_pair_template(tmp_path):
+  """A RoBERTa-style tokenizer's features are its own `<s> q </s></s> ctx </s>` (transformers' ids for the pair), all
+  token type 0, with the answer's tokens at the labels and offsets only on the context."""
+  from bert_jax.data import tokenization as tk  # pylint: disable=g-import-not-at-top
+  from helpers import roberta_style_tokenizer  # pylint: disable=g-import-not-at-top
+  transformers = pytest.importorskip('transformers')
+  directory = roberta_style_tokenizer(str(tmp_path / 'roberta'))
+  tokenizer = tk.load_tokenizer(directory)
+  context = 'The game was released in Japan in 2010 by a small studio.'
+  example = squad.SquadExample('x', 'Where was it released?', context, [{'text': 'Japan', 'answer_start': 25}])
+  (feature,), (offsets,) = squad.featurize([example], tokenizer, max_seq_length=64, doc_stride=16,
+                                           max_query_length=32, train=True)
+  theirs = transformers.AutoTokenizer.from_pretrained(directory)(example.question, context)
+  assert feature.input_ids.tolist() == theirs['input_ids'] and not feature.token_type_ids.any()
+  assert feature.input_ids.tolist().count(tokenizer.sep_id) == 3
+  assert tokenizer.decode(feature.input_ids[feature.start:feature.end + 1]).strip() == 'Japan'
+  spans = [o for o in offsets if o is not None]
+  assert ''.join(context[s:e] for s, e in spans).replace(' ', '') == context.replace(' ', '')
+  assert offsets[:3] == [None] * 3 and offsets[-1] is None and len(offsets) == len(feature.input_ids)

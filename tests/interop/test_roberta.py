@@ -1,0 +1,291 @@
+"""RoBERTa and XLM-R checkpoints, built here with transformers from small configs (random weights perturbed, LayerNorms
+too) and tokenizers trained here in their style (helpers.roberta_style_tokenizer: byte-level BPE;
+helpers.xlmr_style_tokenizer: Unigram): they load with transformers' ids, hidden states and MLM logits (positions
+offset by padding_idx + 1, one token type), export back to their own model_type, continue pretraining, fine-tune on
+SST-2, and the exported fill-mask pipeline gives fill_mask.py's answers; bad checkpoints give one error line."""
+
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors import numpy as st_numpy
+
+from bert_jax.errors import CheckpointError
+from bert_jax.interop import hf, pretrained
+
+from helpers import (
+  assert_one_line_error,
+  head_of_task_file,
+  roberta_style_tokenizer,
+  run_main,
+  shared_data_or_skip,
+  tree_digest,
+  write_small_corpus,
+  xlmr_style_tokenizer,
+)
+
+pytestmark = pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+
+# name -> (model_type, transformers class, its head)
+MODELS = {
+    'roberta': ('roberta', 'RobertaForMaskedLM', 'mlm'),
+    'roberta_base': ('roberta', 'RobertaModel', None),  # with its pooler
+    'xlmr': ('xlm-roberta', 'XLMRobertaForMaskedLM', 'mlm'),
+}
+TEXTS = ['Paris is the capital of France.', 'Crème brûlée at the Café 東京 👍, see https://example.com/a?b=c#d',
+         'def f(x):\n    return x ** 2', 'the <mask> sat on the [MASK] </s> twice']
+MAX_POSITIONS = 64  # theirs: 66 (the offset of padding_idx + 1 = 2)
+
+
+def build(name: str, directory: str) -> str:
+  """A transformers model of MODELS[name] with every weight perturbed, saved with its tokenizer."""
+  model_type, cls, _ = MODELS[name]
+  (xlmr_style_tokenizer if model_type == 'xlm-roberta' else roberta_style_tokenizer)(directory)
+  tok = transformers.AutoTokenizer.from_pretrained(directory)
+  config_cls = transformers.XLMRobertaConfig if model_type == 'xlm-roberta' else transformers.RobertaConfig
+  config = config_cls(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=64, max_position_embeddings=MAX_POSITIONS + 2, type_vocab_size=1,
+                      layer_norm_eps=1e-5, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
+                      eos_token_id=tok.sep_token_id)
+  torch.manual_seed(sum(map(ord, name)))
+  model = getattr(transformers, cls)(config)
+  with torch.no_grad():
+    for p in model.parameters():  # tied tensors are one parameter: they stay tied
+      p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(directory)
+  return directory
+
+
+@pytest.fixture(scope='module')
+def built(tmp_path_factory):
+  root = tmp_path_factory.mktemp('roberta')
+  return {name: build(name, str(root / name)) for name in MODELS}
+
+
+def _batch(directory):
+  batch = transformers.AutoTokenizer.from_pretrained(directory)(TEXTS, TEXTS[::-1], padding=True, truncation=True,
+                                                                    max_length=MAX_POSITIONS, return_tensors='pt')
+  assert 'token_type_ids' not in batch
+  return batch
+
+
+def _theirs(directory, cls, batch):
+  """transformers' (last hidden state, logits or None) of `batch`."""
+  model = getattr(transformers, cls).from_pretrained(directory).eval()
+  with torch.no_grad():
+    out = model(**batch, output_hidden_states=True)
+  return out.hidden_states[-1].numpy(), getattr(out, 'logits', None)
+
+
+def _assert_matches_transformers(directory, cls, loaded, record_property=None):
+  """transformers' ids, hidden states (<= 1e-5) and MLM logits (<= 1e-4) at the real positions of a padded batch."""
+  theirs_tok = transformers.AutoTokenizer.from_pretrained(directory)
+  for a in TEXTS:
+    for b in (None, TEXTS[0]):
+      want = theirs_tok(a) if b is None else theirs_tok(a, b)
+      ids, types, _ = loaded.tokenizer.encode_inputs(a, b, max_length=512)
+      assert ids == want['input_ids'] and types == [0] * len(ids)
+  batch = _batch(directory)
+  hidden, logits = _theirs(directory, cls, batch)
+  ids, mask = jnp.asarray(batch['input_ids'].numpy()), jnp.asarray(batch['attention_mask'].numpy())
+  real = batch['attention_mask'].numpy() == 1
+  seq, _ = loaded.encoder()(ids, None, mask)
+  hidden_diff = float(np.abs(np.asarray(seq) - hidden)[real].max())
+  assert hidden_diff <= 1e-5
+  if record_property:
+    record_property('hidden_max_abs_diff', hidden_diff)
+  if logits is not None:
+    ours, _ = loaded.pretraining_model()(ids, None, mask, jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape))
+    logits_diff = float(np.abs(np.asarray(ours) - logits.numpy())[real].max())
+    assert logits_diff <= 1e-4
+    if record_property:
+      record_property('mlm_logits_max_abs_diff', logits_diff)
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_loads_with_transformers_ids_and_outputs(built, name, record_property):
+  _, cls, head = MODELS[name]
+  cfg, params, has_mlm, has_nsp = hf.load_hf_checkpoint(built[name])
+  assert (has_mlm, has_nsp) == (head == 'mlm', False)
+  assert (cfg.position_offset, cfg.max_position_embeddings, cfg.type_vocab_size, cfg.pad_token_id) == (
+      2, MAX_POSITIONS, 1, 1)
+  assert params['bert']['embeddings']['position_embeddings']['embedding'].shape == (MAX_POSITIONS + 2, 32)
+  pooler = params['bert']['pooler']['kernel']
+  assert np.any(pooler) == (name == 'roberta_base')  # RobertaForMaskedLM has none: zeros
+  loaded = pretrained.load_pretrained(built[name])
+  tok = loaded.tokenizer
+  assert (tok.id_to_token(tok.cls_id), tok.id_to_token(tok.sep_id), tok.id_to_token(tok.mask_id), tok.pad_id) == (
+      '<s>', '</s>', '<mask>', 1)
+  _assert_matches_transformers(built[name], cls, loaded, record_property)
+
+
+def test_pairs_follow_the_tokenizer_template(built):
+  tok = pretrained.load_pretrained(built['roberta']).tokenizer
+  ids = tok.encode_inputs('a b', 'c d', max_length=32)[0]
+  a, b = tok.encode('a b'), tok.encode('c d')
+  assert ids == [tok.cls_id, *a, tok.sep_id, tok.sep_id, *b, tok.sep_id]  # RoBERTa's double separator
+  # One token type: a BERT-style segment B (type 1, as NSP records give) reads row 0 as transformers does.
+  loaded = pretrained.load_pretrained(built['roberta'])
+  x = jnp.asarray([ids])
+  zeros, _ = loaded.encoder()(x, jnp.zeros_like(x), jnp.ones_like(x))
+  ones, _ = loaded.encoder()(x, jnp.ones_like(x), jnp.ones_like(x))
+  np.testing.assert_array_equal(np.asarray(zeros), np.asarray(ones))
+  assert np.isfinite(np.asarray(ones)).all()
+
+
+@pytest.mark.parametrize('name', MODELS)
+def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
+  model_type, cls, head = MODELS[name]
+  cfg, params, _, _ = hf.load_hf_checkpoint(built[name])
+  out = str(tmp_path / 'export')
+  hf.save_hf_checkpoint(out, cfg, params, hf.load_hf_tokenizer(built[name]))
+  with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
+    written = json.load(f)
+  assert (written['model_type'], written['architectures'], written['max_position_embeddings'],
+          written['pad_token_id'], written['type_vocab_size']) == (model_type, [cls], MAX_POSITIONS + 2, 1, 1)
+  theirs = st_numpy.load_file(os.path.join(built[name], 'model.safetensors'))
+  ours = st_numpy.load_file(os.path.join(out, 'model.safetensors'))
+  assert set(ours) == set(theirs)  # the pooler where the class has one, no decoder copies
+  for k in theirs:  # the whole position table, its unused rows too
+    np.testing.assert_array_equal(ours[k], theirs[k])
+  batch = _batch(built[name])
+  for a, b in zip(_theirs(out, cls, batch), _theirs(built[name], cls, batch)):
+    if a is not None:
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  fast, original = (transformers.AutoTokenizer.from_pretrained(d) for d in (out, built[name]))
+  for text in TEXTS:
+    assert fast(text, TEXTS[0]) == original(text, TEXTS[0])
+  again = hf.load_hf_checkpoint(out)
+  assert again[0] == cfg
+  for x, y in zip(jax.tree.leaves(again[1]), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(x, y)
+
+
+def _rewrite(directory, change):
+  path = os.path.join(directory, 'model.safetensors')
+  tensors = st_numpy.load_file(path)
+  change(tensors)
+  st_numpy.save_file(tensors, path, metadata={'format': 'pt'})
+
+
+@pytest.mark.parametrize('case', ['missing', 'extra', 'untied', 'cut'])
+def test_bad_checkpoint_is_one_error_line_and_writes_nothing(built, case, tmp_path):
+  directory, out = str(tmp_path / 'model'), str(tmp_path / 'export')
+  shutil.copytree(built['roberta'], directory)
+  if case == 'missing':
+    _rewrite(directory, lambda t: t.pop('lm_head.layer_norm.bias'))
+    pattern = 'lacks 1 tensor(s) a 2-layer RoBERTa needs: lm_head.layer_norm.bias'
+  elif case == 'extra':
+    _rewrite(directory, lambda t: t.update({'roberta.encoder.layer.2.output.dense.bias': np.zeros(32, np.float32)}))
+    pattern = 'has tensor(s) that a 2-layer RoBERTa lacks: roberta.encoder.layer.2.output.dense.bias'
+  elif case == 'untied':
+    _rewrite(directory, lambda t: t.update({'lm_head.decoder.bias': t['lm_head.bias'] + 1}))
+    pattern = 'lm_head.decoder.bias differs from lm_head.bias'
+  else:
+    path = os.path.join(directory, 'model.safetensors')
+    with open(path, 'rb') as f:
+      data = f.read()
+    with open(path, 'wb') as f:
+      f.write(data[:len(data) // 2])
+    pattern = 'cannot be read as safetensors'
+  before = tree_digest(directory)
+  result = run_main('export_hf.py', f'--checkpoint={directory}', f'--output={out}')
+  assert_one_line_error(result, pattern)
+  assert not os.path.exists(out) and tree_digest(directory) == before
+
+
+def test_stored_decoder_copies_load(built, tmp_path):
+  """Older checkpoints store the tied decoder weight and bias: equal copies load as the checkpoint without them."""
+  directory = str(tmp_path / 'model')
+  shutil.copytree(built['roberta'], directory)
+  _rewrite(directory, lambda t: t.update({'lm_head.decoder.weight': t['roberta.embeddings.word_embeddings.weight'],
+                                          'lm_head.decoder.bias': t['lm_head.bias']}))
+  a, b = hf.load_hf_checkpoint(directory)[1], hf.load_hf_checkpoint(built['roberta'])[1]
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_export_refuses_what_roberta_cannot_hold(built, tmp_path):
+  cfg, params, _, _ = hf.load_hf_checkpoint(built['roberta'])
+  bert_tok = hf.load_hf_tokenizer(built['roberta'])
+  with pytest.raises(CheckpointError, match='fine-tuned roberta model exports as bert_jax only'):
+    hf.save_hf_checkpoint(str(tmp_path / 'a'), cfg, {'bert': params['bert'], 'classifier': {}},
+                          task={'kind': 'classification', 'num_labels': 2})
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  shifted = dataclasses.replace(cfg, position_offset=1, max_position_embeddings=MAX_POSITIONS + 1)
+  with pytest.raises(CheckpointError, match='but the tokenizer pads with id 1'):
+    hf.save_hf_checkpoint(str(tmp_path / 'b'), shifted, params, bert_tok)
+  with pytest.raises(CheckpointError, match='no Hugging Face family has both'):
+    hf.save_hf_checkpoint(str(tmp_path / 'c'), dataclasses.replace(cfg, embedding_size=16), params)
+  assert not any(os.path.exists(tmp_path / d) for d in 'abc')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['roberta', 'xlmr'])
+def test_continued_pretraining_exports_back_and_fills_masks(built, name, tmp_path):
+  model_type, cls, _ = MODELS[name]
+  corpus = write_small_corpus(tmp_path)
+  workdir, out = str(tmp_path / 'run'), str(tmp_path / 'export')
+  before = tree_digest(built[name])
+  result = run_main('pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
+                    f'--config.init_checkpoint={built[name]}', f'--config.data.train_files={corpus}',
+                    f'--config.data.cache_dir={tmp_path / "cache"}', '--config.data.masking=whole_word',
+                    '--config.data.objective=none', '--config.num_train_steps=2', '--config.batch_size=8',
+                    '--config.data.max_seq_length=64', '--config.eval_every=1000', '--config.data.eval_fraction=0.4')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'loaded encoder, MLM head' in result.stdout, result.stdout[-3000:]
+  result = run_main('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  line = json.loads(result.stdout.strip().splitlines()[-1])
+  assert (line['architecture'], line['heads']) == (cls, ['mlm'])
+  with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
+    assert json.load(f)['model_type'] == model_type
+  trained = pretrained.load_pretrained(workdir)
+  assert trained.config.position_offset == 2
+  _assert_matches_transformers(out, cls, trained)
+  hidden_before = _theirs(built[name], cls, _batch(built[name]))[0]
+  assert not np.allclose(_theirs(out, cls, _batch(out))[0], hidden_before, atol=1e-5)  # trained
+  assert tree_digest(built[name]) == before
+
+  text = 'The capital of France is <mask>, not <mask>.'
+  result = run_main('fill_mask.py', f'--checkpoint={out}', f'--text={text}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  answers = json.loads(result.stdout.strip().splitlines()[-1])['predictions']
+  pipeline = transformers.pipeline('fill-mask', model=out, top_k=5)(text)
+  assert len(pipeline) == len(answers) == 2
+  for their_top, our_top in zip(pipeline, answers):
+    assert [t['token'] for t in their_top] == [trained.tokenizer.token_to_id(a['token']) for a in our_top]
+    decoded = [(t['token_str'].strip(), a['token_str']) for t, a in zip(their_top, our_top) if t['token_str'].strip()]
+    assert decoded and all(theirs == ours for theirs, ours in decoded)  # the text, not the piece ('Ġthe')
+    assert np.abs(np.array([t['score'] for t in their_top]) - [a['probability'] for a in our_top]).max() <= 1e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['roberta', 'xlmr'])
+def test_fine_tunes_on_sst2_and_predicts(built, name, tmp_path):
+  data = shared_data_or_skip('sst2')
+  head_of_task_file(os.path.join(data, 'train.tsv'), 48, tmp_path)
+  head_of_task_file(os.path.join(data, 'dev.tsv'), 16, tmp_path)
+  workdir = str(tmp_path / 'sst2')
+  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={workdir}',
+                    f'--config.init_checkpoint={built[name]}', f'--config.data_dir={tmp_path}',
+                    '--config.num_train_steps=2', '--config.batch_size=8', '--config.max_seq_length=32')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 0 <= json.loads(result.stdout.strip().splitlines()[-1])['dev_accuracy'] <= 1
+  result = run_main('predict.py', f'--workdir={workdir}', '--text=a charming and often affecting journey')
+  assert result.returncode == 0, result.stderr[-3000:]
+  row = json.loads(result.stdout.strip().splitlines()[-1])
+  assert row['label'] in ('negative', 'positive') and abs(sum(row['probabilities'].values()) - 1) < 1e-6
+  tuned = pretrained.load_finetuned(workdir)
+  assert (tuned.config.position_offset, tuned.config.type_vocab_size) == (2, 1)
+  start = hf.load_hf_checkpoint(built[name])[1]['bert']['embeddings']['position_embeddings']['embedding']
+  tuned_positions = np.asarray(tuned.params['bert']['embeddings']['position_embeddings']['embedding'])
+  assert np.corrcoef(start.ravel(), tuned_positions.ravel())[0, 1] > 0.99  # from the checkpoint's table
