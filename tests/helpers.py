@@ -591,3 +591,75 @@ def xlmr_style_tokenizer(directory: str, vocab_size: int = 400, lines: int = 300
   pieces = [tuple(p) for p in json.loads(tok.to_str())['model']['vocab']] + [('<mask>', 0.0)]
   transformers.XLMRobertaTokenizer(vocab=pieces, model_max_length=512).save_pretrained(directory)
   return directory
+
+
+# A fine-tuned model's task, per head kind, as `load_finetuned` gives it (label names where the kind has them).
+FAMILY_TASKS = {
+    'classification': dict(name='mood', kind='classification', num_labels=3, label_names=['neg', 'neu', 'pos']),
+    'token': dict(name='ner', kind='token', num_labels=4, label_names=['O', 'B-PER', 'I-PER', 'B-LOC']),
+    'span': dict(name='squad', kind='span', num_labels=2, label_names=[]),
+}
+
+
+def assert_task_exports_match_transformers(directory: str, out_root, texts, token_types: bool) -> None:
+  """A model imported from the Hugging Face `directory`, given a random task head of each kind (and a random
+  pooler), exports with the task; transformers' Auto class loads it with nothing missing or unexpected, as the
+  family's own class, and its logits equal ours (<= 1e-4) on a padded batch of `texts` (real tokens only for
+  per-token heads)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.model import heads  # pylint: disable=g-import-not-at-top
+  cfg, imported, _, _ = hf.load_hf_checkpoint(directory)
+  batch = transformers.AutoTokenizer.from_pretrained(directory)(list(texts), padding=True, return_tensors='np')
+  ids, mask = batch['input_ids'].astype(np.int32), batch['attention_mask'].astype(np.int32)
+  types = batch['token_type_ids'].astype(np.int32) if token_types else None
+  auto = {'classification': 'AutoModelForSequenceClassification', 'token': 'AutoModelForTokenClassification',
+          'span': 'AutoModelForQuestionAnswering'}
+  for seed, (kind, task) in enumerate(FAMILY_TASKS.items()):
+    model = heads.head_model(kind, cfg, task['num_labels'], rngs=nnx.Rngs(seed))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    rng = np.random.default_rng(seed)
+    params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(np.float32), params)
+    params['bert'] = {**imported['bert'], 'pooler': params['bert']['pooler']}
+    out = os.path.join(str(out_root), kind)
+    hf.save_hf_checkpoint(out, cfg, params, task=task)
+    theirs, info = getattr(transformers, auto[kind]).from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), (kind, info)
+    with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
+      written = json.load(f)
+    assert written['architectures'] == [type(theirs).__name__] and written['finetuning_task'] == task['name']
+    if kind != 'span':
+      assert written['id2label'] == {str(i): n for i, n in enumerate(task['label_names'])}
+    state = nnx.state(model, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+    nnx.update(model, state)
+    ours = np.asarray(model(jnp.asarray(ids), None if types is None else jnp.asarray(types)))
+    inputs = {'input_ids': ids, 'attention_mask': mask, **({'token_type_ids': types} if token_types else {})}
+    with torch.no_grad():
+      got = theirs.eval()(**{k: torch.from_numpy(v.astype(np.int64)) for k, v in inputs.items()})
+    if kind == 'span':
+      want = np.stack([got.start_logits.numpy(), got.end_logits.numpy()], -1)
+    else:
+      want = got.logits.numpy()
+    if kind != 'classification':
+      want, ours = want[mask == 1], ours[mask == 1]
+    assert np.abs(ours - want).max() <= 1e-4, (kind, type(theirs).__name__, np.abs(ours - want).max())
+
+
+def assert_export_classifies_as_predict(workdir: str, out: str, text: str, architecture: str) -> None:
+  """export_hf.py writes the fine-tuned `workdir` as `architecture`, whose text-classification pipeline gives
+  predict.py's probabilities (<= 1e-5) for `text`."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  result = run_main('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert json.loads(result.stdout.strip().splitlines()[-1])['architecture'] == architecture
+  result = run_main('predict.py', f'--workdir={workdir}', f'--text={text}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  ours = json.loads(result.stdout.strip().splitlines()[-1])['probabilities']
+  scores = transformers.pipeline('text-classification', model=out, top_k=None)([text])[0]
+  theirs = {s['label']: s['score'] for s in scores}
+  assert theirs.keys() == ours.keys() and max(abs(theirs[k] - ours[k]) for k in ours) <= 1e-5, (theirs, ours)

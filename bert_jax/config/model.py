@@ -34,6 +34,9 @@ LOGITS_BACKWARDS = ('compute', 'float32')
 NORM_POSITIONS = ('post', 'pre')
 POSITION_EMBEDDINGS = ('learned', 'rotary')
 MLPS = ('gelu', 'geglu')
+# model.pooler_activation: after the [CLS] pooler's dense layer: BERT's and RoBERTa's tanh, DistilBERT's ReLU
+# (pre_classifier), ELECTRA's exact GELU (ElectraClassificationHead).
+POOLER_ACTIVATIONS = ('tanh', 'relu', 'gelu')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +91,9 @@ class ModelConfig:
   # 'gelu': dense -> exact GELU -> dense (BERT). 'geglu': GELU(x W) * (x V) -> dense, with W and V side by side
   # in one intermediate kernel [hidden, 2, intermediate_size] (ModernBERT).
   mlp: str = _f('gelu', free=True, checkpoint='fixed')
+  # The pooler's activation (POOLER_ACTIVATIONS): what the NSP head and a sequence classifier read is
+  # activation(dense([CLS])). Imports set their family's, so a fine-tuned model exports as that family's classifier.
+  pooler_activation: str = _f('tanh', free=True, checkpoint='fixed')
   # False: no bias in any dense layer or LayerNorm of the encoder (pooler included) or of the MLM transform. The
   # output layers keep theirs: the MLM decoder's per-token bias, the NSP and task classifiers (as ModernBERT).
   use_bias: bool = _f(True, free=True, checkpoint='fixed')
@@ -152,7 +158,7 @@ class ModelConfig:
       if getattr(self, name) <= 0:
         raise ConfigError(f'model.{name} must be positive, got {getattr(self, name)}')
     for name, choices in (('norm_position', NORM_POSITIONS), ('position_embedding', POSITION_EMBEDDINGS),
-                          ('mlp', MLPS)):
+                          ('mlp', MLPS), ('pooler_activation', POOLER_ACTIVATIONS)):
       if getattr(self, name) not in choices:
         raise ConfigError(f'model.{name} must be one of {", ".join(choices)}, got {getattr(self, name)!r}')
     for name in ('type_vocab_size', 'embedding_size', 'attention_window', 'global_attention_every',

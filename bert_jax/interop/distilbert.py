@@ -51,7 +51,8 @@ def _table(cfg: ModelConfig) -> list[Entry]:
 FAMILY = hf_family.Family(
     name='DistilBERT', prefix='distilbert.', table=_table, decoder='vocab_projector.weight',
     words='embeddings.word_embeddings.weight', token_types=False,
-    classes={frozenset(): 'DistilBertModel', frozenset({'mlm'}): 'DistilBertForMaskedLM'})
+    classes={frozenset(): 'DistilBertModel', frozenset({'mlm'}): 'DistilBertForMaskedLM'},
+    stem='DistilBert', sequence_head=('pre_classifier', 'classifier'), pooler_activation='relu')
 
 
 def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
@@ -70,7 +71,7 @@ def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
                        max_position_embeddings=hf['max_position_embeddings'], type_vocab_size=0,
                        hidden_dropout=hf['dropout'], attention_dropout=hf['attention_dropout'],
                        initializer_range=hf['initializer_range'], layer_norm_eps=LAYER_NORM_EPS,
-                       pad_token_id=hf['pad_token_id'])
+                       pad_token_id=hf['pad_token_id'], pooler_activation=FAMILY.pooler_activation)
   except (BertJaxError, TypeError) as e:
     raise CheckpointError(f'{path}: {e}') from None
 
@@ -94,6 +95,7 @@ def load_checkpoint(directory: str, cfg: ModelConfig):
   return hf_family.load(directory, cfg, FAMILY)
 
 
-def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False) -> None:
+def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
+                    task=None) -> None:
   check_exportable(cfg)
-  hf_family.save(directory, cfg, params, tokenizer, FAMILY, hf_config, overwrite=overwrite)
+  hf_family.save(directory, cfg, params, tokenizer, FAMILY, hf_config, overwrite=overwrite, task=task)

@@ -55,7 +55,8 @@ FAMILY = hf_family.Family(
     name='ELECTRA', prefix='electra.', table=_table, decoder='generator_lm_head.weight',
     words='embeddings.word_embeddings.weight', extra_shapes=_discriminator_shapes,
     classes={frozenset(): 'ElectraModel', frozenset({'mlm'}): 'ElectraForMaskedLM',
-             frozenset({'discriminator'}): 'ElectraForPreTraining'})
+             frozenset({'discriminator'}): 'ElectraForPreTraining'},
+    stem='Electra', sequence_head=('classifier.dense', 'classifier.out_proj'), pooler_activation='gelu')
 
 
 def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
@@ -72,7 +73,7 @@ def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
                        max_position_embeddings=hf['max_position_embeddings'], type_vocab_size=hf['type_vocab_size'],
                        hidden_dropout=hf['hidden_dropout_prob'], attention_dropout=hf['attention_probs_dropout_prob'],
                        initializer_range=hf['initializer_range'], layer_norm_eps=hf['layer_norm_eps'],
-                       pad_token_id=hf['pad_token_id'])
+                       pad_token_id=hf['pad_token_id'], pooler_activation=FAMILY.pooler_activation)
   except (BertJaxError, TypeError) as e:
     raise CheckpointError(f'{path}: {e}') from None
 
@@ -98,6 +99,7 @@ def load_checkpoint(directory: str, cfg: ModelConfig):
   return hf_family.load(directory, cfg, FAMILY)
 
 
-def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False) -> None:
+def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
+                    task=None) -> None:
   check_exportable(cfg)
-  hf_family.save(directory, cfg, params, tokenizer, FAMILY, hf_config, overwrite=overwrite)
+  hf_family.save(directory, cfg, params, tokenizer, FAMILY, hf_config, overwrite=overwrite, task=task)

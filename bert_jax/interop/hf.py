@@ -31,7 +31,7 @@ from safetensors import numpy as st_numpy
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
-from bert_jax.interop import distilbert, electra, hf_files, hf_names, modernbert, roberta
+from bert_jax.interop import distilbert, electra, hf_files, hf_names, hf_tasks, modernbert, roberta
 from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE
 from bert_jax.runs import reporting
 
@@ -65,18 +65,9 @@ def hf_model_type(cfg: ModelConfig) -> str:
   return modernbert.hf_architecture(cfg)  # 'modernbert', or one line naming the switches
 
 
-PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), ('classifier', 'qa_outputs')
-# Our head kind (heads.HEAD_KINDS) <-> the transformers class, and the head it has.
-TASK_ARCHITECTURES = {'classification': 'BertForSequenceClassification', 'regression': 'BertForSequenceClassification',
-                      'multilabel': 'BertForSequenceClassification', 'token': 'BertForTokenClassification',
-                      'span': 'BertForQuestionAnswering'}
-_TASK_HEAD = {'classification': 'classifier', 'regression': 'classifier', 'multilabel': 'classifier',
-              'token': 'classifier', 'span': 'qa_outputs'}
-# A sequence head's kind <-> transformers' config.problem_type (which picks the loss and the pipeline's function).
-_PROBLEM_TYPES = {'classification': 'single_label_classification', 'regression': 'regression',
-                  'multilabel': 'multi_label_classification'}
-# transformers builds these two without a pooler (add_pooling_layer=False): ours is not exported with them.
-_NO_POOLER = ('token', 'span')
+PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), hf_tasks.TASK_HEADS
+# Our head kind (heads.HEAD_KINDS) <-> the transformers class.
+TASK_ARCHITECTURES = {kind: 'Bert' + suffix for kind, suffix in hf_tasks.CLASS_SUFFIXES.items()}
 
 
 def _hf_name(entry: _Entry, prefix: str) -> str:
@@ -222,7 +213,7 @@ def read_hf_task(directory: str) -> dict[str, Any] | None:
   elif arch == 'BertForTokenClassification':
     kind = 'token'
   else:
-    kinds = {problem: kind for kind, problem in _PROBLEM_TYPES.items()}
+    kinds = {problem: kind for kind, problem in hf_tasks.PROBLEM_TYPES.items()}
     kind = kinds.get(hf_config.get('problem_type'), 'classification')
   return {'name': hf_config.get('finetuning_task') or '', 'kind': kind, 'num_labels': num_labels,
           'label_names': labels if kind in ('classification', 'multilabel', 'token') else []}
@@ -261,17 +252,22 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
       cannot be exported exactly. Nothing is written then.
   """
   model_type = hf_model_type(cfg)  # other architectures than these: one line
-  if model_type != 'bert':
+  if model_type == 'modernbert':
     if task is not None:
-      raise CheckpointError(f'a fine-tuned {model_type} model exports as bert_jax only: its task head has no '
-                            'Hugging Face counterpart here')
-    return MODEL_TYPES[model_type].save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite)
+      raise CheckpointError('a fine-tuned modernbert model exports as bert_jax only: ModernBERT\'s task heads (dense, '
+                            'activation, LayerNorm) are not the heads bert_jax trains')
+    return modernbert.save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite)
+  if model_type != 'bert':
+    return MODEL_TYPES[model_type].save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite, task=task)
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
   heads = {p[0] for p in flat} - {'bert'}
-  num_labels = _check_task(task, heads)
-  groups = {'bert'} | heads | ({'pooler'} if task is None or task['kind'] not in _NO_POOLER else set())
+  num_labels = hf_tasks.check_task(task, heads)
+  groups = {'bert'} | heads | ({'pooler'} if task is None or task['kind'] in hf_tasks.SEQUENCE_KINDS else set())
+  if 'pooler' in groups and cfg.pooler_activation != 'tanh':
+    raise CheckpointError(f'model.pooler_activation={cfg.pooler_activation}: BERT\'s pooler applies tanh, so its '
+                          'pooled output would differ in transformers; nothing written')
   table = [e for e in _name_table(cfg.num_layers) if e.group in groups]
   shapes = hf_files.param_shapes(cfg, num_labels)
   exported = {e.path for e in table}
@@ -300,27 +296,6 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     tokenizer_files.write(directory, cfg.max_position_embeddings)
   with open(os.path.join(directory, CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)
-
-
-def _check_task(task: dict[str, Any] | None, heads: set) -> int:
-  """The task head's number of labels (2 without one); CheckpointError when task and heads disagree."""
-  task_heads = heads & set(TASK_HEADS)
-  if task is None:
-    if task_heads:
-      raise CheckpointError(f'params hold the task head {", ".join(sorted(task_heads))} but no task was given '
-                            "(task={'kind', 'num_labels', 'label_names'}); nothing written")
-    return 2
-  kind = task.get('kind')
-  if kind not in TASK_ARCHITECTURES:
-    raise CheckpointError(f'task kind {kind!r} is not one of {", ".join(TASK_ARCHITECTURES)}; nothing written')
-  if heads != {_TASK_HEAD[kind]}:
-    raise CheckpointError(f'a {kind} model has the head {_TASK_HEAD[kind]!r} only, but params hold '
-                          f'{", ".join(sorted(heads)) or "none"}; nothing written')
-  num_labels = 2 if kind == 'span' else int(task['num_labels'])
-  names = list(task.get('label_names') or [])
-  if names and len(names) != num_labels:
-    raise CheckpointError(f'task has {num_labels} labels but {len(names)} label names; nothing written')
-  return num_labels
 
 
 def load_hf_tokenizer(directory: str):
@@ -390,12 +365,4 @@ def _hf_config(cfg: ModelConfig, heads: set, tokenizer, task: dict[str, Any] | N
     config['architectures'] = [arch[frozenset(heads)]]
     return config
   config['architectures'] = [TASK_ARCHITECTURES[task['kind']]]
-  if task.get('name'):
-    config['finetuning_task'] = task['name']
-  if task['kind'] != 'span':  # a QA model keeps transformers' default: 2 outputs (start, end)
-    names = list(task.get('label_names') or []) or [f'LABEL_{i}' for i in range(int(task['num_labels']))]
-    config['id2label'] = {str(i): name for i, name in enumerate(names)}
-    config['label2id'] = {name: i for i, name in enumerate(names)}
-  if task['kind'] in _PROBLEM_TYPES:
-    config['problem_type'] = _PROBLEM_TYPES[task['kind']]
-  return config
+  return {**config, **hf_tasks.task_config(task)}

@@ -23,8 +23,8 @@ from safetensors import numpy as st_numpy
 
 from bert_jax.config import ModelConfig
 from bert_jax.errors import CheckpointError
-from bert_jax.interop import hf_files
-from bert_jax.interop.hf_names import Entry, hf_shape
+from bert_jax.interop import hf_files, hf_tasks
+from bert_jax.interop.hf_names import Entry, dense, hf_shape
 from bert_jax.runs import reporting
 
 
@@ -42,12 +42,27 @@ class Family:
   token_types: bool = True  # its tokenizer gives token_type_ids
   pooled: frozenset = frozenset()  # the head sets (keys of `classes`) whose class has a pooler (group 'pooler')
   decoder_bias: tuple[str, str] | None = None  # (the tied decoder bias checkpoints may store, the bias it equals)
+  # Fine-tuned exports: the class names' stem ('DistilBert' + 'ForSequenceClassification', ...), the names of
+  # <stem>ForSequenceClassification's two dense layers on [CLS] (our pooler, our classifier) and the activation
+  # between them (model.pooler_activation must be it).
+  stem: str = ''
+  sequence_head: tuple[str, str] = ('', '')
+  pooler_activation: str = 'tanh'
 
   def hf_name(self, entry: Entry, prefix: str) -> str:
     return prefix + entry.hf_name if entry.group in ('bert', 'pooler') else entry.hf_name
 
-  def shapes(self, cfg: ModelConfig) -> dict:
-    return {**hf_files.param_shapes(cfg), **self.extra_shapes(cfg)}
+  def shapes(self, cfg: ModelConfig, num_labels: int = 2) -> dict:
+    return {**hf_files.param_shapes(cfg, num_labels), **self.extra_shapes(cfg)}
+
+  def task_table(self, kind: str) -> list[Entry]:
+    """The task head's tensors of a fine-tuned `kind` (`hf_tasks.CLASS_SUFFIXES`): a sequence classifier's
+    two dense layers, or the token classifier / QA outputs, which every family names as BERT does."""
+    if kind in hf_tasks.SEQUENCE_KINDS:
+      return dense(('bert', 'pooler'), self.sequence_head[0], group='task') + dense(
+          ('classifier',), self.sequence_head[1], group='task')
+    head = hf_tasks.TASK_HEAD[kind]
+    return dense((head,), head, group='task')
 
   def describe(self) -> str:
     return ' and '.join(sorted(self.classes.values()))
@@ -88,33 +103,51 @@ def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig,
                             f'config.json implies {expected}')
     flat[e.path] = np.ascontiguousarray(e.rule.from_hf(theirs, shapes[e.path]))
   if 'pooler' not in heads:
-    reporting.log(f'warning: {directory} holds a {family.name} checkpoint without a pooler: its pooler parameters are '
-                  'set to zeros (pooler_output is meaningless until fine-tuning trains it)')
-    for path, shape in shapes.items():
+    # Drawn as transformers draws the fresh dense layer of its classification heads (normal, std
+    # initializer_range; bias 0), from a fixed seed: zeros would never train under DistilBERT's ReLU.
+    reporting.log(f'warning: {directory} holds a {family.name} checkpoint without a pooler: its pooler is drawn at '
+                  'random (pooler_output is meaningless until fine-tuning trains it)')
+    rng = np.random.default_rng(0)
+    for path, shape in sorted(shapes.items()):
       if path[:2] == ('bert', 'pooler'):
-        flat[path] = np.zeros(shape, np.float32)
+        flat[path] = (rng.normal(0.0, cfg.initializer_range, shape).astype(np.float32) if path[-1] == 'kernel'
+                      else np.zeros(shape, np.float32))
   return cfg, traverse_util.unflatten_dict(flat), 'mlm' in heads, False
 
 
 def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
-         hf_config: Callable[[ModelConfig, str, Any], dict], *, overwrite: bool = False) -> None:
+         hf_config: Callable[[ModelConfig, str, Any], dict], *, overwrite: bool = False,
+         task: dict[str, Any] | None = None) -> None:
   """Writes `params` as a Hugging Face directory of `family`, the class its heads give (`Family.classes`),
   with `hf_config(cfg, class, tokenizer)` as config.json; arguments and errors as `hf.save_hf_checkpoint`.
-  The pooler and an NSP head are left out (a warning for the NSP head)."""
+  The pooler (unless the class has one) and an NSP head are left out (a warning for the NSP head). A fine-tuned
+  model (`task`) is written as `<stem>For<Task>`, a sequence classifier's pooler and classifier as the family's
+  classification head."""
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
   if any(p[0] == 'nsp' for p in flat):
     reporting.log(f'warning: {family.name} has no next-sentence head: the NSP head and the pooler are not exported')
   heads = frozenset(p[0] for p in flat) - {'bert', 'nsp'}
-  if heads not in family.classes:
+  num_labels = hf_tasks.check_task(task, set(heads))
+  if task is not None:
+    if task['kind'] in hf_tasks.SEQUENCE_KINDS and cfg.pooler_activation != family.pooler_activation:
+      raise CheckpointError(f'model.pooler_activation={cfg.pooler_activation}, but {family.name}\'s classification '
+                            f'head applies {family.pooler_activation}: fine-tune from the {family.name} import (which '
+                            'sets it) to export this classifier; nothing written')
+    pooled = task['kind'] in hf_tasks.SEQUENCE_KINDS
+    table = [e for e in family.table(cfg) if e.group == 'bert'] + family.task_table(task['kind'])
+    architecture = family.stem + hf_tasks.CLASS_SUFFIXES[task['kind']]
+  elif heads not in family.classes:
     raise CheckpointError(f'params hold the heads {", ".join(sorted(heads))}: no {family.name} class of transformers '
                           f'has them together ({family.describe()}); nothing written')
-  pooled = heads in family.pooled
+  else:
+    pooled = heads in family.pooled
+    groups = heads | {'bert'} | ({'pooler'} if pooled else set())
+    table = [e for e in family.table(cfg) if e.group in groups]
+    architecture = family.classes[heads]
   flat = {p: x for p, x in flat.items() if p[0] != 'nsp' and (pooled or p[:2] != ('bert', 'pooler'))}
-  groups = heads | {'bert'} | ({'pooler'} if pooled else set())
-  table = [e for e in family.table(cfg) if e.group in groups]
-  shapes = family.shapes(cfg)
+  shapes = family.shapes(cfg, num_labels)
   hf_files.check_params(flat, {e.path for e in table}, shapes,
                         f'a {cfg.num_layers}-layer {family.name} ({family.describe()})')
   tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
@@ -129,7 +162,8 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
     if not family.token_types:
       _without_token_types(directory)
   with open(os.path.join(directory, hf_files.CONFIG_FILE), 'w', encoding='utf-8') as f:
-    json.dump(hf_config(cfg, family.classes[heads], tokenizer), f, indent=2, sort_keys=True)
+    json.dump({**hf_config(cfg, architecture, tokenizer), **(hf_tasks.task_config(task) if task else {})}, f,
+              indent=2, sort_keys=True)
 
 
 def _without_token_types(directory: str) -> None:

@@ -52,7 +52,8 @@ def _family(name: str, cls: str) -> hf_family.Family:
       name=name, prefix='roberta.', table=_table, decoder='lm_head.decoder.weight',
       words='embeddings.word_embeddings.weight', token_types=False, pooled=frozenset({frozenset()}),
       decoder_bias=('lm_head.decoder.bias', 'lm_head.bias'),
-      classes={frozenset(): f'{cls}Model', frozenset({'mlm'}): f'{cls}ForMaskedLM'})
+      classes={frozenset(): f'{cls}Model', frozenset({'mlm'}): f'{cls}ForMaskedLM'},
+      stem=cls, sequence_head=('classifier.dense', 'classifier.out_proj'), pooler_activation='tanh')
 
 
 FAMILIES = {'roberta': _family('RoBERTa', 'Roberta'), 'xlm-roberta': _family('XLM-R', 'XLMRoberta')}
@@ -120,8 +121,9 @@ def load_checkpoint(directory: str, cfg: ModelConfig):
   return hf_family.load(directory, cfg, FAMILIES[model_type])
 
 
-def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False) -> None:
+def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
+                    task=None) -> None:
   check_exportable(cfg, tokenizer)
   model_type = model_type_of(tokenizer)
   hf_family.save(directory, cfg, params, tokenizer, FAMILIES[model_type], hf_config(model_type),
-                 overwrite=overwrite)
+                 overwrite=overwrite, task=task)

@@ -190,7 +190,7 @@ class EncoderLayer(nnx.Module):
 
 class BertEncoder(nnx.Module):
   """Embeddings, `num_layers` encoder layers (post- or pre-LN, then a final LayerNorm) and the [CLS] pooler
-  (dense + tanh)."""
+  (dense + tanh, or model.pooler_activation)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -201,6 +201,16 @@ class BertEncoder(nnx.Module):
                                   use_bias=cfg.use_bias)
     self.pooler = Dense((cfg.hidden_size,), (cfg.hidden_size,), ('embed', 'mlp'),
                         std=cfg.initializer_range, dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias)
+
+  def pool(self, cls_xd: jax.Array) -> jax.Array:
+    """The pooler on [CLS] vectors [..., D]: model.pooler_activation(dense(x))."""
+    y_xd = self.pooler(cls_xd)
+    activation = self.cfg.pooler_activation
+    if activation == 'relu':
+      return jax.nn.relu(y_xd)
+    if activation == 'gelu':
+      return jax.nn.gelu(y_xd, approximate=False)
+    return jnp.tanh(y_xd)
 
   def layer_contexts(self, mask_b11s, position_ids_bt, attention_mask_bt=None, segment_ids_bt=None,
                      full_masks: bool = False) -> tuple[list[tuple], tuple[int, ...]]:
@@ -274,7 +284,7 @@ class BertEncoder(nnx.Module):
           probs.append(probs_bnts)
     if self.cfg.norm_position == 'pre':
       x_btd = self.final_norm(x_btd)
-    pooled_bd = jnp.tanh(self.pooler(x_btd[:, 0]))
+    pooled_bd = self.pool(x_btd[:, 0])
     if return_attention:
       return x_btd, pooled_bd, jnp.stack(probs)
     return x_btd, pooled_bd

@@ -77,7 +77,7 @@ class BertForPreTraining(nnx.Module):
       return mlm_logits_bpv, None
     if segment_ids_bt is not None:  # packed: the pooler on every example's [CLS], [B, K, D]
       cls_bkd = jnp.take_along_axis(seq_btd, cls_positions_bk[..., None], axis=1)
-      pooled_bd = jnp.tanh(self.bert.pooler(cls_bkd))
+      pooled_bd = self.bert.pool(cls_bkd)
     return mlm_logits_bpv, self.nsp(pooled_bd).astype(jnp.float32)
 
 
@@ -117,7 +117,7 @@ class BertForSequenceClassification(_DropoutClassifier):
       cls_ed = seq_btd[:, 0]
     else:
       cls_ed = seq_btd[example_row_e, example_offset_e]
-    pooled_ed = jnp.tanh(self.bert.pooler(cls_ed))
+    pooled_ed = self.bert.pool(cls_ed)
     return self.classifier(self.dropout(pooled_ed, deterministic=deterministic)).astype(jnp.float32)
 
 

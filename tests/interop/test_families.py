@@ -17,7 +17,8 @@ from safetensors import numpy as st_numpy
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf, pretrained
 
-from helpers import assert_one_line_error, finetune_own_file, pretrain_flags, run_main, tree_digest
+from helpers import (assert_export_classifies_as_predict, assert_one_line_error, assert_task_exports_match_transformers,
+                     finetune_own_file, pretrain_flags, run_main, tree_digest)
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -37,6 +38,8 @@ MODELS = {
 }
 _IDS = np.array([[2, 40, 50, 60, 4, 70, 3, 0, 0, 0], [2, 41, 42, 43, 44, 45, 46, 47, 48, 3]])
 _MASK = (_IDS != 0).astype(np.int64)
+
+_CLASSIFIER = {'kernel': np.zeros((32, 2), np.float32), 'bias': np.zeros(2, np.float32)}
 
 
 def build(name: str, directory: str) -> str:
@@ -190,9 +193,9 @@ def test_bad_checkpoint_is_one_error_line_and_writes_nothing(built, name, case, 
 
 def test_export_refuses_what_the_family_cannot_hold(built, tmp_path):
   cfg, params, _, _ = hf.load_hf_checkpoint(built['distilbert'])
-  with pytest.raises(CheckpointError, match='fine-tuned distilbert model exports as bert_jax only'):
-    hf.save_hf_checkpoint(str(tmp_path / 'a'), cfg, {'bert': params['bert'], 'classifier': {}},
-                          task={'kind': 'classification', 'num_labels': 2})
+  with pytest.raises(CheckpointError, match="pooler_activation=tanh, but DistilBERT's classification head applies relu"):
+    hf.save_hf_checkpoint(str(tmp_path / 'a'), dataclasses.replace(cfg, pooler_activation='tanh'),
+                          {'bert': params['bert'], 'classifier': _CLASSIFIER}, task={'kind': 'classification', 'num_labels': 2})
   with pytest.raises(CheckpointError, match='LayerNorms have eps 1e-12'):
     hf.save_hf_checkpoint(str(tmp_path / 'b'), dataclasses.replace(cfg, layer_norm_eps=1e-6), params)
   e_cfg, e_params, _, _ = hf.load_hf_checkpoint(built['electra_discriminator'])
@@ -200,6 +203,16 @@ def test_export_refuses_what_the_family_cannot_hold(built, tmp_path):
   with pytest.raises(CheckpointError, match='no ELECTRA class of transformers has them together'):
     hf.save_hf_checkpoint(str(tmp_path / 'c'), e_cfg, {**e_params, 'mlm': mlm})
   assert not any(os.path.exists(tmp_path / d) for d in 'abc')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['distilbert', 'electra_discriminator'])
+def test_fine_tuned_heads_export_as_the_familys_task_classes(built, name, tmp_path):
+  """DistilBertFor{Sequence,Token}Classification / ForQuestionAnswering (pre_classifier + ReLU), ELECTRA's
+  (classifier.dense + GELU + out_proj): transformers' logits equal ours."""
+  assert hf.load_hf_checkpoint(built[name])[0].pooler_activation == ('relu' if name == 'distilbert' else 'gelu')
+  assert_task_exports_match_transformers(built[name], tmp_path, [t for t, _ in _ROWS[:3]],
+                                         token_types=name != 'distilbert')
 
 
 @pytest.mark.slow
@@ -252,3 +265,6 @@ def test_finetunes_from_the_hugging_face_directory(built, name, tmp_path):
   start = hf.load_hf_checkpoint(built[name])[1]['bert']['embeddings']['word_embeddings']['embedding']
   tuned_words = np.asarray(tuned.params['bert']['embeddings']['word_embeddings']['embedding'])
   assert np.corrcoef(start.ravel(), tuned_words.ravel())[0, 1] > 0.99 and not np.array_equal(start, tuned_words)
+  assert_export_classifies_as_predict(str(tmp_path / 'run'), str(tmp_path / 'export'), _ROWS[0][0],
+                                      {'distilbert': 'DistilBertForSequenceClassification',
+                                       'electra_discriminator': 'ElectraForSequenceClassification'}[name])

@@ -4,6 +4,7 @@ helpers.xlmr_style_tokenizer: Unigram): they load with transformers' ids, hidden
 offset by padding_idx + 1, one token type), export back to their own model_type, continue pretraining, fine-tune on
 SST-2, and the exported fill-mask pipeline gives fill_mask.py's answers; bad checkpoints give one error line."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,6 +19,8 @@ from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf, pretrained
 
 from helpers import (
+    assert_export_classifies_as_predict,
+    assert_task_exports_match_transformers,
   assert_one_line_error,
   head_of_task_file,
   roberta_style_tokenizer,
@@ -43,6 +46,8 @@ MODELS = {
 TEXTS = ['Paris is the capital of France.', 'Crème brûlée at the Café 東京 👍, see https://example.com/a?b=c#d',
          'def f(x):\n    return x ** 2', 'the <mask> sat on the [MASK] </s> twice']
 MAX_POSITIONS = 64  # theirs: 66 (the offset of padding_idx + 1 = 2)
+
+_CLASSIFIER = {'kernel': np.zeros((32, 2), np.float32), 'bias': np.zeros(2, np.float32)}
 
 
 def build(name: str, directory: str) -> str:
@@ -119,7 +124,11 @@ def test_loads_with_transformers_ids_and_outputs(built, name, record_property):
       2, MAX_POSITIONS, 1, 1)
   assert params['bert']['embeddings']['position_embeddings']['embedding'].shape == (MAX_POSITIONS + 2, 32)
   pooler = params['bert']['pooler']['kernel']
-  assert np.any(pooler) == (name == 'roberta_base')  # RobertaForMaskedLM has none: zeros
+  theirs = st_numpy.load_file(os.path.join(built[name], 'model.safetensors')).get('pooler.dense.weight')
+  if name == 'roberta_base':  # RobertaModel's own pooler
+    np.testing.assert_array_equal(pooler, theirs.T)
+  else:  # RobertaForMaskedLM has none: drawn as transformers draws a fresh head (std initializer_range = 0.02)
+    assert theirs is None and 0.015 < pooler.std() < 0.025 and not np.any(params['bert']['pooler']['bias'])
   loaded = pretrained.load_pretrained(built[name])
   tok = loaded.tokenizer
   assert (tok.id_to_token(tok.cls_id), tok.id_to_token(tok.sep_id), tok.id_to_token(tok.mask_id), tok.pad_id) == (
@@ -216,16 +225,23 @@ def test_stored_decoder_copies_load(built, tmp_path):
 def test_export_refuses_what_roberta_cannot_hold(built, tmp_path):
   cfg, params, _, _ = hf.load_hf_checkpoint(built['roberta'])
   bert_tok = hf.load_hf_tokenizer(built['roberta'])
-  with pytest.raises(CheckpointError, match='fine-tuned roberta model exports as bert_jax only'):
-    hf.save_hf_checkpoint(str(tmp_path / 'a'), cfg, {'bert': params['bert'], 'classifier': {}},
-                          task={'kind': 'classification', 'num_labels': 2})
-  import dataclasses  # pylint: disable=g-import-not-at-top
+  with pytest.raises(CheckpointError, match="pooler_activation=relu, but RoBERTa's classification head applies tanh"):
+    hf.save_hf_checkpoint(str(tmp_path / 'a'), dataclasses.replace(cfg, pooler_activation='relu'),
+                          {'bert': params['bert'], 'classifier': _CLASSIFIER}, task={'kind': 'classification', 'num_labels': 2})
   shifted = dataclasses.replace(cfg, position_offset=1, max_position_embeddings=MAX_POSITIONS + 1)
   with pytest.raises(CheckpointError, match='but the tokenizer pads with id 1'):
     hf.save_hf_checkpoint(str(tmp_path / 'b'), shifted, params, bert_tok)
   with pytest.raises(CheckpointError, match='no Hugging Face family has both'):
     hf.save_hf_checkpoint(str(tmp_path / 'c'), dataclasses.replace(cfg, embedding_size=16), params)
   assert not any(os.path.exists(tmp_path / d) for d in 'abc')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['roberta', 'xlmr'])
+def test_fine_tuned_heads_export_as_the_familys_task_classes(built, name, tmp_path):
+  """{Roberta,XLMRoberta}For{Sequence,Token}Classification (classifier.dense + tanh + out_proj on <s>) and
+  ForQuestionAnswering: transformers' logits equal ours."""
+  assert_task_exports_match_transformers(built[name], tmp_path, TEXTS[:3], token_types=False)
 
 
 @pytest.mark.slow
@@ -288,3 +304,6 @@ def test_fine_tunes_on_sst2_and_predicts(built, name, tmp_path):
   start = hf.load_hf_checkpoint(built[name])[1]['bert']['embeddings']['position_embeddings']['embedding']
   tuned_positions = np.asarray(tuned.params['bert']['embeddings']['position_embeddings']['embedding'])
   assert np.corrcoef(start.ravel(), tuned_positions.ravel())[0, 1] > 0.99  # from the checkpoint's table
+  assert_export_classifies_as_predict(workdir, str(tmp_path / 'export'), 'a charming and often affecting journey',
+                                      {'roberta': 'RobertaForSequenceClassification',
+                                       'xlmr': 'XLMRobertaForSequenceClassification'}[name])
