@@ -82,6 +82,7 @@ class FastTokenizer:
     self._truncating: dict[int, tokenizers.Tokenizer] = {}
     self._as_text: tokenizers.Tokenizer | None = None  # a copy that splits special tokens as text
     self._template: tk.Template | None = None
+    self._space_before_words: bool | None = None  # `encode_word`'s, read from the pre-tokeniser once
     self.path = path
     self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
         tokenizer.token_to_id(names[role]) for role in ROLES)
@@ -134,6 +135,18 @@ class FastTokenizer:
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`, without the template's specials."""
     return self._tok.encode(text, add_special_tokens=False).ids
+
+  def encode_word(self, word: str) -> list[int]:
+    """Token ids of one word of a text given as words (CoNLL), as transformers' `is_split_into_words=True` gives
+    them with `add_prefix_space=True` (what RoBERTa-style tokenizers need for it): a byte-level BPE that adds no
+    space of its own encodes ' ' + word, the pieces a word has inside a sentence ('Ġparis', not 'paris');
+    WordPiece and SentencePiece-style (Metaspace) tokenizers encode the word as it is."""
+    if self._space_before_words is None:
+      pre = json.loads(self._tok.to_str()).get('pre_tokenizer') or {}
+      steps = pre.get('pretokenizers', [pre]) if pre.get('type') == 'Sequence' else [pre]
+      self._space_before_words = any(step.get('type') == 'ByteLevel' and not step.get('add_prefix_space', True)
+                                     for step in steps)
+    return self.encode(' ' + word if self._space_before_words else word)
 
   def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     """Token ids of `text` (no specials) and each token's (start, end) character span in it."""

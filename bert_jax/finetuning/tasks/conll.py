@@ -142,8 +142,9 @@ def _sentence_tokens(words: Sequence[str], tags: Sequence[str], tokenizer, budge
   """(ids, token labels, first-sub-token position per word, cut words) of one sentence."""
   ids, labels, n_cut = [], [], 0
   first = np.full(len(words), -1, np.int32)
+  encode_word = getattr(tokenizer, 'encode_word', tokenizer.encode)  # a word's pieces inside a sentence
   for w, (word, tag) in enumerate(zip(words, tags)):
-    pieces = tokenizer.encode(word)
+    pieces = encode_word(word)
     if not pieces:
       continue
     room = budget - len(ids)

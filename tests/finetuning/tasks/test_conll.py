@@ -267,16 +267,29 @@ def test_missing_file(tmp_path):
     conll.Conll2003().eval_sets(cfg, None)
 
 
-def test_features_take_the_tokenizers_template(tmp_path):
-  """A RoBERTa-style tokenizer's sentence is `<s> sub-tokens </s>` with its own ids; labels on first sub-tokens."""
+@pytest.mark.parametrize('style', ['roberta', 'xlmr'])
+def test_features_take_the_tokenizers_template(style, tmp_path):
+  """A RoBERTa- or XLM-R-style tokenizer's sentence is `<s> sub-tokens </s>` with transformers' ids for words
+  (`is_split_into_words`, with the prefix space a byte-level BPE needs: 'Ġvisited', not 'visited'); labels on first
+  sub-tokens."""
+  transformers = pytest.importorskip('transformers')
   from bert_jax.data import tokenization as tk  # pylint: disable=g-import-not-at-top
-  from helpers import roberta_style_tokenizer  # pylint: disable=g-import-not-at-top
-  tokenizer = tk.load_tokenizer(roberta_style_tokenizer(str(tmp_path / 'roberta')))
-  words = ['Obama', 'visited', 'Paris']
-  (feature,), data = conll.featurize([(words, ['I-PER', 'O', 'I-LOC'])], tokenizer, 64)
+  import helpers  # pylint: disable=g-import-not-at-top
+  directory = getattr(helpers, f'{style}_style_tokenizer')(str(tmp_path / style))
+  tokenizer = tk.load_tokenizer(directory)
+  words = ['Obama', 'visited', 'Paris', "'s", 'Café', '東京', '2010']
+  tags = ['I-PER', 'O', 'I-LOC', 'O', 'I-ORG', 'I-LOC', 'O']
+  (feature,), data = conll.featurize([(words, tags)], tokenizer, 64)
   ids = feature.input_ids.tolist()
+  kwargs = {'add_prefix_space': True} if style == 'roberta' else {}
+  theirs = transformers.AutoTokenizer.from_pretrained(directory, **kwargs)(words, is_split_into_words=True)
+  assert ids == theirs['input_ids']
   assert ids[0] == tokenizer.cls_id and ids[-1] == tokenizer.sep_id and tokenizer.pad_id not in ids
-  assert ids[1:-1] == [i for w in words for i in tokenizer.encode(w)]
   first = data.first_positions[0]
-  assert [feature.token_labels[p] for p in first] == [conll.LABELS.index(t) for t in ('B-PER', 'O', 'B-LOC')]
-  assert (feature.token_labels != IGNORE).sum() == 3 and not feature.token_type_ids.any()
+  if style == 'roberta':  # every word as inside a sentence: 'Ġvisited', not 'visited'
+    assert all(tokenizer.id_to_token(ids[p]).startswith('Ġ') for p in first)
+  tags = ['B-PER', 'O', 'B-LOC', 'O', 'B-ORG', 'B-LOC', 'O']
+  assert [feature.token_labels[p] for p in first] == [conll.LABELS.index(t) for t in tags]
+  assert (feature.token_labels != IGNORE).sum() == len(words) and not feature.token_type_ids.any()
+  word_ids = theirs.word_ids()
+  assert list(first) == [word_ids.index(w) for w in range(len(words))]  # each word's first sub-token
