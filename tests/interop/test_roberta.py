@@ -251,11 +251,16 @@ def test_continued_pretraining_exports_back_and_fills_masks(built, name, tmp_pat
   corpus = write_small_corpus(tmp_path)
   workdir, out = str(tmp_path / 'run'), str(tmp_path / 'export')
   before = tree_digest(built[name])
-  result = run_main('pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
-                    f'--config.init_checkpoint={built[name]}', f'--config.data.train_files={corpus}',
-                    f'--config.data.cache_dir={tmp_path / "cache"}', '--config.data.masking=whole_word',
-                    '--config.data.objective=none', '--config.num_train_steps=2', '--config.batch_size=8',
-                    '--config.data.max_seq_length=64', '--config.eval_every=1000', '--config.data.eval_fraction=0.4')
+  flags = [f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
+           f'--config.init_checkpoint={built[name]}', f'--config.data.train_files={corpus}',
+           f'--config.data.cache_dir={tmp_path / "cache"}', '--config.data.masking=whole_word',
+           '--config.num_train_steps=2', '--config.batch_size=8', '--config.data.max_seq_length=64',
+           '--config.eval_every=1000', '--config.data.eval_fraction=0.4']
+  if name == 'roberta':  # NSP records are [CLS] A [SEP] B [SEP]: refused for a tokenizer pairing <s> A </s></s> B </s>
+    assert_one_line_error(run_main('pretrain.py', *flags, '--config.data.objective=nsp'),
+                          r'pairs texts as <s> A </s> </s> B </s>: use data.objective=none')
+    assert tree_digest(built[name]) == before and not os.path.exists(os.path.join(workdir, 'checkpoints'))
+  result = run_main('pretrain.py', *flags, '--config.data.objective=none')
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'loaded encoder, MLM head' in result.stdout, result.stdout[-3000:]
   result = run_main('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
