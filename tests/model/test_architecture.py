@@ -171,6 +171,9 @@ def test_bad_switch_values_are_one_line():
       (dict(embedding_size=-8), 'model.embedding_size must be a non-negative integer'),
       (dict(rope_theta=0.0), 'model.rope_theta must be positive'),
       (dict(position_embedding='rotary', hidden_size=66, num_heads=2), 'needs an even head dim'),
+      (dict(position_offset=-1), 'model.position_offset must be a non-negative integer'),
+      (dict(position_offset=2, position_embedding='rotary'), 'model.position_offset=2 needs learned positions'),
+      (dict(pooler_activation='swish'), 'model.pooler_activation must be one of tanh, relu, gelu'),
   ]:
     with pytest.raises(ConfigError, match=pattern) as e:
       _cfg(**overrides)
