@@ -1,6 +1,6 @@
 """DistilBERT and ELECTRA checkpoints, built here with transformers from small configs (random weights, a small
 WordPiece vocabulary written as their own fast tokenizer): they load with transformers' outputs, export back to
-their own model_type, continue pretraining and fine-tune; bad checkpoints give one error line."""
+their own model_type, continue pretraining, fine-tune on SST-2 and export as their task classes; bad checkpoints give one error line."""
 
 import dataclasses
 import json
@@ -18,7 +18,7 @@ from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf, pretrained
 
 from helpers import (assert_export_classifies_as_predict, assert_one_line_error, assert_task_exports_match_transformers,
-                     finetune_own_file, pretrain_flags, run_main, tree_digest)
+                     head_of_task_file, pretrain_flags, run_main, shared_data_or_skip, tree_digest)
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -38,6 +38,7 @@ MODELS = {
 }
 _IDS = np.array([[2, 40, 50, 60, 4, 70, 3, 0, 0, 0], [2, 41, 42, 43, 44, 45, 46, 47, 48, 3]])
 _MASK = (_IDS != 0).astype(np.int64)
+_TEXTS = ['A gripping, funny film.', 'Dull and far too long.', 'An instant classic.']
 
 _CLASSIFIER = {'kernel': np.zeros((32, 2), np.float32), 'bias': np.zeros(2, np.float32)}
 
@@ -211,7 +212,7 @@ def test_fine_tuned_heads_export_as_the_familys_task_classes(built, name, tmp_pa
   """DistilBertFor{Sequence,Token}Classification / ForQuestionAnswering (pre_classifier + ReLU), ELECTRA's
   (classifier.dense + GELU + out_proj): transformers' logits equal ours."""
   assert hf.load_hf_checkpoint(built[name])[0].pooler_activation == ('relu' if name == 'distilbert' else 'gelu')
-  assert_task_exports_match_transformers(built[name], tmp_path, [t for t, _ in _ROWS[:3]],
+  assert_task_exports_match_transformers(built[name], tmp_path, _TEXTS,
                                          token_types=name != 'distilbert')
 
 
@@ -246,18 +247,17 @@ def test_continued_pretraining_exports_back(built, name, small_corpus, tmp_path)
   assert tree_digest(built[name]) == before
 
 
-_ROWS = [('A gripping, funny film.', 'positive'), ('Dull and far too long.', 'negative'),
-         ('An instant classic.', 'positive'), ('I want my money back.', 'negative')] * 6
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['distilbert', 'electra_discriminator'])
-def test_finetunes_from_the_hugging_face_directory(built, name, tmp_path):
-  train = str(tmp_path / 'train.csv')
-  with open(train, 'w', encoding='utf-8') as f:
-    f.write('text,label\n' + ''.join(f'"{t}",{l}\n' for t, l in _ROWS))
-  line = finetune_own_file('classify', str(tmp_path / 'run'), built[name], train)
-  assert 0 <= line[line['main_metric']] <= 1, line
+def test_finetunes_on_sst2_from_the_hugging_face_directory(built, name, tmp_path):
+  data = shared_data_or_skip('sst2')
+  head_of_task_file(os.path.join(data, 'train.tsv'), 48, tmp_path)
+  head_of_task_file(os.path.join(data, 'dev.tsv'), 16, tmp_path)
+  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={tmp_path / "run"}',
+                    f'--config.init_checkpoint={built[name]}', f'--config.data_dir={tmp_path}',
+                    '--config.num_train_steps=3', '--config.batch_size=8', '--config.max_seq_length=32')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 0 <= json.loads(result.stdout.strip().splitlines()[-1])['dev_accuracy'] <= 1
   tuned = pretrained.load_finetuned(str(tmp_path / 'run'))
   assert tuned.config.type_vocab_size == (0 if name == 'distilbert' else 2)
   assert ('project' in tuned.params['bert']['embeddings']) == (name != 'distilbert')
@@ -265,6 +265,6 @@ def test_finetunes_from_the_hugging_face_directory(built, name, tmp_path):
   start = hf.load_hf_checkpoint(built[name])[1]['bert']['embeddings']['word_embeddings']['embedding']
   tuned_words = np.asarray(tuned.params['bert']['embeddings']['word_embeddings']['embedding'])
   assert np.corrcoef(start.ravel(), tuned_words.ravel())[0, 1] > 0.99 and not np.array_equal(start, tuned_words)
-  assert_export_classifies_as_predict(str(tmp_path / 'run'), str(tmp_path / 'export'), _ROWS[0][0],
+  assert_export_classifies_as_predict(str(tmp_path / 'run'), str(tmp_path / 'export'), _TEXTS[0],
                                       {'distilbert': 'DistilBertForSequenceClassification',
                                        'electra_discriminator': 'ElectraForSequenceClassification'}[name])
