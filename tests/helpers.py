@@ -663,3 +663,35 @@ def assert_export_classifies_as_predict(workdir: str, out: str, text: str, archi
   scores = transformers.pipeline('text-classification', model=out, top_k=None)([text])[0]
   theirs = {s['label']: s['score'] for s in scores}
   assert theirs.keys() == ours.keys() and max(abs(theirs[k] - ours[k]) for k in ours) <= 1e-5, (theirs, ours)
+
+
+def cut_in_half(path: str) -> None:
+  """`path` with its second half gone (a download or copy cut short)."""
+  with open(path, 'rb') as f:
+    data = f.read()
+  with open(path, 'wb') as f:
+    f.write(data[:len(data) // 2])
+
+
+def assert_export_refused(directory: str, out: str, pattern: str) -> None:
+  """export_hf.py of `directory` fails with one error line matching `pattern`, writes no `out` and leaves
+  `directory` as it was."""
+  before = tree_digest(directory)
+  assert_one_line_error(run_main('export_hf.py', f'--checkpoint={directory}', f'--output={out}'), pattern)
+  assert not os.path.exists(out) and tree_digest(directory) == before
+
+
+def assert_fill_mask_is_the_pipelines(checkpoint: str, text: str, tokenizer) -> list:
+  """fill_mask.py on `checkpoint` gives transformers' fill-mask pipeline's top 5 for each mask of `text`: the same
+  ids, the same decoded texts (token_str: ' the', not 'Ġthe') and probabilities to 1e-5. Returns our predictions."""
+  import transformers  # pylint: disable=g-import-not-at-top
+  result = run_main('fill_mask.py', f'--checkpoint={checkpoint}', f'--text={text}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  answers = json.loads(result.stdout.strip().splitlines()[-1])['predictions']
+  pipeline = transformers.pipeline('fill-mask', model=checkpoint, top_k=5)(text)
+  assert len(pipeline) == len(answers) == text.count(tokenizer.special_names['mask'])
+  for their_top, our_top in zip(pipeline, answers):
+    assert [t['token'] for t in their_top] == [tokenizer.token_to_id(a['token']) for a in our_top]
+    assert [t['token_str'] for t in their_top] == [a['token_str'] for a in our_top]
+    assert np.abs(np.array([t['score'] for t in their_top]) - [a['probability'] for a in our_top]).max() <= 1e-5
+  return answers

@@ -21,7 +21,7 @@ from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
 from bert_jax.interop import hf_family
-from bert_jax.interop.hf_names import SAME, Entry, attention, dense, norm
+from bert_jax.interop.hf_names import SAME, Entry, attention, check_tied, dense, norm
 
 LAYER_NORM_EPS = 1e-12  # fixed in DistilBERT's modules
 # DistilBertConfig's defaults, for keys a config.json leaves out.
@@ -61,9 +61,7 @@ def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
   if hf['activation'] != 'gelu':
     raise CheckpointError(f"{path}: activation={hf['activation']!r}, but bert_jax implements only BERT's exact "
                           "(erf) GELU, 'gelu'; this model's outputs would not match")
-  if not hf['tie_word_embeddings']:
-    raise CheckpointError(f'{path}: tie_word_embeddings=false; bert_jax ties the MLM decoder to the word '
-                          'embeddings, so an untied decoder cannot be imported')
+  check_tied(path, hf)
   # sinusoidal_pos_embds=true: the table is stored all the same, and imports as a learned one (the same function).
   try:
     return ModelConfig(vocab_size=hf['vocab_size'], hidden_size=hf['dim'], num_layers=hf['n_layers'],

@@ -22,7 +22,7 @@ from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
 from bert_jax.interop import hf_family
-from bert_jax.interop.hf_names import SAME, Entry, bert_encoder_table, check_bert_layers, dense, norm
+from bert_jax.interop.hf_names import SAME, Entry, bert_encoder_table, check_bert_layers, check_tied, dense, norm
 
 # ElectraConfig's defaults, for keys a config.json leaves out.
 _HF_DEFAULTS = dict(vocab_size=30522, embedding_size=128, hidden_size=256, num_hidden_layers=12,
@@ -63,9 +63,7 @@ def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
   """The ModelConfig of an ELECTRA config.json (`hf`, already parsed; `path` names it in errors)."""
   hf = {**_HF_DEFAULTS, **hf}
   check_bert_layers(path, hf)
-  if not hf['tie_word_embeddings']:
-    raise CheckpointError(f'{path}: tie_word_embeddings=false; bert_jax ties the MLM decoder to the word '
-                          'embeddings, so an untied decoder cannot be imported')
+  check_tied(path, hf)
   try:
     return ModelConfig(vocab_size=hf['vocab_size'], embedding_size=hf['embedding_size'],
                        hidden_size=hf['hidden_size'], num_layers=hf['num_hidden_layers'],

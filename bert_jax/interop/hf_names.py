@@ -107,3 +107,10 @@ def check_bert_layers(path: str, hf: dict[str, Any]) -> None:
                           "bert_jax implements only 'absolute' (learned) positions")
   if hf.get('is_decoder'):
     raise CheckpointError(f'{path}: is_decoder=true (causal attention); bert_jax is an encoder only')
+
+
+def check_tied(path: str, hf: dict[str, Any]) -> None:
+  """Refuses a config.json (`hf`, defaults filled in) whose MLM decoder is not tied to the word embeddings."""
+  if not hf['tie_word_embeddings']:
+    raise CheckpointError(f'{path}: tie_word_embeddings=false; bert_jax ties the MLM decoder to the word '
+                          'embeddings, so an untied decoder cannot be imported')

@@ -27,7 +27,7 @@ from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
 from bert_jax.interop import hf_family, hf_files
-from bert_jax.interop.hf_names import SAME, Entry, bert_encoder_table, check_bert_layers, dense, norm
+from bert_jax.interop.hf_names import SAME, Entry, bert_encoder_table, check_bert_layers, check_tied, dense, norm
 
 # RobertaConfig's defaults (XLMRobertaConfig's are the same), for keys a config.json leaves out.
 _HF_DEFAULTS = dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -63,9 +63,7 @@ def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
   """The ModelConfig of a RoBERTa or XLM-R config.json (`hf`, already parsed; `path` names it in errors)."""
   hf = {**_HF_DEFAULTS, **hf}
   check_bert_layers(path, hf)
-  if not hf['tie_word_embeddings']:
-    raise CheckpointError(f'{path}: tie_word_embeddings=false; bert_jax ties the MLM decoder to the word '
-                          'embeddings, so an untied decoder cannot be imported')
+  check_tied(path, hf)
   pad = hf['pad_token_id']
   offset = pad + 1 if isinstance(pad, int) else 0  # transformers' padding_idx + 1: the first position's row
   if not offset or not isinstance(hf['max_position_embeddings'], int) or hf['max_position_embeddings'] <= offset:

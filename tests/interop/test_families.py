@@ -17,8 +17,9 @@ from safetensors import numpy as st_numpy
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf, pretrained
 
-from helpers import (assert_export_classifies_as_predict, assert_one_line_error, assert_task_exports_match_transformers,
-                     head_of_task_file, pretrain_flags, run_main, shared_data_or_skip, tree_digest)
+from helpers import (assert_export_classifies_as_predict, assert_export_refused,
+                     assert_task_exports_match_transformers, cut_in_half, head_of_task_file, pretrain_flags, run_main,
+                     shared_data_or_skip, tree_digest)
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -180,16 +181,9 @@ def test_bad_checkpoint_is_one_error_line_and_writes_nothing(built, name, case, 
     pattern = f'has tensor(s) that a 2-layer {"DistilBERT" if name == "distilbert" else "ELECTRA"} lacks: ' \
               f'{prefix}pooler.dense.weight'
   else:
-    path = os.path.join(directory, 'model.safetensors')
-    with open(path, 'rb') as f:
-      data = f.read()
-    with open(path, 'wb') as f:
-      f.write(data[:len(data) // 2])
+    cut_in_half(os.path.join(directory, 'model.safetensors'))
     pattern = 'cannot be read as safetensors'
-  before = tree_digest(directory)
-  result = run_main('export_hf.py', f'--checkpoint={directory}', f'--output={out}')
-  assert_one_line_error(result, pattern)
-  assert not os.path.exists(out) and tree_digest(directory) == before
+  assert_export_refused(directory, out, pattern)
 
 
 def test_export_refuses_what_the_family_cannot_hold(built, tmp_path):

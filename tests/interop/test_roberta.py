@@ -19,9 +19,12 @@ from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf, pretrained
 
 from helpers import (
-    assert_export_classifies_as_predict,
-    assert_task_exports_match_transformers,
+  assert_export_classifies_as_predict,
+  assert_export_refused,
+  assert_fill_mask_is_the_pipelines,
   assert_one_line_error,
+  assert_task_exports_match_transformers,
+  cut_in_half,
   head_of_task_file,
   roberta_style_tokenizer,
   run_main,
@@ -199,16 +202,9 @@ def test_bad_checkpoint_is_one_error_line_and_writes_nothing(built, case, tmp_pa
     _rewrite(directory, lambda t: t.update({'lm_head.decoder.bias': t['lm_head.bias'] + 1}))
     pattern = 'lm_head.decoder.bias differs from lm_head.bias'
   else:
-    path = os.path.join(directory, 'model.safetensors')
-    with open(path, 'rb') as f:
-      data = f.read()
-    with open(path, 'wb') as f:
-      f.write(data[:len(data) // 2])
+    cut_in_half(os.path.join(directory, 'model.safetensors'))
     pattern = 'cannot be read as safetensors'
-  before = tree_digest(directory)
-  result = run_main('export_hf.py', f'--checkpoint={directory}', f'--output={out}')
-  assert_one_line_error(result, pattern)
-  assert not os.path.exists(out) and tree_digest(directory) == before
+  assert_export_refused(directory, out, pattern)
 
 
 def test_stored_decoder_copies_load(built, tmp_path):
@@ -276,16 +272,7 @@ def test_continued_pretraining_exports_back_and_fills_masks(built, name, tmp_pat
   assert not np.allclose(_theirs(out, cls, _batch(out))[0], hidden_before, atol=1e-5)  # trained
   assert tree_digest(built[name]) == before
 
-  text = 'The capital of France is <mask>, not <mask>.'
-  result = run_main('fill_mask.py', f'--checkpoint={out}', f'--text={text}')
-  assert result.returncode == 0, result.stderr[-3000:]
-  answers = json.loads(result.stdout.strip().splitlines()[-1])['predictions']
-  pipeline = transformers.pipeline('fill-mask', model=out, top_k=5)(text)
-  assert len(pipeline) == len(answers) == 2
-  for their_top, our_top in zip(pipeline, answers):
-    assert [t['token'] for t in their_top] == [trained.tokenizer.token_to_id(a['token']) for a in our_top]
-    assert [t['token_str'] for t in their_top] == [a['token_str'] for a in our_top]  # ' the', not 'Ġthe'
-    assert np.abs(np.array([t['score'] for t in their_top]) - [a['probability'] for a in our_top]).max() <= 1e-5
+  assert_fill_mask_is_the_pipelines(out, 'The capital of France is <mask>, not <mask>.', trained.tokenizer)
 
 
 @pytest.mark.slow
