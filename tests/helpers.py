@@ -695,3 +695,42 @@ def assert_fill_mask_is_the_pipelines(checkpoint: str, text: str, tokenizer) -> 
     assert [t['token_str'] for t in their_top] == [a['token_str'] for a in our_top]
     assert np.abs(np.array([t['score'] for t in their_top]) - [a['probability'] for a in our_top]).max() <= 1e-5
   return answers
+
+
+def finetune_small_sst2(checkpoint: str, workdir: str, tmp_path, steps: int = 2) -> dict:
+  """finetune.py:sst2 from `checkpoint` on the first 48 training and 16 dev rows of ../shared/data's SST-2 (copied
+  into `tmp_path`; skipped without it), `steps` steps at batch 8 and length 32, in process; returns its final
+  JSON line."""
+  data = shared_data_or_skip('sst2')
+  head_of_task_file(os.path.join(data, 'train.tsv'), 48, tmp_path)
+  head_of_task_file(os.path.join(data, 'dev.tsv'), 16, tmp_path)
+  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={workdir}',
+                    f'--config.init_checkpoint={checkpoint}', f'--config.data_dir={tmp_path}',
+                    f'--config.num_train_steps={steps}', '--config.batch_size=8', '--config.max_seq_length=32')
+  assert result.returncode == 0, result.stderr[-3000:]
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def export_again(directory: str, out: str) -> tuple[dict, dict, dict]:
+  """A Hugging Face `directory` imported and exported to `out` as it is (no training between): returns (the
+  written config.json, `directory`'s tensors, `out`'s tensors)."""
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  cfg, params, _, _ = hf.load_hf_checkpoint(directory)
+  hf.save_hf_checkpoint(out, cfg, params, hf.load_hf_tokenizer(directory))
+  with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
+    written = json.load(f)
+  return written, *(st_numpy.load_file(os.path.join(d, 'model.safetensors')) for d in (directory, out))
+
+
+def save_perturbed(cls: str, config, directory: str, seed: int) -> None:
+  """A transformers `cls` model of `config` with every weight perturbed (LayerNorms and biases too, so that a
+  swapped tensor shows), saved to `directory`."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(seed)
+  model = getattr(transformers, cls)(config)
+  with torch.no_grad():
+    for p in model.parameters():  # tied tensors are one parameter: they stay tied
+      p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(directory)

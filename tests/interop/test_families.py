@@ -18,8 +18,8 @@ from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf, pretrained
 
 from helpers import (assert_export_classifies_as_predict, assert_export_refused,
-                     assert_task_exports_match_transformers, cut_in_half, head_of_task_file, pretrain_flags, run_main,
-                     shared_data_or_skip, tree_digest)
+                     assert_task_exports_match_transformers, cut_in_half, export_again, finetune_small_sst2,
+                     pretrain_flags, run_main, save_perturbed, tree_digest)
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -61,12 +61,7 @@ def build(name: str, directory: str) -> str:
                                         num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                                         max_position_embeddings=64)
     tokenizer = transformers.ElectraTokenizerFast(vocab=vocab)
-  torch.manual_seed(sum(map(ord, name)))
-  model = getattr(transformers, cls)(config)
-  with torch.no_grad():
-    for p in model.parameters():  # tied tensors are one parameter: they stay tied
-      p.add_(0.1 * torch.randn_like(p))
-  model.save_pretrained(directory)
+  save_perturbed(cls, config, directory, seed=sum(map(ord, name)))
   tokenizer.save_pretrained(directory)
   return directory
 
@@ -123,15 +118,11 @@ def test_loads_with_transformers_outputs(built, name, record_property):
 @pytest.mark.parametrize('name', MODELS)
 def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
   family, cls, head = MODELS[name]
-  cfg, params, _, _ = hf.load_hf_checkpoint(built[name])
   out = str(tmp_path / 'export')
-  hf.save_hf_checkpoint(out, cfg, params, hf.load_hf_tokenizer(built[name]))
-  with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
-    written = json.load(f)
+  written, theirs, ours = export_again(built[name], out)
+  params = hf.load_hf_checkpoint(built[name])[1]
   assert written['model_type'] == family and written['architectures'] == [cls]
-  theirs = set(st_numpy.load_file(os.path.join(built[name], 'model.safetensors')))
-  ours = set(st_numpy.load_file(os.path.join(out, 'model.safetensors')))
-  assert ours == theirs  # the same tensors: no pooler, no token types invented, the head kept
+  assert set(ours) == set(theirs)  # the same tensors: no pooler, no token types invented, the head kept
   np.testing.assert_array_equal(_hidden(out, family).numpy(), _hidden(built[name], family).numpy())
   if head is not None:
     np.testing.assert_array_equal(_reference(out, cls).logits.numpy(), _reference(built[name], cls).logits.numpy())
@@ -244,14 +235,7 @@ def test_continued_pretraining_exports_back(built, name, small_corpus, tmp_path)
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['distilbert', 'electra_discriminator'])
 def test_finetunes_on_sst2_from_the_hugging_face_directory(built, name, tmp_path):
-  data = shared_data_or_skip('sst2')
-  head_of_task_file(os.path.join(data, 'train.tsv'), 48, tmp_path)
-  head_of_task_file(os.path.join(data, 'dev.tsv'), 16, tmp_path)
-  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={tmp_path / "run"}',
-                    f'--config.init_checkpoint={built[name]}', f'--config.data_dir={tmp_path}',
-                    '--config.num_train_steps=3', '--config.batch_size=8', '--config.max_seq_length=32')
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert 0 <= json.loads(result.stdout.strip().splitlines()[-1])['dev_accuracy'] <= 1
+  assert 0 <= finetune_small_sst2(built[name], str(tmp_path / 'run'), tmp_path, steps=3)['dev_accuracy'] <= 1
   tuned = pretrained.load_finetuned(str(tmp_path / 'run'))
   assert tuned.config.type_vocab_size == (0 if name == 'distilbert' else 2)
   assert ('project' in tuned.params['bert']['embeddings']) == (name != 'distilbert')

@@ -23,10 +23,9 @@ from bert_jax.interop import pretrained
 from helpers import (
   assert_fill_mask_is_the_pipelines,
   assert_one_line_error,
-  head_of_task_file,
+  finetune_small_sst2,
   modernbert_style_tokenizer,
   run_main,
-  shared_data_or_skip,
   write_small_corpus,
 )
 
@@ -119,15 +118,8 @@ def test_continued_pretraining_exports_back_to_modernbert(modernbert, tmp_path):
 
 
 def test_fine_tunes_on_sst2_and_predicts(modernbert, tmp_path):
-  data = shared_data_or_skip('sst2')
-  head_of_task_file(os.path.join(data, 'train.tsv'), 48, tmp_path)
-  head_of_task_file(os.path.join(data, 'dev.tsv'), 16, tmp_path)
   workdir = str(tmp_path / 'sst2')
-  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={workdir}',
-                    f'--config.init_checkpoint={modernbert}', f'--config.data_dir={tmp_path}',
-                    '--config.num_train_steps=2', '--config.batch_size=8', '--config.max_seq_length=32')
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert 'dev_accuracy' in json.loads(result.stdout.strip().splitlines()[-1])
+  assert 'dev_accuracy' in finetune_small_sst2(modernbert, workdir, tmp_path)
   result = run_main('predict.py', f'--workdir={workdir}', '--text=a charming and often affecting journey')
   assert result.returncode == 0, result.stderr[-3000:]
   row = json.loads(result.stdout.strip().splitlines()[-1])

@@ -25,10 +25,11 @@ from helpers import (
   assert_one_line_error,
   assert_task_exports_match_transformers,
   cut_in_half,
-  head_of_task_file,
+  export_again,
+  finetune_small_sst2,
   roberta_style_tokenizer,
   run_main,
-  shared_data_or_skip,
+  save_perturbed,
   tree_digest,
   write_small_corpus,
   xlmr_style_tokenizer,
@@ -63,12 +64,7 @@ def build(name: str, directory: str) -> str:
                       intermediate_size=64, max_position_embeddings=MAX_POSITIONS + 2, type_vocab_size=1,
                       layer_norm_eps=1e-5, pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id,
                       eos_token_id=tok.sep_token_id)
-  torch.manual_seed(sum(map(ord, name)))
-  model = getattr(transformers, cls)(config)
-  with torch.no_grad():
-    for p in model.parameters():  # tied tensors are one parameter: they stay tied
-      p.add_(0.1 * torch.randn_like(p))
-  model.save_pretrained(directory)
+  save_perturbed(cls, config, directory, seed=sum(map(ord, name)))
   return directory
 
 
@@ -156,15 +152,11 @@ def test_pairs_follow_the_tokenizer_template(built):
 @pytest.mark.parametrize('name', MODELS)
 def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
   model_type, cls, head = MODELS[name]
-  cfg, params, _, _ = hf.load_hf_checkpoint(built[name])
   out = str(tmp_path / 'export')
-  hf.save_hf_checkpoint(out, cfg, params, hf.load_hf_tokenizer(built[name]))
-  with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
-    written = json.load(f)
+  written, theirs, ours = export_again(built[name], out)
+  cfg, params, _, _ = hf.load_hf_checkpoint(built[name])
   assert (written['model_type'], written['architectures'], written['max_position_embeddings'],
           written['pad_token_id'], written['type_vocab_size']) == (model_type, [cls], MAX_POSITIONS + 2, 1, 1)
-  theirs = st_numpy.load_file(os.path.join(built[name], 'model.safetensors'))
-  ours = st_numpy.load_file(os.path.join(out, 'model.safetensors'))
   assert set(ours) == set(theirs)  # the pooler where the class has one, no decoder copies
   for k in theirs:  # the whole position table, its unused rows too
     np.testing.assert_array_equal(ours[k], theirs[k])
@@ -278,15 +270,8 @@ def test_continued_pretraining_exports_back_and_fills_masks(built, name, tmp_pat
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['roberta', 'xlmr'])
 def test_fine_tunes_on_sst2_and_predicts(built, name, tmp_path):
-  data = shared_data_or_skip('sst2')
-  head_of_task_file(os.path.join(data, 'train.tsv'), 48, tmp_path)
-  head_of_task_file(os.path.join(data, 'dev.tsv'), 16, tmp_path)
   workdir = str(tmp_path / 'sst2')
-  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={workdir}',
-                    f'--config.init_checkpoint={built[name]}', f'--config.data_dir={tmp_path}',
-                    '--config.num_train_steps=2', '--config.batch_size=8', '--config.max_seq_length=32')
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert 0 <= json.loads(result.stdout.strip().splitlines()[-1])['dev_accuracy'] <= 1
+  assert 0 <= finetune_small_sst2(built[name], workdir, tmp_path)['dev_accuracy'] <= 1
   result = run_main('predict.py', f'--workdir={workdir}', '--text=a charming and often affecting journey')
   assert result.returncode == 0, result.stderr[-3000:]
   row = json.loads(result.stdout.strip().splitlines()[-1])
