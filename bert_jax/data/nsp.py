@@ -19,6 +19,7 @@ import array
 import bisect
 import dataclasses
 import random
+from typing import Sequence
 
 import numpy as np
 
@@ -57,7 +58,8 @@ class TokenizedDocs:
 
 def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: float,
                  dupe_factor: int, rng: random.Random,
-                 random_pool: TokenizedDocs | None = None, sentence_order: bool = False) -> np.ndarray:
+                 random_pool: TokenizedDocs | None = None, sentence_order: bool = False,
+                 specials: int = 3) -> np.ndarray:
   """Builds NSP pairs (`PAIR_FIELDS` per row) as google-research/bert does, or SOP pairs.
 
   Per document, sentences are accumulated up to a target length (max_seq_length - 3, or with
@@ -82,7 +84,7 @@ def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: fl
 
   Args:
     docs: the documents to pair.
-    max_seq_length: T; a pair has at most T - 3 tokens (room for [CLS] [SEP] [SEP]).
+    max_seq_length: T; a pair has at most T - `specials` tokens (room for [CLS] [SEP] [SEP]).
     short_seq_prob: probability of a shorter target length.
     dupe_factor: passes over the documents (each pairs differently).
     rng: the randomness.
@@ -91,6 +93,7 @@ def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: fl
       None: from `docs` only. With no other document at all, every pair is a true pair.
       Unused with `sentence_order`.
     sentence_order: SOP pairs instead of NSP pairs.
+    specials: the special tokens of a pair's record (3 = BERT's; RoBERTa's <s> A </s></s> B </s> 4).
 
   Returns:
     int64[num_pairs, 5]: token ranges of A and B in `docs.tokens` (B in the pool's tokens
@@ -109,7 +112,7 @@ def create_pairs(docs: TokenizedDocs, *, max_seq_length: int, short_seq_prob: fl
   # Only documents of two sentences or more give pairs (the others are still random segments).
   paired = np.flatnonzero(np.diff(docs.doc_starts) >= 2).tolist()
   num_pool = 0 if sentence_order else pool.num_docs - (1 if pool_is_docs else 0)  # other documents to draw from
-  max_tokens = max_seq_length - 3
+  max_tokens = max_seq_length - specials
   uniform, getrandbits, bisect_left = rng.random, rng.getrandbits, bisect.bisect_left
 
   def below(n: int) -> int:  # rng.randrange(n), draw for draw
@@ -243,8 +246,9 @@ class RecordRuns:
 
 
 def record_runs(docs: TokenizedDocs, pairs: np.ndarray, *, cls_id: int, sep_id: int,
-                pool: TokenizedDocs | None = None, dtype=np.int32) -> RecordRuns:
-  """Every pair's record, [CLS] A [SEP] B [SEP], as five runs of the tokens.
+                pool: TokenizedDocs | None = None, dtype=np.int32,
+                template: tuple[Sequence[int], Sequence[int], Sequence[int]] | None = None) -> RecordRuns:
+  """Every pair's record, [CLS] A [SEP] B [SEP] (or the tokenizer's own pair template), as five runs of the tokens.
 
   Args:
     docs: the documents the pairs index.
@@ -253,19 +257,24 @@ def record_runs(docs: TokenizedDocs, pairs: np.ndarray, *, cls_id: int, sep_id: 
     sep_id: the tokenizer's [SEP].
     pool: the `random_pool` the pairs drew from when it was not `docs`, else None.
     dtype: of the tokens (the shard's `records.token_dtype`: written without a copy).
+    template: (before A, between A and B, after B) ids when they are not ([CLS], [SEP], [SEP]): RoBERTa's
+      (<s>, </s></s>, </s>) (`tokenization.Template`'s head, mid and tail).
   """
+  head, mid, tail = template or ((cls_id,), (sep_id,), (sep_id,))
   a0, a1, b0, b1, rnd = (pairs[:, k] for k in range(5))
   len_a, len_b = a1 - a0, b1 - b0
-  bounds = np.concatenate([[0], np.cumsum(len_a + len_b + 3)]).astype(np.int64)
+  bounds = np.concatenate([[0], np.cumsum(len_a + len_b + len(head) + len(mid) + len(tail))]).astype(np.int64)
   # One source for every run: the documents' tokens, the pool's (B of random pairs drawn
-  # there), then [CLS] and [SEP].
+  # there), then the specials (head, mid, tail).
   parts = [docs.tokens] + ([pool.tokens] if pool is not None else [])
-  source = np.concatenate([*parts, np.array([cls_id, sep_id], docs.tokens.dtype)]).astype(dtype, copy=False)
-  cls_at, sep_at = len(source) - 2, len(source) - 1
+  specials = np.array([*head, *mid, *tail], docs.tokens.dtype)
+  source = np.concatenate([*parts, specials]).astype(dtype, copy=False)
+  head_at = len(source) - len(specials)
+  mid_at, tail_at = head_at + len(head), head_at + len(head) + len(mid)
   b_from = b0 + np.where((rnd == 1) & (pool is not None), len(docs.tokens), 0)
   ones = np.ones_like(a0)
-  starts = np.stack([cls_at * ones, a0, sep_at * ones, b_from, sep_at * ones], axis=1).ravel()
-  lengths = np.stack([ones, len_a, ones, len_b, ones], axis=1).ravel()
+  starts = np.stack([head_at * ones, a0, mid_at * ones, b_from, tail_at * ones], axis=1).ravel()
+  lengths = np.stack([len(head) * ones, len_a, len(mid) * ones, len_b, len(tail) * ones], axis=1).ravel()
   return RecordRuns(source, starts, lengths, bounds, 5)
 
 

@@ -33,7 +33,7 @@ from bert_jax.config import DataConfig
 from bert_jax.data import (cache_identity, corpus_files, corpus_formats, corpus_pieces, records, tokenization,
                            tokenizer_sample, unit_stats, work_units, worker_pool)
 from bert_jax.data.records import META_FILE, PreparedData, load_prepared_data
-from bert_jax.errors import BertJaxError, ConfigError, DataError
+from bert_jax.errors import BertJaxError, DataError
 
 _LOCK_POLL_S = 2.0
 
@@ -65,7 +65,6 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
     given = tokenization.load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
     if given is not None:  # fail on a vocab mismatch before any slow work
       tokenization.check_vocab_size(given, vocab_size)
-      _check_pair_template(given, cfg)
     reader = corpus_formats.ReaderOptions(format=cfg.format, text_field=cfg.text_field,
                                           hard_wrapped=cfg.hard_wrapped)
     train_paths = corpus_files.resolve_files(cfg.train_files)
@@ -305,16 +304,3 @@ def read_build_info(data_dir: str) -> dict:
   """build.json of a cache: workers, processes, seconds per phase (wall) and per worker step."""
   with open(os.path.join(data_dir, records.BUILD_FILE), encoding='utf-8') as f:
     return json.load(f)
-
-
-def _check_pair_template(tokenizer, cfg) -> None:
-  """Pair records are [CLS] A [SEP] B [SEP] (nsp.record_runs): a tokenizer whose own pair template differs
-  (RoBERTa's and XLM-R's <s> A </s></s> B </s>) is refused for NSP/SOP rather than trained on another template."""
-  if not cfg.sentence_pairs:
-    return
-  own, bert = tokenization.template_of(tokenizer), tokenization.bert_template(tokenizer.cls_id, tokenizer.sep_id)
-  if (own.head, own.mid, own.tail) != (bert.head, bert.mid, bert.tail):  # (token types: one type reads row 0)
-    pair = ' '.join(tokenizer.id_to_token(i) for i in own.head) + ' A ' + ' '.join(
-        tokenizer.id_to_token(i) for i in own.mid) + ' B ' + ' '.join(tokenizer.id_to_token(i) for i in own.tail)
-    raise ConfigError(f'data.objective={cfg.objective} builds [CLS] A [SEP] B [SEP] records, but {cfg.tokenizer} pairs '
-                      f'texts as {pair}: use data.objective=none (masked LM only, as RoBERTa and XLM-R were trained)')

@@ -141,6 +141,7 @@ def build_unit(job: Job, unit: Unit, _) -> dict:
              invalid_utf8_first=read_stats.get('invalid_utf8_first'),
              formats=read_stats.get('formats', {}), special_text=dict(specials_seen), splits={})
   dtype = records.token_dtype(job.vocab_size)  # records are assembled in it: written without a copy
+  template = tokenization.template_of(tokenizer)  # a pair record's specials: [CLS] A [SEP] B [SEP], or RoBERTa's
   for split in ('train', 'eval'):
     t = tokenized[split]
     if job.objective != 'none':
@@ -148,10 +149,11 @@ def build_unit(job: Job, unit: Unit, _) -> dict:
       rng = random.Random(f'{job.seed}-{unit.index}-{split}')  # str seeds hash alike everywhere
       pairs = nsp.create_pairs(t, max_seq_length=job.max_seq_length, short_seq_prob=job.short_seq_prob,
                                dupe_factor=job.dupe_factor if split == 'train' else 1, rng=rng,
-                               random_pool=pool, sentence_order=job.objective == 'sop')
+                               random_pool=pool, sentence_order=job.objective == 'sop',
+                               specials=template.pair_specials)
       used_pool = pool if (pool is not None and t.num_docs < 2 and pool.num_docs) else None
       runs = nsp.record_runs(t, pairs, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pool=used_pool,
-                             dtype=dtype)
+                             dtype=dtype, template=(template.head, template.mid, template.tail))
       len_a, random_next = pairs[:, 1] - pairs[:, 0], pairs[:, 4]
     else:  # masked LM only: FULL-SENTENCES records, all segment A (len_a = length - 2), label 0
       ranges, stream = nsp.full_sentence_records(t, max_seq_length=job.max_seq_length, sep_id=tokenizer.sep_id)

@@ -290,6 +290,25 @@ def test_compressed_and_jsonl_corpora_give_the_same_records(tmp_path):
     assert all(np.array_equal(a[i][0], b[i][0]) for i in range(len(a)))
 
 
+def test_nsp_records_take_a_roberta_style_pair_template(tmp_path):
+  """A tokenizer whose pairs are <s> A </s></s> B </s> (RoBERTa's) gets NSP records in that template, each at most
+  max_seq_length long (room for its four specials); BERT's ([CLS] A [SEP] B [SEP]) is the test above."""
+  pytest.importorskip('transformers')
+  from helpers import roberta_style_tokenizer  # pylint: disable=g-import-not-at-top
+  tokenizer = tokenization.load_tokenizer(roberta_style_tokenizer(str(tmp_path / 'tok')))
+  cfg = small_data_config(str(tmp_path), tokenizer=tokenizer.path, dupe_factor=1)
+  data = prepare.prepare_pretraining_data(cfg, vocab_size=tokenizer.vocab_size, seed=0)
+  dataset = ip.PretrainingDataset(data, 'train')
+  cls_id, sep_id, lengths = tokenizer.cls_id, tokenizer.sep_id, []
+  for i in range(len(dataset)):
+    tokens, len_a, _ = dataset[i]
+    a, b = tokens[1:len_a + 1], tokens[len_a + 3:-1]
+    assert (tokens[0], *tokens[len_a + 1:len_a + 3], tokens[-1]) == (cls_id, sep_id, sep_id, sep_id)
+    assert len(a) and len(b) and sep_id not in a and sep_id not in b and cls_id not in b
+    lengths.append(len(tokens))
+  assert max(lengths) == cfg.max_seq_length  # the budget is T - 4: full records, none longer
+
+
 def test_wordpiece_corpus_has_the_checkpoint_tokenizers_ids(tmp_path, wordpiece):
   model_dir = minilm_dir_or_skip()
   cfg = small_data_config(str(tmp_path), tokenizer=model_dir)
