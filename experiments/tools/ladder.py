@@ -20,9 +20,9 @@ from typing import Any, Sequence
 
 from bert_jax.config import RENAMED, FinetuneConfig, PretrainConfig
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.runs import tables
+from bert_jax.runs import cells, tables
 
-from tools import cells, config_help, sweep
+from tools import config_help, sweep
 
 # A ladder's own files are its table; each cell's workdir keeps its checkpoints, and a rerun skips finished cells.
 KEPT = ('a ladder keeps no checkpoint of its own and its finished cells are kept: free space or fix permissions (or '
@@ -166,8 +166,8 @@ def results(ladder: Ladder, pretrain: Sequence[cells.Cell], finetune: Sequence[c
   """One row per rung: {'rung', 'mlm_accuracy' and 'mlm_baseline' (None without results), 'tasks': {task:
   {'metric', 'values' (per seed, None where the cell left no result), 'majority' (the eval set's majority-class
   accuracy when the metric is an accuracy, else None)}}, 'wall_s', 'missing' (cells without results)}."""
-  rows, finetuned = [], sweep.collect(finetune)
-  for rung, pretrained in zip(ladder.rungs, sweep.collect(pretrain)):
+  rows, finetuned = [], cells.collect(finetune)
+  for rung, pretrained in zip(ladder.rungs, cells.collect(pretrain)):
     m = pretrained['metrics']
     row = {'rung': rung.name, 'mlm_accuracy': m.get('mlm_accuracy') if m else None,
            'mlm_baseline': m.get('mlm_baseline_accuracy') if m else None, 'tasks': {},
