@@ -18,7 +18,7 @@ import statistics
 import sys
 from typing import Any, Sequence
 
-from bert_jax.config import RENAMED, FinetuneConfig, PretrainConfig
+from bert_jax.config import FinetuneConfig, PretrainConfig, apply_overrides, parse_overrides
 from bert_jax.errors import BertJaxError, ConfigError
 from bert_jax.runs import cells, tables
 
@@ -61,7 +61,7 @@ class Ladder:
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
       raise ConfigError(f'seeds must be a whole number >= 1, got {seeds!r}')
     base_file, _, base_variant = d['pretrain'].partition(':')
-    common = _overrides('pretrain_overrides', d.get('pretrain_overrides', ''))
+    common = parse_overrides('pretrain_overrides', d.get('pretrain_overrides', ''))
     rungs = _steps('rungs', d.get('rungs'), Step('', base_file, base_variant, common), PretrainConfig)
     tasks = _steps('tasks', d.get('tasks'), Step('', d['finetune'], '', ()), FinetuneConfig)
     if not isinstance(step, int) or step < -1:
@@ -85,44 +85,13 @@ def _steps(what: str, specs, base: Step, schema) -> tuple[Step, ...]:
                for name, spec in sorted(specs.items(), key=lambda item: item[1]['order']))
 
 
-def _overrides(where: str, text: str) -> tuple[tuple[str, str], ...]:
-  """FIELD=VALUE words, split and quoted as a shell does (a value with spaces: data.train_files='/my data')."""
-  out = []
-  for word in sweep.shell_words(where, text):
-    key, sep, value = word.partition('=')
-    if not sep or not sweep.KEY.fullmatch(key):
-      raise ConfigError(f'{where}: {word!r} is not FIELD=VALUE (shell words, e.g. "data.objective=sop '
-                        'num_train_steps=150")')
-    out.append((key, value))
-  return tuple(out)
-
-
-def _set(cfg, key: str, value: str, where: str) -> None:
-  """One FIELD=VALUE into a ConfigDict, converted to the field's type (as the command line would)."""
-  node, parts = cfg, key.split('.')
-  for i, part in enumerate(parts):
-    if part not in node:
-      hint = f' (it is now {RENAMED[key]})' if key in RENAMED else ''
-      raise ConfigError(f'{where}: the config has no field {".".join(parts[:i + 1])}{hint}')
-    node = node[part] if i < len(parts) - 1 else node
-  old = node[parts[-1]]
-  if not isinstance(old, (bool, int, float, str)):
-    raise ConfigError(f'{where}: {key} is not a single value (a {type(old).__name__}): give its fields')
-  try:
-    if isinstance(old, bool) and value.lower() not in ('true', 'false', '1', '0'):
-      raise ValueError(value)
-    node[parts[-1]] = value.lower() in ('true', '1') if isinstance(old, bool) else type(old)(value)
-  except ValueError:
-    raise ConfigError(f'{where}: {key}={value!r} is not a {type(old).__name__}') from None
-
-
 def _step(where: str, name: str, spec: dict, base: Step, schema) -> Step:
   """A rung or task whose config builds: loaded, overrides set, checked."""
   unknown = set(spec) - {'order', 'variant', 'overrides'}
   if unknown:
     raise ConfigError(f'{where}: unknown key(s) {", ".join(sorted(unknown))}; it takes order, variant, overrides')
   step = Step(name, os.path.join(cells.REPO, base.file), spec.get('variant') or base.variant,
-              base.overrides + _overrides(f'{where}.overrides', spec.get('overrides', '')))
+              base.overrides + parse_overrides(f'{where}.overrides', spec.get('overrides', '')))
   if not os.path.isfile(step.file):
     raise ConfigError(f'{where}: no config file {base.file}')
   module, variant = config_help.load_config_module(step.config)  # as --config loads it
@@ -130,12 +99,7 @@ def _step(where: str, name: str, spec: dict, base: Step, schema) -> Step:
     cfg = module.get_config(variant)
   except ValueError as e:  # the config files' unknown-variant error
     raise ConfigError(f'{where}: {e}') from None
-  for key, value in step.overrides:
-    _set(cfg, key, value, where)
-  try:
-    schema.from_dict(cfg.to_dict())
-  except ConfigError as e:
-    raise ConfigError(f'{where}: {e}') from None
+  apply_overrides(cfg, step.overrides, schema, where)
   return step
 
 

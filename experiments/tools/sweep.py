@@ -10,24 +10,15 @@ import itertools
 import math
 import os
 import re
-import shlex
 from typing import Any, Sequence
 
+from bert_jax.config.overrides import KEY, shell_words
 from bert_jax.errors import ConfigError
 from bert_jax.runs import cells, tables
 from bert_jax.runs.workdir import FINAL_METRICS_FILE
 
 CONFIG_KEY = 'config'  # config_flags' --config=FILE:VARIANT
 UNSAFE = re.compile(r'[^A-Za-z0-9._=,-]')  # what a cell's name (its workdir's) may not hold
-KEY = re.compile(r'[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*')
-
-
-def shell_words(where: str, text: str) -> list[str]:
-  """`text` split as a shell splits words (quotes keep spaces: path='/my data'); ConfigError for open quotes."""
-  try:
-    return shlex.split(text)
-  except ValueError as e:  # shlex: 'No closing quotation' / 'No escaped character'
-    raise ConfigError(f'{where}: {e} in {text!r} (quote a value with spaces as a shell would: key=\'a b\')') from None
 
 
 def parse_grid(text: str) -> list[tuple[str, list[str]]]:
