@@ -24,6 +24,7 @@ from bert_jax.runs import cells, tables
 
 from tools import config_help, sweep
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout of experiments/
 # A ladder's own files are its table; each cell's workdir keeps its checkpoints, and a rerun skips finished cells.
 KEPT = ('a ladder keeps no checkpoint of its own and its finished cells are kept: free space or fix permissions (or '
         'give another --workdir), then run the same command to go on')
@@ -90,7 +91,7 @@ def _step(where: str, name: str, spec: dict, base: Step, schema) -> Step:
   unknown = set(spec) - {'order', 'variant', 'overrides'}
   if unknown:
     raise ConfigError(f'{where}: unknown key(s) {", ".join(sorted(unknown))}; it takes order, variant, overrides')
-  step = Step(name, os.path.join(cells.REPO, base.file), spec.get('variant') or base.variant,
+  step = Step(name, os.path.join(REPO, base.file), spec.get('variant') or base.variant,
               base.overrides + parse_overrides(f'{where}.overrides', spec.get('overrides', '')))
   if not os.path.isfile(step.file):
     raise ConfigError(f'{where}: no config file {base.file}')
@@ -110,11 +111,11 @@ def plan(ladder: Ladder, directory: str) -> tuple[list[cells.Cell], list[cells.C
   for rung in ladder.rungs:
     start = os.path.join(directory, 'pretrain', rung.name)
     pretrain.append(cells.Cell(len(pretrain) + 1, rung.name, [sys.executable, os.path.join(
-        cells.REPO, 'experiments', 'pretrain.py'), f'--workdir={start}', *rung.flags()], start, {'rung': rung.name}))
+        REPO, 'experiments', 'pretrain.py'), f'--workdir={start}', *rung.flags()], start, {'rung': rung.name}))
     for task in ladder.tasks:
       for seed in range(ladder.seeds):
         workdir = os.path.join(directory, 'finetune', rung.name, task.name, f'seed{seed}')
-        argv = [sys.executable, os.path.join(cells.REPO, 'experiments', 'finetune.py'), f'--workdir={workdir}',
+        argv = [sys.executable, os.path.join(REPO, 'experiments', 'finetune.py'), f'--workdir={workdir}',
                 *task.flags(), f'--config.init_checkpoint={start}', *step, f'--config.seed={seed}']
         finetune.append(cells.Cell(len(finetune) + 1, f'{rung.name}/{task.name}/seed{seed}', argv, workdir,
                                    {'rung': rung.name, 'task': task.name, 'seed': str(seed)}, after=start))
