@@ -28,7 +28,7 @@ PENDING, DONE, STALE = 'pending', 'done', 'stale'
 _CHANGED = 'finished with another command than this one'  # how `state` begins the why of a changed command
 STATUS_OK, STATUS_FAILED, STATUS_BAD_METRICS = 'ok', 'failed', 'unreadable metrics'  # `collect`'s row statuses
 STATUS_MISSING = 'no result yet'  # a gather: the cell may still be queued or running
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `_comparable` writes it {repo}
 Groups = Sequence[tuple[str, Sequence['Cell']]]  # (name, cells): each group runs after the one before
 
 

@@ -1,6 +1,7 @@
-"""Cells: a command's workdir, and an array task that waits for what it needs, skips what is done and runs the rest;
---slurm_sbatch's options as #SBATCH lines, the arrays leaving out what is done."""
+"""Cells: a command's workdir, the rows a gather reads, an array task that waits for what it needs, skips what is
+done and runs the rest; --slurm_sbatch's options as #SBATCH lines, the arrays leaving out what is done."""
 
+import json
 import os
 import subprocess
 
@@ -21,6 +22,22 @@ def test_workdir_of():
   assert cells.workdir_of(['p', '--workdir=a', '--workdir', 'b']) == 'b'  # absl: the last one wins
   assert cells.workdir_of(['p', '--workdirs=a', '--workdir']) is None
   assert cells.workdir_of(['p']) is None
+
+
+
+def test_collect_reads_each_cells_results_as_a_row(tmp_path):
+  """A row per cell: ok with its numeric top-level metrics, `missing` without results, failed when its command
+  failed (whatever it left), unreadable metrics."""
+  group = [cells.Cell(i, n, ['true'], str(tmp_path / n), {'n': n}) for i, n in enumerate('abcd', 1)]
+  for name, text in (('a', json.dumps({'acc': 0.5, 'main_metric': 'acc', 'done': True, 'per_class': [1]})),
+                     ('c', '{"acc": 0.1}'), ('d', 'not json')):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / 'final_metrics.json').write_text(text)
+  group[2].returncode = 1
+  rows = cells.collect(group, missing=cells.STATUS_MISSING)
+  assert [r['status'] for r in rows] == ['ok', 'no result yet', 'failed', 'unreadable metrics']
+  assert rows[0] == {'name': 'a', 'values': {'n': 'a'}, 'status': 'ok', 'metrics': {'acc': 0.5}, 'main_metric': 'acc'}
+  assert rows[2]['metrics'] == {'acc': 0.1} and rows[2]['main_metric'] is None
 
 
 def test_array_cells_wait_for_what_they_need_and_options_become_sbatch_lines(tmp_path):
