@@ -11,7 +11,7 @@ import errno
 import os
 import re
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -282,6 +282,10 @@ def _initialize_distributed() -> None:
                          mode=_DISTRIBUTED.value)
 
 
+# The SLURM array script that --slurm_template replaces (`launcher`).
+ARRAY_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'launch', 'array.sbatch')
+
+
 def define_launcher_flags(noun: str = 'cell'):
   """--launcher, --gather, --dry_run and the SLURM flags of the scripts that run many cells (sweep.py, ladder.py;
   `noun`: what their help calls a cell); --help lists them as the script's own."""
@@ -301,3 +305,10 @@ def define_launcher_flags(noun: str = 'cell'):
   for holder in defined.values():
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
   return defined
+
+
+def launcher(defined) -> dict[str, Any]:
+  """The values of `define_launcher_flags`' flags, as `bert_jax.runs.cells.run` takes them: the array template
+  defaults to experiments/launch/array.sbatch."""
+  values = {name: holder.value for name, holder in defined.items()}
+  return {**values, 'template': values['template'] or ARRAY_TEMPLATE}

@@ -22,9 +22,10 @@ import os
 from absl import flags
 
 from bert_jax.errors import ConfigError
+from bert_jax.runs import cells
 
 import cli
-from tools import cells, ladder
+from tools import ladder
 
 _CONFIG = cli.define_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'configs', 'ladder.py'),
                             'Ladder config file, optionally with :VARIANT (tiny, cpu, accelerator).')
@@ -38,9 +39,8 @@ def main(_):
   spec = ladder.Ladder.from_dict(_CONFIG.value.to_dict())
   directory = os.path.realpath(_WORKDIR.value)  # cells' commands name it: the same through any symbolic link
   pretrain, finetune = ladder.plan(spec, directory)
-  cells.run([('ladder_pretrain', pretrain), ('ladder_finetune', finetune)], directory,
-            {k: v.value for k, v in _LAUNCH.items()}, lambda _: ladder.tabulate(spec, pretrain, finetune, directory),
-            root=directory, kept=ladder.KEPT)
+  cells.run([('ladder_pretrain', pretrain), ('ladder_finetune', finetune)], directory, cli.launcher(_LAUNCH),
+            lambda _: ladder.tabulate(spec, pretrain, finetune, directory), root=directory, kept=ladder.KEPT)
 
 
 if __name__ == '__main__':

@@ -8,7 +8,7 @@ Every run appends `--key=value` for each grid key (last key varies fastest) to t
 with `{name}` (required, e.g. `learning_rate=1e-4,num_train_epochs=2`) and `{index}` (1-based) filled
 in. Runs whose workdir already holds final_metrics.json are skipped, so re-running continues an
 interrupted sweep (a finished run launched with another command is an error: .NAME.command.json beside its
-workdir records what it ran; tools/cells.py judges every run). The results go to OUTPUT_DIR/sweep_results.csv
+workdir records what it ran; bert_jax/runs/cells.py judges every run). The results go to OUTPUT_DIR/sweep_results.csv
 and .md (the markdown table is also printed); the sweep exits 1 if any run failed. `--dry_run` prints one
 shell-quoted command per line (the runs not yet done) and runs nothing.
 
@@ -25,9 +25,10 @@ import sys
 from absl import flags
 
 from bert_jax.errors import ConfigError
+from bert_jax.runs import cells
 
 import cli
-from tools import cells, sweep
+from tools import sweep
 
 _GRID = flags.DEFINE_string('grid', None, 'key=v1,v2,... entries as shell words (quote a value with spaces), '
                             'e.g. "config.optim.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3".')
@@ -49,7 +50,7 @@ def main(argv):
     raise ConfigError(f'--mode must be max or min, not {_MODE.value!r}')
   runs = sweep.plan(sweep.parse_grid(_GRID.value), _COMMAND)
   output_dir = _OUTPUT_DIR.value or sweep.default_output_dir(runs)
-  cells.run([('sweep', runs)], output_dir, {k: v.value for k, v in _LAUNCH.items()},
+  cells.run([('sweep', runs)], output_dir, cli.launcher(_LAUNCH),
             lambda gather: sweep.tabulate(runs, output_dir, _METRIC.value, _MODE.value, gather), noun='runs')
 
 

@@ -21,6 +21,8 @@ The package is one module per concern; every name is importable from `bert_jax.c
   phases     the phase plan: a PretrainConfig's phases resolved once (`Plan`, its stages `Phase`, `resolve`)
   finetune   `FinetuneConfig`
   migration  configs saved by earlier versions: `upgrade_saved`, `RENAMED`, `REMOVED`
+  overrides  FIELD=VALUE text as shell words (`parse_overrides`), set into a ConfigDict by each field's type and
+             checked against a config class (`apply_overrides`)
   resume     identity checks: `from_checkpoint`, `architecture_diffs`, `config_diffs`, `check_resume`,
              `check_resume_allow`
 """
@@ -30,6 +32,7 @@ from bert_jax.config.finetune import FinetuneConfig
 from bert_jax.config.migration import REMOVED, RENAMED, upgrade_saved
 from bert_jax.config.model import (ATTENTION_IMPLS, DROPOUT_IMPLS, FUSED_MASKS, LOGITS_BACKWARDS, MLPS,
                                    NORM_POSITIONS, POSITION_EMBEDDINGS, PRESETS, REMAT_POLICIES, ModelConfig, preset)
+from bert_jax.config.overrides import apply_overrides, parse_overrides
 from bert_jax.config.phases import Phase, Plan
 from bert_jax.config.pretrain import MASKINGS, OBJECTIVES, DataConfig, PhaseConfig, PretrainConfig
 from bert_jax.config.resume import (architecture_diffs, check_resume, check_resume_allow, config_diffs,
@@ -42,7 +45,7 @@ __all__ = [
     'RENAMED', 'SCHEDULES',
     'DataConfig', 'FinetuneConfig', 'MeshConfig', 'ModelConfig', 'OptimConfig', 'Phase', 'PhaseConfig', 'Plan',
     'PretrainConfig', 'TrainingConfig',
-    'architecture_diffs', 'check_resume', 'check_resume_allow', 'config_diffs', 'facts', 'from_checkpoint', 'preset',
-    'upgrade_saved',
+    'apply_overrides', 'architecture_diffs', 'check_resume', 'check_resume_allow', 'config_diffs', 'facts',
+    'from_checkpoint', 'parse_overrides', 'preset', 'upgrade_saved',
     '_block',  # the block a field holds: tests/test_docs.py reads it
 ]

@@ -5,5 +5,6 @@
   checkpoints  the one Orbax manager (fallback past unusable checkpoints, params-only restores, the best kept)
   reporting    the library's one log channel (process 0), JSONL and TensorBoard writers, progress
   tables       results tables of several runs (a sweep's, a ladder's) as markdown and CSV
+  cells        the commands of a sweep or a ladder: pending/done/stale, the local runner, SLURM arrays, a gather
   curves       curves.png of a run, the plot of a workdir's evaluated checkpoints, values per group (seeds)
 """

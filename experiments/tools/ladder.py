@@ -18,12 +18,13 @@ import statistics
 import sys
 from typing import Any, Sequence
 
-from bert_jax.config import RENAMED, FinetuneConfig, PretrainConfig
+from bert_jax.config import FinetuneConfig, PretrainConfig, apply_overrides, parse_overrides
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.runs import tables
+from bert_jax.runs import cells, tables
 
-from tools import cells, config_help, sweep
+from tools import config_help, sweep
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout of experiments/
 # A ladder's own files are its table; each cell's workdir keeps its checkpoints, and a rerun skips finished cells.
 KEPT = ('a ladder keeps no checkpoint of its own and its finished cells are kept: free space or fix permissions (or '
         'give another --workdir), then run the same command to go on')
@@ -61,7 +62,7 @@ class Ladder:
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
       raise ConfigError(f'seeds must be a whole number >= 1, got {seeds!r}')
     base_file, _, base_variant = d['pretrain'].partition(':')
-    common = _overrides('pretrain_overrides', d.get('pretrain_overrides', ''))
+    common = parse_overrides('pretrain_overrides', d.get('pretrain_overrides', ''))
     rungs = _steps('rungs', d.get('rungs'), Step('', base_file, base_variant, common), PretrainConfig)
     tasks = _steps('tasks', d.get('tasks'), Step('', d['finetune'], '', ()), FinetuneConfig)
     if not isinstance(step, int) or step < -1:
@@ -85,44 +86,13 @@ def _steps(what: str, specs, base: Step, schema) -> tuple[Step, ...]:
                for name, spec in sorted(specs.items(), key=lambda item: item[1]['order']))
 
 
-def _overrides(where: str, text: str) -> tuple[tuple[str, str], ...]:
-  """FIELD=VALUE words, split and quoted as a shell does (a value with spaces: data.train_files='/my data')."""
-  out = []
-  for word in sweep.shell_words(where, text):
-    key, sep, value = word.partition('=')
-    if not sep or not sweep.KEY.fullmatch(key):
-      raise ConfigError(f'{where}: {word!r} is not FIELD=VALUE (shell words, e.g. "data.objective=sop '
-                        'num_train_steps=150")')
-    out.append((key, value))
-  return tuple(out)
-
-
-def _set(cfg, key: str, value: str, where: str) -> None:
-  """One FIELD=VALUE into a ConfigDict, converted to the field's type (as the command line would)."""
-  node, parts = cfg, key.split('.')
-  for i, part in enumerate(parts):
-    if part not in node:
-      hint = f' (it is now {RENAMED[key]})' if key in RENAMED else ''
-      raise ConfigError(f'{where}: the config has no field {".".join(parts[:i + 1])}{hint}')
-    node = node[part] if i < len(parts) - 1 else node
-  old = node[parts[-1]]
-  if not isinstance(old, (bool, int, float, str)):
-    raise ConfigError(f'{where}: {key} is not a single value (a {type(old).__name__}): give its fields')
-  try:
-    if isinstance(old, bool) and value.lower() not in ('true', 'false', '1', '0'):
-      raise ValueError(value)
-    node[parts[-1]] = value.lower() in ('true', '1') if isinstance(old, bool) else type(old)(value)
-  except ValueError:
-    raise ConfigError(f'{where}: {key}={value!r} is not a {type(old).__name__}') from None
-
-
 def _step(where: str, name: str, spec: dict, base: Step, schema) -> Step:
   """A rung or task whose config builds: loaded, overrides set, checked."""
   unknown = set(spec) - {'order', 'variant', 'overrides'}
   if unknown:
     raise ConfigError(f'{where}: unknown key(s) {", ".join(sorted(unknown))}; it takes order, variant, overrides')
-  step = Step(name, os.path.join(cells.REPO, base.file), spec.get('variant') or base.variant,
-              base.overrides + _overrides(f'{where}.overrides', spec.get('overrides', '')))
+  step = Step(name, os.path.join(REPO, base.file), spec.get('variant') or base.variant,
+              base.overrides + parse_overrides(f'{where}.overrides', spec.get('overrides', '')))
   if not os.path.isfile(step.file):
     raise ConfigError(f'{where}: no config file {base.file}')
   module, variant = config_help.load_config_module(step.config)  # as --config loads it
@@ -130,12 +100,7 @@ def _step(where: str, name: str, spec: dict, base: Step, schema) -> Step:
     cfg = module.get_config(variant)
   except ValueError as e:  # the config files' unknown-variant error
     raise ConfigError(f'{where}: {e}') from None
-  for key, value in step.overrides:
-    _set(cfg, key, value, where)
-  try:
-    schema.from_dict(cfg.to_dict())
-  except ConfigError as e:
-    raise ConfigError(f'{where}: {e}') from None
+  apply_overrides(cfg, step.overrides, schema, where)
   return step
 
 
@@ -146,11 +111,11 @@ def plan(ladder: Ladder, directory: str) -> tuple[list[cells.Cell], list[cells.C
   for rung in ladder.rungs:
     start = os.path.join(directory, 'pretrain', rung.name)
     pretrain.append(cells.Cell(len(pretrain) + 1, rung.name, [sys.executable, os.path.join(
-        cells.REPO, 'experiments', 'pretrain.py'), f'--workdir={start}', *rung.flags()], start, {'rung': rung.name}))
+        REPO, 'experiments', 'pretrain.py'), f'--workdir={start}', *rung.flags()], start, {'rung': rung.name}))
     for task in ladder.tasks:
       for seed in range(ladder.seeds):
         workdir = os.path.join(directory, 'finetune', rung.name, task.name, f'seed{seed}')
-        argv = [sys.executable, os.path.join(cells.REPO, 'experiments', 'finetune.py'), f'--workdir={workdir}',
+        argv = [sys.executable, os.path.join(REPO, 'experiments', 'finetune.py'), f'--workdir={workdir}',
                 *task.flags(), f'--config.init_checkpoint={start}', *step, f'--config.seed={seed}']
         finetune.append(cells.Cell(len(finetune) + 1, f'{rung.name}/{task.name}/seed{seed}', argv, workdir,
                                    {'rung': rung.name, 'task': task.name, 'seed': str(seed)}, after=start))
@@ -166,8 +131,8 @@ def results(ladder: Ladder, pretrain: Sequence[cells.Cell], finetune: Sequence[c
   """One row per rung: {'rung', 'mlm_accuracy' and 'mlm_baseline' (None without results), 'tasks': {task:
   {'metric', 'values' (per seed, None where the cell left no result), 'majority' (the eval set's majority-class
   accuracy when the metric is an accuracy, else None)}}, 'wall_s', 'missing' (cells without results)}."""
-  rows, finetuned = [], sweep.collect(finetune)
-  for rung, pretrained in zip(ladder.rungs, sweep.collect(pretrain)):
+  rows, finetuned = [], cells.collect(finetune)
+  for rung, pretrained in zip(ladder.rungs, cells.collect(pretrain)):
     m = pretrained['metrics']
     row = {'rung': rung.name, 'mlm_accuracy': m.get('mlm_accuracy') if m else None,
            'mlm_baseline': m.get('mlm_baseline_accuracy') if m else None, 'tasks': {},

@@ -10,28 +10,15 @@ import itertools
 import math
 import os
 import re
-import shlex
 from typing import Any, Sequence
 
-from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.runs import tables
-from bert_jax.runs.workdir import FINAL_METRICS_FILE, Workdir
-
-from tools import cells
+from bert_jax.config.overrides import KEY, shell_words
+from bert_jax.errors import ConfigError
+from bert_jax.runs import cells, tables
+from bert_jax.runs.workdir import FINAL_METRICS_FILE
 
 CONFIG_KEY = 'config'  # config_flags' --config=FILE:VARIANT
-STATUS_OK, STATUS_FAILED, STATUS_BAD_METRICS = 'ok', 'failed', 'unreadable metrics'
-STATUS_MISSING = 'no result yet'  # a gather: the run may still be queued or running
 UNSAFE = re.compile(r'[^A-Za-z0-9._=,-]')  # what a cell's name (its workdir's) may not hold
-KEY = re.compile(r'[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*')
-
-
-def shell_words(where: str, text: str) -> list[str]:
-  """`text` split as a shell splits words (quotes keep spaces: path='/my data'); ConfigError for open quotes."""
-  try:
-    return shlex.split(text)
-  except ValueError as e:  # shlex: 'No closing quotation' / 'No escaped character'
-    raise ConfigError(f'{where}: {e} in {text!r} (quote a value with spaces as a shell would: key=\'a b\')') from None
 
 
 def parse_grid(text: str) -> list[tuple[str, list[str]]]:
@@ -102,17 +89,6 @@ def build_command(template: Sequence[str], values: dict[str, str], name: str, in
   return argv + [f'--{key}={value}' for key, value in values.items() if key != CONFIG_KEY]
 
 
-def workdir_of(argv: Sequence[str]) -> str | None:
-  """The value of the last `--workdir=X` / `--workdir X` (or single-dash) argument, or None."""
-  workdir = None
-  for i, arg in enumerate(argv):
-    if arg in ('--workdir', '-workdir'):
-      workdir = argv[i + 1] if i + 1 < len(argv) else workdir
-    elif arg.startswith(('--workdir=', '-workdir=')):
-      workdir = arg.partition('=')[2]
-  return workdir
-
-
 def plan(grid: Sequence[tuple[str, Sequence[str]]], template: Sequence[str]) -> list[cells.Cell]:
   """The cells of a sweep, in order; ConfigError for no command, no `{name}` or `--workdir`, or a shared workdir."""
   if not template:
@@ -122,7 +98,7 @@ def plan(grid: Sequence[tuple[str, Sequence[str]]], template: Sequence[str]) -> 
   for index, values in enumerate(expand(grid), start=1):
     name = run_name(values)
     argv = build_command(template, values, name, index)
-    workdir = workdir_of(argv)
+    workdir = cells.workdir_of(argv)
     if not workdir:
       raise ConfigError('the command has no --workdir argument: the sweep finds each run\'s '
                         f'{FINAL_METRICS_FILE} there (use e.g. --workdir=DIR/{{name}})')
@@ -136,24 +112,6 @@ def plan(grid: Sequence[tuple[str, Sequence[str]]], template: Sequence[str]) -> 
 def default_output_dir(runs: Sequence[cells.Cell]) -> str:
   """The common parent directory of the cells' workdirs."""
   return os.path.commonpath([os.path.dirname(os.path.abspath(r.workdir)) for r in runs])
-
-
-def collect(runs: Sequence[cells.Cell], missing: str = STATUS_FAILED) -> list[dict[str, Any]]:
-  """One row per cell: {'name', 'values', 'status' (ok, `missing` without results, unreadable metrics), 'metrics'
-  (the numeric top-level values), 'main_metric' (str or None)}; a ladder's table reads its cells through it too."""
-  rows = []
-  for run in runs:
-    row = {'name': run.name, 'values': dict(run.values), 'status': missing, 'metrics': {}, 'main_metric': None}
-    try:
-      data = Workdir(run.workdir).results()
-    except CheckpointError:
-      data, row['status'] = None, STATUS_BAD_METRICS
-    if data is not None:
-      row['metrics'] = {k: v for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-      row['main_metric'] = data['main_metric'] if isinstance(data.get('main_metric'), str) else None
-      row['status'] = STATUS_OK if run.returncode in (None, 0) else STATUS_FAILED
-    rows.append(row)
-  return rows
 
 
 def ranking_metric(rows: Sequence[dict[str, Any]], metric: str | None = None) -> str | None:
@@ -186,12 +144,13 @@ def write_tables(rows: Sequence[dict[str, Any]], output_dir: str, metric: str | 
 
 def tabulate(runs: Sequence[cells.Cell], output_dir: str, metric: str | None, mode: str,
              gather: bool) -> tuple[list[str], list[str], ConfigError | None]:
-  """`cells.run`'s tabulate: writes the tables (`collect`, `write_tables`) and returns their paths, the runs without
-  results (a gather's) and, for a --metric in no run's results, the error to raise once the table is printed."""
-  rows = collect(runs, missing=STATUS_MISSING if gather else STATUS_FAILED)
+  """`cells.run`'s tabulate: writes the tables (`cells.collect`, `write_tables`) and returns their paths, the runs
+  without results (a gather's) and, for a --metric in no run's results, the error to raise once the table is
+  printed."""
+  rows = cells.collect(runs, missing=cells.STATUS_MISSING if gather else cells.STATUS_FAILED)
   metric = ranking_metric(rows, metric)
   csv_path, md_path = write_tables(rows, output_dir, metric, mode)
   have = sorted({m for r in rows for m in r['metrics']})
   error = (ConfigError(f'metric {metric!r} is in no run\'s {FINAL_METRICS_FILE} (have: {", ".join(have)})')
            if metric and have and metric not in have else None)
-  return [md_path, csv_path], [r['name'] for r in rows if r['status'] == STATUS_MISSING], error
+  return [md_path, csv_path], [r['name'] for r in rows if r['status'] == cells.STATUS_MISSING], error

@@ -252,29 +252,3 @@ def test_bad_rungs_tasks_and_seeds_are_one_error_line_and_touch_nothing(tmp_path
     assert_one_line_error(_ladder(TINY, f'--workdir={workdir}', flag), pattern)
   assert_one_line_error(_ladder(TINY), '--workdir is required')
   assert tree_digest(str(workdir)) == before
-
-
-def test_array_cells_wait_for_what_they_need_and_options_become_sbatch_lines(tmp_path):
-  from tools import cells  # pylint: disable=g-import-not-at-top
-  assert cells.sbatch_lines('--partition=gpu -t 4:00:00 --gpus 1') == (
-      '#SBATCH --partition=gpu\n#SBATCH -t 4:00:00\n#SBATCH --gpus 1')
-  with pytest.raises(ConfigError, match="got 'gpu' where an option should be"):
-    cells.sbatch_lines('--partition=x gpu')
-  need, work = tmp_path / 'rung', tmp_path / 'cell'
-  cell = cells.Cell(1, 'cell', ['sh', '-c', f'mkdir -p {work} && echo ran > {work}/final_metrics.json'], str(work),
-                    after=str(need))
-  line = cells.task_line(cell)  # a line of an array's cells file: the cell through `cells.run_task`
-  refused = subprocess.run(['bash', '-c', line], capture_output=True, text=True)
-  assert refused.returncode == 1 and 'has no final_metrics.json' in refused.stderr and not work.exists()
-  need.mkdir()
-  (need / 'final_metrics.json').write_text('{}')
-  assert subprocess.run(['bash', '-c', line]).returncode == 0 and (work / 'final_metrics.json').exists()
-  again = subprocess.run(['bash', '-c', line], capture_output=True, text=True)
-  assert again.returncode == 0 and 'done before' in again.stdout
-  template = tmp_path / 'mine.sbatch'
-  with open(cells.DEFAULT_TEMPLATE, encoding='utf-8') as f:
-    template.write_text(f.read().replace('1-@NUM_CELLS@', '1-@NUM_CELLS@%2'))  # a throttled array
-  group = [cells.Cell(i, n, ['true'], str(w)) for i, (n, w) in enumerate(
-      (('x', tmp_path / 'x'), ('y', tmp_path / 'y'), ('cell', work)), 1)]
-  [(script, count)] = cells.write_arrays(str(tmp_path / 'slurm'), [('a', group)], template=str(template))
-  assert count == 2 and '#SBATCH --array=1-2%2' in open(script).read()  # done: left out

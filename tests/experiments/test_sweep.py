@@ -12,9 +12,10 @@ import sys
 import pytest
 
 from bert_jax.errors import ConfigError
+from bert_jax.runs import cells
 
 from helpers import assert_one_line_error, run_main, tree_digest
-from tools import cells, sweep
+from tools import sweep
 
 GRID = 'config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3'
 
@@ -138,15 +139,6 @@ def test_build_command_requires_name_placeholder():
     sweep.build_command(['python', 'train.py', '--workdir=out/{index}'], {'a': '1'}, 'a=1', 1)
 
 
-def test_workdir_of():
-  assert sweep.workdir_of(['p', '--workdir=a/b', '--x=1']) == 'a/b'
-  assert sweep.workdir_of(['p', '--workdir', 'a b', '--x=1']) == 'a b'
-  assert sweep.workdir_of(['p', '-workdir=c']) == 'c'
-  assert sweep.workdir_of(['p', '--workdir=a', '--workdir', 'b']) == 'b'  # absl: the last one wins
-  assert sweep.workdir_of(['p', '--workdirs=a', '--workdir']) is None
-  assert sweep.workdir_of(['p']) is None
-
-
 def test_plan_errors():
   grid = sweep.parse_grid('a=1,2')
   with pytest.raises(ConfigError, match='no command'):
@@ -170,7 +162,7 @@ def test_collect_and_write_tables(tmp_path):
       os.makedirs(run.workdir)
       with open(os.path.join(run.workdir, 'final_metrics.json'), 'w') as f:
         f.write(metrics if isinstance(metrics, str) else json.dumps(metrics))
-  rows = sweep.collect(runs)
+  rows = cells.collect(runs)
   assert [r['status'] for r in rows] == ['ok', 'ok', 'failed', 'unreadable metrics']
   assert rows[0]['metrics'] == {'loss': 0.5, 'acc': 0.7} and rows[0]['main_metric'] == 'acc'
 

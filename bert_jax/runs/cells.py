@@ -4,8 +4,8 @@ A cell is done when its workdir holds final metrics (`Workdir.finished`, the run
 launched with is recorded beside its workdir (.NAME.command.json; never in it: an entry point sees its workdir as the
 cell left it, and a bad cell leaves no directory behind). `state` says pending, done or stale (done, but by another
 command than today's, or before the cell it needs last finished: a ladder's rung pretrained again); the local runner
-(`execute`), the SLURM array tasks (`python3 experiments/tools/cells.py run-task CELL`: `run_task`) and a gather all
-go by it. This module reads no flags and imports nothing of experiments/: an array task runs it as a script.
+(`execute`), the SLURM array tasks (`python3 -m bert_jax.runs.cells run-task CELL`: `run_task`) and a gather
+(`collect`) all go by it. This module reads no flags and imports no jax: an array task starts with it.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import sys
 from typing import Any, Callable, Sequence
 
 from bert_jax import files
-from bert_jax.errors import BertJaxError, ConfigError
+from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
 from bert_jax.runs.workdir import FINAL_METRICS_FILE, Workdir
 
 PENDING, DONE, STALE = 'pending', 'done', 'stale'
 _CHANGED = 'finished with another command than this one'  # how `state` begins the why of a changed command
-SCRIPT = os.path.abspath(__file__)
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
-DEFAULT_TEMPLATE = os.path.join(REPO, 'experiments', 'launch', 'array.sbatch')
+STATUS_OK, STATUS_FAILED, STATUS_BAD_METRICS = 'ok', 'failed', 'unreadable metrics'  # `collect`'s row statuses
+STATUS_MISSING = 'no result yet'  # a gather: the cell may still be queued or running
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `_comparable` writes it {repo}
 Groups = Sequence[tuple[str, Sequence['Cell']]]  # (name, cells): each group runs after the one before
 
 
@@ -49,6 +49,17 @@ class Cell:
   def record(self) -> str:
     path = os.path.abspath(self.workdir)
     return os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.command.json')
+
+
+def workdir_of(argv: Sequence[str]) -> str | None:
+  """The value of the last `--workdir=X` / `--workdir X` (or single-dash) argument of a command, or None."""
+  workdir = None
+  for i, arg in enumerate(argv):
+    if arg in ('--workdir', '-workdir'):
+      workdir = argv[i + 1] if i + 1 < len(argv) else workdir
+    elif arg.startswith(('--workdir=', '-workdir=')):
+      workdir = arg.partition('=')[2]
+  return workdir
 
 
 def _comparable(argv: Sequence[str]) -> list[str]:
@@ -104,6 +115,24 @@ def check(cells: Sequence[Cell], root: str | None = None) -> None:
     (cell, why), changed = stale[0], [c for c, w in stale[1:] if w.startswith(_CHANGED)]
     more = f' (and {len(changed)} more)' if changed and why.startswith(_CHANGED) else ''
     raise ConfigError(f'{os.path.relpath(cell.workdir, root) if root else cell.name}{more} {why}')
+
+
+def collect(cells: Sequence[Cell], missing: str = STATUS_FAILED) -> list[dict[str, Any]]:
+  """One row per cell: {'name', 'values', 'status' (ok, `missing` without results, unreadable metrics), 'metrics'
+  (the numeric top-level values), 'main_metric' (str or None)}: what a sweep's and a ladder's tables read."""
+  rows = []
+  for cell in cells:
+    row = {'name': cell.name, 'values': dict(cell.values), 'status': missing, 'metrics': {}, 'main_metric': None}
+    try:
+      data = Workdir(cell.workdir).results()
+    except CheckpointError:
+      data, row['status'] = None, STATUS_BAD_METRICS
+    if data is not None:
+      row['metrics'] = {k: v for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+      row['main_metric'] = data['main_metric'] if isinstance(data.get('main_metric'), str) else None
+      row['status'] = STATUS_OK if cell.returncode in (None, 0) else STATUS_FAILED
+    rows.append(row)
+  return rows
 
 
 def _skip(cell: Cell) -> tuple[int, str] | None:
@@ -203,8 +232,7 @@ def sbatch_lines(options: str) -> str:
   return '\n'.join(f'#SBATCH {line}' for line in lines)
 
 
-def write_arrays(directory: str, groups: Groups, *, template: str = DEFAULT_TEMPLATE,
-                 sbatch: str = '') -> list[tuple[str, int]]:
+def write_arrays(directory: str, groups: Groups, *, template: str, sbatch: str = '') -> list[tuple[str, int]]:
   """Under `directory`, per group of cells with pending ones: a cells file (a `task_line` per pending cell), a batch
   script from `template` (experiments/launch/array.sbatch) running one per array task in today's working directory
   (the cells' paths are relative to it); and submit.sh, which submits them in order, each after the one before has
@@ -242,7 +270,7 @@ def write_arrays(directory: str, groups: Groups, *, template: str = DEFAULT_TEMP
 
 def submit(directory: str, groups: Groups, launcher: dict[str, Any]) -> None:
   """Writes the job arrays under `directory` and runs its submit.sh where `sbatch` is on the PATH (else says how)."""
-  for script, count in write_arrays(directory, groups, template=launcher['template'] or DEFAULT_TEMPLATE,
+  for script, count in write_arrays(directory, groups, template=launcher['template'],
                                     sbatch=launcher['sbatch']):
     print(f'wrote {script} ({count} cells)', flush=True)
   script = os.path.join(directory, 'submit.sh')
@@ -259,7 +287,7 @@ def submit(directory: str, groups: Groups, launcher: dict[str, Any]) -> None:
 def task_line(cell: Cell) -> str:
   """The shell line of a SLURM array task running `cell` through `run_task`."""
   spec = json.dumps({'name': cell.name, 'argv': cell.argv, 'workdir': cell.workdir, 'after': cell.after})
-  return shlex.join([sys.executable, SCRIPT, 'run-task', spec])
+  return shlex.join([sys.executable, '-m', 'bert_jax.runs.cells', 'run-task', spec])
 
 
 def run_task(cell: Cell) -> int:
@@ -280,7 +308,8 @@ def run_task(cell: Cell) -> int:
 def main(argv: Sequence[str]) -> int:
   try:
     if len(argv) != 2 or argv[0] != 'run-task':
-      raise ConfigError(f'usage: {os.path.basename(SCRIPT)} run-task CELL (a JSON object, as `task_line` writes it)')
+      raise ConfigError('usage: python3 -m bert_jax.runs.cells run-task CELL (a JSON object, as `task_line` writes '
+                        'it)')
     try:
       cell = Cell(0, **json.loads(argv[1]))  # the fields `task_line` writes
     except (ValueError, TypeError) as e:
