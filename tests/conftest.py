@@ -1,9 +1,11 @@
 """Test setup: 8 fake CPU devices (set before jax is imported) and shared fixtures (the functions: helpers.py)."""
 
+import contextlib
 import dataclasses
 import hashlib
 import os
 import shutil
+import subprocess
 import tempfile
 from typing import Any
 
@@ -47,7 +49,10 @@ from helpers import (  # pylint: disable=g-import-not-at-top,wrong-import-positi
   SMALL_VOCAB,
   finetune_config,
   minilm_dir_or_skip,
+  readme_commands,
+  readme_script,
   retrieval_config,
+  run_readme_command,
   shared_data_or_skip,
   small_data_config,
   tiny_pretrain_config,
@@ -96,17 +101,27 @@ def _assert_unchanged(name, root, digests):
                        f'{", ".join(changed[:10])}): it is shared read-only; copy it to tmp_path before changing it')
 
 
+def _shared_root(tmp_path_factory):
+  """Where the shared runs are built: the xdist workers share their basetemp's parent."""
+  root = tmp_path_factory.getbasetemp()
+  return root.parent if os.environ.get('PYTEST_XDIST_WORKER') else root
+
+
+@contextlib.contextmanager
+def _flock(path, exclusive: bool = True):
+  import fcntl  # pylint: disable=g-import-not-at-top
+  with open(path, 'a') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    yield
+
+
 def _built_once(tmp_path_factory, name: str, build) -> str:
   """A directory that `build(directory)` fills, built once per test run: the xdist workers share their basetemp's
   parent, the first to ask builds there under a lock and the others wait for it and read (each worker building its
   own was a minute of the suite; a waiting worker leaves the core to the builder). Its digests are taken once built."""
-  import fcntl  # pylint: disable=g-import-not-at-top
-  root = tmp_path_factory.getbasetemp()
-  if os.environ.get('PYTEST_XDIST_WORKER'):
-    root = root.parent
+  root = _shared_root(tmp_path_factory)
   directory, done = root / f'shared_{name}', root / f'shared_{name}.done'
-  with open(root / f'shared_{name}.lock', 'w') as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
+  with _flock(root / f'shared_{name}.lock'):
     if not done.exists():
       shutil.rmtree(directory, ignore_errors=True)
       directory.mkdir()
@@ -198,6 +213,67 @@ def retrieval_workdir(tiny_checkpoint, tmp_path_factory):
   _assert_unchanged('retrieval_workdir', workdir, digests)
 
 
+@dataclasses.dataclass(frozen=True)
+class ReadmeRun:
+  """A README command run once per test run (`readme_commands`: tiny budgets, /tmp/ moved to `root`)."""
+  argv: list[str]  # the command as run
+  root: str  # where the README's /tmp/ went
+  result: subprocess.CompletedProcess  # its exit code and output (run_readme_command)
+  lock: str  # the fixture's lock file (`writing`)
+
+  def flag(self, name: str) -> str:
+    """The value of --NAME= in the command."""
+    return next(a.split('=', 1)[1] for a in self.argv if a.startswith(f'--{name}='))
+
+  @contextlib.contextmanager
+  def writing(self):
+    """The run's files to one test alone (the other workers' digests wait), for a test that must work in the run's own
+    directory (a ladder rerun: its cells' commands name it) and leaves every file as it found it (the digests at the
+    end of the session say so)."""
+    with _flock(self.lock):
+      yield
+
+
+def _readme_run(tmp_path_factory, script: str):
+  """The README's one command of `script`, run once per test run by `run_readme_command` (as the README's test runs
+  the others): that test checks its exit code and the tests of the same command read its files. Shared read-only
+  (above), but for `ReadmeRun.writing`."""
+  import json  # pylint: disable=g-import-not-at-top
+
+  def build(root):
+    [argv] = [a for a in readme_commands(root) if readme_script(a) == script]
+    result = run_readme_command(argv)
+    (root / 'result.json').write_text(json.dumps(dict(argv=argv, returncode=result.returncode, stdout=result.stdout,
+                                                      stderr=result.stderr)))
+
+  name = f'readme_{script.removesuffix(".py")}'
+  root = _built_once(tmp_path_factory, name, build)
+  run = json.loads((root / 'result.json').read_text())
+  run = ReadmeRun(run['argv'], str(root), subprocess.CompletedProcess(run['argv'], run['returncode'], run['stdout'],
+                                                                       run['stderr']),
+                  str(_shared_root(tmp_path_factory) / f'shared_{name}.lock'))
+  with _flock(run.lock, exclusive=False):
+    digests = _file_digests(root)
+  yield run
+  with _flock(run.lock, exclusive=False):
+    _assert_unchanged(name, root, digests)
+
+
+@pytest.fixture(scope='session')
+def readme_ladder(tmp_path_factory):
+  """The README's tiny ladder (`ladder.py --config=...ladder.py:tiny`, its --workdir under `root`): minutes, run once
+  for the README's test and tests/experiments/test_ladder.py. Skips where the shared SST-2 data is absent."""
+  shared_data_or_skip('sst2')
+  yield from _readme_run(tmp_path_factory, 'ladder.py')
+
+
+@pytest.fixture
+def readme_ladder_alone(readme_ladder):
+  """`readme_ladder`, its files to the asking test alone while it runs (`ReadmeRun.writing`)."""
+  with readme_ladder.writing():
+    yield readme_ladder
+
+
 @pytest.fixture(scope='session')
 def wordpiece():
   """all-MiniLM-L6-v2's WordPiece tokenizer; the test skips when the package is not installed."""
@@ -252,7 +328,7 @@ def pytest_unconfigure(config):
 
 def pytest_collection_modifyitems(config, items):
   """The README's commands (the longest test, minutes) first: at the end of a run it would leave the other xdist
-  worker idle for as long. Its module has no shared fixtures, so moving it alone costs nothing."""
+  worker idle for as long. Its one fixture is session-wide (readme_ladder), so moving it alone costs nothing."""
   del config
   first = [i for i in items if i.name == 'test_the_readmes_commands_run']
   items[:] = first + [i for i in items if i not in first]

@@ -5,7 +5,6 @@ import dataclasses
 import glob
 import os
 import re
-import shlex
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import pytest
 
 from bert_jax import config
 
-from helpers import REPO, run_main, shared_data_or_skip
+from helpers import REPO, readme_commands, readme_script, run_readme_command, shared_data_or_skip
 
 DOCS = [os.path.join(REPO, 'README.md'), *sorted(glob.glob(os.path.join(REPO, 'docs', '*.md')))]
 ENTRY_POINTS = sorted(p for p in glob.glob(os.path.join(REPO, 'experiments', '*.py')) if not p.endswith('cli.py'))
@@ -150,48 +149,22 @@ def test_the_site_builds_in_strict_mode(tmp_path):
   assert os.path.exists(tmp_path / 'site' / 'results' / 'index.html')
 
 
-# What the README's commands get added, to run in seconds: tiny budgets, the same code paths.
-_BUDGETS = {
-    'pretrain.py': ['--config.num_train_steps=2', '--config.eval_every=2', '--config.checkpoint_every=2',
-                    '--config.log_every=1'],
-    'finetune.py': ['--config.num_train_steps=2', '--config.max_train_samples=32', '--config.num_seeds=1',
-                    '--config.log_every=1'],
-}
-
-
-def _readme_commands(tmp) -> list[list[str]]:
-  """The README's commands (the main job, then the tour), /tmp/ moved to `tmp`, with tiny budgets."""
-  readme = _read(os.path.join(REPO, 'README.md'))
-  blocks = re.findall(r'```bash\n(.*?)```', readme, re.S)
-  lines = [l.split('&& ')[-1] for b in blocks[:2] for l in b.splitlines()
-           if 'experiments/' in l and not l.lstrip().startswith('#')]
-  out = []
-  for line in lines:
-    argv = shlex.split(line.replace('/tmp/', f'{tmp}/'))
-    inner = argv.index('--') if '--' in argv else len(argv)
-    script = os.path.basename(next(a for a in argv[inner:] + argv if a.startswith('experiments/')))
-    budget = _BUDGETS.get(script, [])
-    if any(a.endswith('pretrain.py:recipe') for a in argv):  # a run in phases: its length is theirs
-      budget = [f'--config.phases.{p}.steps=1' for p in ('stable', 'extend', 'decay')] + budget[1:]
-    out.append(argv + budget)
-  return out
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_the_readmes_commands_run(tmp_path):
+def test_the_readmes_commands_run(tmp_path, readme_ladder):
   shared_data_or_skip('sst2')
-  commands = _readme_commands(tmp_path)
+  commands = readme_commands(tmp_path)
   assert len(commands) >= 10 and commands[0][1] == 'experiments/pretrain.py'
+  # The README's tiny ladder is minutes, and tests/experiments/test_ladder.py needs the same run: a session fixture
+  # (conftest) runs it once, as run_readme_command runs the others; here, that it is this command and it succeeded.
+  shared = {'ladder.py': readme_ladder}
   for argv in commands:
-    # Each entry point's main() in this process (run_main: its flags, output and exit code as a shell gives them):
-    # a subprocess each would pay Python's and jax's start-up fourteen times. The commands a sweep or a ladder
-    # starts (after --) are still processes of their own, run by `python3` as in a shell.
-    argv = [sys.executable if a == 'python3' else a for a in argv]
-    at = next(i for i, a in enumerate(argv) if a.startswith('experiments/'))
-    script = os.path.basename(argv[at])
-    r = run_main(script, *argv[at + 1:], children=script in ('sweep.py', 'ladder.py'))
+    run = shared.pop(readme_script(argv), None)
+    if run:
+      assert run.argv == [a.replace(str(tmp_path), run.root) for a in argv], (run.argv, argv)
+    r = run.result if run else run_readme_command(argv)
     assert r.returncode == 0, (argv, r.stderr[-3000:])
+  assert not shared, f'the README has no command of {", ".join(shared)}'
   assert os.path.exists(tmp_path / 'sst2_hf' / 'model.safetensors') and os.path.exists(tmp_path / 'attn.html')
   assert os.path.exists(tmp_path / 'recipe_merged' / 'merge.json')
   assert os.path.exists(tmp_path / 'retrieval_st' / 'modules.json')  # a sentence-transformers folder

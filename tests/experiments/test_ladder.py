@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+from pathlib import Path
 import shlex
 import subprocess
 
@@ -150,18 +151,18 @@ def _numbers(rows):
 
 
 @pytest.fixture(scope='module')
-def tiny_ladder(tmp_path_factory):
-  if not os.path.isdir(SST2):
-    pytest.skip(f'SST-2 is read from {SST2} (../shared/data)')
-  workdir = tmp_path_factory.mktemp('ladder') / 'local'
-  result = _ladder(TINY, f'--workdir={workdir}')
-  return workdir, result
+def tiny_ladder(readme_ladder):
+  """The README's tiny ladder, run once per test run (conftest.readme_ladder; the README's test checks it too): the
+  command these tests rerun, TINY to its --workdir. Shared: a test writing there asks for readme_ladder_alone."""
+  assert readme_ladder.argv[2:] == [TINY, f'--workdir={readme_ladder.flag("workdir")}'], readme_ladder.argv
+  return Path(readme_ladder.flag('workdir')), readme_ladder.result
 
 
 @needs_sst2
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_the_tiny_ladder_tabulates_and_a_rerun_skips_every_finished_cell(tiny_ladder):
+# readme_ladder_alone: the rerun rewrites the same tables in the shared workdir (its cells' commands name it).
+def test_the_tiny_ladder_tabulates_and_a_rerun_skips_every_finished_cell(tiny_ladder, readme_ladder_alone):
   workdir, result = tiny_ladder
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   rows = _csv(workdir / 'ladder_results.csv')
