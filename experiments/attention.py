@@ -37,7 +37,8 @@ _OUTPUT = flags.DEFINE_string('output', None, 'Directory for attention.npz and t
 _HTML = flags.DEFINE_string('html', None, 'Path of the interactive explorer page (.html).')
 _LAYER = flags.DEFINE_integer('layer', -1, 'Layer of the single-head picture (negative: from the end).')
 _HEAD = flags.DEFINE_integer('head', 0, 'Head of the single-head picture.')
-_MAX_LENGTH = flags.DEFINE_integer('max_length', 128, 'Truncation length ([CLS]/[SEP] included).')
+_MAX_LENGTH = flags.DEFINE_integer('max_length', None, 'Truncation length ([CLS]/[SEP] included; default 128, or '
+                                   "the model's positions when it has fewer).")
 _TITLE = flags.DEFINE_string('title', None, 'Figure title prefix (default: the checkpoint directory name).')
 
 
@@ -62,11 +63,12 @@ def main(_):
   if _HTML.value:
     files.check_output(_HTML.value, 'directory' if many else 'file', '--html')
   model = pretrained.load_encoder(_CHECKPOINT.value)
+  max_length = min(128, model.config.max_position_embeddings) if _MAX_LENGTH.value is None else _MAX_LENGTH.value
   # Fail on a bad --layer/--head before the encoder runs.
   attention_plots.check_layer_head(_LAYER.value, _HEAD.value, model.config.num_layers, model.config.num_heads)
   title = _TITLE.value if _TITLE.value is not None else os.path.basename(os.path.normpath(_CHECKPOINT.value))
   for i, (text_a, text_b) in enumerate(rows, 1):
-    details = inference.attention_details(model, text_a, text_b, max_length=_MAX_LENGTH.value)
+    details = inference.attention_details(model, text_a, text_b, max_length=max_length)
     paths = {}
     if _OUTPUT.value:
       out = os.path.join(_OUTPUT.value, f'{i:04d}') if many else _OUTPUT.value

@@ -41,7 +41,8 @@ _INPUT = flags.DEFINE_string('input', None, 'Text file: one text, or two tab-sep
                              required=True)
 _OUTPUT = flags.DEFINE_string('output', None, 'The .npz to write.', required=True)
 _MAX_LENGTH = flags.DEFINE_integer('max_length', None, 'Tokens per text ([CLS]/[SEP] included); longer texts are '
-                                   "truncated with a warning (default: the checkpoint's, else 128).")
+                                   "truncated with a warning (default: the checkpoint's, else 128, or the model's "
+                                   'positions when it has fewer).')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 32, 'Texts per encoder call.')
 _POOLING = flags.DEFINE_enum('pooling', None, inference.POOLINGS, "mean: over real tokens; cls: [CLS] (default: the "
                              "checkpoint's, else mean).")
@@ -50,9 +51,10 @@ _NORMALIZE = flags.DEFINE_boolean('normalize', None, "L2-normalise sentence_embe
 DEFAULT_MAX_LENGTH = 128
 
 
-def _settings(checkpoint: str) -> sentence_transformers.Embedding:
+def _settings(checkpoint: str, positions: int) -> sentence_transformers.Embedding:
   """The checkpoint's own embedding settings (a retrieval run's, a sentence-transformers folder's) or the
-  defaults, with the flags given explicitly over them."""
+  defaults (a model of fewer than 128 `positions` embeds at its length), with the flags given explicitly over
+  them."""
   try:
     own = pretrained.describe(checkpoint, log=lambda _: None).embedding()
   except CheckpointError as e:  # e.g. a sentence-transformers folder with a Dense module: the encoder alone
@@ -64,7 +66,7 @@ def _settings(checkpoint: str) -> sentence_transformers.Embedding:
   settings = (own or sentence_transformers.Embedding()).given(
       pooling=_POOLING.value, normalize=_NORMALIZE.value, max_seq_length=_MAX_LENGTH.value)
   if settings.max_seq_length is None:
-    settings = dataclasses.replace(settings, max_seq_length=DEFAULT_MAX_LENGTH)
+    settings = dataclasses.replace(settings, max_seq_length=min(DEFAULT_MAX_LENGTH, positions))
   return settings
 
 
@@ -74,7 +76,7 @@ def main(_):
   texts = inference.read_texts(_INPUT.value)  # bad input fails before the (slow) checkpoint load
   files.check_output(_OUTPUT.value, 'file')
   model = pretrained.load_encoder(_CHECKPOINT.value)
-  settings = _settings(_CHECKPOINT.value)
+  settings = _settings(_CHECKPOINT.value, model.config.max_position_embeddings)
   result = inference.embed(model, texts, max_length=settings.max_seq_length, batch_size=_BATCH_SIZE.value,
                            pooling=settings.pooling, normalize=settings.normalize)
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)

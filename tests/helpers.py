@@ -734,6 +734,7 @@ def assert_fill_mask_is_the_pipelines(checkpoint: str, text: str, tokenizer) -> 
   assert result.returncode == 0, result.stderr[-3000:]
   answers = json.loads(result.stdout.strip().splitlines()[-1])['predictions']
   pipeline = transformers.pipeline('fill-mask', model=checkpoint, top_k=5)(text)
+  pipeline = [pipeline] if isinstance(pipeline[0], dict) else pipeline  # one mask: one list, not a list of them
   assert len(pipeline) == len(answers) == text.count(tokenizer.special_names['mask'])
   for their_top, our_top in zip(pipeline, answers):
     assert [t['token'] for t in their_top] == [tokenizer.token_to_id(a['token']) for a in our_top]
@@ -779,3 +780,32 @@ def save_perturbed(cls: str, config, directory: str, seed: int) -> None:
     for p in model.parameters():  # tied tensors are one parameter: they stay tied
       p.add_(0.1 * torch.randn_like(p))
   model.save_pretrained(directory)
+
+
+def assert_embed_and_attention_match_transformers(directory: str, tmp_path, texts) -> None:
+  """embed.py on `texts` gives transformers' last hidden states (<= 1e-5 at real positions) and attention.py on the
+  first text its attention probabilities (every layer and head, <= 1e-5), for the Hugging Face `directory`."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  texts_file, out = os.path.join(str(tmp_path), 'texts.txt'), os.path.join(str(tmp_path), 'emb.npz')
+  with open(texts_file, 'w', encoding='utf-8') as f:
+    f.write('\n'.join(texts) + '\n')
+  result = run_main('embed.py', f'--checkpoint={directory}', f'--input={texts_file}', f'--output={out}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  ours = np.load(out)
+  model = transformers.AutoModel.from_pretrained(directory, attn_implementation='eager').eval()
+  with torch.no_grad():
+    theirs = model(input_ids=torch.from_numpy(ours['input_ids'].astype(np.int64)),
+                   attention_mask=torch.from_numpy(ours['attention_mask'].astype(np.int64))).last_hidden_state
+  real = ours['attention_mask'] == 1
+  assert np.abs(ours['last_hidden_state'] - theirs.numpy())[real].max() <= 1e-5
+  result = run_main('attention.py', f'--checkpoint={directory}', f'--text={texts[0]}',
+                    f'--output={tmp_path / "attention"}', f'--html={tmp_path / "attention.html"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  probs = np.load(os.path.join(str(tmp_path), 'attention', 'attention.npz'))['probs']
+  ids = transformers.AutoTokenizer.from_pretrained(directory)(texts[0], return_tensors='pt')['input_ids']
+  with torch.no_grad():
+    maps = model(input_ids=ids, output_attentions=True).attentions
+  want = np.stack([m[0].numpy() for m in maps])  # [layers, heads, T, T]
+  assert probs.shape == want.shape and np.abs(probs - want).max() <= 1e-5
+  assert os.path.getsize(os.path.join(str(tmp_path), 'attention.html')) > 0

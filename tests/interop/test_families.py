@@ -17,9 +17,10 @@ from safetensors import numpy as st_numpy
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf, pretrained
 
-from helpers import (assert_export_classifies_as_predict, assert_export_refused,
-                     assert_task_exports_match_transformers, cut_in_half, export_again, finetune_small_sst2,
-                     pretrain_flags, run_main, save_perturbed, tree_digest)
+from helpers import (assert_embed_and_attention_match_transformers, assert_export_classifies_as_predict,
+                     assert_export_refused, assert_fill_mask_is_the_pipelines, assert_task_exports_match_transformers,
+                     cut_in_half, export_again, finetune_small_sst2, pretrain_flags, run_main, save_perturbed,
+                     tree_digest)
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -202,6 +203,12 @@ def test_fine_tuned_heads_export_as_the_familys_task_classes(built, name, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('name', ['distilbert', 'electra_same_width'])
+def test_embed_and_attention_tools_give_transformers_outputs(built, name, tmp_path):
+  assert_embed_and_attention_match_transformers(built[name], tmp_path, _TEXTS)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize('name', ['distilbert', 'electra_discriminator'])
 def test_continued_pretraining_exports_back(built, name, small_corpus, tmp_path):
   """Two steps of pretraining from the Hugging Face directory (DistilBERT's MLM head loaded and tied; ELECTRA's
@@ -230,6 +237,7 @@ def test_continued_pretraining_exports_back(built, name, small_corpus, tmp_path)
   # Trained: not the checkpoint it started from.
   assert not np.allclose(np.asarray(seq), _hidden(built[name], family).numpy(), atol=1e-5)
   assert tree_digest(built[name]) == before
+  assert_fill_mask_is_the_pipelines(out, 'the cat was [MASK] on the hat .', trained.tokenizer)
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from bert_jax.data import tokenization as tk
 from bert_jax.interop import pretrained
 
 from helpers import (
+  assert_embed_and_attention_match_transformers,
   assert_fill_mask_is_the_pipelines,
   assert_one_line_error,
   finetune_small_sst2,
@@ -115,6 +116,10 @@ def test_continued_pretraining_exports_back_to_modernbert(modernbert, tmp_path):
 
   answers = assert_fill_mask_is_the_pipelines(out, 'The capital of France is [MASK] , not [MASK].', ours.tokenizer)
   assert any(a['token'].startswith('Ġ') for top in answers for a in top)  # (so the decoding above is tested)
+
+
+def test_embed_and_attention_tools_give_transformers_outputs(modernbert, tmp_path):
+  assert_embed_and_attention_match_transformers(modernbert, tmp_path, TEXTS[:3])
 
 
 def test_fine_tunes_on_sst2_and_predicts(modernbert, tmp_path):

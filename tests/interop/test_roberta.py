@@ -19,6 +19,7 @@ from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf, pretrained
 
 from helpers import (
+  assert_embed_and_attention_match_transformers,
   assert_export_classifies_as_predict,
   assert_export_refused,
   assert_fill_mask_is_the_pipelines,
@@ -229,6 +230,12 @@ def test_fine_tuned_heads_export_as_the_familys_task_classes(built, name, tmp_pa
   """{Roberta,XLMRoberta}For{Sequence,Token}Classification (classifier.dense + tanh + out_proj on <s>) and
   ForQuestionAnswering: transformers' logits equal ours."""
   assert_task_exports_match_transformers(built[name], tmp_path, TEXTS[:3], token_types=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['roberta', 'xlmr'])
+def test_embed_and_attention_tools_give_transformers_outputs(built, name, tmp_path):
+  assert_embed_and_attention_match_transformers(built[name], tmp_path, TEXTS[:3])
 
 
 @pytest.mark.slow
