@@ -32,6 +32,14 @@ _AUTO_PROGRESS_BATCHES = 20
 _PROGRESS_LINES = 20  # about this many lines over the whole run
 
 
+DEFAULT_MAX_LENGTH = 128  # the encoder tools' length when neither a flag nor the checkpoint gives one
+
+
+def default_max_length(pretrained: PretrainedBert) -> int:
+  """DEFAULT_MAX_LENGTH, or the model's positions when it has fewer."""
+  return min(DEFAULT_MAX_LENGTH, pretrained.config.max_position_embeddings)
+
+
 def _check_max_length(pretrained: PretrainedBert, max_length: int) -> None:
   limit = pretrained.config.max_position_embeddings
   if max_length > limit:

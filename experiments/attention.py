@@ -63,7 +63,7 @@ def main(_):
   if _HTML.value:
     files.check_output(_HTML.value, 'directory' if many else 'file', '--html')
   model = pretrained.load_encoder(_CHECKPOINT.value)
-  max_length = min(128, model.config.max_position_embeddings) if _MAX_LENGTH.value is None else _MAX_LENGTH.value
+  max_length = inference.default_max_length(model) if _MAX_LENGTH.value is None else _MAX_LENGTH.value
   # Fail on a bad --layer/--head before the encoder runs.
   attention_plots.check_layer_head(_LAYER.value, _HEAD.value, model.config.num_layers, model.config.num_heads)
   title = _TITLE.value if _TITLE.value is not None else os.path.basename(os.path.normpath(_CHECKPOINT.value))

@@ -48,13 +48,11 @@ _POOLING = flags.DEFINE_enum('pooling', None, inference.POOLINGS, "mean: over re
                              "checkpoint's, else mean).")
 _NORMALIZE = flags.DEFINE_boolean('normalize', None, "L2-normalise sentence_embedding (default: the checkpoint's, "
                                   'else true).')
-DEFAULT_MAX_LENGTH = 128
 
 
-def _settings(checkpoint: str, positions: int) -> sentence_transformers.Embedding:
+def _settings(checkpoint: str, default_length: int) -> sentence_transformers.Embedding:
   """The checkpoint's own embedding settings (a retrieval run's, a sentence-transformers folder's) or the
-  defaults (a model of fewer than 128 `positions` embeds at its length), with the flags given explicitly over
-  them."""
+  defaults (`default_length` tokens), with the flags given explicitly over them."""
   try:
     own = pretrained.describe(checkpoint, log=lambda _: None).embedding()
   except CheckpointError as e:  # e.g. a sentence-transformers folder with a Dense module: the encoder alone
@@ -66,7 +64,7 @@ def _settings(checkpoint: str, positions: int) -> sentence_transformers.Embeddin
   settings = (own or sentence_transformers.Embedding()).given(
       pooling=_POOLING.value, normalize=_NORMALIZE.value, max_seq_length=_MAX_LENGTH.value)
   if settings.max_seq_length is None:
-    settings = dataclasses.replace(settings, max_seq_length=min(DEFAULT_MAX_LENGTH, positions))
+    settings = dataclasses.replace(settings, max_seq_length=default_length)
   return settings
 
 
@@ -76,7 +74,7 @@ def main(_):
   texts = inference.read_texts(_INPUT.value)  # bad input fails before the (slow) checkpoint load
   files.check_output(_OUTPUT.value, 'file')
   model = pretrained.load_encoder(_CHECKPOINT.value)
-  settings = _settings(_CHECKPOINT.value, model.config.max_position_embeddings)
+  settings = _settings(_CHECKPOINT.value, inference.default_max_length(model))
   result = inference.embed(model, texts, max_length=settings.max_seq_length, batch_size=_BATCH_SIZE.value,
                            pooling=settings.pooling, normalize=settings.normalize)
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)

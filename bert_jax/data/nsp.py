@@ -19,9 +19,10 @@ import array
 import bisect
 import dataclasses
 import random
-from typing import Sequence
 
 import numpy as np
+
+from bert_jax.data import tokenization
 
 PAIR_FIELDS = ('a_start', 'a_end', 'b_start', 'b_end', 'is_random_next')
 
@@ -247,7 +248,7 @@ class RecordRuns:
 
 def record_runs(docs: TokenizedDocs, pairs: np.ndarray, *, cls_id: int, sep_id: int,
                 pool: TokenizedDocs | None = None, dtype=np.int32,
-                template: tuple[Sequence[int], Sequence[int], Sequence[int]] | None = None) -> RecordRuns:
+                template: tokenization.Template | None = None) -> RecordRuns:
   """Every pair's record, [CLS] A [SEP] B [SEP] (or the tokenizer's own pair template), as five runs of the tokens.
 
   Args:
@@ -257,10 +258,10 @@ def record_runs(docs: TokenizedDocs, pairs: np.ndarray, *, cls_id: int, sep_id: 
     sep_id: the tokenizer's [SEP].
     pool: the `random_pool` the pairs drew from when it was not `docs`, else None.
     dtype: of the tokens (the shard's `records.token_dtype`: written without a copy).
-    template: (before A, between A and B, after B) ids when they are not ([CLS], [SEP], [SEP]): RoBERTa's
-      (<s>, </s></s>, </s>) (`tokenization.Template`'s head, mid and tail).
+    template: the tokenizer's pair template when it is not [CLS] A [SEP] B [SEP] (RoBERTa's <s> A </s></s> B </s>).
   """
-  head, mid, tail = template or ((cls_id,), (sep_id,), (sep_id,))
+  template = template or tokenization.bert_template(cls_id, sep_id)
+  head, mid, tail = template.head, template.mid, template.tail
   a0, a1, b0, b1, rnd = (pairs[:, k] for k in range(5))
   len_a, len_b = a1 - a0, b1 - b0
   bounds = np.concatenate([[0], np.cumsum(len_a + len_b + len(head) + len(mid) + len(tail))]).astype(np.int64)

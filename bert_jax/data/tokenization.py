@@ -319,13 +319,11 @@ def assemble_inputs(ids_a: Sequence[int], ids_b: Sequence[int] | None, *, max_le
     (input_ids, token_type_ids, truncated).
   """
   budget = check_max_length(max_length, is_pair=ids_b is not None)
+  template = bert_template(cls_id, sep_id)
   if ids_b is None:
-    kept_a = list(ids_a[:budget])
-    return [cls_id] + kept_a + [sep_id], [0] * (len(kept_a) + 2), len(ids_a) > budget
+    return (*template.single(ids_a[:budget]), len(ids_a) > budget)
   n_a, n_b = _longest_first(len(ids_a), len(ids_b), budget)
-  input_ids = [cls_id] + list(ids_a[:n_a]) + [sep_id] + list(ids_b[:n_b]) + [sep_id]
-  token_type_ids = [0] * (n_a + 2) + [1] * (n_b + 1)
-  return input_ids, token_type_ids, (n_a, n_b) != (len(ids_a), len(ids_b))
+  return (*template.pair(ids_a[:n_a], ids_b[:n_b]), (n_a, n_b) != (len(ids_a), len(ids_b)))
 
 
 def check_max_length(max_length: int, *, is_pair: bool, num_specials: int | None = None) -> int:

@@ -153,7 +153,7 @@ def build_unit(job: Job, unit: Unit, _) -> dict:
                                specials=template.pair_specials)
       used_pool = pool if (pool is not None and t.num_docs < 2 and pool.num_docs) else None
       runs = nsp.record_runs(t, pairs, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id, pool=used_pool,
-                             dtype=dtype, template=(template.head, template.mid, template.tail))
+                             dtype=dtype, template=template)
       len_a, random_next = pairs[:, 1] - pairs[:, 0], pairs[:, 4]
     else:  # masked LM only: FULL-SENTENCES records, all segment A (len_a = length - 2), label 0
       ranges, stream = nsp.full_sentence_records(t, max_seq_length=job.max_seq_length, sep_id=tokenizer.sep_id)

@@ -33,6 +33,7 @@ from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
 from bert_jax.interop import distilbert, electra, hf_files, hf_names, hf_tasks, modernbert, roberta
 from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE
+from bert_jax.model.heads import SEQUENCE_KINDS
 from bert_jax.runs import reporting
 
 
@@ -264,7 +265,7 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
   flat = traverse_util.flatten_dict(dict(params))
   heads = {p[0] for p in flat} - {'bert'}
   num_labels = hf_tasks.check_task(task, heads)
-  groups = {'bert'} | heads | ({'pooler'} if task is None or task['kind'] in hf_tasks.SEQUENCE_KINDS else set())
+  groups = {'bert'} | heads | ({'pooler'} if task is None or task['kind'] in SEQUENCE_KINDS else set())
   if 'pooler' in groups and cfg.pooler_activation != 'tanh':
     raise CheckpointError(f'model.pooler_activation={cfg.pooler_activation}: BERT\'s pooler applies tanh, so its '
                           'pooled output would differ in transformers; nothing written')

@@ -25,6 +25,7 @@ from bert_jax.config import ModelConfig
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf_files, hf_tasks
 from bert_jax.interop.hf_names import Entry, dense, hf_shape
+from bert_jax.model.heads import SEQUENCE_KINDS
 from bert_jax.runs import reporting
 
 
@@ -58,7 +59,7 @@ class Family:
   def task_table(self, kind: str) -> list[Entry]:
     """The task head's tensors of a fine-tuned `kind` (`hf_tasks.CLASS_SUFFIXES`): a sequence classifier's
     two dense layers, or the token classifier / QA outputs, which every family names as BERT does."""
-    if kind in hf_tasks.SEQUENCE_KINDS:
+    if kind in SEQUENCE_KINDS:
       return dense(('bert', 'pooler'), self.sequence_head[0], group='task') + dense(
           ('classifier',), self.sequence_head[1], group='task')
     head = hf_tasks.TASK_HEAD[kind]
@@ -131,11 +132,11 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
   heads = frozenset(p[0] for p in flat) - {'bert', 'nsp'}
   num_labels = hf_tasks.check_task(task, set(heads))
   if task is not None:
-    if task['kind'] in hf_tasks.SEQUENCE_KINDS and cfg.pooler_activation != family.pooler_activation:
+    if task['kind'] in SEQUENCE_KINDS and cfg.pooler_activation != family.pooler_activation:
       raise CheckpointError(f'model.pooler_activation={cfg.pooler_activation}, but {family.name}\'s classification '
                             f'head applies {family.pooler_activation}: fine-tune from the {family.name} import (which '
                             'sets it) to export this classifier; nothing written')
-    pooled = task['kind'] in hf_tasks.SEQUENCE_KINDS
+    pooled = task['kind'] in SEQUENCE_KINDS
     table = [e for e in family.table(cfg) if e.group == 'bert'] + family.task_table(task['kind'])
     architecture = family.stem + hf_tasks.CLASS_SUFFIXES[task['kind']]
   elif heads not in family.classes:

@@ -20,8 +20,6 @@ TASK_HEAD = {'classification': 'classifier', 'regression': 'classifier', 'multil
 # A sequence head's kind <-> transformers' config.problem_type (which picks the loss and the pipeline's function).
 PROBLEM_TYPES = {'classification': 'single_label_classification', 'regression': 'regression',
                  'multilabel': 'multi_label_classification'}
-# The kinds whose transformers class reads the pooled [CLS] (BERT's pooler, the others' classification head).
-SEQUENCE_KINDS = ('classification', 'regression', 'multilabel')
 
 
 def check_task(task: dict[str, Any] | None, heads: set) -> int:
