@@ -51,6 +51,7 @@ def test_fsdp_replicates_less_than_data_parallel(flops):
   assert flops((1, 8, 1)) < flops((8, 1, 1))
 
 
+@pytest.mark.slow  # compiles a whole train step (shared with the slow test above, so free in the full suite)
 def test_analytic_flops_match_compiled_count(flops):
   # The compiled program counts everything (LayerNorm, softmax, GELU, dropout, losses, AdamW) on
   # top of the matmuls the formula counts, so it is higher: 1.16x for this d=64 model (the share

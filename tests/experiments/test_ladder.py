@@ -5,6 +5,7 @@ table as a local run."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 from pathlib import Path
 import shlex
@@ -221,22 +222,41 @@ def test_slurm_arrays_run_task_by_task_fill_the_local_table(tiny_ladder, tmp_pat
   local, result = tiny_ladder
   assert result.returncode == 0
   workdir = tmp_path / 'cluster'
-  written = _ladder(TINY, f'--workdir={workdir}', '--launcher=slurm', '--noslurm_submit')
+  # One seed (4 cells, not 6: the tasks are processes of their own): each cell's results equal the local ladder's
+  # same cell, and the gathered table is that seed's.
+  written = _ladder(TINY, f'--workdir={workdir}', '--config.seeds=1', '--launcher=slurm', '--noslurm_submit')
   assert written.returncode == 0, written.stderr[-3000:]
   slurm = workdir / 'slurm'
-  assert 'ladder_pretrain.sbatch (2 cells)' in written.stdout and 'ladder_finetune.sbatch (4 cells)' in written.stdout
+  assert 'ladder_pretrain.sbatch (2 cells)' in written.stdout and 'ladder_finetune.sbatch (2 cells)' in written.stdout
   submit = (slurm / 'submit.sh').read_text()
   assert submit.index('ladder_pretrain.sbatch') < submit.index('--dependency=afterany') < submit.index(
       'ladder_finetune.sbatch')
-  for group, count in (('ladder_pretrain', 2), ('ladder_finetune', 4)):
+  for group, count in (('ladder_pretrain', 2), ('ladder_finetune', 2)):
     for task in range(1, count + 1):
       done = subprocess.run(['bash', str(slurm / f'{group}.sbatch')], env={**os.environ,
                                                                          'SLURM_ARRAY_TASK_ID': str(task)},
                             capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
       assert done.returncode == 0, done.stderr[-3000:]
-  gathered = _ladder(TINY, f'--workdir={workdir}', '--gather')
+  gathered = _ladder(TINY, f'--workdir={workdir}', '--config.seeds=1', '--gather')
   assert gathered.returncode == 0, gathered.stderr[-3000:]
-  assert _numbers(_csv(workdir / 'ladder_results.csv')) == _numbers(_csv(local / 'ladder_results.csv'))
+  cells = [Path('pretrain', rung) for rung in ('bert', 'mlm_only')] + [
+      Path('finetune', rung, 'sst2', 'seed0') for rung in ('bert', 'mlm_only')]
+  for cell in cells:
+    assert _cell_numbers(workdir / cell) == _cell_numbers(local / cell), cell
+  rows, local_rows = _csv(workdir / 'ladder_results.csv'), _csv(local / 'ladder_results.csv')
+  for row, local_row, rung in zip(rows, local_rows, ('bert', 'mlm_only'), strict=True):
+    assert row['rung'] == rung and row['missing'] == '' and row['sst2_seeds'] == '1'
+    assert [row[k] for k in ('mlm_accuracy', 'mlm_baseline_accuracy', 'sst2_majority')] == [
+        local_row[k] for k in ('mlm_accuracy', 'mlm_baseline_accuracy', 'sst2_majority')]
+    seed0 = json.loads((local / 'finetune' / rung / 'sst2' / 'seed0' / 'final_metrics.json').read_text())
+    assert float(row['sst2_median']) == pytest.approx(seed0['dev_accuracy'], abs=1e-6)
+
+
+def _cell_numbers(workdir):
+  """A cell's final metrics: its numbers but the times (they differ from run to run)."""
+  metrics = json.loads((workdir / 'final_metrics.json').read_text())
+  return {k: v for k, v in metrics.items()
+          if isinstance(v, (int, float)) and not any(t in k for t in ('wall', 'per_s', 'tok_s', 'seconds'))}
 
 
 @pytest.mark.slow
