@@ -78,6 +78,24 @@ def _agree(problem: str | None) -> str | None:
   return problem
 
 
+def _whole_array_host_copies() -> None:
+  """On the CPU backend, saves copy each replicated array to the host whole, not in replica-parallel slices.
+
+  Orbax's replica-parallel save splits a replicated array's device-to-host copy into one slice per replica, for
+  accelerators that each have their own link to the host (Orbax turns it off for GPUs itself, by JAX_PLATFORMS).
+  CPU devices are host memory already: the slices are only a jitted slicing op per replica and array, and a save
+  takes 2-3x as long (330 arrays of 384 x 384 replicated over 8 CPU devices: 1.5 s a save, 0.6 s whole; the test
+  suite's runs save a checkpoint every few steps). The values written are the same; every version reads both.
+  Orbax's one switch is a field of its registered jax.Array handler: where a version names it otherwise, saves
+  keep Orbax's default (slower, never wrong).
+  """
+  if jax.default_backend() != 'cpu':
+    return
+  handler = ocp.type_handlers.get_type_handler(jax.Array)
+  if hasattr(handler, '_use_replica_parallel'):
+    handler._use_replica_parallel = False  # pylint: disable=protected-access
+
+
 def _quiet_closed_loop_callbacks() -> None:
   """Drops the late reports of reads a failed restore abandoned; passes on anything else.
 
@@ -147,6 +165,7 @@ class Checkpointer:
   def __init__(self, workdir: str, *, save_every: int = 1, keep: int = 3, read_only: bool = False,
                best_metric: str | None = None):
     _quiet_closed_loop_callbacks()
+    _whole_array_host_copies()
     preserve = ocp.checkpoint_managers.LatestN(keep)
     self.best_metric, self._best = best_metric, None  # (value, step) of the best checkpoint
     if best_metric:
