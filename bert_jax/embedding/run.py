@@ -294,8 +294,7 @@ class _PreparedRun:
                   divergence_hint='Lower --config.optim.learning_rate or raise --config.temperature')
 
   def done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
-    workdir.write_results(result, run_dir)
-    reporting.write_curves(workdir.path, metrics=[MAIN_METRIC])
+    workdir.write_results(result, run_dir)  # the training loop drew the curves when it ended
     log_result(MAIN_METRIC, seed, result)
 
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:

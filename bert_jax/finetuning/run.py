@@ -253,9 +253,8 @@ class _PreparedRun:
                   divergence_hint='Lower --config.optim.learning_rate')
 
   def done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
-    """A seed's final_metrics.json, every seed's curves so far in workdir/curves.png, and its line."""
+    """A seed's final_metrics.json and its line (the training loop drew every seed's curves so far when it ended)."""
     workdir.write_results({**result, **METRIC_SCALE}, run_dir)
-    reporting.write_curves(workdir.path, metrics=self.curve_metrics())
     log_result(self.main_metric, seed, result)
 
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:

@@ -65,8 +65,9 @@ class Report:
     label: prefixes every line ('seed 0: ' in fine-tuning).
     progress_keys: train metrics shown in the progress line (all are written to the JSONL).
     eval_keys: held-out metrics shown in the eval line (all numbers are written).
-    curves_dir: where curves.png is redrawn after each evaluation, and from a progress line once CURVES_EVERY_S
-      have passed since the start or the last drawing (None: not here).
+    curves_dir: where curves.png is redrawn: from a progress line or an evaluation once CURVES_EVERY_S have passed
+      since the start or the last drawing, and when `fit` ends (done, preempted or diverged) if a row was written
+      since (None: not here).
     curves_metrics: the held-out metrics it plots (None: every accuracy).
     divergence_hint: what to change when the loss diverges, as flags.
     fields: added to every train and held-out metrics row (e.g. {'phase': 2}).
@@ -202,7 +203,8 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
 HEARTBEAT_S = 10.0
 
 # curves.png shows the training curves from the first minute on, not only from the first evaluation; drawing takes
-# about a second (matplotlib), so a progress line redraws it at most this often.
+# a third of a second to a second (matplotlib), so progress lines and evaluations redraw it at most this often (a
+# short run evaluating every few seconds spent a third of its time drawing), and the end of `fit` draws what is left.
 CURVES_EVERY_S = 60.0
 
 
@@ -211,7 +213,8 @@ class _Writers:
 
   def __init__(self, report: Report):
     self.report = report
-    self._drawn = time.perf_counter()  # when curves.png was last drawn (the start: a short run draws at evaluations)
+    self._drawn = time.perf_counter()  # when curves.png was last drawn (the start: a short run draws at its end)
+    self._undrawn = False  # a row was written since
     self.train = reporting.MetricWriter(report.workdir, 'train')
     self.eval = reporting.MetricWriter(report.workdir, 'eval')
 
@@ -223,8 +226,7 @@ class _Writers:
       self.report.tracker.log(step, row, 'train')
     shown = {k: means[k] for k in (*self.report.progress_keys, 'learning_rate', 'grad_norm') if k in means}
     reporting.log(reporting.progress_line(self.report.label, step, total, shown, rate))
-    if self.report.curves_dir and time.perf_counter() - self._drawn >= CURVES_EVERY_S:
-      self._curves()
+    self._written()
 
   def evaluation(self, step: int, result: dict[str, Any]) -> dict[str, Any]:
     row = {**(_numbers(result) or {}), **self.report.fields}
@@ -234,17 +236,25 @@ class _Writers:
     keys = self.report.eval_keys if self.report.eval_keys is not None else list(result)
     reporting.log(f'{self.report.label}eval step {step} | ' + reporting.format_metrics(
         {k: result[k] for k in keys if k in result}))
-    if self.report.curves_dir:
-      self._curves()
+    self._written()
     return result
 
+  def _written(self) -> None:
+    self._undrawn = True
+    if time.perf_counter() - self._drawn >= CURVES_EVERY_S:
+      self._curves()
+
   def _curves(self) -> None:
-    reporting.write_curves(self.report.curves_dir, metrics=self.report.curves_metrics)
-    self._drawn = time.perf_counter()
+    if self.report.curves_dir:
+      reporting.write_curves(self.report.curves_dir, metrics=self.report.curves_metrics)
+    self._drawn, self._undrawn = time.perf_counter(), False
 
   def close(self) -> None:
+    """Closes the metric files, then draws curves.png if a row came since the last drawing (the run's last)."""
     self.train.close()
     self.eval.close()
+    if self._undrawn:
+      self._curves()
 
 
 def _numbers(metrics: dict[str, Any] | None) -> dict[str, float] | None:

@@ -196,22 +196,28 @@ def test_a_signal_at_a_random_moment_is_acknowledged_and_saves_within_two_steps(
   assert took <= 2 * step_s + saves[0] + 0.4, (delay, took, step_s, saves)
 
 
-def test_curves_are_drawn_from_the_progress_lines_at_most_once_a_minute(tmp_path, monkeypatch):
+def test_curves_are_drawn_at_most_once_a_minute_and_when_the_run_ends(tmp_path, monkeypatch):
   drawn = []
   monkeypatch.setattr(loop.reporting, 'write_curves', lambda directory, metrics=None: drawn.append(directory))
   monkeypatch.setattr(loop.reporting, 'log', lambda line: None)
   rate = {'tokens_per_s': 1.0, 'examples_per_s': 1.0, 'input_wait': 0.0, 'eta_s': 1.0, 'packed': False}
   writers = loop._Writers(loop.Report(str(tmp_path), curves_dir=str(tmp_path)))  # pylint: disable=protected-access
-  try:
-    writers.progress(1, 4, [{'loss': 1.0}], rate)
-    assert drawn == []  # within the first minute: none yet (a short run draws at its evaluations)
-    monkeypatch.setattr(loop, 'CURVES_EVERY_S', 0.0)
-    writers.progress(2, 4, [{'loss': 0.9}], rate)
-    assert drawn == [str(tmp_path)]  # a minute on: the progress line draws them
-    writers.evaluation(3, {'loss': 0.8})
-    assert drawn == [str(tmp_path)] * 2  # and every evaluation does
-  finally:
-    writers.close()
+  writers.progress(1, 6, [{'loss': 1.0}], rate)
+  writers.evaluation(2, {'loss': 0.95})
+  assert drawn == []  # within the first minute: none yet (a short run draws when it ends)
+  monkeypatch.setattr(loop, 'CURVES_EVERY_S', 0.0)
+  writers.progress(3, 6, [{'loss': 0.9}], rate)
+  assert drawn == [str(tmp_path)]  # a minute on: the progress line draws them
+  writers.evaluation(4, {'loss': 0.8})
+  assert drawn == [str(tmp_path)] * 2  # and so does an evaluation
+  monkeypatch.setattr(loop, 'CURVES_EVERY_S', 60.0)
+  writers.progress(5, 6, [{'loss': 0.7}], rate)
+  assert len(drawn) == 2
+  writers.close()
+  assert drawn == [str(tmp_path)] * 3  # the end draws the rows written since
+  ended = loop._Writers(loop.Report(str(tmp_path / 'b'), curves_dir=str(tmp_path)))  # pylint: disable=protected-access
+  ended.close()
+  assert len(drawn) == 3  # nothing written: nothing to draw
 
 
 def test_slow_steps_between_progress_lines_say_where_the_run_is(tmp_path, capsys, monkeypatch):
