@@ -274,6 +274,30 @@ def readme_ladder_alone(readme_ladder):
     yield readme_ladder
 
 
+def _style_tokenizer(tmp_path_factory, style: str):
+  import helpers  # pylint: disable=g-import-not-at-top
+  build = getattr(helpers, f'{style}_style_tokenizer')
+  directory = str(_built_once(tmp_path_factory, f'{style}_tokenizer', lambda d: build(str(d / 'tok'))) / 'tok')
+  digests = _file_digests(directory)
+  yield directory
+  _assert_unchanged(f'{style}_tokenizer', directory, digests)
+
+
+@pytest.fixture(scope='session')
+def roberta_tokenizer(tmp_path_factory):
+  """A RoBERTa-style byte-level BPE directory (helpers.roberta_style_tokenizer), trained once per test run and
+  shared read-only (training it was 1-3 s of each test that used one)."""
+  pytest.importorskip('transformers')
+  yield from _style_tokenizer(tmp_path_factory, 'roberta')
+
+
+@pytest.fixture(scope='session')
+def xlmr_tokenizer(tmp_path_factory):
+  """An XLM-R-style Unigram directory (helpers.xlmr_style_tokenizer), trained once and shared read-only."""
+  pytest.importorskip('transformers')
+  yield from _style_tokenizer(tmp_path_factory, 'xlmr')
+
+
 @pytest.fixture(scope='session')
 def wordpiece():
   """all-MiniLM-L6-v2's WordPiece tokenizer; the test skips when the package is not installed."""

@@ -14,7 +14,7 @@ from bert_jax.data import fast_tokenizer, masking, tokenization as tk
 from bert_jax.errors import DataError
 from bert_jax.interop import hf_tokenizer
 
-from helpers import modernbert_style_tokenizer, roberta_style_tokenizer, xlmr_style_tokenizer
+from helpers import modernbert_style_tokenizer
 
 transformers = pytest.importorskip('transformers')
 
@@ -62,8 +62,8 @@ def test_modernbert_style_bpe_gives_transformers_ids(modernbert_dir):
 
 
 @pytest.mark.parametrize('style', ['roberta', 'xlmr'])
-def test_roberta_and_xlmr_style_give_transformers_ids(style, tmp_path):
-  directory = (roberta_style_tokenizer if style == 'roberta' else xlmr_style_tokenizer)(str(tmp_path / style))
+def test_roberta_and_xlmr_style_give_transformers_ids(style, request):
+  directory = request.getfixturevalue(f'{style}_tokenizer')
   tokenizer = tk.load_tokenizer(directory)
   theirs = transformers.AutoTokenizer.from_pretrained(directory)
   assert (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, tokenizer.pad_id, tokenizer.unk_id) == (

@@ -290,12 +290,10 @@ def test_compressed_and_jsonl_corpora_give_the_same_records(tmp_path):
     assert all(np.array_equal(a[i][0], b[i][0]) for i in range(len(a)))
 
 
-def test_nsp_records_take_a_roberta_style_pair_template(tmp_path):
+def test_nsp_records_take_a_roberta_style_pair_template(tmp_path, roberta_tokenizer):
   """A tokenizer whose pairs are <s> A </s></s> B </s> (RoBERTa's) gets NSP records in that template, each at most
   max_seq_length long (room for its four specials); BERT's ([CLS] A [SEP] B [SEP]) is the test above."""
-  pytest.importorskip('transformers')
-  from helpers import roberta_style_tokenizer  # pylint: disable=g-import-not-at-top
-  tokenizer = tokenization.load_tokenizer(roberta_style_tokenizer(str(tmp_path / 'tok')))
+  tokenizer = tokenization.load_tokenizer(roberta_tokenizer)
   cfg = small_data_config(str(tmp_path), tokenizer=tokenizer.path, dupe_factor=1)
   data = prepare.prepare_pretraining_data(cfg, vocab_size=tokenizer.vocab_size, seed=0)
   dataset = ip.PretrainingDataset(data, 'train')

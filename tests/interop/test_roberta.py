@@ -1,6 +1,6 @@
 """RoBERTa and XLM-R checkpoints, built here with transformers from small configs (random weights perturbed, LayerNorms
-too) and tokenizers trained here in their style (helpers.roberta_style_tokenizer: byte-level BPE;
-helpers.xlmr_style_tokenizer: Unigram): they load with transformers' ids, hidden states and MLM logits (positions
+too) and tokenizers trained here in their style (conftest roberta_tokenizer: byte-level BPE;
+xlmr_tokenizer: Unigram): they load with transformers' ids, hidden states and MLM logits (positions
 offset by padding_idx + 1, one token type), export back to their own model_type, continue pretraining, fine-tune on
 SST-2, and the exported fill-mask pipeline gives fill_mask.py's answers; bad checkpoints give one error line."""
 
@@ -27,12 +27,10 @@ from helpers import (
   cut_in_half,
   export_again,
   finetune_small_sst2,
-  roberta_style_tokenizer,
   run_main,
   save_perturbed,
   tree_digest,
   write_small_corpus,
-  xlmr_style_tokenizer,
 )
 
 pytestmark = pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')
@@ -54,10 +52,11 @@ MAX_POSITIONS = 64  # theirs: 66 (the offset of padding_idx + 1 = 2)
 _CLASSIFIER = {'kernel': np.zeros((32, 2), np.float32), 'bias': np.zeros(2, np.float32)}
 
 
-def build(name: str, directory: str) -> str:
-  """A transformers model of MODELS[name] with every weight perturbed, saved with its tokenizer."""
+def build(name: str, directory: str, tokenizers: dict[str, str]) -> str:
+  """A transformers model of MODELS[name] with every weight perturbed, saved with its tokenizer (a copy of the
+  session's shared one of its style: `tokenizers`)."""
   model_type, cls, _ = MODELS[name]
-  (xlmr_style_tokenizer if model_type == 'xlm-roberta' else roberta_style_tokenizer)(directory)
+  shutil.copytree(tokenizers['xlmr' if model_type == 'xlm-roberta' else 'roberta'], directory)
   tok = transformers.AutoTokenizer.from_pretrained(directory)
   config_cls = transformers.XLMRobertaConfig if model_type == 'xlm-roberta' else transformers.RobertaConfig
   config = config_cls(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -69,9 +68,10 @@ def build(name: str, directory: str) -> str:
 
 
 @pytest.fixture(scope='module')
-def built(tmp_path_factory):
+def built(tmp_path_factory, roberta_tokenizer, xlmr_tokenizer):
   root = tmp_path_factory.mktemp('roberta')
-  return {name: build(name, str(root / name)) for name in MODELS}
+  tokenizers = {'roberta': roberta_tokenizer, 'xlmr': xlmr_tokenizer}
+  return {name: build(name, str(root / name), tokenizers) for name in MODELS}
 
 
 def _batch(directory):

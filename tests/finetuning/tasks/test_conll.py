@@ -268,14 +268,13 @@ def test_missing_file(tmp_path):
 
 
 @pytest.mark.parametrize('style', ['roberta', 'xlmr'])
-def test_features_take_the_tokenizers_template(style, tmp_path):
+def test_features_take_the_tokenizers_template(style, request):
   """A RoBERTa- or XLM-R-style tokenizer's sentence is `<s> sub-tokens </s>` with transformers' ids for words
   (`is_split_into_words`, with the prefix space a byte-level BPE needs: 'Ġvisited', not 'visited'); labels on first
   sub-tokens."""
   transformers = pytest.importorskip('transformers')
   from bert_jax.data import tokenization as tk  # pylint: disable=g-import-not-at-top
-  import helpers  # pylint: disable=g-import-not-at-top
-  directory = getattr(helpers, f'{style}_style_tokenizer')(str(tmp_path / style))
+  directory = request.getfixturevalue(f'{style}_tokenizer')
   tokenizer = tk.load_tokenizer(directory)
   words = ['Obama', 'visited', 'Paris', "'s", 'Café', '東京', '2010']
   tags = ['I-PER', 'O', 'I-LOC', 'O', 'I-ORG', 'I-LOC', 'O']

@@ -290,13 +290,12 @@ def test_bad_input(tmp_path, tokenizer):
     squad.Squad().eval_sets(FinetuneConfig(train_file=v2, eval_file=v2), tokenizer)
 
 
-def test_features_take_the_tokenizers_pair_template(tmp_path):
+def test_features_take_the_tokenizers_pair_template(roberta_tokenizer):
   """A RoBERTa-style tokenizer's features are its own `<s> q </s></s> ctx </s>` (transformers' ids for the pair), all
   token type 0, with the answer's tokens at the labels and offsets only on the context."""
   from bert_jax.data import tokenization as tk  # pylint: disable=g-import-not-at-top
-  from helpers import roberta_style_tokenizer  # pylint: disable=g-import-not-at-top
   transformers = pytest.importorskip('transformers')
-  directory = roberta_style_tokenizer(str(tmp_path / 'roberta'))
+  directory = roberta_tokenizer
   tokenizer = tk.load_tokenizer(directory)
   context = 'The game was released in Japan in 2010 by a small studio.'
   example = squad.SquadExample('x', 'Where was it released?', context, [{'text': 'Japan', 'answer_start': 25}])
