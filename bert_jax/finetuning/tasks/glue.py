@@ -77,8 +77,9 @@ class GlueTask:
   def has_header(self) -> bool:
     return isinstance(self.label, str)
 
-  def read_examples(self, path: str, labelled: bool = True) -> list[Example]:
-    """All rows of `path`; DataError naming the file (and line) for anything unusable.
+  def read_examples(self, path: str, labelled: bool = True, limit: int = 0) -> list[Example]:
+    """All rows of `path` (the first `limit` when > 0); DataError naming the file (and line) for anything unusable
+    among them.
 
     With `labelled` False (new text to predict) the label column may be absent; labels are 0.
     """
@@ -88,6 +89,8 @@ class GlueTask:
       columns = self._column_indices(path, header, labelled)
     else:
       columns = (self.text_a, self.text_b, self.label if labelled else None)
+    if limit > 0:  # rows past the ones asked for are not parsed (SST-2's 67k: 0.7 s for a 48-row run)
+      lines = lines[:limit]
     examples = [self._example(path, line_no, fields, columns, row)
                 for row, (line_no, fields) in enumerate(lines)]
     if not examples:
@@ -96,9 +99,8 @@ class GlueTask:
 
   def train_features(self, cfg, tokenizer) -> list[Feature]:
     """Features of the training file, the first `cfg.max_train_samples` rows when that is > 0."""
-    examples = self.read_examples(cfg.train_file or os.path.join(cfg.data_dir, 'train.tsv'))
-    if cfg.max_train_samples > 0:
-      examples = examples[:cfg.max_train_samples]
+    examples = self.read_examples(cfg.train_file or os.path.join(cfg.data_dir, 'train.tsv'),
+                                  limit=cfg.max_train_samples)
     return [_feature(e, tokenizer, cfg.max_seq_length) for e in examples]
 
   def eval_sets(self, cfg, tokenizer) -> list[EvalSet]:

@@ -4,6 +4,7 @@ metric values, evaluate() and its predictions file, and one-line errors for bad 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 
 import numpy as np
@@ -184,7 +185,7 @@ def test_sst2_evaluate_one_hot(wordpiece, tmp_path):
 
 # ----------------------------------------------------------------------------- tmp files
 
-def test_max_train_samples_keeps_file_order(tmp_path):
+def test_max_train_samples_keeps_file_order_and_reads_no_further(tmp_path):
   rows = ''.join(f'sentence number {i}\t{i % 2}\n' for i in range(10))
   _write(tmp_path, 'train.tsv', 'sentence\tlabel\n' + rows)
   cfg = FinetuneConfig(task='sst2', data_dir=str(tmp_path), max_train_samples=4)
@@ -193,6 +194,12 @@ def test_max_train_samples_keeps_file_order(tmp_path):
   assert [f.label for f in features] == [0, 1, 0, 1]
   cfg = FinetuneConfig(task='sst2', data_dir=str(tmp_path), max_train_samples=0)
   assert len(glue.TASKS['sst2'].train_features(cfg, WhitespaceTokenizer())) == 10
+  # A row past the ones asked for is not parsed: only the whole file's run meets it.
+  _write(tmp_path, 'train.tsv', 'sentence\tlabel\n' + rows + 'a row without its label\n')
+  assert len(glue.TASKS['sst2'].train_features(dataclasses.replace(cfg, max_train_samples=10),
+                                               WhitespaceTokenizer())) == 10
+  with pytest.raises(DataError, match=r'train.tsv:12: 1 tab-separated column'):
+    glue.TASKS['sst2'].train_features(cfg, WhitespaceTokenizer())
 
 
 def test_mnli_two_eval_sets(tmp_path):
