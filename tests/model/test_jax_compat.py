@@ -14,7 +14,7 @@ def test_building_a_model_abstractly_asks_no_tracer_for_its_origin(monkeypatch):
   monkeypatch.setattr(pe.DynamicJaxprTracer, '_origin_msg', lambda self: asked.append(1) or '')
   abstract = nnx.eval_shape(lambda: BertForPreTraining(config.preset('tiny', vocab_size=100), rngs=nnx.Rngs(0)))
   assert asked == []  # before the fix: two per RNG draw (each walked and printed the jaxpr so far)
-  assert abstract.bert.embeddings.word_embeddings.embedding.value.shape == (100, config.preset('tiny').hidden_size)
+  assert abstract.bert.embeddings.word_embeddings.embedding.get_value().shape == (100, config.preset('tiny').hidden_size)
 
   def sharding_of_a_tracer(x):
     assert not hasattr(x, 'sharding')  # what flax's getattr(value, 'sharding', None) relies on
