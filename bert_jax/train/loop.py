@@ -66,8 +66,8 @@ class Report:
     progress_keys: train metrics shown in the progress line (all are written to the JSONL).
     eval_keys: held-out metrics shown in the eval line (all numbers are written).
     curves_dir: where curves.png is redrawn: from a progress line or an evaluation once CURVES_EVERY_S have passed
-      since the start or the last drawing, and when `fit` ends (done, preempted or diverged) if a row was written
-      since (None: not here).
+      since the start or the last drawing, and when `fit` ends (done or diverged; not when a signal stops it) if a
+      row was written since (None: not here).
     curves_metrics: the held-out metrics it plots (None: every accuracy).
     divergence_hint: what to change when the loss diverges, as flags.
     fields: added to every train and held-out metrics row (e.g. {'phase': 2}).
@@ -131,6 +131,7 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
   compiled = set()  # the batch shapes whose train step this process has compiled
   progress = reporting.Progress(start, total_steps)
   writers = _Writers(report)
+  draw = True  # curves.png at the end: not on the way out of a stop (a preemption's grace period is for the save)
   try:
     if eval_first and evaluate is not None and start == 0:
       last_eval = writers.evaluation(0, evaluate(state['params'], 0))
@@ -185,12 +186,15 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
         ckpt.wait()
         raise Preempted(report.label + preempt.message(step, saved=True))
     jax.block_until_ready(state)
+  except (Preempted, KeyboardInterrupt):
+    draw = False
+    raise
   finally:
     preempt.step = None  # a signal from here on is not "finishing a step"
     close = getattr(batches, 'close', None)
     if close:
       close()
-    writers.close()
+    writers.close(draw=draw)
   stats = {'train_steps_this_invocation': total_steps - start, 'train_wall_s': time.time() - t0}
   if progress.row_tokens:
     stats['train_padding_fraction'] = 1 - progress.real_tokens / progress.row_tokens
@@ -249,11 +253,12 @@ class _Writers:
       reporting.write_curves(self.report.curves_dir, metrics=self.report.curves_metrics)
     self._drawn, self._undrawn = time.perf_counter(), False
 
-  def close(self) -> None:
-    """Closes the metric files, then draws curves.png if a row came since the last drawing (the run's last)."""
+  def close(self, draw: bool = True) -> None:
+    """Closes the metric files, then (`draw`) draws curves.png if a row came since the last drawing (the run's
+    last)."""
     self.train.close()
     self.eval.close()
-    if self._undrawn:
+    if draw and self._undrawn:
       self._curves()
 
 

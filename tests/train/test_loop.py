@@ -218,6 +218,10 @@ def test_curves_are_drawn_at_most_once_a_minute_and_when_the_run_ends(tmp_path, 
   ended = loop._Writers(loop.Report(str(tmp_path / 'b'), curves_dir=str(tmp_path)))  # pylint: disable=protected-access
   ended.close()
   assert len(drawn) == 3  # nothing written: nothing to draw
+  stopped = loop._Writers(loop.Report(str(tmp_path / 'c'), curves_dir=str(tmp_path)))  # pylint: disable=protected-access
+  stopped.progress(1, 6, [{'loss': 1.0}], rate)
+  stopped.close(draw=False)
+  assert len(drawn) == 3  # a stop (a signal) leaves at once: the resumed run draws
 
 
 def test_slow_steps_between_progress_lines_say_where_the_run_is(tmp_path, capsys, monkeypatch):
