@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from bert_jax import distributed, sharding as shd
-from bert_jax.config import FinetuneConfig, upgrade_saved
+from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig, upgrade_saved
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.embedding import beir, pairs as pairs_lib, sts as sts_lib
 from bert_jax.embedding.evaluation import evaluate_retrieval
@@ -38,7 +38,7 @@ from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
 from bert_jax.train import optim, run as scaffold
 from bert_jax.train.loop import Report
-from bert_jax.train.step import StepModel
+from bert_jax.train.step import StepModel, reused
 
 TASK = 'retrieval'
 MAIN_METRIC = 'eval_ndcg_at_10'
@@ -51,12 +51,17 @@ def spec_of(cfg: FinetuneConfig) -> ContrastiveSpec:
 
 def retrieval_model(cfg: FinetuneConfig, mesh, total_steps: int) -> StepModel:
   """StepModel(BiEncoder, Contrastive(spec)) of `cfg` (its model the starting checkpoint's)."""
-  spec = spec_of(cfg)
-  return StepModel(lambda rngs: BiEncoder(cfg.model, spec, rngs=rngs), Contrastive(spec),
-                   optim.make_optimizer(cfg.optim, total_steps), mesh,
-                   schedule=optim.learning_rate_schedule(cfg.optim, total_steps),
+  return _retrieval_model(cfg.model, spec_of(cfg), cfg.optim, total_steps, cfg.mesh.rules, mesh)
+
+
+@reused  # a run of the same model, spec, optimizer, schedule and mesh in this process reuses its steps
+def _retrieval_model(model_cfg: ModelConfig, spec: ContrastiveSpec, optim_cfg: OptimConfig, total_steps: int,
+                     rules: str, mesh) -> StepModel:
+  return StepModel(lambda rngs: BiEncoder(model_cfg, spec, rngs=rngs), Contrastive(spec),
+                   optim.make_optimizer(optim_cfg, total_steps), mesh,
+                   schedule=optim.learning_rate_schedule(optim_cfg, total_steps),
                    state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1),
-                   rules=shd.rules(cfg.mesh.rules), grad_accum_steps=cfg.optim.grad_accum_steps)
+                   rules=shd.rules(rules), grad_accum_steps=optim_cfg.grad_accum_steps)
 
 
 class RetrievalJob:

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 
 from bert_jax import distributed, files, sharding as shd
-from bert_jax.config import FinetuneConfig, ModelConfig, facts, upgrade_saved
+from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig, facts, upgrade_saved
 from bert_jax.config.migration import METRIC_SCALE
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import BertJaxError, ConfigError
@@ -44,7 +44,7 @@ from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
 from bert_jax.train import optim, run as scaffold
 from bert_jax.train.loop import Report
-from bert_jax.train.step import StepModel
+from bert_jax.train.step import StepModel, reused
 
 
 def finetuning_model(model_cfg: ModelConfig, kind: str, num_labels: int, tx: optax.GradientTransformation, mesh,
@@ -53,6 +53,14 @@ def finetuning_model(model_cfg: ModelConfig, kind: str, num_labels: int, tx: opt
   return StepModel(lambda rngs: head_model(kind, model_cfg, num_labels, rngs=rngs), Finetuning(kind), tx, mesh,
                    schedule=schedule, state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1),
                    rules=rules, grad_accum_steps=grad_accum_steps)
+
+
+@reused  # a run of the same model, head, optimizer, schedule and mesh in this process reuses its steps
+def _run_model(model_cfg: ModelConfig, kind: str, num_labels: int, optim_cfg: OptimConfig, total_steps: int,
+               rules: str, mesh) -> StepModel:
+  return finetuning_model(model_cfg, kind, num_labels, optim.make_optimizer(optim_cfg, total_steps), mesh,
+                          schedule=optim.learning_rate_schedule(optim_cfg, total_steps), rules=shd.rules(rules),
+                          grad_accum_steps=optim_cfg.grad_accum_steps)
 
 
 class FinetuningJob:
@@ -188,10 +196,7 @@ class _PreparedRun:
     self.main_metric = f'{self.evals[0].name}_{task.main_metric}'
     self.total_steps = cfg.total_steps(len(self.train)) if self.train else 1
     reporting.log(describe_attention(cfg.model))
-    self.model = finetuning_model(cfg.model, task.kind, task.num_labels,
-                                  optim.make_optimizer(cfg.optim, self.total_steps), mesh,
-                                  schedule=optim.learning_rate_schedule(cfg.optim, self.total_steps),
-                                  rules=shd.rules(cfg.mesh.rules), grad_accum_steps=cfg.optim.grad_accum_steps)
+    self.model = _run_model(cfg.model, task.kind, task.num_labels, cfg.optim, self.total_steps, cfg.mesh.rules, mesh)
     self.rows_multiple = 2 * shd.num_batch_shards(mesh) * cfg.optim.grad_accum_steps
     self.block = distributed.process_batch_block(mesh)
 

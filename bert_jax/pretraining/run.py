@@ -22,7 +22,8 @@ import numpy as np
 import optax
 
 from bert_jax import distributed, sharding as shd
-from bert_jax.config import DataConfig, ModelConfig, PretrainConfig, architecture_diffs, facts, upgrade_saved
+from bert_jax.config import (DataConfig, ModelConfig, OptimConfig, PretrainConfig, architecture_diffs, facts,
+                             upgrade_saved)
 from bert_jax.data import loader as input_pipeline, mixture, prepare as pretraining_data, tokenization
 from bert_jax.data.mixture import Mixture
 from bert_jax.data.records import PreparedData
@@ -37,7 +38,7 @@ from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import CONFIG_FILE, Workdir, checkpoint_dir, inspect
 from bert_jax.train import optim, run as scaffold
 from bert_jax.train.loop import Report
-from bert_jax.train.step import StepModel
+from bert_jax.train.step import StepModel, reused
 
 # What the progress and eval lines show (every metric goes to the JSONL files).
 PROGRESS_KEYS = ('loss', 'mlm_accuracy', 'nsp_accuracy', 'sop_accuracy')
@@ -106,11 +107,17 @@ def pretraining_model(model_cfg: ModelConfig, tx: optax.GradientTransformation, 
 def build_model(cfg: PretrainConfig, mesh, total_steps: int) -> StepModel:
   """The run's model: `pretraining_model` with its optimizer, schedule (from the plan: a WSD decay from the first
   decay phase, if any, and each phase's peak) and accumulation."""
-  decay_start, levels = cfg.plan.decay_start, cfg.plan.lr_levels
-  return pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, total_steps, decay_start, levels), mesh,
-                           objective=cfg.data.objective, grad_accum_steps=cfg.optim.grad_accum_steps,
-                           schedule=optim.learning_rate_schedule(cfg.optim, total_steps, decay_start, levels),
-                           rules=shd.rules(cfg.mesh.rules))
+  return _run_model(cfg.model, cfg.optim, total_steps, cfg.plan.decay_start, cfg.plan.lr_levels, cfg.data.objective,
+                    cfg.mesh.rules, mesh)
+
+
+@reused  # a run of the same model, optimizer, schedule and mesh in this process reuses its steps
+def _run_model(model_cfg: ModelConfig, optim_cfg: OptimConfig, total_steps: int, decay_start: int | None, levels,
+               objective: str, rules: str, mesh) -> StepModel:
+  return pretraining_model(model_cfg, optim.make_optimizer(optim_cfg, total_steps, decay_start, levels), mesh,
+                           objective=objective, grad_accum_steps=optim_cfg.grad_accum_steps,
+                           schedule=optim.learning_rate_schedule(optim_cfg, total_steps, decay_start, levels),
+                           rules=shd.rules(rules))
 
 
 def prepare_data(cfg: PretrainConfig) -> tuple[PreparedData | Mixture, input_pipeline.Vocab]:

@@ -10,6 +10,9 @@ gives the gradient of the whole batch (each loss term is divided by its count ov
 
 from __future__ import annotations
 
+import collections
+import functools
+import threading
 from typing import Any, Callable, Protocol, Sequence
 
 from flax import nnx
@@ -60,6 +63,38 @@ def opt_state_shardings(tx: optax.GradientTransformation, abstract_params: Any, 
   """
   return optax.tree_utils.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, abstract_params),
                                           param_shardings, transform_non_params=lambda _: default)
+
+
+# Step models built in this process, most recently used last (`reused`).
+_BUILT: collections.OrderedDict[tuple, StepModel] = collections.OrderedDict()
+_BUILT_LOCK = threading.Lock()
+STEP_MODELS_KEPT = 4  # each holds its steps' executables (code, not parameters)
+
+
+def reused(build: Callable[..., StepModel]) -> Callable[..., StepModel]:
+  """`build` (a pure function of its arguments: configs, sizes, the mesh) memoised on them in this process.
+
+  A second run of the same step model in one process (fine-tuning's seeds share one already; a notebook, evaluations
+  of several workdirs, the tests) reuses it, and with it its jitted steps' traces, lowerings and executables: those
+  are most of a short run's time, and the persistent compilation cache saves only the compile. A StepModel is never
+  changed after it is built, and the same executable gives the same numbers. The key is each argument's repr (a
+  frozen dataclass's names every field with its type's spelling: 1 and 1.0 differ) and the mesh itself (its
+  devices, in order); the last STEP_MODELS_KEPT are kept.
+  """
+
+  @functools.wraps(build)
+  def built(*args):
+    key = (build.__module__, build.__qualname__) + tuple(a if isinstance(a, Mesh) else repr(a) for a in args)
+    with _BUILT_LOCK:
+      model = _BUILT.pop(key, None)
+      if model is None:
+        model = build(*args)
+      _BUILT[key] = model
+      while len(_BUILT) > STEP_MODELS_KEPT:
+        _BUILT.popitem(last=False)
+    return model
+
+  return built
 
 
 def _rows(batch) -> int:
