@@ -71,3 +71,14 @@ def test_shape_mismatch_is_refused(tmp_path):
 def _train_records(steps, loss0=8.0, lr=True):
   return [{'step': s, 'time': 0.0, 'loss': loss0 / s, 'mlm_accuracy': s / 100, 'nsp_accuracy': 0.5 + s / 200,
            'tokens_per_s': 1000.0 + s, **({'learning_rate': 1e-3 * s} if lr else {})} for s in steps]
+
+
+def test_grid_labels_keys_under_each_column_and_queries_beside_the_first(tmp_path, monkeypatch):
+  figures = []
+  monkeypatch.setattr(plots, '_save', lambda fig, path: figures.append(fig) or path)
+  plots.plot_attention_grid(TOKENS, _probs((5, len(TOKENS), len(TOKENS))), str(tmp_path / 'g.png'), 'x')
+  axes = figures[0].axes  # 2 rows x 3 columns: heads 0-2, then 3-4 and an empty panel
+  keys = [len(ax.get_xticklabels()) for ax in axes[:5]]
+  queries = [len(ax.get_yticklabels()) for ax in axes[:5]]
+  n = len(TOKENS)
+  assert keys == [0, 0, n, n, n] and queries == [n, 0, 0, n, 0], (keys, queries)  # head 2: its column's last
