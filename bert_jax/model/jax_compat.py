@@ -6,16 +6,18 @@ origin: a walk over the jaxpr traced so far and a pretty-print of up to five of 
 so building a module under a trace (`nnx.eval_shape`, a jitted init, the dropout streams of a train step) cost time
 quadratic in the model's size: BERT-base's abstract construction took 0.39 s instead of 0.12 s, and 6 % of the test
 suite's in-process time was these messages. jax 0.11.2 raises the same AttributeError without the origin; this is
-that change. `getattr`/`hasattr` answer as before; only the text of an error nobody sees differs.
+that change. `getattr`/`hasattr` answer as before, and the message a user sees is unchanged (`Tracer.__getattr__`
+raises its own for 'sharding' when the property fails).
 """
 
 import jax
-from jax._src import core
 
 
 def _no_sharding(self):
   raise AttributeError(f"The 'sharding' attribute is not available on {self._error_repr()}.")  # pylint: disable=protected-access
 
 
-if jax.__version_info__ < (0, 11, 2) and isinstance(core.Tracer.__dict__.get('sharding'), property):
-  core.Tracer.sharding = property(_no_sharding)
+if jax.__version_info__ < (0, 11, 2):
+  from jax._src import core  # pylint: disable=g-import-not-at-top  (private: imported only where it is patched)
+  if isinstance(core.Tracer.__dict__.get('sharding'), property):
+    core.Tracer.sharding = property(_no_sharding)

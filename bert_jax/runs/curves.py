@@ -47,7 +47,8 @@ def save_png(fig: Figure, path: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Curves of a run: what pretraining and fine-tuning log in their workdir, redrawn at each evaluation.
+# Curves of a run: what pretraining and fine-tuning log in their workdir (train.loop redraws them at most once a
+# minute and when training ends).
 
 CURVES_FILE = 'curves.png'
 _LOSSES = ('loss', 'mlm_loss', 'nsp_loss', 'sop_loss')

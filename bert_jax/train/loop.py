@@ -67,7 +67,7 @@ class Report:
     eval_keys: held-out metrics shown in the eval line (all numbers are written).
     curves_dir: where curves.png is redrawn: from a progress line or an evaluation once CURVES_EVERY_S have passed
       since the start or the last drawing, and when `fit` ends (done or diverged; not when a signal stops it) if a
-      row was written since (None: not here).
+      row was written since, or the run resumed (None: not here).
     curves_metrics: the held-out metrics it plots (None: every accuracy).
     divergence_hint: what to change when the loss diverges, as flags.
     fields: added to every train and held-out metrics row (e.g. {'phase': 2}).
@@ -130,7 +130,9 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
   previous = None  # the metrics of the step before the one just dispatched
   compiled = set()  # the batch shapes whose train step this process has compiled
   progress = reporting.Progress(start, total_steps)
-  writers = _Writers(report)
+  # A resumed run draws at its end even without new rows: the process before it may have stopped (a signal) with
+  # rows not drawn yet, its last evaluation among them.
+  writers = _Writers(report, undrawn=start > 0)
   draw = True  # curves.png at the end: not on the way out of a stop (a preemption's grace period is for the save)
   try:
     if eval_first and evaluate is not None and start == 0:
@@ -215,10 +217,10 @@ CURVES_EVERY_S = 60.0
 class _Writers:
   """The run's train and held-out JSONL/TensorBoard writers and lines (process 0)."""
 
-  def __init__(self, report: Report):
+  def __init__(self, report: Report, undrawn: bool = False):
     self.report = report
     self._drawn = time.perf_counter()  # when curves.png was last drawn (the start: a short run draws at its end)
-    self._undrawn = False  # a row was written since
+    self._undrawn = undrawn  # a row was written since (or, resuming, may have been by the process before)
     self.train = reporting.MetricWriter(report.workdir, 'train')
     self.eval = reporting.MetricWriter(report.workdir, 'eval')
 

@@ -56,7 +56,7 @@ def test_train_evaluate_and_restore(small_corpus, tmp_path):
   every = pretraining.evaluate_all_checkpoints(workdir)
   assert [r['step'] for r in every] == [2, 4, 6]
   assert every[0] == pretraining.evaluate_checkpoint(workdir, step=2) and every[-1] == evaluated
-  assert os.path.getsize(os.path.join(workdir, 'curves.png')) > 10_000  # redrawn at each evaluation
+  assert os.path.getsize(os.path.join(workdir, 'curves.png')) > 10_000  # drawn when training ended
   # Re-running a finished workdir resumes at the end: no training, same metrics.
   again = pretraining.train_and_evaluate(cfg, workdir)
   assert again['mlm_loss'] == pytest.approx(result['mlm_loss'], abs=1e-6)

@@ -236,3 +236,43 @@ def test_slow_steps_between_progress_lines_say_where_the_run_is(tmp_path, capsys
   assert [l.split(' |')[0] for l in lines if '| loss' in l] == ['step 3/6', 'step 6/6']
   with open(tmp_path / 'metrics_train.jsonl', encoding='utf-8') as f:
     assert [json.loads(line)['step'] for line in f] == [3, 6]
+
+
+def test_a_stopped_fit_does_not_draw_and_its_resume_does_even_when_nothing_is_left(tmp_path, monkeypatch):
+  """A signal leaves without drawing curves.png (the grace period is for the save); the resumed run draws, also when
+  the stop saved the last step and nothing is left to train."""
+  drawn = []
+  monkeypatch.setattr(loop.reporting, 'write_curves', lambda directory, metrics=None: drawn.append(directory))
+  model = _model()
+
+  def run(state, batches, total):
+    ckpt = Checkpointer(str(tmp_path), save_every=100, keep=5)
+    try:
+      with Preemption() as preempt:
+        return fit(model, state, batches, total_steps=total, ckpt=ckpt, preempt=preempt, log_every=1,
+                   report=Report(str(tmp_path), curves_dir=str(tmp_path)), checkpoint_config={'toy': True})
+    finally:
+      ckpt.close()
+
+  with pytest.raises(Preempted, match='saved step'):
+    run(model.init_state(seed=0), _SignalAt(3), 4)
+  assert drawn == []
+  saved = Checkpointer(str(tmp_path), read_only=True)
+  step = saved.latest_step()
+  state, _ = saved.restore(step, model.abstract_state)
+  saved.close()
+  run(state, _Batches(start=step), step)  # the stop saved the run's last step: nothing left to train
+  assert drawn == [str(tmp_path)]
+
+
+class _SignalAt(_Batches):
+  """_Batches that send this process SIGTERM as batch `at` is drawn."""
+
+  def __init__(self, at):
+    super().__init__()
+    self.at = at
+
+  def __next__(self):
+    if self.position == self.at:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return super().__next__()
