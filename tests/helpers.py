@@ -256,6 +256,55 @@ def run_readme_command(argv: list[str]) -> subprocess.CompletedProcess:
   return run_main(script, *argv[at + 1:], children=script in ('sweep.py', 'ladder.py'))
 
 
+_AS_A_USER = """
+import json, sys
+sys.path[:0] = [{tests!r}, {experiments!r}]
+from absl import flags
+flags.FLAGS.mark_as_parsed()  # as conftest: the library's grain reads absl flags
+import helpers
+with open({commands!r}, encoding='utf-8') as f:
+  commands = json.load(f)
+for argv in commands:
+  r = helpers.run_readme_command(argv)
+  with open({results!r}, 'a', encoding='utf-8') as f:
+    f.write(json.dumps([argv, r.returncode, r.stdout[-20000:], r.stderr[-20000:]]) + '\\n')
+  if r.returncode:
+    break
+"""
+
+
+def user_environment() -> dict[str, str]:
+  """This process's environment less what conftest adds for the tests (8 fake devices, XLA's optimisation off)."""
+  added = {'--xla_force_host_platform_device_count=8', *os.environ.get('BERT_JAX_TEST_XLA_FLAGS', '').split()}
+  env = dict(os.environ, XLA_FLAGS=' '.join(f for f in os.environ.get('XLA_FLAGS', '').split() if f not in added))
+  if not env['XLA_FLAGS']:
+    del env['XLA_FLAGS']
+  return env
+
+
+def run_readme_commands_as_a_user(commands: list[list[str]], tmp) -> list[subprocess.CompletedProcess]:
+  """README commands (`readme_commands`) in order, as a user runs them: in one process of their own with the
+  machine's own devices and XLA's default flags (`user_environment`), each command's main() in turn
+  (`run_readme_command`: one Python start and jax import for all), up to the first that fails. Their exit codes
+  and output, one per command run. Real-size models (MiniLM) use 8 copies of their state on 8 fake devices:
+  7.9 GiB against 3.5 GiB here, beside a second test worker on a 24 GiB machine."""
+  commands_file, results_file = os.path.join(tmp, 'readme_commands.json'), os.path.join(tmp, 'readme_results.jsonl')
+  with open(commands_file, 'w', encoding='utf-8') as f:
+    json.dump(commands, f)
+  code = _AS_A_USER.format(tests=os.path.join(REPO, 'tests'), experiments=os.path.join(REPO, 'experiments'),
+                           commands=commands_file, results=results_file)
+  runner = subprocess.run([sys.executable, '-c', code], cwd=REPO, env=user_environment(), capture_output=True,
+                          text=True, timeout=1800)
+  results = []
+  if os.path.exists(results_file):
+    with open(results_file, encoding='utf-8') as f:
+      results = [subprocess.CompletedProcess(*json.loads(line)) for line in f]
+  if runner.returncode and (not results or not results[-1].returncode):  # the runner itself failed
+    results.append(subprocess.CompletedProcess(commands[len(results)], runner.returncode, runner.stdout,
+                                               runner.stderr))
+  return results
+
+
 def tiny_pretrain_config(corpus: str, cache_dir: str, **overrides):
   """A PretrainConfig for a few-second run of the tiny model on `corpus`."""
   from bert_jax import config  # pylint: disable=g-import-not-at-top

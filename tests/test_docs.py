@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax import config
 
-from helpers import REPO, readme_commands, readme_script, run_readme_command, shared_data_or_skip
+from helpers import REPO, readme_commands, readme_script, run_readme_commands_as_a_user, shared_data_or_skip
 
 DOCS = [os.path.join(REPO, 'README.md'), *sorted(glob.glob(os.path.join(REPO, 'docs', '*.md')))]
 ENTRY_POINTS = sorted(p for p in glob.glob(os.path.join(REPO, 'experiments', '*.py')) if not p.endswith('cli.py'))
@@ -156,14 +156,21 @@ def test_the_readmes_commands_run(tmp_path, readme_ladder):
   commands = readme_commands(tmp_path)
   assert len(commands) >= 10 and commands[0][1] == 'experiments/pretrain.py'
   # The README's tiny ladder is minutes, and tests/experiments/test_ladder.py needs the same run: a session fixture
-  # (conftest) runs it once, as run_readme_command runs the others; here, that it is this command and it succeeded.
+  # (conftest) runs it once, in a test worker (run_readme_command); here, that it is this command and it succeeded.
   shared = {'ladder.py': readme_ladder}
+  own = []
   for argv in commands:
     run = shared.pop(readme_script(argv), None)
     if run:
       assert run.argv == [a.replace(str(tmp_path), run.root) for a in argv], (run.argv, argv)
-    r = run.result if run else run_readme_command(argv)
-    assert r.returncode == 0, (argv, r.stderr[-3000:])
+      assert run.result.returncode == 0, (argv, run.result.stderr[-3000:])
+    else:
+      own.append(argv)
+  # The others as a user runs them, in order: one process with this machine's devices and XLA's defaults.
+  results = run_readme_commands_as_a_user(own, str(tmp_path))
+  for argv, r in zip(own, results):
+    assert r.returncode == 0, (argv, r.stdout[-3000:], r.stderr[-3000:])
+  assert len(results) == len(own), f'{len(own) - len(results)} of the README commands did not run'
   assert not shared, f'the README has no command of {", ".join(shared)}'
   assert os.path.exists(tmp_path / 'sst2_hf' / 'model.safetensors') and os.path.exists(tmp_path / 'attn.html')
   assert os.path.exists(tmp_path / 'recipe_merged' / 'merge.json')
