@@ -19,7 +19,7 @@ from bert_jax.interop import hf, pretrained
 
 from helpers import (assert_embed_and_attention_match_transformers, assert_export_classifies_as_predict,
                      assert_export_refused, assert_fill_mask_is_the_pipelines, assert_task_exports_match_transformers,
-                     cut_in_half, export_again, finetune_small_sst2, pretrain_flags, run_main, save_perturbed,
+                     cut_in_half, export_again, finetune_small_sst2, jitted, pretrain_flags, run_main, save_perturbed,
                      tree_digest)
 
 torch = pytest.importorskip('torch')
@@ -73,7 +73,7 @@ def built(tmp_path_factory):
   dirs = {name: build(name, str(root / name)) for name in MODELS}
   # torch's first load and forward, and the first encoder call of this process (seconds): the setup's, not a test's
   _hidden(dirs['distilbert'], 'distilbert')
-  pretrained.load_pretrained(dirs['distilbert']).encoder()(jnp.asarray(_IDS), None, jnp.asarray(_MASK))
+  jitted(pretrained.load_pretrained(dirs['distilbert']).encoder())(jnp.asarray(_IDS), None, jnp.asarray(_MASK))
   return dirs
 
 
@@ -101,14 +101,14 @@ def test_loads_with_transformers_outputs(built, name, record_property):
     assert cfg.embedding_size == (32 if name == 'electra_same_width' else 16) and cfg.hidden_size == 32
     assert ('project' in embeddings) == (name != 'electra_same_width')
   model = pretrained.load_pretrained(directory)
-  seq, _ = model.encoder()(jnp.asarray(_IDS), None, jnp.asarray(_MASK))
+  seq, _ = jitted(model.encoder())(jnp.asarray(_IDS), None, jnp.asarray(_MASK))
   real = _MASK.astype(bool)
   hidden_diff = float(np.abs(np.asarray(seq) - _hidden(directory, family).numpy())[real].max())
   record_property('hidden_max_abs_diff', hidden_diff)
   assert hidden_diff <= 1e-5
   if head == 'mlm':
     positions = np.tile(np.arange(_IDS.shape[1]), (2, 1))
-    logits, _ = model.pretraining_model()(jnp.asarray(_IDS), jnp.zeros_like(_IDS), jnp.asarray(_MASK),
+    logits, _ = jitted(model.pretraining_model())(jnp.asarray(_IDS), jnp.zeros_like(_IDS), jnp.asarray(_MASK),
                                           jnp.asarray(positions))
     ref = _reference(directory, cls).logits.numpy()
     logits_diff = float(np.abs(np.asarray(logits) - ref)[real].max())
@@ -227,11 +227,11 @@ def test_continued_pretraining_exports_back(built, name, small_corpus, tmp_path)
   cls = 'DistilBertForMaskedLM' if family == 'distilbert' else 'ElectraForMaskedLM'
   assert line['architecture'] == cls and line['heads'] == ['mlm']
   trained = pretrained.load_pretrained(workdir)
-  seq, _ = trained.encoder()(jnp.asarray(_IDS), None, jnp.asarray(_MASK))
+  seq, _ = jitted(trained.encoder())(jnp.asarray(_IDS), None, jnp.asarray(_MASK))
   real = _MASK.astype(bool)
   assert np.abs(np.asarray(seq) - _hidden(out, family).numpy())[real].max() <= 1e-5
   positions = np.tile(np.arange(_IDS.shape[1]), (2, 1))
-  logits, _ = trained.pretraining_model()(jnp.asarray(_IDS), jnp.zeros_like(_IDS), jnp.asarray(_MASK),
+  logits, _ = jitted(trained.pretraining_model())(jnp.asarray(_IDS), jnp.zeros_like(_IDS), jnp.asarray(_MASK),
                                           jnp.asarray(positions))
   assert np.abs(np.asarray(logits) - _reference(out, cls).logits.numpy())[real].max() <= 1e-4
   # Trained: not the checkpoint it started from.

@@ -27,6 +27,7 @@ from helpers import (
   cut_in_half,
   export_again,
   finetune_small_sst2,
+  jitted,
   run_main,
   save_perturbed,
   tree_digest,
@@ -101,13 +102,13 @@ def _assert_matches_transformers(directory, cls, loaded, record_property=None):
   hidden, logits = _theirs(directory, cls, batch)
   ids, mask = jnp.asarray(batch['input_ids'].numpy()), jnp.asarray(batch['attention_mask'].numpy())
   real = batch['attention_mask'].numpy() == 1
-  seq, _ = loaded.encoder()(ids, None, mask)
+  seq, _ = jitted(loaded.encoder())(ids, None, mask)
   hidden_diff = float(np.abs(np.asarray(seq) - hidden)[real].max())
   assert hidden_diff <= 1e-5
   if record_property:
     record_property('hidden_max_abs_diff', hidden_diff)
   if logits is not None:
-    ours, _ = loaded.pretraining_model()(ids, None, mask, jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape))
+    ours, _ = jitted(loaded.pretraining_model())(ids, None, mask, jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape))
     logits_diff = float(np.abs(np.asarray(ours) - logits.numpy())[real].max())
     assert logits_diff <= 1e-4
     if record_property:
@@ -143,8 +144,8 @@ def test_pairs_follow_the_tokenizer_template(built):
   # One token type: a BERT-style segment B (type 1, as NSP records give) reads row 0 as transformers does.
   loaded = pretrained.load_pretrained(built['roberta'])
   x = jnp.asarray([ids])
-  zeros, _ = loaded.encoder()(x, jnp.zeros_like(x), jnp.ones_like(x))
-  ones, _ = loaded.encoder()(x, jnp.ones_like(x), jnp.ones_like(x))
+  zeros, _ = jitted(loaded.encoder())(x, jnp.zeros_like(x), jnp.ones_like(x))
+  ones, _ = jitted(loaded.encoder())(x, jnp.ones_like(x), jnp.ones_like(x))
   np.testing.assert_array_equal(np.asarray(zeros), np.asarray(ones))
   assert np.isfinite(np.asarray(ones)).all()
 
