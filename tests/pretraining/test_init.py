@@ -116,11 +116,10 @@ _SIGTERM_AT_STEP_13 = sigterm_at_batch(13)  # the run saves step 13 and exits 75
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_phase_two_starts_from_phase_one_and_resumes_bitwise(small_corpus, tmp_path):
-  cache = str(tmp_path / 'cache')
-  phase1 = str(tmp_path / 'phase1')
-  cfg1 = tiny_config(small_corpus, cache)  # seq 64
-  pretraining.train_and_evaluate(cfg1, phase1)
+def test_phase_two_starts_from_phase_one_and_resumes_bitwise(pretrained_run, tmp_path):
+  # Phase one is the shared tiny run (seq 64), read-only: phase two prepares its length in a cache of its own.
+  small_corpus, cache = pretrained_run.corpus, str(tmp_path / 'cache')
+  phase1, cfg1 = pretrained_run.workdir, pretrained_run.cfg
   before = tree_digest(phase1)
   final1, _ = restore_pretraining_state(phase1, cfg1)
 
