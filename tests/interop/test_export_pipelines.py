@@ -20,7 +20,6 @@ from bert_jax.finetuning import run as finetuning
 from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop import hf
 from bert_jax.interop.pretrained import load_finetuned, load_pretrained
-from bert_jax.pretraining import run as pretraining
 
 from helpers import (
   assert_one_line_error,
@@ -28,8 +27,6 @@ from helpers import (
   head_of_task_file as _head,
   run_main,
   shared_data_or_skip,
-  tiny_pretrain_config,
-  write_small_corpus,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e,
@@ -44,13 +41,10 @@ SENTENCES = ['a charming and often affecting journey .', 'unflinchingly bleak an
 
 
 @pytest.fixture(scope='module')
-def sp_workdir(tmp_path_factory):
-  """A tiny pretraining workdir (6 steps) with the SentencePiece tokenizer it trained (1000 pieces, lower-casing)."""
-  root = tmp_path_factory.mktemp('pretrained')
-  workdir = str(root / 'run')
-  pretraining.train_and_evaluate(tiny_pretrain_config(write_small_corpus(root), str(root / 'cache'), eval_every=100),
-                                 workdir)
-  return workdir
+def sp_workdir(pretrained_run):
+  """A tiny pretraining workdir with the SentencePiece tokenizer it trained (1000 pieces, lower-casing): the shared
+  read-only run (conftest), which the tests here export and fine-tune from, never into."""
+  return pretrained_run.workdir
 
 
 def _export(source, out, *flags):
