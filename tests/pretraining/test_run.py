@@ -5,6 +5,7 @@ workdir of another model is refused untouched."""
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 
@@ -102,28 +103,27 @@ def test_resume_after_kill_9_is_bitwise(small_corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(small_corpus, tmp_path):
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(pretrained_run, tmp_path):
   workdir = str(tmp_path / 'run')
-  # tiny_config's 6 steps, as test_train_evaluate_and_restore's (and test_merge's) run: the same train step, compiled
-  # once per test run (the persistent compilation cache); the step count enters the schedule, so the executable.
-  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), eval_every=100)
-  pretraining.train_and_evaluate(cfg, workdir)
+  shutil.copytree(pretrained_run.workdir, workdir)  # the shared tiny run (4 steps), copied: it is read-only
+  cfg = dataclasses.replace(pretrained_run.cfg, data=dataclasses.replace(pretrained_run.cfg.data,
+                                                                          cache_dir=str(tmp_path / 'cache')))
   before = _snapshot(os.path.join(workdir, 'checkpoints'))
   bad = dataclasses.replace(cfg, num_train_steps=10, optim=config.OptimConfig(learning_rate=1e30, warmup_steps=0),
                             resume_allow='num_train_steps,optim')
-  with pytest.raises(TrainingDivergedError, match='last good checkpoint \\(step 6\\) is kept'):
+  with pytest.raises(TrainingDivergedError, match='last good checkpoint \\(step 4\\) is kept'):
     pretraining.train_and_evaluate(bad, workdir)
   after = _snapshot(os.path.join(workdir, 'checkpoints'))
   assert after == before
 
 
 @pytest.mark.slow
-def test_workdir_of_another_model_is_refused_untouched(small_corpus, tmp_path):
+def test_workdir_of_another_model_is_refused_untouched(pretrained_run, tmp_path):
   workdir = str(tmp_path / 'run')
-  cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), eval_every=100)  # 6 steps: a train step compiled already
-  pretraining.train_and_evaluate(cfg, workdir)
+  shutil.copytree(pretrained_run.workdir, workdir)  # the shared tiny run, copied: it is read-only
   before = _snapshot(workdir)
-  other = dataclasses.replace(cfg, model=config.preset('tiny', vocab_size=1000, hidden_size=32))
+  other = dataclasses.replace(pretrained_run.cfg, model=config.preset('tiny', vocab_size=1000, hidden_size=32),
+                              data=dataclasses.replace(pretrained_run.cfg.data, cache_dir=str(tmp_path / 'cache')))
   with pytest.raises(CheckpointError, match=r'hidden_size: 64 \(checkpoint\) vs 32 \(config\)'):
     pretraining.train_and_evaluate(other, workdir)
   assert _snapshot(workdir) == before
