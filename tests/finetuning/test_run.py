@@ -19,6 +19,7 @@ from helpers import (
   REPO,
   assert_one_line_error,
   finetune_config,
+  head_of_task_file,
   minilm_dir,
   run_main,
   script_code,
@@ -210,7 +211,12 @@ batching.batch_indices = killing
 def test_keep_best_survives_sigterm_and_kill_9(tiny_checkpoint, tmp_path, monkeypatch):
   """The best checkpoint saved before an interruption stays the best after the resume (the first save of a
   resumed run deleted it: the metrics Orbax ranked by lived only in the process that saved them)."""
-  cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=_data('sst2'), max_seq_length=32,
+  # The first 64 training and 256 dev sentences (8 evaluations in each of four runs, on all 872: 35 s -> 28 s).
+  data = tmp_path / 'sst2'
+  data.mkdir()
+  for name, rows in (('train.tsv', 64), ('dev.tsv', 256)):
+    head_of_task_file(os.path.join(_data('sst2'), name), rows, data)
+  cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=str(data), max_seq_length=32,
                         batch_size=16, eval_batch_size=128, learning_rate=3e-2, num_train_steps=16, max_train_samples=64,
                         eval_every=2, keep_best=True, keep_checkpoints=1, log_every=2)
   straight = finetuning.finetune(cfg, str(tmp_path / 'straight'))
