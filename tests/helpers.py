@@ -257,7 +257,8 @@ def run_readme_command(argv: list[str]) -> subprocess.CompletedProcess:
 
 
 _AS_A_USER = """
-import json, sys
+import faulthandler, json, sys
+faulthandler.enable()  # a crash names where it happened in the runner's stderr (a kill -9 shows as exit code -9)
 sys.path[:0] = [{tests!r}, {experiments!r}]
 from absl import flags
 flags.FLAGS.mark_as_parsed()  # as conftest: the library's grain reads absl flags
@@ -301,7 +302,7 @@ def run_readme_commands_as_a_user(commands: list[list[str]], tmp) -> list[subpro
       results = [subprocess.CompletedProcess(*json.loads(line)) for line in f]
   if runner.returncode and (not results or not results[-1].returncode):  # the runner itself failed
     results.append(subprocess.CompletedProcess(commands[len(results)], runner.returncode, runner.stdout,
-                                               runner.stderr))
+                                               f'the runner exited with {runner.returncode}:\n{runner.stderr}'))
   return results
 
 
