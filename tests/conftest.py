@@ -7,37 +7,24 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from typing import Any
 
 # The tests' programs are tiny and compiled once or a few times each, so compiling is most of the suite's time:
 # LLVM's optimisation passes are skipped (the CPU code runs a little slower, compiles about a third faster; the slow
-# tier of tests/train + tests/model took 250 s with them, 181 s without), and where the installed XLA has the switch
-# (jax 0.10; later ones removed it), its older loop emitters replace the MLIR fusion emitters: without LLVM's passes
-# they compile a third faster (a tiny retrieval train step: 9.4-12.1 s -> 5.9-7.1 s). No fast-math at any level;
-# results can differ from the default flags' in the last bits, so a test compares runs of these same flags (every
-# process a test starts gets them). BERT_JAX_TEST_XLA_OPT=1 keeps XLA's defaults (e.g. to time code in a test).
-# helpers.launch_process gives the processes it starts with their own device count the same (this variable).
-# Two suite runs lost a worker in the README-commands test, one with the loop emitters and one without, with no
-# fatal-error trace (a segfault prints one): its real-size models on 8 fake devices held 8 copies of their state,
-# 7.9 GiB, beside the other worker on a 24 GiB machine, as to the OOM killer. Those commands now run in a process
-# of their own with one device (helpers.run_readme_commands_as_a_user): 3.5 GiB.
-_LOOP_EMITTERS = '--xla_cpu_use_fusion_emitters=false'
-
-
-def _xla_accepts(flag: str) -> bool:
-  """Whether the installed XLA knows `flag` (an unknown flag in XLA_FLAGS aborts the process that creates a client):
-  asked once, by the process that starts the test run; the workers and subprocesses inherit the answer."""
-  probe = 'from jax._src.lib import xla_client; xla_client.make_cpu_client()'
-  env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS='cpu')
-  return subprocess.run([sys.executable, '-c', probe], env=env, capture_output=True, check=False).returncode == 0
-
-
-if 'BERT_JAX_TEST_XLA_FLAGS' not in os.environ:
-  os.environ['BERT_JAX_TEST_XLA_FLAGS'] = '' if os.environ.get('BERT_JAX_TEST_XLA_OPT') == '1' else ' '.join(
-      ['--xla_backend_optimization_level=0', '--xla_llvm_disable_expensive_passes=true']
-      + [_LOOP_EMITTERS] * _xla_accepts(_LOOP_EMITTERS))
+# tier of tests/train + tests/model took 250 s with them, 181 s without). No fast-math at any level, but results can
+# differ from the default flags' in the last bits (a gradient of the tiny model: other bits), so a test compares runs
+# under these same flags (every process a test starts gets them). BERT_JAX_TEST_XLA_OPT=1 keeps XLA's defaults
+# (e.g. to time code in a test). helpers.launch_process gives the processes it starts with their own device count the
+# same (this variable). Not used: jax 0.10's switch back to its loop emitters (--xla_cpu_use_fusion_emitters=false)
+# compiles a third faster, but its code runs slower: the fast tier's signal-timing tests of tests/train/test_loop.py
+# took 3.6 s -> 6.0 s, over the fast tier's 5 s. Two suite runs lost a worker in the README-commands test (one with
+# the loop emitters, one without) with no fatal-error trace (a segfault prints one): its real-size models on 8 fake
+# devices held 8 copies of their state (7.9 GiB) beside the other worker, whose memory grew over the run, as to the
+# OOM killer. Those commands now run in a process of their own on one device (3.5 GiB), and each module's compiled
+# programs are released after it (_release_memory_after_each_module).
+os.environ['BERT_JAX_TEST_XLA_FLAGS'] = ('' if os.environ.get('BERT_JAX_TEST_XLA_OPT') == '1' else
+                                         '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
 os.environ['XLA_FLAGS'] = ' '.join(
     f for f in (os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8',
                 os.environ['BERT_JAX_TEST_XLA_FLAGS']) if f)
@@ -355,6 +342,25 @@ def pytest_runtest_makereport(item, call):
 
 
 _XLA_CACHE_ON = [None]  # whether this process's jax uses the persistent cache now (None: not set yet)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _release_memory_after_each_module():
+  """After each test module: jax's compiled programs and traces dropped, a full collection, and the freed heap handed
+  back to the system. A worker kept every module's executables and grew to 10.7 GiB over a suite run (the other one
+  5.3 GiB; 18.2 GiB used of the machine's 24 with their subprocesses), where the kernel's OOM killer ends a worker
+  without a trace. A later module that needs a program again reads it from the persistent cache (slow tests) or
+  compiles it (a fast test's own small shapes)."""
+  yield
+  import ctypes  # pylint: disable=g-import-not-at-top
+
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.clear_caches()
+  gc.collect()
+  try:
+    ctypes.CDLL('libc.so.6').malloc_trim(0)  # glibc keeps freed pages in its arenas otherwise
+  except (OSError, AttributeError):
+    pass
 
 
 @pytest.fixture(autouse=True)
