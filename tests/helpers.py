@@ -5,6 +5,7 @@ Imported as `helpers` (tests/ is on the path); the fixtures are in conftest.py.
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -306,16 +307,16 @@ def run_readme_commands_as_a_user(commands: list[list[str]], tmp) -> list[subpro
   return results
 
 
-_JITTED_CALL = []
+@functools.cache
+def _jitted_call():
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  return nnx.jit(lambda m, *args: m(*args))
 
 
 def jitted(module):
   """`module(*args)` compiled as one program per shape (`nnx.jit`), as the library's inference tools run it. A first
   eager call compiles each operation on its own: MiniLM's encoder took 1.9 s so on 8 fake devices, 0.6 s jitted."""
-  if not _JITTED_CALL:
-    from flax import nnx  # pylint: disable=g-import-not-at-top
-    _JITTED_CALL.append(nnx.jit(lambda m, *args: m(*args)))
-  return lambda *args: _JITTED_CALL[0](module, *args)
+  return lambda *args: _jitted_call()(module, *args)
 
 
 def tiny_pretrain_config(corpus: str, cache_dir: str, **overrides):

@@ -102,12 +102,18 @@ def test_resume_after_kill_9_is_bitwise(small_corpus, tmp_path):
     np.testing.assert_array_equal(x, y)  # bitwise: params, both Adam moments, step, rng
 
 
+def _copy_of_the_shared_run(pretrained_run, tmp_path):
+  """(workdir, config) of a copy of the shared tiny run (it is read-only), its data cache in tmp_path too."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(pretrained_run.workdir, workdir)
+  cache = str(tmp_path / 'cache')
+  return workdir, dataclasses.replace(pretrained_run.cfg, data=dataclasses.replace(pretrained_run.cfg.data,
+                                                                                   cache_dir=cache))
+
+
 @pytest.mark.slow
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(pretrained_run, tmp_path):
-  workdir = str(tmp_path / 'run')
-  shutil.copytree(pretrained_run.workdir, workdir)  # the shared tiny run (4 steps), copied: it is read-only
-  cfg = dataclasses.replace(pretrained_run.cfg, data=dataclasses.replace(pretrained_run.cfg.data,
-                                                                          cache_dir=str(tmp_path / 'cache')))
+  workdir, cfg = _copy_of_the_shared_run(pretrained_run, tmp_path)  # 4 steps
   before = _snapshot(os.path.join(workdir, 'checkpoints'))
   bad = dataclasses.replace(cfg, num_train_steps=10, optim=config.OptimConfig(learning_rate=1e30, warmup_steps=0),
                             resume_allow='num_train_steps,optim')
@@ -119,11 +125,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(pretrained_run, tmp_path)
 
 @pytest.mark.slow
 def test_workdir_of_another_model_is_refused_untouched(pretrained_run, tmp_path):
-  workdir = str(tmp_path / 'run')
-  shutil.copytree(pretrained_run.workdir, workdir)  # the shared tiny run, copied: it is read-only
+  workdir, cfg = _copy_of_the_shared_run(pretrained_run, tmp_path)
   before = _snapshot(workdir)
-  other = dataclasses.replace(pretrained_run.cfg, model=config.preset('tiny', vocab_size=1000, hidden_size=32),
-                              data=dataclasses.replace(pretrained_run.cfg.data, cache_dir=str(tmp_path / 'cache')))
+  other = dataclasses.replace(cfg, model=config.preset('tiny', vocab_size=1000, hidden_size=32))
   with pytest.raises(CheckpointError, match=r'hidden_size: 64 \(checkpoint\) vs 32 \(config\)'):
     pretraining.train_and_evaluate(other, workdir)
   assert _snapshot(workdir) == before
