@@ -344,14 +344,29 @@ def pytest_runtest_makereport(item, call):
 _XLA_CACHE_ON = [None]  # whether this process's jax uses the persistent cache now (None: not set yet)
 
 
+# A worker's resident memory past which its compiled programs are released after a module (below).
+_RELEASE_PAST_BYTES = 3 << 30
+
+
+def _resident_bytes() -> int:
+  try:
+    with open('/proc/self/statm', encoding='ascii') as f:
+      return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+  except (OSError, ValueError, IndexError):
+    return _RELEASE_PAST_BYTES  # no /proc (not Linux): release after every module
+
+
 @pytest.fixture(scope='module', autouse=True)
 def _release_memory_after_each_module():
-  """After each test module: jax's compiled programs and traces dropped, a full collection, and the freed heap handed
-  back to the system. A worker kept every module's executables and grew to 10.7 GiB over a suite run (the other one
-  5.3 GiB; 18.2 GiB used of the machine's 24 with their subprocesses), where the kernel's OOM killer ends a worker
-  without a trace. A later module that needs a program again reads it from the persistent cache (slow tests) or
-  compiles it (a fast test's own small shapes)."""
+  """After a test module, once the worker holds more than 3 GiB: jax's compiled programs and traces dropped, a full
+  collection, and the freed heap handed back to the system. A worker kept every module's executables and grew to
+  10.7 GiB over a suite run (the other one 5.3 GiB; 18.2 GiB used of the machine's 24 with their subprocesses), where
+  the kernel's OOM killer ends a worker without a trace. A later module that needs a program again reads it from the
+  persistent cache (slow tests) or compiles it (a fast test's own small shapes). Not after every module: the fast
+  tier's modules share many small programs, and compiling them again cost it about 30 s of its 3 minutes."""
   yield
+  if _resident_bytes() < _RELEASE_PAST_BYTES:
+    return
   import ctypes  # pylint: disable=g-import-not-at-top
 
   import jax  # pylint: disable=g-import-not-at-top
