@@ -34,10 +34,10 @@ def _no_dropout(x, deterministic):
 
 @pytest.mark.parametrize('t,window', [(16, 4), (37, 8), (5, 8), (64, 16), (33, 2)])
 @pytest.mark.parametrize('rows', ['padded', 'packed'])
-@pytest.mark.parametrize('path', ['einsum', 'fused'])
-def test_blockwise_equals_the_masked_full_path(t, window, rows, path):
-  """'fused' is the blocks as one batch of jax.nn.dot_product_attention calls, the way GPUs run them through
-  cuDNN; here with its XLA implementation (the same reshapes and mask), on GPU `test_..._cudnn_on_gpu`."""
+def test_blockwise_equals_the_masked_full_path(t, window, rows):
+  """Both blockwise paths: the einsums, and 'fused', the blocks as one batch of jax.nn.dot_product_attention
+  calls, the way GPUs run them through cuDNN; here with its XLA implementation (the same reshapes and mask), on GPU
+  `test_..._cudnn_on_gpu`."""
   q, k, v = _inputs(t)
   rng = np.random.default_rng(1)
   if rows == 'padded':
@@ -56,25 +56,23 @@ def test_blockwise_equals_the_masked_full_path(t, window, rows, path):
         at, seg = at + n, seg + 1
     band, full, real = attention.band_mask(window, t, None, segments), encoder.segment_mask_b1ts(segments), segments > 0
 
-  def both(q, k, v):
-    if path == 'einsum':
-      blockwise = attention.blockwise_local_attention(q, k, v, band, _no_dropout, deterministic=True)
-    else:
-      blockwise = attention.blockwise_local_attention_fused(q, k, v, band, implementation='xla')
-    return blockwise, _full_local(q, k, v, full, window)
+  paths = [lambda q, k, v: attention.blockwise_local_attention(q, k, v, band, _no_dropout, deterministic=True),
+           lambda q, k, v: attention.blockwise_local_attention_fused(q, k, v, band, implementation='xla'),
+           lambda q, k, v: _full_local(q, k, v, full, window)]
 
-  # Outputs, and gradients of a loss over the real positions, of both paths: one compiled program (op by op,
+  # Outputs, and gradients of a loss over the real positions, of the three paths: one compiled program (op by op,
   # the same computation compiles each of its many small operations, several times slower on CPU).
   weight = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32) * real[:, :, None, None]
 
   @jax.jit
   def outputs_and_grads(q, k, v):
-    return both(q, k, v), [jax.grad(lambda q, k, v, i=i: jnp.sum(both(q, k, v)[i] * weight), argnums=(0, 1, 2))(
-        q, k, v) for i in (0, 1)]
-  (got, want), grads = outputs_and_grads(q, k, v)
-  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=1e-5)
-  for g_block, g_full in zip(*grads):
-    np.testing.assert_allclose(g_block, g_full, atol=1e-5)
+    return [(f(q, k, v), jax.grad(lambda q, k, v, f=f: jnp.sum(f(q, k, v) * weight), argnums=(0, 1, 2))(q, k, v))
+            for f in paths]
+  *blockwise, (want, want_grads) = outputs_and_grads(q, k, v)
+  for got, grads in blockwise:
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=1e-5)
+    for g_block, g_full in zip(grads, want_grads):
+      np.testing.assert_allclose(g_block, g_full, atol=1e-5)
 
 
 def test_the_band_is_linear_in_the_row_length():
