@@ -22,8 +22,8 @@ from typing import Any
 # took 3.6 s -> 6.0 s, over the fast tier's 5 s. Two suite runs lost a worker in the README-commands test (one with
 # the loop emitters, one without) with no fatal-error trace (a segfault prints one): its real-size models on 8 fake
 # devices held 8 copies of their state (7.9 GiB) beside the other worker, whose memory grew over the run, as to the
-# OOM killer. Those commands now run in a process of their own on one device (3.5 GiB), and each module's compiled
-# programs are released after it (_release_memory_after_each_module).
+# OOM killer. Those commands now run in a process of their own on one device (3.5 GiB), and a worker past 3 GiB
+# releases its compiled programs after a module (_release_memory_past_3_gib).
 os.environ['BERT_JAX_TEST_XLA_FLAGS'] = ('' if os.environ.get('BERT_JAX_TEST_XLA_OPT') == '1' else
                                          '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
 os.environ['XLA_FLAGS'] = ' '.join(
@@ -366,7 +366,7 @@ def _resident_bytes() -> int:
 
 
 @pytest.fixture(scope='module', autouse=True)
-def _release_memory_after_each_module():
+def _release_memory_past_3_gib():
   """After a test module, once the worker holds more than 3 GiB: jax's compiled programs and traces dropped, a full
   collection, and the freed heap handed back to the system. A worker kept every module's executables and grew to
   10.7 GiB over a suite run (the other one 5.3 GiB; 18.2 GiB used of the machine's 24 with their subprocesses), where
