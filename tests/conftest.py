@@ -11,21 +11,37 @@ import sys
 import tempfile
 from typing import Any
 
-# The tests' programs are tiny and compiled once or a few times each, so compiling is most of the suite's time:
-# LLVM's optimisation passes are skipped (the CPU code runs a little slower, compiles about a third faster; the slow
-# tier of tests/train + tests/model took 250 s with them, 181 s without). No fast-math at any level, but results can
-# differ from the default flags' in the last bits (a gradient of the tiny model: other bits), so a test compares runs
-# under these same flags (every process a test starts gets them). BERT_JAX_TEST_XLA_OPT=1 keeps XLA's defaults
-# (e.g. to time code in a test). helpers.launch_process gives the processes it starts with their own device count the
-# same (this variable). Not used: jax 0.10's switch back to its loop emitters (--xla_cpu_use_fusion_emitters=false)
-# compiles a third faster, but its code runs slower: the fast tier's signal-timing tests of tests/train/test_loop.py
-# took 3.6 s -> 6.0 s, over the fast tier's 5 s. Two suite runs lost a worker in the README-commands test (one with
-# the loop emitters, one without) with no fatal-error trace (a segfault prints one): its real-size models on 8 fake
-# devices held 8 copies of their state (7.9 GiB) beside the other worker, whose memory grew over the run, as to the
-# OOM killer. Those commands now run in a process of their own on one device (3.5 GiB), and a worker past 3 GiB
-# releases its compiled programs after a module (_release_memory_past_3_gib).
-os.environ['BERT_JAX_TEST_XLA_FLAGS'] = ('' if os.environ.get('BERT_JAX_TEST_XLA_OPT') == '1' else
-                                         '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true')
+# The tests' programs are tiny and compiled once or a few times each, so compiling is most of the suite's time (in
+# the slow tests of tests/pretraining, tests/finetuning and tests/test_faults.py, XLA's backend compile is 46 % of the
+# test processes' time). LLVM's optimisation passes are skipped (the CPU code runs a little slower, compiles about a
+# third faster; the slow tier of tests/train + tests/model took 250 s with them, 181 s without), and where the
+# installed XLA has the switch (jax 0.10; later ones removed it), its older loop emitters replace the MLIR fusion
+# emitters, which are most of a compile at this level (a profile of the tiny pretraining step's 4.4 s compile: 2.6 s
+# in the fusion emitters, 192 fusions): the tiny step compiles in 3.9 s instead of 5.2-6.2 s and runs as fast. Their
+# elementwise code is slower (a 256 x 256 tanh: 2.5x), which only the tests that burn time on purpose saw; those
+# burn with matrix products now. No fast-math at any level, but results can differ from the default flags' in the
+# last bits (a gradient of the tiny model: other bits), so a test compares runs under these same flags (every
+# process a test starts gets them). BERT_JAX_TEST_XLA_OPT=1 keeps XLA's defaults (e.g. to time code in a test).
+# helpers.launch_process gives the processes it starts with their own device count the same (this variable). (Two
+# suite runs lost a worker in the README-commands test, one with the loop emitters, one without: its real-size models
+# on 8 fake devices held 8 copies of their state beside the other worker, as to the OOM killer. Those commands run in
+# a process of their own on one device since, and a worker past 3 GiB releases its compiled programs after a module:
+# _release_memory_past_3_gib.)
+_LOOP_EMITTERS = '--xla_cpu_use_fusion_emitters=false'
+
+
+def _xla_accepts(flag: str) -> bool:
+  """Whether the installed XLA knows `flag` (an unknown flag in XLA_FLAGS aborts the process that creates a client):
+  asked once, by the process that starts the test run; the workers and subprocesses inherit the answer."""
+  probe = 'from jax._src.lib import xla_client; xla_client.make_cpu_client()'
+  env = dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS='cpu')
+  return subprocess.run([sys.executable, '-c', probe], env=env, capture_output=True, check=False).returncode == 0
+
+
+if 'BERT_JAX_TEST_XLA_FLAGS' not in os.environ:
+  os.environ['BERT_JAX_TEST_XLA_FLAGS'] = '' if os.environ.get('BERT_JAX_TEST_XLA_OPT') == '1' else ' '.join(
+      ['--xla_backend_optimization_level=0', '--xla_llvm_disable_expensive_passes=true']
+      + [_LOOP_EMITTERS] * _xla_accepts(_LOOP_EMITTERS))
 os.environ['XLA_FLAGS'] = ' '.join(
     f for f in (os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8',
                 os.environ['BERT_JAX_TEST_XLA_FLAGS']) if f)

@@ -104,17 +104,17 @@ def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(tmp_path):
   _assert_bitwise(a, b)  # params, both Adam moments, step, rng
 
 
-# A `pretrain_subprocess` patch: each train step first runs a jitted burn of ~0.3 s on the device (dispatched
-# asynchronously, as a large model's step); the burn's time, each save's time and the third step's dispatch go
-# to stderr.
+# A `pretrain_subprocess` patch: each train step first runs a jitted burn of ~0.3 s on the device (1,000 matrix
+# products, as fast under any of XLA's emitters; dispatched asynchronously, as a large model's step); the burn's
+# time, each save's time and the third step's dispatch go to stderr.
 _SLOW_STEPS = """
 import sys, time, jax, jax.numpy as jnp
 from bert_jax.runs import checkpoints
 from bert_jax.train import step as step_lib
 @jax.jit
 def burn(batch):
-  a = jnp.full((256, 256), 1e-3, jnp.float32) + batch['input_ids'][0, 0] * 1e-6
-  a = jax.lax.fori_loop(0, 600, lambda i, a: jnp.tanh(a @ a), a)
+  a = jnp.full((256, 256), 1 / 256, jnp.float32) * (1.0 + 0.0 * batch['input_ids'][0, 0])  # squares to itself
+  a = jax.lax.fori_loop(0, 1000, lambda i, a: a @ a, a)
   return {**batch, 'input_ids': batch['input_ids'] + jnp.where(a[0, 0] == 12345.5, 1, 0).astype(jnp.int32)}
 probe = {'input_ids': jnp.zeros((2, 2), jnp.int32)}
 jax.block_until_ready(burn(probe))

@@ -46,8 +46,10 @@ class _Squares:
     del deterministic
     x = batch['x']
     if self.burn:
-      a = jnp.full((256, 256), 1e-3, jnp.float32) + x[0, 0] * 1e-6
-      a = jax.lax.fori_loop(0, self.burn, lambda i, a: jnp.tanh(a @ a), a)
+      # A matrix of 1/256 squares to itself exactly (sums of 256 powers of two): each product is a 256 x 256
+      # matmul whatever XLA's emitters (a tanh between them ran 2.5x slower under the tests' loop emitters).
+      a = jnp.full((256, 256), 1 / 256, jnp.float32) * (1.0 + 0.0 * x[0, 0])
+      a = jax.lax.fori_loop(0, self.burn, lambda i, a: a @ a, a)
       x = x + jnp.where(a[0, 0] == 12345.5, 1.0, 0.0)  # zero, but only the burn's result says so
     return module.dense(x)[:, 0]
 
