@@ -267,14 +267,20 @@ def test_missing_file(tmp_path):
     conll.Conll2003().eval_sets(cfg, None)
 
 
-@pytest.mark.parametrize('style', ['roberta', 'xlmr'])
-def test_features_take_the_tokenizers_template(style, request):
+@pytest.fixture(params=['roberta', 'xlmr'])
+def styled(request):
+  """(style, directory) of the shared RoBERTa- or XLM-R-style tokenizer, built at setup (conftest: training the
+  XLM-R-style one is 3.5 s, which a call inside the test counted against the fast tier's 5 s)."""
+  return request.param, request.getfixturevalue(f'{request.param}_tokenizer')
+
+
+def test_features_take_the_tokenizers_template(styled):
   """A RoBERTa- or XLM-R-style tokenizer's sentence is `<s> sub-tokens </s>` with transformers' ids for words
   (`is_split_into_words`, with the prefix space a byte-level BPE needs: 'Ġvisited', not 'visited'); labels on first
   sub-tokens."""
   transformers = pytest.importorskip('transformers')
   from bert_jax.data import tokenization as tk  # pylint: disable=g-import-not-at-top
-  directory = request.getfixturevalue(f'{style}_tokenizer')
+  style, directory = styled
   tokenizer = tk.load_tokenizer(directory)
   words = ['Obama', 'visited', 'Paris', "'s", 'Café', '東京', '2010']
   tags = ['I-PER', 'O', 'I-LOC', 'O', 'I-ORG', 'I-LOC', 'O']
