@@ -61,14 +61,8 @@ def test_modernbert_style_bpe_gives_transformers_ids(modernbert_dir):
   assert tokenizer.sep_id not in tokenizer.encode_batch(['a [SEP] b'], specials_as_text=True)[0]
 
 
-@pytest.fixture(params=['roberta', 'xlmr'])
-def styled(request):
-  """(style, directory) of the shared RoBERTa- or XLM-R-style tokenizer, built at setup (conftest)."""
-  return request.param, request.getfixturevalue(f'{request.param}_tokenizer')
-
-
-def test_roberta_and_xlmr_style_give_transformers_ids(styled):
-  style, directory = styled
+def test_roberta_and_xlmr_style_give_transformers_ids(styled_tokenizer):
+  style, directory = styled_tokenizer
   tokenizer = tk.load_tokenizer(directory)
   theirs = transformers.AutoTokenizer.from_pretrained(directory)
   assert (tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id, tokenizer.pad_id, tokenizer.unk_id) == (

@@ -28,7 +28,7 @@ def test_grid_and_head_pictures(tmp_path):
     assert 5_000 < (tmp_path / path).stat().st_size < 1_000_000
 
 
-# A 200-token input: the grid of 12 heads and one head, each a test (together 4.3-5.1 s, over the fast tier's 5 s).
+# Long inputs: the grid of 12 heads and one head, each a test (together 4.3-5.1 s, over the fast tier's 5 s).
 _LONG = [f'▁w{i}' for i in range(200)]
 
 

@@ -267,20 +267,13 @@ def test_missing_file(tmp_path):
     conll.Conll2003().eval_sets(cfg, None)
 
 
-@pytest.fixture(params=['roberta', 'xlmr'])
-def styled(request):
-  """(style, directory) of the shared RoBERTa- or XLM-R-style tokenizer, built at setup (conftest: training the
-  XLM-R-style one is 3.5 s, which a call inside the test counted against the fast tier's 5 s)."""
-  return request.param, request.getfixturevalue(f'{request.param}_tokenizer')
-
-
-def test_features_take_the_tokenizers_template(styled):
+def test_features_take_the_tokenizers_template(styled_tokenizer):
   """A RoBERTa- or XLM-R-style tokenizer's sentence is `<s> sub-tokens </s>` with transformers' ids for words
   (`is_split_into_words`, with the prefix space a byte-level BPE needs: 'Ġvisited', not 'visited'); labels on first
   sub-tokens."""
   transformers = pytest.importorskip('transformers')
   from bert_jax.data import tokenization as tk  # pylint: disable=g-import-not-at-top
-  style, directory = styled
+  style, directory = styled_tokenizer
   tokenizer = tk.load_tokenizer(directory)
   words = ['Obama', 'visited', 'Paris', "'s", 'Café', '東京', '2010']
   tags = ['I-PER', 'O', 'I-LOC', 'O', 'I-ORG', 'I-LOC', 'O']
