@@ -683,7 +683,7 @@ def roberta_style_tokenizer(directory: str, vocab_size: int = 400, lines: int = 
   return directory
 
 
-def xlmr_style_tokenizer(directory: str, vocab_size: int = 400, lines: int = 3000) -> str:
+def xlmr_style_tokenizer(directory: str, vocab_size: int = 400, lines: int = 1500) -> str:
   """A SentencePiece-style Unigram trained here with `tokenizers` on WikiText in XLM-R's style (<s> <pad> </s> <unk>
   first, <mask> last), saved by transformers' XLMRobertaTokenizer from its pieces and scores (Metaspace, its
   template, no token type ids) as a tokenizer.json. Returns `directory`."""
