@@ -35,7 +35,7 @@ from helpers import (
 pytestmark = pytest.mark.slow  # multi-process runs on localhost
 
 WORKER = os.path.join(REPO, 'tests', 'multihost_worker.py')
-STEPS, BATCH = 3, 16
+STEPS, BATCH, LOG_EVERY = 12, 16, 2  # steps at which a preemption notice is agreed on: the log steps
 
 
 def _start(args, devices, reads_dir, *extra):
@@ -56,12 +56,13 @@ def _pretrain_args(root, workdir):
   return [f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:tiny',
           f'--config.data.train_files={root / "corpus.txt"}', f'--config.data.cache_dir={root / "cache"}',
           '--config.data.eval_fraction=0.4', f'--config.num_train_steps={STEPS}', f'--config.batch_size={BATCH}',
-          '--config.log_every=1', f'--config.eval_every={STEPS}', f'--config.checkpoint_every={STEPS}']
+          f'--config.log_every={LOG_EVERY}', f'--config.eval_every={STEPS}', f'--config.checkpoint_every={STEPS}']
 
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
-  """A 2-process run (which builds the data cache), then the 1-process 8-device reference."""
+  """A 2-process run (which builds the data cache), then the 1-process 8-device reference; the 2-process run is
+  also the uninterrupted run the preemption test compares with."""
   root = tmp_path_factory.mktemp('multihost')
   write_small_corpus(root)
   multi, single = root / 'multi', root / 'single'
@@ -72,12 +73,12 @@ def runs(tmp_path_factory):
                           f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}')
                    for i in range(2)])
   succeed([_start(_pretrain_args(root, single / 'work'), 8, single / 'reads')])
-  return dict(multi=multi, single=single, outs=outs)
+  return dict(root=root, multi=multi, single=single, outs=outs)
 
 
 def test_two_processes_train_like_one(runs):
   multi, single = _losses(runs['multi'] / 'work'), _losses(runs['single'] / 'work')
-  steps = list(range(1, STEPS + 1))
+  steps = list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
   assert sorted(multi) == sorted(single) == steps
   np.testing.assert_allclose([multi[s] for s in steps], [single[s] for s in steps], rtol=1e-5)
   final = [json.loads((runs[k] / 'work' / 'final_metrics.json').read_text()) for k in ('multi', 'single')]
@@ -98,7 +99,7 @@ def test_each_process_reads_its_own_half_of_every_batch(runs):
 
 
 def test_only_process_0_prints(runs):
-  assert f'step 1/{STEPS}' in runs['outs'][0] and '"mlm_loss"' in runs['outs'][0]
+  assert f'step {LOG_EVERY}/{STEPS}' in runs['outs'][0] and '"mlm_loss"' in runs['outs'][0]
   assert prints_nothing(runs['outs'][1])
 
 
@@ -113,35 +114,30 @@ def test_bad_input_stops_every_process_with_one_error_line(tmp_path):
   assert_one_line_error(results[1], 'missing.txt')
 
 
-def _pretrain_two(root, workdir, steps, patch_process_1=''):
-  """experiments/pretrain.py as 2 processes x 4 devices for `steps` steps (logs every 2, no checkpoint before
-  the last); process 1 first runs `patch_process_1`."""
+def _pretrain_two(root, workdir, patch_process_1=''):
+  """experiments/pretrain.py as 2 processes x 4 devices with `runs`' flags (`_pretrain_args`); process 1 first runs
+  `patch_process_1`."""
   address = f'localhost:{free_port()}'
   procs = []
   for i in range(2):
-    argv = ['pretrain.py', *_pretrain_args(root, workdir), f'--config.num_train_steps={steps}', '--config.log_every=2',
-            '--config.checkpoint_every=100', '--config.eval_every=100', f'--coordinator_address={address}',
-            '--num_processes=2', f'--process_id={i}']
+    argv = ['pretrain.py', *_pretrain_args(root, workdir), f'--coordinator_address={address}', '--num_processes=2',
+            f'--process_id={i}']
     procs.append(launch_process('-c', [script_code(argv, patch_process_1 if i else '')], 4))
   return wait_all(procs)
 
 
 @pytest.mark.e2e
-def test_sigterm_to_one_process_saves_the_same_step_on_both_and_loses_none(tmp_path):
+def test_sigterm_to_one_process_saves_the_same_step_on_both_and_loses_none(runs, tmp_path):
   """A preemption notice reaching one host only: both processes agree at the next log step, save that step
-  together and exit 75; the rerun resumes there and ends where an uninterrupted 2-process run does."""
-  write_small_corpus(tmp_path)
-  steps = 12
-  straight = tmp_path / 'straight'
-  assert all(r.returncode == 0 for r in _pretrain_two(tmp_path, straight, steps))
-  stopped = tmp_path / 'stopped'
-  first = _pretrain_two(tmp_path, stopped, steps, patch_process_1=sigterm_at_batch(5))
+  together and exit 75; the rerun resumes there and ends where the uninterrupted 2-process run (`runs`) did."""
+  straight, stopped = runs['multi'] / 'work', tmp_path / 'stopped'
+  first = _pretrain_two(runs['root'], stopped, patch_process_1=sigterm_at_batch(5))
   assert [r.returncode for r in first] == [75, 75], first[1].stderr[-3000:]
   saved = re.search(r'saved step (\d+)', first[0].stderr)
   assert saved and 'a signal to another process received' in first[0].stderr, first[0].stderr[-3000:]
   step = int(saved.group(1))
-  assert 4 <= step < steps and (stopped / 'checkpoints' / str(step)).is_dir()
-  again = _pretrain_two(tmp_path, stopped, steps)
+  assert 4 <= step < STEPS and (stopped / 'checkpoints' / str(step)).is_dir()
+  again = _pretrain_two(runs['root'], stopped)
   assert [r.returncode for r in again] == [0, 0], again[0].stderr[-3000:]
   assert f'at step {step} ' in again[0].stdout
   # Every logged loss and the final held-out metrics are those of the uninterrupted run.
