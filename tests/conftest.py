@@ -90,9 +90,11 @@ from helpers import (  # pylint: disable=g-import-not-at-top,wrong-import-positi
   SMALL_VOCAB,
   finetune_config,
   minilm_dir_or_skip,
+  pretrain_flags,
   readme_commands,
   readme_script,
   retrieval_config,
+  run_main,
   run_readme_command,
   shared_data_or_skip,
   small_data_config,
@@ -220,6 +222,23 @@ def pretrained_run(tmp_path_factory):
   digests = _file_digests(root)
   yield run
   _assert_unchanged('pretrained_run', root, digests)
+
+
+@pytest.fixture(scope='session')
+def straight_pretraining(tmp_path_factory):
+  """The workdir of an uninterrupted experiments/pretrain.py run (in a test worker) with helpers.pretrain_flags for
+  40 steps: what the tests that kill or preempt the same run (tests/pretraining/test_run.py, tests/test_faults.py)
+  resume to and compare with bitwise. Shared read-only (above); its corpus is helpers.write_small_corpus (the same
+  text in every directory)."""
+  def build(root):
+    corpus = write_small_corpus(root)
+    r = run_main('pretrain.py', *pretrain_flags(corpus, str(root / 'cache'), str(root / 'run'), 40))
+    assert r.returncode == 0, r.stderr[-2000:]
+
+  root = _built_once(tmp_path_factory, 'straight_pretraining', build)
+  digests = _file_digests(root / 'run')
+  yield str(root / 'run')
+  _assert_unchanged('straight_pretraining', root / 'run', digests)
 
 
 @pytest.fixture(scope='session')

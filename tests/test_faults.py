@@ -79,14 +79,12 @@ _SIGTERM_AT_STEP_23 = sigterm_at_batch(23)
 
 
 @pytest.mark.e2e
-def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(tmp_path):
+def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(straight_pretraining, tmp_path):
   corpus, cache = write_small_corpus(tmp_path), str(tmp_path / 'cache')
-  straight, preempted = str(tmp_path / 'straight'), str(tmp_path / 'preempted')
-  # The straight run and the rerun in this process; the preempted one is a process of its own (its signal, its
-  # exit status, all of its stderr).
-  r = run_main('pretrain.py', *pretrain_flags(corpus, cache, straight, 30))
-  assert r.returncode == 0, r.stderr[-2000:]
-  r = subprocess.run(pretrain_subprocess(corpus, cache, preempted, 30, _SIGTERM_AT_STEP_23), cwd=REPO,
+  straight, preempted = straight_pretraining, str(tmp_path / 'preempted')
+  # The rerun in this process, as was the uninterrupted run it is compared with (a shared fixture: the same flags and
+  # corpus, 40 steps); the preempted one is a process of its own (its signal, its exit status, all of its stderr).
+  r = subprocess.run(pretrain_subprocess(corpus, cache, preempted, 40, _SIGTERM_AT_STEP_23), cwd=REPO,
                      capture_output=True, text=True, timeout=600)
   assert r.returncode == preemption.EXIT_CODE, r.stderr[-2000:]
   lines = [l for l in r.stderr.splitlines() if l.startswith('preempted:')]
@@ -94,13 +92,13 @@ def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(tmp_path):
   assert 'Traceback' not in r.stderr
   assert Checkpointer(preempted, read_only=True).latest_step() == 23  # every trained step kept
   assert not os.path.exists(os.path.join(preempted, workdir_lib.LOCK_FILE))
-  r = run_main('pretrain.py', *pretrain_flags(corpus, cache, preempted, 30))
+  r = run_main('pretrain.py', *pretrain_flags(corpus, cache, preempted, 40))
   assert r.returncode == 0, r.stderr[-2000:]
   assert 'at step 23' in r.stdout
   cfg = config.PretrainConfig.from_dict(json.load(open(os.path.join(straight, 'config.json'))))
-  a, meta_a = restore_pretraining_state(straight, cfg, 30)
-  b, meta_b = restore_pretraining_state(preempted, cfg, 30)
-  assert meta_a['data_position'] == meta_b['data_position'] == 30
+  a, meta_a = restore_pretraining_state(straight, cfg, 40)
+  b, meta_b = restore_pretraining_state(preempted, cfg, 40)
+  assert meta_a['data_position'] == meta_b['data_position'] == 40
   _assert_bitwise(a, b)  # params, both Adam moments, step, rng
 
 

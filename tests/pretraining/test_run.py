@@ -79,13 +79,11 @@ checkpointing.Checkpointer.save = killing_save
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_resume_after_kill_9_is_bitwise(small_corpus, tmp_path):
+def test_resume_after_kill_9_is_bitwise(straight_pretraining, small_corpus, tmp_path):
   cache = str(tmp_path / 'cache')
-  straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
-  # The kill -9 needs a process of its own; the uninterrupted run and the resume run in this one (the same command
-  # line, through run_main), saving two Python starts and JAX imports.
-  r = run_main('pretrain.py', *pretrain_flags(small_corpus, cache, straight, 40))
-  assert r.returncode == 0, r.stderr[-2000:]
+  straight, resumed = straight_pretraining, str(tmp_path / 'resumed')
+  # The kill -9 needs a process of its own; the resume runs in this one (the same command line, through run_main),
+  # as did the uninterrupted run it is compared with (a shared fixture: the same flags and corpus).
   r = subprocess.run(pretrain_subprocess(small_corpus, cache, resumed, 40, _KILL_AFTER_SAVE_30), cwd=REPO,
                      capture_output=True, text=True, timeout=600)
   assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
