@@ -132,7 +132,7 @@ def _accuracies(records) -> list[str]:
 def _draw(ax, runs, keys: Sequence[str], title: str, *, held_out_lines: bool = False) -> None:
   """One panel: each key of each run, train as a line, held-out as markers (joined by a thin line
   when `held_out_lines`). A colour per (run, key)."""
-  ax.set_title(title, fontsize=10)
+  ax.set_title(title, fontsize=10, y=1.0)  # a fixed place: no ticks on top to clear (matplotlib's search: 17 % of a drawing)
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: no 4.5
   drawn = False
   for r, (label, train, held) in enumerate(runs):
