@@ -97,14 +97,18 @@ def test_phase_lengths_and_the_schedule_must_agree():
 
 
 @pytest.fixture(scope='module')
-def phased(tmp_path_factory):
-  """The recipe_tiny run on a small corpus, straight through: (config, corpus, cache, workdir, result)."""
-  tmp = tmp_path_factory.mktemp('phases')
-  corpus, cache = write_small_corpus(tmp), str(tmp / 'cache')
-  cfg = _recipe(corpus, cache)
-  workdir = str(tmp / 'straight')
-  result = run.train_and_evaluate(cfg, workdir)
-  return cfg, corpus, cache, workdir, result
+def phased(built_once):
+  """The recipe_tiny run on a small corpus, straight through: (config, corpus, cache, workdir, final metrics), built
+  once per test run (conftest.built_once). Its workdir is read-only; the tests that prepare other lengths of its
+  corpus write into its data cache (the library's locks keep two workers' preparations apart)."""
+  def build(root):
+    corpus = write_small_corpus(root)
+    run.train_and_evaluate(_recipe(corpus, str(root / 'cache')), str(root / 'straight'))
+
+  root = built_once('phased', build)
+  corpus, cache, workdir = str(root / 'corpus.txt'), str(root / 'cache'), str(root / 'straight')
+  with open(os.path.join(workdir, 'final_metrics.json'), encoding='utf-8') as f:
+    return _recipe(corpus, cache), corpus, cache, workdir, json.load(f)
 
 
 @pytest.mark.slow
