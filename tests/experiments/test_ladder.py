@@ -237,7 +237,7 @@ def test_slurm_arrays_run_task_by_task_fill_the_local_table(tiny_ladder, tmp_pat
   assert submit.index('ladder_pretrain.sbatch') < submit.index('--dependency=afterany') < submit.index(
       'ladder_finetune.sbatch')
   # The second task of each array (rung mlm_only: its pretraining, then its fine-tuning) runs as SLURM would start
-  # it; the first rung's cells are the local ladder's, copied (a task per cell is a process of its own: minutes).
+  # it; the first rung's cells are the local ladder's, copied (each task is a Python process of its own).
   for cell in (Path('pretrain', 'bert'), Path('finetune', 'bert', 'sst2', 'seed0')):
     shutil.copytree(local / cell, workdir / cell)
   for group in ('ladder_pretrain', 'ladder_finetune'):
