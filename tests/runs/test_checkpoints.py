@@ -6,6 +6,7 @@ import sys
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -41,6 +42,21 @@ def test_round_trip_is_bitwise_and_keeps_data_position(tmp_path):
     np.testing.assert_array_equal(a, b)
   assert restored['params']['bert']['pooler']['kernel'].sharding == \
       other.state_shardings['params']['bert']['pooler']['kernel']
+
+
+@pytest.mark.parametrize('bad, problem', [
+    (np.nan, 'contain NaN or Inf'), (-np.inf, 'contain NaN or Inf'), (np.inf, 'contain NaN or Inf'),
+    (-2e6, 'exploded (largest magnitude 2e+06 > 1e+06)'), (-999_999.0, None)])
+def test_state_problem_finds_one_bad_value_in_any_leaf(bad, problem):
+  """One value among leaves of two dtypes, sharded over the 8 devices, decides."""
+  mesh = sharding.make_mesh(config.MeshConfig())
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names))
+  values = np.full((8, 2), 0.5, np.float32)
+  values[5, 1] = bad
+  params = {'a': jax.device_put(np.ones((8, 4), np.float32), rows),
+            'b': {'c': np.zeros(3, jnp.bfloat16), 'd': jax.device_put(values, rows)}}
+  found = checkpoints.state_problem(params)
+  assert (found is None) if problem is None else (problem in found), found
 
 
 @pytest.mark.slow
