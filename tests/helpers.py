@@ -423,6 +423,27 @@ loader.PretrainingBatches.__next__ = next_batch
 
 
 @contextlib.contextmanager
+def sigterm_at_pretraining_batch(monkeypatch, n: int):
+  """`sigterm_at_batch` in this process: SIGTERM to itself while the n-th training batch is fetched, for the block's
+  duration (a run_main in it exits 75). Where the process boundary is not what a test checks: a process of its own
+  paid Python's start, jax's import and every trace again (8-12 s of a suite)."""
+  import signal  # pylint: disable=g-import-not-at-top
+
+  from bert_jax.data import loader  # pylint: disable=g-import-not-at-top
+  fetch, calls = loader.PretrainingBatches.__next__, [0]
+
+  def next_batch(self):
+    calls[0] += 1
+    if calls[0] == n:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return fetch(self)
+
+  with monkeypatch.context() as m:
+    m.setattr(loader.PretrainingBatches, '__next__', next_batch)
+    yield
+
+
+@contextlib.contextmanager
 def signal_at_finetuning_batch(monkeypatch, step: int, signum=None):
   """Sends `signum` (SIGTERM) to this process when fine-tuning fetches the batch of step `step` (the step before
   trains meanwhile), for the block's duration."""

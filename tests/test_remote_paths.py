@@ -9,7 +9,6 @@ as they reach Google Cloud Storage.
 
 import json
 import os
-import signal
 import sys
 import types
 
@@ -20,7 +19,15 @@ from bert_jax.data import corpus_files
 from bert_jax.errors import ConfigError
 from bert_jax.runs.checkpoints import Checkpointer
 
-from helpers import REPO, assert_one_line_error, free_port, run_main, shared_data_or_skip, tree_digest
+from helpers import (
+  REPO,
+  assert_one_line_error,
+  free_port,
+  run_main,
+  shared_data_or_skip,
+  sigterm_at_pretraining_batch,
+  tree_digest,
+)
 
 
 @pytest.fixture
@@ -121,20 +128,11 @@ def _records(path) -> int:
 
 @pytest.mark.slow
 def test_pretraining_stops_resumes_and_evaluates_in_a_bucket(fake_bucket, small_corpus, tmp_path, monkeypatch):
-  from bert_jax.data import loader  # pylint: disable=g-import-not-at-top
   run, local = f'{fake_bucket}/runs/a', str(tmp_path / 'local')
   common = ['--config=experiments/configs/pretrain.py:tiny', f'--config.data.train_files={small_corpus}',
             f'--config.data.cache_dir={tmp_path}/cache', '--config.num_train_steps=6', '--config.log_every=2',
             '--config.checkpoint_every=2', '--config.eval_every=1000', '--config.data.eval_fraction=0.4']
-  fetch, calls = loader.PretrainingBatches.__next__, [0]
-
-  def sigterm_at_batch_4(self):
-    calls[0] += 1
-    if calls[0] == 4:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return fetch(self)
-  with monkeypatch.context() as m:
-    m.setattr(loader.PretrainingBatches, '__next__', sigterm_at_batch_4)
+  with sigterm_at_pretraining_batch(monkeypatch, 4):
     stopped = run_main('pretrain.py', f'--workdir={run}', *common)
   assert stopped.returncode == 75, stopped.stderr[-2000:]
   assert not files.exists(f'{run}/final_metrics.json') and not files.exists(f'{run}/.lock')

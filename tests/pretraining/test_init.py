@@ -6,7 +6,6 @@ inputs give one error line and write nothing."""
 import json
 import os
 import shutil
-import subprocess
 
 import jax
 import numpy as np
@@ -26,10 +25,9 @@ from helpers import (
   assert_one_line_error,
   finetune_config,
   pretrain_flags,
-  pretrain_subprocess,
   restore_pretraining_state,
   run_main,
-  sigterm_at_batch,
+  sigterm_at_pretraining_batch,
   tiny_pretrain_config as tiny_config,
   tree_digest,
 )
@@ -111,12 +109,9 @@ def test_from_an_encoder_only_checkpoint_heads_are_fresh(small_corpus, tmp_path,
   assert os.path.exists(os.path.join(workdir, 'tokenizer.json'))  # the corpus used MiniLM's own ids
 
 
-_SIGTERM_AT_STEP_13 = sigterm_at_batch(13)  # the run saves step 13 and exits 75
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_phase_two_starts_from_phase_one_and_resumes_bitwise(pretrained_run, tmp_path):
+def test_phase_two_starts_from_phase_one_and_resumes_bitwise(pretrained_run, tmp_path, monkeypatch):
   # Phase one is the shared tiny run (seq 64), read-only: phase two prepares its length in a cache of its own.
   small_corpus, cache = pretrained_run.corpus, str(tmp_path / 'cache')
   phase1, cfg1 = pretrained_run.workdir, pretrained_run.cfg
@@ -131,13 +126,13 @@ def test_phase_two_starts_from_phase_one_and_resumes_bitwise(pretrained_run, tmp
 
   extra = (f'--config.init_checkpoint={phase1}', '--config.data.max_seq_length=128')
   straight, preempted = str(tmp_path / 'straight'), str(tmp_path / 'preempted')
-  # The SIGTERM goes to a process of its own; the uninterrupted run and the resume run in this one (the same command
-  # line, through run_main), saving two Python starts and JAX imports.
+  # All three runs in this process, through run_main (the same command line; tests/test_faults.py stops a process of
+  # its own with SIGTERM): the stopped one saves step 13 and exits 75.
   r = run_main('pretrain.py', *pretrain_flags(small_corpus, cache, straight, 20, extra=extra))
   assert r.returncode == 0, r.stderr[-2000:]
   assert 'initialised from pretraining checkpoint' in r.stdout and 'eval step 0 |' in r.stdout
-  r = subprocess.run(pretrain_subprocess(small_corpus, cache, preempted, 20, _SIGTERM_AT_STEP_13, extra=extra),
-                     cwd=REPO, capture_output=True, text=True, timeout=600)
+  with sigterm_at_pretraining_batch(monkeypatch, 13):
+    r = run_main('pretrain.py', *pretrain_flags(small_corpus, cache, preempted, 20, extra=extra))
   assert r.returncode == 75, r.stderr[-2000:]
   r = run_main('pretrain.py', *pretrain_flags(small_corpus, cache, preempted, 20, extra=extra))
   assert r.returncode == 0, r.stderr[-2000:]

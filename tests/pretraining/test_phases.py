@@ -27,7 +27,7 @@ from helpers import (
   restore_pretraining_state,
   run_main,
   script_code,
-  sigterm_at_batch,
+  sigterm_at_pretraining_batch,
   tree_digest,
   write_small_corpus,
 )
@@ -132,17 +132,21 @@ def test_one_run_goes_through_its_phases(phased):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.parametrize('patch,code,at', [
-    (kill_after_save(6), -signal.SIGKILL, 6),  # kill -9 in the middle of the extension phase
-    (sigterm_at_batch(4), preemption.EXIT_CODE, 4),  # SIGTERM in the stable phase's last step: saved at the boundary
+@pytest.mark.parametrize('stop,code,at', [
+    ('kill_9', -signal.SIGKILL, 6),  # kill -9 in the middle of the extension phase: a process of its own
+    ('sigterm', preemption.EXIT_CODE, 4),  # SIGTERM in the stable phase's last step: saved at the boundary
 ])
-def test_resume_anywhere_continues_as_if_uninterrupted(phased, tmp_path, patch, code, at):
+def test_resume_anywhere_continues_as_if_uninterrupted(phased, tmp_path, monkeypatch, stop, code, at):
   cfg, corpus, cache, straight, result = phased
   workdir = str(tmp_path / 'resumed')
   argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:recipe_tiny',
           f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}', '--config.data.eval_fraction=0.4']
-  first = subprocess.run([sys.executable, '-c', script_code(argv, patch)], cwd=REPO, capture_output=True, text=True,
-                         timeout=600)
+  if stop == 'kill_9':
+    first = subprocess.run([sys.executable, '-c', script_code(argv, kill_after_save(6))], cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+  else:  # in this process (tests/test_faults.py stops a process of its own with SIGTERM)
+    with sigterm_at_pretraining_batch(monkeypatch, 4):
+      first = run_main(*argv)
   assert first.returncode == code, first.stderr[-3000:]
   assert Checkpointer(workdir, read_only=True).latest_step() == at
   second = run_main(*argv)  # the resume: the same command again, in this process (no Python start, no JAX import)
@@ -368,7 +372,7 @@ def test_phase_lengths_in_tokens_resolve_to_the_fewest_steps_that_hold_them():
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_a_ramp_trains_its_batch_sizes_and_resumes_bitwise_in_the_middle(phased, tmp_path):
+def test_a_ramp_trains_its_batch_sizes_and_resumes_bitwise_in_the_middle(phased, tmp_path, monkeypatch):
   _, corpus, cache, _, _ = phased
   d = _recipe(corpus, cache).to_dict()
   d['phases']['stable'].update(ramp_batch_size=8, ramp_tokens=2 * 8 * 32)  # 2 steps of 8 rows (8 devices), 2 of 16
@@ -383,8 +387,8 @@ def test_a_ramp_trains_its_batch_sizes_and_resumes_bitwise_in_the_middle(phased,
   argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:recipe_tiny',
           f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}', '--config.data.eval_fraction=0.4',
           '--config.phases.stable.ramp_batch_size=8', f'--config.phases.stable.ramp_tokens={2 * 8 * 32}']
-  first = subprocess.run([sys.executable, '-c', script_code(argv, sigterm_at_batch(1))], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
+  with sigterm_at_pretraining_batch(monkeypatch, 1):
+    first = run_main(*argv)
   assert first.returncode == preemption.EXIT_CODE, first.stderr[-3000:]
   assert Checkpointer(workdir, read_only=True).latest_step() == 1  # saved in the middle of the ramp
   second = run_main(*argv)  # the resume, in this process
