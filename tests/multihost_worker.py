@@ -43,11 +43,17 @@ def _recording_batch_at(self, k):
   return batch
 
 
-if __name__ == '__main__':
-  input_pipeline.PretrainingBatches.batch_at = _recording_batch_at
+def record_reads(set_attribute=setattr) -> None:
+  """Wraps the loader so that each batch's reads are recorded (into $BERT_JAX_READS_DIR); a test running the
+  reference in its own process passes its monkeypatch's setattr, undone after the test."""
+  set_attribute(input_pipeline.PretrainingBatches, 'batch_at', _recording_batch_at)
   # Loader worker processes would build batches with their own copy of the BatchMaker, never
   # calling batch_at here: keep the loader thread (what data.loader_workers=-1 gives on CPU anyway).
-  run.loader_workers = lambda cfg: 0
+  set_attribute(run, 'loader_workers', lambda cfg: 0)
+
+
+if __name__ == '__main__':
+  record_reads()
   spec = importlib.util.spec_from_file_location('pretrain', os.path.join(REPO, 'experiments', 'pretrain.py'))
   pretrain = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(pretrain)  # defines --config and --workdir

@@ -16,6 +16,8 @@ import pytest
 from bert_jax import distributed
 from bert_jax.errors import ConfigError
 
+import multihost_worker
+
 from helpers import (
   REPO,
   assert_one_line_error,
@@ -62,7 +64,8 @@ def _pretrain_args(root, workdir):
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):
   """A 2-process run (which builds the data cache), then the 1-process 8-device reference; the 2-process run is
-  also the uninterrupted run the preemption test compares with."""
+  also the uninterrupted run the preemption test compares with. The reference runs in this process (8 devices, the
+  same XLA flags), recording its reads as tests/multihost_worker.py does: a Python start and jax import fewer."""
   root = tmp_path_factory.mktemp('multihost')
   write_small_corpus(root)
   multi, single = root / 'multi', root / 'single'
@@ -72,7 +75,11 @@ def runs(tmp_path_factory):
   outs = succeed([_start(_pretrain_args(root, multi / 'work'), 4, multi / 'reads',
                           f'--coordinator_address={address}', '--num_processes=2', f'--process_id={i}')
                    for i in range(2)])
-  succeed([_start(_pretrain_args(root, single / 'work'), 8, single / 'reads')])
+  with pytest.MonkeyPatch.context() as m:
+    m.setenv('BERT_JAX_READS_DIR', str(single / 'reads'))
+    multihost_worker.record_reads(m.setattr)
+    reference = run_main('pretrain.py', *_pretrain_args(root, single / 'work'))
+  assert reference.returncode == 0, reference.stderr[-3000:]
   return dict(root=root, multi=multi, single=single, outs=outs)
 
 
@@ -147,7 +154,6 @@ def test_sigterm_to_one_process_saves_the_same_step_on_both_and_loses_none(runs,
 
 
 GLUE = os.path.join(REPO, 'experiments', 'finetune.py')
-SQUAD = os.path.join(REPO, 'experiments', 'finetune.py')
 EVALUATE = os.path.join(REPO, 'experiments', 'evaluate.py')
 FT_STEPS = 4
 
@@ -171,13 +177,20 @@ def _squad_args(checkpoint, workdir):
 def finetune_runs(tiny_checkpoint, tmp_path_factory):
   """SST-2 trained by 2 processes and by 1; SQuAD trained by 1 process, then evaluated again by 2.
 
-  The three training runs share the cores at once. The 2-process SQuAD evaluation (evaluate.py)
-  restores the 1-process checkpoint onto its mesh and gathers span logits over packed rows.
+  The 1-process runs train in this process (8 devices, the same XLA flags) while the 2 processes train: two Python
+  starts and jax imports fewer. The 2-process SQuAD evaluation (evaluate.py) restores the 1-process checkpoint onto
+  its mesh and gathers span logits over packed rows.
   """
   root = tmp_path_factory.mktemp('finetune')
-  glue_outs = succeed(start_two(GLUE, _glue_args(tiny_checkpoint, root / 'glue_multi'))
-                       + [launch_process(GLUE, _glue_args(tiny_checkpoint, root / 'glue_single'), 8),
-                          launch_process(SQUAD, _squad_args(tiny_checkpoint, root / 'squad_single'), 8)])[:2]
+  multi = start_two(GLUE, _glue_args(tiny_checkpoint, root / 'glue_multi'))
+  try:
+    singles = [run_main('finetune.py', *args) for args in (_glue_args(tiny_checkpoint, root / 'glue_single'),
+                                                            _squad_args(tiny_checkpoint, root / 'squad_single'))]
+  finally:
+    results = wait_all(multi)
+  for r in [*results, *singles]:
+    assert r.returncode == 0, r.stderr[-3000:]
+  glue_outs = [r.stdout for r in results]
   shutil.copytree(root / 'squad_single', root / 'squad_multi')
   # The 2-process evaluation writes beside the training results (eval_step2*), never over them.
   squad_outs = succeed(start_two(EVALUATE, [f'--workdir={root / "squad_multi"}']))
