@@ -19,6 +19,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
+import numpy as np
 import optax
 
 from bert_jax import sharding as shd
@@ -53,6 +54,24 @@ class Objective(Protocol):
 
 def _new_rngs(seed) -> nnx.Rngs:
   return nnx.Rngs(params=jax.random.key(seed), dropout=jax.random.key(seed + 1))
+
+
+def _new_rest(new_module: Callable[[nnx.Rngs], nnx.Module], abstract_rest: nnx.State, sharding) -> dict[str, Any]:
+  """The values of a module's non-parameter state (`abstract_rest`: their shapes), as a pure dict.
+
+  Dropout streams only (this project's models): `StepModel.reseed` sets each stream's key and count at every
+  training step and evaluation draws none, so their values never matter: key(0)s and zeros, made from the shapes.
+  Any other state is the module's own, built under jit (the whole module traced and its program compiled again:
+  0.1-0.5 s of every run's start).
+  """
+  leaves = [v for _, v in nnx.to_flat_state(abstract_rest)]
+  if all(isinstance(v, nnx.RngState) and v.tag == 'dropout' for v in leaves):
+    key = jax.random.key(0)
+    return jax.device_put(jax.tree.map(
+        lambda a: jnp.broadcast_to(key, a.shape) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key)
+        else np.zeros(a.shape, a.dtype), nnx.to_pure_dict(abstract_rest)), sharding)
+  return jax.jit(lambda: nnx.to_pure_dict(nnx.split(new_module(_new_rngs(0)), nnx.Param, ...)[2]),
+                 out_shardings=sharding)()
 
 
 def opt_state_shardings(tx: optax.GradientTransformation, abstract_params: Any, param_shardings: Any,
@@ -124,7 +143,7 @@ class StepModel:
     self.new_module, self.objective, self.tx, self.mesh = new_module, objective, tx, mesh
     self.grad_accum_steps, self.schedule, self.state_rng = grad_accum_steps, schedule, state_rng
     abstract = nnx.eval_shape(lambda: new_module(_new_rngs(0)))
-    self.graphdef, abs_params, _ = nnx.split(abstract, nnx.Param, ...)
+    self.graphdef, abs_params, abs_rest = nnx.split(abstract, nnx.Param, ...)
     repl = shd.replicated(mesh)
     self.param_shardings = nnx.to_pure_dict(shd.state_shardings(abs_params, mesh, rules))
     pure_params = nnx.to_pure_dict(abs_params)
@@ -132,11 +151,9 @@ class StepModel:
                             'opt_state': opt_state_shardings(tx, pure_params, self.param_shardings, repl)}
     self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                        jax.eval_shape(self._init_state, None, 0), self.state_shardings)
-    # The dropout RNG streams the merged module needs; reseeded every step, so their values
-    # never matter. Created under jit (cheap: the unused parameters are dead code). Kept as a
-    # pure dict: merging fresh Variables inside jax.grad avoids nnx trace errors.
-    self.rest = jax.jit(lambda: nnx.to_pure_dict(nnx.split(new_module(_new_rngs(0)), nnx.Param, ...)[2]),
-                        out_shardings=repl)()
+    # The merged module's other state: its dropout streams. Kept as a pure dict: merging fresh Variables inside
+    # jax.grad avoids nnx trace errors.
+    self.rest = _new_rest(new_module, abs_rest, repl)
     self.train_step = jax.jit(shd.under_mesh(mesh, self._train_step, rules), donate_argnums=(0,),
                               out_shardings=(self.state_shardings, repl))
     self.eval_step = jax.jit(shd.under_mesh(mesh, self._eval_step, rules), out_shardings=repl)

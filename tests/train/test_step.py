@@ -88,6 +88,25 @@ def test_dropout_masks_differ_by_step_but_replay_exactly():
   assert float(mc['loss']) != float(ma['loss'])
 
 
+@pytest.mark.slow
+def test_the_dropout_streams_values_never_matter():
+  """A step with the module's own dropout streams (built under jit, as before they were made from their shapes) and
+  with the model's `rest` (key(0)s and zeros) is bitwise the same: every step reseeds them."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from bert_jax.train import step  # pylint: disable=g-import-not-at-top
+  model = _model(jax.devices())
+  new_rngs = step._new_rngs  # pylint: disable=protected-access
+  built = jax.jit(lambda: nnx.to_pure_dict(nnx.split(model.new_module(new_rngs(5)), nnx.Param, ...)[2]))()
+  assert jax.tree.map(lambda a: (a.shape, a.dtype), built) == jax.tree.map(lambda a: (a.shape, a.dtype), model.rest)
+  batch = model.global_batch(random_pretraining_batch())
+  a, ma = jax.device_get(model.train_step(model.init_state(), batch, model.rest))
+  b, mb = jax.device_get(model.train_step(model.init_state(), batch, built))
+  assert ma == mb
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(x, y)
+
+
 @pytest.mark.parametrize('sizes', [(-1, 1, 1), (2, 2, 2), (1, 8, 1)])
 def test_mesh_layouts_build(sizes):
   mesh = sharding.make_mesh(config.MeshConfig(*sizes))
