@@ -19,7 +19,6 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
-import numpy as np
 import optax
 
 from bert_jax import sharding as shd
@@ -66,10 +65,13 @@ def _new_rest(new_module: Callable[[nnx.Rngs], nnx.Module], abstract_rest: nnx.S
   """
   leaves = [v for _, v in nnx.to_flat_state(abstract_rest)]
   if all(isinstance(v, nnx.RngState) and v.tag == 'dropout' for v in leaves):
-    key = jax.random.key(0)
-    return jax.device_put(jax.tree.map(
-        lambda a: jnp.broadcast_to(key, a.shape) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key)
-        else np.zeros(a.shape, a.dtype), nnx.to_pure_dict(abstract_rest)), sharding)
+    shapes = nnx.to_pure_dict(abstract_rest)
+
+    def placeholders():  # under jit: global arrays on a mesh of several processes too
+      key = jax.random.key(0)
+      return jax.tree.map(lambda a: jnp.broadcast_to(key, a.shape) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key)
+                          else jnp.zeros(a.shape, a.dtype), shapes)
+    return jax.jit(placeholders, out_shardings=sharding)()
   return jax.jit(lambda: nnx.to_pure_dict(nnx.split(new_module(_new_rngs(0)), nnx.Param, ...)[2]),
                  out_shardings=sharding)()
 
