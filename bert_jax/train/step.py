@@ -63,8 +63,7 @@ def _new_rest(new_module: Callable[[nnx.Rngs], nnx.Module], abstract_rest: nnx.S
   Any other state is the module's own, built under jit (the whole module traced and its program compiled again:
   0.1-0.5 s of every run's start).
   """
-  leaves = [v for _, v in nnx.to_flat_state(abstract_rest)]
-  if all(isinstance(v, nnx.RngState) and v.tag == 'dropout' for v in leaves):
+  if all(isinstance(v, nnx.RngState) and v.tag == 'dropout' for _, v in nnx.to_flat_state(abstract_rest)):
     shapes = nnx.to_pure_dict(abstract_rest)
 
     def placeholders():  # under jit: global arrays on a mesh of several processes too

@@ -142,10 +142,10 @@ def test_resume_anywhere_continues_as_if_uninterrupted(phased, tmp_path, monkeyp
   argv = ['pretrain.py', f'--workdir={workdir}', '--config=experiments/configs/pretrain.py:recipe_tiny',
           f'--config.data.train_files={corpus}', f'--config.data.cache_dir={cache}', '--config.data.eval_fraction=0.4']
   if stop == 'kill_9':
-    first = subprocess.run([sys.executable, '-c', script_code(argv, kill_after_save(6))], cwd=REPO,
+    first = subprocess.run([sys.executable, '-c', script_code(argv, kill_after_save(at))], cwd=REPO,
                            capture_output=True, text=True, timeout=600)
   else:  # in this process (tests/test_faults.py stops a process of its own with SIGTERM)
-    with sigterm_at_pretraining_batch(monkeypatch, 4):
+    with sigterm_at_pretraining_batch(monkeypatch, at):
       first = run_main(*argv)
   assert first.returncode == code, first.stderr[-3000:]
   assert Checkpointer(workdir, read_only=True).latest_step() == at
