@@ -102,18 +102,18 @@ def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(straight_pretra
   _assert_bitwise(a, b)  # params, both Adam moments, step, rng
 
 
-# A `pretrain_subprocess` patch: each train step first runs a jitted burn of ~0.3 s on the device (1,000 matrix
-# products, as fast under any of XLA's emitters; dispatched asynchronously, as a large model's step); the burn's
-# time, each save's time and the third step's dispatch go to stderr.
+# A `pretrain_subprocess` patch: each train step first runs a jitted burn of 0.3 s on the device (dispatched
+# asynchronously, as a large model's step): a host callback inside the program that sleeps, so the device is busy
+# while the core stays free for the other test worker (1,000 matrix products burnt it: 10-12 s of a core per test);
+# the burn's time, each save's time and the third step's dispatch go to stderr.
 _SLOW_STEPS = """
 import sys, time, jax, jax.numpy as jnp
 from bert_jax.runs import checkpoints
 from bert_jax.train import step as step_lib
 @jax.jit
 def burn(batch):
-  a = jnp.full((256, 256), 1 / 256, jnp.float32) * (1.0 + 0.0 * batch['input_ids'][0, 0])  # squares to itself
-  a = jax.lax.fori_loop(0, 1000, lambda i, a: a @ a, a)
-  return {**batch, 'input_ids': batch['input_ids'] + jnp.where(a[0, 0] == 12345.5, 1, 0).astype(jnp.int32)}
+  ids = batch['input_ids']  # the step's input passes through the callback: the step waits for it
+  return {**batch, 'input_ids': jax.pure_callback(lambda x: (time.sleep(0.3), x)[1], jax.ShapeDtypeStruct(ids.shape, ids.dtype), ids)}
 probe = {'input_ids': jnp.zeros((2, 2), jnp.int32)}
 jax.block_until_ready(burn(probe))
 t = time.monotonic(); jax.block_until_ready(burn(probe)); print(f'burn {time.monotonic() - t:.3f}', file=sys.stderr)
