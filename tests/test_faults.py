@@ -450,6 +450,8 @@ def test_bad_inputs_are_one_error_line_and_change_nothing(trained, tmp_path):
       (('finetune.py', f'--workdir={workdir}', f'--config.init_checkpoint={tmp_path}/none'),
        'is a pretraining directory, not a finetuning one'),
       (('evaluate.py', f'--workdir={finetune_dir}', '--all_steps'), '--all_steps apply to pretraining workdirs'),
+      (('evaluate.py', f'--workdir={finetune_dir}', '--config.max_eval_batches=2'),
+       '--config.max_eval_batches apply to pretraining workdirs'),
       (('export_hf.py', f'--checkpoint={workdir}', f'--output={workdir}', '--overwrite'),
        'is (or holds, or is inside) the checkpoint being exported'),
       (('fill_mask.py', f'--checkpoint={workdir}', '--text=' + 'word ' * 600 + '[MASK].'),

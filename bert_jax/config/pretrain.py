@@ -237,6 +237,9 @@ class PretrainConfig(TrainingConfig):
   # length and the schedule's decay; anything else as resume_allow allows.
   branch_from: str = _f('', path=True, branch=True)
   branch_step: int = _f(-1, branch=True)  # the checkpoint of branch_from: -1 = its latest
+  # Held-out evaluation reads at most this many batches of eval_batch_size rows, spread evenly over the held-out
+  # split, the same rows at every evaluation (5% of a large corpus is millions of rows); 0 = the whole split.
+  max_eval_batches: int = _f(0, free=True, evaluation=True)
 
   def __post_init__(self):
     phases = {}
@@ -279,6 +282,8 @@ class PretrainConfig(TrainingConfig):
       raise ConfigError('keep_best ranks checkpoints by one held-out metric, but each phase evaluates on its own '
                         'records and masking rate: drop keep_best, or compare steps with experiments/evaluate.py')
     super().__post_init__()
+    if self.max_eval_batches < 0:
+      raise ConfigError(f'max_eval_batches must be >= 0 (0 = the whole held-out split), got {self.max_eval_batches}')
     if phases:
       self.plan  # pylint: disable=pointless-statement  # resolved now: a bad phase is refused at once
     if self.num_train_epochs and (self.data.train_weights or any(p.train_weights for p in phases.values())):

@@ -520,12 +520,13 @@ class PretrainingBatches:
 
 
 def eval_batches(dataset: PretrainingDataset, *, batch_size: int, seed: int, cfg: DataConfig,
-                 vocab: Vocab, process_index: int = 0, process_count: int = 1) -> Iterator[dict]:
+                 vocab: Vocab, process_index: int = 0, process_count: int = 1, max_rows: int = 0) -> Iterator[dict]:
   """One pass over a split in record order, with fixed masks (keyed by (seed, 2, index)) at the
   rate a schedule ends at (`DataConfig.eval_masked_lm_prob`).
 
   Every process yields ceil(N / batch_size) batches; rows past the end are padding
-  with nsp_weights and masked_lm_weights 0.
+  with nsp_weights and masked_lm_weights 0. With 0 < max_rows < N, the pass reads N = max_rows rows spread
+  evenly over the split (row floor(i * split size / max_rows) for i < max_rows), each masked as in a whole pass.
 
   Args:
     dataset: usually the 'eval' split.
@@ -535,6 +536,7 @@ def eval_batches(dataset: PretrainingDataset, *, batch_size: int, seed: int, cfg
     vocab: the tokenizer's special ids and tables.
     process_index: this process.
     process_count: number of processes.
+    max_rows: at most this many rows, spread over the split (0: all).
 
   Returns:
     An iterator over this process's rows of each global batch.
@@ -543,12 +545,19 @@ def eval_batches(dataset: PretrainingDataset, *, batch_size: int, seed: int, cfg
     raise ConfigError(f'eval batch size {batch_size} must be a positive multiple of the '
                       f'process count {process_count}')
   n, local = len(dataset), batch_size // process_count
+  rows_of = None  # the records read, in order (None: every record)
+  if 0 < max_rows < n:
+    rows_of = np.arange(max_rows, dtype=np.int64) * n // max_rows
+    n = max_rows
 
   def generate():  # a separate generator so bad arguments fail at the call, not at first use
     for k in range(math.ceil(n / batch_size)):
       start = k * batch_size + process_index * local
       indices = np.arange(start, start + local, dtype=np.int64)
-      rows = dataset.gather(indices[indices < n], cfg.max_seq_length).padded(local)
+      real = indices < n  # a prefix; the rest pad the batch (their masks are never read)
+      if rows_of is not None:
+        indices[real] = rows_of[indices[real]]
+      rows = dataset.gather(indices[real], cfg.max_seq_length).padded(local)
       yield make_batch(rows, hashing.key(seed, _EVAL_MASKS, indices), cfg=cfg, vocab=vocab,
                        masked_lm_prob=cfg.eval_masked_lm_prob)
 

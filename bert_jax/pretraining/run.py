@@ -174,7 +174,8 @@ def _eval_iter(cfg: PretrainConfig, prepared, vocab, mesh) -> Iterator[dict[str,
   dataset = mixture.open_split(prepared, 'eval', shared_eval=bool(cfg.data.eval_files))
   block, num_blocks = distributed.process_batch_block(mesh)
   return input_pipeline.eval_batches(dataset, batch_size=cfg.eval_batch_size, seed=cfg.seed, cfg=cfg.data,
-                                     vocab=vocab, process_index=block, process_count=num_blocks)
+                                     vocab=vocab, process_index=block, process_count=num_blocks,
+                                     max_rows=cfg.max_eval_batches * cfg.eval_batch_size)
 
 
 def loader_workers(cfg: PretrainConfig) -> int:

@@ -3,16 +3,18 @@
   python experiments/evaluate.py --workdir=DIR [--step=N] [--config.eval_file=other_dev.tsv]
 
 Every other field is the workdir's own (its config.json); only the fields given on the command line
-apply. A pretraining workdir takes eval_batch_size, log_every and mesh; a fine-tuning one all of them.
+apply. A pretraining workdir takes eval_batch_size, max_eval_batches, log_every and mesh; a fine-tuning one all
+of them but max_eval_batches (a workdir of the other kind refuses a field only one kind takes, in one line).
 """
 
 import ml_collections
 
-from bert_jax.config import FinetuneConfig, facts
+from bert_jax.config import FinetuneConfig, PretrainConfig, facts
 
 
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
   del arg
-  defaults = FinetuneConfig().to_dict()
-  return ml_collections.ConfigDict({name: defaults[name] for name in facts(FinetuneConfig, 'evaluation')})
+  defaults = {**PretrainConfig().to_dict(), **FinetuneConfig().to_dict()}
+  names = dict.fromkeys(facts(FinetuneConfig, 'evaluation') + facts(PretrainConfig, 'evaluation'))
+  return ml_collections.ConfigDict({name: defaults[name] for name in names})
 

@@ -354,6 +354,35 @@ def test_eval_batches_pad_the_last_batch(prepared):
           np.concatenate([per_process[0][k][key], per_process[1][k][key]]), batch[key])
 
 
+def test_a_capped_pass_reads_rows_spread_over_the_split_masked_as_in_a_whole_pass(prepared):
+  cfg, data = prepared
+  dataset = ip.PretrainingDataset(data.dir, 'eval')
+  n = len(dataset)
+  args = dict(batch_size=4, seed=0, cfg=cfg, vocab=vocab_of(data))
+  rows = lambda batches: [r for b in batches for r, w in zip(b['input_ids'], b['nsp_weights']) if w]
+  whole = rows(ip.eval_batches(dataset, **args))
+  assert len(whole) == n > 7
+  for cap in (1, 3, 6, n - 1):
+    capped = list(ip.eval_batches(dataset, max_rows=cap, **args))
+    assert len(capped) == -(-cap // 4)
+    read = [i * n // cap for i in range(cap)]  # evenly spread, the first and the spread's last included
+    assert len(set(read)) == cap and read[0] == 0 and read[-1] >= n - 1 - n // cap
+    for got, i in zip(rows(capped), read, strict=True):
+      np.testing.assert_array_equal(got, whole[i])
+    # A row's masks are keyed by its record: the same as in the whole pass.
+    whole_positions = np.concatenate([b['masked_lm_positions'] for b in ip.eval_batches(dataset, **args)])[:n]
+    capped_positions = np.concatenate([b['masked_lm_positions'] for b in capped])[:cap]
+    np.testing.assert_array_equal(capped_positions, whole_positions[read])
+  for cap in (0, n, n + 5):  # no cap, or one the split is within: the whole pass
+    for a, b in zip(ip.eval_batches(dataset, max_rows=cap, **args), ip.eval_batches(dataset, **args), strict=True):
+      _assert_same(a, b)
+  per_process = [list(ip.eval_batches(dataset, process_index=p, process_count=2, max_rows=6, **args))
+                 for p in range(2)]
+  for k, batch in enumerate(ip.eval_batches(dataset, max_rows=6, **args)):
+    for key in batch:
+      np.testing.assert_array_equal(np.concatenate([per_process[0][k][key], per_process[1][k][key]]), batch[key])
+
+
 @pytest.mark.parametrize('kwargs, pattern', [
     (dict(process_count=3), 'multiple of the process count 3'),
     (dict(global_batch_size=0), 'positive multiple'),

@@ -72,6 +72,17 @@ def test_evaluate_restores_latest_and_given_step(trained):
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 
+def test_evaluate_reads_at_most_max_eval_batches(trained):
+  whole = last_json(run('evaluate.py', f'--workdir={trained["workdir"]}').stdout)
+  capped = run('evaluate.py', f'--workdir={trained["workdir"]}', '--config.max_eval_batches=1')
+  assert capped.returncode == 0, capped.stderr[-3000:]
+  metrics = last_json(capped.stdout)
+  assert metrics['step'] == whole['step'] == 8
+  assert metrics['num_examples'] == 16 < whole['num_examples']  # one batch of the tiny config's eval_batch_size
+  assert_one_line_error(run('evaluate.py', f'--workdir={trained["workdir"]}', '--config.max_eval_batches=-1'),
+                        'max_eval_batches must be >= 0')
+
+
 def test_evaluate_all_steps_bad_flags_before_any_work(trained, tmp_path):
   workdir = trained['workdir']
   assert_one_line_error(run('evaluate.py', f'--workdir={workdir}', '--all_steps', '--step=4'), 'drop --step')
@@ -115,6 +126,7 @@ def _snapshot(workdir):
 @pytest.mark.parametrize('extra,pattern', [
     (['--config.data.max_seq_length=1024'], 'exceeds model.max_position_embeddings=512'),
     (['--config.model.hidden_size=32'], 'holds checkpoints of another model'),
+    (['--config.max_eval_batches=-2'], 'max_eval_batches must be >= 0'),
 ])
 def test_bad_config_keeps_workdir(trained, extra, pattern):
   before = _snapshot(trained['workdir'])
