@@ -218,7 +218,7 @@ def assert_one_line_error(result, pattern):
 # variant's 64 or 128, cut that evaluation about fourfold (SST-2 on all-MiniLM: 32 s to 9 s on 2 loaded cores).
 _README_BUDGETS = {
     'pretrain.py': ['--config.num_train_steps=2', '--config.eval_every=2', '--config.checkpoint_every=2',
-                    '--config.log_every=1'],
+                    '--config.log_every=1', '--config.max_eval_batches=1'],
     'finetune.py': ['--config.num_train_steps=2', '--config.max_train_samples=32', '--config.num_seeds=1',
                     '--config.max_seq_length=16', '--config.log_every=1'],
 }
