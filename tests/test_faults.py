@@ -113,7 +113,8 @@ from bert_jax.train import step as step_lib
 @jax.jit
 def burn(batch):
   ids = batch['input_ids']  # the step's input passes through the callback: the step waits for it
-  return {**batch, 'input_ids': jax.pure_callback(lambda x: (time.sleep(0.3), x)[1], jax.ShapeDtypeStruct(ids.shape, ids.dtype), ids)}
+  slept = jax.pure_callback(lambda x: (time.sleep(0.3), x)[1], jax.ShapeDtypeStruct(ids.shape, ids.dtype), ids)
+  return {**batch, 'input_ids': slept}
 probe = {'input_ids': jnp.zeros((2, 2), jnp.int32)}
 jax.block_until_ready(burn(probe))
 t = time.monotonic(); jax.block_until_ready(burn(probe)); print(f'burn {time.monotonic() - t:.3f}', file=sys.stderr)

@@ -544,19 +544,15 @@ def eval_batches(dataset: PretrainingDataset, *, batch_size: int, seed: int, cfg
   if batch_size <= 0 or batch_size % process_count:
     raise ConfigError(f'eval batch size {batch_size} must be a positive multiple of the '
                       f'process count {process_count}')
-  n, local = len(dataset), batch_size // process_count
-  rows_of = None  # the records read, in order (None: every record)
-  if 0 < max_rows < n:
-    rows_of = np.arange(max_rows, dtype=np.int64) * n // max_rows
-    n = max_rows
+  size, local = len(dataset), batch_size // process_count
+  n = max_rows if 0 < max_rows < size else size  # the rows the pass reads
 
   def generate():  # a separate generator so bad arguments fail at the call, not at first use
     for k in range(math.ceil(n / batch_size)):
       start = k * batch_size + process_index * local
       indices = np.arange(start, start + local, dtype=np.int64)
       real = indices < n  # a prefix; the rest pad the batch (their masks are never read)
-      if rows_of is not None:
-        indices[real] = rows_of[indices[real]]
+      indices[real] = indices[real] * size // n  # the i-th row read is record floor(i * size / n): i without a cap
       rows = dataset.gather(indices[real], cfg.max_seq_length).padded(local)
       yield make_batch(rows, hashing.key(seed, _EVAL_MASKS, indices), cfg=cfg, vocab=vocab,
                        masked_lm_prob=cfg.eval_masked_lm_prob)

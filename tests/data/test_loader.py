@@ -362,6 +362,7 @@ def test_a_capped_pass_reads_rows_spread_over_the_split_masked_as_in_a_whole_pas
   rows = lambda batches: [r for b in batches for r, w in zip(b['input_ids'], b['nsp_weights']) if w]
   whole = rows(ip.eval_batches(dataset, **args))
   assert len(whole) == n > 7
+  whole_positions = np.concatenate([b['masked_lm_positions'] for b in ip.eval_batches(dataset, **args)])[:n]
   for cap in (1, 3, 6, n - 1):
     capped = list(ip.eval_batches(dataset, max_rows=cap, **args))
     assert len(capped) == -(-cap // 4)
@@ -370,7 +371,6 @@ def test_a_capped_pass_reads_rows_spread_over_the_split_masked_as_in_a_whole_pas
     for got, i in zip(rows(capped), read, strict=True):
       np.testing.assert_array_equal(got, whole[i])
     # A row's masks are keyed by its record: the same as in the whole pass.
-    whole_positions = np.concatenate([b['masked_lm_positions'] for b in ip.eval_batches(dataset, **args)])[:n]
     capped_positions = np.concatenate([b['masked_lm_positions'] for b in capped])[:cap]
     np.testing.assert_array_equal(capped_positions, whole_positions[read])
   for cap in (0, n, n + 5):  # no cap, or one the split is within: the whole pass
