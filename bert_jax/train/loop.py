@@ -137,7 +137,9 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
   try:
     if eval_first and evaluate is not None and start == 0:
       last_eval = writers.evaluation(0, evaluate(state['params'], 0))
-    t0 = time.time()  # train_wall_s: from here (the starting weights' evaluation is not training)
+    # train_wall_s: from here, less the evaluations on the way (evaluating is not training: a peer's trainer times
+    # its training alone, and the starting weights' evaluation above is not counted either).
+    t0, eval_s = time.time(), 0.0
     state_problem(state['params'])  # compiles the check before every save now: a stop is not slowed by it
     if preempt.stop_now(step, synced=False):  # a signal during preparation or compilation
       raise Preempted(report.label + preempt.message(step, saved=False))
@@ -175,7 +177,9 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
                       f'{reporting.format_duration((time.time() - t0) / done * (total_steps - step))}')
       evaluated = None
       if evaluate is not None and ((eval_every and step % eval_every == 0) or (is_last and eval_last)):
+        t_eval = time.time()
         last_eval = evaluated = writers.evaluation(step, evaluate(state['params'], step))
+        eval_s += time.time() - t_eval
       if save_now or stop:
         # The losses so far are finite; the parameters this step produced must be sane too.
         problem = state_problem(state['params'])
@@ -197,7 +201,7 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
     if close:
       close()
     writers.close(draw=draw)
-  stats = {'train_steps_this_invocation': total_steps - start, 'train_wall_s': time.time() - t0}
+  stats = {'train_steps_this_invocation': total_steps - start, 'train_wall_s': time.time() - t0 - eval_s}
   if progress.row_tokens:
     stats['train_padding_fraction'] = 1 - progress.real_tokens / progress.row_tokens
     stats['row_tokens'] = progress.row_tokens  # what stages' padding fractions are weighted by

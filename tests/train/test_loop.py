@@ -132,6 +132,20 @@ def test_fit_trains_logs_evaluates_and_saves_on_its_cadence(tmp_path, capsys):
   assert re.fullmatch(r'train step compiled in \d+\.\d s', lines[1]), lines[1]
 
 
+def test_train_wall_s_leaves_out_the_evaluations(tmp_path):
+  # A peer's trainer times its training alone: evaluating on the way (here 0.6 s per evaluation) is not training.
+  model = _model()
+  model.train_step(model.init_state(seed=0), model.global_batch(next(_Batches())), model.rest)  # compiled before
+  def evaluate(params, step):
+    del params, step
+    time.sleep(0.6)
+    return {'mse': 0.0}
+  t0 = time.time()
+  result = _fit(model, tmp_path, model.init_state(seed=0), _Batches(), 4, evaluate=evaluate, eval_every=2)
+  wall = time.time() - t0
+  assert wall > 1.2 and result.stats['train_wall_s'] < wall - 1.2 + 0.05  # two evaluations left out
+
+
 def test_fit_resumes_bitwise_from_a_checkpoint(tmp_path):
   model = _model()
   straight = _fit(model, tmp_path / 'straight', model.init_state(seed=0), _Batches(), 6)
