@@ -10,7 +10,9 @@ scale = 1 / temperature) and maximum length; the peer is sentence-transformers' 
 MultipleNegativesRankingLoss and its NO_DUPLICATES batch sampler (the same passage twice in a batch would be a false
 negative; bert_jax masks those instead). Both are then evaluated by the same code (bert_jax.embedding.evaluation)
 on the BEIR-layout set. bert_jax runs as `finetune.py:retrieval` in its own process; its train time is the run's
-`train_wall_s` (compilation included), the peer's is `trainer.train()`'s. The peer needs sentence-transformers
+`train_wall_s` (compilation and the final save included, its evaluation not), the peer's is `trainer.train()`'s.
+--python runs bert_jax under another interpreter (jax 0.12 on Python 3.12 beside the peer's torch on 3.11),
+--dtype=bfloat16 and --peer_bf16 give each its bfloat16 compute. The peer needs sentence-transformers
 (tests/requirements.txt) and its trainer's `datasets` and `accelerate` (e.g. `pip install --target=/tmp/peerlib
 --no-deps datasets accelerate dill xxhash multiprocess pandas pytz tzdata`, then PYTHONPATH=/tmp/peerlib).
 Prints the table, then one JSON line.
@@ -42,27 +44,45 @@ _WARMUP = flags.DEFINE_float('warmup_ratio', 0.1, 'Warmup as a fraction of the s
 _MAX_LENGTH = flags.DEFINE_integer('max_length', 128, 'Tokens per query and per passage.')
 _TEMPERATURE = flags.DEFINE_float('temperature', 0.05, 'InfoNCE temperature (the peer\'s scale: its inverse).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Both runs\' seed.')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
+                           'bert_jax\'s compute dtype (--config.model.dtype; parameters and optimizer stay float32).')
+_PEER_BF16 = flags.DEFINE_bool('peer_bf16', False, 'The peer under bfloat16 autocast (its trainer\'s bf16=True).')
+_PYTHON = flags.DEFINE_string('python', sys.executable,
+                              'The interpreter of bert_jax\'s run, e.g. a Python 3.12 with jax 0.12 while the peer\'s '
+                              'torch is installed for this one.')
+
+
+def _peer_modules():
+  """sentence-transformers' trainer and what it needs, imported before anything trains (a missing one is said now)."""
+  try:
+    import datasets  # pylint: disable=g-import-not-at-top
+    import sentence_transformers  # pylint: disable=g-import-not-at-top
+    import torch  # pylint: disable=g-import-not-at-top
+    try:  # sentence-transformers 6 moved these; 5 has them at the top only
+      from sentence_transformers.sentence_transformer import losses  # pylint: disable=g-import-not-at-top
+      from sentence_transformers.sentence_transformer.training_args import BatchSamplers  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      from sentence_transformers import losses  # pylint: disable=g-import-not-at-top
+      from sentence_transformers.training_args import BatchSamplers  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ConfigError(f'the peer needs sentence-transformers, datasets and accelerate ({e}); see --help') from None
+  return datasets, sentence_transformers, losses, BatchSamplers, torch
 
 
 def _peer(train: list, steps: int, out: str) -> tuple[object, float]:
   """sentence-transformers' trainer on `train`; returns (the model, trainer.train() seconds)."""
-  try:
-    import datasets  # pylint: disable=g-import-not-at-top
-    from sentence_transformers import (  # pylint: disable=g-import-not-at-top
-        SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments, losses)
-    from sentence_transformers.training_args import BatchSamplers  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ConfigError(f'the peer needs sentence-transformers, datasets and accelerate ({e}); see --help') from None
-  model = SentenceTransformer(packaged_minilm(), device='cpu')
+  datasets, st, losses, batch_samplers, _ = _peer_modules()
+  model = st.SentenceTransformer(packaged_minilm(), device='cpu')
   model.max_seq_length = _MAX_LENGTH.value
   data = datasets.Dataset.from_dict({'anchor': [p.query for p in train], 'positive': [p.positive for p in train]})
-  args = SentenceTransformerTrainingArguments(
+  args = st.SentenceTransformerTrainingArguments(
       output_dir=out, max_steps=steps, per_device_train_batch_size=_BATCH.value, learning_rate=_LR.value,
       warmup_ratio=_WARMUP.value, lr_scheduler_type='linear', weight_decay=0.01, adam_epsilon=1e-6,
-      max_grad_norm=1.0, batch_sampler=BatchSamplers.NO_DUPLICATES, seed=_SEED.value, save_strategy='no',
-      report_to='none', use_cpu=True, dataloader_drop_last=True, logging_steps=max(1, steps // 10))
+      max_grad_norm=1.0, batch_sampler=batch_samplers.NO_DUPLICATES, seed=_SEED.value, save_strategy='no',
+      report_to='none', use_cpu=True, dataloader_drop_last=True, logging_steps=max(1, steps // 10),
+      bf16=_PEER_BF16.value)
   loss = losses.MultipleNegativesRankingLoss(model, scale=1.0 / _TEMPERATURE.value)
-  trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss)
+  trainer = st.SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss)
   t0 = time.perf_counter()
   trainer.train()
   return model, time.perf_counter() - t0
@@ -70,17 +90,30 @@ def _peer(train: list, steps: int, out: str) -> tuple[object, float]:
 
 def _ours(steps: int, out: str) -> dict:
   """finetune.py:retrieval with the same settings, in its own process; its final JSON line."""
-  command = [sys.executable, 'experiments/finetune.py', '--config=experiments/configs/finetune.py:retrieval',
+  command = [_PYTHON.value, 'experiments/finetune.py', '--config=experiments/configs/finetune.py:retrieval',
              f'--workdir={out}', f'--config.train_file={_TRAIN.value}', f'--config.beir_dir={_BEIR.value}',
              f'--config.num_train_steps={steps}', '--config.num_train_epochs=0', f'--config.batch_size={_BATCH.value}',
              f'--config.optim.learning_rate={_LR.value}', f'--config.optim.warmup_ratio={_WARMUP.value}',
              f'--config.max_seq_length={_MAX_LENGTH.value}', f'--config.max_query_length={_MAX_LENGTH.value}',
-             f'--config.temperature={_TEMPERATURE.value}', f'--config.seed={_SEED.value}']
+             f'--config.temperature={_TEMPERATURE.value}', f'--config.seed={_SEED.value}',
+             f'--config.model.dtype={_DTYPE.value}']
   here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   r = subprocess.run(command, cwd=here, capture_output=True, text=True, check=False)
   if r.returncode:
     raise ConfigError(f'bert_jax\'s run failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""}')
   return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _our_jax() -> str:
+  """The jax version of --python's interpreter (checked before anything trains)."""
+  try:
+    r = subprocess.run([_PYTHON.value, '-c', 'import jax; print(jax.__version__)'], capture_output=True, text=True,
+                       check=False)
+  except OSError as e:
+    raise ConfigError(f'--python={_PYTHON.value} cannot run: {e.strerror}') from None
+  if r.returncode:
+    raise ConfigError(f'--python={_PYTHON.value} cannot import jax')
+  return r.stdout.strip()
 
 
 def main(_):
@@ -89,6 +122,8 @@ def main(_):
   files.check_output(_WORKDIR.value, 'directory', '--workdir')
   if os.path.isdir(_WORKDIR.value) and os.listdir(_WORKDIR.value):
     raise ConfigError(f'--workdir {_WORKDIR.value} is not empty; give a new directory')
+  _, st, _, _, torch = _peer_modules()
+  our_jax = _our_jax()
   train, held_out = pairs.read_pairs(_TRAIN.value), beir.read_beir(_BEIR.value)
   steps = _STEPS.value or len(train) // _BATCH.value
   ours = _ours(steps, os.path.join(_WORKDIR.value, 'bert_jax'))
@@ -98,12 +133,15 @@ def main(_):
   rows = [('sentence-transformers (MNRL)', peer['mrr@10'], peer['ndcg@10'], peer['recall@10'], peer_s),
           ('bert_jax finetune.py:retrieval', ours['eval_mrr_at_10'], ours['eval_ndcg_at_10'],
            ours['eval_recall_at_10'], ours['train_wall_s'])]
+  versions = {'bert_jax': f'jax {our_jax}, {_DTYPE.value}',
+              'peer': f'sentence-transformers {st.__version__}, torch {torch.__version__}, '
+                      f'{"bfloat16 autocast" if _PEER_BF16.value else "float32"}'}
   print(f'{len(train)} pairs, {steps} steps x {_BATCH.value}, lr {_LR.value}, {len(held_out.queries)} queries / '
-        f'{len(held_out.texts)} passages held out')
+        f'{len(held_out.texts)} passages held out; bert_jax: {versions["bert_jax"]}; peer: {versions["peer"]}')
   print('| trainer | MRR@10 | nDCG@10 | recall@10 | train wall |\n|---|---|---|---|---|')
   for name, mrr, ndcg, recall, wall in rows:
     print(f'| {name} | {mrr:.4f} | {ndcg:.4f} | {recall:.4f} | {wall:.0f} s |')
-  print(json.dumps({'steps': steps, 'peer': {**{k: v for k, v in peer.items() if k != 'matryoshka'},
+  print(json.dumps({'steps': steps, 'versions': versions, 'peer': {**{k: v for k, v in peer.items() if k != 'matryoshka'},
                                              'train_wall_s': peer_s},
                     'bert_jax': {k: v for k, v in ours.items() if k.startswith('eval_') or k == 'train_wall_s'},
                     'mrr_difference': ours['eval_mrr_at_10'] - peer['mrr@10'],
