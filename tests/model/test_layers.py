@@ -67,3 +67,34 @@ def test_truncated_normal_init_std():
   assert np.abs(w).max() <= 0.04 + 1e-6  # cut at 2 std
   assert 0.015 < w.std() < 0.02  # truncation shrinks the std below 0.02
   assert cfg.initializer_range == 0.02
+
+
+def _dense_grads(dtype):
+  dense = layers.Dense((16,), (24,), ('embed', 'mlp'), std=0.02, dtype=dtype, rngs=nnx.Rngs(0))
+  dense.bias[...] = jax.random.normal(jax.random.key(2), (24,))
+  x = jax.random.normal(jax.random.key(0), (4, 37, 16))
+  g = jax.random.normal(jax.random.key(1), (4, 37, 24))
+  def loss(d, x):
+    return jnp.sum(d(x).astype(jnp.float32) * g)
+  return dense, x, g, nnx.grad(loss, argnums=(0, 1))(dense, x)
+
+
+def test_a_bfloat16_dense_sums_its_bias_gradient_in_float32():
+  # The forward is y + bias in bfloat16 as before; the bias gradient is the float32 sum of the cotangent (jax's own
+  # transpose sums it in bfloat16: a rounding per partial sum), the other gradients are jax's own.
+  dense, x, g, (grads, dx) = _dense_grads(jnp.bfloat16)
+  kernel = dense.kernel[...].astype(jnp.bfloat16)
+  plain = lambda k, b, x: jnp.sum(((x.astype(jnp.bfloat16) @ k) + b.astype(jnp.bfloat16)).astype(jnp.float32) * g)
+  dk_ref, _, dx_ref = jax.grad(plain, argnums=(0, 1, 2))(kernel, dense.bias[...], x)
+  np.testing.assert_array_equal(dense(x), x.astype(jnp.bfloat16) @ kernel + dense.bias[...].astype(jnp.bfloat16))
+  g16 = np.asarray(g.astype(jnp.bfloat16).astype(jnp.float32), np.float64)  # the bfloat16 cotangent, summed exactly
+  np.testing.assert_allclose(grads.bias[...], g16.sum((0, 1)), rtol=1e-6, atol=1e-5)
+  assert grads.bias[...].dtype == jnp.float32
+  np.testing.assert_array_equal(grads.kernel[...], dk_ref.astype(jnp.float32))
+  np.testing.assert_array_equal(dx, dx_ref)
+
+
+def test_a_float32_dense_keeps_jaxs_own_bias_gradient():
+  dense, x, g, (grads, _) = _dense_grads(jnp.float32)
+  plain = lambda b: jnp.sum((x @ dense.kernel[...] + b) * g)
+  np.testing.assert_array_equal(grads.bias[...], jax.grad(plain)(dense.bias[...]))
