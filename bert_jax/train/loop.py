@@ -177,6 +177,7 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
                       f'{reporting.format_duration((time.time() - t0) / done * (total_steps - step))}')
       evaluated = None
       if evaluate is not None and ((eval_every and step % eval_every == 0) or (is_last and eval_last)):
+        jax.block_until_ready(state)  # the step in flight is training time, not the evaluation's
         t_eval = time.time()
         last_eval = evaluated = writers.evaluation(step, evaluate(state['params'], step))
         eval_s += time.time() - t_eval
