@@ -15,7 +15,7 @@ on the BEIR-layout set. bert_jax runs as `finetune.py:retrieval` in its own proc
 --dtype=bfloat16 and --peer_bf16 give each its bfloat16 compute. The peer needs sentence-transformers
 (tests/requirements.txt) and its trainer's `datasets` and `accelerate` (e.g. `pip install --target=/tmp/peerlib
 --no-deps 'datasets<5' accelerate dill xxhash multiprocess pandas pytz tzdata pyarrow`, then
-PYTHONPATH=/tmp/peerlib; datasets 5.2 with pyarrow 26 fails to fingerprint the pairs, 2026-12-06).
+PYTHONPATH=/tmp/peerlib; datasets 5.2 fails to fingerprint the pairs, 2026-12-06).
 Prints the table, then one JSON line.
 """
 
