@@ -70,9 +70,9 @@ def _peer_modules():
   return datasets, sentence_transformers, losses, BatchSamplers, torch
 
 
-def _peer(train: list, steps: int, out: str) -> tuple[object, float]:
-  """sentence-transformers' trainer on `train`; returns (the model, trainer.train() seconds)."""
-  datasets, st, losses, batch_samplers, _ = _peer_modules()
+def _peer(modules: tuple, train: list, steps: int, out: str) -> tuple[object, float]:
+  """sentence-transformers' trainer (`modules`: `_peer_modules()`) on `train`; returns (the model, its train seconds)."""
+  datasets, st, losses, batch_samplers, _ = modules
   model = st.SentenceTransformer(packaged_minilm(), device='cpu')
   model.max_seq_length = _MAX_LENGTH.value
   data = datasets.Dataset.from_dict({'anchor': [p.query for p in train], 'positive': [p.positive for p in train]})
@@ -123,12 +123,13 @@ def main(_):
   files.check_output(_WORKDIR.value, 'directory', '--workdir')
   if os.path.isdir(_WORKDIR.value) and os.listdir(_WORKDIR.value):
     raise ConfigError(f'--workdir {_WORKDIR.value} is not empty; give a new directory')
-  _, st, _, _, torch = _peer_modules()
+  peer_modules = _peer_modules()
+  st, torch = peer_modules[1], peer_modules[4]
   our_jax = _our_jax()
   train, held_out = pairs.read_pairs(_TRAIN.value), beir.read_beir(_BEIR.value)
   steps = _STEPS.value or len(train) // _BATCH.value
   ours = _ours(steps, os.path.join(_WORKDIR.value, 'bert_jax'))
-  model, peer_s = _peer(train, steps, os.path.join(_WORKDIR.value, 'peer'))
+  model, peer_s = _peer(peer_modules, train, steps, os.path.join(_WORKDIR.value, 'peer'))
   peer = evaluation.evaluate_retrieval(
       held_out, lambda texts: model.encode(list(texts), batch_size=64, normalize_embeddings=True))
   rows = [('sentence-transformers (MNRL)', peer['mrr@10'], peer['ndcg@10'], peer['recall@10'], peer_s),

@@ -64,28 +64,31 @@ def _f32_compute_backward(product, a, b):
   return f(a, b)
 
 
-@jax.custom_vjp
 def add_bias(y: jax.Array, bias: jax.Array) -> jax.Array:
   """y + bias (a float32 parameter) in y's dtype, the bias gradient summed from y's cotangent in float32.
 
   jax's own transpose sums a bfloat16 cotangent in bfloat16; XLA:CPU upcasts that reduction and rewrites it into
   a tree of windowed sums (reduce-window, ~50 ms for a BERT feed-forward bias of 64 x 128 rows against ~1 ms for
   the float32 sum of the same values, jax 0.12; docs/results.md). Float32 activations take `y + bias` as is.
-  Reverse mode only (a custom VJP): nothing here takes forward-mode derivatives of a bfloat16 model.
+  The others are reverse mode only (a custom VJP): nothing here takes forward-mode derivatives of a bfloat16 model.
   """
+  return y + bias if y.dtype == jnp.float32 else _add_bias_f32_grad(y, bias)
+
+
+@jax.custom_vjp
+def _add_bias_f32_grad(y, bias):
   return y + bias.astype(y.dtype)
 
 
 def _add_bias_fwd(y, bias):
-  return add_bias(y, bias), bias.shape
+  return _add_bias_f32_grad(y, bias), bias.ndim
 
 
-def _add_bias_bwd(bias_shape, g):
-  lead = tuple(range(g.ndim - len(bias_shape)))
-  return g, jnp.sum(g.astype(jnp.float32), axis=lead)
+def _add_bias_bwd(bias_ndim, g):
+  return g, jnp.sum(g.astype(jnp.float32), axis=tuple(range(g.ndim - bias_ndim)))
 
 
-add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
+_add_bias_f32_grad.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
 def _truncated_normal(std: float):
@@ -133,8 +136,7 @@ class Dense(nnx.Module):
     k = math.prod(in_shape)
     y = jnp.dot(x.astype(self.dtype).reshape(-1, k), kernel.reshape(k, -1)).reshape(lead + out_shape)
     if self.bias is not None:
-      bias = self.bias[...]
-      y = y + bias.astype(self.dtype) if self.dtype == jnp.float32 else add_bias(y, bias)
+      y = add_bias(y, self.bias[...])
     return y
 
 
