@@ -91,6 +91,54 @@ def _add_bias_bwd(bias_ndim, g):
 _add_bias_f32_grad.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x @ w.astype(x.dtype) for a 2-D activation x [M, K] and float32 kernel w [K, N]; on CPU under bfloat16 its
+  backward runs in the layouts XLA:CPU's fast (YNNPACK) kernels take.
+
+  jax's own transpose asks for x^T · dy (contracting x's leading axis) and dy · w^T: XLA:CPU's bfloat16 dots
+  accept neither layout, so it runs the weight gradient as a float32 Eigen dot on upcast copies (~120-140 GFLOP/s
+  on MiniLM's shapes, its result rounded to bfloat16) and the input gradient in a slower form. Here the backward
+  multiplies row-major copies of x^T and w^T instead (`_row_major_transpose`: 6-25 MB per product, ~1-10 ms),
+  which the same kernels run at ~350-400 GFLOP/s, with the weight gradient accumulated and returned in float32
+  (no bfloat16 rounding of it: jax 0.12, 2 cores; docs/results.md). Elsewhere (float32, or an accelerator, whose
+  matmuls take transposed operands as they are) this is jax's own product. Reverse mode only, as `add_bias`.
+  """
+  if x.dtype != jnp.bfloat16 or jax.default_backend() != 'cpu':
+    return jnp.dot(x, w.astype(x.dtype))
+  return _matmul_row_major_grads(x, w)
+
+
+def _row_major_transpose(a: jax.Array) -> jax.Array:
+  """a.T (2-D) materialised in row-major order. XLA folds a plain transpose into the consuming dot's dimension
+  numbers (the layout its CPU kernels reject); splitting the leading axis first makes the final reshape a
+  bitcast only of a row-major copy, so the copy happens (tests/model/test_layers.py checks the compiled dots)."""
+  m, k = a.shape
+  split = next((d for d in (8, 4, 2, 3, 5, 7) if m % d == 0 and m > d), None)
+  if split is None:
+    return a.T
+  return a.reshape(m // split, split, k).transpose(2, 0, 1).reshape(k, m)
+
+
+@jax.custom_vjp
+def _matmul_row_major_grads(x, w):
+  return jnp.dot(x, w.astype(x.dtype))
+
+
+def _matmul_fwd(x, w):
+  return _matmul_row_major_grads(x, w), (x, w)
+
+
+def _matmul_bwd(residuals, dy):
+  x, w = residuals
+  w_t = _row_major_transpose(w).astype(x.dtype)  # transposed before the cast: a float32 [K, N] copy is small
+  dx = jnp.dot(dy, w_t, preferred_element_type=jnp.float32).astype(x.dtype)
+  dw = jnp.dot(_row_major_transpose(x), dy, preferred_element_type=jnp.float32)
+  return dx, dw.astype(w.dtype)
+
+
+_matmul_row_major_grads.defvjp(_matmul_fwd, _matmul_bwd)
+
+
 def _truncated_normal(std: float):
   # Same as BERT's tf.truncated_normal_initializer: cut at 2 std of the untruncated normal.
   return jax.nn.initializers.truncated_normal(stddev=std)
@@ -130,11 +178,11 @@ class Dense(nnx.Module):
     # several axes at once, or keeping batch axes, makes XLA canonicalise the dot with
     # physical transposes of the kernel (dx) and of the activations (dW) in the backward pass;
     # the 2-D form needs none (its effect on the BERT-base step: docs/results.md).
-    kernel = self.kernel[...].astype(self.dtype)
+    kernel = self.kernel[...]  # float32; `matmul` casts it to the compute dtype
     in_shape, out_shape = kernel.shape[:self.num_in], kernel.shape[self.num_in:]
     lead = x.shape[:x.ndim - self.num_in]
     k = math.prod(in_shape)
-    y = jnp.dot(x.astype(self.dtype).reshape(-1, k), kernel.reshape(k, -1)).reshape(lead + out_shape)
+    y = matmul(x.astype(self.dtype).reshape(-1, k), kernel.reshape(k, -1)).reshape(lead + out_shape)
     if self.bias is not None:
       y = add_bias(y, self.bias[...])
     return y

@@ -1,5 +1,7 @@
 """Layers: attention paths agree with a naive reference, LayerNorm and GELU match BERT."""
 
+import re
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -79,19 +81,60 @@ def _dense_grads(dtype):
   return dense, x, g, nnx.grad(loss, argnums=(0, 1))(dense, x)
 
 
-def test_a_bfloat16_dense_sums_its_bias_gradient_in_float32():
-  # The forward is y + bias in bfloat16 as before; the bias gradient is the float32 sum of the cotangent (jax's own
-  # transpose sums it in bfloat16: a rounding per partial sum), the other gradients are jax's own.
+def test_a_bfloat16_dense_sums_its_bias_and_kernel_gradients_in_float32():
+  # The forward is x @ W + bias in bfloat16 as before. The bias gradient is the float32 sum of the cotangent (jax's
+  # own transpose sums it in bfloat16: a rounding per partial sum); on CPU the kernel gradient is the float32 product
+  # x^T . dy (jax's own rounds it to bfloat16: relative errors ~2e-3), and the input gradient is jax's own.
   dense, x, g, (grads, dx) = _dense_grads(jnp.bfloat16)
   kernel = dense.kernel[...].astype(jnp.bfloat16)
   plain = lambda k, b, x: jnp.sum(((x.astype(jnp.bfloat16) @ k) + b.astype(jnp.bfloat16)).astype(jnp.float32) * g)
-  dk_ref, _, dx_ref = jax.grad(plain, argnums=(0, 1, 2))(kernel, dense.bias[...], x)
+  dk_jax, _, dx_ref = jax.grad(plain, argnums=(0, 1, 2))(kernel, dense.bias[...], x)
   np.testing.assert_array_equal(dense(x), x.astype(jnp.bfloat16) @ kernel + dense.bias[...].astype(jnp.bfloat16))
   g16 = np.asarray(g.astype(jnp.bfloat16).astype(jnp.float32), np.float64)  # the bfloat16 cotangent, summed exactly
+  x16 = np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
   np.testing.assert_allclose(grads.bias[...], g16.sum((0, 1)), rtol=1e-6, atol=1e-5)
-  assert grads.bias[...].dtype == jnp.float32
-  np.testing.assert_array_equal(grads.kernel[...], dk_ref.astype(jnp.float32))
-  np.testing.assert_array_equal(dx, dx_ref)
+  assert grads.bias[...].dtype == grads.kernel[...].dtype == jnp.float32
+  dk_exact = x16.reshape(-1, 16).T @ g16.reshape(-1, 24)
+  np.testing.assert_allclose(grads.kernel[...], dk_exact, rtol=1e-5, atol=1e-5)
+  assert np.max(np.abs(np.asarray(dk_jax, np.float64) - dk_exact)) > 10 * np.max(
+      np.abs(np.asarray(grads.kernel[...], np.float64) - dk_exact))  # closer than jax's own bfloat16 result
+  np.testing.assert_allclose(np.asarray(dx, np.float32), np.asarray(dx_ref, np.float32), rtol=1e-2, atol=1e-2)
+
+
+def _dots(hlo: str) -> list[tuple[str, str, str, str]]:
+  """(lhs dtype, rhs dtype, lhs contracting axis, rhs contracting axis) of each 2-D dot in compiled HLO text."""
+  found = []
+  for computation in hlo.split('\n\n'):
+    dtypes = dict(re.findall(r'%([\w.\-]+) = (\w+)\[', computation))
+    for lhs, rhs, lhs_axis, rhs_axis in re.findall(
+        r'dot\(%([\w.\-]+), %([\w.\-]+)\), lhs_contracting_dims=\{(\d+)\}, rhs_contracting_dims=\{(\d+)\}', computation):
+      found.append((dtypes[lhs], dtypes[rhs], lhs_axis, rhs_axis))
+  return found
+
+
+def test_a_bfloat16_matmul_backward_runs_its_dots_in_row_major_layouts_on_cpu():
+  # XLA:CPU runs a bfloat16 dot fast only when the lhs contracts its last axis and the rhs its first (both
+  # row-major); jax's own backward asks for x^T . dy and dy . w^T, which it runs as float32 dots on upcast copies
+  # (3x slower). The compiled forward and backward of `layers.matmul` have three dots, all in that layout (the
+  # materialised transposes held), with bfloat16 operands on jax 0.12+ (0.10.2 upcasts one of them in any layout).
+  x, w, dy = jnp.ones((256, 48), jnp.bfloat16), jnp.ones((48, 96), jnp.float32), jnp.ones((256, 96), jnp.bfloat16)
+  def fwd_bwd(x, w):
+    y, vjp = jax.vjp(layers.matmul, x, w)
+    return (y,) + vjp(dy)
+  dots = _dots(jax.jit(fwd_bwd).lower(x, w).compile().as_text())
+  assert len(dots) == 3 and all(d[2:] == ('1', '0') for d in dots), dots
+  if tuple(map(int, jax.__version__.split('.')[:2])) >= (0, 12):
+    assert all(d[:2] == ('bf16', 'bf16') for d in dots), dots
+  _, dx, dw = fwd_bwd(x, w)
+  assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
+  np.testing.assert_array_equal(dx, jnp.full((256, 48), 96, jnp.bfloat16))
+  np.testing.assert_array_equal(dw, jnp.full((48, 96), 256, jnp.float32))
+
+
+def test_row_major_transpose_of_any_leading_size():
+  for m in (1, 2, 7, 8, 9, 12, 49, 64):
+    a = jnp.arange(m * 5, dtype=jnp.float32).reshape(m, 5)
+    np.testing.assert_array_equal(jax.jit(layers._row_major_transpose)(a), a.T)  # pylint: disable=protected-access
 
 
 def test_a_float32_dense_keeps_jaxs_own_bias_gradient():
