@@ -121,3 +121,41 @@ def test_the_cell_runners_help_lists_their_launcher_flags_not_the_multi_host_one
   listed = set(re.findall(r'^\s+--(?:\[no\])?(\w+):', out, re.M))
   assert {'launcher', 'gather', 'slurm_sbatch', 'slurm_submit', 'slurm_template', 'dry_run'} <= listed, listed
   assert not listed & {'coordinator_address', 'num_processes', 'process_id', 'distributed'}, listed
+
+
+def _huge_pages_apply() -> str | None:
+  """Why an entry point here would not restart with huge pages (None: it does)."""
+  import platform  # pylint: disable=g-import-not-at-top
+  libc, version = platform.libc_ver()
+  if sys.platform != 'linux' or libc != 'glibc' or tuple(map(int, version.split('.')[:2])) < (2, 35):
+    return f'needs Linux with glibc >= 2.35 (here {sys.platform}, {libc} {version})'
+  try:
+    with open('/sys/kernel/mm/transparent_hugepage/enabled', encoding='ascii') as f:
+      mode = f.read().strip()
+  except OSError:
+    return 'no transparent huge pages in this kernel'
+  return None if '[madvise]' in mode else f'transparent huge pages are {mode!r}, not madvise'
+
+
+def test_an_entry_point_restarts_itself_with_huge_pages_as_the_same_process(tmp_path):
+  reason = _huge_pages_apply()
+  if reason:
+    pytest.skip(reason)
+  script = tmp_path / 'entry.py'
+  script.write_text('import os, sys\nsys.path[:0] = [%r, %r]\nimport cli\n'
+                    'def main(argv):\n  print(os.getpid(), os.environ.get("GLIBC_TUNABLES"), argv[1:])\n'
+                    'cli.run(main, allow_args=True, multihost=False)\n' % (REPO, os.path.join(REPO, 'experiments')))
+  env = {k: v for k, v in os.environ.items() if k not in ('GLIBC_TUNABLES', 'BERT_JAX_HUGE_PAGES')}
+  def started(*interpreter_flags, **extra):
+    p = subprocess.Popen([sys.executable, *interpreter_flags, str(script), 'a b', 'c'], env={**env, **extra},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    pid, tunables, args = out.split(' ', 2)
+    assert int(pid) == p.pid and args.strip() == "['a b', 'c']"  # execve: the same process, the same arguments
+    return tunables
+  assert started() == 'glibc.malloc.hugetlb=1'
+  assert started('-u') == 'glibc.malloc.hugetlb=1'  # interpreter options kept
+  assert started(GLIBC_TUNABLES='glibc.malloc.arena_max=2') == 'glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1'
+  assert started(GLIBC_TUNABLES='glibc.malloc.hugetlb=0') == 'glibc.malloc.hugetlb=0'  # the user's choice stands
+  assert started(BERT_JAX_HUGE_PAGES='0') == 'None'
