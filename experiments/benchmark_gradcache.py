@@ -2,6 +2,7 @@
 
   python experiments/benchmark_gradcache.py --batch_size=256 --micro_batch_size=32
   python experiments/benchmark_gradcache.py --batch_size=4096 --micro_batch_size=64 --steps=0
+  python experiments/benchmark_gradcache.py --batch_size=64 --micro_batch_size=16 --dtype=bfloat16
 
 The retrieval task's train step (bert_jax.embedding: InfoNCE of every query against every passage of the global
 batch, AdamW) of an all-MiniLM-L6-v2-shaped encoder (6 layers, hidden 384; random weights, synthetic token ids), one
@@ -11,6 +12,7 @@ temporaries - donated: what the device must hold), compile time and the median s
 warm-up (--steps=0: compile only, for batches whose plain step would not fit). Then one JSON line per row.
 """
 
+import dataclasses
 import json
 import platform
 import time
@@ -33,6 +35,8 @@ _QUERY_LEN = flags.DEFINE_integer('query_len', 32, 'Query tokens.')
 _PASSAGE_LEN = flags.DEFINE_integer('passage_len', 128, 'Passage tokens.')
 _STEPS = flags.DEFINE_integer('steps', 3, 'Timed steps after compilation and one warm-up (0: compile only).')
 _PRESET = flags.DEFINE_string('preset', '', 'A model preset (tiny, mini, ...) instead of the MiniLM shape.')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
+                           'Compute dtype (model.dtype; parameters and optimizer stay float32).')
 
 MINILM = ModelConfig(vocab_size=30522, num_layers=6, hidden_size=384, num_heads=12, intermediate_size=1536)
 HEADER = ('| step | global batch | micro-batch | compiled memory | compile | step time | pairs/s |\n'
@@ -53,6 +57,7 @@ def _batch(rows: int) -> dict[str, np.ndarray]:
 def measure(micro_batches: int) -> dict:
   """Compiles (and times) the retrieval step with `micro_batches` per step (1: the plain step)."""
   model_cfg = preset(_PRESET.value, vocab_size=MINILM.vocab_size) if _PRESET.value else MINILM
+  model_cfg = dataclasses.replace(model_cfg, dtype=_DTYPE.value)
   cfg = FinetuneConfig(task='retrieval', model=model_cfg, batch_size=_BATCH.value,
                        optim=OptimConfig(grad_accum_steps=micro_batches))
   mesh = sharding.make_mesh(MeshConfig(), jax.devices()[:1])
@@ -68,7 +73,7 @@ def measure(micro_batches: int) -> dict:
     compile_s, step_s = time.perf_counter() - t0, None
   mem = compiled.memory_analysis()
   used = (mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
-  return {'step': 'GradCache' if micro_batches > 1 else 'plain', 'batch_size': _BATCH.value,
+  return {'step': 'GradCache' if micro_batches > 1 else 'plain', 'dtype': _DTYPE.value, 'batch_size': _BATCH.value,
           'micro_batch_size': _BATCH.value // micro_batches, 'compiled_memory_gib': used / 2**30,
           'temp_gib': mem.temp_size_in_bytes / 2**30, 'compile_s': compile_s, 'step_time_s': step_s,
           'pairs_per_s': _BATCH.value / step_s if step_s else None}
@@ -79,7 +84,7 @@ def main(_):
     raise ConfigError(f'--micro_batch_size={_MICRO.value} must divide --batch_size={_BATCH.value}')
   shape = _PRESET.value or 'MiniLM-shaped'
   print(f'{jax.devices()[0].device_kind}, {platform.processor() or platform.machine()}, jax {jax.__version__}; '
-        f'{shape}, queries {_QUERY_LEN.value} / passages {_PASSAGE_LEN.value} tokens', flush=True)
+        f'{shape}, {_DTYPE.value}, queries {_QUERY_LEN.value} / passages {_PASSAGE_LEN.value} tokens', flush=True)
   rows = [measure(1), measure(_BATCH.value // _MICRO.value)]
   print(HEADER)
   for r in rows:

@@ -12,9 +12,11 @@ negative; bert_jax masks those instead). Both are then evaluated by the same cod
 on the BEIR-layout set. bert_jax runs as `finetune.py:retrieval` in its own process; its train time is the run's
 `train_wall_s` (compilation and the final save included, its evaluation not), the peer's is `trainer.train()`'s.
 --python runs bert_jax under another interpreter (jax 0.12 on Python 3.12 beside the peer's torch on 3.11),
---dtype=bfloat16 and --peer_bf16 give each its bfloat16 compute. The peer needs sentence-transformers
-(tests/requirements.txt) and its trainer's `datasets` and `accelerate` (e.g. `pip install --target=/tmp/peerlib
---no-deps 'datasets<5' accelerate dill xxhash multiprocess pandas pytz tzdata pyarrow`, then
+--dtype=bfloat16 and --peer_bf16 give each its bfloat16 compute. bert_jax's run restarts itself with glibc's malloc
+on transparent huge pages (cli.run; BERT_JAX_HUGE_PAGES=0: not); the peer trains in this process, on 4 KiB pages as
+its users run it unless started with GLIBC_TUNABLES=glibc.malloc.hugetlb=1; the table says which. The peer needs
+sentence-transformers (tests/requirements.txt) and its trainer's `datasets` and `accelerate` (e.g. `pip install
+--target=/tmp/peerlib --no-deps 'datasets<5' accelerate dill xxhash multiprocess pandas pytz tzdata pyarrow`, then
 PYTHONPATH=/tmp/peerlib; datasets 5.2 fails to fingerprint the pairs, 2026-12-06).
 Prints the table, then one JSON line.
 """
@@ -135,9 +137,15 @@ def main(_):
   rows = [('sentence-transformers (MNRL)', peer['mrr@10'], peer['ndcg@10'], peer['recall@10'], peer_s),
           ('bert_jax finetune.py:retrieval', ours['eval_mrr_at_10'], ours['eval_ndcg_at_10'],
            ours['eval_recall_at_10'], ours['train_wall_s'])]
-  versions = {'bert_jax': f'jax {our_jax}, {_DTYPE.value}',
+  # This process keeps the allocator it was started with; bert_jax's run restarts itself unless told otherwise.
+  given = dict(t.split('=', 1) for t in os.environ.get('GLIBC_TUNABLES', '').split(':') if '=' in t)
+  peer_huge = given.get('glibc.malloc.hugetlb', '0') != '0'
+  ours_huge = peer_huge if 'glibc.malloc.hugetlb' in given else (
+      os.environ.get('BERT_JAX_HUGE_PAGES') != '0' and not cli.huge_pages_unavailable())
+  pages = lambda huge: 'malloc on huge pages' if huge else 'malloc on 4 KiB pages'
+  versions = {'bert_jax': f'jax {our_jax}, {_DTYPE.value}, {pages(ours_huge)}',
               'peer': f'sentence-transformers {st.__version__}, torch {torch.__version__}, '
-                      f'{"bfloat16 autocast" if _PEER_BF16.value else "float32"}'}
+                      f'{"bfloat16 autocast" if _PEER_BF16.value else "float32"}, {pages(peer_huge)}'}
   print(f'{len(train)} pairs, {steps} steps x {_BATCH.value}, lr {_LR.value}, {len(held_out.queries)} queries / '
         f'{len(held_out.texts)} passages held out; bert_jax: {versions["bert_jax"]}; peer: {versions["peer"]}')
   print('| trainer | MRR@10 | nDCG@10 | recall@10 | train wall |\n|---|---|---|---|---|')
@@ -151,4 +159,4 @@ def main(_):
 
 
 if __name__ == '__main__':
-  cli.run(main, multihost=False)
+  cli.run(main, multihost=False, huge_pages=False)  # the peer trains here: as its users run it

@@ -49,7 +49,7 @@ CHECKPOINT_KEPT = ('the last complete checkpoint is kept: free space or fix perm
 
 
 def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags: tuple[str, ...] = (),
-        multihost: bool = True, kept: str = CHECKPOINT_KEPT) -> None:
+        multihost: bool = True, kept: str = CHECKPOINT_KEPT, huge_pages: bool = True) -> None:
   """`absl.app.run(main)`, turning a BertJaxError into 'error: ...' on stderr and exit code 1
   (a preemption into 'preempted: ...' and preemption.EXIT_CODE).
 
@@ -61,6 +61,8 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
     multihost: start jax.distributed from the multi-host flags (False: a tool that never runs jax
       across processes; those flags are then not its own).
     kept: what a failed write leaves and how to go on, for its error line (a tool without checkpoints says its own).
+    huge_pages: restart on transparent huge pages first (`_restart_with_huge_pages`); False: keep the allocator the
+      process was started with (a benchmark whose peer trains in this process).
   """
 
   def wrapped(argv):
@@ -101,7 +103,8 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
       print(f'error: {e.strerror} ({e.filename or "a file being written"}); {kept}', file=sys.stderr, flush=True)
       sys.exit(1)
 
-  _restart_with_huge_pages()
+  if huge_pages:
+    _restart_with_huge_pages()
   for holder in _MULTIHOST_FLAGS if multihost else ():  # --help of every entry point lists them beside its own
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
   if _has_config():
@@ -115,34 +118,50 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
 HUGE_PAGES_TUNABLE = 'glibc.malloc.hugetlb=1'
 
 
+def huge_pages_unavailable() -> str | None:
+  """Why glibc's malloc cannot use transparent huge pages here, or None when `HUGE_PAGES_TUNABLE` gives them."""
+  libc, version = platform.libc_ver()
+  try:
+    if sys.platform != 'linux' or libc != 'glibc' or tuple(map(int, version.split('.')[:2])) < (2, 35):
+      return f'needs Linux with glibc >= 2.35 (here {sys.platform}, {libc or "no glibc"} {version})'
+    with open('/sys/kernel/mm/transparent_hugepage/enabled', encoding='ascii') as f:
+      mode = f.read().strip()
+  except (OSError, ValueError):
+    return 'no transparent huge pages in this kernel'
+  # [always]: every large mapping gets them already; [never]: none can
+  return None if '[madvise]' in mode else f'transparent huge pages are {mode!r}, not madvise'
+
+
 def _restart_with_huge_pages() -> None:
   """Re-executes this entry point (same process id, arguments and environment) with glibc's malloc asking for
   transparent huge pages, where that is not set yet and it helps: Linux with glibc >= 2.35 and huge pages in the
   kernel's 'madvise' mode (the common default). XLA:CPU allocates each step's buffers afresh (gigabytes for a
   training step), and glibc maps them anew each time: ~700k page faults a step in 4 KiB pages, 512x fewer in 2 MiB
-  ones. The MiniLM retrieval step: 4.0 -> 3.1 s (jax 0.12), the main job's 5.5 -> 4.6 s (docs/results.md).
+  ones. The MiniLM retrieval step: 4.0 -> 3.1 s under bfloat16 (jax 0.12), 5.5 -> 4.6 s under float32 (jax
+  0.10.2; docs/results.md).
   Nothing else changes; BERT_JAX_HUGE_PAGES=0 keeps the process as started. Only a script started as itself
   (`python3 experiments/X.py ...`: its arguments end the interpreter's command line) restarts, not one run in
-  another program (the tests' in-process runs), and before jax is imported, so it costs a fraction of a second."""
+  another program (the tests' in-process runs). The imports before `run` are done twice: a fraction of a second for
+  the entry points that import jax after their flags, 2-3 s for the benchmarks that import it first."""
   tunables = os.environ.get('GLIBC_TUNABLES', '')
-  if (os.environ.get('BERT_JAX_HUGE_PAGES') == '0' or 'glibc.malloc.hugetlb' in tunables
-      or sys.platform != 'linux' or 'jax' in sys.modules):
+  # 'restarted': set below, so that a process whose tunables the loader drops (a privileged interpreter) goes on
+  # instead of restarting again.
+  if (os.environ.get('BERT_JAX_HUGE_PAGES') in ('0', 'restarted') or 'glibc.malloc.hugetlb' in tunables
+      or huge_pages_unavailable()):
     return
-  if getattr(sys, 'orig_argv', [])[-len(sys.argv):] != sys.argv or len(sys.orig_argv) <= len(sys.argv):
+  started_as_itself = (getattr(sys, 'orig_argv', [])[-len(sys.argv):] == sys.argv
+                       and len(sys.orig_argv) > len(sys.argv) and os.path.isfile(sys.argv[0]))  # not `python3 -`
+  if not started_as_itself:
     return
-  libc, version = platform.libc_ver()
+  env = dict(os.environ, BERT_JAX_HUGE_PAGES='restarted',
+             GLIBC_TUNABLES=f'{tunables}:{HUGE_PAGES_TUNABLE}' if tunables else HUGE_PAGES_TUNABLE)
+  for stream in (sys.stdout, sys.stderr):
+    if stream is not None:
+      stream.flush()
   try:
-    if libc != 'glibc' or tuple(map(int, version.split('.')[:2])) < (2, 35):
-      return
-    with open('/sys/kernel/mm/transparent_hugepage/enabled', encoding='ascii') as f:
-      if '[madvise]' not in f.read():  # [always]: every large mapping gets them already; [never]: none can
-        return
-  except (OSError, ValueError):
-    return
-  env = dict(os.environ, GLIBC_TUNABLES=f'{tunables}:{HUGE_PAGES_TUNABLE}' if tunables else HUGE_PAGES_TUNABLE)
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os.execve(sys.executable, sys.orig_argv, env)
+    os.execve(sys.executable, sys.orig_argv, env)
+  except OSError:  # the interpreter cannot be started again (removed, replaced): go on as started
+    pass
 
 
 def _has_config() -> bool:

@@ -113,7 +113,7 @@ def _row_major_transpose(a: jax.Array) -> jax.Array:
   numbers (the layout its CPU kernels reject); splitting the leading axis first makes the final reshape a
   bitcast only of a row-major copy, so the copy happens (tests/model/test_layers.py checks the compiled dots)."""
   m, k = a.shape
-  split = next((d for d in (8, 4, 2, 3, 5, 7) if m % d == 0 and m > d), None)
+  split = next((d for d in (8, 4, 2, *range(3, 64)) if m % d == 0 and m > d), None)
   if split is None:
     return a.T
   return a.reshape(m // split, split, k).transpose(2, 0, 1).reshape(k, m)
@@ -125,15 +125,17 @@ def _matmul_row_major_grads(x, w):
 
 
 def _matmul_fwd(x, w):
-  return _matmul_row_major_grads(x, w), (x, w)
+  w_c = w.astype(x.dtype)
+  # Saves the kernel in the compute dtype, as jax's own transpose does (not a float32 copy per scanned layer), and
+  # its dtype as an empty array.
+  return jnp.dot(x, w_c), (x, w_c, jnp.zeros((0,), w.dtype))
 
 
 def _matmul_bwd(residuals, dy):
-  x, w = residuals
-  w_t = _row_major_transpose(w).astype(x.dtype)  # transposed before the cast: a float32 [K, N] copy is small
-  dx = jnp.dot(dy, w_t, preferred_element_type=jnp.float32).astype(x.dtype)
+  x, w_c, w_dtype = residuals
+  dx = jnp.dot(dy, _row_major_transpose(w_c), preferred_element_type=jnp.float32).astype(x.dtype)
   dw = jnp.dot(_row_major_transpose(x), dy, preferred_element_type=jnp.float32)
-  return dx, dw.astype(w.dtype)
+  return dx, dw.astype(w_dtype.dtype)
 
 
 _matmul_row_major_grads.defvjp(_matmul_fwd, _matmul_bwd)
@@ -177,7 +179,8 @@ class Dense(nnx.Module):
     # One 2-D matmul over flattened views (free reshapes of contiguous axes). Contracting
     # several axes at once, or keeping batch axes, makes XLA canonicalise the dot with
     # physical transposes of the kernel (dx) and of the activations (dW) in the backward pass;
-    # the 2-D form needs none (its effect on the BERT-base step: docs/results.md).
+    # the 2-D form needs none on accelerators (its effect on the BERT-base step: docs/results.md).
+    # XLA:CPU's bfloat16 kernels do want them: `matmul` makes them there.
     kernel = self.kernel[...]  # float32; `matmul` casts it to the compute dtype
     in_shape, out_shape = kernel.shape[:self.num_in], kernel.shape[self.num_in:]
     lead = x.shape[:x.ndim - self.num_in]

@@ -123,22 +123,9 @@ def test_the_cell_runners_help_lists_their_launcher_flags_not_the_multi_host_one
   assert not listed & {'coordinator_address', 'num_processes', 'process_id', 'distributed'}, listed
 
 
-def _huge_pages_apply() -> str | None:
-  """Why an entry point here would not restart with huge pages (None: it does)."""
-  import platform  # pylint: disable=g-import-not-at-top
-  libc, version = platform.libc_ver()
-  if sys.platform != 'linux' or libc != 'glibc' or tuple(map(int, version.split('.')[:2])) < (2, 35):
-    return f'needs Linux with glibc >= 2.35 (here {sys.platform}, {libc} {version})'
-  try:
-    with open('/sys/kernel/mm/transparent_hugepage/enabled', encoding='ascii') as f:
-      mode = f.read().strip()
-  except OSError:
-    return 'no transparent huge pages in this kernel'
-  return None if '[madvise]' in mode else f'transparent huge pages are {mode!r}, not madvise'
-
-
 def test_an_entry_point_restarts_itself_with_huge_pages_as_the_same_process(tmp_path):
-  reason = _huge_pages_apply()
+  import cli  # pylint: disable=g-import-not-at-top
+  reason = cli.huge_pages_unavailable()
   if reason:
     pytest.skip(reason)
   script = tmp_path / 'entry.py'
@@ -159,3 +146,7 @@ def test_an_entry_point_restarts_itself_with_huge_pages_as_the_same_process(tmp_
   assert started(GLIBC_TUNABLES='glibc.malloc.arena_max=2') == 'glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1'
   assert started(GLIBC_TUNABLES='glibc.malloc.hugetlb=0') == 'glibc.malloc.hugetlb=0'  # the user's choice stands
   assert started(BERT_JAX_HUGE_PAGES='0') == 'None'
+  assert started(BERT_JAX_HUGE_PAGES='restarted') == 'None'  # once only, even where the loader drops the tunable
+  stdin = subprocess.run([sys.executable, '-', 'a'], input=script.read_text(), env=env, capture_output=True, text=True,
+                         timeout=60, check=True)  # a script read from stdin cannot be read again: it runs as started
+  assert stdin.stdout.split(' ', 2)[1:] == ['None', "['a']\n"], stdin

@@ -106,8 +106,9 @@ def _dots(hlo: str) -> list[tuple[str, str, str, str]]:
   found = []
   for computation in hlo.split('\n\n'):
     dtypes = dict(re.findall(r'%([\w.\-]+) = (\w+)\[', computation))
-    for lhs, rhs, lhs_axis, rhs_axis in re.findall(
-        r'dot\(%([\w.\-]+), %([\w.\-]+)\), lhs_contracting_dims=\{(\d+)\}, rhs_contracting_dims=\{(\d+)\}', computation):
+    for lhs, rhs, lhs_axis, rhs_axis in re.findall(r'dot\(%([\w.\-]+), %([\w.\-]+)\), '
+                                                 r'lhs_contracting_dims=\{(\d+)\}, rhs_contracting_dims=\{(\d+)\}',
+                                                 computation):
       found.append((dtypes[lhs], dtypes[rhs], lhs_axis, rhs_axis))
   return found
 
