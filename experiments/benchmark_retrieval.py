@@ -137,11 +137,8 @@ def main(_):
   rows = [('sentence-transformers (MNRL)', peer['mrr@10'], peer['ndcg@10'], peer['recall@10'], peer_s),
           ('bert_jax finetune.py:retrieval', ours['eval_mrr_at_10'], ours['eval_ndcg_at_10'],
            ours['eval_recall_at_10'], ours['train_wall_s'])]
-  # This process keeps the allocator it was started with; bert_jax's run restarts itself unless told otherwise.
-  given = dict(t.split('=', 1) for t in os.environ.get('GLIBC_TUNABLES', '').split(':') if '=' in t)
-  peer_huge = given.get('glibc.malloc.hugetlb', '0') != '0'
-  ours_huge = peer_huge if 'glibc.malloc.hugetlb' in given else (
-      os.environ.get('BERT_JAX_HUGE_PAGES') != '0' and not cli.huge_pages_unavailable())
+  # This process keeps the allocator it was started with; bert_jax's run (this environment) restarts itself.
+  peer_huge, ours_huge = bool(cli.given_huge_pages(os.environ)), cli.runs_on_huge_pages(os.environ)
   pages = lambda huge: 'malloc on huge pages' if huge else 'malloc on 4 KiB pages'
   versions = {'bert_jax': f'jax {our_jax}, {_DTYPE.value}, {pages(ours_huge)}',
               'peer': f'sentence-transformers {st.__version__}, torch {torch.__version__}, '

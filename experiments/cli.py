@@ -143,16 +143,12 @@ def _restart_with_huge_pages() -> None:
   (`python3 experiments/X.py ...`: its arguments end the interpreter's command line) restarts, not one run in
   another program (the tests' in-process runs). The imports before `run` are done twice: a fraction of a second for
   the entry points that import jax after their flags, 2-3 s for the benchmarks that import it first."""
-  tunables = os.environ.get('GLIBC_TUNABLES', '')
-  # 'restarted': set below, so that a process whose tunables the loader drops (a privileged interpreter) goes on
-  # instead of restarting again.
-  if (os.environ.get('BERT_JAX_HUGE_PAGES') in ('0', 'restarted') or 'glibc.malloc.hugetlb' in tunables
-      or huge_pages_unavailable()):
-    return
   started_as_itself = (getattr(sys, 'orig_argv', [])[-len(sys.argv):] == sys.argv
                        and len(sys.orig_argv) > len(sys.argv) and os.path.isfile(sys.argv[0]))  # not `python3 -`
-  if not started_as_itself:
+  if not started_as_itself or given_huge_pages(os.environ) is not None or not runs_on_huge_pages(os.environ):
     return
+  tunables = os.environ.get('GLIBC_TUNABLES', '')
+  # 'restarted' keeps a process whose tunables the loader drops (a privileged interpreter) from restarting again.
   env = dict(os.environ, BERT_JAX_HUGE_PAGES='restarted',
              GLIBC_TUNABLES=f'{tunables}:{HUGE_PAGES_TUNABLE}' if tunables else HUGE_PAGES_TUNABLE)
   for stream in (sys.stdout, sys.stderr):
@@ -162,6 +158,20 @@ def _restart_with_huge_pages() -> None:
     os.execve(sys.executable, sys.orig_argv, env)
   except OSError:  # the interpreter cannot be started again (removed, replaced): go on as started
     pass
+
+
+def given_huge_pages(environ) -> bool | None:
+  """What `environ`'s GLIBC_TUNABLES says of glibc.malloc.hugetlb (None: nothing; an entry point then decides)."""
+  given = dict(t.split('=', 1) for t in environ.get('GLIBC_TUNABLES', '').split(':') if '=' in t)
+  return None if 'glibc.malloc.hugetlb' not in given else given['glibc.malloc.hugetlb'] != '0'
+
+
+def runs_on_huge_pages(environ) -> bool:
+  """Whether an entry point started with `environ` runs on huge pages, as started or after its restart."""
+  given = given_huge_pages(environ)
+  if given is not None:
+    return given
+  return environ.get('BERT_JAX_HUGE_PAGES') not in ('0', 'restarted') and not huge_pages_unavailable()
 
 
 def _has_config() -> bool:
