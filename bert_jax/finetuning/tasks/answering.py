@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -30,12 +30,10 @@ _FLAGS = ("--config.text_column to the questions', --config.text_pair_column to 
 
 def read_examples(path: str, cfg) -> list[squad.SquadExample]:
   """The questions of a SQuAD JSON file or of a row file (module docstring), in file order."""
-  if os.path.splitext(path)[1].lower() == '.json':
+  if is_squad_file(path):
     return squad.articles_to_examples(squad.read_articles(path), path)
   names, records = files.records(path)
-  question = files.find_column(path, names, cfg.text_column, files.Columns.text, QUESTION_COLUMNS, _FLAGS)
-  context = files.find_column(path, names, cfg.text_pair_column, '', CONTEXT_COLUMNS, _FLAGS)
-  answers = files.find_column(path, names, cfg.label_column, files.Columns.label, ANSWER_COLUMNS, _FLAGS)
+  question, context, answers = row_columns(path, names, cfg)
   examples = []
   for line, record in records:
     q, c = (_text(path, line, record, col) for col in (question, context))
@@ -43,6 +41,18 @@ def read_examples(path: str, cfg) -> list[squad.SquadExample]:
     examples.append(squad.SquadExample(id=str(record.get('id', line)), question=q.lstrip(), context=c,
                                        answers=found, is_impossible=not found))
   return examples
+
+
+def is_squad_file(path: str) -> bool:
+  """Whether `path` is read as SQuAD's JSON format (else as rows by columns)."""
+  return os.path.splitext(path)[1].lower() == '.json'
+
+
+def row_columns(path: str, names: Sequence[str], cfg) -> tuple[str, str, str]:
+  """(question, context, answers) columns of a row file whose columns are `names`; DataError naming them."""
+  return (files.find_column(path, names, cfg.text_column, files.Columns.text, QUESTION_COLUMNS, _FLAGS),
+          files.find_column(path, names, cfg.text_pair_column, '', CONTEXT_COLUMNS, _FLAGS),
+          files.find_column(path, names, cfg.label_column, files.Columns.label, ANSWER_COLUMNS, _FLAGS))
 
 
 def _text(path: str, line: int, record: dict[str, Any], column: str) -> str:

@@ -30,11 +30,10 @@ _FLAGS = "--config.text_column to the words' column and --config.label_column to
 
 def read_sentences(path: str, text_column: str, label_column: str) -> list[Row]:
   """The file's sentences as rows: `text` the words, `label` the tags (lists of equal length)."""
-  if os.path.splitext(path)[1].lower() not in ('.jsonl', '.ndjson', '.parquet'):
+  if not is_row_file(path):
     return [Row(words, None, tags, i + 1) for i, (words, tags) in enumerate(conll.read_conll(path, labels=None))]
   names, records = files.records(path)
-  words_at = files.find_column(path, names, text_column, files.Columns.text, WORD_COLUMNS, _FLAGS)
-  tags_at = files.find_column(path, names, label_column, files.Columns.label, TAG_COLUMNS, _FLAGS)
+  words_at, tags_at = sentence_columns(path, names, text_column, label_column)
   rows = []
   for line, record in records:
     words, tags = _strings(path, line, record, words_at), _strings(path, line, record, tags_at)
@@ -42,6 +41,17 @@ def read_sentences(path: str, text_column: str, label_column: str) -> list[Row]:
       raise DataError(f'{path}:{line}: {len(words)} words but {len(tags)} tags; give one tag per word')
     rows.append(Row(words, None, tags, line))
   return rows
+
+
+def is_row_file(path: str) -> bool:
+  """Whether `path` holds a sentence per row (JSONL, Parquet); any other file is read as CoNLL columns."""
+  return os.path.splitext(path)[1].lower() in ('.jsonl', '.ndjson', '.parquet')
+
+
+def sentence_columns(path: str, names: Sequence[str], text_column: str, label_column: str) -> tuple[str, str]:
+  """(the words' column, the tags' column) of a row file whose columns are `names`; DataError naming them."""
+  return (files.find_column(path, names, text_column, files.Columns.text, WORD_COLUMNS, _FLAGS),
+          files.find_column(path, names, label_column, files.Columns.label, TAG_COLUMNS, _FLAGS))
 
 
 def _strings(path: str, line: int, record: dict[str, Any], column: str) -> list[str]:

@@ -1,0 +1,196 @@
+"""The files a fine-tuning run will read, checked before it loads a checkpoint or compiles anything.
+
+`check_inputs(cfg)` looks at each file the run of `cfg` reads (its task's files in data_dir, or train_file,
+eval_file; retrieval's pairs, BEIR directory and STS file): that it exists, is a regular file that can be read, and
+that the columns the config names are in its header (CSV, TSV), its first record (JSONL) or its schema (Parquet). It
+reads only the first lines: a bad row further down is still the task's own reader's error, when the run reads the
+whole file. The error messages are the readers' own (`files.find_column`, `tagging.sentence_columns`, ...). Remote
+paths (gs://, s3://) are left to the readers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from bert_jax.errors import ConfigError, DataError
+from bert_jax.files import check_regular
+from bert_jax.finetuning.tasks import answering, conll, files, glue, squad, tagging
+
+
+def check_inputs(cfg) -> None:
+  """DataError (or ConfigError for a file that must be named) for the first input of `cfg`'s run that is missing,
+  unreadable or lacks a column the config names."""
+  task = cfg.task
+  if task in glue.TASKS:
+    _check_glue(glue.TASKS[task], cfg)
+  elif task == 'conll2003':
+    _check_conll(cfg)
+  elif task in ('squad', 'squad_v2'):
+    _check_squad(cfg, task == 'squad_v2')
+  elif task in files.TASKS:
+    for path in _own_files(cfg, 'the training file'):
+      names = column_names(path)
+      if names is not None:  # as files.read_rows finds them
+        files.resolve_text_column(path, names, cfg.text_column)
+        for wanted in (cfg.text_pair_column, cfg.label_column):
+          if wanted:
+            files.find_column(path, names, wanted, wanted)
+  elif task == 'tag':
+    for path in _own_files(cfg, 'the training file'):
+      if not tagging.is_row_file(path):
+        first_lines(path, 'tagged file', 1)
+      elif (names := column_names(path)) is not None:
+        tagging.sentence_columns(path, names, cfg.text_column, cfg.label_column)
+  elif task == 'qa':
+    for path in _own_files(cfg, 'the training file\'s contexts'):
+      if answering.is_squad_file(path):
+        first_lines(path, 'SQuAD file', 1)
+      elif (names := column_names(path)) is not None:
+        answering.row_columns(path, names, cfg)
+  elif task == 'retrieval':
+    _check_retrieval(cfg)
+
+
+def _own_files(cfg, held_out: str) -> list[str]:
+  """train_file (required) and eval_file (if given) of a task that reads your files."""
+  if not cfg.train_file:
+    raise DataError(f'task {cfg.task} reads your files: set --config.train_file (and --config.eval_file, or hold '
+                    f'out --config.eval_fraction of {held_out})')
+  return [p for p in (cfg.train_file, cfg.eval_file) if p]
+
+
+def _check_glue(task: glue.GlueTask, cfg) -> None:
+  paths = [cfg.train_file or os.path.join(cfg.data_dir, 'train.tsv')]
+  paths += [cfg.eval_file] if cfg.eval_file else [os.path.join(cfg.data_dir, f) for _, f in task.eval_files]
+  for path in paths:
+    lines = first_lines(path, 'GLUE file', 1, 'set data_dir (or train_file/eval_file) to the GLUE task folder')
+    if not lines:  # remote
+      continue
+    fields = lines[0].split('\t')
+    if task.has_header:
+      task._column_indices(path, [c.strip() for c in fields])  # pylint: disable=protected-access
+    else:  # CoLA: the columns by position
+      needed = max(c for c in (task.text_a, task.text_b, task.label) if c is not None) + 1
+      if len(fields) < needed:
+        raise DataError(f'{path}:1: {len(fields)} tab-separated column(s), {task.name} needs at least {needed}')
+
+
+def _check_conll(cfg) -> None:
+  paths = [cfg.train_file or os.path.join(cfg.data_dir, conll.TRAIN_FILE),
+           cfg.eval_file or os.path.join(cfg.data_dir, conll.DEV_FILE)]
+  if cfg.data_dir or not cfg.eval_file:  # as Conll2003.eval_sets
+    paths.append(os.path.join(cfg.data_dir, conll.TEST_FILE))
+  for path in paths:
+    first_lines(path, 'CoNLL file', 1, f'set data_dir to the CoNLL-2003 folder ({conll.TRAIN_FILE}, '
+                f'{conll.DEV_FILE}, {conll.TEST_FILE}) or train_file/eval_file')
+
+
+def _check_squad(cfg, version_2: bool) -> None:
+  train_name, dev_name = squad.file_names(version_2)
+  paths = [cfg.eval_file or os.path.join(cfg.data_dir, dev_name)]
+  if cfg.train_file:  # else train-*.json in data_dir if there, or the dev file split by article
+    paths.append(cfg.train_file)
+  for path in paths:
+    first_lines(path, 'SQuAD file', 1, 'set --config.data_dir (or train_file/eval_file) to where the official JSON '
+                'files are')
+
+
+def _check_retrieval(cfg) -> None:
+  if not cfg.train_file:
+    raise ConfigError('retrieval: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
+                      f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
+  if not cfg.beir_dir:
+    raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
+                      'qrels/<split>.tsv) to evaluate on')
+  names = column_names(cfg.train_file)
+  for column in (cfg.query_column, cfg.positive_column) + cfg.negative_column_names():
+    if names is not None and column not in names:  # as embedding.pairs.read_pairs says it
+      raise DataError(f'{cfg.train_file}:1: no column {column!r}; the file has '
+                      f'{", ".join(map(repr, names)) or "none"} (set --config.query_column, '
+                      '--config.positive_column or --config.negative_columns)')
+  if '://' not in cfg.beir_dir:
+    if not os.path.isdir(cfg.beir_dir):
+      raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
+                      'qrels/<split>.tsv)')
+    for name, what in (('corpus.jsonl', 'corpus file'), ('queries.jsonl', 'queries file'),
+                       (os.path.join('qrels', f'{cfg.beir_split}.tsv'), f'qrels file of beir_split={cfg.beir_split!r}')):
+      first_lines(os.path.join(cfg.beir_dir, name), what, 1)
+  names = column_names(cfg.sts_file) if cfg.sts_file else None
+  for column in (c.strip() for c in cfg.sts_columns.split(',')) if names is not None else ():
+    files.find_column(cfg.sts_file, names, column, column, flags='--config.sts_columns')
+
+
+# ------------------------------------------------------------------------------------------ reading the start
+
+
+def _readable(path: str, what: str, hint: str = '') -> bool:
+  """False for a remote path (its reader checks it); DataError for a missing or unreadable local one."""
+  if '://' in path:
+    return False
+  check_regular(path, what)
+  if not os.path.isfile(path):
+    raise DataError(f'{what} {path} does not exist' + (f'; {hint}' if hint else ''))
+  if not os.access(path, os.R_OK):
+    raise DataError(f'{what} {path} cannot be read (permission denied)')
+  return True
+
+
+def first_lines(path: str, what: str, n: int, hint: str = '') -> list[str]:
+  """The first `n` non-blank lines of a text file (fewer when it has fewer); DataError when it is missing,
+  unreadable, empty or does not start as UTF-8 text. A remote path: []."""
+  if not _readable(path, what, hint):
+    return []
+  lines = []
+  try:
+    with open(path, encoding='utf-8-sig') as f:
+      for line in f:
+        if line.strip():
+          lines.append(line.rstrip('\r\n'))
+          if len(lines) == n:
+            break
+  except UnicodeDecodeError as e:
+    raise DataError(f'{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it, e.g. with '
+                    'iconv -f latin1 -t utf-8') from None
+  except OSError as e:
+    raise DataError(f'{what} {path} cannot be read ({e.strerror})') from None
+  if not lines:
+    raise DataError(f'{path} is empty')
+  return lines
+
+
+def column_names(path: str) -> list[str] | None:
+  """A CSV/TSV file's header, a JSONL file's first record's keys or a Parquet file's columns, as
+  `files.records` names them (None for a remote path); DataError for a missing, unreadable or empty file or an
+  unknown file type."""
+  if not _readable(path, 'data file'):
+    return None
+  fmt = files.file_format(path)
+  if fmt == 'parquet':
+    try:
+      import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      raise DataError(f'{path}: reading Parquet needs pyarrow, which is not installed: '
+                      'pip install "bert_jax[parquet]" (or pyarrow), or give CSV/TSV/JSONL') from None
+    try:
+      return list(pq.read_schema(path).names)
+    except Exception as e:  # pylint: disable=broad-except  (pyarrow's many error types: a damaged file)
+      raise DataError(f'{path}: unreadable Parquet ({e})') from None
+  lines = first_lines(path, 'data file', 1)
+  if fmt == 'jsonl':
+    try:
+      record = json.loads(lines[0])
+    except ValueError as e:
+      raise DataError(f'{path}: the first line is not JSON ({e})') from None
+    if not isinstance(record, dict):
+      raise DataError(f'{path}: a JSONL line must be an object ({{"text": ..., "label": ...}}), '
+                      f'not {type(record).__name__}')
+    return list(record)
+  if fmt == 'tsv':
+    return [c.strip() for c in lines[0].split('\t')]
+  try:  # CSV: the first row, which quotes may carry over several lines
+    with open(path, encoding='utf-8-sig', newline='') as f:
+      header = next((row for row in csv.reader(f, strict=True) if any(v.strip() for v in row)), [])
+  except csv.Error as e:
+    raise DataError(f'{path}:1: unreadable CSV header ({e})') from None
+  return [c.strip() for c in header]
