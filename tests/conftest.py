@@ -384,12 +384,21 @@ def wordpiece():
 
 
 # The fast tier (-m "not slow") is a developer's loop: a test in it whose call (not its shared fixtures) takes longer
-# than this fails, with the advice to mark it slow or make it smaller. On in the fast tier only (the whole suite, as CI
-# runs it, is not timed); BERT_JAX_FAST_LIMIT_S sets the limit in seconds, 0 turns it off (a loaded machine).
+# than BERT_JAX_FAST_LIMIT_S seconds (5; 0 turns the check off) is listed in a section at the end of the run, with
+# the advice to mark it slow or make it smaller. A report, not a failure: a busy or slower machine takes longer over
+# the same work (five tests took 5.1-5.9 s on a loaded 2-core VM). BERT_JAX_FAST_LIMIT_STRICT=1 fails those tests
+# instead (on a quiet machine, e.g. before committing a new fast test). On in the fast tier only: the whole suite,
+# as CI runs it, is not timed.
 try:
   FAST_LIMIT_S = float(os.environ.get('BERT_JAX_FAST_LIMIT_S', '5') or 0)
 except ValueError:
   raise pytest.UsageError('BERT_JAX_FAST_LIMIT_S is seconds (a number; 0 turns the check off)') from None
+if os.environ.get('BERT_JAX_FAST_LIMIT_STRICT', '0') not in ('0', '1', ''):
+  raise pytest.UsageError('BERT_JAX_FAST_LIMIT_STRICT is 1 (a fast-tier call over BERT_JAX_FAST_LIMIT_S fails) or 0 '
+                          '(it is listed at the end of the run)')
+FAST_LIMIT_STRICT = os.environ.get('BERT_JAX_FAST_LIMIT_STRICT') == '1'
+_OVER_LIMIT = 'fast_tier_over_limit_s'  # a report's user property, the call's seconds (xdist sends it on)
+_over_limit: list[tuple[str, float]] = []  # (node id, seconds) of the calls over the limit, in the reporting process
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -398,9 +407,27 @@ def pytest_runtest_makereport(item, call):
   report = outcome.get_result()
   if (FAST_LIMIT_S and report.when == 'call' and report.passed and item.get_closest_marker('slow') is None
       and report.duration > FAST_LIMIT_S and 'not slow' in item.config.getoption('markexpr')):
-    report.outcome = 'failed'
-    report.longrepr = (f'{item.nodeid} took {report.duration:.1f} s, over the fast tier\'s {FAST_LIMIT_S:g} s: mark '
-                       'it @pytest.mark.slow or make it smaller (shapes, steps, a shared fixture)')
+    if FAST_LIMIT_STRICT:
+      report.outcome = 'failed'
+      report.longrepr = (f'{item.nodeid} took {report.duration:.1f} s, over the fast tier\'s {FAST_LIMIT_S:g} s: '
+                         'mark it @pytest.mark.slow or make it smaller (shapes, steps, a shared fixture)')
+    else:
+      report.user_properties.append((_OVER_LIMIT, report.duration))
+
+
+def pytest_runtest_logreport(report):
+  seconds = dict(report.user_properties).get(_OVER_LIMIT)
+  if seconds is not None:
+    _over_limit.append((report.nodeid, seconds))
+
+
+def pytest_terminal_summary(terminalreporter):
+  if _over_limit:
+    terminalreporter.section(f'fast-tier calls over {FAST_LIMIT_S:g} s')
+    for nodeid, seconds in sorted(_over_limit, key=lambda x: -x[1]):
+      terminalreporter.write_line(f'{seconds:5.1f} s  {nodeid}')
+    terminalreporter.write_line('Mark them @pytest.mark.slow or make them smaller (shapes, steps, a shared fixture); '
+                                'on a busy machine rerun before deciding (BERT_JAX_FAST_LIMIT_STRICT=1 fails them).')
 
 
 _XLA_CACHE_ON = [None]  # whether this process's jax uses the persistent cache now (None: not set yet)
