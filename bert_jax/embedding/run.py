@@ -32,7 +32,7 @@ from bert_jax.embedding.objective import BiEncoder, Contrastive, ContrastiveSpec
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import batching
 from bert_jax.finetuning.run import _run_dirs, log_result, summarize_seeds  # pylint: disable=protected-access
-from bert_jax.interop.pretrained import describe, finetuning_tokenizer_path
+from bert_jax.interop.pretrained import describe, finetuning_tokenizer
 from bert_jax.model.attention import describe_attention
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
@@ -104,7 +104,7 @@ class RetrievalJob:
     if self._evaluation:  # the workdir's own model and tokenizer; no pairs
       cfg = self.cfg
       self._check(cfg, mesh)
-      tokenizer = load_tokenizer(finetuning_tokenizer_path(workdir, workdir.config()))
+      tokenizer = finetuning_tokenizer(workdir, workdir.config())
       return _Inputs(cfg, None, tokenizer, [], beir.read_beir(cfg.beir_dir, cfg.beir_split), _sts(cfg))
     source = describe(self.cfg.init_checkpoint, 'init_checkpoint')
     cfg = dataclasses.replace(self.cfg, model=source.model_config(self.cfg.model, self._explicit_model_fields))

@@ -37,7 +37,7 @@ from bert_jax.finetuning import batching
 from bert_jax.finetuning.objective import Finetuning
 from bert_jax.finetuning.tasks import get_task, metrics
 from bert_jax.finetuning.tasks.base import Feature
-from bert_jax.interop.pretrained import describe, finetuning_tokenizer_path
+from bert_jax.interop.pretrained import describe, finetuning_tokenizer
 from bert_jax.model.attention import describe_attention
 from bert_jax.model.heads import SEQUENCE_KINDS, head_model
 from bert_jax.runs import reporting
@@ -120,7 +120,7 @@ class FinetuningJob:
     """The workdir's own tokenizer when it holds one (refused for training when the starting checkpoint's
     is no longer that one), else the starting checkpoint's."""
     if self._evaluation:
-      return load_tokenizer(finetuning_tokenizer_path(workdir, saved))
+      return finetuning_tokenizer(workdir, saved)
     theirs, own = source.tokenizer(), workdir.tokenizer_file()
     if own is None:
       return theirs

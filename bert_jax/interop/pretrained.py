@@ -141,6 +141,19 @@ class FinetunedBert:
     return PretrainedBert(self.config, {'bert': self.params['bert']}, self.tokenizer, 'bert_jax', self.path, self.step)
 
 
+def check_tokenizer(tokenizer, model: ModelConfig, path: str) -> None:
+  """Raises CheckpointError when `tokenizer` (read from checkpoint `path`) gives ids past `model`'s embedding table.
+
+  Such an id embeds as NaN (jax's gather fills rows out of range with NaN) and spreads to every hidden state, the
+  pooler and the sentence embedding, silently. A table longer than the tokenizer (ModernBERT's, padded to a multiple
+  of 64) is fine.
+  """
+  if tokenizer.vocab_size > model.vocab_size:
+    raise CheckpointError(f'{path}: its tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens but the model '
+                          f'only {model.vocab_size} embeddings (ids {model.vocab_size}..{tokenizer.vocab_size - 1} '
+                          'would give NaN): give the tokenizer the model was trained with')
+
+
 @dataclasses.dataclass(frozen=True)
 class Source:
   """Any checkpoint, described without reading its weights (its kind from `runs.workdir.inspect`).
@@ -160,7 +173,10 @@ class Source:
   saved: dict[str, Any] | None = None
 
   def tokenizer(self):
-    return load_tokenizer(self.tokenizer_path)
+    """Its tokenizer, checked against its model (`check_tokenizer`)."""
+    tokenizer = load_tokenizer(self.tokenizer_path)
+    check_tokenizer(tokenizer, self.model, self.path)
+    return tokenizer
 
   def embedding(self) -> sentence_transformers.Embedding | None:
     """How this checkpoint's sentence embeddings are made, when it says: a retrieval run's pooling,
@@ -269,6 +285,23 @@ def finetuning_tokenizer_path(workdir: Workdir, saved: dict[str, Any], log=repor
   return describe(parent, 'starting checkpoint', log=lambda _: None).tokenizer_path
 
 
+def finetuning_tokenizer(workdir: Workdir, saved: dict[str, Any], log=reporting.log):
+  """A fine-tuning workdir's tokenizer (`finetuning_tokenizer_path`), checked against the model it fine-tuned.
+
+  Raises:
+    CheckpointError: no tokenizer, or one with more tokens than the model has embeddings.
+  """
+  model = ModelConfig.from_saved(saved['finetune']['model'])
+  tokenizer = load_tokenizer(finetuning_tokenizer_path(workdir, saved, log))
+  if workdir.tokenizer_file() is None and tokenizer.vocab_size > model.vocab_size:
+    raise CheckpointError(f'{workdir.path}: the tokenizer of its starting checkpoint '
+                          f'{saved["finetune"].get("init_checkpoint")} has {tokenizer.vocab_size} tokens but the '
+                          f'model {model.vocab_size}: that path now holds another model than the one this run was '
+                          'fine-tuned from')
+  check_tokenizer(tokenizer, model, workdir.path)
+  return tokenizer
+
+
 def load_finetuned(workdir: str, seed: int | None = None, step: int | None = None,
                    log=reporting.log) -> FinetunedBert:
   """A fine-tuning workdir's model: seed `seed` (default the run's first), checkpoint `step` (latest when None).
@@ -278,8 +311,8 @@ def load_finetuned(workdir: str, seed: int | None = None, step: int | None = Non
   older workdirs). Warnings go to `log`.
 
   Raises:
-    CheckpointError: not a complete fine-tuning workdir, no such seed or step, or no tokenizer (an
-      older workdir whose starting checkpoint is gone or holds a larger vocabulary than the model).
+    CheckpointError: not a complete fine-tuning workdir, no such seed or step, no tokenizer (an older
+      workdir whose starting checkpoint is gone), or a tokenizer with more tokens than the model has embeddings.
   """
   wd = Workdir(workdir)
   saved = wd.config()
@@ -296,12 +329,8 @@ def load_finetuned(workdir: str, seed: int | None = None, step: int | None = Non
     module_fn = lambda rngs: BiEncoder(cfg, ContrastiveSpec.of(ft), rngs=rngs)
   else:
     module_fn = lambda rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs)
+  tokenizer = finetuning_tokenizer(wd, saved, log)  # before the weights: a bad one is refused at once
   params, at = restore_params(wd.seed_dir(seed), module_fn, step)
-  tokenizer = load_tokenizer(finetuning_tokenizer_path(wd, saved, log))
-  if tokenizer.vocab_size > cfg.vocab_size:  # ids past the embedding table would give NaN, silently
-    raise CheckpointError(f'{workdir}: the tokenizer of its starting checkpoint {ft.init_checkpoint} has '
-                          f'{tokenizer.vocab_size} tokens but the model {cfg.vocab_size}: that path now holds '
-                          'another model than the one this run was fine-tuned from')
   return FinetunedBert(cfg, ft, task, params, tokenizer, workdir, seed, at)
 
 
@@ -323,9 +352,9 @@ def load_pretrained(path: str, step: int | None = None, other_heads: bool = Fals
                           'masked-LM head; use experiments/predict.py on it, or give a pretraining workdir or a '
                           'Hugging Face BertForMaskedLM / BertForPreTraining directory')
   source = describe(path)
+  tokenizer = source.tokenizer()  # before the weights: a tokenizer larger than the model is refused at once
   params, at = source.params(step, other_heads)
-  return PretrainedBert(source.model, params, source.tokenizer(), 'hf' if source.kind == 'hf' else 'bert_jax', path,
-                        step=at)
+  return PretrainedBert(source.model, params, tokenizer, 'hf' if source.kind == 'hf' else 'bert_jax', path, step=at)
 
 
 def load_encoder(path: str, step: int | None = None) -> PretrainedBert:

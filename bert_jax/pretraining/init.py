@@ -37,6 +37,7 @@ def resolve_init_checkpoint(cfg: PretrainConfig, explicit_model_fields: Collecti
     return cfg, None
   source = describe(cfg.init_checkpoint, 'init_checkpoint')
   model = source.model_config(cfg.model, explicit_model_fields)
+  source.tokenizer()  # CheckpointError when its tokenizer has more tokens than its model has embeddings
   tokenizer = cfg.data.tokenizer or source.tokenizer_path
   if cfg.data.tokenizer and os.path.abspath(cfg.data.tokenizer) != os.path.abspath(source.tokenizer_path):
     _check_same_vocabulary(cfg.data.tokenizer, source)

@@ -181,7 +181,7 @@ def test_bad_input_is_one_error_line_and_writes_nothing(case, small_corpus, tmp_
       'architecture': (['--config.model.hidden_size=64'], 'fixes the architecture, but model.hidden_size=64'),
       'positions': (['--config.data.max_seq_length=128'], 'exceeds model.max_position_embeddings=64 of init_checkpoint'),
       'tokenizer': ([f'--config.data.tokenizer={other}'], 'is not the tokenizer of init_checkpoint'),
-      'vocab_size': ([], 'vocab_size'),
+      'vocab_size': ([], 'has 300 tokens but the model only 128 embeddings'),
       'inside': ([f'--workdir={source}/run'], 'is inside init_checkpoint'),
       'missing': ([], 'is not a directory'),
   }[case]
