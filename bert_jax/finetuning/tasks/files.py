@@ -329,6 +329,15 @@ class FileTask:
       raise RuntimeError('the label names are known once the task has read its data')
     return len(self.label_names)
 
+  def planned_label_names(self, cfg) -> list[str]:
+    """The label names a new run of `cfg` takes ([] for regression): label_names, else the training file's values,
+    read without deciding this task's names (--print_config)."""
+    if self.kind == 'regression':
+      return []
+    if cfg.label_names:
+      return parse_label_names(cfg.label_names)
+    return self._names_of(self._values(self._read(cfg.train_file, cfg)))
+
   def train_features(self, cfg, tokenizer) -> list[Feature]:
     """The training rows (without the held-out ones; the first `max_train_samples` when > 0) as features."""
     rows, _ = self._train_split(cfg)
@@ -367,7 +376,7 @@ class FileTask:
     else:
       preds = scores.argmax(axis=-1)
       result = {'accuracy': metrics.accuracy(preds, data.labels),
-                'macro_f1': metrics.f1_macro(preds, data.labels, self.num_labels)}
+                'macro_f1': metrics.f1_macro(preds, data.labels)}
       values = [self.label_names[int(p)] for p in preds]
     if output_dir is not None:
       lines = ['line\tprediction'] + [f'{l}\t{v}' for l, v in zip(data.lines, values)]

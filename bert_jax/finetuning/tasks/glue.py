@@ -57,7 +57,7 @@ class GlueTask:
   label_names: list[str] = dataclasses.field(default_factory=lambda: ['0', '1'])  # [] regression
   label_values: tuple[str, ...] = ()  # how the file writes each label, in index order; () as label_names
   main_metric: str = 'accuracy'
-  extra_metrics: tuple[str, ...] = ()  # beside accuracy (classification) / pearson+spearmanr
+  extra_metrics: tuple[str, ...] = ()  # beside accuracy and macro_f1 (classification) / pearson+spearmanr
   eval_files: tuple[tuple[str, str], ...] = (('dev', 'dev.tsv'),)  # (set name, file name)
 
   @property
@@ -122,7 +122,7 @@ class GlueTask:
       result = {m: _METRICS[m](preds, data.labels) for m in ('pearson', 'spearmanr')}
     else:
       preds = scores.argmax(axis=-1)
-      result = {m: _METRICS[m](preds, data.labels) for m in ('accuracy',) + self.extra_metrics}
+      result = {m: _METRICS[m](preds, data.labels) for m in ('accuracy',) + self.extra_metrics + ('macro_f1',)}
     if output_dir is not None:
       self._write_predictions(os.path.join(output_dir, f'predictions_{eval_set.name}.tsv'),
                               data.row_ids, preds)
@@ -181,6 +181,7 @@ class GlueTask:
 _METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
     'accuracy': metrics.accuracy,
     'f1': metrics.f1_binary,
+    'macro_f1': metrics.f1_macro,
     'matthews_corrcoef': metrics.matthews_corrcoef,
     'pearson': metrics.pearson,
     'spearmanr': metrics.spearman,

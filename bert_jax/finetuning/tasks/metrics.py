@@ -33,10 +33,12 @@ def f1_binary(preds: Sequence[int], labels: Sequence[int], positive: int = 1) ->
   return _f1(tp, n_pred, n_gold)
 
 
-def f1_macro(preds: Sequence[int], labels: Sequence[int], num_labels: int) -> float:
-  """The mean over classes 0..num_labels-1 of each class's F1 (sklearn's average='macro' over every label);
-  a class neither predicted nor gold scores 0.0."""
-  return float(np.mean([f1_binary(preds, labels, positive=k) for k in range(num_labels)])) if num_labels else 0.0
+def f1_macro(preds: Sequence[int], labels: Sequence[int]) -> float:
+  """The mean of each class's F1 over the classes present in `labels` or `preds` (sklearn's
+  f1_score(average='macro'): a class neither gold nor predicted is not averaged); 0.0 for empty input."""
+  preds, labels = _pair(preds, labels)
+  classes = np.union1d(preds, labels)
+  return float(np.mean([f1_binary(preds, labels, positive=k) for k in classes])) if len(classes) else 0.0
 
 
 def multilabel_scores(preds_nl: np.ndarray, golds_nl: np.ndarray) -> dict[str, float]:

@@ -175,7 +175,7 @@ def test_sst2_evaluate_one_hot(wordpiece, tmp_path):
   (dev,) = task.eval_sets(FinetuneConfig(task='sst2', data_dir=SST2, max_seq_length=64), wordpiece)
   assert dev.name == 'dev' and len(dev.features) == 872
   result = task.evaluate(dev, _one_hot(dev.data.labels, 2), str(tmp_path))
-  assert result == {'accuracy': 1.0}
+  assert result == {'accuracy': 1.0, 'macro_f1': 1.0}
   with open(tmp_path / 'predictions_dev.tsv', encoding='utf-8') as f:
     lines = f.read().splitlines()
   assert lines[0] == 'index\tprediction' and len(lines) == 873
@@ -213,7 +213,9 @@ def test_mnli_two_eval_sets(tmp_path):
   assert [s.name for s in sets] == ['dev_matched', 'dev_mismatched']
   assert sets[0].data.labels.tolist() == [2, 1, 0] and len(sets[1].features) == 2
   logits = _one_hot([2, 1, 1], 3)  # last one wrong
-  assert task.evaluate(sets[0], logits, str(tmp_path)) == {'accuracy': pytest.approx(2 / 3)}
+  # per class F1: contradiction 0 (missed), entailment 2/3 (1 right of 2 predicted, 1 gold), neutral 1
+  assert task.evaluate(sets[0], logits, str(tmp_path)) == {'accuracy': pytest.approx(2 / 3),
+                                                           'macro_f1': pytest.approx((0 + 2 / 3 + 1) / 3)}
   with open(tmp_path / 'predictions_dev_matched.tsv', encoding='utf-8') as f:
     assert f.read() == 'index\tprediction\n0\tneutral\n1\tentailment\n2\tentailment\n'
 
@@ -229,7 +231,7 @@ def test_cola_headerless_and_mcc(tmp_path):
   (dev,) = task.eval_sets(cfg, WhitespaceTokenizer())
   assert dev.data.labels.tolist() == [1, 0, 1, 0]
   result = task.evaluate(dev, _one_hot([1, 0, 1, 0], 2), None)
-  assert result == {'accuracy': 1.0, 'matthews_corrcoef': pytest.approx(1.0)}
+  assert result == {'accuracy': 1.0, 'matthews_corrcoef': pytest.approx(1.0), 'macro_f1': 1.0}
   assert not os.path.exists(tmp_path / 'predictions_dev.tsv')  # output_dir None: no file
 
 
@@ -242,8 +244,8 @@ def test_mrpc_reports_f1(tmp_path):
   (dev,) = task.eval_sets(cfg, WhitespaceTokenizer())
   assert dev.features[0].token_type_ids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
   result = task.evaluate(dev, _one_hot([1, 1, 0], 2), None)
-  # gold 1 0 1, pred 1 1 0: TP=1 FP=1 FN=1 -> F1 = 2 / 4
-  assert result == {'accuracy': pytest.approx(1 / 3), 'f1': pytest.approx(0.5)}
+  # gold 1 0 1, pred 1 1 0: TP=1 FP=1 FN=1 -> F1 = 2 / 4; class 0's F1 is 0 (its one gold and one prediction differ)
+  assert result == {'accuracy': pytest.approx(1 / 3), 'f1': pytest.approx(0.5), 'macro_f1': pytest.approx(0.25)}
 
 
 def test_stsb_regression(tmp_path):

@@ -1,5 +1,9 @@
 """metrics.class_report: evaluate.py's per-class table of a classification eval set (precision, recall, F1 and
-support per class, and the confusion table up to CONFUSION_MAX_CLASSES classes), checked by hand."""
+support per class, and the confusion table up to CONFUSION_MAX_CLASSES classes), checked by hand; macro F1 by hand
+and against sklearn's."""
+
+import numpy as np
+import pytest
 
 from bert_jax.finetuning.tasks import metrics
 
@@ -37,3 +41,22 @@ def test_multilabel_scores_by_hand():
 
 def test_majority_accuracy_is_the_most_frequent_class_share():
   assert metrics.majority_accuracy([1, 0, 1, 1, 2]) == 0.6 and metrics.majority_accuracy([]) == 0.0
+
+
+def test_f1_macro_averages_the_classes_gold_or_predicted_by_hand():
+  # class 0: tp 1, 1 predicted, 2 gold -> 2/3; class 1: tp 1, 2 predicted, 1 gold -> 2/3. Class 2 is neither gold
+  # nor predicted: not averaged (sklearn's average='macro' over the labels present), not a 0 pulling the mean down.
+  assert metrics.f1_macro([0, 1, 1], [0, 0, 1]) == pytest.approx(2 / 3)
+  # A class predicted but never gold counts (F1 0): gold 0 0 1, predicted 0 2 1 -> (2/3 + 1 + 0) / 3.
+  assert metrics.f1_macro([0, 2, 1], [0, 0, 1]) == pytest.approx((2 / 3 + 1 + 0) / 3)
+  assert metrics.f1_macro([], []) == 0.0
+
+
+def test_f1_macro_is_sklearns():
+  f1_score = pytest.importorskip('sklearn.metrics').f1_score
+  rng = np.random.default_rng(0)
+  for n, k in ((50, 2), (200, 5), (30, 7), (1, 3)):
+    gold, pred = rng.integers(0, k, n), rng.integers(0, k, n)
+    pred[pred == k - 1] = 0  # a class that is gold but never predicted
+    assert metrics.f1_macro(pred, gold) == pytest.approx(f1_score(gold, pred, average='macro', zero_division=0),
+                                                         abs=1e-12)
