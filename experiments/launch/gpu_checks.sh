@@ -1,5 +1,5 @@
 #!/bin/bash
-# The one script a lent GPU runs (≤ 9 minutes; figures: docs/results.md, "On one GPU"), from the repository root:
+# The one script to run on a GPU machine (≤ 9 minutes; figures: docs/results.md, "On one GPU"), from the repo root:
 #   OUT=/tmp/gpu_checks experiments/launch/gpu_checks.sh
 # Each check under its own time limit, a log per check in $OUT, its tail printed; the main figures first:
 #   ladder     the speed levers one at a time on the BERT-base train step (256 x 128, bfloat16), each kept when

@@ -1,15 +1,15 @@
 """The accelerator table: speed levers measured one at a time on BERT-base, then the target shapes.
 
 `run_ladder` times the pretraining train step (`benchmark.benchmark_train_step`) for a ladder of settings: a
-baseline (the first GPU session's: BERT-base, 256 x 128, bfloat16, BERT's hidden dropout, cuDNN attention with a
-dense mask, float32 backward matmuls for the MLM logits), then one lever per row on top of the best setting so
-far. A lever that is a pure speed switch (`adopt`) is kept for the rows after it when it is faster; a recipe change
-(dropout settings) is reported beside the ladder and never kept. `run_targets` times the target shapes (BERT-large
-and BERT-base at 512, ModernBERT-base at 1,024 and 8,192 tokens) with every switch the ladder adopted, read from
-its rows (so it runs in a process and under a time limit of its own). Rows go to `rows.jsonl` as they finish and
-the tables (`gpu_table.md`, `gpu_table.csv`) are rewritten after each, so a check stopped at its time limit keeps
-what it measured. `profile_breakdown` reads a jax profiler trace of the best base step and sums device time by
-kind.
+baseline (the step first measured on a GPU, an H200 on 2026-11-27: BERT-base, 256 x 128, bfloat16, BERT's hidden
+dropout, cuDNN attention with a dense mask, float32 backward matmuls for the MLM logits), then one lever per row on
+top of the best setting so far. A lever that is a pure speed switch (`adopt`) is kept for the rows after it when it
+is faster; a recipe change (dropout settings) is reported beside the ladder and never kept. `run_targets` times the
+target shapes (BERT-large and BERT-base at 512, ModernBERT-base at 1,024 and 8,192 tokens) with every switch the
+ladder adopted, read from its rows (so it runs in a process and under a time limit of its own). Rows go to
+`rows.jsonl` as they finish and the tables (`gpu_table.md`, `gpu_table.csv`) are rewritten after each, so a check
+stopped at its time limit keeps what it measured. `profile_breakdown` reads a jax profiler trace of the best base
+step and sums device time by kind.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class Lever:
   adopt: bool = True
 
 
-# The first GPU session's step (docs/results.md, 2026-11-27): 474,923 tokens/s, 26.2% MFU on an H200.
+# The step first measured on a GPU (docs/results.md, 2026-11-27, 83aed74): 474,923 tokens/s, 26.2% MFU on an H200.
 BASELINE = Setting('base', 256, 128, model=tuple(sorted(dict(
     dtype='bfloat16', attention_dropout=0.0, fused_mask='dense', logits_backward='float32').items())))
 

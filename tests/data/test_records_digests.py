@@ -1,7 +1,7 @@
 """Prepared records stay byte-identical: caches of small corpora of several shapes against committed digests.
 
 The digests in tests/fixtures/records_digests.json were recorded by this module's code on the
-pipeline as it stood before its reader, pair construction and writing were vectorised (issue 25);
+pipeline as it stood before its reader, pair construction and writing were vectorised (2026-11-25);
 records.FORMAT_VERSION promises that the same inputs give the same records, so any change to them
 must bump it (and re-record the fixture: `python3 tests/data/test_records_digests.py --write`).
 
