@@ -51,8 +51,10 @@ Variants:
   squad_v2        SQuAD v2.0 (train-v2.0.json / dev-v2.0.json in data_dir), 2 epochs, lr 5e-5, the
                   no-answer threshold tuned on dev
 
-init_checkpoint is a Hugging Face directory or a bert_jax workdir (pretraining, or fine-tuning: its
-encoder), only ever read; its architecture is the model's. The fields are pretraining's where they
+init_checkpoint is a Hugging Face directory (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA, ModernBERT; a
+sentence-transformers directory too) or a bert_jax workdir (pretraining, or fine-tuning: its encoder), only ever
+read; its architecture is the model's (--print_config shows it). A field of another task's (--config.temperature on
+sst2) is an error naming the tasks that read it. The fields are pretraining's where they
 mean the same (--config.optim.learning_rate, --config.num_train_steps, --config.model.dtype, ...;
 LAMB, b1/b2 and --config.optim.grad_accum_steps too). Several seeds with mean and std:
 --config.num_seeds=5. Evaluate a trained workdir again: experiments/evaluate.py --workdir=DIR [--step=N].
