@@ -9,13 +9,21 @@ from bert_jax.finetuning.tasks import answering, conll, files, glue, squad, tagg
 from bert_jax.finetuning.tasks.base import Task
 
 
+def _tasks() -> dict[str, Task]:
+  return {**glue.TASKS, 'conll2003': conll.Conll2003(), 'squad': squad.Squad(False), 'squad_v2': squad.Squad(True),
+          **{n: files.FileTask(n, kind) for n, kind in files.TASKS.items()},
+          'tag': tagging.TagTask(), 'qa': answering.AnswerTask()}
+
+
+def task_names() -> tuple[str, ...]:
+  """Every name `get_task` knows (retrieval, the other FinetuneConfig.task, is embedding.run's job)."""
+  return tuple(_tasks())
+
+
 def get_task(name: str) -> Task:
   """The task of a FinetuneConfig.task name: a GLUE task, 'conll2003', 'squad', 'squad_v2', or 'classify' /
   'regress' / 'tag' / 'qa' (the config's own files; a new task each call, as it learns its labels from them)."""
-  tasks: dict[str, Task] = {**glue.TASKS, 'conll2003': conll.Conll2003(), 'squad': squad.Squad(False),
-                            'squad_v2': squad.Squad(True),
-                            **{n: files.FileTask(n, kind) for n, kind in files.TASKS.items()},
-                            'tag': tagging.TagTask(), 'qa': answering.AnswerTask()}
+  tasks = _tasks()
   if name not in tasks:
     raise ConfigError(f'unknown task {name!r}; choose from {", ".join(tasks)}')
   return tasks[name]

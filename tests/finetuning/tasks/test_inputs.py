@@ -116,3 +116,13 @@ def test_retrieval_pairs_beir_set_and_sts_file(tmp_path):
 def test_remote_paths_are_left_to_their_readers():
   check_inputs(FinetuneConfig(task='classify', train_file='gs://bucket/train.csv'))
   check_inputs(FinetuneConfig(task='sst2', data_dir='gs://bucket/sst2'))  # nothing opened: no network needed
+
+
+def test_the_config_knows_every_task_by_its_kind():
+  """FinetuneConfig's task table (which fields each task reads) names every task the registry has."""
+  from bert_jax.config.finetune import TASKS, task_kind  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning.tasks import get_task, task_names  # pylint: disable=g-import-not-at-top
+  assert set(task_names()) | {'retrieval'} == set(TASKS)
+  heads = {'classification': {'classification', 'regression', 'multilabel'}, 'tagging': {'token'}, 'qa': {'span'}}
+  for name in task_names():
+    assert get_task(name).kind in heads[task_kind(name)], name
