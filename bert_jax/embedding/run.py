@@ -107,6 +107,7 @@ class RetrievalJob:
       tokenizer = finetuning_tokenizer(workdir, workdir.config())
       return _Inputs(cfg, None, tokenizer, [], beir.read_beir(cfg.beir_dir, cfg.beir_split), _sts(cfg))
     source = describe(self.cfg.init_checkpoint, 'init_checkpoint')
+    source.check_weights()
     cfg = dataclasses.replace(self.cfg, model=source.model_config(self.cfg.model, self._explicit_model_fields))
     self._check(cfg, mesh)
     saved = workdir.config()

@@ -99,6 +99,7 @@ class FinetuningJob:
     if not self._evaluation:  # the starting checkpoint sets the architecture
       source = describe(cfg.init_checkpoint, 'init_checkpoint')
       cfg = dataclasses.replace(cfg, model=source.model_config(cfg.model, self._explicit_model_fields))
+      source.check_weights()
     scaffold.check_sequence_length(cfg, 'max_seq_length', cfg.max_seq_length, cfg.model)
     scaffold.check_batch_sizes(cfg, mesh)
     saved = workdir.config()

@@ -12,7 +12,7 @@ from typing import Any
 
 from flax import nnx, traverse_util
 import numpy as np
-from safetensors import SafetensorError, numpy as st_numpy
+from safetensors import SafetensorError, numpy as st_numpy, safe_open as st_safe_open
 
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
@@ -46,8 +46,9 @@ def read_json_config(directory: str) -> dict[str, Any]:
 
 
 
-def read_tensors(directory: str) -> dict[str, np.ndarray]:
-  """All tensors of the checkpoint (one file or an index of shards), floats as float32."""
+def weight_files(directory: str) -> list[str]:
+  """The safetensors files of the checkpoint (one file or an index's shards), by name; CheckpointError when there
+  are none (only a pickle, or no weights at all)."""
   index = os.path.join(directory, INDEX_FILE)
   for name in (WEIGHTS_FILE, INDEX_FILE):
     check_regular(os.path.join(directory, name), 'checkpoint file')
@@ -69,8 +70,26 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
   else:
     raise CheckpointError(f'{directory} has no {WEIGHTS_FILE}; download the safetensors weights '
                           'of the checkpoint into it')
+  return files
+
+
+def check_weights(directory: str) -> None:
+  """Raises CheckpointError unless every safetensors file of the checkpoint has a header that reads and covers the
+  file (not a truncated download, not another format): the headers only, in a moment, before anything is written."""
+  for name in weight_files(directory):
+    path = os.path.join(directory, name)
+    check_regular(path, 'checkpoint file')
+    try:
+      with st_safe_open(path, framework='numpy') as f:
+        f.keys()
+    except (SafetensorError, OSError, ValueError, TypeError, KeyError) as e:
+      raise CheckpointError(f'{path} cannot be read as safetensors ({type(e).__name__}: {e})') from None
+
+
+def read_tensors(directory: str) -> dict[str, np.ndarray]:
+  """All tensors of the checkpoint (one file or an index of shards), floats as float32."""
   tensors = {}
-  for name in files:
+  for name in weight_files(directory):
     path = os.path.join(directory, name)
     check_regular(path, 'checkpoint file')
     try:

@@ -25,7 +25,7 @@ from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, PretrainCon
 from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
 from bert_jax.embedding.objective import BiEncoder, ContrastiveSpec
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.interop import hf, sentence_transformers
+from bert_jax.interop import hf, hf_files, sentence_transformers
 from bert_jax.interop.packaged import packaged_minilm  # pylint: disable=unused-import  # its old home
 from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model
@@ -183,6 +183,13 @@ class Source:
     normalisation, passage length and Matryoshka sizes, or a sentence-transformers folder's; else None."""
     if self.kind == 'finetuning' and self.saved['finetune'].get('task') == RETRIEVAL:
       task = self.saved['task']
+  def check_weights(self) -> None:
+    """CheckpointError when a Hugging Face directory's safetensors files cannot be read (their headers only: a
+    moment), for a run to refuse before it writes anything; a bert_jax workdir's checkpoints are checked as they
+    are restored (an unusable one is skipped)."""
+    if self.kind == 'hf':
+      hf_files.check_weights(self.path)
+
       return sentence_transformers.Embedding(
           pooling=task['pooling'], normalize=bool(task.get('normalize', True)),
           max_seq_length=int(self.saved['finetune']['max_seq_length']),

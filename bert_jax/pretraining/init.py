@@ -38,6 +38,7 @@ def resolve_init_checkpoint(cfg: PretrainConfig, explicit_model_fields: Collecti
   source = describe(cfg.init_checkpoint, 'init_checkpoint')
   model = source.model_config(cfg.model, explicit_model_fields)
   source.tokenizer()  # CheckpointError when its tokenizer has more tokens than its model has embeddings
+  source.check_weights()  # and when its weights cannot be read: before the data is prepared and the workdir made
   tokenizer = cfg.data.tokenizer or source.tokenizer_path
   if cfg.data.tokenizer and os.path.abspath(cfg.data.tokenizer) != os.path.abspath(source.tokenizer_path):
     _check_same_vocabulary(cfg.data.tokenizer, source)

@@ -482,6 +482,12 @@ class Checkpointer:
   def close(self) -> None:
     with self._write_errors():
       self.manager.wait_until_finished()
+      # The clean-up of killed saves' temporary directories that the manager starts in a thread of its own: its
+      # close does not wait for it (only a save does, orbax-checkpoint 0.12.8). Left running when a run fails
+      # before its first save, it outlives the interpreter's executors: a 42-line traceback after the error line.
+      cleanup = getattr(self.manager, '_maybe_await_cleanup_tmp_directory', None)
+      if cleanup is not None:
+        cleanup()
     self.manager.close()
 
 
