@@ -5,6 +5,11 @@ Inputs: a FIFO, device or socket passes `os.path.exists` (and epath's is_file) b
 read forever or never ends, so every path a user gives is checked with `check_regular` first.
 Remote paths: gs:// and s3:// go through fsspec (etils.epath, Orbax), whose backend for each is an optional
 install; `check_remote` names it in one line before any work, instead of a traceback from deep inside a save.
+`check_reachable` then asks the bucket once, with one try of at most PROBE_TIMEOUT_S (gcsfs alone tries six times over
+about a minute): a store that cannot be reached, a bucket that does not exist, refused credentials or no access are
+one line naming the path and what to check. `writable(path)` is the one answer to whether a path can be written, local
+(its nearest existing ancestor is a writable directory) or remote (the credentials in use may create and replace
+objects in its bucket: GCS says so without a write; S3 cannot, so a probe object is written and removed).
 Paths of workdirs: `exists`, `isdir`, `listdir`, `makedirs`, `open_file`, `remove` take a local path (the os
 module, as before) or a remote one (gs://, s3://: etils.epath). An object store has no rename and no append:
 remote atomic writes write the object once (GCS and S3 publish an object whole when it is closed), and
@@ -18,6 +23,7 @@ exclusive create through fsspec).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib
 import io
@@ -67,6 +73,239 @@ def _gpath(path: str):
   return epath.Path(path)
 
 
+def _fs(path: str):
+  """The fsspec filesystem that etils.epath reads and writes `path` with: one instance for every remote path of a
+  scheme, so gcsfs searches for credentials once (seconds off Google Cloud where there are none)."""
+  from etils.epath import backend  # pylint: disable=g-import-not-at-top
+  return backend.fsspec_backend.fs(path)
+
+
+# How long a probe of a bucket waits for one answer: a store answers in well under a second; a firewall that drops
+# packets would otherwise hold a run for aiohttp's default 5 minutes.
+PROBE_TIMEOUT_S = 10.0
+# What a workdir needs of a GCS bucket: to read or list its objects, and to create and replace them (a replaced
+# object is deleted first: the metrics rewritten, the lock removed).
+_GCS_READ = ('storage.objects.get', 'storage.objects.list')
+_GCS_WRITE = ('storage.objects.create', 'storage.objects.delete')
+
+
+@dataclasses.dataclass(frozen=True)
+class _Access:
+  """What the probe of a bucket found.
+
+  Attributes:
+    problem: why the bucket cannot be used (unreachable, missing, credentials refused), in words; None: it can.
+    readable: the credentials in use may read or list its objects.
+    writable: they may create and replace objects; None where the store cannot say without a write (S3).
+    who: the credentials in use, as a message names them.
+  """
+
+  problem: str | None = None
+  readable: bool = True
+  writable: bool | None = None
+  who: str = 'the credentials in use'
+
+
+# (scheme, bucket, endpoint) -> what its probe found: each bucket is asked once a process.
+_ACCESS: dict[tuple[str, str, str], _Access] = {}
+# (S3 path, endpoint) -> whether a probe object could be written under the path and removed.
+_WRITABLE: dict[tuple[str, str], bool] = {}
+
+
+def _bucket(url: str) -> tuple[str, str]:
+  """('gs' or 's3', bucket) of a remote path (gcs:// is gs://, s3a:// is s3://)."""
+  scheme, rest = str(url).split('://', 1)
+  return ('gs' if REMOTE_PACKAGES[scheme.lower()][0] == 'gcsfs' else 's3'), rest.split('/', 1)[0]
+
+
+def _endpoint(scheme: str) -> str:
+  """The endpoint override in force for `scheme` (an emulator, MinIO), '' for the store's own."""
+  names = ('STORAGE_EMULATOR_HOST',) if scheme == 'gs' else ('AWS_ENDPOINT_URL_S3', 'AWS_ENDPOINT_URL')
+  return next((os.environ[n] for n in names if os.environ.get(n)), '')
+
+
+def _access(url: str) -> _Access:
+  """What the bucket of remote path `url` allows, probed on first use."""
+  scheme, bucket = _bucket(url)
+  key = (scheme, bucket, _endpoint(scheme))
+  if key not in _ACCESS:
+    if not bucket:
+      _ACCESS[key] = _Access(problem=f'names no bucket: give {scheme}://BUCKET/PATH')
+    else:
+      _ACCESS[key] = _probe_gcs(bucket) if scheme == 'gs' else _probe_s3(bucket)
+  return _ACCESS[key]
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip()
+  return (text.splitlines() or [type(error).__name__])[0][:200]
+
+
+def _unreachable(error: BaseException, scheme: str) -> str | None:
+  """What to say of a failure to reach the store (None: it answered)."""
+  endpoint = _endpoint(scheme)
+  hint = (f', and the endpoint {endpoint} ({"STORAGE_EMULATOR_HOST" if scheme == "gs" else "AWS_ENDPOINT_URL"})'
+          if endpoint else '')
+  if isinstance(error, TimeoutError) or type(error).__name__ in ('FSTimeoutError', 'ConnectTimeoutError',
+                                                                   'ReadTimeoutError'):
+    return f'no answer from the store within {PROBE_TIMEOUT_S:g} s: check the network connection and proxy{hint}'
+  host = getattr(error, 'host', None)
+  cause = getattr(error, 'os_error', None) or error.__cause__ or error
+  if host is not None or isinstance(error, (ConnectionError, socket.gaierror)) or type(error).__name__ in (
+      'EndpointConnectionError', 'ConnectionClosedError'):
+    where = f'{host}:{error.port}' if host is not None else 'the store'
+    reason = getattr(cause, 'strerror', None) or _first_line(cause)
+    return f'cannot reach {where} ({reason}): check the network connection and proxy{hint}'
+  return None
+
+
+def _probe_gcs(bucket: str) -> _Access:
+  """Asks GCS which object permissions the credentials in use have on `bucket` (testIamPermissions: one request
+  that needs no permission itself), in one try: gcsfs's own retries take about a minute to give up on a store
+  that cannot be reached."""
+  from fsspec import asyn  # pylint: disable=g-import-not-at-top
+  try:
+    fs = _fs(f'gs://{bucket}')
+  except Exception as e:  # pylint: disable=broad-except  (gcsfs found credentials it cannot use)
+    return _Access(problem=f'the Google credentials cannot be used ({_first_line(e)}): check '
+                   'GOOGLE_APPLICATION_CREDENTIALS or run gcloud auth application-default login')
+  who = 'the Google credentials in use'
+  if getattr(getattr(fs, 'credentials', None), 'method', None) == 'anon':
+    given = os.environ.get('GOOGLE_APPLICATION_CREDENTIALS')
+    who = ('anonymous access (no Google credentials were found' +
+           (f'; GOOGLE_APPLICATION_CREDENTIALS={given} could not be used)' if given else ')'))
+  request = type(fs)._request  # pylint: disable=protected-access
+  request = getattr(request, '__wrapped__', request)  # without gcsfs's retry decorator: one try
+  try:
+    body = asyn.sync(fs.loop, request, fs, 'GET', 'b/{}/iam/testPermissions', bucket,
+                     permissions=list(_GCS_READ + _GCS_WRITE), timeout=PROBE_TIMEOUT_S)[3]
+    granted = set(json.loads(body).get('permissions', ()))
+  except Exception as e:  # pylint: disable=broad-except  (aiohttp's, gcsfs's and the store's errors alike)
+    return _Access(problem=_gcs_problem(e, bucket, who), who=who)
+  return _Access(readable=bool(granted & set(_GCS_READ)), writable=set(_GCS_WRITE) <= granted, who=who)
+
+
+def _gcs_problem(error: Exception, bucket: str, who: str) -> str:
+  unreachable = _unreachable(error, 'gs')
+  if unreachable:
+    return unreachable
+  if isinstance(error, FileNotFoundError):
+    return f'bucket {bucket} does not exist: check its name'
+  text = _first_line(error)
+  if getattr(error, 'code', None) == 401 or type(error).__name__ == 'NonRetryableError':
+    return (f'the store refused {who} ({text}): run gcloud auth application-default login, or set '
+            'GOOGLE_APPLICATION_CREDENTIALS to a service account key')
+  if text.startswith('Forbidden'):
+    return (f'{who} may not use bucket {bucket} ({text}): check the account\'s roles on the bucket, or the '
+            'credentials (GOOGLE_APPLICATION_CREDENTIALS, gcloud auth application-default login)')
+  return f'the store answered {type(error).__name__}: {text}'
+
+
+def _s3():
+  """An s3fs filesystem that tries each request once, waiting at most PROBE_TIMEOUT_S."""
+  import s3fs  # pylint: disable=g-import-not-at-top
+  fs = s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs={
+      'connect_timeout': PROBE_TIMEOUT_S, 'read_timeout': PROBE_TIMEOUT_S, 'retries': {'max_attempts': 1}})
+  fs.retries = 1  # s3fs's own tries around botocore's (a class attribute, not an argument)
+  return fs
+
+
+def _probe_s3(bucket: str) -> _Access:
+  """HEAD of `bucket` in one try: reachable, present, the credentials accepted. S3 has no request that tells a
+  permission without using it: whether objects can be written is left to `writable` (None)."""
+  who = 'the AWS credentials in use'
+  try:
+    _s3().call_s3('head_bucket', Bucket=bucket)
+  except Exception as e:  # pylint: disable=broad-except  (botocore's, aiohttp's and the store's errors alike)
+    unreachable = _unreachable(e, 's3')
+    if unreachable:
+      return _Access(problem=unreachable, who=who)
+    name = type(e).__name__
+    if isinstance(e, FileNotFoundError):
+      return _Access(problem=f'bucket {bucket} does not exist: check its name (and region)', who=who)
+    if name in ('NoCredentialsError', 'PartialCredentialsError', 'CredentialRetrievalError'):
+      return _Access(problem=f'no AWS credentials were found ({_first_line(e)}): set AWS_PROFILE or '
+                     'AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run aws configure', who=who)
+    if isinstance(e, PermissionError):
+      return _Access(problem=f'{who} may not use bucket {bucket} ({_first_line(e)}): check the credentials '
+                     '(AWS_PROFILE, AWS_ACCESS_KEY_ID) and the bucket\'s policy', who=who)
+    return _Access(problem=f'the store answered {name}: {_first_line(e)}', who=who)
+  return _Access(who=who)
+
+
+def _s3_writable(url: str) -> bool:
+  """Whether a probe object can be written under `url` and removed again."""
+  key = (url.rstrip('/'), _endpoint('s3'))
+  if key not in _WRITABLE:
+    probe = f'{key[0]}/.write-probe-{socket.gethostname()}-{os.getpid()}'
+    fs = _s3()
+    try:
+      fs.pipe_file(probe, b'')
+      fs.rm_file(probe)
+      _WRITABLE[key] = True
+    except PermissionError:
+      _WRITABLE[key] = False
+  return _WRITABLE[key]
+
+
+def _remote_paths(text: str) -> list[str]:
+  """The gs:// and s3:// paths in `text`: a path, or paths separated by commas."""
+  return [part.strip() for part in str(text).split(',') if is_remote(part.strip())]
+
+
+def check_reachable(text: str, what: str) -> None:
+  """ConfigError in one line, before any work, when a gs:// or s3:// path in `text` (a path, or paths separated by
+  commas) cannot be used: its store cannot be reached, its bucket does not exist, the credentials are refused, or
+  they may not read it. Each bucket is asked once a process (`check_remote` first: the package is installed)."""
+  for url in _remote_paths(text):
+    access = _access(url)
+    if access.problem:
+      raise ConfigError(f'{what} {url}: {access.problem}')
+    if not access.readable:
+      scheme, bucket = _bucket(url)
+      raise ConfigError(f'{what} {url} cannot be read: {access.who} may neither read nor list objects in '
+                        f'{scheme}://{bucket}: grant the account a role with storage.objects.get and '
+                        'storage.objects.list (roles/storage.objectViewer), or use other credentials')
+
+
+def _nearest_existing(path: str) -> str:
+  """`path` made absolute, or its nearest ancestor that exists."""
+  nearest = os.path.abspath(path)
+  while not os.path.exists(nearest):
+    nearest = os.path.dirname(nearest)
+  return nearest
+
+
+def writable(path: str) -> bool:
+  """Whether `path` (a directory or a file, existing or to be created) can be written.
+
+  Local: it, or its nearest existing ancestor, is a directory this process may write in (an existing file: one it
+  may write). Remote: the credentials in use may create and replace objects in its bucket (GCS: asked once per
+  bucket; S3: a probe object written under `path` and removed, once per path). ConfigError when a remote path's
+  store cannot be used at all: unreachable, no such bucket, credentials refused (`check_reachable`).
+  """
+  if is_remote(path):
+    access = _access(path)
+    if access.problem:
+      raise ConfigError(f'path {path}: {access.problem}')
+    return _s3_writable(path) if _bucket(path)[0] == 's3' else bool(access.writable)
+  nearest = _nearest_existing(path)
+  if os.path.isdir(nearest):
+    return os.access(nearest, os.W_OK | os.X_OK)
+  return nearest == os.path.abspath(path) and os.access(nearest, os.W_OK)
+
+
+def _not_writable(path: str) -> str:
+  """Why remote `path` cannot be written, for a message."""
+  scheme, bucket = _bucket(path)
+  access = _access(path)
+  if scheme == 'gs':
+    return (f'{access.who} may not create and replace objects in {scheme}://{bucket} (storage.objects.create and '
+            '.delete): grant the account roles/storage.objectUser on the bucket, or use other credentials')
+  return (f'{access.who} may not write objects under it (s3:PutObject and s3:DeleteObject): check the bucket\'s '
+          'policy or the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID)')
+
+
 def exists(path: str) -> bool:
   return _gpath(path).exists() if is_remote(path) else os.path.exists(path)
 
@@ -99,10 +338,9 @@ def copy_file(source: str, target: str) -> None:
 def move_tree(source: str, target: str) -> None:
   """Moves directory `source` to `target` on one object store: copies every object, then deletes the source (what
 a rename is on GCS and S3)."""
-  import fsspec  # pylint: disable=g-import-not-at-top
-  fs, source_path = fsspec.core.url_to_fs(source)
-  fs.copy(source_path, fsspec.core.url_to_fs(target)[1], recursive=True)
-  fs.rm(source_path, recursive=True)
+  fs = _fs(source)
+  fs.copy(source, target, recursive=True)
+  fs.rm(source, recursive=True)
 
 
 def makedirs(path: str) -> None:
@@ -192,24 +430,24 @@ def write_json_atomic(path: str, obj: Any, **dump_kwargs: Any) -> None:
 def check_output(path: str, kind: str, what: str = 'output') -> None:
   """Checks, before any work, that `path` can be written as a `kind` ('file' or 'directory').
 
-  ConfigError when it exists as the other kind, or its nearest existing parent is not a
-  writable directory. A remote path is checked for its kind only (an object store says nothing about permission
-  before a write).
+  ConfigError when it exists as the other kind, or cannot be written (`writable`): its nearest existing parent
+  is not a writable directory, or a remote path's bucket is unusable or lets the credentials in use only read.
   """
   if is_remote(path):
+    check_reachable(path, what)
     if kind == 'file' and isdir(path) or kind == 'directory' and isfile(path):
       raise ConfigError(f'{what} {path} is a {"directory" if kind == "file" else "file"}; give a {kind} path')
+    if not writable(path):
+      raise ConfigError(f'{what} {path} cannot be written: {_not_writable(path)}')
     return
   if kind == 'file' and os.path.isdir(path):
     raise ConfigError(f'{what} {path} is a directory; give a file path')
   if kind == 'directory' and os.path.exists(path) and not os.path.isdir(path):
     raise ConfigError(f'{what} {path} is a file; give a directory')
-  parent = os.path.abspath(path if kind == 'directory' else os.path.dirname(os.path.abspath(path)))
-  while not os.path.exists(parent):
-    parent = os.path.dirname(parent)
+  parent = _nearest_existing(path if kind == 'directory' else os.path.dirname(os.path.abspath(path)))
   if not os.path.isdir(parent):
     raise ConfigError(f'{what} {path} cannot be created: {parent} is a file')
-  if not os.access(parent, os.W_OK | os.X_OK):
+  if not writable(parent):
     raise ConfigError(f'{what} {path} cannot be written: {parent} is not writable')
 
 

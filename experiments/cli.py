@@ -211,10 +211,13 @@ def _quiet_orbax(record) -> bool:
 
 def _check_remote_paths() -> None:
   """One error line before any work when a flag or config field names a gs:// or s3:// path whose filesystem
-  package is not installed (Orbax would fail deep in its first save with a long traceback)."""
-  for name in flags.FLAGS:
-    for key, text in _strings(flags.FLAGS[name].value, f'--{name}'):
-      files.check_remote(text, key)
+  package is not installed (Orbax would fail deep in its first save with a long traceback), then when its bucket
+  cannot be used: unreachable, missing, credentials refused, no access (gcsfs would retry for a minute first)."""
+  given = [(key, text) for name in flags.FLAGS for key, text in _strings(flags.FLAGS[name].value, f'--{name}')]
+  for key, text in given:
+    files.check_remote(text, key)
+  for key, text in given:
+    files.check_reachable(text, key)
 
 
 def _strings(value, key: str):

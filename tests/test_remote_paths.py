@@ -4,12 +4,18 @@ patched import (sys.modules[name] = None), so the tests hold whether or not it i
 
 With it (tests/requirements.txt installs gcsfs), a pretraining run in a fake bucket: a local GCS emulator that
 gcsfs (etils.epath: the workdir's files) and tensorstore (Orbax: the checkpoints' arrays) both reach over HTTP,
-as they reach Google Cloud Storage.
+as they reach Google Cloud Storage. A bucket that cannot be used (the store unreachable: a closed local port; the
+bucket missing; the credentials refused or only allowed to read: the emulator's answer to testIamPermissions
+replaced) is one error line within seconds, and `files.writable` decides from that answer whether an evaluation
+writes its results into the bucket.
 """
 
+import http
 import json
 import os
+import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -26,6 +32,7 @@ from helpers import (
   run_main,
   shared_data_or_skip,
   sigterm_at_pretraining_batch,
+  tmpfs,
   tree_digest,
 )
 
@@ -85,6 +92,12 @@ def _with_generation(handler):
   return read
 
 
+def _probe_afresh(monkeypatch):
+  """What files learnt of buckets in earlier tests (another emulator on the same port) is forgotten."""
+  monkeypatch.setattr(files, '_ACCESS', {})
+  monkeypatch.setattr(files, '_WRITABLE', {})
+
+
 @pytest.fixture
 def fake_bucket(monkeypatch):
   """gs://bucket on a GCS emulator in this process (in memory), for gcsfs and tensorstore alike."""
@@ -99,6 +112,7 @@ def fake_bucket(monkeypatch):
   server = emulator.create_server('localhost', port, in_memory=True, default_bucket='bucket')
   server.start()
   url = f'http://localhost:{port}'
+  _probe_afresh(monkeypatch)
   monkeypatch.setenv('STORAGE_EMULATOR_HOST', url)  # gcsfs
   monkeypatch.setenv('TENSORSTORE_GCS_HTTP_URL', url)  # tensorstore's GCS driver
   monkeypatch.setenv('GOOGLE_AUTH_TOKEN_FOR_TESTING', 'fake')  # tensorstore: no credential lookup
@@ -157,7 +171,7 @@ def test_pretraining_stops_resumes_and_evaluates_in_a_bucket(fake_bucket, small_
 
 
 @pytest.mark.slow
-def test_fine_tuning_and_its_evaluation_in_a_bucket(fake_bucket, tiny_checkpoint):
+def test_fine_tuning_and_its_evaluation_in_a_bucket(fake_bucket, tiny_checkpoint, monkeypatch):
   run = f'{fake_bucket}/runs/sst2'
   trained = run_main('finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={run}',
                      f'--config.init_checkpoint={tiny_checkpoint}', f'--config.data_dir={shared_data_or_skip("sst2")}',
@@ -168,7 +182,21 @@ def test_fine_tuning_and_its_evaluation_in_a_bucket(fake_bucket, tiny_checkpoint
   accuracy = _read_json(f'{run}/final_metrics.json')
   evaluated = run_main('evaluate.py', f'--workdir={run}')
   assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+  assert 'read-only' not in evaluated.stdout + evaluated.stderr
   assert files.isfile(f'{run}/seed_0/final_metrics.json') and files.isfile(f'{run}/config.json')
+  summary = _read_json(f'{run}/eval_step2.json')  # the evaluation's results, beside the training ones
+  assert summary['step'] == 2 and files.isfile(f'{run}/seed_0/eval_step2/final_metrics.json')
+  assert not files.exists(f'{run}/.lock')
+  # Credentials that may only read the bucket: the same evaluation writes nothing there, and says so.
+  files.remove(f'{run}/eval_step2.json')
+  before = sorted(files.listdir(run))
+  _answer_permissions(monkeypatch, permissions=['storage.objects.get', 'storage.objects.list'])
+  again = run_main('evaluate.py', f'--workdir={run}')
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert [l for l in again.stdout.splitlines() if 'read-only' in l] == [
+      f'warning: {run} is read-only: nothing is written there; the results go to stdout (give --output_dir=DIR '
+      'to keep them)']
+  assert sorted(files.listdir(run)) == before and not files.exists(f'{run}/eval_step2.json')
   assert not os.path.exists(os.path.join(REPO, 'gs:')), accuracy
 
 
@@ -182,3 +210,133 @@ def test_an_unusable_checkpoint_in_a_bucket_is_moved_aside(fake_bucket):
   assert moved.startswith(f'{fake_bucket}/run/corrupt_checkpoints/2-') and 'state' in files.listdir(moved)
   assert ckpt.all_steps() == [1] and not files.exists(f'{fake_bucket}/run/checkpoints/2')
   ckpt.close()
+
+
+def _answer_permissions(monkeypatch, status=http.HTTPStatus.OK, permissions=(), message=''):
+  """The emulator answers testIamPermissions with `status`: the `permissions` granted (OK), else GCS's error body
+  (403: the caller may not use the bucket; 401: its credentials are refused). Files' earlier answers are forgotten."""
+  from gcp_storage_emulator import server  # pylint: disable=g-import-not-at-top
+  def answer(request, response, storage, *args, **kwargs):  # pylint: disable=unused-argument
+    response.status = status
+    if status == http.HTTPStatus.OK:
+      response.json({'kind': 'storage#testIamPermissionsResponse', 'permissions': list(permissions)})
+    else:
+      response.json({'error': {'code': status.value, 'message': message}})
+  for pattern, methods in server.HANDLERS:
+    if pattern.endswith('/iam/testPermissions$'):
+      monkeypatch.setitem(methods, server.GET, answer)
+  _probe_afresh(monkeypatch)
+
+
+def _entry_points(path, tmp_path):
+  """(argv, the flag that names `path`) of entry points given a remote `path` as a workdir, a corpus, a
+  checkpoint to start from and a fine-tuning file of one's own."""
+  local = str(tmp_path / 'run')
+  return (
+      (['pretrain.py', f'--workdir={path}', '--config=experiments/configs/pretrain.py:tiny'], '--workdir'),
+      (['pretrain.py', f'--workdir={local}', '--config=experiments/configs/pretrain.py:tiny',
+        f'--config.data.train_files={tmp_path}/a.txt,{path}/corpus/*.txt'], '--config.data.train_files'),
+      (['pretrain.py', f'--workdir={local}', '--config=experiments/configs/pretrain.py:tiny',
+        f'--config.init_checkpoint={path}/ckpt'], '--config.init_checkpoint'),
+      (['finetune.py', f'--workdir={local}', '--config=experiments/configs/finetune.py:classify',
+        f'--config.train_file={path}/own/train.csv'], '--config.train_file'),
+      (['evaluate.py', f'--workdir={path}'], '--workdir'),
+  )
+
+
+def _assert_each_is_one_line(path, tmp_path, pattern, seconds):
+  before = tree_digest(tmp_path)
+  for argv, flag in _entry_points(path, tmp_path):
+    started = time.monotonic()
+    result = run_main(*argv)
+    took = time.monotonic() - started
+    assert_one_line_error(result, pattern)
+    assert f'error: {flag} {path}' in result.stderr and took < seconds, (argv, took, result.stderr)
+  assert tree_digest(tmp_path) == before and os.listdir(tmp_path) == []  # nothing created, not even the workdir
+  assert not os.path.exists(os.path.join(REPO, 'gs:'))
+
+
+def test_an_unreachable_store_is_one_line_at_once(tmp_path, monkeypatch):
+  """No store listens (a closed local port, as a host that is not there or a network that is down): one line naming
+  the path and what to check, where gcsfs alone retries for a minute and prints six tracebacks."""
+  pytest.importorskip('gcsfs', reason='the [gcs] extra (gcsfs) is not installed: tests/requirements.txt')
+  port = free_port()
+  _probe_afresh(monkeypatch)
+  monkeypatch.setenv('STORAGE_EMULATOR_HOST', f'http://localhost:{port}')
+  _assert_each_is_one_line('gs://bucket/run', tmp_path, f'cannot reach localhost:{port}', seconds=3)
+  with pytest.raises(ConfigError, match=f'path gs://bucket/x: cannot reach localhost:{port} .*STORAGE_EMULATOR_HOST'):
+    files.writable('gs://bucket/x')
+
+
+def test_a_missing_bucket_is_one_line(fake_bucket, tmp_path):
+  _assert_each_is_one_line('gs://no-such-bucket/run', tmp_path, 'bucket no-such-bucket does not exist: check its name',
+                           seconds=3)
+  assert files.writable(f'{fake_bucket}/run')  # the emulator's own bucket grants everything
+
+
+@pytest.mark.parametrize('status, pattern', [
+    (http.HTTPStatus.FORBIDDEN, 'may not use bucket bucket (Forbidden'),
+    (http.HTTPStatus.UNAUTHORIZED, 'the store refused anonymous access (no Google credentials were found'),
+])
+def test_refused_credentials_are_one_line(fake_bucket, tmp_path, monkeypatch, status, pattern):
+  _answer_permissions(monkeypatch, status, message='caller does not have storage.buckets.testIamPermissions access')
+  _assert_each_is_one_line(f'{fake_bucket}/run', tmp_path, pattern, seconds=3)
+
+
+def test_credentials_that_may_only_read_cannot_train_there(fake_bucket, tmp_path, monkeypatch):
+  _answer_permissions(monkeypatch, permissions=['storage.objects.get', 'storage.objects.list'])
+  assert not files.writable(f'{fake_bucket}/run') and files.writable(str(tmp_path))
+  before = tree_digest(tmp_path)
+  result = run_main('pretrain.py', f'--workdir={fake_bucket}/run', '--config=experiments/configs/pretrain.py:tiny')
+  assert_one_line_error(result, f'workdir {fake_bucket}/run cannot be written: anonymous access (no Google '
+                        'credentials were found) may not create and replace objects in gs://bucket')
+  assert files.listdir(fake_bucket) == [] and tree_digest(tmp_path) == before
+  _answer_permissions(monkeypatch, permissions=['storage.objects.create'])  # nor read: refused for every path
+  _assert_each_is_one_line(f'{fake_bucket}/run', tmp_path, 'cannot be read: anonymous access', seconds=3)
+
+
+def test_writable_local_paths(tmp_path):
+  """A local path is writable when it, or its nearest existing ancestor, is a directory this process may write;
+  a read-only filesystem is not (root may write anywhere else)."""
+  (tmp_path / 'file').write_text('x')
+  assert files.writable(str(tmp_path)) and files.writable(str(tmp_path / 'new' / 'deeper'))
+  assert files.writable(str(tmp_path / 'file')) and not files.writable(str(tmp_path / 'file' / 'below'))
+  with tmpfs(tmp_path / 'ro', '1M') as mounted:
+    os.mkdir(os.path.join(mounted, 'sub'))
+    subprocess.run(['mount', '-o', 'remount,ro', mounted], check=True)
+    assert not files.writable(mounted) and not files.writable(os.path.join(mounted, 'sub', 'new'))
+
+
+def test_s3_buckets_are_probed_alike(tmp_path, monkeypatch):
+  """The same through s3fs against moto's S3 server, where both are installed (the [s3] extra is not in
+  tests/requirements.txt): a closed endpoint, a missing bucket and missing credentials are one line; a bucket the
+  credentials may write is writable, and the probe object is removed again."""
+  s3fs = pytest.importorskip('s3fs', reason='the [s3] extra (s3fs) is not installed')
+  moto_server = pytest.importorskip('moto.server', reason='moto (an S3 server in this process) is not installed')
+  _probe_afresh(monkeypatch)
+  for name, value in (('AWS_ACCESS_KEY_ID', 'test'), ('AWS_SECRET_ACCESS_KEY', 'test'),
+                      ('AWS_DEFAULT_REGION', 'us-east-1'), ('AWS_SHARED_CREDENTIALS_FILE', str(tmp_path / 'none')),
+                      ('AWS_CONFIG_FILE', str(tmp_path / 'none')), ('AWS_EC2_METADATA_DISABLED', 'true')):
+    monkeypatch.setenv(name, value)
+  closed = free_port()
+  monkeypatch.setenv('AWS_ENDPOINT_URL', f'http://localhost:{closed}')
+  with pytest.raises(ConfigError, match=rf'--workdir s3://bkt/run: cannot reach the store .*localhost:{closed}'):
+    files.check_reachable('s3://bkt/run', '--workdir')
+  port = free_port()
+  server = moto_server.ThreadedMotoServer(port=port, verbose=False)
+  server.start()
+  try:
+    monkeypatch.setenv('AWS_ENDPOINT_URL', f'http://localhost:{port}')
+    s3 = s3fs.S3FileSystem(skip_instance_cache=True)
+    s3.mkdir('bkt')
+    with pytest.raises(ConfigError, match='--config.data.train_files s3://nob/a.txt: bucket nob does not exist'):
+      files.check_reachable('/local/b.txt,s3://nob/a.txt', '--config.data.train_files')
+    files.check_reachable('s3://bkt/run', '--workdir')
+    assert files.writable('s3://bkt/run') and s3.ls('bkt') == []
+    for name in ('AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY'):
+      monkeypatch.delenv(name)
+    _probe_afresh(monkeypatch)
+    with pytest.raises(ConfigError, match='--workdir s3://bkt/run: no AWS credentials were found'):
+      files.check_reachable('s3://bkt/run', '--workdir')
+  finally:
+    server.stop()

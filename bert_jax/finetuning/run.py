@@ -296,7 +296,7 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
                       f'is its own (evaluation settings: {", ".join(facts(FinetuneConfig, "evaluation"))})')
   if output_dir:
     files.check_output(output_dir, 'directory', '--output_dir')
-  read_only = not os.access(workdir, os.W_OK | os.X_OK)
+  read_only = not files.writable(workdir)
   results = Workdir(output_dir) if output_dir else (None if read_only else wd)  # None: stdout only
   if read_only:
     reporting.log(f'warning: {workdir} is read-only: nothing is written there; the results go to stdout'

@@ -55,7 +55,7 @@ def _outputs(workdir: str, options: dict[str, Any]) -> dict[str, str]:
       out[kind] = options[flag]
     elif files.isdir(workdir):  # a missing workdir is reported by the evaluation itself
       path = os.path.join(workdir, default)
-      if files.is_remote(workdir) or os.access(workdir, os.W_OK | os.X_OK):
+      if files.writable(workdir):
         files.check_output(path, 'file', f'--{flag} (default)')
         out[kind] = path
       else:

@@ -284,6 +284,8 @@ def claim(path: str, kind: str, *, owner: bool = True, log=print) -> Iterator[No
     owner: whether this process takes the lock (process 0 of a pod; the others only check).
     log: where the stale-lock warning goes.
   """
+  if files.is_remote(path):  # reachable, and the credentials may write there: one line before any request retries
+    files.check_output(path, 'directory', 'workdir')
   check_kind(path, kind)
   if not owner:
     yield
