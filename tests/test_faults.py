@@ -104,20 +104,22 @@ def test_sigterm_saves_the_current_step_and_the_rerun_is_bitwise(straight_pretra
 
 # A `pretrain_subprocess` patch: each train step first runs a jitted burn of 0.3 s on the device (dispatched
 # asynchronously, as a large model's step): a host callback inside the program that sleeps, so the device is busy
-# while the core stays free for the other test worker (1,000 matrix products burnt it: 10-12 s of a core per test);
-# the burn's time, each save's time and the third step's dispatch go to stderr.
+# while the core stays free for the other test worker (1,000 matrix products burnt it: 10-12 s of a core per test).
+# The callback says on stderr when step k's burn is done ("burnt k": before step k can finish), and the third
+# step's dispatch is announced.
 _SLOW_STEPS = """
-import sys, time, jax, jax.numpy as jnp
-from bert_jax.runs import checkpoints
+import sys, time, jax
 from bert_jax.train import step as step_lib
+burnt = [0]
+def sleep(x):
+  time.sleep(0.3)
+  burnt[0] += 1
+  print(f'burnt {burnt[0]}', file=sys.stderr, flush=True)
+  return x
 @jax.jit
 def burn(batch):
   ids = batch['input_ids']  # the step's input passes through the callback: the step waits for it
-  slept = jax.pure_callback(lambda x: (time.sleep(0.3), x)[1], jax.ShapeDtypeStruct(ids.shape, ids.dtype), ids)
-  return {**batch, 'input_ids': slept}
-probe = {'input_ids': jnp.zeros((2, 2), jnp.int32)}
-jax.block_until_ready(burn(probe))
-t = time.monotonic(); jax.block_until_ready(burn(probe)); print(f'burn {time.monotonic() - t:.3f}', file=sys.stderr)
+  return {**batch, 'input_ids': jax.pure_callback(sleep, jax.ShapeDtypeStruct(ids.shape, ids.dtype), ids)}
 init = step_lib.StepModel.__init__
 def slow_init(self, *a, **k):
   init(self, *a, **k)
@@ -129,12 +131,6 @@ def slow_init(self, *a, **k):
     return fast(state, burn(batch), rest)
   self.train_step = slow
 step_lib.StepModel.__init__ = slow_init
-save = checkpoints.Checkpointer.save
-def timed_save(self, *a, **k):
-  t = time.monotonic(); out = save(self, *a, **k); self.wait()
-  print(f'save {time.monotonic() - t:.3f}', file=sys.stderr)
-  return out
-checkpoints.Checkpointer.save = timed_save
 """
 
 
@@ -153,23 +149,19 @@ def test_a_signal_at_a_random_moment_of_slow_steps_exits_75_within_two_steps(tmp
     if line.startswith('third step'):
       break
   time.sleep(np.random.uniform(0.5, 3.0))
-  sent = time.monotonic()
   proc.send_signal(signum)
-  late = [(time.monotonic(), line) for line in proc.stderr]  # each line with its arrival
+  err = ''.join(early) + proc.stderr.read()
   proc.wait(timeout=60)
-  err = ''.join(early + [l for _, l in late])
-  took = next(t for t, l in late if l.startswith('preempted: ')) - sent  # the save is done; then the exit
-  exited = time.monotonic() - sent
   assert proc.returncode == preemption.EXIT_CODE, err[-3000:]
   name = signal.Signals(signum).name
   about = [l for l in err.splitlines() if name in l]
   ack = re.fullmatch(rf'{name} received: finishing step (\d+), then saving', about[0])
   assert ack and len(about) == 2 and about[1].startswith('preempted: '), err[-3000:]  # acknowledged first
   assert f'saved step {ack.group(1)}.' in about[1], err[-3000:]
-  step_s = float(re.search(r'^burn ([0-9.]+)$', err, re.M).group(1))
-  save_s = float(re.findall(r'^save ([0-9.]+)$', err, re.M)[-1])
-  # 1 s: the tiny model's own step and host time on a shared machine; the exit (jax's teardown) comes after.
-  assert took <= 2 * step_s + save_s + 1.0, (took, exited, step_s, save_s)
+  # Within two steps, counted in steps rather than timed (a busy machine stretches any time): the loop keeps at most
+  # two steps in flight, so the step the acknowledgement names is at most two past the last burn done before it.
+  burnt = [int(n) for n in re.findall(r'^burnt (\d+)$', err[:err.index(about[0])], re.M)]
+  assert burnt == list(range(1, len(burnt) + 1)) and int(ack.group(1)) <= len(burnt) + 2, err[-3000:]
   assert Checkpointer(workdir, read_only=True).latest_step() == int(ack.group(1))
 
 
