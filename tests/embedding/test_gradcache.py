@@ -12,6 +12,8 @@ from bert_jax.errors import ConfigError
 from bert_jax.model.dropout import keep_mask
 from bert_jax.model.encoder import BertEncoder
 
+from helpers import tolerance
+
 FEATURES, WIDTH, RATE = 6, 16, 0.2
 
 
@@ -78,7 +80,7 @@ def test_gradients_equal_the_uncached_computation_with_dropout_on():
   params, batch = _case()
   rng = jax.random.key(7)
   ((loss, acc), grads), ((ref_loss, ref_acc), ref_grads) = _cached_and_uncached_8(params, batch, rng)
-  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  np.testing.assert_allclose(loss, ref_loss, rtol=tolerance(np.float32, 128))  # 128 candidates a query
   np.testing.assert_allclose(acc, ref_acc)
   _assert_trees_close(grads, ref_grads)
   assert float(np.abs(grads['temperature'])) > 0  # the loss's own parameter gets its gradient too
@@ -116,7 +118,7 @@ def test_without_dropout_it_equals_one_pass_over_the_whole_batch():
   (loss, _), grads = _run(gradcache.grad_cache, params, batch, rng, 4, embed=embed)
   (ref_loss, _), ref_grads = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, embed(p, batch, rng)), has_aux=True))(
       params)
-  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  np.testing.assert_allclose(loss, ref_loss, rtol=tolerance(np.float32, 32))
   _assert_trees_close(grads, ref_grads)
 
 
@@ -143,7 +145,7 @@ def test_on_8_devices_it_equals_one_device():
       mesh, lambda p, b, k: gradcache.grad_cache(linear_embed, loss_fn, p, b, k, micro_batch_size=8)))
   many = step(jax.device_put(params, sharding.replicated(mesh)), jax.device_put(batch, sharding.batch_sharding(mesh)),
               rng)
-  np.testing.assert_allclose(many[0][0], one[0][0], rtol=1e-6)
+  np.testing.assert_allclose(many[0][0], one[0][0], rtol=tolerance(np.float32, 128))
   _assert_trees_close(many[1], one[1])
 
 
@@ -167,7 +169,7 @@ def test_tiny_bert_gradients_equal_the_uncached_computation_with_dropout_on():
   uncached = jax.jit(lambda p, b, k: gradcache.value_and_grad_uncached(embed, loss, p, b, k, micro_batch_size=8))
   (value, _), grads = cached(params, batch, jax.random.key(1))
   (ref_value, _), ref_grads = uncached(params, batch, jax.random.key(1))
-  np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+  np.testing.assert_allclose(value, ref_value, rtol=tolerance(np.float32, 64, depth=2))
   _assert_trees_close(grads, ref_grads)
   # Dropout matters at this size: another key gives another gradient.
   assert _max_difference(uncached(params, batch, jax.random.key(2))[1], ref_grads) > 1e-2

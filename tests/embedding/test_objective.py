@@ -14,6 +14,8 @@ from bert_jax.errors import ConfigError
 from bert_jax.model.dropout import Dropout
 from bert_jax.train.step import StepModel
 
+from helpers import tolerance
+
 FEATURES, WIDTH = 6, 8
 
 
@@ -64,8 +66,8 @@ def test_accumulated_step_reports_the_loss_and_gradient_of_the_whole_batch():
 
   value, grads = jax.jit(jax.value_and_grad(whole_batch_loss))(params)
   _, metrics = model.train_step(state, model.global_batch(batch), model.rest)
-  np.testing.assert_allclose(metrics['loss'], value, rtol=1e-5)
-  np.testing.assert_allclose(metrics['grad_norm'], optax.tree.norm(grads), rtol=1e-5)
+  np.testing.assert_allclose(metrics['loss'], value, rtol=tolerance(np.float32, 32, depth=3))  # 32 candidates
+  np.testing.assert_allclose(metrics['grad_norm'], optax.tree.norm(grads), rtol=tolerance(np.float32, 32, depth=3))
 
 
 @pytest.mark.slow
@@ -79,9 +81,9 @@ def test_accumulation_is_gradcache_over_the_whole_batch():
   plain_params, plain = _one_step(new, spec, 1, batch, mesh)
   cached_params, cached = _one_step(new, spec, 4, batch, mesh)
   for name in ('loss', 'accuracy', 'temperature', 'grad_norm'):
-    np.testing.assert_allclose(cached[name], plain[name], rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(cached[name], plain[name], rtol=tolerance(np.float32, 32, depth=3), err_msg=name)
   for a, b in zip(jax.tree.leaves(cached_params), jax.tree.leaves(plain_params)):
-    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a, b, atol=tolerance(np.float32, 32, depth=3))
   # Summing the 4 micro-batches' own losses (plain accumulation) trains another loss: 8 candidates a query, not 32.
   _, summed = _one_step(new, spec, 4, batch, mesh, couples_rows=False)
   assert summed['loss'] < plain['loss'] - 0.1
@@ -115,6 +117,6 @@ def test_tiny_bert_bi_encoder_steps_alike_with_and_without_gradcache():
   plain_params, plain = _one_step(new, spec, 1, batch, mesh)
   cached_params, cached = _one_step(new, spec, 2, batch, mesh)
   for name in ('loss', 'loss_16', 'temperature', 'grad_norm'):
-    np.testing.assert_allclose(cached[name], plain[name], rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(cached[name], plain[name], rtol=tolerance(np.float32, 64, depth=3), err_msg=name)
   for a, b in zip(jax.tree.leaves(cached_params), jax.tree.leaves(plain_params)):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=tolerance(np.float32, 64, depth=3))
