@@ -31,7 +31,14 @@ class CheckpointGone(CheckpointError):
 
 
 class CheckpointWriteError(CheckpointError):
-  """Saving failed on the filesystem (full disk, quota, read-only); the last complete checkpoint is kept."""
+  """Saving failed on the filesystem (full disk, quota, read-only); the last complete checkpoint is kept.
+
+  `reason` is the filesystem's own words ('No space left on device'), for a caller that says the rest itself.
+  """
+
+  def __init__(self, message: str, reason: str = ''):
+    super().__init__(message)
+    self.reason = reason
 
 
 class Preempted(Exception):

@@ -62,4 +62,4 @@ def main(_):
 
 
 if __name__ == '__main__':
-  cli.run(main)
+  cli.run(main, kept=merge.KEPT)

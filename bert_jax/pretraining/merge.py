@@ -34,12 +34,18 @@ import numpy as np
 from bert_jax.config import PretrainConfig, architecture_diffs
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax import files
-from bert_jax.errors import CheckpointError, CheckpointGone, ConfigError
+from bert_jax.errors import CheckpointError, CheckpointGone, CheckpointWriteError, ConfigError
 from bert_jax.interop.pretrained import describe
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import (CHECKPOINTS_DIR, CONFIG_FILE, LOCK_FILE, MERGE_FILE, Workdir, check_outside,
                                    checkpoint_dir, inspect)
+
+
+# What a merge that failed to write (full disk, read-only filesystem) leaves, for its error line: a merge has no
+# checkpoint to resume from, and its workdir appears whole (renamed into place) or not at all.
+KEPT = ('nothing of the merge is left half-written (its workdir appears whole or not at all): free space or fix '
+        'permissions, then run the same command again (a merge already written is only evaluated again)')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,6 +308,8 @@ def _write(output: str, saved: dict[str, Any], tokenizer: str, params: dict[str,
     if os.path.isdir(output):
       os.rmdir(output)  # empty (checked)
     os.replace(staging, output)
+  except CheckpointWriteError as e:  # its own line is a training run's: a checkpoint kept, a run to resume
+    raise CheckpointWriteError(f'writing the merge {output} failed: {e.reason}; {KEPT}', reason=e.reason) from None
   finally:
     shutil.rmtree(staging, ignore_errors=True)
 

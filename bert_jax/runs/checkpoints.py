@@ -292,7 +292,7 @@ class Checkpointer:
         kept = None
       raise CheckpointWriteError(f'saving a checkpoint in {self.directory} failed: {reason or e.strerror}; the last '
                             f'complete checkpoint (step {kept}) is kept. Free space (or fix the filesystem) and run '
-                            'the same command again to resume') from None
+                            'the same command again to resume', reason=reason or e.strerror) from None
 
   def restore(self, step: int | None, abstract_state: Any, log: Callable[[str], None] = print, *,
               check_meta: Callable[[dict[str, Any]], None] | None = None,

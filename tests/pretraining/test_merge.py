@@ -19,7 +19,7 @@ from bert_jax.pretraining import merge, run
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import Workdir
 
-from helpers import (assert_one_line_error, run_main, tiny_pretrain_config, tree_digest,
+from helpers import (assert_one_line_error, run_experiment, run_main, tiny_pretrain_config, tmpfs, tree_digest,
                      write_small_corpus)
 
 
@@ -235,3 +235,18 @@ def test_a_checkpoint_deleted_while_it_is_read_is_not_unusable(runs, tmp_path, m
   with pytest.raises(CheckpointGone, match=r'step 4 .* was deleted while it was read: rotated away') as e:
     merge.merge(merge.parse_parts([f'{src}@4', f'{src}@6']), str(tmp_path / 'out'))
   assert 'unusable' not in str(e.value) and not os.path.exists(tmp_path / 'out')
+
+
+@pytest.mark.slow  # a process of its own: a failed save ends it with os._exit (Orbax's write threads)
+@pytest.mark.parametrize('fault', ['read_only', 'full'])
+def test_a_merge_that_cannot_be_written_says_so_in_its_own_words(fault, pretrained_run, tmp_path):
+  # Not a training run's line ("the last complete checkpoint is kept ... to resume"): a merge has nothing to resume.
+  import subprocess  # pylint: disable=g-import-not-at-top
+  with tmpfs(tmp_path / 'disk', '1M' if fault == 'read_only' else '300K') as disk:  # the tiny run's merge: > 300 KB
+    if fault == 'read_only':
+      subprocess.run(['mount', '-o', 'remount,ro', disk], check=True)
+    before = tree_digest(pretrained_run.workdir)
+    result = run_experiment('merge.py', f'--sources={pretrained_run.workdir}', '--last=2', f'--workdir={disk}/merged')
+    assert_one_line_error(result, 'nothing of the merge is left half-written')
+    assert 'resume' not in result.stderr and 'checkpoint' not in result.stderr.splitlines()[-1]
+    assert os.listdir(disk) == [] and tree_digest(pretrained_run.workdir) == before
