@@ -477,6 +477,23 @@ def check_regular(path: str, what: str) -> None:
                     '(a pipe or device would block or never end)')
 
 
+def not_utf8(path: str, what: str = '') -> DataError:
+  """The error for a text file that does not decode as UTF-8: `what path:LINE:COLUMN` (1-based; the column in
+  characters) of its first undecodable byte, as every other error in a data file names its line. A decoder's own
+  byte position counts from the start of the buffer it was given, not of the file."""
+  name = f'{what} {path}' if what else path
+  with open_file(path, 'rb') as f:
+    for line, raw in enumerate(f, 1):  # '\n' never occurs inside a UTF-8 sequence: each line decodes alone
+      try:
+        raw.decode('utf-8')
+      except UnicodeDecodeError as e:
+        before = raw[:e.start].decode('utf-8')
+        column = len(before.removeprefix('\ufeff') if line == 1 else before) + 1  # a byte order mark is no text
+        return DataError(f'{name}:{line}:{column}: not UTF-8 text (byte 0x{raw[e.start]:02x}: {e.reason}); '
+                         'convert it, e.g. with iconv -f latin1 -t utf-8')
+  return DataError(f'{name} is not UTF-8 text')
+
+
 def _start_time(pid: int) -> str | None:
   # Field 22 of /proc/<pid>/stat: ticks since boot when the process started; tells a reused pid apart.
   try:

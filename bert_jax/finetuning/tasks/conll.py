@@ -18,7 +18,7 @@ import numpy as np
 
 from bert_jax.data import tokenization
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.files import check_regular, write_text_atomic
+from bert_jax.files import check_regular, not_utf8, write_text_atomic
 from bert_jax.finetuning.tasks import metrics
 from bert_jax.finetuning.tasks.base import IGNORE, EvalSet, Feature
 from bert_jax.runs import reporting
@@ -57,9 +57,8 @@ def read_conll(path: str, labels: Sequence[str] | None = LABELS) -> list[tuple[l
   try:
     with open(path, encoding='utf-8') as f:
       lines = f.read().split('\n')
-  except UnicodeDecodeError as e:
-    raise DataError(f'{path} is not UTF-8 text (byte {e.start}: {e.reason}); convert it, e.g. with '
-                    f'iconv -f latin1 -t utf-8') from None
+  except UnicodeDecodeError:
+    raise not_utf8(path) from None
   for line_no, line in enumerate(lines, 1):
     fields = line.split()
     if not fields:

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bert_jax.errors import DataError
-from bert_jax.files import check_regular, write_text_atomic
+from bert_jax.files import check_regular, not_utf8, write_text_atomic
 from bert_jax.finetuning.tasks import metrics
 from bert_jax.finetuning.tasks.base import EvalSet, Feature
 from bert_jax.finetuning.tasks.glue import featurize
@@ -93,8 +93,8 @@ def records(path: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
   try:
     with open(path, encoding='utf-8-sig', newline='') as f:
       columns, rows = _jsonl(path, f) if fmt == 'jsonl' else _delimited(path, f, fmt)
-  except UnicodeDecodeError as e:
-    raise DataError(f'{path} is not UTF-8 text ({e})') from None
+  except UnicodeDecodeError:
+    raise not_utf8(path) from None
   if not rows:
     raise DataError(f'{path} is empty' if not columns else f'{path} has a header but no data rows')
   return columns, rows

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bert_jax.errors import DataError
-from bert_jax.files import check_regular, write_text_atomic
+from bert_jax.files import check_regular, not_utf8, write_text_atomic
 from bert_jax.finetuning.tasks import metrics
 from bert_jax.finetuning.tasks.base import EvalSet, Feature
 
@@ -230,8 +230,8 @@ def _read_lines(path: str) -> list[tuple[int, list[str]]]:
   try:
     with open(path, encoding='utf-8-sig') as f:  # -sig: some MRPC copies start with a BOM
       raw = f.read().split('\n')
-  except UnicodeDecodeError as e:
-    raise DataError(f'{path} is not UTF-8 text ({e})') from None
+  except UnicodeDecodeError:
+    raise not_utf8(path) from None
   lines = [(i + 1, l.rstrip('\r').split('\t')) for i, l in enumerate(raw) if l.rstrip('\r')]
   if not lines:
     raise DataError(f'{path} is empty')

@@ -14,7 +14,7 @@ import csv
 import json
 import os
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.files import check_regular
+from bert_jax.files import check_regular, not_utf8
 from bert_jax.finetuning.tasks import answering, conll, files, glue, squad, tagging
 
 
@@ -149,9 +149,8 @@ def first_lines(path: str, what: str, n: int, hint: str = '') -> list[str]:
           lines.append(line.rstrip('\r\n'))
           if len(lines) == n:
             break
-  except UnicodeDecodeError as e:
-    raise DataError(f'{path} is not UTF-8 text ({e.reason} at byte {e.start}); convert it, e.g. with '
-                    'iconv -f latin1 -t utf-8') from None
+  except UnicodeDecodeError:
+    raise not_utf8(path) from None
   except OSError as e:
     raise DataError(f'{what} {path} cannot be read ({e.strerror})') from None
   if not lines:

@@ -152,6 +152,23 @@ def test_bad_files_name_the_file_and_line(tmp_path, name, text, columns, pattern
   assert pattern in _error(files.read_rows, _write(tmp_path, name, text), columns, 'classification')
 
 
+@pytest.mark.parametrize('fmt', ['csv', 'tsv', 'jsonl'])
+def test_bytes_that_are_not_utf8_name_the_line_and_column(tmp_path, fmt):
+  # Far past the decoder's first buffer (8 KB), whose own byte position counts from that buffer's start; after
+  # two-byte characters on the line, so a byte count is no column; a byte order mark first, which is no text.
+  row = {'csv': 'row {i},a\n', 'tsv': 'row {i}\ta\n', 'jsonl': '{{"text": "row {i}", "label": "a"}}\n'}[fmt]
+  header = {'csv': 'text,label\n', 'tsv': 'text\tlabel\n', 'jsonl': ''}[fmt]
+  lines = [row.format(i=i).encode() for i in range(3000)]
+  before = {'csv': 'naïve façade ', 'tsv': 'naïve façade ', 'jsonl': '{"text": "naïve façade '}[fmt]
+  lines[2500] = before.encode() + 'café'.encode('latin-1') + lines[2500][len(before.split('naïve')[0]):]
+  path = tmp_path / f'big.{fmt}'
+  path.write_bytes(b'\xef\xbb\xbf' + header.encode() + b''.join(lines))
+  line = 2501 + bool(header)
+  message = _error(files.read_rows, str(path), files.Columns(), 'classification')
+  assert message.startswith(f'{path}:{line}:{len(before) + 4}: not UTF-8 text (byte 0xe9: '), message
+  assert 'position' not in message
+
+
 @pytest.mark.parametrize('value', ['nan', 'inf', '-Infinity', 'high'])
 def test_regression_targets_must_be_finite_numbers(tmp_path, value):
   path = _write(tmp_path, 't.csv', f'text,label\nfine,0.5\nbad,{value}\n')
