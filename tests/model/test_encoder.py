@@ -9,6 +9,8 @@ import pytest
 from bert_jax import config
 from bert_jax.model import encoder as model, heads
 
+from helpers import tolerance
+
 
 @pytest.mark.parametrize('name,expected', [('base', 110_106_428), ('large', 336_226_108)])
 def test_parameter_counts_match_original_bert(name, expected):
@@ -54,7 +56,7 @@ def test_bfloat16_model_outputs_float32_logits():
 
 @pytest.mark.slow
 def test_extra_padding_does_not_change_real_positions(tiny):
-  _, m = tiny
+  cfg, m = tiny
   ids, types, mask = _inputs(length=7)
   seq, pooled = m.bert(ids, types, mask)
   pad = 5
@@ -62,8 +64,10 @@ def test_extra_padding_does_not_change_real_positions(tiny):
   types_p = jnp.pad(types, ((0, 0), (0, pad)))
   mask_p = jnp.pad(mask, ((0, 0), (0, pad)))
   seq_p, pooled_p = m.bert(ids_p, types_p, mask_p)
-  np.testing.assert_allclose(seq_p[:, :7], seq, atol=2e-6)
-  np.testing.assert_allclose(pooled_p, pooled, atol=2e-6)
+  # Longer rows, other kernels and blockings: float32 rounding of the widest sums, once per layer.
+  close = tolerance(np.float32, cfg.intermediate_size, depth=cfg.num_layers)
+  np.testing.assert_allclose(seq_p[:, :7], seq, atol=close)
+  np.testing.assert_allclose(pooled_p, pooled, atol=close)
 
 
 def test_mlm_logits_use_tied_embeddings(tiny):
@@ -80,4 +84,5 @@ def test_mlm_logits_use_tied_embeddings(tiny):
     return mlm, h @ m.bert.embeddings.word_embeddings.embedding[...].T + m.mlm.bias[...]
 
   mlm, ref = logits_and_reference(m)
-  np.testing.assert_allclose(mlm, ref, atol=1e-5)
+  np.testing.assert_allclose(mlm, ref,
+                             atol=tolerance(np.float32, cfg.hidden_size, magnitude=np.abs(ref).max(), depth=2))

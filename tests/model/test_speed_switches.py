@@ -16,7 +16,7 @@ from bert_jax.model import attention, encoder as model, heads
 from bert_jax.pretraining.run import pretraining_model
 from bert_jax.train import optim
 
-from helpers import random_pretraining_batch
+from helpers import random_pretraining_batch, tolerance
 
 
 def _cfg(**overrides):
@@ -81,17 +81,19 @@ def test_attention_kernels_match_naive_reference(kind):
   else:  # two packed examples and padding (segment 0: a query row that sees no key)
     mask = model.segment_mask_b1ts(jnp.array([[1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0]]))
     assert not np.asarray(mask)[0, 0, 6].any()
-  ref = None
+  ref = close = None
   for impl in ('', 'xla', 'einsum'):
     attn = attention.SelfAttention(_cfg(attention_impl=impl, attention_dropout=0.0), rngs=nnx.Rngs(0))
-    ref = _naive_attention(attn, x, mask) if ref is None else ref
+    if ref is None:  # outputs of size |ref| (0.03 at this init) from sums over the keys and the hidden size
+      ref = _naive_attention(attn, x, mask)
+      close = tolerance(np.float32, 64, magnitude=np.abs(ref).max(), depth=2)
     for deterministic in (True, False):  # no dropout: training computes the same function
       out = attn(x, mask, deterministic=deterministic)
       assert np.all(np.isfinite(out))
-      np.testing.assert_allclose(out, ref, atol=2e-6, err_msg=f'{impl!r} deterministic={deterministic}')
+      np.testing.assert_allclose(out, ref, atol=close, err_msg=f'{impl!r} deterministic={deterministic}')
   out, probs = attn(x, mask, deterministic=True, return_probs=True)
-  np.testing.assert_allclose(out, ref, atol=2e-6)
-  np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-6)
+  np.testing.assert_allclose(out, ref, atol=close)
+  np.testing.assert_allclose(probs.sum(-1), 1.0, atol=tolerance(np.float32, 8))
 
 
 @pytest.mark.gpu
@@ -166,17 +168,20 @@ def unscanned():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('remat,scan,atol', [('full', False, 1e-6), ('dots', False, 1e-6), ('none', True, 1e-5),
-                                             ('full', True, 1e-5)])
-def test_remat_and_scan_give_the_same_loss_and_grads(unscanned, remat, scan, atol):
+@pytest.mark.parametrize('remat,scan', [('full', False), ('dots', False), ('none', True), ('full', True)])
+def test_remat_and_scan_give_the_same_loss_and_grads(unscanned, remat, scan):
   got = _losses_and_grads(dataclasses.replace(_BASE, remat_policy=remat, scan_layers=scan))
   # Dropout on too: every layer keeps its own dropout streams, so the masks are the same.
   for mode in ('off', 'on'):
     (loss, grads), (ref_loss, ref_grads) = got[mode], unscanned[mode]
-    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6, err_msg=mode)
+    # Other fusions, other summation orders: the widest sums (the MLP's), once per layer; a gradient sums over the
+    # batch's 8 x 16 tokens too.
+    np.testing.assert_allclose(loss, ref_loss, rtol=tolerance(np.float32, _BASE.intermediate_size,
+                                                              depth=_BASE.num_layers), err_msg=mode)
     assert jax.tree.structure(grads) == jax.tree.structure(ref_grads)  # the same parameter tree
     for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
-      np.testing.assert_allclose(g, r, atol=atol, rtol=1e-5, err_msg=mode)
+      np.testing.assert_allclose(g, r, atol=tolerance(np.float32, 8 * 16, magnitude=np.abs(r).max(),
+                                                      depth=_BASE.num_layers), err_msg=mode)
   assert unscanned['on'][0] != unscanned['off'][0]  # dropout did act
 
 
@@ -192,8 +197,9 @@ def test_scanned_rematerialised_train_step_on_a_sharded_mesh(unscanned):
   m = pretraining_model(cfg, optim.make_optimizer(opt, 10), sharding.make_mesh(config.MeshConfig(data=2, fsdp=4)))
   _, metrics = m.train_step(m.init_state(), m.global_batch(_BATCH), m.rest)
   ref_loss, ref_grads = unscanned['off']
-  np.testing.assert_allclose(metrics['loss'], ref_loss, rtol=1e-5)
-  np.testing.assert_allclose(metrics['grad_norm'], optax.tree.norm(ref_grads), rtol=1e-5)
+  close = tolerance(np.float32, _BASE.intermediate_size, depth=_BASE.num_layers)
+  np.testing.assert_allclose(metrics['loss'], ref_loss, rtol=close)
+  np.testing.assert_allclose(metrics['grad_norm'], optax.tree.norm(ref_grads), rtol=close)
 
 
 # --- bfloat16 compute, float32 master weights ----------------------------------------------------
