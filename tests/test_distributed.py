@@ -30,6 +30,7 @@ from helpers import (
   sigterm_at_batch,
   start_two,
   succeed,
+  tolerance,
   wait_all,
   write_small_corpus,
 )
@@ -87,10 +88,12 @@ def test_two_processes_train_like_one(runs):
   multi, single = _losses(runs['multi'] / 'work'), _losses(runs['single'] / 'work')
   steps = list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
   assert sorted(multi) == sorted(single) == steps
-  np.testing.assert_allclose([multi[s] for s in steps], [single[s] for s in steps], rtol=1e-5)
+  # Sums split over two processes: float32 rounding of the tiny model's widest sums (256), carried from step to step.
+  close = tolerance(np.float32, 256, depth=STEPS)
+  np.testing.assert_allclose([multi[s] for s in steps], [single[s] for s in steps], rtol=close)
   final = [json.loads((runs[k] / 'work' / 'final_metrics.json').read_text()) for k in ('multi', 'single')]
   for name in ('mlm_loss', 'nsp_loss', 'mlm_accuracy', 'num_examples'):
-    np.testing.assert_allclose(final[0][name], final[1][name], rtol=1e-5)
+    np.testing.assert_allclose(final[0][name], final[1][name], rtol=close)
   assert (runs['multi'] / 'work' / 'checkpoints' / str(STEPS)).is_dir()
 
 
@@ -209,8 +212,9 @@ def test_two_processes_finetune_like_one(finetune_runs):
       logs.append(list(map(json.loads, f)))
   multi, single = logs
   assert [r['step'] for r in multi] == [r['step'] for r in single] == list(range(1, FT_STEPS + 1))
-  for name in ('loss', 'grad_norm'):
-    np.testing.assert_allclose([r[name] for r in multi], [r[name] for r in single], rtol=1e-5)
+  for name in ('loss', 'grad_norm'):  # the tiny checkpoint's widest sums (64), carried from step to step
+    np.testing.assert_allclose([r[name] for r in multi], [r[name] for r in single],
+                               rtol=tolerance(np.float32, 64, depth=FT_STEPS))
   final = [_final(root / name) for name in ('glue_multi', 'glue_single')]
   assert final[0]['step'] == final[1]['step'] == FT_STEPS
   for name in ('dev_accuracy', 'train_padding_fraction'):

@@ -11,7 +11,7 @@ from bert_jax.errors import ConfigError
 from bert_jax.pretraining.run import pretraining_model
 from bert_jax.train import optim
 
-from helpers import random_pretraining_batch
+from helpers import random_pretraining_batch, tolerance
 
 
 def test_rules_table_maps_logical_axes():
@@ -40,8 +40,10 @@ def test_sequence_sharded_activations_give_the_same_loss_and_gradients():
     model = pretraining_model(cfg, optax.sgd(1.0), mesh, rules=table)
     _, metrics = model.train_step(model.init_state(), model.global_batch(batch), model.rest)
     out.append(jax.device_get(metrics))
-  np.testing.assert_allclose(out[0]['loss'], out[1]['loss'], rtol=1e-6)
-  np.testing.assert_allclose(out[0]['grad_norm'], out[1]['grad_norm'], rtol=1e-5)
+  # Sums sharded another way: float32 rounding of each layer's widest sums.
+  close = tolerance(np.float32, cfg.intermediate_size, depth=cfg.num_layers)
+  np.testing.assert_allclose(out[0]['loss'], out[1]['loss'], rtol=close)
+  np.testing.assert_allclose(out[0]['grad_norm'], out[1]['grad_norm'], rtol=close)
 
 
 def test_mesh_sizes_resolve_and_bad_sizes_are_named():

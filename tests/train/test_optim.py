@@ -8,6 +8,8 @@ import optax
 from bert_jax.config import OptimConfig
 from bert_jax.train import optim
 
+from helpers import tolerance
+
 
 def test_schedule_warms_up_then_decays_linearly_to_zero():
   sched = optim.learning_rate_schedule(OptimConfig(learning_rate=1e-3, warmup_steps=10), 110)
@@ -92,7 +94,9 @@ def test_stable_adamw_clips_an_update_that_jumps_above_its_running_scale():
   v_hat = a_state.nu['w'] / (1 - b2 ** 3)
   rms = float(jnp.sqrt(jnp.mean(jnp.square(g) / v_hat)))
   assert rms > 1
-  np.testing.assert_allclose(s_up['w'], a_up['w'] / rms, rtol=1e-5)
+  # Both sides bias-correct v in float32: 1 - b2^3 = 0.003 magnifies the rounding of b2^3 about 334 times.
+  np.testing.assert_allclose(s_up['w'], a_up['w'] / rms, rtol=tolerance(np.float32, magnitude=1 / (1 - b2**3),
+                                                                       worst_case=True))
   quiet = stable.update({'w': jnp.full(4, 0.01)}, stable.init(params), params)[0]
   np.testing.assert_allclose(quiet['w'], adam.update({'w': jnp.full(4, 0.01)}, adam.init(params), params)[0]['w'])
   tx = optim.make_optimizer(OptimConfig(name='stable_adamw', learning_rate=0.1, warmup_steps=0), 10)

@@ -8,7 +8,7 @@ from bert_jax import config, sharding
 from bert_jax.pretraining.run import pretraining_model
 from bert_jax.train import optim
 
-from helpers import random_pretraining_batch
+from helpers import random_pretraining_batch, tolerance
 
 OPT = config.OptimConfig(learning_rate=1e-3, warmup_steps=1)
 
@@ -40,9 +40,10 @@ def test_data_parallel_step_equals_single_device():
   assert jax.device_count() == 8
   state8, hist8 = _run(_model(jax.devices()))
   state1, hist1 = _run(_model(jax.devices()[:1]))
+  close = tolerance(np.float32, 256, depth=2)  # the tiny model's widest sums, in each of its 2 layers
   for m8, m1 in zip(hist8, hist1):
-    np.testing.assert_allclose(m8['loss'], m1['loss'], rtol=1e-6)
-    np.testing.assert_allclose(m8['grad_norm'], m1['grad_norm'], rtol=1e-5)
+    np.testing.assert_allclose(m8['loss'], m1['loss'], rtol=close)
+    np.testing.assert_allclose(m8['grad_norm'], m1['grad_norm'], rtol=close)
   assert _max_diff(state8['params'], state1['params']) < 1e-6
 
 
@@ -61,7 +62,7 @@ def test_gradient_accumulation_equals_one_big_batch():
   # Without dropout the accumulated micro-batches must give the big batch's update.
   s1, h1 = _run(_model(jax.devices(), accum=1, dropout=0.0), steps=2)
   s2, h2 = _run(_model(jax.devices(), accum=2, dropout=0.0), steps=2)
-  np.testing.assert_allclose(h1[-1]['loss'], h2[-1]['loss'], rtol=1e-5)
+  np.testing.assert_allclose(h1[-1]['loss'], h2[-1]['loss'], rtol=tolerance(np.float32, 256, depth=2))
   assert _max_diff(s1['params'], s2['params']) < 1e-5
 
 
