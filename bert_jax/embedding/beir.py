@@ -7,8 +7,14 @@
 Only the queries that the split's qrels judge are evaluated (BEIR's queries.jsonl holds every split's), in
 queries.jsonl order. Ids are strings as written (JSON numbers are read as their decimal text, as BEIR does). Every
 bad input is one DataError naming the file and line: a missing file, a line that is not a JSON object, a missing or
-duplicate `_id`, a qrels file without its header or with a malformed row, an id that no file defines, a judged query
-with no relevant document (no score > 0).
+duplicate `_id`, a qrels file without its header or with a malformed row, a judged query with no relevant document
+(no score > 0), a qrels file none of whose judgements names both a query and a document of the set.
+
+Published BEIR sets hold judgements of ids their files lack (ArguAna's qrels name a document its corpus does not
+have; NFCorpus's a query its queries.jsonl does not). They are read as BEIR's evaluator (pytrec_eval) scores them,
+counted (`BeirSet.absent`) and named in one warning line: a judgement of an absent query is skipped (that query is
+never retrieved for), and one of an absent document stays a relevant document no model can retrieve (it lowers
+recall and nDCG as in BEIR's published figures); it gets a negative index in `qrels`, which no ranking holds.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ import os
 
 from bert_jax import files
 from bert_jax.errors import DataError
+from bert_jax.runs import reporting
 
 QRELS_HEADER = ('query-id', 'corpus-id', 'score')
 
 
 @dataclasses.dataclass(frozen=True)
 class BeirSet:
-  """A corpus, the judged queries and their judgements (qrels[i]: corpus index -> score, for query i)."""
+  """A corpus, the judged queries and their judgements (qrels[i]: corpus index -> score, for query i; a negative
+  index: a judged document that the corpus lacks)."""
 
   corpus_ids: list[str]
   titles: list[str]
@@ -33,6 +41,8 @@ class BeirSet:
   query_ids: list[str]
   queries: list[str]
   qrels: list[dict[int, int]]
+  # qrels rows naming ids the set lacks: {'queries': rows skipped, 'documents': rows kept as unretrievable}
+  absent: dict[str, int] = dataclasses.field(default_factory=lambda: {'queries': 0, 'documents': 0})
 
   def passages(self) -> list[str]:
     """Each document as one text: title and text joined by a space (BEIR's sentence-transformers models)."""
@@ -43,11 +53,11 @@ def _read_lines(path: str, what: str) -> list[tuple[int, str]]:
   files.check_regular(path, what)
   if not files.isfile(path):
     raise DataError(f'{what} {path} does not exist')
-  with files.open_file(path, 'r', encoding='utf-8', errors='strict') as f:
-    try:
+  try:
+    with files.open_file(path, 'r', encoding='utf-8', errors='strict') as f:  # a remote file decodes as it opens
       text = f.read()
-    except UnicodeDecodeError as e:
-      raise DataError(f'{what} {path} is not UTF-8 text ({e.reason} at byte {e.start})') from None
+  except UnicodeDecodeError:
+    raise files.not_utf8(path, what) from None
   lines = [(i, line.removesuffix('\r')) for i, line in enumerate(text.split('\n'), 1)]
   lines = [(i, line) for i, line in lines if line.strip()]
   if not lines:
@@ -90,7 +100,22 @@ def _read_jsonl(path: str, what: str, fields: tuple[str, ...]) -> tuple[list[str
   return ids, rows
 
 
-def _read_qrels(path: str, query_index: dict[str, int], corpus_index: dict[str, int]) -> dict[int, dict[int, int]]:
+@dataclasses.dataclass
+class _Absent:
+  """The qrels rows naming an id that queries.jsonl or corpus.jsonl lacks: how many, and the first one."""
+
+  rows: int = 0
+  first: str = ''
+
+  def add(self, what: str, value: str, line: int) -> None:
+    self.rows += 1
+    self.first = self.first or f'{what} {value!r}, line {line}'
+
+
+def _read_qrels(path: str, query_index: dict[str, int], corpus_index: dict[str, int]
+                ) -> tuple[dict[int, dict[int, int]], _Absent, _Absent]:
+  """(query index -> {corpus index -> score}, the rows of absent queries, those of absent documents): see the module
+  docstring for how those are read."""
   lines = _read_lines(path, 'qrels file')
   (first, header), rows = lines[0], lines[1:]
   if tuple(h.strip() for h in header.split('\t')) != QRELS_HEADER:
@@ -99,6 +124,7 @@ def _read_qrels(path: str, query_index: dict[str, int], corpus_index: dict[str, 
   if not rows:
     raise DataError(f'{path} has a header but no judgements')
   judged: dict[int, dict[int, int]] = {}
+  queries, documents, elsewhere, found = _Absent(), _Absent(), {}, False  # elsewhere: absent corpus-id -> index < 0
   for line, text in rows:
     fields = [f.strip() for f in text.split('\t')]
     if len(fields) != 3:
@@ -110,14 +136,34 @@ def _read_qrels(path: str, query_index: dict[str, int], corpus_index: dict[str, 
     except ValueError:
       raise DataError(f'{path} line {line}: the score {score!r} is not an integer') from None
     if query_id not in query_index:
-      raise DataError(f'{path} line {line}: query-id {query_id!r} is not in queries.jsonl')
-    if corpus_id not in corpus_index:
-      raise DataError(f'{path} line {line}: corpus-id {corpus_id!r} is not in corpus.jsonl')
+      queries.add('query-id', query_id, line)
+      continue
+    if corpus_id in corpus_index:
+      doc, found = corpus_index[corpus_id], True
+    else:
+      documents.add('corpus-id', corpus_id, line)
+      doc = elsewhere.setdefault(corpus_id, -1 - len(elsewhere))
     per_query = judged.setdefault(query_index[query_id], {})
-    if corpus_index[corpus_id] in per_query:
+    if doc in per_query:
       raise DataError(f'{path} line {line}: query {query_id!r} judges document {corpus_id!r} twice')
-    per_query[corpus_index[corpus_id]] = value
-  return judged
+    per_query[doc] = value
+  if not found:
+    raise DataError(f'{path}: none of its {len(rows)} judgements names both a query-id of queries.jsonl and a '
+                    f'corpus-id of corpus.jsonl (the first: {(queries.first or documents.first)}): nothing to '
+                    'evaluate; are these the qrels of this corpus?')
+  return judged, queries, documents
+
+
+def _warn_absent(path: str, queries: _Absent, documents: _Absent) -> None:
+  """One warning line for the judgements of ids the set lacks (none: nothing)."""
+  parts = []
+  if queries.rows:
+    parts.append(f'{queries.rows} name a query-id that queries.jsonl lacks (the first: {queries.first}): skipped')
+  if documents.rows:
+    parts.append(f'{documents.rows} name a corpus-id that corpus.jsonl lacks (the first: {documents.first}): '
+                 'relevant documents no model can retrieve, as BEIR\'s evaluator counts them')
+  if parts:
+    reporting.log(f'warning: {path}: of its judgements, ' + '; '.join(parts))
 
 
 def read_beir(directory: str, split: str = 'test') -> BeirSet:
@@ -132,12 +178,14 @@ def read_beir(directory: str, split: str = 'test') -> BeirSet:
   corpus_ids, docs = _read_jsonl(os.path.join(directory, 'corpus.jsonl'), 'corpus file', ('title', 'text'))
   query_ids, queries = _read_jsonl(os.path.join(directory, 'queries.jsonl'), 'queries file', ('text',))
   qrels_path = os.path.join(directory, 'qrels', f'{split}.tsv')
-  judged = _read_qrels(qrels_path, {q: i for i, q in enumerate(query_ids)},
-                       {c: i for i, c in enumerate(corpus_ids)})
+  judged, absent_queries, absent_documents = _read_qrels(qrels_path, {q: i for i, q in enumerate(query_ids)},
+                                                        {c: i for i, c in enumerate(corpus_ids)})
+  _warn_absent(qrels_path, absent_queries, absent_documents)
   for i in sorted(judged):
     if not any(score > 0 for score in judged[i].values()):
       raise DataError(f'{qrels_path}: query {query_ids[i]!r} has no relevant document (no score > 0)')
   kept = sorted(judged)
   return BeirSet(corpus_ids=corpus_ids, titles=[t for t, _ in docs], texts=[x for _, x in docs],
                  query_ids=[query_ids[i] for i in kept], queries=[queries[i][0] for i in kept],
-                 qrels=[judged[i] for i in kept])
+                 qrels=[judged[i] for i in kept],
+                 absent={'queries': absent_queries.rows, 'documents': absent_documents.rows})

@@ -304,9 +304,10 @@ class _PreparedRun:
     log_result(MAIN_METRIC, seed, result)
 
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    # The qrels rows naming ids the BEIR set lacks (beir.BeirSet.absent): skipped queries, unretrievable documents.
     del wall_s
     return {'task': TASK, 'init_checkpoint': self.cfg.init_checkpoint, 'pooling': self.cfg.pooling,
-            **summarize_seeds(per_run, main_metric=MAIN_METRIC)}
+            'qrels_absent': dict(self.held_out.absent), **summarize_seeds(per_run, main_metric=MAIN_METRIC)}
 
 
 def train_retrieval(cfg: FinetuneConfig, workdir: str, explicit_model_fields: Collection[str] = ()) -> dict[str, Any]:

@@ -2,11 +2,15 @@
 
 import json
 import os
+import shutil
 
+import numpy as np
 import pytest
 
-from bert_jax.embedding import beir
+from bert_jax.embedding import beir, metrics
 from bert_jax.errors import DataError
+
+from helpers import run_main
 
 CORPUS = [{'_id': 'd1', 'title': 'Paris', 'text': 'Paris is the capital of France.'},
           {'_id': 'd2', 'text': 'Berlin is in Germany.'},
@@ -52,8 +56,11 @@ def test_reads_the_judged_queries_in_file_order(tmp_path):
     (dict(qrels='query-id\tcorpus-id\tscore\nq1\td1\n'), r'line 2 has 2 tab-separated fields'),
     (dict(qrels='query-id\tcorpus-id\tscore\nq1 d1 1\n'), r'line 2 has 1 tab-separated fields'),
     (dict(qrels='query-id\tcorpus-id\tscore\nq1\td1\thigh\n'), r'line 2: the score \'high\' is not an integer'),
-    (dict(qrels='query-id\tcorpus-id\tscore\nq9\td1\t1\n'), r'line 2: query-id \'q9\' is not in queries.jsonl'),
-    (dict(qrels='query-id\tcorpus-id\tscore\nq1\td9\t1\n'), r'line 2: corpus-id \'d9\' is not in corpus.jsonl'),
+    (dict(qrels='query-id\tcorpus-id\tscore\nq9\td1\t1\n'),
+     r'none of its 1 judgements names both a query-id of queries.jsonl and a corpus-id of corpus.jsonl \(the first: '
+     r'query-id \'q9\', line 2\): nothing to evaluate'),
+    (dict(qrels='query-id\tcorpus-id\tscore\nq1\td9\t1\nq9\td1\t1\nq2\td8\t1\n'),
+     r'none of its 3 judgements .*\(the first: query-id \'q9\', line 3\)'),
     (dict(qrels='query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td1\t2\n'), r'line 3: query \'q1\' judges document'),
     (dict(qrels='query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t0\n'), r'query \'q2\' has no relevant document'),
 ])
@@ -62,9 +69,48 @@ def test_bad_input_is_one_clear_error(tmp_path, files, message):
     beir.read_beir(_write(tmp_path, **files))
 
 
+def test_judgements_of_ids_the_set_lacks_are_counted_and_scored_as_beirs_evaluator_does(tmp_path, capsys):
+  # A query-id queries.jsonl lacks: skipped. A corpus-id corpus.jsonl lacks: a relevant document no ranking holds
+  # (pytrec_eval's reading of ArguAna's qrels); one such id judged twice is one document.
+  qrels = QRELS + 'q9\td1\t1\nq1\td9\t1\nq2\td9\t2\nq9\td9\t1\n'
+  data = beir.read_beir(_write(tmp_path, qrels=qrels))
+  assert data.query_ids == ['q1', 'q2'] and data.qrels == [{0: 2, 2: 0, -1: 1}, {1: 1, -1: 2}]
+  assert data.absent == {'queries': 2, 'documents': 2}
+  warnings = [l for l in capsys.readouterr().out.splitlines() if l.startswith('warning:')]
+  assert warnings == [f'warning: {tmp_path}/qrels/test.tsv: of its judgements, 2 name a query-id that queries.jsonl '
+                      "lacks (the first: query-id 'q9', line 5): skipped; 2 name a corpus-id that corpus.jsonl lacks "
+                      "(the first: corpus-id 'd9', line 6): relevant documents no model can retrieve, as BEIR's "
+                      'evaluator counts them']
+  # Both queries rank every document of the corpus, their relevant one first: q1 found 1 of its 2 relevant
+  # documents by rank 1 (trec_eval: recall 1/2; nDCG 2 / (2 + 1/log2(3))), q2 1 of 2 (nDCG 1 / (2 + 1/log2(3))).
+  got = metrics.ranking_metrics(np.array([[0, 1, 2], [1, 0, 2]]), data.qrels, recall_at=(1, 3), cutoff=3)
+  ideal = 2 + 1 / np.log2(3)
+  assert got == pytest.approx({'recall@1': 0.5, 'recall@3': 0.5, 'mrr@3': 1.0, 'ndcg@3': (2 / ideal + 1 / ideal) / 2})
+  plain = beir.read_beir(_write(tmp_path / 'plain'))
+  assert plain.absent == {'queries': 0, 'documents': 0} and 'warning' not in capsys.readouterr().out
+
+
 def test_missing_directory_and_files(tmp_path):
   with pytest.raises(DataError, match='BEIR directory .* does not exist'):
     beir.read_beir(str(tmp_path / 'nothing'))
   os.remove(os.path.join(_write(tmp_path), 'corpus.jsonl'))
   with pytest.raises(DataError, match=r'corpus file .*corpus.jsonl does not exist'):
     beir.read_beir(str(tmp_path))
+
+
+@pytest.mark.slow  # the shared retrieval run
+def test_a_retrieval_evaluation_reports_the_judgements_of_absent_ids(retrieval_workdir, tmp_path):
+  beir_dir = tmp_path / 'beir'
+  shutil.copytree(os.path.join(os.path.dirname(retrieval_workdir), 'data', 'beir'), beir_dir)
+  with open(beir_dir / 'qrels' / 'test.tsv', 'a', encoding='utf-8') as f:
+    f.write('q9\td1\t1\nq0\tgone\t1\n')  # a query and a document that the set lacks
+  out = tmp_path / 'results'
+  r = run_main('evaluate.py', f'--workdir={retrieval_workdir}', f'--config.beir_dir={beir_dir}', f'--output_dir={out}')
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = (r.stdout + r.stderr).splitlines()
+  assert len([l for l in lines if l.startswith('warning:') and 'lacks' in l]) == 1, r.stdout[-3000:]
+  with open(out / 'eval_step2_beir.json', encoding='utf-8') as f:
+    again = json.load(f)
+  assert again['qrels_absent'] == {'queries': 1, 'documents': 1}
+  # Every one of the 8 passages is in each top 10: q0 finds 1 of its 2 relevant documents, the others all of theirs.
+  assert again['eval_recall_at_10'] == pytest.approx((0.5 + 1 + 1 + 1) / 4)
