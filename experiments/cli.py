@@ -143,9 +143,14 @@ def _restart_with_huge_pages() -> None:
   (`python3 experiments/X.py ...`: its arguments end the interpreter's command line) restarts, not one run in
   another program (the tests' in-process runs). The imports before `run` are done twice: a fraction of a second for
   the entry points that import jax after their flags, 2-3 s for the benchmarks that import it first."""
+  try:  # the settings are checked in every process, restarted or not (in-process runs too)
+    given, allowed = given_huge_pages(os.environ), runs_on_huge_pages(os.environ)
+  except ConfigError as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(1)
   started_as_itself = (getattr(sys, 'orig_argv', [])[-len(sys.argv):] == sys.argv
                        and len(sys.orig_argv) > len(sys.argv) and os.path.isfile(sys.argv[0]))  # not `python3 -`
-  if not started_as_itself or given_huge_pages(os.environ) is not None or not runs_on_huge_pages(os.environ):
+  if not started_as_itself or given is not None or not allowed:
     return
   tunables = os.environ.get('GLIBC_TUNABLES', '')
   # 'restarted' keeps a process whose tunables the loader drops (a privileged interpreter) from restarting again.
@@ -160,18 +165,45 @@ def _restart_with_huge_pages() -> None:
     pass
 
 
+# glibc.malloc.hugetlb: 0 (off), 1 (transparent huge pages through madvise), 2 (reserved huge pages of the default
+# size) or a larger number (of that size in bytes), as glibc reads a size (decimal, or hexadecimal with 0x).
+_HUGETLB_VALUE = re.compile(r'[0-9]+|0[xX][0-9a-fA-F]+')
+# BERT_JAX_HUGE_PAGES: 0 (never restart), 1 or unset (restart where huge pages help), 'restarted' (the restart's mark).
+_HUGE_PAGES_SETTINGS = ('', '0', '1', 'restarted')
+
+
 def given_huge_pages(environ) -> bool | None:
-  """What `environ`'s GLIBC_TUNABLES says of glibc.malloc.hugetlb (None: nothing; an entry point then decides)."""
+  """What `environ`'s GLIBC_TUNABLES says of glibc.malloc.hugetlb (None: nothing; an entry point then decides).
+
+  Raises:
+    ConfigError: a value glibc does not read (the loader ignores it, silently: the process would not run on huge
+      pages while its results said it did).
+  """
   given = dict(t.split('=', 1) for t in environ.get('GLIBC_TUNABLES', '').split(':') if '=' in t)
-  return None if 'glibc.malloc.hugetlb' not in given else given['glibc.malloc.hugetlb'] != '0'
+  if 'glibc.malloc.hugetlb' not in given:
+    return None
+  value = given['glibc.malloc.hugetlb']
+  if not _HUGETLB_VALUE.fullmatch(value):
+    raise ConfigError(f'GLIBC_TUNABLES: glibc.malloc.hugetlb={value} is not a value glibc reads (it would ignore it): '
+                      'give 0 (off), 1 (transparent huge pages), or 2 (reserved huge pages; a larger number: their '
+                      'size in bytes)')
+  return int(value, 16 if value[:2] in ('0x', '0X') else 10) != 0
 
 
 def runs_on_huge_pages(environ) -> bool:
-  """Whether an entry point started with `environ` runs on huge pages, as started or after its restart."""
+  """Whether an entry point started with `environ` runs on huge pages, as started or after its restart.
+
+  Raises:
+    ConfigError: BERT_JAX_HUGE_PAGES or glibc.malloc.hugetlb (`given_huge_pages`) has a value no reader takes.
+  """
+  allowed = environ.get('BERT_JAX_HUGE_PAGES', '')
+  if allowed not in _HUGE_PAGES_SETTINGS:
+    raise ConfigError(f'BERT_JAX_HUGE_PAGES={allowed} is neither 0 (keep the allocator the process started with) '
+                      'nor 1 (restart on transparent huge pages where they help; the default when unset)')
   given = given_huge_pages(environ)
   if given is not None:
     return given
-  return environ.get('BERT_JAX_HUGE_PAGES') not in ('0', 'restarted') and not huge_pages_unavailable()
+  return allowed not in ('0', 'restarted') and not huge_pages_unavailable()
 
 
 def _has_config() -> bool:

@@ -150,3 +150,40 @@ def test_an_entry_point_restarts_itself_with_huge_pages_as_the_same_process(tmp_
   stdin = subprocess.run([sys.executable, '-', 'a'], input=script.read_text(), env=env, capture_output=True, text=True,
                          timeout=60, check=True)  # a script read from stdin cannot be read again: it runs as started
   assert stdin.stdout.split(' ', 2)[1:] == ['None', "['a']\n"], stdin
+
+
+@pytest.mark.parametrize('tunables, expected', [
+    ('glibc.malloc.hugetlb=0', False), ('glibc.malloc.hugetlb=1', True), ('glibc.malloc.hugetlb=2', True),
+    ('glibc.malloc.arena_max=2:glibc.malloc.hugetlb=2097152', True), ('glibc.malloc.hugetlb=0x200000', True),
+    ('glibc.malloc.arena_max=2', None), ('', None),
+])
+def test_the_huge_pages_tunable_as_glibc_reads_it(tunables, expected):
+  import cli  # pylint: disable=g-import-not-at-top
+  assert cli.given_huge_pages({'GLIBC_TUNABLES': tunables}) is expected
+  if expected is not None:  # the tunable decides, whatever BERT_JAX_HUGE_PAGES allows
+    for allowed in ('0', '1', ''):
+      assert cli.runs_on_huge_pages({'GLIBC_TUNABLES': tunables, 'BERT_JAX_HUGE_PAGES': allowed}) is expected
+  assert cli.runs_on_huge_pages({'GLIBC_TUNABLES': tunables, 'BERT_JAX_HUGE_PAGES': '0'}) is bool(expected)
+
+
+@pytest.mark.parametrize('variable, value, pattern', [
+    ('GLIBC_TUNABLES', 'glibc.malloc.hugetlb=bogus', 'GLIBC_TUNABLES: glibc.malloc.hugetlb=bogus is not a value glibc '
+                                                     'reads (it would ignore it): give 0 (off), 1 '),
+    ('GLIBC_TUNABLES', 'glibc.malloc.arena_max=2:glibc.malloc.hugetlb=', 'glibc.malloc.hugetlb= is not a value'),
+    ('GLIBC_TUNABLES', 'glibc.malloc.hugetlb=-1', 'glibc.malloc.hugetlb=-1 is not a value'),
+    ('BERT_JAX_HUGE_PAGES', 'garbage', 'BERT_JAX_HUGE_PAGES=garbage is neither 0 (keep the allocator the process '
+                                       'started with) nor 1'),
+    ('BERT_JAX_HUGE_PAGES', 'yes', 'BERT_JAX_HUGE_PAGES=yes is neither 0'),
+])
+def test_a_huge_pages_setting_no_reader_takes_is_one_line(tmp_path, monkeypatch, variable, value, pattern):
+  # glibc ignores a tunable value it cannot read, silently: the run's labels would say huge pages it never had.
+  import cli  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv(variable, value)
+  with pytest.raises(cli.ConfigError):
+    cli.runs_on_huge_pages(os.environ)
+  (tmp_path / 'texts.txt').write_text('a text\n')
+  before = tree_digest(str(tmp_path))
+  result = run_main('embed.py', f'--checkpoint={tmp_path}/none', f'--input={tmp_path}/texts.txt',
+                    f'--output={tmp_path}/out.npz')
+  assert_one_line_error(result, pattern)
+  assert tree_digest(str(tmp_path)) == before
