@@ -217,7 +217,7 @@ def test_own_csv_fine_tunes_predicts_and_exports_label_names(tiny_checkpoint, tm
   transformers = pytest.importorskip('transformers')
   # The entry points run in this process (run_main: flags, stdout, stderr, exit code as a subprocess gives them); a
   # subprocess each would import jax and compile again.
-  from helpers import run_main  # pylint: disable=g-import-not-at-top
+  from helpers import run_main, tolerance  # pylint: disable=g-import-not-at-top
   rows = [(text, label) for label, texts in _REVIEWS.items() for text in texts] * 2
   train = _csv(tmp_path, 'reviews.csv', rows=rows, header='review,sentiment')
   workdir, export = tmp_path / 'work', tmp_path / 'hf'
@@ -246,4 +246,5 @@ def test_own_csv_fine_tunes_predicts_and_exports_label_names(tiny_checkpoint, tm
   theirs = transformers.pipeline('text-classification', model=str(export), top_k=None)(texts)
   for o, scores in zip(ours, theirs):
     assert scores[0]['label'] == o['label'] in names
-    assert all(abs(s['score'] - o['probabilities'][s['label']]) <= 1e-5 for s in scores), (scores, o)
+    close = tolerance(np.float32, 64, depth=2)  # torch against XLA: the tiny checkpoint's widest sums, 2 layers
+    assert all(abs(s['score'] - o['probabilities'][s['label']]) <= close for s in scores), (scores, o)

@@ -87,4 +87,5 @@ def test_own_label_sets_fine_tune_predict_and_export(tiny_checkpoint, tmp_path):
   assert config.problem_type == 'multi_label_classification' and config.id2label == dict(enumerate(names))
   theirs = transformers.pipeline('text-classification', model=str(export), top_k=None)(texts)
   for o, scores in zip(ours, theirs):
-    assert all(abs(s['score'] - o['probabilities'][s['label']]) <= 1e-5 for s in scores), (scores, o)
+    close = tolerance(np.float32, 64, depth=2)  # torch against XLA: the tiny checkpoint's widest sums, 2 layers
+    assert all(abs(s['score'] - o['probabilities'][s['label']]) <= close for s in scores), (scores, o)
