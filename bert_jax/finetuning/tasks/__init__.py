@@ -1,7 +1,9 @@
 """Fine-tuning tasks: readers, featurisers, metrics and prediction writers.
 
-Each task module (glue, conll, squad; files: your own CSV/TSV/JSONL by columns; tagging: your own tagged words; answering: your own questions) turns its files into `Feature`s for the shared loop in
-`finetuning.run` and scores the per-feature logits it gets back. See `base.Task`.
+Each task module (glue, conll, squad; files: your own CSV/TSV/JSONL/Parquet by columns; tagging: your own tagged
+words; answering: your own questions) turns its files into `Feature`s for the shared loop in `finetuning.run` and
+scores the per-feature logits it gets back. See `base.Task`. `inputs.check_inputs` looks at the files a run will
+read (they exist, the named columns are there) before the run loads its starting checkpoint.
 """
 
 from bert_jax.errors import ConfigError
