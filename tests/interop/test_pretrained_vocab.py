@@ -3,6 +3,7 @@ entry point refuses it at load in one `error:` line, before anything is written 
 
 import json
 import os
+import pathlib
 import shutil
 
 import pytest
@@ -11,7 +12,8 @@ from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import pretrained
 
-from helpers import assert_one_line_error, minilm_dir_or_skip, run_main, tree_digest, write_small_corpus
+from helpers import (assert_one_line_error, minilm_dir_or_skip, run_main, tree_digest, write_retrieval_data,
+                     write_small_corpus)
 
 EXTRA = 200  # tokens added past MiniLM's 30,522 embeddings
 _WORDS = ('hello', 'extratok5', 'extratok7')
@@ -76,6 +78,9 @@ def _entry_points(checkpoint: str, out: str) -> dict[str, list[str]]:
       'export': ['export_hf.py', f'--checkpoint={checkpoint}', f'--output={out}/hf'],
       'finetune': ['finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={out}/ft',
                    f'--config.init_checkpoint={checkpoint}', '--config.num_train_steps=1'],
+      'retrieval': ['finetune.py', '--config=experiments/configs/finetune.py:retrieval', f'--workdir={out}/rt',
+                    f'--config.init_checkpoint={checkpoint}', f'--config.train_file={out}/pairs.jsonl',
+                    f'--config.beir_dir={out}/beir', '--config.num_train_steps=1'],
       'pretrain': ['pretrain.py', '--config=experiments/configs/pretrain.py:tiny', f'--workdir={out}/pt',
                    f'--config.init_checkpoint={checkpoint}', f'--config.data.train_files={out}/corpus.txt',
                    f'--config.data.cache_dir={out}/cache', '--config.num_train_steps=1'],
@@ -86,13 +91,15 @@ def _assert_refused(argv, out, checkpoint, pattern):
   with open(os.path.join(out, 'texts.txt'), 'w', encoding='utf-8') as f:
     f.write(' '.join(_WORDS) + '\nplain text\n')
   write_small_corpus(out)
+  write_retrieval_data(pathlib.Path(out))
   before = tree_digest(out), tree_digest(checkpoint)
   result = run_main(*argv)
   assert_one_line_error(result, pattern)
   assert (tree_digest(out), tree_digest(checkpoint)) == before
 
 
-@pytest.mark.parametrize('entry', ['embed', 'attention', 'fill_mask', 'export', 'finetune', 'pretrain'])
+@pytest.mark.parametrize('entry', ['embed', 'attention', 'fill_mask', 'export', 'finetune', 'retrieval',
+                                   'pretrain'])
 def test_a_hugging_face_directory_is_refused_by_every_entry_point(entry, larger_tokenizer, tmp_path):
   out = str(tmp_path)
   _assert_refused(_entry_points(larger_tokenizer, out)[entry], out, larger_tokenizer,
