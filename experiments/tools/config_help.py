@@ -183,33 +183,35 @@ def changes(spec: str, resolved: dict[str, Any]) -> list[str]:
 def print_config(spec: str, config: dict[str, Any], schema, explicit_model_fields=()) -> None:
   """Prints the resolved config (as the run uses it), the --config.* changes, parameters and tokens per step."""
   cfg = schema.from_dict(config) if schema is not None else None
+  plan = None
+  if cfg is not None and hasattr(cfg, 'task'):  # fine-tuning: the model is the starting checkpoint's
+    from bert_jax.finetuning.plan import plan as finetuning_plan  # pylint: disable=g-import-not-at-top
+    plan = finetuning_plan(cfg, explicit_model_fields)
+    cfg = plan.cfg
   resolved = cfg.to_dict() if cfg is not None else config
   print(f'# config {spec}, resolved:')
   print(json.dumps(resolved, indent=2, sort_keys=True, default=str))
   diffs = changes(spec, config)
   print(f'# changed by --config.* flags ({len(diffs)}):' + ''.join(f'\n  {d}' for d in diffs))
+  for note in plan.notes if plan is not None else ():
+    print(f'# {note}')
   if cfg is not None and hasattr(cfg, 'model'):
-    print(f'# parameters: {_parameters(cfg, explicit_model_fields)}')
+    print(f'# parameters: {_parameters(cfg, plan)}')
     print(f'# tokens per step: {_tokens(cfg)}')
 
 
-def _parameters(cfg, explicit) -> str:
-  """The parameter count of the run's model, from jax.eval_shape over its init (abstract: no weights made)."""
+def _parameters(cfg, plan=None) -> str:
+  """The parameter count of the run's model, from jax.eval_shape over its init (abstract: no weights made);
+  `plan`: a fine-tuning run's (bert_jax.finetuning.plan: the starting checkpoint's architecture, the task's head)."""
   from flax import nnx  # pylint: disable=g-import-not-at-top  # heavy: only --print_config needs it
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax.model import heads  # pylint: disable=g-import-not-at-top
-  model, what = cfg.model, 'encoder + pretraining heads'
-  if hasattr(cfg, 'task'):  # fine-tuning: the starting checkpoint's architecture, the task's head
-    from bert_jax.finetuning.tasks import get_task  # pylint: disable=g-import-not-at-top
-    from bert_jax.interop.pretrained import describe  # pylint: disable=g-import-not-at-top
-    task = get_task(cfg.task)
-    if cfg.init_checkpoint:
-      model = describe(cfg.init_checkpoint, 'init_checkpoint', log=lambda _: None).model_config(
-          model, explicit, log=lambda _: None)
-    build, what = (lambda: heads.head_model(task.kind, model, task.num_labels, rngs=nnx.Rngs(0)),
-                   f'encoder + {task.kind} head, {cfg.task}')
+  if plan is not None:
+    if plan.build is None:
+      return plan.what
+    build, what = plan.build, plan.what
   else:
-    model = cfg.phase_list()[-1].cfg.model
+    model, what = cfg.phase_list()[-1].cfg.model, 'encoder + pretraining heads'
     build = lambda: heads.BertForPreTraining(model, rngs=nnx.Rngs(0), nsp_head=cfg.data.sentence_pairs)
   state = nnx.state(nnx.eval_shape(build), nnx.Param)
   count = sum(x.size for x in jax.tree.leaves(state))
