@@ -12,7 +12,7 @@ import pytest
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import sentence_transformers as st_folder
 
-from helpers import assert_one_line_error, retrieval_config, run_main, tree_digest, write_retrieval_data
+from helpers import assert_one_line_error, retrieval_config, run_main, tolerance, tree_digest, write_retrieval_data
 
 # Texts of every length around the runs' 16 tokens: the long ones are cut by both sides alike.
 TEXTS = ['what is the apple?', 'the river is described here in detail', 'Copper, volcanoes and a penguin: a much '
@@ -46,7 +46,9 @@ def _assert_same(theirs, ours):
   assert theirs.shape == ours.shape
   cosine = (theirs * ours).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(ours, axis=1)
   assert cosine.min() >= COSINE, cosine
-  np.testing.assert_allclose(theirs, ours, atol=1e-5 * max(1.0, float(np.abs(ours).max())))
+  # torch's kernels against XLA's: float32 rounding of the widest sums of the encoders here (256), in up to 3 layers.
+  np.testing.assert_allclose(theirs, ours, atol=tolerance(np.float32, 256, depth=3,
+                                                          magnitude=max(1.0, float(np.abs(ours).max()))))
 
 
 @pytest.fixture(scope='module')
@@ -87,7 +89,7 @@ def test_a_retrieval_workdir_exports_a_folder_sentence_transformers_loads_with_o
   assert (embedded['pooling'], embedded['normalize'], embedded['max_length']) == (pooling, True, 16)
   assert f'pooling {pooling}, normalised, max_length 16 from the retrieval run' in stderr
   _assert_same(theirs, ours)
-  np.testing.assert_allclose(np.linalg.norm(theirs, axis=1), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(np.linalg.norm(theirs, axis=1), 1.0, rtol=tolerance(np.float32, 32))
   if dims:  # sentence-transformers' truncate_dim is our leading 16 components (renormalised: cosine)
     _, small = _st_embeddings(str(out), truncate_dim=16)
     _assert_same(small / np.linalg.norm(small, axis=1, keepdims=True),

@@ -20,7 +20,7 @@ from bert_jax.interop import hf
 from bert_jax.interop.pretrained import load_pretrained
 from bert_jax.pretraining import init, run as pretraining
 
-from helpers import finetune_config, shared_data_or_skip, tiny_pretrain_config, write_small_corpus
+from helpers import finetune_config, shared_data_or_skip, tiny_pretrain_config, tolerance, write_small_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,9 @@ def test_modernbert_shaped_pretrains_exports_and_finetunes(corpus, tmp_path):
   positions = jnp.arange(ids.shape[1])[None]
   logits = [np.asarray(jax.jit(lambda m: m(ids, None, None, positions)[0])(p.pretraining_model()))
             for p in (trained, reloaded)]
-  np.testing.assert_allclose(logits[1], logits[0], atol=1e-5)
+  # Scanned against a plain loop (the export's config): float32 rounding of each layer's widest sums.
+  np.testing.assert_allclose(logits[1], logits[0], atol=tolerance(
+      np.float32, trained.config.intermediate_size, magnitude=np.abs(logits[0]).max(), depth=trained.config.num_layers))
   _check_fill_mask_pipeline(trained, export)
 
   # Continued pretraining from the export takes its architecture.
