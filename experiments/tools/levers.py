@@ -148,7 +148,7 @@ def run_ladder(out_dir: str, *, steps: int = 10, peak: float | None = None, ladd
   record = _recorder(out_dir, log)
   best = measure(baseline, steps=steps, peak=peak)
   best_setting = baseline
-  record(dict(best, check='ladder', lever='baseline (first GPU session)', adopted=True))
+  record(dict(best, check='ladder', lever='baseline (the step as first measured on a GPU)', adopted=True))
   profiled = not profile
   # The speed switches first, then the profile of the best step, then the recipe changes (a check stopped at its
   # time limit keeps the figures that matter most).
