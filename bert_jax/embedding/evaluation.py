@@ -3,7 +3,8 @@ block: one block of corpus vectors and the running top-k of each size are all it
 
 `embed` is any texts -> [n, D] function (e.g. `inference.embed` of a checkpoint, or a training run's model); the
 queries are embedded once, each corpus block once, and every Matryoshka size is searched from the same block
-(truncated and normalised again).
+(truncated and normalised again). `embed` is called with at most `batch_size` texts at a time, and a long evaluation
+says where it is every 10 s with an ETA (`reporting.Ticker`, as the fine-tuning evaluation), counted in texts.
 """
 
 from __future__ import annotations
@@ -16,40 +17,56 @@ import numpy as np
 from bert_jax.embedding import metrics, pooling, search
 from bert_jax.embedding.beir import BeirSet
 from bert_jax.errors import DataError
+from bert_jax.runs import reporting
 
 _truncate = jax.jit(pooling.truncate, static_argnums=1)
 
 
 def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarray], *,
-                       dims: Sequence[int] | None = None, block_size: int = search.DEFAULT_BLOCK_SIZE,
-                       recall_at: Sequence[int] = metrics.RECALL_AT, cutoff: int = metrics.CUTOFF,
-                       mesh=None) -> dict:
+                       embed_queries: Callable[[Sequence[str]], np.ndarray] | None = None,
+                       batch_size: int | None = None, dims: Sequence[int] | None = None,
+                       block_size: int = search.DEFAULT_BLOCK_SIZE, recall_at: Sequence[int] = metrics.RECALL_AT,
+                       cutoff: int = metrics.CUTOFF, mesh=None, label: str = 'evaluating retrieval') -> dict:
   """recall@k, MRR@cutoff and nDCG@cutoff of `data`'s queries against its corpus (`metrics.ranking_metrics`).
 
   Args:
     data: a `beir.read_beir` set.
-    embed: texts -> float [n, D] embeddings.
+    embed: texts -> float [n, D] embeddings (the passages; the queries too unless `embed_queries` is given).
+    embed_queries: the queries' embedding function, where a query is embedded otherwise (e.g. cut shorter).
+    batch_size: texts per call of `embed` (default `block_size`): the grain of the progress lines.
     dims: Matryoshka sizes reported besides the full one ('matryoshka': {dim: metrics}).
-    block_size: corpus texts embedded and searched at a time.
+    block_size: corpus texts searched at a time.
     mesh: search each block with its rows split over this mesh's devices (`search.StreamingTopK`).
+    label: the progress lines' label.
 
   Raises:
     DataError: `embed` returned another number of vectors than texts, or vectors of another width.
   """
-  def vectors(texts):
-    out = np.asarray(embed(texts), np.float32)
-    if out.ndim != 2 or len(out) != len(texts):
-      raise DataError(f'the embedding function returned {out.shape} for {len(texts)} texts; expected [n, D]')
-    return out
+  passages = data.passages()
+  step = min(batch_size or block_size, block_size)
+  ticker = reporting.Ticker(label, len(data.queries) + len(passages), unit='texts')
+  done = 0
 
-  queries_qd = vectors(data.queries)
+  def vectors(fn, texts):
+    nonlocal done
+    parts = []
+    for start in range(0, max(len(texts), 1), step):  # no texts: one call, whose answer is checked too
+      chunk = texts[start:start + step]
+      out = np.asarray(fn(chunk), np.float32)
+      if out.ndim != 2 or len(out) != len(chunk) or parts and out.shape[1] != parts[0].shape[1]:
+        raise DataError(f'the embedding function returned {out.shape} for {len(chunk)} texts; expected [n, D]')
+      parts.append(out)
+      done += len(chunk)
+      ticker.tick(done)
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+  queries_qd = vectors(embed_queries or embed, data.queries)
   full = queries_qd.shape[1]
   sizes = (full,) + tuple(int(d) for d in dims or ())
   k = max(tuple(recall_at) + (cutoff,))
   tops = {d: search.StreamingTopK(_truncate(queries_qd, d), k=k, block_size=block_size, mesh=mesh) for d in sizes}
-  passages = data.passages()
   for start in range(0, len(passages), block_size):
-    block_nd = vectors(passages[start:start + block_size])
+    block_nd = vectors(embed, passages[start:start + block_size])
     for d, top in tops.items():
       top.add(_truncate(block_nd, d))
 

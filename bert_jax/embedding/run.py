@@ -278,13 +278,12 @@ class _PreparedRun:
     """recall@1/@10, MRR@10 and nDCG@10 ('eval_<metric>', and 'eval_<metric>_dim<d>' per Matryoshka size)."""
     del step, output_dir  # no predictions are written yet
     t0 = time.time()
-    calls = []
-    def embed(texts):  # evaluate_retrieval embeds the queries first (cut as queries), then blocks of the corpus
-      calls.append(len(texts))
-      return (self.embed(params, texts, 'query', self.cfg.max_query_length) if len(calls) == 1
-              else self.embed(params, texts, 'passage', self.cfg.max_seq_length))
     hidden = self.cfg.model.hidden_size
-    scores = evaluate_retrieval(self.held_out, embed, dims=tuple(d for d in self.dims if d != hidden), mesh=self.mesh)
+    # One batch of eval_batch_size texts per call: the progress lines count every batch.
+    scores = evaluate_retrieval(
+        self.held_out, lambda texts: self.embed(params, texts, 'passage', self.cfg.max_seq_length),
+        embed_queries=lambda texts: self.embed(params, texts, 'query', self.cfg.max_query_length),
+        batch_size=self.cfg.eval_batch_size, dims=tuple(d for d in self.dims if d != hidden), mesh=self.mesh)
     out = {_name(k): v for k, v in scores.items() if k != 'matryoshka'}
     for d, per_dim in (scores.get('matryoshka') or {}).items():
       out.update({f'{_name(k)}_dim{d}': v for k, v in per_dim.items()})
