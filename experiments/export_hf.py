@@ -15,7 +15,7 @@ label names as id2label. The result holds config.json, model.safetensors and the
 WordPiece as transformers' own, SentencePiece as a tokenizer.json that transformers' fast tokenizer
 runs with the same ids as bert_jax (a model for which that cannot be made exact is refused) plus
 spiece.model for bert_jax. `load_pretrained` reads the encoder back bit-exactly, `hf.load_hf_checkpoint`
-the head too. Ends with one JSON line.
+the head too. Ends with one JSON line (on stdout; stderr says when loading and writing start).
 
 A sentence-transformers folder (the encoder as above, plus modules.json, sentence_bert_config.json,
 config_sentence_transformers.json, 1_Pooling/, 2_Normalize/ and a model card; docs/embeddings.md):
@@ -79,6 +79,8 @@ def main(_):
     raise ConfigError(f'{", ".join(given)} apply to a sentence-transformers export only: add '
                       '--sentence_transformers (a retrieval workdir exports as one by default)')
   task, seed = None, None
+  reporting.log(f'export: loading {_CHECKPOINT.value}' + (f' (step {_STEP.value})' if _STEP.value is not None else '')
+                + ' ...')
   if kind == 'finetuning':
     tuned = load_finetuned(_CHECKPOINT.value, seed=_SEED.value, step=_STEP.value)
     config, params, tokenizer, task, source_kind, step, seed = (
@@ -100,10 +102,12 @@ def main(_):
     if task is not None and task['kind'] != RETRIEVAL:
       reporting.log(f'{_CHECKPOINT.value} is a {task["kind"]} fine-tuning run: its encoder is exported, not its '
                     'task head')
+    reporting.log(f'export: writing a sentence-transformers folder to {_OUTPUT.value} ...')
     sentence_transformers.save_sentence_transformers(
         _OUTPUT.value, config, params, tokenizer, embedding, overwrite=_OVERWRITE.value,
         description=f'Exported from {_CHECKPOINT.value}' + (f' (step {step})' if step is not None else '') + '.')
   else:
+    reporting.log(f'export: writing a Hugging Face directory to {_OUTPUT.value} ...')
     hf.save_hf_checkpoint(_OUTPUT.value, config, params, tokenizer, overwrite=_OVERWRITE.value,
                           task=None if task is not None and task['kind'] == RETRIEVAL else task)
   with open(os.path.join(_OUTPUT.value, hf.CONFIG_FILE), encoding='utf-8') as f:

@@ -10,7 +10,8 @@
 SQuAD), JSONL, or the task's own files (a GLUE TSV with its header, CoNLL columns, SQuAD JSON; a model
 fine-tuned on your own files (classify/regress) reads a .csv/.tsv/.jsonl by the run's text columns);
 see `bert_jax.finetuning.predict.read_rows`. Rows are batched in one process. The predictions
-go to stdout as one JSON line each, or to --output (.jsonl or .tsv). --seed and --step pick the
+go to stdout as one JSON line each, or to --output (.jsonl or .tsv); stderr says when each phase starts (loading the
+checkpoint, compiling, writing) and where a long prediction is, with an ETA. --seed and --step pick the
 checkpoint (default: the run's first seed, latest step). The workdir is only read.
 
 A special token spelled in the text ("[SEP]", "[CLS]", "[MASK]", "[PAD]") is read as that token,
@@ -71,6 +72,8 @@ def main(_):
                       f'embed texts with experiments/embed.py --checkpoint={_WORKDIR.value}, or evaluate it with '
                       'experiments/evaluate.py')
   reporting.log_to(sys.stderr)  # stdout carries the results
+  reporting.log(f'predict: loading {_WORKDIR.value} (seed {"the first" if _SEED.value is None else _SEED.value}, '
+                f'step {"the latest" if _STEP.value is None else _STEP.value}) ...')
   tuned = load_finetuned(_WORKDIR.value, _SEED.value, _STEP.value, log=reporting.log)
   kind = tuned.task['kind']
   if _INPUT.value:
@@ -81,6 +84,8 @@ def main(_):
     raise DataError(f'no rows to predict in {_INPUT.value}')
   reporting.log(f'predict: {len(rows):,} rows, {tuned.task["name"]} ({kind}), seed {tuned.seed} step {tuned.step}')
   outputs = predict.predict(tuned, rows, batch_size=_BATCH_SIZE.value, n_best=_N_BEST.value, log=reporting.log)
+  if _OUTPUT.value:
+    reporting.log(f'predict: writing {len(outputs):,} predictions to {_OUTPUT.value}')
   if _OUTPUT.value and _OUTPUT.value.endswith('.tsv'):
     files.write_text_atomic(_OUTPUT.value, '\n'.join(predict.tsv_lines(kind, rows, outputs)) + '\n')
   else:

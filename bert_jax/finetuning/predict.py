@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import re
+import time
 from typing import Any, Iterator, Sequence
 
 from flax import nnx
@@ -178,31 +179,41 @@ class Predictor:
     self.kind = tuned.task['kind']
     graphdef, state = nnx.split(tuned.head_model())
     objective = Finetuning(self.kind)
-    self._state = state
+    self._state, self._compiled = state, set()  # the batch shapes compiled so far
     self._forward = jax.jit(lambda state, batch: objective.forward(nnx.merge(graphdef, state), batch,
                                                                    deterministic=True))
 
   def logits(self, features: Sequence[Feature]) -> list[np.ndarray]:
-    """Per feature, as `predict` gives them (see tasks.base for the shapes)."""
+    """Per feature, as `predict` gives them (see tasks.base for the shapes). A batch of a new shape compiles the
+    model (a line to `log` before, one with its time after); a long run says where it is every 10 s with an ETA
+    (`reporting.Ticker`)."""
     out: list[np.ndarray] = []
     ft, size = self.tuned.finetune, self.batch_size
+    ticker = reporting.Ticker('predicting', -(-len(features) // size))
     for i in range(0, len(features), size):
       chunk = features[i:i + size]
       host = batching.make_batch(chunk, self.kind, batch_size=size, row_length=ft.max_seq_length, pack=ft.pack,
                                  rows_multiple=2)
+      shape = host['input_ids'].shape
+      if shape not in self._compiled:
+        self.log(f'predict: compiling the model for {shape[0]} x {shape[1]} tokens ...')
+        t_compile = time.perf_counter()
       logits = np.asarray(jax.device_get(self._forward(self._state, host)))
+      if shape not in self._compiled:
+        self._compiled.add(shape)
+        self.log(f'predict: compiled (and ran that batch) in {time.perf_counter() - t_compile:.1f} s')
       if self.kind in SEQUENCE_KINDS:
         out.extend(logits[:len(chunk)])
       else:
         out.extend(batching.rows_of_examples(logits, host, len(chunk)))
-      if len(features) > 4 * size:
-        self.log(f'predict: {min(i + size, len(features)):,}/{len(features):,} features')
+      ticker.tick(i // size + 1)
     return out
 
 
 def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size: int = 64, n_best: int = 5,
             log=reporting.log) -> list[dict[str, Any]]:
-  """Predictions for `rows` (see `read_rows`), one dict per row in order (module docstring); progress to `log`."""
+  """Predictions for `rows` (see `read_rows`), one dict per row in order (module docstring); warnings and each
+  compile to `log`, a long run's progress lines through `reporting` (`Predictor.logits`)."""
   kind, ft, tokenizer = tuned.task['kind'], tuned.finetune, tuned.tokenizer
   if kind in SEQUENCE_KINDS:
     check_pairs(tuned.task['name'], rows,

@@ -1,9 +1,12 @@
 """Predictions on new text: the dev set gets the predictions evaluation wrote, for every task kind;
 input formats, outputs and bad input; the workdir is never written."""
 
+import itertools
 import json
 import os
+import re
 import shutil
+import types
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import predict, run as finetuning
 from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop.pretrained import load_finetuned
+from bert_jax.runs import reporting
 
 from helpers import (
   FIXTURES,
@@ -90,6 +94,10 @@ def test_predict_cli_text_input_and_outputs(sst2, tmp_path):
   r = run_main('predict.py', f'--workdir={sst2}', f'--input={texts}', f'--output={tmp_path}/p.jsonl',
                      '--batch_size=2')
   assert r.returncode == 0, r.stderr[-3000:]
+  said = [l for l in r.stderr.splitlines() if l.startswith('predict: ')]  # each phase, as it starts
+  assert said[0] == f'predict: loading {sst2} (seed the first, step the latest) ...', r.stderr
+  assert said[-1] == f'predict: writing 3 predictions to {tmp_path}/p.jsonl', r.stderr
+  assert any(l.startswith('predict: compiling the model for ') for l in said), r.stderr
   lines = [json.loads(l) for l in open(tmp_path / 'p.jsonl', encoding='utf-8')]
   assert [l['text'] for l in lines] == ['A gripping, funny film.', 'Dull and far too long.', 'An instant classic.']
   assert lines[0]['label'] == one['label']  # the same prediction batched with others
@@ -113,6 +121,24 @@ def test_predict_cli_text_input_and_outputs(sst2, tmp_path):
   assert [l for l in r.stderr.splitlines() if l.startswith('warning:')] == [
       'warning: 1 of 1 texts were longer than max_seq_length=64 tokens (the run\'s) and were truncated']
   assert tree_digest(sst2) == before
+
+
+def test_a_long_prediction_says_where_it_is_and_when_it_compiles(sst2, sst2_dev, monkeypatch):
+  """The fine-tuning evaluation's progress lines (reporting.Ticker: every 10 s, with an ETA, and at the end), here
+  on a stand-in clock at 6 s a batch; a line before and after each compile."""
+  tuned = load_finetuned(sst2)
+  rows = predict.read_rows(sst2_dev, 'classification', 'sst2')
+  clock, progress, said = itertools.count(0.0, 6.0), [], []
+  monkeypatch.setattr(reporting, 'time', types.SimpleNamespace(perf_counter=lambda: next(clock)))
+  monkeypatch.setattr(reporting, 'log', progress.append)
+  outputs = predict.predict(tuned, rows, batch_size=48, log=said.append)  # 200 rows: 5 batches
+  assert len(outputs) == DEV_EXAMPLES
+  assert progress == ['predicting: 2/5 batches | elapsed 12s | ETA 18s',
+                      'predicting: 4/5 batches | elapsed 24s | ETA 6s',
+                      'predicting: 5/5 batches | elapsed 30s | ETA 0s']
+  compiling = [l for l in said if re.fullmatch(r'predict: compiling the model for \d+ x \d+ tokens \.\.\.', l)]
+  compiled = [l for l in said if re.fullmatch(r'predict: compiled \(and ran that batch\) in [\d.]+ s', l)]
+  assert 1 <= len(compiling) == len(compiled) <= 5, said
 
 
 def test_a_workdir_keeps_its_tokenizer_when_the_starting_checkpoint_changes(tiny_checkpoint, tmp_path):

@@ -65,6 +65,8 @@ def test_export_cli_round_trips_a_workdir_bit_exactly(workdir, tmp_path):
   args = ('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
   result = run_main(*args)  # in this process: the command's flags, output and exit code, not a process, are tested
   assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stderr.splitlines() == [f'export: loading {workdir} ...',  # each phase, as it starts
+                                        f'export: writing a Hugging Face directory to {out} ...'], result.stderr
   assert {'config.json', 'model.safetensors'} <= set(os.listdir(out))
   original, exported = load_pretrained(workdir), load_pretrained(out)
   assert exported.source == 'hf' and exported.has_mlm_head and exported.config == original.config
