@@ -20,6 +20,7 @@ from ml_collections import config_flags
 from bert_jax import files
 from bert_jax.config import REMOVED, RENAMED
 from bert_jax.errors import BertJaxError, CheckpointWriteError, ConfigError, Preempted
+from bert_jax.runs import interrupts, stderr_filter
 from tools import config_help
 
 # bert_jax.distributed and bert_jax.train.preemption import jax (seconds): they are imported where used, so that a
@@ -78,9 +79,12 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
       for name in text_flags:
         _check_utf8(name, flags.FLAGS[name].value)
       _check_remote_paths()
-      if multihost:
-        _initialize_distributed()
-      main(argv)
+      if _started_as_itself():  # XLA's slow-compile banner becomes one line (not in another program's process)
+        stderr_filter.start()
+      with interrupts.watching():  # a signal while jax compiles is acknowledged at once, a second one stops at once
+        if multihost:
+          _initialize_distributed()
+        main(argv)
     except Preempted as e:
       from bert_jax.train.preemption import EXIT_CODE  # pylint: disable=g-import-not-at-top
       print(f'preempted: {e}', file=sys.stderr, flush=True)
@@ -90,6 +94,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
       # Orbax's write threads still hold the failed save's futures; a normal shutdown prints a traceback
       # for each ("Event loop is closed"). Every file of ours is closed by now: leave at once.
       sys.stdout.flush()
+      stderr_filter.stop()
       os._exit(1)  # pylint: disable=protected-access
     except BertJaxError as e:
       print(f'error: {e}', file=sys.stderr, flush=True)
@@ -148,9 +153,7 @@ def _restart_with_huge_pages() -> None:
   except ConfigError as e:
     print(f'error: {e}', file=sys.stderr, flush=True)
     sys.exit(1)
-  started_as_itself = (getattr(sys, 'orig_argv', [])[-len(sys.argv):] == sys.argv
-                       and len(sys.orig_argv) > len(sys.argv) and os.path.isfile(sys.argv[0]))  # not `python3 -`
-  if not started_as_itself or given is not None or not allowed:
+  if not _started_as_itself() or given is not None or not allowed:
     return
   tunables = os.environ.get('GLIBC_TUNABLES', '')
   # 'restarted' keeps a process whose tunables the loader drops (a privileged interpreter) from restarting again.
@@ -204,6 +207,14 @@ def runs_on_huge_pages(environ) -> bool:
   if given is not None:
     return given
   return allowed not in ('0', 'restarted') and not huge_pages_unavailable()
+
+
+def _started_as_itself() -> bool:
+  """Whether this entry point is a process of its own (`python3 experiments/X.py ...`: its arguments end the
+  interpreter's command line), not run inside another program (the tests' in-process runs) or read from stdin
+  (`python3 -`, which cannot be read again)."""
+  return (getattr(sys, 'orig_argv', [])[-len(sys.argv):] == sys.argv and len(sys.orig_argv) > len(sys.argv)
+          and os.path.isfile(sys.argv[0]))
 
 
 def _has_config() -> bool:

@@ -7,4 +7,6 @@
   tables       results tables of several runs (a sweep's, a ladder's) as markdown and CSV
   cells        the commands of a sweep or a ladder: pending/done/stale, the local runner, SLURM arrays, a gather
   curves       curves.png of a run, the plot of a workdir's evaluated checkpoints, values per group (seeds)
+  interrupts   SIGINT/SIGTERM while jax compiles: acknowledged at once, acted on when it returns; a second stops
+  stderr_filter  XLA's "Very slow compile?" banner on stderr replaced by one line (a filter process)
 """

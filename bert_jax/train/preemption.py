@@ -8,6 +8,15 @@ acknowledged on stderr when it arrives (`SIGTERM received: finishing step N, the
 loop keeps at most two steps in flight, so that step is at most two step times away. A second
 signal falls through to Python's default (Ctrl-C twice interrupts at once).
 
+During a compile (minutes on a busy machine) jax >= 0.10 runs these handlers too, but an
+exception raised there abandons the compile, and the process crashes when it exits
+(`bert_jax.runs.interrupts`). So in an `immediately` block a signal during a compile is
+acknowledged at once and raises when the compile returns; elsewhere the handler sets the flag and
+says so at once, as always. A second signal then stops the process at once (SIGTERM by its
+default action, SIGINT through `interrupts`), keeping the last complete checkpoint. Where a
+handler cannot run (a call into XLA that does not run them), `interrupts.watching` acknowledges
+the signal from a thread of its own.
+
 With several processes all of them must save the same step. A signal may reach them at
 different steps (or only one of them), so the flag is agreed on with a tiny all-gather at
 agreement points: log and checkpoint steps, and steps every process computes alike from the
@@ -29,6 +38,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 
 from bert_jax.errors import Preempted  # pylint: disable=unused-import  # raised here, caught by entry points
+from bert_jax.runs import interrupts
 
 # EX_TEMPFAIL from sysexits.h: "try again later". Launchers can requeue on it.
 EXIT_CODE = 75
@@ -45,32 +55,58 @@ class Preemption:
     self.signal_name: str | None = None
     self.step: int | None = None  # the step a stop saves, kept by the training loop (None: not training)
     self._previous = {}
+    self._watching = None  # interrupts.watching, while active in the main thread
     self._immediate: str | None = None  # what the block of `immediately` is doing
     self._next_agreement = 0  # several processes: the next step that is an agreement point
     self._agreed_at: tuple[int, float] | None = None  # (step, time) of the last agreement
 
   def __enter__(self) -> 'Preemption':
     if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+      self._watching = interrupts.watching(then=self._then)
+      self._watching.__enter__()  # pylint: disable=unnecessary-dunder-call
       for sig in _SIGNALS:
         self._previous[sig] = signal.signal(sig, self._handle)
     return self
 
   def __exit__(self, *exc) -> None:
-    for sig, handler in self._previous.items():
-      signal.signal(sig, handler)
-    self._previous = {}
+    try:  # first: a signal deferred in a compile that has just returned comes to the handlers of this block
+      if self._watching is not None:
+        watching, self._watching = self._watching, None
+        watching.__exit__(None, None, None)
+    finally:
+      for sig, handler in self._previous.items():
+        signal.signal(sig, handler)
+      self._previous = {}
 
+  @interrupts.tells_watcher
   def _handle(self, signum, frame) -> None:
-    del frame
+    if self._immediate and interrupts.deferred(signum, frame):  # raising inside a compile would abandon it
+      return
     self.signal_name = signal.Signals(signum).name
-    signal.signal(signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler)
+    signal.signal(signum, signal.SIG_DFL if signum == signal.SIGTERM else interrupts.keyboard_interrupt)
     if self._immediate:
       raise Preempted(self._immediate_message())
-    if self.step is not None:
-      # os.write, not print: the handler may interrupt a print of the main thread (a reentrant write fails).
-      what = (f'finishing step {self.step}, then saving' if jax.process_count() == 1 else
-              f'saving at the next step all processes agree on (within ~{AGREE_EVERY_S:g} s of training)')
-      os.write(2, f'{self.signal_name} received: {what}\n'.encode())
+    if self.step is None:
+      what = 'the run stops before it trains again (the work in progress finishes first)'
+    elif jax.process_count() == 1:
+      after = ' (once the compile in progress returns)' if interrupts.compiling(frame) else ''
+      what = f'finishing step {self.step}{after}, then saving'
+    else:
+      what = f'saving at the next step all processes agree on (within ~{AGREE_EVERY_S:g} s of training)'
+    # os.write, not print: the handler may interrupt a print of the main thread (a reentrant write fails).
+    os.write(2, f'{self.signal_name} received: {what}\n'.encode())
+
+  def _then(self) -> tuple[str, str]:
+    """What a signal whose handler waits for the main thread leads to once it runs, and what a stop at once keeps
+    (`interrupts.watching`; called from its thread)."""
+    if self._immediate:
+      return f'it stops ({self._immediate}, what was finished is kept)', ''
+    kept = ', keeping the last complete checkpoint'
+    if self.step is None:
+      return 'the run stops before it trains again', kept
+    if jax.process_count() == 1:
+      return f'step {self.step} finishes and is saved', kept
+    return 'the step all processes agree on is saved', kept
 
   def _immediate_message(self) -> str:
     return (f'{self.signal_name} received while {self._immediate}: what was finished is kept. Run the same '
@@ -91,6 +127,7 @@ class Preemption:
       if self.signal_name:  # a signal that came just before
         raise Preempted(self._immediate_message())
       yield
+      interrupts.bring_back()  # a signal deferred in a compile that returned just before the block's end raises here
     finally:
       self._immediate = None
 

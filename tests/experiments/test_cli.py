@@ -1,14 +1,17 @@
 """experiments/cli.py in process: a mistyped --config field or a value of the wrong type is one line naming the field;
---help lists the config's variants and main fields; --print_config prints the resolved config and touches nothing."""
+--help lists the config's variants and main fields; --print_config prints the resolved config and touches nothing.
+In processes of their own: Ctrl-C during a compile, XLA's slow-compile banner on stderr."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from helpers import REPO, assert_one_line_error, run_main, tree_digest
+from helpers import REPO, SignalledRun, assert_one_line_error, compiling_entry, run_main, tree_digest
 
 
 @pytest.mark.parametrize('script,flag,want', [
@@ -187,3 +190,34 @@ def test_a_huge_pages_setting_no_reader_takes_is_one_line(tmp_path, monkeypatch,
                     f'--output={tmp_path}/out.npz')
   assert_one_line_error(result, pattern)
   assert tree_digest(str(tmp_path)) == before
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_compile_says_so_at_once_and_a_second_one_stops_at_once(tmp_path):
+  """jax runs Python's signal handlers while it compiles, but a KeyboardInterrupt raised there would abandon the
+  compile and crash the process at its exit: the first Ctrl-C is acknowledged at once instead, the second one ends
+  the process then and there, as Ctrl-C with no handler would (a compile of about 40 s here)."""
+  run = SignalledRun(compiling_entry(tmp_path, 3000))
+  run.started()
+  time.sleep(0.5)  # inside the compile
+  sent = run.send(signal.SIGINT)
+  acknowledged = run.line('SIGINT (Ctrl-C) received while jax compiles (XLA cannot be interrupted): it stops once that '
+                          'returns. Another SIGINT stops at once')
+  assert acknowledged - sent < 2.0 and 'compiled' not in run.stderr, (acknowledged - sent, run.stderr)
+  sent = run.send(signal.SIGINT)
+  assert run.wait(timeout=30) == -signal.SIGINT and run.line('SIGINT (Ctrl-C) again: stopping at once') - sent < 5
+  assert 'compiled' not in run.stderr and 'Traceback' not in run.stderr, run.stderr
+
+
+def test_xla_s_slow_compile_banner_is_one_line_on_an_entry_point_s_stderr(tmp_path):
+  banner = ('E1207 10:15:35.478499   13690 slow_operation_alarm.cc:73] \n********************************\n'
+            '[Compiling module jit_train_step for CPU] Very slow compile? If you want to file a bug, run with envvar '
+            'XLA_FLAGS=--xla_dump_to=/tmp/foo and attach the results.\n********************************\n')
+  script = tmp_path / 'entry.py'
+  script.write_text('import os, sys\nsys.path[:0] = [%r, %r]\nimport cli\n'
+                    'def main(argv):\n  os.write(2, %r)\n  raise cli.ConfigError("a real error")\n'
+                    'cli.run(main, multihost=False)\n' % (REPO, os.path.join(REPO, 'experiments'), banner.encode()))
+  r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+  assert r.returncode == 1 and r.stderr == (
+      'XLA is still compiling jit_train_step after 2 minutes: compiling is slow on a busy machine (XLA logs this as an '
+      'error; it is not one)\nerror: a real error\n'), r.stderr
