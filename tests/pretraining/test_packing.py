@@ -25,7 +25,7 @@ from bert_jax.pretraining.objective import pretraining_sums
 from bert_jax.pretraining.run import pretraining_model
 from bert_jax.train import optim
 
-from helpers import SMALL_VOCAB, SpyDataset, small_data_config, tiny_pretrain_config
+from helpers import SMALL_VOCAB, SpyDataset, largest, small_data_config, tiny_pretrain_config, tolerance
 
 
 @pytest.fixture(scope='module')
@@ -251,15 +251,19 @@ def test_packed_rows_compute_the_same_logits_losses_and_gradients():
   index = {e: i for i, e in zip(np.flatnonzero(unpacked['nsp_weights'] > 0), _unpacked_examples(unpacked))}
   segments = _packed_segments(packed)
   assert len(segments) == len(index) == 15
+  # Other rows, other kernels and summation orders: float32 rounding of the tiny model's widest sums (256) in each
+  # of its 2 layers, relative to the values compared; the gradients sum over the 8 x 64 packed tokens too.
+  close = tolerance(np.float32, 256, depth=2)
   for row, s, sel, example in segments:
     e = index[example]
-    np.testing.assert_allclose(mlm_p[row, sel], mlm_u[e, unpacked['masked_lm_weights'][e] > 0], atol=1e-5)
-    np.testing.assert_allclose(nsp_p[row, s], nsp_u[e], atol=1e-5)
+    np.testing.assert_allclose(mlm_p[row, sel], mlm_u[e, unpacked['masked_lm_weights'][e] > 0],
+                               atol=close * np.abs(mlm_u).max())
+    np.testing.assert_allclose(nsp_p[row, s], nsp_u[e], atol=close * np.abs(nsp_u).max())
   for key in sums_u:
-    np.testing.assert_allclose(sums_p[key], sums_u[key], rtol=1e-5, err_msg=key)
-  np.testing.assert_allclose(loss_p, loss_u, rtol=1e-6)
+    np.testing.assert_allclose(sums_p[key], sums_u[key], rtol=close, err_msg=key)
+  np.testing.assert_allclose(loss_p, loss_u, rtol=close)
   for gu, gp in zip(jax.tree.leaves(grads_u), jax.tree.leaves(grads_p)):
-    np.testing.assert_allclose(gp, gu, atol=1e-5)
+    np.testing.assert_allclose(gp, gu, atol=tolerance(np.float32, 8 * 64, magnitude=largest(grads_u), depth=2))
 
 
 @pytest.mark.slow
@@ -272,7 +276,7 @@ def test_packed_train_step_with_accumulation_on_8_devices_matches_unpacked():
   metrics = [jax.device_get(model.train_step(model.init_state(), model.global_batch(batch), model.rest)[1])
              for batch in (unpacked, packed)]
   for key in ('loss', 'mlm_loss', 'nsp_loss', 'mlm_accuracy', 'grad_norm'):
-    np.testing.assert_allclose(metrics[1][key], metrics[0][key], rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(metrics[1][key], metrics[0][key], rtol=tolerance(np.float32, 256, depth=2), err_msg=key)
 
 
 # ----------------------------------------------------------------------------- the training loop
