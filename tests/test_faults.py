@@ -46,6 +46,7 @@ from helpers import (
   tmpfs,
   tree_digest,
   write_small_corpus,
+  xla_flags,
 )
 
 pytestmark = pytest.mark.slow  # faults injected into real runs
@@ -138,7 +139,7 @@ step_lib.StepModel.__init__ = slow_init
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_at_a_random_moment_of_slow_steps_exits_75_within_two_steps(tmp_path, signum):
   corpus, cache, workdir = write_small_corpus(tmp_path), str(tmp_path / 'cache'), str(tmp_path / 'run')
-  env = dict(os.environ, XLA_FLAGS=os.environ.get('BERT_JAX_TEST_XLA_FLAGS', ''))  # one device, as the main job: steps are dispatched ahead of the device
+  env = dict(os.environ, XLA_FLAGS=xla_flags())  # one device, as the main job: steps are dispatched ahead of the device
   # No log or checkpoint step before the end: a host that ran ahead would queue every step before the save.
   extra = ['--config.log_every=1000', '--config.checkpoint_every=1000']
   cmd = pretrain_subprocess(corpus, cache, workdir, 60, _SLOW_STEPS, extra=extra)
