@@ -303,8 +303,8 @@ class _PreparedRun:
     log_result(MAIN_METRIC, seed, result)
 
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
-    # The qrels rows naming ids the BEIR set lacks (beir.BeirSet.absent): skipped queries, unretrievable documents.
     del wall_s
+    # The qrels rows naming ids the BEIR set lacks (beir.BeirSet.absent): skipped queries, unretrievable documents.
     return {'task': TASK, 'init_checkpoint': self.cfg.init_checkpoint, 'pooling': self.cfg.pooling,
             'qrels_absent': dict(self.held_out.absent), **summarize_seeds(per_run, main_metric=MAIN_METRIC)}
 
