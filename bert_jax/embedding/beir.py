@@ -14,7 +14,8 @@ Published BEIR sets hold judgements of ids their files lack (ArguAna's qrels nam
 have; NFCorpus's a query its queries.jsonl does not). They are read as BEIR's evaluator (pytrec_eval) scores them,
 counted (`BeirSet.absent`) and named in one warning line: a judgement of an absent query is skipped (that query is
 never retrieved for), and one of an absent document stays a relevant document no model can retrieve (it lowers
-recall and nDCG as in BEIR's published figures); it gets a negative index in `qrels`, which no ranking holds.
+recall and nDCG as in BEIR's published figures); it gets an index of ABSENT_FIRST or below in `qrels`, which no
+ranking holds.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ from bert_jax.errors import DataError
 from bert_jax.runs import reporting
 
 QRELS_HEADER = ('query-id', 'corpus-id', 'score')
+# The index of the first judged document the corpus lacks; the next ones count down from it. -1 is taken: it is
+# search.StreamingTopK's id of an empty slot (fewer corpus rows than k so far), which no judgement may match.
+ABSENT_FIRST = -2
 
 
 @dataclasses.dataclass(frozen=True)
 class BeirSet:
-  """A corpus, the judged queries and their judgements (qrels[i]: corpus index -> score, for query i; a negative
-  index: a judged document that the corpus lacks)."""
+  """A corpus, the judged queries and their judgements (qrels[i]: corpus index -> score, for query i; an index of
+  ABSENT_FIRST or below: a judged document that the corpus lacks)."""
 
   corpus_ids: list[str]
   titles: list[str]
@@ -124,7 +128,7 @@ def _read_qrels(path: str, query_index: dict[str, int], corpus_index: dict[str, 
   if not rows:
     raise DataError(f'{path} has a header but no judgements')
   judged: dict[int, dict[int, int]] = {}
-  queries, documents, elsewhere, found = _Absent(), _Absent(), {}, False  # elsewhere: absent corpus-id -> index < 0
+  queries, documents, elsewhere, found = _Absent(), _Absent(), {}, False  # absent corpus-id -> its index
   for line, text in rows:
     fields = [f.strip() for f in text.split('\t')]
     if len(fields) != 3:
@@ -142,7 +146,7 @@ def _read_qrels(path: str, query_index: dict[str, int], corpus_index: dict[str, 
       doc, found = corpus_index[corpus_id], True
     else:
       documents.add('corpus-id', corpus_id, line)
-      doc = elsewhere.setdefault(corpus_id, -1 - len(elsewhere))
+      doc = elsewhere.setdefault(corpus_id, ABSENT_FIRST - len(elsewhere))
     per_query = judged.setdefault(query_index[query_id], {})
     if doc in per_query:
       raise DataError(f'{path} line {line}: query {query_id!r} judges document {corpus_id!r} twice')

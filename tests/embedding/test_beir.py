@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax.embedding import beir, metrics
+from bert_jax.embedding import beir, metrics, search
 from bert_jax.errors import DataError
 
 from helpers import run_main
@@ -74,7 +74,7 @@ def test_judgements_of_ids_the_set_lacks_are_counted_and_scored_as_beirs_evaluat
   # (pytrec_eval's reading of ArguAna's qrels); one such id judged twice is one document.
   qrels = QRELS + 'q9\td1\t1\nq1\td9\t1\nq2\td9\t2\nq9\td9\t1\n'
   data = beir.read_beir(_write(tmp_path, qrels=qrels))
-  assert data.query_ids == ['q1', 'q2'] and data.qrels == [{0: 2, 2: 0, -1: 1}, {1: 1, -1: 2}]
+  assert data.query_ids == ['q1', 'q2'] and data.qrels == [{0: 2, 2: 0, -2: 1}, {1: 1, -2: 2}]
   assert data.absent == {'queries': 2, 'documents': 2}
   warnings = [l for l in capsys.readouterr().out.splitlines() if l.startswith('warning:')]
   assert warnings == [f'warning: {tmp_path}/qrels/test.tsv: of its judgements, 2 name a query-id that queries.jsonl '
@@ -86,6 +86,11 @@ def test_judgements_of_ids_the_set_lacks_are_counted_and_scored_as_beirs_evaluat
   got = metrics.ranking_metrics(np.array([[0, 1, 2], [1, 0, 2]]), data.qrels, recall_at=(1, 3), cutoff=3)
   ideal = 2 + 1 / np.log2(3)
   assert got == pytest.approx({'recall@1': 0.5, 'recall@3': 0.5, 'mrr@3': 1.0, 'ndcg@3': (2 / ideal + 1 / ideal) / 2})
+  # A top-4 over the 3 documents holds search.StreamingTopK's empty-slot id (-1) last: no absent document is found.
+  slots = np.asarray(search.StreamingTopK(np.eye(2, 3, dtype=np.float32), k=4)._ids)  # pylint: disable=protected-access
+  assert (slots == -1).all()
+  padded = np.concatenate([[[0, 1, 2], [1, 0, 2]], slots[:, :1]], axis=1)
+  assert metrics.ranking_metrics(padded, data.qrels, recall_at=(4,), cutoff=4)['recall@4'] == 0.5
   plain = beir.read_beir(_write(tmp_path / 'plain'))
   assert plain.absent == {'queries': 0, 'documents': 0} and 'warning' not in capsys.readouterr().out
 
