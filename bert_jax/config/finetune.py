@@ -109,8 +109,8 @@ class FinetuneConfig(TrainingConfig):
 
   def check_task_fields(self, names: Collection[str] | None = None) -> None:
     """ConfigError naming each task-specific field (`TASK_FIELDS`) set to other than its default on a task that
-    does not read it (checked when a run starts, not when a saved config loads: a workdir written before this
-    check still loads). `names`: check only these fields (evaluating a workdir again: the ones given); None all."""
+    does not read it. Called when a run starts; a saved config (a workdir's config.json) is not checked when it
+    loads. `names`: check only these fields (evaluating a workdir again: the ones given); None all."""
     kind = task_kind(self.task)
     defaults = FinetuneConfig()
     unread: dict[tuple[str, ...], list[str]] = {}  # the tasks that read them -> the fields set

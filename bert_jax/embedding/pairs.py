@@ -52,6 +52,15 @@ def _texts(path: str, line: int, record: dict[str, Any], column: str) -> list[st
   return values
 
 
+def check_columns(path: str, names: Sequence[str], columns: PairColumns) -> None:
+  """DataError naming the first of `columns` that the file's columns `names` lack, and those it has."""
+  for column in (columns.query, columns.positive) + tuple(columns.negatives):
+    if column not in names:
+      raise DataError(f'{path}:1: no column {column!r}; the file has {", ".join(map(repr, names)) or "none"} '
+                      '(a header line naming the query, positive and negative columns is required: set '
+                      '--config.query_column, --config.positive_column or --config.negative_columns)')
+
+
 def read_pairs(path: str, columns: PairColumns = PairColumns()) -> list[Pair]:
   """The (query, positive, negatives) rows of `path`.
 
@@ -60,10 +69,7 @@ def read_pairs(path: str, columns: PairColumns = PairColumns()) -> list[Pair]:
       positive (a query with no positive), a ragged number of negatives: the file and line.
   """
   names, records = file_tasks.records(path)
-  for column in (columns.query, columns.positive) + tuple(columns.negatives):
-    if column not in names:
-      raise DataError(f'{path}:1: no column {column!r}; the file has {", ".join(map(repr, names)) or "none"} '
-                      '(a header line naming the query, positive and negative columns is required)')
+  check_columns(path, names, columns)
   pairs, first = [], None
   for line, record in records:
     query = file_tasks.text_at(path, line, record, columns.query)

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -100,22 +100,54 @@ def records(path: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
   return columns, rows
 
 
-def _delimited(path: str, f, fmt: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
-  """CSV (quoted, strict: an unclosed quote is an error) or TSV (tabs only); the first row is the header."""
+def column_names(path: str) -> list[str]:
+  """The column names `records` gives `path` (a CSV/TSV header, a JSONL file's first object's keys, a Parquet
+  file's schema), reading only the start of the file; [] when it has no row.
+
+  Raises:
+    DataError: an unknown file type, text that is not UTF-8, a malformed first row, an unreadable Parquet file: as
+      `records` says them.
+  """
+  fmt = file_format(path)
+  if fmt == 'parquet':
+    pq = _pyarrow_parquet(path)
+    try:
+      return list(pq.read_schema(path).names)
+    except Exception as e:  # pylint: disable=broad-except  (pyarrow's many error types: a damaged file)
+      raise DataError(f'{path}: unreadable Parquet ({e})') from None
+  try:
+    with open(path, encoding='utf-8-sig', newline='') as f:
+      first = next(_objects(path, f) if fmt == 'jsonl' else _fields(path, f, fmt), None)
+  except UnicodeDecodeError:
+    raise not_utf8(path) from None
+  if first is None:
+    return []
+  return list(first[1]) if fmt == 'jsonl' else [c.strip() for c in first[1]]
+
+
+def _fields(path: str, f, fmt: str) -> Iterator[tuple[int, list[str]]]:
+  """(line, fields) of each non-blank row of a CSV (quoted, strict: an unclosed quote is an error) or TSV (tabs
+  only) file, the line where the row starts."""
   reader = (csv.reader(f, strict=True) if fmt == 'csv' else
             csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE))
-  header, rows, start = None, [], 1
+  start = 1
   while True:
     try:
       fields = next(reader)
     except StopIteration:
-      break
+      return
     except csv.Error as e:
       raise DataError(f'{path}:{start}: unreadable CSV ({e}): a quote opened on this line is never closed, or '
                       'text follows a closing quote') from None
     line, start = start, reader.line_num + 1
-    if not any(v.strip() for v in fields):
-      continue  # blank lines
+    if any(v.strip() for v in fields):  # blank lines are skipped
+      yield line, fields
+
+
+def _delimited(path: str, f, fmt: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
+  """CSV or TSV (`_fields`); the first row is the header."""
+  header, rows = None, []
+  for line, fields in _fields(path, f, fmt):
     if header is None:
       header = [c.strip() for c in fields]
       continue
@@ -126,9 +158,8 @@ def _delimited(path: str, f, fmt: str) -> tuple[list[str], list[tuple[int, dict[
   return header or [], rows
 
 
-def _jsonl(path: str, f) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
-  """One JSON object per non-blank line; the columns are the keys of the first."""
-  rows = []
+def _objects(path: str, f) -> Iterator[tuple[int, dict[str, Any]]]:
+  """(line, object) of each non-blank line of a JSONL file: each must be a JSON object."""
   for line, text in enumerate(f, 1):
     if not text.strip():
       continue
@@ -139,16 +170,27 @@ def _jsonl(path: str, f) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
     if not isinstance(obj, dict):
       raise DataError(f'{path}:{line}: a JSONL line must be an object ({{"text": ..., "label": ...}}), '
                       f'not {type(obj).__name__}')
-    rows.append((line, obj))
+    yield line, obj
+
+
+def _jsonl(path: str, f) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
+  """One JSON object per non-blank line (`_objects`); the columns are the keys of the first."""
+  rows = list(_objects(path, f))
   return (list(rows[0][1]) if rows else []), rows
 
 
-def _parquet(path: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
+def _pyarrow_parquet(path: str):
+  """pyarrow.parquet, or a DataError naming the install for `path`."""
   try:
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise DataError(f'{path}: reading Parquet needs pyarrow, which is not installed: '
                     'pip install "bert_jax[parquet]" (or pyarrow), or give CSV/TSV/JSONL') from None
+  return pq
+
+
+def _parquet(path: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
+  pq = _pyarrow_parquet(path)
   try:
     table = pq.read_table(path)
   except Exception as e:  # pylint: disable=broad-except  (pyarrow's many error types: a damaged file)

@@ -10,11 +10,11 @@ paths (gs://, s3://) are left to the readers.
 
 from __future__ import annotations
 
-import csv
-import json
 import os
+
+from bert_jax import files as file_io  # `files` here is the own-data task module
+from bert_jax.embedding import pairs
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.files import check_regular, not_utf8
 from bert_jax.finetuning.tasks import answering, conll, files, glue, squad, tagging
 
 
@@ -104,12 +104,10 @@ def _check_retrieval(cfg) -> None:
     raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
                       'qrels/<split>.tsv) to evaluate on')
   names = column_names(cfg.train_file)
-  for column in (cfg.query_column, cfg.positive_column) + cfg.negative_column_names():
-    if names is not None and column not in names:  # as embedding.pairs.read_pairs says it
-      raise DataError(f'{cfg.train_file}:1: no column {column!r}; the file has '
-                      f'{", ".join(map(repr, names)) or "none"} (set --config.query_column, '
-                      '--config.positive_column or --config.negative_columns)')
-  if '://' not in cfg.beir_dir:
+  if names is not None:
+    pairs.check_columns(cfg.train_file, names, pairs.PairColumns(cfg.query_column, cfg.positive_column,
+                                                                  cfg.negative_column_names()))
+  if not file_io.is_remote(cfg.beir_dir):
     if not os.path.isdir(cfg.beir_dir):
       raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
                       'qrels/<split>.tsv)')
@@ -126,9 +124,9 @@ def _check_retrieval(cfg) -> None:
 
 def _readable(path: str, what: str, hint: str = '') -> bool:
   """False for a remote path (its reader checks it); DataError for a missing or unreadable local one."""
-  if '://' in path:
+  if file_io.is_remote(path):
     return False
-  check_regular(path, what)
+  file_io.check_regular(path, what)
   if not os.path.isfile(path):
     raise DataError(f'{what} {path} does not exist' + (f'; {hint}' if hint else ''))
   if not os.access(path, os.R_OK):
@@ -150,7 +148,7 @@ def first_lines(path: str, what: str, n: int, hint: str = '') -> list[str]:
           if len(lines) == n:
             break
   except UnicodeDecodeError:
-    raise not_utf8(path) from None
+    raise file_io.not_utf8(path) from None
   except OSError as e:
     raise DataError(f'{what} {path} cannot be read ({e.strerror})') from None
   if not lines:
@@ -159,37 +157,11 @@ def first_lines(path: str, what: str, n: int, hint: str = '') -> list[str]:
 
 
 def column_names(path: str) -> list[str] | None:
-  """A CSV/TSV file's header, a JSONL file's first record's keys or a Parquet file's columns, as
-  `files.records` names them (None for a remote path); DataError for a missing, unreadable or empty file or an
-  unknown file type."""
+  """The columns `files.records` reads in a CSV/TSV, JSONL or Parquet file (`files.column_names`); None for a remote
+  path; DataError for a missing, unreadable or empty file, an unknown file type or a malformed first row."""
   if not _readable(path, 'data file'):
     return None
-  fmt = files.file_format(path)
-  if fmt == 'parquet':
-    try:
-      import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-    except ImportError:
-      raise DataError(f'{path}: reading Parquet needs pyarrow, which is not installed: '
-                      'pip install "bert_jax[parquet]" (or pyarrow), or give CSV/TSV/JSONL') from None
-    try:
-      return list(pq.read_schema(path).names)
-    except Exception as e:  # pylint: disable=broad-except  (pyarrow's many error types: a damaged file)
-      raise DataError(f'{path}: unreadable Parquet ({e})') from None
-  lines = first_lines(path, 'data file', 1)
-  if fmt == 'jsonl':
-    try:
-      record = json.loads(lines[0])
-    except ValueError as e:
-      raise DataError(f'{path}: the first line is not JSON ({e})') from None
-    if not isinstance(record, dict):
-      raise DataError(f'{path}: a JSONL line must be an object ({{"text": ..., "label": ...}}), '
-                      f'not {type(record).__name__}')
-    return list(record)
-  if fmt == 'tsv':
-    return [c.strip() for c in lines[0].split('\t')]
-  try:  # CSV: the first row, which quotes may carry over several lines
-    with open(path, encoding='utf-8-sig', newline='') as f:
-      header = next((row for row in csv.reader(f, strict=True) if any(v.strip() for v in row)), [])
-  except csv.Error as e:
-    raise DataError(f'{path}:1: unreadable CSV header ({e})') from None
-  return [c.strip() for c in header]
+  names = files.column_names(path)
+  if not names and files.file_format(path) != 'parquet':
+    raise DataError(f'{path} is empty')
+  return names

@@ -60,6 +60,24 @@ def test_csv_tsv_and_jsonl_read_the_same_rows(tmp_path):
   assert [r.line for r in read[0]] == [2, 3, 4, 5, 6, 7] and [r.line for r in read[2]] == [1, 2, 3, 4, 5, 6]
 
 
+def test_column_names_are_the_ones_records_reads_from_the_start_alone(tmp_path):
+  """Blank lines first, a byte order mark, a quoted header cell with a newline, spaces around names: the same names
+  as `records` gives; a bad row further down is not read."""
+  texts = {'a.csv': '\ufeff\n \n"first\nname", label \nx,y\n', 'a.tsv': '\n first\tlabel \nx\ty\n',
+           'a.jsonl': '\n{"first": "x", "label": "y"}\n'}
+  for name, text in texts.items():
+    path = _write(tmp_path, name, text)
+    assert files.column_names(path) == files.records(path)[0], name
+    with open(path, 'a', encoding='utf-8') as f:
+      f.write('"never closed\n' if name != 'a.jsonl' else 'not json\n')
+    assert files.column_names(path) == (['first\nname', 'label'] if name == 'a.csv' else ['first', 'label']), name
+    with pytest.raises(DataError):
+      files.records(path)
+  assert files.column_names(_write(tmp_path, 'blank.tsv', '\n \n')) == []
+  with pytest.raises(DataError, match=r'bad\.csv:1: unreadable CSV'):
+    files.column_names(_write(tmp_path, 'bad.csv', '"never closed\n'))
+
+
 def test_pairs_quoted_newlines_and_the_sentence_column(tmp_path):
   path = _write(tmp_path, 'pairs.csv', 'sentence,hypothesis,label\n"A man,\nwho eats.",Someone eats.,yes\n'
                                        '\n"He said ""no"".",Nobody spoke.,no\n')
