@@ -103,6 +103,10 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
       if 'config file' in str(e):  # ml_collections could not load --config; its last line says why
         print(f'error: --config: {str(e).strip().splitlines()[-1].strip()}', file=sys.stderr, flush=True)
         sys.exit(1)
+      refused = files.refusal(e)  # a bucket that did not confirm access refused a read or write after all
+      if refused:
+        print(f'error: {refused}', file=sys.stderr, flush=True)
+        sys.exit(1)
       if e.errno not in _FILESYSTEM_ERRNOS:
         raise
       print(f'error: {e.strerror} ({e.filename or "a file being written"}); {kept}', file=sys.stderr, flush=True)
@@ -252,15 +256,21 @@ def _quiet_orbax(record) -> bool:
   return not any(m in text for m in files.WRITE_FAILURES + ('read_only=True', 'read only='))
 
 
+# The flags and config fields (their last dotted part) that name a file the run reads: a bucket that does not confirm
+# the credentials may read it refuses such a path only when the file itself cannot be read (files.check_reachable).
+_FILES_READ = ('input', 'train_file', 'eval_file', 'sts_file')
+
+
 def _check_remote_paths() -> None:
   """One error line before any work when a flag or config field names a gs:// or s3:// path whose filesystem
-  package is not installed (Orbax would fail deep in its first save with a long traceback), then when its bucket
-  cannot be used: unreachable, missing, credentials refused, no access (gcsfs would retry for a minute first)."""
+  package is not installed (Orbax would fail deep in its first save with a long traceback), then when its store
+  cannot be reached or its bucket does not exist, or it names a file to read that the credentials may not read
+  (gcsfs would retry for a minute first)."""
   given = [(key, text) for name in flags.FLAGS for key, text in _strings(flags.FLAGS[name].value, f'--{name}')]
   for key, text in given:
     files.check_remote(text, key)
   for key, text in given:
-    files.check_reachable(text, key)
+    files.check_reachable(text, key, reads_files=key.rsplit('.', 1)[-1].lstrip('-') in _FILES_READ)
 
 
 def _strings(value, key: str):
