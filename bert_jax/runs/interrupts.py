@@ -10,14 +10,20 @@ handlers delays them until it returns. Here, for the handlers of ours (`tells_wa
 - A handler that would raise asks `deferred(signum, frame)` first. Inside jax's compiler it says in one line that
   the signal is received, what happens once the compile returns and that another signal stops at once; the signal
   comes to the handler again when the main thread has left the compiler (sent to that thread again), and the
-  handler then acts (a KeyboardInterrupt, Preempted).
+  handler then acts (a KeyboardInterrupt, Preempted); should that thread be inside a compile again by then, the
+  signal waits for that one too, silently.
 - A watcher thread (`watching()`) learns of every signal at once through Python's wakeup file descriptor
   (`signal.set_wakeup_fd`: CPython's C-level handler writes the signal's number there, whichever thread the kernel
   interrupted, before any Python handler runs). A handler that has not run ACK_AFTER_S after its signal waits for
   the main thread: the watcher acknowledges it (at once inside jax's compiler, after BUSY_ACK_S in another call).
-- A signal that comes after an acknowledgement (by a handler, a deferral or the watcher) and cannot be handled at
-  once (inside the compiler, or not within ACK_AFTER_S) stops the process at once: one line, then it dies of that
-  signal, as with no handler (a shell sees a Ctrl-C).
+- One run of a handler handles every arrival of its signal before it: CPython runs a handler once for signals that
+  came while it could not run (the wakeup descriptor has one byte for each), and SLURM sends a job's SIGTERM twice
+  (to the step's tasks and through srun) within moments. Each run first reads the bytes the watcher has not read
+  yet, so the arrivals it handles are those read before it.
+- A signal that comes after an acknowledgement was given (by a handler's run, a deferral or the watcher) and cannot
+  be handled at once (inside the compiler, or not within ACK_AFTER_S) stops the process at once: one line, then it
+  dies of that signal, as with no handler (a shell sees a Ctrl-C). A signal that came before the acknowledgement is
+  covered by it.
 """
 
 from __future__ import annotations
@@ -43,32 +49,39 @@ ACK_AFTER_S = 0.5
 BUSY_ACK_S = 10.0
 _POLL_S = 0.1  # how often the watcher looks again at a signal waiting for the main thread
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_STOP = 0  # the byte that ends the watcher thread (no signal has the number 0)
-_WAKE = 255  # the byte that makes it look at its deferred signals (no signal has this number either)
+_STOP = b'\0'  # on the watcher's control pipe: end the thread
+_WAKE = b'\1'  # on the watcher's control pipe: look at the signals waiting (a handler's run read new ones)
 # jax's compiler module: a main thread whose stack passes through it is compiling (or reading a compiled program).
 _COMPILER = os.path.join('jax', '_src', 'compiler.py')
 
-_handled = collections.Counter()  # signal number -> runs of handlers of ours (they run in the main thread)
+# What a run of a handler of ours says if it defers (`_Watcher.ran`), for `deferred`; _BROUGHT_BACK: the run is a
+# deferred signal brought back (no new signal).
+_RECEIVED, _AGAIN, _COVERED, _BROUGHT_BACK = 'received', 'again', 'covered', 'brought back'
+_verdict = _COVERED  # the verdict of the handler's run in progress in the main thread
+_bringing_back = False  # `_to_handlers` is calling handlers itself (deferred signals, no new ones)
 _then: list[Callable[[], tuple[str, str]]] = []  # what follows a signal, innermost last (`watching`)
 _watcher: '_Watcher | None' = None
-_redelivery = False  # a handler of ours is running for a deferred signal brought back
 
 
 def tells_watcher(handler):
-  """Decorates a signal handler (a function or method taking (signum, frame)): it notes each run (a run is an
-  acknowledgement), and the watcher acts for its signals."""
+  """Decorates a signal handler (a function or method taking (signum, frame)): each run tells the watcher which
+  arrivals of its signal it handles (a run is an acknowledgement), and the watcher acts for the others."""
   @functools.wraps(handler)
   def noting(*args):
-    global _redelivery  # pylint: disable=global-statement
-    signum, watcher = args[-2], _watcher
-    _redelivery = watcher is not None and watcher.take_redelivered(signum)
-    _handled[signum] += not _redelivery
+    global _verdict  # pylint: disable=global-statement
+    signum, watcher, outer = args[-2], _watcher, _verdict
+    if watcher is None:
+      _verdict = _RECEIVED
+    elif _bringing_back or watcher.take_redelivered(signum):
+      _verdict = _BROUGHT_BACK
+    else:
+      _verdict = watcher.ran(signum)
     try:
       return handler(*args)
     finally:
-      _redelivery = False
+      _verdict = outer
       if watcher is not None:
-        watcher.acknowledged = True
+        watcher.acknowledge()
   noting.tells_watcher = True
   return noting
 
@@ -82,18 +95,20 @@ def keyboard_interrupt(signum, frame):
 
 
 def deferred(signum: int, frame) -> bool:
-  """Whether a handler called with (signum, frame) must return at once instead of acting: True while the main
-  thread is inside jax's compiler, where raising would abandon the compile. The signal is then acknowledged in a
-  line and comes to the handler again once the compile returns. A signal that comes after an acknowledgement stops
-  the process there and then. False without an active `watching` (nothing could bring the signal back)."""
-  watcher = _watcher
-  if watcher is None or _redelivery or not compiling(frame):  # back from a deferral: act, wherever it is now
+  """Whether a handler of ours (`tells_watcher`) called with (signum, frame) must return at once instead of acting:
+  True while the main thread is inside jax's compiler, where raising would abandon the compile. The signal is then
+  acknowledged in a line and comes to the handler again once the compile returns. A signal that comes after an
+  acknowledgement stops the process there and then. False without an active `watching` (nothing could bring the
+  signal back)."""
+  watcher, verdict = _watcher, _verdict
+  if watcher is None or not compiling(frame):  # a signal brought back acts here, outside the compiler
     return False
-  say = watcher.claim(signum)
-  if say == 'again':
+  if verdict == _AGAIN:
     _stop_at_once(signum)
-  if say == 'received':
+  if verdict == _RECEIVED:
+    watcher.acknowledge()
     _acknowledge(signum, 'jax compiles (XLA cannot be interrupted)')
+  # A signal before an acknowledgement, or one brought back into another compile, waits for it too, silently.
   watcher.defer(signum)
   return True
 
@@ -135,10 +150,15 @@ def bring_back() -> None:
 
 
 def _to_handlers(signums: list[int]) -> None:
-  for signum in signums:
-    handler = signal.getsignal(signum)
-    if callable(handler):
-      handler(signum, sys._getframe())  # pylint: disable=protected-access  # outside the compiler: it acts
+  global _bringing_back  # pylint: disable=global-statement
+  outer, _bringing_back = _bringing_back, True
+  try:
+    for signum in signums:
+      handler = signal.getsignal(signum)
+      if callable(handler):
+        handler(signum, sys._getframe())  # pylint: disable=protected-access  # outside the compiler: it acts
+  finally:
+    _bringing_back = outer
 
 
 def compiling(frame) -> bool:
@@ -184,7 +204,7 @@ def _write(text: str) -> None:
 
 def _die(signum: int) -> None:
   """Ends the process as `signum` with no handler would (a shell sees a Ctrl-C), from any thread."""
-  stderr_filter.stop()
+  stderr_filter.stop(wait_s=0.2)  # what was written reaches the terminal first, unless that takes long
   try:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.signal.restype = ctypes.c_void_p
@@ -199,8 +219,8 @@ def _die(signum: int) -> None:
 @dataclasses.dataclass
 class _Arrival:
   signum: int
-  number: int  # this signal's arrivals so far, this one included: handled once its handler runs as often
-  at: float
+  number: int  # this signal's arrivals under this watcher, this one included
+  at: float  # when its byte was read from the wakeup descriptor (by the watcher or a handler's run)
   look: float = 0.0  # when the watcher looks at it next
 
   def __post_init__(self):
@@ -208,24 +228,32 @@ class _Arrival:
 
 
 class _Watcher:
-  """The thread that reads the wakeup descriptor and brings deferred signals back; see the module docstring."""
+  """The thread that reads the wakeup descriptor and brings deferred signals back; see the module docstring.
+
+  Its state is shared with the handlers' runs in the main thread under `_lock`, reentrant: a handler may run in the
+  main thread while that thread holds it."""
 
   def __init__(self, read_fd: int, write_fd: int, previous_int):
     self._read, self._write, self._previous_int = read_fd, write_fd, previous_int
-    self._base = collections.Counter(_handled)  # handler runs before this watcher: not its signals'
-    self._arrived = collections.Counter()
-    self._lock = threading.Lock()
+    self._control_read, self._control_write = os.pipe()  # _STOP and _WAKE
+    os.set_blocking(self._control_write, False)
+    self._lock = threading.RLock()
+    self._arrivals: list[_Arrival] = []  # signals whose handler has not run yet, in the order they came
+    self._arrived = collections.Counter()  # signal -> its arrivals so far
+    self._runs = collections.Counter()  # signal -> runs of its handler for new signals (not brought back)
+    self._last_run: dict[int, float] = {}  # signal -> when its handler last ran for new signals
+    self._acknowledged_at: float | None = None  # when the first acknowledgement was given
     self._deferred: list[int] = []  # signals waiting for the main thread to leave the compiler
     self._echoes = collections.Counter()  # wakeup bytes of the deferred signals brought back (no new signals)
     self._redelivered = collections.Counter()  # deferred signals brought back, not yet at their handler
-    self.acknowledged = False  # a signal was acknowledged (by a handler of ours, a deferral or this thread)
-    self._spoken: set[tuple[int, int]] = set()  # (signal, arrival number) that this thread acknowledged
+    self._closed = False
     self._thread = threading.Thread(target=self._run, name='bert_jax signal watcher', daemon=True)
 
   @classmethod
   def start(cls) -> '_Watcher | None':
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)  # the C-level handler must never block
+    os.set_blocking(read_fd, False)  # the watcher and the handlers' runs both read it, whoever comes first
     try:
       previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     except (ValueError, OSError):
@@ -247,34 +275,46 @@ class _Watcher:
     signal.set_wakeup_fd(-1)
     if signal.getsignal(signal.SIGINT) is keyboard_interrupt and self._previous_int is signal.default_int_handler:
       signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-      os.write(self._write, bytes([_STOP]))
-    except OSError:
-      pass
+    self._control(_STOP)
     self._thread.join(timeout=1.0)
-    os.close(self._write)
-    if not self._thread.is_alive():
-      os.close(self._read)
+    with self._lock:
+      self._closed = True  # a handler's run reads the descriptor no more
+      os.close(self._write)
+      os.close(self._control_write)
+      if not self._thread.is_alive():
+        os.close(self._read)
+        os.close(self._control_read)
+
+  def ran(self, signum: int) -> str:
+    """A run of `signum`'s handler for new signals, starting now in the main thread: it handles every arrival of
+    `signum` before it. What it says if it defers: _RECEIVED (the first acknowledgement), _AGAIN (one of its
+    signals came after an acknowledgement) or _COVERED (its signals came before one)."""
+    with self._lock:
+      self._take()  # the bytes written before this run and not read yet: their signals are this run's
+      self._runs[signum] += 1
+      self._last_run[signum] = time.monotonic()
+      ours = [a for a in self._arrivals if a.signum == signum and self._handled(a)]
+      self._arrivals = [a for a in self._arrivals if a not in ours]
+      others = bool(self._arrivals)
+      if self._acknowledged_at is None:
+        verdict = _RECEIVED
+      else:
+        verdict = _AGAIN if any(a.at > self._acknowledged_at for a in ours) else _COVERED
+    if others:  # another signal's arrivals this run read: the watcher times them
+      self._control(_WAKE)
+    return verdict
+
+  def acknowledge(self) -> None:
+    """Notes an acknowledgement given now (a handler's run, or its line), unless one was given before."""
+    with self._lock:
+      if self._acknowledged_at is None:
+        self._acknowledged_at = time.monotonic()
 
   def defer(self, signum: int) -> None:
     """Brings `signum` back to its handler once the main thread has left jax's compiler."""
     with self._lock:
       self._deferred.append(signum)
-    try:
-      os.write(self._write, bytes([_WAKE]))
-    except OSError:
-      pass
-
-  def claim(self, signum: int) -> str | None:
-    """What a handler running now for `signum` says: 'received' (its signal is the first: acknowledge it), 'again'
-    (an earlier one was acknowledged: stop at once) or None (this thread acknowledged it, the handler being late)."""
-    with self._lock:
-      if (signum, self._handled(signum)) in self._spoken:
-        return None
-      if self.acknowledged:
-        return 'again'
-      self.acknowledged = True
-      return 'received'
+    self._control(_WAKE)
 
   def take_deferred(self) -> list[int]:
     """The deferred signals not brought back yet, which the caller brings back itself."""
@@ -289,37 +329,50 @@ class _Watcher:
       self._redelivered[signum] -= back
     return back
 
-  def _handled(self, signum: int) -> int:
-    return _handled[signum] - self._base[signum]
+  def _control(self, byte: bytes) -> None:
+    try:
+      os.write(self._control_write, byte)
+    except OSError:  # closed, or full of bytes the thread has not read yet (one is enough)
+      pass
+
+  def _handled(self, arrival: _Arrival) -> bool:
+    """Whether a handler's run came after `arrival` (read before the run), or as many runs as arrivals did (a run
+    whose signal's byte the watcher read after it)."""
+    return (self._last_run.get(arrival.signum, -1.0) >= arrival.at
+            or self._runs[arrival.signum] >= arrival.number)
+
+  def _take(self) -> None:
+    """Reads the wakeup descriptor's bytes (under the lock): each a signal's arrival, or the echo of a deferred
+    signal brought back."""
+    while not self._closed:
+      try:
+        data = os.read(self._read, 512)
+      except OSError:  # empty (BlockingIOError), or closed
+        return
+      if not data:
+        return
+      now = time.monotonic()
+      for signum in data:
+        if self._echoes[signum] > 0:
+          self._echoes[signum] -= 1
+        elif signum in _SIGNALS and _ours(signum):
+          self._arrived[signum] += 1
+          self._arrivals.append(_Arrival(signum, self._arrived[signum], now))
 
   def _run(self) -> None:
-    pending: list[_Arrival] = []
     while True:
-      now = time.monotonic()
-      deadlines = [a.look for a in pending] + ([now + _POLL_S] if self._deferred else [])
-      ready, _, _ = select.select([self._read], [], [], max(0.0, min(deadlines) - now) if deadlines else None)
-      if ready:
-        data = os.read(self._read, 512)
-        if _STOP in data:
-          return
+      with self._lock:
         now = time.monotonic()
-        for signum in data:
-          with self._lock:
-            echo = self._echoes[signum] > 0
-            self._echoes[signum] -= echo
-          if not echo and signum in _SIGNALS and _ours(signum):
-            self._arrived[signum] += 1
-            pending.append(_Arrival(signum, self._arrived[signum], now))
+        deadlines = [a.look for a in self._arrivals] + ([now + _POLL_S] if self._deferred else [])
+      timeout = max(0.0, min(deadlines) - now) if deadlines else None
+      ready, _, _ = select.select([self._read, self._control_read], [], [], timeout)
+      if self._control_read in ready and _STOP in os.read(self._control_read, 512):
+        return
+      if self._read in ready:
+        with self._lock:
+          self._take()
       self._bring_back()
-      still = []
-      for arrival in pending:  # in the order they came
-        now = time.monotonic()
-        if now < arrival.look:
-          still.append(arrival)
-        elif not self._act(arrival, now, waiting=bool(still)):
-          arrival.look = now + _POLL_S
-          still.append(arrival)
-      pending = still
+      self._look()
 
   def _bring_back(self) -> None:
     """Deferred signals to their handlers again, once the main thread has left jax's compiler."""
@@ -334,24 +387,35 @@ class _Watcher:
     for signum in signums:  # a signal of its own, to the main thread: it ends a sleep or a wait there, as the first
       signal.pthread_kill(threading.main_thread().ident, signum)
 
-  def _act(self, arrival: _Arrival, now: float, waiting: bool) -> bool:
-    """What the watcher does for `arrival` at `now` (`waiting`: an earlier signal's handler has not run either);
-    False: look again later."""
+  def _look(self) -> None:
+    """What the watcher does for the arrivals whose handler has not run ACK_AFTER_S after them: acknowledges the
+    first (inside the compiler, or after BUSY_ACK_S), covers those before an acknowledgement, stops at once for one
+    after it."""
+    said, again = [], None
     with self._lock:
-      if self._handled(arrival.signum) >= arrival.number:
-        return True
-      again = self.acknowledged or waiting
-      doing = None
-      if not again:
-        if _main_compiling():
-          doing = 'jax compiles (XLA cannot be interrupted)'
+      still = []
+      for arrival in self._arrivals:  # in the order they came
+        now = time.monotonic()
+        if self._handled(arrival):
+          continue
+        if now < arrival.look:
+          still.append(arrival)
+        elif self._acknowledged_at is not None:
+          if arrival.at > self._acknowledged_at:
+            again = again or arrival.signum
+          # else covered by that acknowledgement: its handler acts once the main thread lets it
+        elif _main_compiling():
+          said.append((arrival.signum, 'jax compiles (XLA cannot be interrupted)'))
+          self._acknowledged_at = now
         elif now - arrival.at >= BUSY_ACK_S:
-          doing = f'the main thread is inside a call Python cannot interrupt ({BUSY_ACK_S:g} s so far)'
+          said.append((arrival.signum,
+                       f'the main thread is inside a call Python cannot interrupt ({BUSY_ACK_S:g} s so far)'))
+          self._acknowledged_at = now
         else:
-          return False
-        self._spoken.add((arrival.signum, arrival.number))
-        self.acknowledged = True
-    if again:
-      _stop_at_once(arrival.signum)
-    _acknowledge(arrival.signum, doing)
-    return True
+          arrival.look = now + _POLL_S
+          still.append(arrival)
+      self._arrivals = still
+    for signum, doing in said:
+      _acknowledge(signum, doing)
+    if again is not None:
+      _stop_at_once(again)

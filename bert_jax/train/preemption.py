@@ -6,7 +6,9 @@ read after each step: they finish the save in flight, save the current step, and
 `Preempted`, which the entry points report in one line with exit code `EXIT_CODE`. The signal is
 acknowledged on stderr when it arrives (`SIGTERM received: finishing step N, then saving`); the
 loop keeps at most two steps in flight, so that step is at most two step times away. A second
-signal falls through to Python's default (Ctrl-C twice interrupts at once).
+signal falls through to Python's default (Ctrl-C twice interrupts at once). Signals that all came
+before the handler could run (SLURM sends a job's SIGTERM to the step's tasks and through srun,
+moments apart, while a step computes) are one signal: the handler runs once for them.
 
 During a compile (minutes on a busy machine) jax >= 0.10 runs these handlers too, but an
 exception raised there abandons the compile, and the process crashes when it exits

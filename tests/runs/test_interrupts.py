@@ -130,3 +130,36 @@ def test_a_second_signal_inside_the_compiler_stops_the_process_at_once(deliver):
   assert proc.returncode == -signal.SIGINT and time.monotonic() - start < 10, err
   assert err == ('SIGINT (Ctrl-C) received while jax compiles (XLA cannot be interrupted): it stops once that '
                  'returns. Another SIGINT stops at once\nSIGINT (Ctrl-C) again: stopping at once\n'), err
+
+
+@_MAIN
+def test_a_signal_delivered_twice_before_its_handler_can_run_is_handled_by_that_run(capfd, handler, monkeypatch):
+  """SLURM sends a job's SIGTERM twice (to the step's tasks and through srun), moments apart. Both come while the main
+  thread is inside a call that runs no handler: CPython runs the handler once, for both (the wakeup descriptor has a
+  byte for each). The second is no signal after an acknowledgement: nothing stops the process at once."""
+  stopped = []
+  monkeypatch.setattr(interrupts, '_die', stopped.append)
+  kill = lambda: os.kill(os.getpid(), signal.SIGTERM)
+  with interrupts.watching():
+    threading.Timer(0.1, kill).start()
+    threading.Timer(0.15, kill).start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # other threads take them: a call that runs no handler
+    time.sleep(1.5)  # the watcher looks at both ACK_AFTER_S after them, while they wait for the main thread
+  assert stopped == [] and len(handler) == 1 and capfd.readouterr().err == ''
+
+
+@_MAIN
+def test_a_signal_brought_back_into_another_compile_waits_for_that_one_too(capfd, monkeypatch):
+  """The watcher brings a deferred signal back when it sees the main thread outside the compiler; should that thread
+  be inside a compile again by the time the handler runs, the handler defers again, silently, instead of raising
+  there (which would abandon that compile)."""
+  monkeypatch.setattr(interrupts, '_main_compiling', lambda: False)  # every look of the watcher comes too early
+  done = []
+  threading.Timer(0.2, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+  with pytest.raises(KeyboardInterrupt):
+    with interrupts.watching():
+      compile_for(1.5, done)  # the signal comes back every _POLL_S meanwhile
+      time.sleep(30)
+  assert len(done) == 1, done  # the compile returned; the KeyboardInterrupt came after it
+  assert capfd.readouterr().err == ('SIGINT (Ctrl-C) received while jax compiles (XLA cannot be interrupted): it '
+                                    'stops once that returns. Another SIGINT stops at once\n')

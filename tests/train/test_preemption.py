@@ -1,13 +1,17 @@
 """Preemption with several processes: agreement points come at least every AGREE_EVERY_S seconds of training,
 at steps every process computes alike (from the slowest process's step time), not only at log steps. A signal
-during a compile: acknowledged at once, acted on when the compile returns."""
+during a compile: acknowledged at once, acted on when the compile returns. A SIGTERM delivered twice before its
+handler could run: one SIGTERM."""
 
+import os
 import signal
+import threading
 import time
 
 import numpy as np
 import pytest
 
+from bert_jax.runs import interrupts
 from bert_jax.train import preemption
 
 from helpers import SignalledRun, compiling_entry
@@ -60,3 +64,24 @@ def test_sigterm_during_a_compile_is_acknowledged_at_once_and_stops_when_it_retu
   assert acknowledged - sent < 2.0 and lines.index('compiled') > lines.index(acknowledgement), (acknowledged - sent,
                                                                                               run.stderr)
   assert lines[-1].startswith(preempted) and lines.index('compiled') == len(lines) - 2, run.stderr
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason='signal handlers: main thread')
+def test_a_sigterm_delivered_twice_inside_a_step_finishes_that_step_and_saves(capfd, monkeypatch):
+  """SLURM's SIGTERM comes twice (to the step's tasks and through srun), here both while the main thread is inside a
+  call that runs no handler (a step's computation): the step finishes and is saved, as for one SIGTERM."""
+  stopped = []
+  monkeypatch.setattr(interrupts, '_die', stopped.append)
+  kill = lambda: os.kill(os.getpid(), signal.SIGTERM)
+  try:
+    with preemption.Preemption() as preempt:
+      assert not preempt.stop_now(0, synced=False)  # step 1 in flight
+      threading.Timer(0.1, kill).start()
+      threading.Timer(0.15, kill).start()
+      signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # other threads take them; the handler waits
+      time.sleep(1.5)  # past ACK_AFTER_S of both
+      assert preempt.stop_now(1, synced=False)
+  finally:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+  assert stopped == [] and capfd.readouterr().err == 'SIGTERM received: finishing step 1, then saving\n'
+  assert preempt.message(1, saved=True).startswith('SIGTERM received: saved step 1.')
