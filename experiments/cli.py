@@ -63,7 +63,8 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
       across processes; those flags are then not its own).
     kept: what a failed write leaves and how to go on, for its error line (a tool without checkpoints says its own).
     huge_pages: restart on transparent huge pages first (`_restart_with_huge_pages`); False: keep the allocator the
-      process was started with (a benchmark whose peer trains in this process).
+      process was started with (a benchmark whose peer trains in this process). The huge-pages settings are checked
+      either way, before any work.
   """
 
   def wrapped(argv):
@@ -112,8 +113,10 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
       print(f'error: {e.strerror} ({e.filename or "a file being written"}); {kept}', file=sys.stderr, flush=True)
       sys.exit(1)
 
-  if huge_pages:
-    _restart_with_huge_pages()
+  if not any(a.split('=')[0] in _HELP_FLAGS for a in sys.argv[1:]):  # --help is shown whatever the environment
+    _check_huge_pages()  # every entry point, huge_pages or not: a setting no reader takes fails before any work
+    if huge_pages:
+      _restart_with_huge_pages()
   for holder in _MULTIHOST_FLAGS if multihost else ():  # --help of every entry point lists them beside its own
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
   if _has_config():
@@ -151,13 +154,9 @@ def _restart_with_huge_pages() -> None:
   Nothing else changes; BERT_JAX_HUGE_PAGES=0 keeps the process as started. Only a script started as itself
   (`python3 experiments/X.py ...`: its arguments end the interpreter's command line) restarts, not one run in
   another program (the tests' in-process runs). The imports before `run` are done twice: a fraction of a second for
-  the entry points that import jax after their flags, 2-3 s for the benchmarks that import it first."""
-  try:  # the settings are checked in every process, restarted or not (in-process runs too)
-    given, allowed = given_huge_pages(os.environ), runs_on_huge_pages(os.environ)
-  except ConfigError as e:
-    print(f'error: {e}', file=sys.stderr, flush=True)
-    sys.exit(1)
-  if not _started_as_itself() or given is not None or not allowed:
+  the entry points that import jax after their flags, 2-3 s for the benchmarks that import it first. The settings
+  are valid (`_check_huge_pages`)."""
+  if not _started_as_itself() or given_huge_pages(os.environ) is not None or not runs_on_huge_pages(os.environ):
     return
   tunables = os.environ.get('GLIBC_TUNABLES', '')
   # 'restarted' keeps a process whose tunables the loader drops (a privileged interpreter) from restarting again.
@@ -170,6 +169,16 @@ def _restart_with_huge_pages() -> None:
     os.execve(sys.executable, sys.orig_argv, env)
   except OSError:  # the interpreter cannot be started again (removed, replaced): go on as started
     pass
+
+
+def _check_huge_pages() -> None:
+  """One error line and exit code 1 where BERT_JAX_HUGE_PAGES or GLIBC_TUNABLES' glibc.malloc.hugetlb has a value no
+  reader takes (`runs_on_huge_pages`): in every process, restarted or not, whatever the entry point's huge_pages."""
+  try:
+    runs_on_huge_pages(os.environ)
+  except ConfigError as e:
+    print(f'error: {e}', file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 # glibc.malloc.hugetlb: 0 (off), 1 (transparent huge pages through madvise), 2 (reserved huge pages of the default

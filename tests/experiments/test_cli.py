@@ -192,6 +192,25 @@ def test_a_huge_pages_setting_no_reader_takes_is_one_line(tmp_path, monkeypatch,
   assert tree_digest(str(tmp_path)) == before
 
 
+@pytest.mark.parametrize('variable, value', [('BERT_JAX_HUGE_PAGES', 'bogus'),
+                                             ('GLIBC_TUNABLES', 'glibc.malloc.hugetlb=bogus')])
+def test_a_bad_huge_pages_setting_fails_first_where_the_entry_point_keeps_its_allocator(tmp_path, monkeypatch,
+                                                                                        variable, value):
+  """benchmark_retrieval.py keeps the allocator it was started with (its peer trains in its process): a huge-pages
+  setting no reader takes is one error line before any work there too, not after a run of both trainers; --help is
+  shown whatever the environment."""
+  monkeypatch.setenv(variable, value)
+  (tmp_path / 'pairs.jsonl').write_text('{"query": "a", "positive": "b"}\n')
+  before = tree_digest(str(tmp_path))
+  result = run_main('benchmark_retrieval.py', f'--train_file={tmp_path}/pairs.jsonl', f'--beir_dir={tmp_path}/beir',
+                    f'--workdir={tmp_path}/w')
+  assert_one_line_error(result, f'{value} is ')
+  assert tree_digest(str(tmp_path)) == before
+  for script, flag in (('benchmark_retrieval.py', '--train_file'), ('embed.py', '--input')):  # huge_pages False, True
+    shown = run_main(script, '--help')
+    assert f'  {flag}: ' in shown.stdout and 'error' not in shown.stderr, shown
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_a_compile_says_so_at_once_and_a_second_one_stops_at_once(tmp_path):
   """jax runs Python's signal handlers while it compiles, but a KeyboardInterrupt raised there would abandon the
