@@ -11,7 +11,15 @@ import time
 
 import pytest
 
-from helpers import REPO, SignalledRun, assert_one_line_error, compiling_entry, run_main, tree_digest
+from helpers import (
+  REPO,
+  SignalledRun,
+  assert_one_line_error,
+  compiling_entry,
+  minilm_dir_or_skip,
+  run_main,
+  tree_digest,
+)
 
 
 @pytest.mark.parametrize('script,flag,want', [
@@ -87,6 +95,7 @@ def test_print_config_shows_the_changes_parameters_and_tokens_and_touches_nothin
 
 
 def test_print_config_of_a_finetuning_run_counts_its_task_head(tmp_path):
+  minilm_dir_or_skip()  # the default init_checkpoint, whose architecture it prints
   result = run_main('finetune.py', f'--workdir={tmp_path / "w"}', '--config=experiments/configs/finetune.py:rte',
                     '--config.batch_size=8', '--print_config')
   assert result.returncode == 0, result.stderr[-3000:]
