@@ -94,6 +94,15 @@ def keyboard_interrupt(signum, frame):
   raise KeyboardInterrupt
 
 
+def restorable(handler):
+  """The handler to put back when a block that replaced `handler` ends: `keyboard_interrupt` stands for Python's
+  default SIGINT handler only while a watcher runs (a block inside `watching` found it there), so once none does,
+  Python's own comes back instead."""
+  if handler is keyboard_interrupt and _watcher is None:
+    return signal.default_int_handler
+  return handler
+
+
 def deferred(signum: int, frame) -> bool:
   """Whether a handler of ours (`tells_watcher`) called with (signum, frame) must return at once instead of acting:
   True while the main thread is inside jax's compiler, where raising would abandon the compile. The signal is then

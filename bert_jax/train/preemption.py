@@ -76,8 +76,8 @@ class Preemption:
         watching, self._watching = self._watching, None
         watching.__exit__(None, None, None)
     finally:
-      for sig, handler in self._previous.items():
-        signal.signal(sig, handler)
+      for sig, handler in self._previous.items():  # the watcher has ended: keyboard_interrupt is Python's again
+        signal.signal(sig, interrupts.restorable(handler))
       self._previous = {}
 
   @interrupts.tells_watcher

@@ -85,3 +85,14 @@ def test_a_sigterm_delivered_twice_inside_a_step_finishes_that_step_and_saves(ca
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
   assert stopped == [] and capfd.readouterr().err == 'SIGTERM received: finishing step 1, then saving\n'
   assert preempt.message(1, saved=True).startswith('SIGTERM received: saved step 1.')
+
+
+def test_the_sigint_handler_found_comes_back_after_a_run():
+  """Preemption inside interrupts.watching replaces the watcher's SIGINT handler: once both end, Python's own
+  handler is back (a library call left `keyboard_interrupt` installed for the rest of the process)."""
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip('signal handlers need the main thread')
+  before = signal.getsignal(signal.SIGINT)
+  with preemption.Preemption():
+    assert signal.getsignal(signal.SIGINT) is not before
+  assert signal.getsignal(signal.SIGINT) is before
