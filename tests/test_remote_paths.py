@@ -25,7 +25,7 @@ import types
 
 import pytest
 
-from bert_jax import files
+from bert_jax import files, object_stores
 from bert_jax.data import corpus_files
 from bert_jax.errors import ConfigError
 from bert_jax.runs.checkpoints import Checkpointer
@@ -98,10 +98,10 @@ def _with_generation(handler):
 
 
 def _probe_afresh(monkeypatch):
-  """What files learnt of buckets and objects in earlier tests (another emulator on the same port), and the paths it
+  """What object_stores learnt of buckets and objects in earlier tests (another emulator on the same port), and the paths it
   warned about, is forgotten."""
   for name, empty in (('_ACCESS', {}), ('_OBJECTS', {}), ('_WRITABLE', {}), ('_WARNED', set())):
-    monkeypatch.setattr(files, name, empty)
+    monkeypatch.setattr(object_stores, name, empty)
 
 
 @pytest.fixture
@@ -409,7 +409,7 @@ def test_a_write_that_fails_otherwise_than_refused_is_one_line(fake_bucket, tmp_
   for pattern_, methods in server.HANDLERS:
     if pattern_.endswith('/o$') and server.POST in methods:
       monkeypatch.setitem(methods, server.POST, upload)
-  monkeypatch.setattr(files, 'PROBE_TIMEOUT_S', 0.3)
+  monkeypatch.setattr(object_stores, 'PROBE_TIMEOUT_S', 0.3)
   _answer_permissions(monkeypatch, permissions=['storage.objects.get', 'storage.objects.list'])
   with pytest.raises(ConfigError, match=f'^path gs://bucket/run cannot be written: {pattern}'):
     files.writable(f'{fake_bucket}/run')
@@ -432,7 +432,7 @@ def test_a_local_refusal_is_not_the_stores():
 
 def test_a_connection_error_without_a_port_names_its_host():
   error = type('ClientConnectorError', (OSError,), {'host': 'storage.example'})('Connection refused')
-  assert files._unreachable(error, 'gs').startswith(  # pylint: disable=protected-access
+  assert object_stores._unreachable(error, 'gs').startswith(  # pylint: disable=protected-access
       'cannot reach storage.example (Connection refused): check the network connection')
 
 
