@@ -37,20 +37,21 @@ def resolve_init_checkpoint(cfg: PretrainConfig, explicit_model_fields: Collecti
     return cfg, None
   source = describe(cfg.init_checkpoint, 'init_checkpoint')
   model = source.model_config(cfg.model, explicit_model_fields)
-  source.tokenizer()  # CheckpointError when its tokenizer has more tokens than its model has embeddings
+  own = source.tokenizer()  # CheckpointError when its tokenizer has more tokens than its model has embeddings
   source.check_weights()  # and when its weights cannot be read: before the data is prepared and the workdir made
   tokenizer = cfg.data.tokenizer or source.tokenizer_path
   if cfg.data.tokenizer and os.path.abspath(cfg.data.tokenizer) != os.path.abspath(source.tokenizer_path):
-    _check_same_vocabulary(cfg.data.tokenizer, source)
+    _check_same_vocabulary(cfg.data.tokenizer, own, source.path)
   return dataclasses.replace(cfg, model=model, data=dataclasses.replace(cfg.data, tokenizer=tokenizer)), source
 
 
-def _check_same_vocabulary(path: str, source: Source) -> None:
-  given, own = tokenization.load_tokenizer(path), source.tokenizer()
+def _check_same_vocabulary(path: str, own, source_path: str) -> None:
+  """ConfigError when the tokenizer at `path` is not `own`, that of the init_checkpoint at `source_path`."""
+  given = tokenization.load_tokenizer(path)
   pieces = lambda t: [t.id_to_token(i) for i in range(t.vocab_size)]  # pylint: disable=unnecessary-lambda-assignment
   if type(given) is not type(own) or pieces(given) != pieces(own):
     raise ConfigError(f'data.tokenizer {path} ({type(given).__name__}, {given.vocab_size} tokens) is not '
-                      f'the tokenizer of init_checkpoint {source.path} ({type(own).__name__}, {own.vocab_size} '
+                      f'the tokenizer of init_checkpoint {source_path} ({type(own).__name__}, {own.vocab_size} '
                       'tokens): its embeddings belong to that one; leave data.tokenizer empty')
 
 
