@@ -43,8 +43,8 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, predictions 
 def main(_):
   cfg = FinetuneConfig.from_dict(_CONFIG.value.to_dict())
   cfg.check_task_fields()  # a field of another task's is refused, not ignored
-  # The user's files (exist, readable, the named columns) before the starting checkpoint is read or anything is
-  # compiled; jax, flax and orbax take seconds to import: only after the flags and the config are checked.
+  # The user's files (exist, readable, the named columns) before flax and orbax are imported (seconds); the library's
+  # finetune and train_retrieval check both again (first lines only: a moment) for the callers of its Python API.
   from bert_jax.finetuning.tasks.inputs import check_inputs  # pylint: disable=g-import-not-at-top
   check_inputs(cfg)
   from bert_jax.finetuning import run  # pylint: disable=g-import-not-at-top

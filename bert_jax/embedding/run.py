@@ -31,6 +31,7 @@ from bert_jax.embedding.evaluation import evaluate_retrieval
 from bert_jax.embedding.objective import BiEncoder, Contrastive, ContrastiveSpec
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import batching
+from bert_jax.finetuning.tasks.inputs import check_inputs
 from bert_jax.finetuning.run import _run_dirs, log_result, summarize_seeds  # pylint: disable=protected-access
 from bert_jax.interop.pretrained import describe, finetuning_tokenizer
 from bert_jax.model.attention import describe_attention
@@ -310,5 +311,8 @@ class _PreparedRun:
 
 
 def train_retrieval(cfg: FinetuneConfig, workdir: str, explicit_model_fields: Collection[str] = ()) -> dict[str, Any]:
-  """Trains every seed of a retrieval run (or finishes, or only evaluates, what a rerun finds done)."""
+  """Trains every seed of a retrieval run (or finishes, or only evaluates, what a rerun finds done). A field of
+  another task's, a missing file or column is refused first (nothing read or written), as `finetuning.finetune`."""
+  cfg.check_task_fields()
+  check_inputs(cfg)
   return scaffold.train(RetrievalJob(cfg, explicit_model_fields), workdir)

@@ -195,11 +195,12 @@ class Predictor:
       host = batching.make_batch(chunk, self.kind, batch_size=size, row_length=ft.max_seq_length, pack=ft.pack,
                                  rows_multiple=2)
       shape = host['input_ids'].shape
-      if shape not in self._compiled:
+      compiles = shape not in self._compiled
+      if compiles:
         self.log(f'predict: compiling the model for {shape[0]} x {shape[1]} tokens ...')
         t_compile = time.perf_counter()
       logits = np.asarray(jax.device_get(self._forward(self._state, host)))
-      if shape not in self._compiled:
+      if compiles:
         self._compiled.add(shape)
         self.log(f'predict: compiled (and ran that batch) in {time.perf_counter() - t_compile:.1f} s')
       if self.kind in SEQUENCE_KINDS:

@@ -164,3 +164,17 @@ def test_bad_retrieval_input_is_one_error_line_and_writes_nothing(tiny_checkpoin
     workdir = tmp_path / f'run{i}'
     assert_one_line_error(run_main('finetune.py', *base, f'--workdir={workdir}', *extra), pattern)
     assert not workdir.exists(), extra
+
+
+def test_the_library_refuses_a_field_of_another_task_and_missing_inputs_first(tmp_path):
+  """train_retrieval checks as finetune.py does: a classifier's field, then the task's files (here: no BEIR set to
+  evaluate on), before anything is read or written."""
+  from bert_jax.config import FinetuneConfig  # pylint: disable=g-import-not-at-top
+  from bert_jax.errors import BertJaxError  # pylint: disable=g-import-not-at-top
+  work = tmp_path / 'work'
+  cfg = FinetuneConfig(task='retrieval', init_checkpoint=str(tmp_path / 'none'), train_file=str(tmp_path / 'p.jsonl'))
+  with pytest.raises(BertJaxError, match='--config.label_names is a field of'):
+    retrieval.train_retrieval(FinetuneConfig(**{**cfg.__dict__, 'label_names': 'a,b'}), str(work))
+  with pytest.raises(BertJaxError, match='set --config.beir_dir'):
+    retrieval.train_retrieval(cfg, str(work))
+  assert not work.exists()
