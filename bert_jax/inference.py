@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import files
-from bert_jax.embedding import pooling as pooling_lib
+from bert_jax.model import pooling as pooling_lib
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.interop.pretrained import PretrainedBert
 from bert_jax.model.encoder import attention_mask_b11s
@@ -74,7 +74,7 @@ def _encode(graphdef, state, input_ids_bt, token_type_ids_bt, attention_mask_bt,
   seq_btd, pooled_bd = encoder(input_ids_bt, token_type_ids_bt, attention_mask_bt, deterministic=True)
   seq_btd, pooled_bd = seq_btd.astype(jnp.float32), pooled_bd.astype(jnp.float32)
   seq_btd = seq_btd * attention_mask_bt[..., None].astype(jnp.float32)  # padded positions are zero in the output
-  # The pooling contrastive training uses (embedding/pooling.py): the mean over every real token, [CLS] and [SEP]
+  # The pooling contrastive training uses (model/pooling.py): the mean over every real token, [CLS] and [SEP]
   # included, as sentence-transformers; the normalisation with torch's eps, as its Normalize module.
   emb_bd = pooling_lib.pool(seq_btd, attention_mask_bt, pooling)
   if normalize:

@@ -23,7 +23,7 @@ import numpy as np
 
 from bert_jax import sharding
 from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, OptimConfig, preset
-from bert_jax.embedding.run import retrieval_model
+from bert_jax.finetuning.retrieval import retrieval_model
 from bert_jax.errors import ConfigError
 
 import cli

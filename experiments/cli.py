@@ -20,7 +20,8 @@ from ml_collections import config_flags
 from bert_jax import files
 from bert_jax.config import REMOVED, RENAMED
 from bert_jax.errors import BertJaxError, CheckpointWriteError, ConfigError, Preempted
-from bert_jax.runs import interrupts, stderr_filter
+from bert_jax.runs import interrupts
+from bert_jax.launch import stderr_filter
 from tools import config_help
 
 # bert_jax.distributed and bert_jax.train.preemption import jax (seconds): they are imported where used, so that a
@@ -437,7 +438,7 @@ def define_launcher_flags(noun: str = 'cell'):
 
 
 def launcher(defined) -> dict[str, Any]:
-  """The values of `define_launcher_flags`' flags, as `bert_jax.runs.cells.run` takes them: the array template
+  """The values of `define_launcher_flags`' flags, as `bert_jax.launch.cells.run` takes them: the array template
   defaults to experiments/launch/array.sbatch."""
   values = {name: holder.value for name, holder in defined.items()}
   return {**values, 'template': values['template'] or ARRAY_TEMPLATE}

@@ -47,10 +47,10 @@ def _overrides() -> dict:
 
 def main(_):
   # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
-  from bert_jax.finetuning import run as finetuning  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
   from bert_jax.pretraining import evaluation as pretraining  # pylint: disable=g-import-not-at-top
-  from bert_jax.train import run as scaffold  # pylint: disable=g-import-not-at-top
-  # The workdir's kind picks its evaluation (train.run.evaluate_workdir), which refuses another kind's options;
+  from bert_jax.train import scaffold  # pylint: disable=g-import-not-at-top
+  # The workdir's kind picks its evaluation (train.scaffold.evaluate_workdir), which refuses another kind's options;
   # the first of the evaluations also answers for a directory of no known kind.
   evaluations = (pretraining.EVALUATION, finetuning.EVALUATION)
   options = {f.name: f.value for f in (_ALL_STEPS, _OUTPUT_JSONL, _OUTPUT_PLOT, _OUTPUT_DIR)}

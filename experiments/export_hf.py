@@ -36,7 +36,7 @@ from absl import flags
 
 from bert_jax import files
 from bert_jax.errors import ConfigError
-from bert_jax.embedding.pooling import POOLINGS
+from bert_jax.model.pooling import POOLINGS
 from bert_jax.interop import hf, sentence_transformers
 from bert_jax.interop.pretrained import RETRIEVAL, describe, load_finetuned, load_pretrained
 from bert_jax.runs import reporting, workdir

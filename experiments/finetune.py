@@ -44,20 +44,16 @@ def main(_):
   cfg = FinetuneConfig.from_dict(_CONFIG.value.to_dict())
   cfg.check_task_fields()  # a field of another task's is refused, not ignored
   # The user's files (exist, readable, the named columns) before flax and orbax are imported (seconds); the library's
-  # finetune and train_retrieval check both again (first lines only: a moment) for the callers of its Python API.
+  # finetune checks both again (first lines only: a moment) for the callers of its Python API.
   from bert_jax.finetuning.tasks.inputs import check_inputs  # pylint: disable=g-import-not-at-top
   check_inputs(cfg)
-  from bert_jax.finetuning import run  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune  # pylint: disable=g-import-not-at-top
   from bert_jax.interop.pretrained import NO_INIT_CHECKPOINT  # pylint: disable=g-import-not-at-top
   if not cfg.init_checkpoint:  # the default's package is not installed
     raise ConfigError(NO_INIT_CHECKPOINT)
-  # task 'retrieval' (a bi-encoder, contrastive) is a fine-tuning config and workdir with its own job.
-  train = run.finetune
-  if cfg.task == 'retrieval':
-    from bert_jax.embedding.run import train_retrieval as train  # pylint: disable=g-import-not-at-top
   # Model flags given explicitly must agree with the starting checkpoint's architecture (dropout: they win).
-  result = train(cfg, _WORKDIR.value, explicit_model_fields=cli.config_overrides('model.'))
-  run.print_summary(result)
+  result = finetune.finetune(cfg, _WORKDIR.value, explicit_model_fields=cli.config_overrides('model.'))
+  finetune.print_summary(result)
 
 
 if __name__ == '__main__':

@@ -22,7 +22,7 @@ import os
 from absl import flags
 
 from bert_jax.errors import ConfigError
-from bert_jax.runs import cells
+from bert_jax.launch import cells
 
 import cli
 from tools import ladder

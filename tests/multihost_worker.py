@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(REPO, 'experiments'))  # as when experiments/pre
 import jax  # pylint: disable=g-import-not-at-top
 
 from bert_jax.data import loader as input_pipeline  # pylint: disable=g-import-not-at-top
-from bert_jax.pretraining import run  # pylint: disable=g-import-not-at-top
+from bert_jax.pretraining import pretrain as pretraining  # pylint: disable=g-import-not-at-top
 
 import cli  # pylint: disable=g-import-not-at-top
 
@@ -49,7 +49,7 @@ def record_reads(set_attribute=setattr) -> None:
   set_attribute(input_pipeline.PretrainingBatches, 'batch_at', _recording_batch_at)
   # Loader worker processes would build batches with their own copy of the BatchMaker, never
   # calling batch_at here: keep the loader thread (what data.loader_workers=-1 gives on CPU anyway).
-  set_attribute(run, 'loader_workers', lambda cfg: 0)
+  set_attribute(pretraining, 'loader_workers', lambda cfg: 0)
 
 
 if __name__ == '__main__':

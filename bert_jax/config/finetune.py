@@ -13,7 +13,7 @@ from bert_jax.errors import ConfigError
 
 # The tasks (`FinetuneConfig.task`) of each kind. GLUE_TASKS, CoNLL-2003 and SQuAD read the files of a data_dir;
 # classify, regress, multilabel, tag and qa read your own files by their columns (finetuning.tasks);
-# retrieval trains a bi-encoder on pairs (embedding.run).
+# retrieval trains a bi-encoder on pairs (finetuning.retrieval).
 GLUE_TASKS = ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'qnli', 'rte', 'wnli')
 TASK_KINDS = {
     'classification': GLUE_TASKS + ('classify', 'regress', 'multilabel'),
@@ -49,7 +49,7 @@ class FinetuneConfig(TrainingConfig):
   keep_checkpoints: int = _f(1, free=True)
   model: ModelConfig = _f(factory=ModelConfig)
   # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or your own files: 'classify', 'regress', 'multilabel',
-  # 'tag', 'qa'; 'retrieval': a bi-encoder on pairs (embedding.run)
+  # 'tag', 'qa'; 'retrieval': a bi-encoder on pairs (finetuning.retrieval)
   task: str = 'sst2'
   data_dir: str = _f('', path=True)
   train_file: str = _f('', path=True)  # overrides the task's file in data_dir; classify/regress: required
@@ -128,7 +128,7 @@ class FinetuneConfig(TrainingConfig):
                         + f', which does not read {"it" if one else "them"}')
 
   def _check_retrieval(self) -> None:
-    """The retrieval fields' mesh- and model-free checks (the dims against the model: `embedding.run`)."""
+    """The retrieval fields' mesh- and model-free checks (the dims against the model: `finetuning.retrieval`)."""
     if self.pooling not in ('mean', 'cls'):
       raise ConfigError(f"pooling must be 'mean' or 'cls', got {self.pooling!r}")
     for name in ('temperature',) + (('temperature_min', 'temperature_max') if self.learn_temperature else ()):

@@ -17,84 +17,31 @@ False negatives: a candidate that is the same passage as the query's positive (e
 hashes) is not a negative: it is masked out of the softmax, as is, with `query_ids`, the positive of another row of the
 same query (a query with several positives). In the passage -> query direction, query j is masked for passage i when
 it is the same query or its positive is the same passage. Only negatives are masked, never a row's own positive.
+
+`Contrastive` is the `train.step.Objective` of InfoNCE over the global batch, for a `model.biencoder.BiEncoder`. Its
+forward pass has two halves, `embed` (per row: the encoder) and `head` (the loss's inputs from the embeddings of the
+whole batch), because its rows are coupled: with `optim.grad_accum_steps = k > 1` the train step does not sum k
+independent micro-batch losses (each with only its micro-batch's negatives: another loss) but runs GradCache
+(`train.gradcache`) over k micro-batches: the exact gradient of the loss of the whole batch, at one micro-batch's
+activation memory. Its batch: query_*, passage_*, negative_* (optional) token ids and attention masks (see
+`model.biencoder`); weights [B] (1 for real pairs); passage_ids [B], negative_ids [B, K], query_ids [B] (optional).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-
-from bert_jax.embedding.pooling import truncate
 from bert_jax.errors import ConfigError
+from bert_jax.model.biencoder import ContrastiveSpec, check_matryoshka_dims, check_temperature
+from bert_jax.model.pooling import truncate
 from bert_jax.sharding import constrain
-
-# A learned temperature lives in [TEMPERATURE_MIN, TEMPERATURE_MAX] (CLIP caps its logit scale at 100, i.e. 0.01).
-TEMPERATURE_MIN = 0.01
-TEMPERATURE_MAX = 1.0
-DEFAULT_TEMPERATURE = 0.05  # sentence-transformers' MultipleNegativesRankingLoss: scale 20
 
 _ROWS = ('activation_batch', None)  # queries: split over the batch axes
 _GATHERED = (None, None)  # candidates: every device sees the whole global batch
-
-
-def check_temperature(temperature: float) -> float:
-  """`temperature` as a float; ConfigError unless it is a finite number > 0."""
-  try:
-    value = float(temperature)
-  except (TypeError, ValueError):
-    raise ConfigError(f'temperature must be a number > 0, got {temperature!r}') from None
-  if not math.isfinite(value) or value <= 0:
-    raise ConfigError(f'temperature must be a finite number > 0, got {temperature!r}')
-  return value
-
-
-def check_temperature_bounds(lo: float, hi: float, init: float) -> None:
-  """ConfigError unless 0 < lo < hi and lo <= init <= hi."""
-  lo, hi, init = check_temperature(lo), check_temperature(hi), check_temperature(init)
-  if not lo < hi:
-    raise ConfigError(f'the learned temperature\'s bounds must satisfy min < max, got min={lo} max={hi}')
-  if not lo <= init <= hi:
-    raise ConfigError(f'the initial temperature {init} lies outside its bounds [{lo}, {hi}]')
-
-
-def bounded_temperature(raw: jax.Array, lo: float = TEMPERATURE_MIN, hi: float = TEMPERATURE_MAX) -> jax.Array:
-  """A learned temperature from its unconstrained parameter `raw`: log t = log lo + (log hi - log lo) sigmoid(raw).
-
-  The bound is smooth rather than a clip: a clipped log-temperature that overshoots its bound gets zero gradient and
-  can stay there; here the gradient only shrinks near the bounds, and t never leaves [lo, hi].
-  """
-  log_lo, log_hi = math.log(lo), math.log(hi)
-  return jnp.exp(log_lo + (log_hi - log_lo) * jax.nn.sigmoid(jnp.asarray(raw, jnp.float32)))
-
-
-def temperature_parameter(init: float = DEFAULT_TEMPERATURE, lo: float = TEMPERATURE_MIN,
-                          hi: float = TEMPERATURE_MAX) -> np.float32:
-  """The `raw` value for which `bounded_temperature(raw, lo, hi)` is `init` (ConfigError for bad bounds)."""
-  check_temperature_bounds(lo, hi, init)
-  u = (math.log(init) - math.log(lo)) / (math.log(hi) - math.log(lo))
-  u = min(max(u, 1e-6), 1 - 1e-6)  # init at a bound: as close as float32 allows
-  return np.float32(math.log(u / (1 - u)))
-
-
-def check_matryoshka_dims(dims: Sequence[int], hidden_size: int) -> tuple[int, ...]:
-  """`dims` as a tuple; ConfigError unless they are positive integers, strictly decreasing, at most `hidden_size`.
-
-  E.g. (384, 256, 128, 64) for a 384-wide model: the loss is taken at each leading size.
-  """
-  dims = tuple(dims)
-  if not dims:
-    raise ConfigError('matryoshka dims must name at least one size')
-  if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 for d in dims):
-    raise ConfigError(f'matryoshka dims must be positive integers, got {dims}')
-  if max(dims) > hidden_size:
-    raise ConfigError(f'matryoshka dim {max(dims)} exceeds the model\'s hidden size {hidden_size}')
-  if any(a <= b for a, b in zip(dims, dims[1:])):
-    raise ConfigError(f'matryoshka dims must be strictly decreasing (largest first), got {dims}')
-  return tuple(int(d) for d in dims)
 
 
 def _check_weights(weights: Sequence[float] | None, dims: tuple[int, ...]) -> tuple[float, ...]:
@@ -215,3 +162,56 @@ def mean_loss(losses_b: jax.Array, valid_b: jax.Array | None = None) -> jax.Arra
     return jnp.mean(losses_b)
   valid_b = valid_b.astype(jnp.float32)
   return jnp.sum(losses_b * valid_b) / jnp.maximum(jnp.sum(valid_b), 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrastive:
+  """The `Objective` of a `BiEncoder` (or any module with `embed(batch, deterministic)` and `temperature_value()`)
+  trained with `spec` (the module's own)."""
+
+  spec: ContrastiveSpec = ContrastiveSpec()
+  terms: tuple[str, ...] = ('contrastive',)
+  couples_rows: bool = True  # the train step accumulates by GradCache, not by summing micro-batch losses
+
+  def embed(self, module, batch, *, deterministic: bool) -> dict[str, jax.Array]:
+    """The per-row half of the forward pass: embeddings of `batch`'s rows."""
+    return module.embed(batch, deterministic=deterministic)
+
+  def head(self, module, embeddings) -> dict[str, Any]:
+    """The whole-batch half: what `sums` reads, from the embeddings of the whole batch."""
+    return {'embeddings': embeddings, 'temperature': module.temperature_value()}
+
+  def forward(self, module, batch, *, deterministic: bool):
+    return self.head(module, self.embed(module, batch, deterministic=deterministic))
+
+  def sums(self, outputs, batch) -> dict[str, jax.Array]:
+    e, spec = outputs['embeddings'], self.spec
+    weights_b = batch['weights'].astype(jnp.float32)
+    out = info_nce(
+        e['query'], e['passage'], e.get('negative'), temperature=outputs['temperature'],
+        passage_ids_b=batch.get('passage_ids'), negative_ids_bk=batch.get('negative_ids'),
+        query_ids_b=batch.get('query_ids'), valid_b=weights_b, symmetric=spec.symmetric,
+        dims=spec.matryoshka_dims or None, dim_weights=spec.matryoshka_weights or None)
+    count = jnp.sum(weights_b)
+    sums = {'contrastive_loss_sum': jnp.sum(out['loss']), 'contrastive_count': count,
+            'correct_sum': jnp.sum(out['correct'] * weights_b),
+            'temperature_sum': outputs['temperature'] * count}
+    if spec.matryoshka_dims:
+      sums.update({f'loss_{d}_sum': jnp.sum(out[f'loss_{d}']) for d in spec.matryoshka_dims})
+    return sums
+
+  def counts(self, batch) -> dict[str, jax.Array]:
+    return {'contrastive': jnp.sum(batch['weights'].astype(jnp.float32))}
+
+  def summarize(self, sums) -> dict[str, Any]:
+    count = jnp.maximum(sums['contrastive_count'], 1.0)
+    out = {'loss': sums['contrastive_loss_sum'] / count, 'accuracy': sums['correct_sum'] / count,
+           'temperature': sums['temperature_sum'] / count}
+    for name in sums:
+      if name.startswith('loss_') and name.endswith('_sum'):
+        out[name[:-len('_sum')]] = sums[name] / count
+    return out
+
+  def eval_sums(self, outputs, batch, aux) -> dict[str, jax.Array]:
+    del aux
+    return self.sums(outputs, batch)

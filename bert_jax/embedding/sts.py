@@ -16,7 +16,7 @@ import numpy as np
 
 from bert_jax.errors import DataError
 from bert_jax.finetuning.tasks import files
-from bert_jax.finetuning.tasks.metrics import spearman
+from bert_jax.metrics import spearman
 
 DEFAULT_COLUMNS = ('sentence1', 'sentence2', 'score')
 

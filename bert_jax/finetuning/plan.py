@@ -14,7 +14,7 @@ from typing import Any, Callable, Collection
 from flax import nnx
 
 from bert_jax.config import FinetuneConfig
-from bert_jax.embedding.objective import BiEncoder, ContrastiveSpec
+from bert_jax.model.biencoder import BiEncoder, ContrastiveSpec
 from bert_jax.errors import BertJaxError
 from bert_jax.finetuning.tasks import get_task
 from bert_jax.interop.pretrained import NO_INIT_CHECKPOINT, describe

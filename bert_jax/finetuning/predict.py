@@ -30,8 +30,9 @@ import numpy as np
 from bert_jax.errors import DataError
 from bert_jax.files import check_regular
 from bert_jax.finetuning import batching
-from bert_jax.finetuning.objective import Finetuning
-from bert_jax.finetuning.tasks import conll, files, get_task, glue, metrics, squad
+from bert_jax.finetuning.head_objective import Finetuning
+from bert_jax.finetuning.tasks import conll, files, get_task, glue, squad
+from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.interop.pretrained import FinetunedBert
 from bert_jax.model.heads import SEQUENCE_KINDS

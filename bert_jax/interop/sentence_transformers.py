@@ -31,7 +31,7 @@ import shutil
 from typing import Any
 
 from bert_jax.config import ModelConfig
-from bert_jax.embedding.pooling import POOLINGS
+from bert_jax.model.pooling import POOLINGS
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.interop import hf
 from bert_jax.runs import reporting

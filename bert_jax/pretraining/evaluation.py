@@ -1,10 +1,10 @@
-"""Evaluating a pretraining workdir again, as `train.run.evaluate_workdir` asks of a kind (`EVALUATION`).
+"""Evaluating a pretraining workdir again, as `train.pretrain.evaluate_workdir` asks of a kind (`EVALUATION`).
 
 One checkpoint (default the latest): its held-out metrics as one JSON line. Every checkpoint (`all_steps`),
 oldest first: a table on stdout as each is evaluated, one JSON line per step in <workdir>/eval_all_steps.jsonl
 and the metrics against step in <workdir>/eval_all_steps.png (or `output_jsonl`, `output_plot`); a read-only
 workdir gets the table and a warning instead of the default files. The workdir is only read (no claim): the
-checkpoints by `run.evaluate_checkpoints`, which prepares the data after the first restore.
+checkpoints by `pretrain.evaluate_checkpoints`, which prepares the data after the first restore.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import jax
 
 from bert_jax import files
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.pretraining import run
+from bert_jax.pretraining import pretrain
 from bert_jax.runs import reporting
-from bert_jax.train import run as scaffold
+from bert_jax.train import scaffold
 
 # The table's columns, those a result has, in this order.
 COLUMNS = ('mlm_accuracy', 'mlm_loss', 'nsp_accuracy', 'nsp_loss', 'sop_accuracy', 'sop_loss', 'loss',
@@ -33,7 +33,7 @@ def evaluate_again(workdir: str, step: int | None, overrides: dict[str, Any], op
     given = [f'--{name}' for name in ('output_jsonl', 'output_plot') if options.get(name)]
     if given:
       raise ConfigError(f'{" and ".join(given)} only apply with --all_steps')
-    result = run.evaluate_checkpoint(workdir, step, overrides)
+    result = pretrain.evaluate_checkpoint(workdir, step, overrides)
     reporting.log(json.dumps(result))  # process 0 only
     return result
   if step is not None:
@@ -84,7 +84,7 @@ def _all_steps(workdir: str, overrides: dict[str, Any], options: dict[str, Any])
       reporting.log(' '.join([f'{"step":>8}'] + [f'{c:>{_width(c)}}' for c in columns]))
     reporting.log(_row(result, columns))
 
-  results = run.evaluate_all_checkpoints(workdir, on_result=print_row, overrides=overrides)
+  results = pretrain.evaluate_all_checkpoints(workdir, on_result=print_row, overrides=overrides)
   if jax.process_index():
     return results  # process 0 writes the files
   try:
@@ -103,9 +103,9 @@ def _all_steps(workdir: str, overrides: dict[str, Any], options: dict[str, Any])
 
 
 # A pretraining workdir (a merge among them) evaluated again; it also answers for a directory of no known kind
-# (new, empty, a file), which `run.evaluate_checkpoint` refuses with the way to train one.
+# (new, empty, a file), which `pretrain.evaluate_checkpoint` refuses with the way to train one.
 EVALUATION = scaffold.Evaluation(
-    kinds=('pretraining', 'merge', None), name='pretraining', fields=run.EVALUATION_FIELDS,
+    kinds=('pretraining', 'merge', None), name='pretraining', fields=pretrain.EVALUATION_FIELDS,
     options=('all_steps', 'output_jsonl', 'output_plot'),
     scope=('a pretraining workdir\'s evaluation goes to stdout, with --all_steps to --output_jsonl and '
            '--output_plot'),

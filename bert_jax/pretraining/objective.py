@@ -76,6 +76,7 @@ class Pretraining:
 
   pair_task: str = 'nsp'
   terms: tuple[str, ...] = ('mlm', 'nsp')
+  couples_rows: bool = False  # each example's loss is its own: micro-batch losses add up
 
   def forward(self, module, batch, *, deterministic: bool):
     packed = {arg: batch[k] for k, arg in PACKED_INPUTS.items() if k in batch}

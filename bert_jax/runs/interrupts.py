@@ -41,7 +41,6 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from bert_jax.runs import stderr_filter
 
 # A handler that has not run this long after its signal is waiting for the main thread.
 ACK_AFTER_S = 0.5
@@ -204,6 +203,17 @@ def _stop_at_once(signum: int) -> None:
   _die(signum)
 
 
+# What runs before a signal ends the process (`_die`): `before_dying` adds to it.
+_BEFORE_DYING: list[Callable[[], None]] = []
+
+
+def before_dying(flush: Callable[[], None]) -> None:
+  """Runs `flush` (quick, and safe from any thread) before a signal ends the process: `launch.stderr_filter`
+  registers the flush of its filter process, so that what was written reaches the terminal first."""
+  if flush not in _BEFORE_DYING:
+    _BEFORE_DYING.append(flush)
+
+
 def _write(text: str) -> None:
   try:  # os.write, not print: the main thread may be inside a print of its own (a reentrant write fails)
     os.write(2, text.encode())
@@ -213,7 +223,8 @@ def _write(text: str) -> None:
 
 def _die(signum: int) -> None:
   """Ends the process as `signum` with no handler would (a shell sees a Ctrl-C), from any thread."""
-  stderr_filter.stop(wait_s=0.2)  # what was written reaches the terminal first, unless that takes long
+  for flush in _BEFORE_DYING:  # e.g. the stderr filter: what was written reaches the terminal first
+    flush()
   try:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.signal.restype = ctypes.c_void_p

@@ -22,7 +22,7 @@ from jax.sharding import Mesh
 import optax
 
 from bert_jax import sharding as shd
-from bert_jax.embedding import gradcache
+from bert_jax.train import gradcache
 
 
 class Objective(Protocol):
@@ -34,6 +34,9 @@ class Objective(Protocol):
   """
 
   terms: tuple[str, ...]
+  # True: the loss couples the batch's rows (a contrastive loss: every query against every passage), so gradient
+  # accumulation runs GradCache over `embed` (per row) and `head` (the whole batch), not a sum of micro-batch losses.
+  couples_rows: bool
 
   def forward(self, module: nnx.Module, batch: dict[str, jax.Array], *, deterministic: bool) -> Any:
     """The module's outputs on `batch` (logits)."""
@@ -49,6 +52,12 @@ class Objective(Protocol):
 
   def eval_sums(self, outputs: Any, batch: dict[str, jax.Array], aux: Any) -> dict[str, jax.Array]:
     """Held-out sums of a batch (`sums` plus what evaluation reports, e.g. baselines)."""
+
+  def embed(self, module: nnx.Module, batch: dict[str, jax.Array], *, deterministic: bool) -> Any:
+    """With `couples_rows`: the per-row half of `forward` (e.g. embeddings); unused otherwise."""
+
+  def head(self, module: nnx.Module, embeddings: Any) -> Any:
+    """With `couples_rows`: the whole-batch half of `forward`, from `embed`'s outputs; unused otherwise."""
 
 
 def _new_rngs(seed) -> nnx.Rngs:
@@ -229,7 +238,7 @@ class StepModel:
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     k = self.grad_accum_steps
-    if k > 1 and getattr(objective, 'couples_rows', False):
+    if k > 1 and objective.couples_rows:
       # A loss over the whole batch's rows (contrastive: every query against every passage) is not a sum of
       # micro-batch losses: accumulate by GradCache, its exact gradient at one micro-batch's activations.
       (_, sums), grads = self._cached_grads(state['params'], batch, rest, key, k, counts)
@@ -262,7 +271,7 @@ class StepModel:
     return new_state, metrics
 
   def _cached_grads(self, params, batch, rest, key, k, counts):
-    """((loss, sums), grads) of an objective whose rows are coupled, by `embedding.gradcache` over k micro-batches
+    """((loss, sums), grads) of an objective whose rows are coupled, by `train.gradcache` over k micro-batches
     (every k-th row, as plain accumulation; micro-batch j's dropout from fold_in(key, j) in both passes)."""
     objective = self.objective
 

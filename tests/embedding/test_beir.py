@@ -7,7 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax.embedding import beir, metrics, search
+from bert_jax.embedding import beir, search
+
+from bert_jax.embedding import ranking as metrics
 from bert_jax.errors import DataError
 
 from helpers import run_main

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from bert_jax import config, sharding
-from bert_jax.embedding import contrastive, encode
+from bert_jax.embedding import contrastive
+from bert_jax.model import biencoder
 from bert_jax.errors import ConfigError
 from bert_jax.model.encoder import BertEncoder
 
@@ -174,17 +175,17 @@ def test_negatives_without_ids_next_to_passage_ids_are_refused():
 
 
 def test_learned_temperature_stays_in_its_bounds_with_a_live_gradient():
-  raw = contrastive.temperature_parameter(0.05)
-  np.testing.assert_allclose(contrastive.bounded_temperature(raw), 0.05, rtol=1e-5)
+  raw = biencoder.temperature_parameter(0.05)
+  np.testing.assert_allclose(biencoder.bounded_temperature(raw), 0.05, rtol=1e-5)
   for far in (-1e4, 1e4):
-    t = contrastive.bounded_temperature(far)
-    assert np.float32(contrastive.TEMPERATURE_MIN) <= t <= np.float32(contrastive.TEMPERATURE_MAX)
-  grad = jax.grad(lambda r: contrastive.bounded_temperature(r))(jnp.float32(raw))
+    t = biencoder.bounded_temperature(far)
+    assert np.float32(biencoder.TEMPERATURE_MIN) <= t <= np.float32(biencoder.TEMPERATURE_MAX)
+  grad = jax.grad(lambda r: biencoder.bounded_temperature(r))(jnp.float32(raw))
   assert np.isfinite(grad) and grad > 0
   for lo, hi, init, message in [(0.1, 0.05, 0.07, 'min < max'), (0.01, 1.0, 2.0, 'outside its bounds'),
                                 (0.0, 1.0, 0.5, '> 0')]:
     with pytest.raises(ConfigError, match=message):
-      contrastive.temperature_parameter(init, lo, hi)
+      biencoder.temperature_parameter(init, lo, hi)
 
 
 # ------------------------------------------------------------------------------------------ the global batch
@@ -199,7 +200,7 @@ def _linear_loss(params, batch):
   def emb(x):
     return jnp.tanh(x @ params['w'])
   out = contrastive.info_nce(emb(batch['q']), emb(batch['p']), emb(batch['n']),
-                             temperature=contrastive.bounded_temperature(params['t']),
+                             temperature=biencoder.bounded_temperature(params['t']),
                              passage_ids_b=batch['pid'], negative_ids_bk=batch['nid'], symmetric=True)
   return contrastive.mean_loss(out['loss'])
 
@@ -210,7 +211,7 @@ def _linear_case(b=32):
   batch = {k: v.astype(np.float32) for k, v in batch.items()}
   batch['pid'] = rng.integers(0, b // 2, b).astype(np.int32)  # duplicates across devices
   batch['nid'] = rng.integers(b // 2, 2 * b, (b, 2)).astype(np.int32)
-  params = {'w': rng.normal(size=(6, 8)).astype(np.float32), 't': contrastive.temperature_parameter(0.05)}
+  params = {'w': rng.normal(size=(6, 8)).astype(np.float32), 't': biencoder.temperature_parameter(0.05)}
   return params, batch
 
 
@@ -253,7 +254,7 @@ def test_tiny_bert_on_8_devices_equals_one_device(dtype, rtol):
     mask = np.ones((b, t), np.int32)
     mask[:, rng.integers(3, t):] = 0
     batch[f'{side}_attention_mask'] = mask
-  embed = encode.embed_fn(graphdef, rest, pooling='mean')  # dropout on: its masks do not depend on the layout
+  embed = biencoder.embed_fn(graphdef, rest, pooling='mean')  # dropout on: its masks do not depend on the layout
 
   def loss(params, batch):
     e = embed(params, batch, jax.random.key(5))

@@ -8,8 +8,9 @@ import optax
 import pytest
 
 from bert_jax import config, sharding
-from bert_jax.embedding import contrastive, pooling
-from bert_jax.embedding.objective import BiEncoder, Contrastive, ContrastiveSpec
+from bert_jax.model import biencoder, pooling
+from bert_jax.embedding.contrastive import Contrastive
+from bert_jax.model.biencoder import BiEncoder, ContrastiveSpec
 from bert_jax.errors import ConfigError
 from bert_jax.model.dropout import Dropout
 from bert_jax.train.step import StepModel
@@ -27,14 +28,14 @@ class ToyBiEncoder(nnx.Module):
     self.spec = spec
     self.dense = nnx.Linear(FEATURES, WIDTH, rngs=rngs)
     self.dropout = Dropout(rate, rngs=rngs)
-    self.temperature = nnx.Param(jnp.asarray(contrastive.temperature_parameter(spec.temperature)))
+    self.temperature = nnx.Param(jnp.asarray(biencoder.temperature_parameter(spec.temperature)))
 
   def embed(self, batch, *, deterministic):
     return {side: pooling.l2_normalize(self.dropout(jnp.tanh(self.dense(batch[side])), deterministic=deterministic))
             for side in ('query', 'passage')}
 
   def temperature_value(self):
-    return contrastive.bounded_temperature(self.temperature[...])
+    return biencoder.bounded_temperature(self.temperature[...])
 
 
 def _batch(b=32, seed=0):

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bert_jax.errors import ConfigError
-from bert_jax.runs import cells
+from bert_jax.launch import cells
 
 from helpers import assert_one_line_error, run_main, tree_digest, write_small_corpus
 from tools import sweep

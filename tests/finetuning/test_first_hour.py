@@ -13,7 +13,7 @@ import pytest
 from bert_jax.config import FinetuneConfig
 from bert_jax.config.finetune import TASKS
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning import plan as planning, run as finetuning
+from bert_jax.finetuning import finetune as finetuning, plan as planning
 from bert_jax.runs import reporting
 
 from helpers import FIXTURES, REPO, assert_one_line_error, minilm_dir_or_skip, run_main, tree_digest

@@ -9,8 +9,8 @@ import pytest
 from bert_jax import sharding as shd
 from bert_jax.config import MeshConfig, OptimConfig, preset
 from bert_jax.finetuning import batching
-from bert_jax.finetuning.objective import task_loss
-from bert_jax.finetuning.run import finetuning_model
+from bert_jax.finetuning.head_objective import task_loss
+from bert_jax.finetuning.finetune import finetuning_model
 from bert_jax.train import optim
 
 from helpers import features as _features, tolerance

@@ -54,11 +54,11 @@ def _assert_same(theirs, ours):
 @pytest.fixture(scope='module')
 def cls_workdir(tiny_checkpoint, tmp_path_factory):
   """A retrieval run with [CLS] pooling, a fixed temperature and no Matryoshka sizes (2 steps)."""
-  from bert_jax.embedding import run as retrieval  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp('retrieval_cls')
   pairs, beir = write_retrieval_data(root)
   workdir = str(root / 'run')
-  retrieval.train_retrieval(retrieval_config(tiny_checkpoint, pairs, beir, num_train_steps=2, pooling='cls',
+  finetuning.finetune(retrieval_config(tiny_checkpoint, pairs, beir, num_train_steps=2, pooling='cls',
                                              matryoshka_dims='', learn_temperature=False), workdir)
   return workdir
 

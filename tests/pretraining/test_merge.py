@@ -15,7 +15,7 @@ from bert_jax import files
 from bert_jax.data import tokenization
 from bert_jax.errors import CheckpointError, CheckpointGone, ConfigError
 from bert_jax.interop.pretrained import describe, load_pretrained
-from bert_jax.pretraining import merge, run
+from bert_jax.pretraining import merge, pretrain
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import Workdir
 
@@ -30,8 +30,8 @@ def runs(tmp_path_factory):
   corpus = write_small_corpus(tmp)
   cfg = tiny_pretrain_config(corpus, str(tmp / 'cache'))
   a, b = str(tmp / 'a'), str(tmp / 'b')
-  run.train_and_evaluate(cfg, a)
-  run.train_and_evaluate(dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, learning_rate=5e-4)), b)
+  pretrain.train_and_evaluate(cfg, a)
+  pretrain.train_and_evaluate(dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, learning_rate=5e-4)), b)
   return cfg, a, b, tmp
 
 
@@ -57,17 +57,17 @@ def test_the_merge_is_the_weighted_mean_and_every_tool_reads_it(runs, tmp_path):
   for x, y, g in zip(jax.tree.leaves(pa), jax.tree.leaves(pb), jax.tree.leaves(_params(soup))):
     np.testing.assert_allclose(g, (2 * x.astype(np.float64) + y) / 3, rtol=1e-6, atol=1e-7)
   # Every reader: held-out evaluation, inference, and a run continued from it.
-  result = run.evaluate_checkpoint(last3)
+  result = pretrain.evaluate_checkpoint(last3)
   assert result['step'] == 6 and 0 <= result['mlm_accuracy'] <= 1
   assert load_pretrained(last3).tokenizer.encode_batch(['a test'])[0] == \
       load_pretrained(a).tokenizer.encode_batch(['a test'])[0]
-  continued = run.train_and_evaluate(dataclasses.replace(cfg, init_checkpoint=last3, num_train_steps=2),
+  continued = pretrain.train_and_evaluate(dataclasses.replace(cfg, init_checkpoint=last3, num_train_steps=2),
                                      str(tmp_path / 'continued'))
   assert np.isfinite(continued['mlm_loss'])
   # Training in the merge itself is refused (no optimizer state), naming the way that works.
   before = tree_digest(last3)
   with pytest.raises(ConfigError, match='is a merge of checkpoints.*init_checkpoint'):
-    run.train_and_evaluate(cfg, last3)
+    pretrain.train_and_evaluate(cfg, last3)
   assert tree_digest(last3) == before
 
 
@@ -81,7 +81,7 @@ def test_the_command_reports_each_part_and_the_merge(runs, tmp_path):
   assert [p['step'] for p in line['parts']] == [4, 6] and line['merge']['step'] == 6
   assert '| merge | 1 |' in result.stdout and f'| {os.path.abspath(a)}@4 | 0.5 |' in result.stdout
   # The parts' figures are those of evaluating them directly (same held-out split: one data config).
-  assert line['parts'][0]['mlm_accuracy'] == pytest.approx(run.evaluate_checkpoint(a, 4)['mlm_accuracy'])
+  assert line['parts'][0]['mlm_accuracy'] == pytest.approx(pretrain.evaluate_checkpoint(a, 4)['mlm_accuracy'])
   assert os.path.exists(os.path.join(out, 'merge.json')) and not os.path.exists(os.path.join(tmp_path, '.merged.merging'))
   with open(os.path.join(out, 'final_metrics.json')) as f:
     final = json.load(f)  # what a sweep tabulates
@@ -153,7 +153,7 @@ def test_a_merge_killed_midway_leaves_nothing_and_runs_again(runs, tmp_path):
   staging = str(tmp_path / '.m.merging')  # what a merge killed mid-write leaves
   os.makedirs(os.path.join(staging, 'checkpoints'))
   merge.merge(merge.parse_parts([a, b]), out)
-  assert not os.path.exists(staging) and run.evaluate_checkpoint(out)['step'] == 6
+  assert not os.path.exists(staging) and pretrain.evaluate_checkpoint(out)['step'] == 6
   with pytest.raises(CheckpointError, match='fine-tuning workdir|Hugging Face'):
     merge.parse_parts([a, os.path.dirname(os.path.dirname(__file__)) + '/fixtures/legacy/sst2'])
 
@@ -193,7 +193,7 @@ def test_a_live_run_is_merged_from_pinned_steps(runs, tmp_path, capsys):
   with merge.pinned(merge.parse_parts([live], last=2), out) as parts:
     shutil.rmtree(os.path.join(live, 'checkpoints', '4'))  # the run's next save rotates step 4 away
     record = merge.merge(parts, out)
-    results = run.evaluate_in(out, [(p.where, p.step) for p in parts] + [(out, None)], as_step=record['step'])
+    results = pretrain.evaluate_in(out, [(p.where, p.step) for p in parts] + [(out, None)], as_step=record['step'])
   assert [(p['path'], p['step']) for p in record['parts']] == [(live, 4), (live, 6)] and len(results) == 3
   assert 'its step 4 is read from a pinned copy' in capsys.readouterr().out
   want = jax.tree.map(lambda x, y: ((np.float64(x) + y) / 2).astype(np.float32), _params(a, 4), _params(a, 6))

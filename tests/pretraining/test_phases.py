@@ -16,7 +16,7 @@ import pytest
 
 from bert_jax import config, sharding
 from bert_jax.errors import ConfigError
-from bert_jax.pretraining import run
+from bert_jax.pretraining import pretrain
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train import optim, preemption
 
@@ -103,7 +103,7 @@ def phased(built_once):
   corpus write into its data cache (the library's locks keep two workers' preparations apart)."""
   def build(root):
     corpus = write_small_corpus(root)
-    run.train_and_evaluate(_recipe(corpus, str(root / 'cache')), str(root / 'straight'))
+    pretrain.train_and_evaluate(_recipe(corpus, str(root / 'cache')), str(root / 'straight'))
 
   root = built_once('phased', build)
   corpus, cache, workdir = str(root / 'corpus.txt'), str(root / 'cache'), str(root / 'straight')
@@ -125,7 +125,7 @@ def test_one_run_goes_through_its_phases(phased):
   assert train[-1]['learning_rate'] < train[-2]['learning_rate'] < train[-3]['learning_rate']
   # Each phase's checkpoint evaluates again as that phase's model on its data: the numbers the run logged.
   assert Checkpointer(workdir, read_only=True).all_steps() == [8, 10, 12]
-  again = {r['step']: r for r in run.evaluate_checkpoints(workdir, [8, 12])}
+  again = {r['step']: r for r in pretrain.evaluate_checkpoints(workdir, [8, 12])}
   assert again[8]['mlm_loss'] == evals[1]['mlm_loss'] and again[12]['mlm_loss'] == result['mlm_loss']
   assert again[8]['num_masked_tokens'] > again[12]['num_masked_tokens']  # 30% masking, then 15%
 
@@ -241,7 +241,7 @@ def test_modernbert_base_lowers_every_phase_on_8_devices():
   assert [p.cfg.optim.learning_rate for p in phases[3:]] == [8e-4, 3e-4, 3e-4]  # the extension's lower peak
   mesh = sharding.make_mesh(cfg.mesh)
   for phase in (phases[3], phases[4]):
-    model = run.build_model(dataclasses.replace(cfg, model=phase.cfg.model), mesh, cfg.num_train_steps)
+    model = pretrain.build_model(dataclasses.replace(cfg, model=phase.cfg.model), mesh, cfg.num_train_steps)
     seq = phase.cfg.data.max_seq_length
     batch = random_pretraining_batch(batch_size=8, seq_len=seq, num_predictions=phase.cfg.data.max_predictions_per_seq,
                                      vocab_size=512, num_pad=seq // 4)
@@ -258,7 +258,7 @@ def test_a_branch_run_continues_another_runs_state_without_touching_it(phased, t
   cfg, _, _, straight, result = phased
   before = tree_digest(straight)
   # The same run branched at step 8: it ends exactly where the straight run ended.
-  same = run.train_and_evaluate(dataclasses.replace(cfg, branch_from=straight, branch_step=8), str(tmp_path / 'same'))
+  same = pretrain.train_and_evaluate(dataclasses.replace(cfg, branch_from=straight, branch_step=8), str(tmp_path / 'same'))
   assert same['mlm_loss'] == result['mlm_loss']
   a, _ = restore_pretraining_state(straight, cfg, 12)
   b, _ = restore_pretraining_state(str(tmp_path / 'same'), cfg, 12)
@@ -268,7 +268,7 @@ def test_a_branch_run_continues_another_runs_state_without_touching_it(phased, t
   d = cfg.to_dict()
   d['phases']['decay'].update(steps=2)
   variant = config.PretrainConfig.from_dict({**d, 'num_train_steps': 0, 'branch_from': straight, 'branch_step': 8})
-  out = run.train_and_evaluate(variant, str(tmp_path / 'short_decay'))
+  out = pretrain.train_and_evaluate(variant, str(tmp_path / 'short_decay'))
   rows = [json.loads(l) for l in open(tmp_path / 'short_decay' / 'metrics_train.jsonl')]
   assert [r['step'] for r in rows] == [10] and out['step'] == 10  # only the branch's own steps were trained
   assert rows[0]['learning_rate'] == pytest.approx(float(np.mean(
@@ -278,13 +278,13 @@ def test_a_branch_run_continues_another_runs_state_without_touching_it(phased, t
   other = dataclasses.replace(cfg, branch_from=straight, branch_step=8,
                               optim=dataclasses.replace(cfg.optim, learning_rate=5e-4))
   with pytest.raises(Exception, match='optim.learning_rate'):
-    run.train_and_evaluate(other, str(tmp_path / 'other'))
+    pretrain.train_and_evaluate(other, str(tmp_path / 'other'))
   with pytest.raises(Exception, match='no checkpoint for step 5'):
-    run.train_and_evaluate(dataclasses.replace(cfg, branch_from=straight, branch_step=5), str(tmp_path / 'b5'))
+    pretrain.train_and_evaluate(dataclasses.replace(cfg, branch_from=straight, branch_step=5), str(tmp_path / 'b5'))
   with pytest.raises(ConfigError, match='give one of them'):
     dataclasses.replace(cfg, branch_from=straight, init_checkpoint=straight)
   with pytest.raises(ConfigError, match='is not before this run'):
-    run.train_and_evaluate(dataclasses.replace(cfg, branch_from=straight), str(tmp_path / 'b12'))
+    pretrain.train_and_evaluate(dataclasses.replace(cfg, branch_from=straight), str(tmp_path / 'b12'))
   assert not os.path.exists(tmp_path / 'b12' / 'checkpoints')
 
 
@@ -378,7 +378,7 @@ def test_a_ramp_trains_its_batch_sizes_and_resumes_bitwise_in_the_middle(phased,
   d['phases']['stable'].update(ramp_batch_size=8, ramp_tokens=2 * 8 * 32)  # 2 steps of 8 rows (8 devices), 2 of 16
   cfg = config.PretrainConfig.from_dict({**d, 'num_train_steps': 0})
   straight = str(tmp_path / 'straight')
-  run.train_and_evaluate(cfg, straight)
+  pretrain.train_and_evaluate(cfg, straight)
   rows = [json.loads(l) for l in open(os.path.join(straight, 'metrics_train.jsonl'))]
   assert [r['rows_per_step'] for r in rows[:2]] == [8.0, 16.0]
   evals = [json.loads(l)['step'] for l in open(os.path.join(straight, 'metrics_eval.jsonl'))]
@@ -425,4 +425,4 @@ def test_a_branch_must_share_the_layout_before_its_branch_point(phased, tmp_path
   d['phases']['stable']['batch_size'] = 8  # the stable phase read other examples than the run branched from
   other = config.PretrainConfig.from_dict({**d, 'num_train_steps': 0, 'branch_from': straight, 'branch_step': 8})
   with pytest.raises(Exception, match='its phases up to that step differ'):
-    run.train_and_evaluate(other, str(tmp_path / 'b'))
+    pretrain.train_and_evaluate(other, str(tmp_path / 'b'))

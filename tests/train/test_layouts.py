@@ -11,8 +11,8 @@ import pytest
 
 from bert_jax import config, sharding
 from bert_jax.finetuning import batching
-from bert_jax.finetuning.run import finetuning_model
-from bert_jax.pretraining.run import pretraining_model
+from bert_jax.finetuning.finetune import finetuning_model
+from bert_jax.pretraining.pretrain import pretraining_model
 from bert_jax.runs.checkpoints import Checkpointer
 
 from helpers import FIXTURES, features, largest, random_pretraining_batch, tolerance

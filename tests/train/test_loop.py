@@ -38,6 +38,7 @@ class _Squares:
   matmuls of 256 x 256 first make each step slow on the device, as a large model would."""
 
   terms = ('mse',)
+  couples_rows = False
 
   def __init__(self, burn=0):
     self.burn = burn

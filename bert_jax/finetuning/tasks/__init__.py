@@ -1,7 +1,7 @@
 """Fine-tuning tasks: readers, featurisers, metrics and prediction writers.
 
 Each task module (glue, conll, squad; files: your own CSV/TSV/JSONL/Parquet by columns; tagging: your own tagged
-words; answering: your own questions) turns its files into `Feature`s for the shared loop in `finetuning.run` and
+words; answering: your own questions) turns its files into `Feature`s for the shared loop in `finetuning.finetune` and
 scores the per-feature logits it gets back. See `base.Task`. `inputs.check_inputs` looks at the files a run will
 read (they exist, the named columns are there) before the run loads its starting checkpoint.
 """
@@ -18,7 +18,7 @@ def _tasks() -> dict[str, Task]:
 
 
 def task_names() -> tuple[str, ...]:
-  """Every name `get_task` knows (retrieval, the other FinetuneConfig.task, is embedding.run's job)."""
+  """Every name `get_task` knows (retrieval, the other FinetuneConfig.task, is finetuning.retrieval's job)."""
   return tuple(_tasks())
 
 

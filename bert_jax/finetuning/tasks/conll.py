@@ -19,7 +19,7 @@ import numpy as np
 from bert_jax.data import tokenization
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.files import check_regular, not_utf8, write_text_atomic
-from bert_jax.finetuning.tasks import metrics
+from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import IGNORE, EvalSet, Feature
 from bert_jax.runs import reporting
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from bert_jax.errors import DataError
 from bert_jax.files import check_regular, not_utf8, write_text_atomic
-from bert_jax.finetuning.tasks import metrics
+from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import EvalSet, Feature
 from bert_jax.finetuning.tasks.glue import featurize
 from bert_jax.runs import reporting

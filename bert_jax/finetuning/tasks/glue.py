@@ -20,7 +20,7 @@ import numpy as np
 
 from bert_jax.errors import DataError
 from bert_jax.files import check_regular, not_utf8, write_text_atomic
-from bert_jax.finetuning.tasks import metrics
+from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import EvalSet, Feature
 
 Column = str | int  # a header name, or a 0-based index in a file without a header

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from bert_jax.errors import DataError
-from bert_jax.finetuning.tasks import conll, files, metrics
+from bert_jax.finetuning.tasks import conll, files
+from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import EvalSet, Feature
 from bert_jax.finetuning.tasks.files import Row
 

@@ -15,7 +15,8 @@ import pytest
 
 from bert_jax.config import FinetuneConfig
 from bert_jax.errors import DataError
-from bert_jax.finetuning.tasks import conll, metrics
+from bert_jax.finetuning.tasks import conll
+from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import IGNORE, EvalSet
 
 from helpers import SHARED_DATA

@@ -11,7 +11,8 @@ import pytest
 from bert_jax.config import FinetuneConfig
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning.tasks import files, get_task, metrics
+from bert_jax.finetuning.tasks import files, get_task
+from bert_jax import metrics
 
 
 ROWS = [('A gripping, funny film.', 'positive'), ('Dull and far too long.', 'negative'),

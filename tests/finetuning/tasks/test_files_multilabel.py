@@ -1,6 +1,6 @@
 """Multi-label classification on your own files (finetuning/tasks/files.py, kind 'multilabel'): a set of labels per
 row, read from lists, JSON in a cell or comma-separated text; multi-hot features; the sigmoid loss
-(finetuning/objective.py); fine-tuned in process, predicted and exported as a multi-label transformers model."""
+(finetuning/head_objective.py); fine-tuned in process, predicted and exported as a multi-label transformers model."""
 
 import json
 
@@ -10,7 +10,8 @@ import optax
 import pytest
 
 from bert_jax.errors import DataError
-from bert_jax.finetuning import batching, objective
+from bert_jax.finetuning import batching
+from bert_jax.finetuning import head_objective as objective
 from bert_jax.finetuning.tasks import files, get_task
 from helpers import finetune_config, tolerance
 

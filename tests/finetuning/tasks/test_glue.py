@@ -13,7 +13,8 @@ import pytest
 from bert_jax.config import FinetuneConfig
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import DataError
-from bert_jax.finetuning.tasks import glue, metrics
+from bert_jax.finetuning.tasks import glue
+from bert_jax import metrics
 
 from helpers import SHARED_DATA
 

@@ -1,4 +1,4 @@
-"""A retrieval fine-tuning run: a bi-encoder trained contrastively in the one run scaffold (`train.run`).
+"""A retrieval fine-tuning run: a bi-encoder trained contrastively in the one run scaffold (`train.scaffold`).
 
 `RetrievalJob` is the `Job` of `FinetuneConfig(task='retrieval')`: the starting checkpoint's encoder under
 `Contrastive(spec)` (InfoNCE over the global batch; GradCache with optim.grad_accum_steps > 1), trained on the pairs
@@ -27,17 +27,16 @@ from bert_jax import distributed, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig, upgrade_saved
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.embedding import beir, pairs as pairs_lib, sts as sts_lib
-from bert_jax.embedding.evaluation import evaluate_retrieval
-from bert_jax.embedding.objective import BiEncoder, Contrastive, ContrastiveSpec
+from bert_jax.embedding.retrieval_eval import evaluate_retrieval
+from bert_jax.embedding.contrastive import Contrastive
+from bert_jax.model.biencoder import BiEncoder, ContrastiveSpec
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning import batching
-from bert_jax.finetuning.tasks.inputs import check_inputs
-from bert_jax.finetuning.run import _run_dirs, log_result, summarize_seeds  # pylint: disable=protected-access
+from bert_jax.finetuning import batching, seeds
 from bert_jax.interop.pretrained import describe, finetuning_tokenizer
 from bert_jax.model.attention import describe_attention
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
-from bert_jax.train import optim, run as scaffold
+from bert_jax.train import optim, scaffold
 from bert_jax.train.loop import Report
 from bert_jax.train.step import StepModel, reused
 
@@ -66,12 +65,12 @@ def _retrieval_model(model_cfg: ModelConfig, spec: ContrastiveSpec, optim_cfg: O
 
 
 class RetrievalJob:
-  """A retrieval fine-tuning run for the scaffold (`train.run.Job`): one run directory per seed.
+  """A retrieval fine-tuning run for the scaffold (`train.scaffold.Job`): one run directory per seed.
 
   Args:
     cfg: the run's config (task 'retrieval').
     explicit_model_fields: model fields the user set; the rest is the starting checkpoint's.
-    evaluation: only evaluate the workdir's checkpoints again (`finetuning.run.evaluate_again`): neither the
+    evaluation: only evaluate the workdir's checkpoints again (`finetuning.finetune.evaluate_again`): neither the
       starting checkpoint nor the pairs are read (cfg.model is the one the run trained).
   """
 
@@ -152,7 +151,7 @@ class RetrievalJob:
     run = _PreparedRun(inputs, mesh)
     return scaffold.Prepared(
         cfg=cfg, stages=(scaffold.Stage(run.total_steps, run.model),), main_metric=MAIN_METRIC,
-        tokenizer=inputs.tokenizer, saved_config=saved_config(cfg), run_dirs=_run_dirs(cfg, workdir),
+        tokenizer=inputs.tokenizer, saved_config=saved_config(cfg), run_dirs=seeds.run_dirs(cfg, workdir),
         batches=run.batches, evaluate=run.evaluate,
         check_meta=lambda meta, run_dir: scaffold.check_same_run(upgrade_saved(meta['config']), cfg, run_dir,
                                                                  meta['step']),
@@ -301,18 +300,10 @@ class _PreparedRun:
 
   def done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
     workdir.write_results(result, run_dir)  # the training loop drew the curves when it ended
-    log_result(MAIN_METRIC, seed, result)
+    seeds.log_result(MAIN_METRIC, seed, result)
 
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     del wall_s
     # The qrels rows naming ids the BEIR set lacks (beir.BeirSet.absent): skipped queries, unretrievable documents.
     return {'task': TASK, 'init_checkpoint': self.cfg.init_checkpoint, 'pooling': self.cfg.pooling,
-            'qrels_absent': dict(self.held_out.absent), **summarize_seeds(per_run, main_metric=MAIN_METRIC)}
-
-
-def train_retrieval(cfg: FinetuneConfig, workdir: str, explicit_model_fields: Collection[str] = ()) -> dict[str, Any]:
-  """Trains every seed of a retrieval run (or finishes, or only evaluates, what a rerun finds done). A field of
-  another task's, a missing file or column is refused first (nothing read or written), as `finetuning.finetune`."""
-  cfg.check_task_fields()
-  check_inputs(cfg)
-  return scaffold.train(RetrievalJob(cfg, explicit_model_fields), workdir)
+            'qrels_absent': dict(self.held_out.absent), **seeds.summarize(per_run, main_metric=MAIN_METRIC)}

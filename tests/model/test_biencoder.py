@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.embedding import encode
+from bert_jax.model import biencoder
 from bert_jax.model.dropout import Dropout
 
 from helpers import tolerance
@@ -39,7 +39,7 @@ def _batch(b=4, k=2, t=5):
 def test_embed_fn_draws_its_dropout_masks_from_the_key_alone():
   graphdef, params, rest = nnx.split(ToyEncoder(0.5, rngs=nnx.Rngs(params=0, dropout=1)), nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-  fn = jax.jit(encode.embed_fn(graphdef, rest, pooling='mean', normalize=False))
+  fn = jax.jit(biencoder.embed_fn(graphdef, rest, pooling='mean', normalize=False))
   batch = _batch()
   a, again, other = fn(params, batch, jax.random.key(0)), fn(params, batch, jax.random.key(0)), fn(
       params, batch, jax.random.key(1))
@@ -52,7 +52,7 @@ def test_embed_fn_draws_its_dropout_masks_from_the_key_alone():
   swapped = dict(batch, query_input_ids=batch['passage_input_ids'])
   assert not np.allclose(fn(params, swapped, jax.random.key(0))['query'], a['passage'])
   # Without dropout (train=False), embed_batch of the module: masked mean pooling, normalised.
-  plain = jax.jit(encode.embed_fn(graphdef, rest, pooling='mean', train=False))(params, batch, jax.random.key(0))
+  plain = jax.jit(biencoder.embed_fn(graphdef, rest, pooling='mean', train=False))(params, batch, jax.random.key(0))
   module = nnx.merge(graphdef, params, rest)
   seq = np.asarray(module(batch['query_input_ids'], None, None, deterministic=True)[0])
   mean = seq[:, :4].mean(1)  # the last token is padding

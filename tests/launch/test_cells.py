@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from bert_jax.errors import ConfigError
-from bert_jax.runs import cells
+from bert_jax.launch import cells
 
 from helpers import REPO
 

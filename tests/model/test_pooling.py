@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.embedding import pooling
+from bert_jax.model import pooling
 
 from helpers import tolerance
 

@@ -1,4 +1,4 @@
-"""Fine-tuning: what a fine-tuning run brings to the one scaffold (`train.run`), and evaluating it again.
+"""Fine-tuning: what a fine-tuning run brings to the one scaffold (`train.scaffold`), and evaluating it again.
 
 A `FinetuningJob` describes the starting checkpoint (its architecture and tokenizer), featurises
 the task once, and trains each seed in `workdir/seed_<n>/` (a run directory of the scaffold:
@@ -33,9 +33,10 @@ from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig, facts, upg
 from bert_jax.config.migration import METRIC_SCALE
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.finetuning import batching
-from bert_jax.finetuning.objective import Finetuning
-from bert_jax.finetuning.tasks import get_task, metrics
+from bert_jax.finetuning import batching, retrieval, seeds
+from bert_jax.finetuning.head_objective import Finetuning
+from bert_jax.finetuning.tasks import get_task
+from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.finetuning.tasks.inputs import check_inputs
 from bert_jax.interop.pretrained import NO_INIT_CHECKPOINT, describe, finetuning_tokenizer
@@ -43,7 +44,7 @@ from bert_jax.model.attention import describe_attention
 from bert_jax.model.heads import SEQUENCE_KINDS, head_model
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
-from bert_jax.train import optim, run as scaffold
+from bert_jax.train import optim, scaffold
 from bert_jax.train.loop import Report
 from bert_jax.train.step import StepModel, reused
 
@@ -65,7 +66,7 @@ def _run_model(model_cfg: ModelConfig, kind: str, num_labels: int, optim_cfg: Op
 
 
 class FinetuningJob:
-  """A fine-tuning run for the scaffold (`train.run.Job`): one run directory per seed.
+  """A fine-tuning run for the scaffold (`train.scaffold.Job`): one run directory per seed.
 
   Args:
     cfg: the run's config.
@@ -144,7 +145,7 @@ class FinetuningJob:
     return scaffold.Prepared(
         cfg=cfg, stages=(scaffold.Stage(run.total_steps, run.model),), main_metric=run.main_metric,
         tokenizer=inputs.tokenizer, saved_config=self._saved_config(cfg, inputs.recorded_labels),
-        run_dirs=_run_dirs(cfg, workdir),
+        run_dirs=seeds.run_dirs(cfg, workdir),
         batches=run.batches, evaluate=run.evaluate,
         check_meta=lambda meta, run_dir: scaffold.check_same_run(upgrade_saved(meta['config']), cfg, run_dir,
                                                                  meta['step']),
@@ -171,16 +172,7 @@ class _Inputs:
   recorded_labels: tuple[str, ...] = ()  # the label names the workdir recorded when it trained before
 
 
-def log_result(main: str, seed: int, result: dict[str, Any]) -> None:
-  """A seed's line: its main metric (and best step), and how long evaluating took."""
-  best = f' (best step {result["best_step"]})' if 'best_step' in result else ''
-  reporting.log(f'seed {seed} step {result["step"]}: {main} {result[main]:.4f}{best} '
-                f'(eval {reporting.format_duration(result["eval_wall_s"])})')
 
-
-def _run_dirs(cfg: FinetuneConfig, workdir: Workdir) -> tuple[tuple[int, str], ...]:
-  """(seed, seed_<n>/) of each seed."""
-  return tuple((s, workdir.seed_dir(s)) for s in range(cfg.seed, cfg.seed + cfg.num_seeds))
 
 
 class _PreparedRun:
@@ -263,12 +255,12 @@ class _PreparedRun:
   def done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
     """A seed's final_metrics.json and its line (the training loop drew every seed's curves so far when it ended)."""
     workdir.write_results({**result, **METRIC_SCALE}, run_dir)
-    log_result(self.main_metric, seed, result)
+    seeds.log_result(self.main_metric, seed, result)
 
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     del wall_s  # each seed has its train_wall_s and eval_wall_s
     return {'task': self.task.name, 'init_checkpoint': self.cfg.init_checkpoint,
-            **summarize_seeds(per_run, main_metric=self.main_metric), **METRIC_SCALE}
+            **seeds.summarize(per_run, main_metric=self.main_metric), **METRIC_SCALE}
 
 
 def finetune(cfg: FinetuneConfig, workdir: str, explicit_model_fields: Collection[str] = ()) -> dict[str, Any]:
@@ -276,7 +268,14 @@ def finetune(cfg: FinetuneConfig, workdir: str, explicit_model_fields: Collectio
   over all seeds. A field of another task's, a missing file or column is refused first (nothing read or written)."""
   cfg.check_task_fields()
   check_inputs(cfg)
-  return scaffold.train(FinetuningJob(cfg, explicit_model_fields), workdir)
+  return scaffold.train(job(cfg, explicit_model_fields), workdir)
+
+
+def job(cfg: FinetuneConfig, explicit_model_fields: Collection[str] = (), *, evaluation: bool = False):
+  """The scaffold's `Job` of `cfg`'s task: a bi-encoder's for retrieval, a head model's for every other task."""
+  if cfg.task == retrieval.TASK:
+    return retrieval.RetrievalJob(cfg, explicit_model_fields, evaluation=evaluation)
+  return FinetuningJob(cfg, explicit_model_fields, evaluation=evaluation)
 
 
 def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, Any] | None = None,
@@ -307,16 +306,11 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
                   + (f' and {output_dir}' if output_dir else ' (give --output_dir=DIR to keep them)'))
   cfg = FinetuneConfig.from_dict({**saved['finetune'], **(overrides or {})})
   cfg.check_task_fields(names=set(overrides or {}))  # an evaluation setting of another task's is refused
-  if cfg.task == 'retrieval':  # a bi-encoder on its BEIR set; embedding.run builds on this module, hence here
-    from bert_jax.embedding.run import RetrievalJob  # pylint: disable=g-import-not-at-top
-    job = RetrievalJob(cfg, evaluation=True)
-  else:
-    job = FinetuningJob(cfg, evaluation=True)
   name = lambda at: _results_name(cfg, at, (overrides or {}).get('beir_dir', ''))
   def out_dir(seed: int, run_dir: str, at: int) -> str | None:  # beside the training results, never over them
     return results and os.path.join(results.seed_dir(seed) if output_dir else run_dir, name(at))
-  summary = scaffold.evaluate(job, workdir, step, out_dir, read_only=read_only,
-                              on_result=lambda run, seed, result: log_result(run.main_metric, seed, result))
+  summary = scaffold.evaluate(job(cfg, evaluation=True), workdir, step, out_dir, read_only=read_only,
+                              on_result=lambda run, seed, result: seeds.log_result(run.main_metric, seed, result))
   if results:
     results.write_json(results.file(name(summary['step']) + '.json'), summary)
   return summary
@@ -330,7 +324,7 @@ def _evaluate_and_print(workdir: str, step: int | None, overrides: dict[str, Any
   return result
 
 
-# A fine-tuning workdir evaluated again (`train.run.evaluate_workdir`): each seed at one step.
+# A fine-tuning workdir evaluated again (`train.scaffold.evaluate_workdir`): each seed at one step.
 EVALUATION = scaffold.Evaluation(
     kinds=('finetuning',), name='fine-tuning', fields=facts(FinetuneConfig, 'evaluation'), options=('output_dir',),
     scope='a fine-tuning workdir is evaluated at one step (--step, default the latest) of each seed',
@@ -343,24 +337,6 @@ def _results_name(cfg: FinetuneConfig, step: int, beir_dir: str = '') -> str:
   given = cfg.eval_file or beir_dir.rstrip('/\\')
   stem = os.path.splitext(os.path.basename(given))[0] if given else ''
   return f'eval_step{step}' + (f'_{stem}' if stem else '')
-
-
-def summarize_seeds(per_seed: list[dict[str, Any]], main_metric: str) -> dict[str, Any]:
-  """One seed: its metrics. Several: `<name>_mean`, `<name>_std` (sample std) and the per-seed values."""
-  if len(per_seed) == 1:
-    return {'main_metric': main_metric, **per_seed[0]}
-  out: dict[str, Any] = {'main_metric': f'{main_metric}_mean', 'seeds': [r['seed'] for r in per_seed],
-                         'step': per_seed[0]['step']}
-  for name, value in per_seed[0].items():
-    if (name in ('seed', 'step', 'train_steps', 'train_steps_this_invocation')
-        or isinstance(value, (dict, list, str, bool))):
-      continue
-    values = [float(r[name]) for r in per_seed]
-    out[f'{name}_mean'] = float(np.mean(values))
-    out[f'{name}_std'] = float(np.std(values, ddof=1))
-    out[f'{name}_per_seed'] = values
-  out['per_seed'] = per_seed
-  return out
 
 
 def print_summary(result: dict[str, Any]) -> None:

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from bert_jax import config, sharding
-from bert_jax.embedding import contrastive, encode, gradcache
+from bert_jax.embedding import contrastive
+from bert_jax.model import biencoder
+from bert_jax.train import gradcache
 from bert_jax.errors import ConfigError
 from bert_jax.model.dropout import keep_mask
 from bert_jax.model.encoder import BertEncoder
@@ -21,7 +23,7 @@ def linear_embed(params, batch, key):
   """A linear encoder with the project's (hashed) dropout on its input and output, masks drawn from `key` alone.
 
   The encoder is not the point here and this one compiles in a fraction of BERT's time; the BERT test (slow tier)
-  runs the same checks through `encode.embed_fn`."""
+  runs the same checks through `biencoder.embed_fn`."""
   out = {}
   for i, side in enumerate(('query', 'passage', 'negative')):
     if side not in batch:
@@ -41,14 +43,14 @@ def _case(b=64, negatives=1, seed=0):
     batch['negative'] = rng.normal(size=(b, negatives, FEATURES))
   params = {'encoder': {'w': rng.normal(size=(FEATURES, WIDTH)), 'b': rng.normal(size=(WIDTH,))}}
   params = jax.tree.map(lambda x: x.astype(np.float32), params)
-  params['temperature'] = contrastive.temperature_parameter(0.05)
+  params['temperature'] = biencoder.temperature_parameter(0.05)
   return params, {k: v.astype(np.float32) for k, v in batch.items()}
 
 
 def loss_fn(params, e):
   """InfoNCE with a learned temperature (the loss reads it from the parameters itself), and symmetric."""
   out = contrastive.info_nce(e['query'], e['passage'], e.get('negative'), symmetric=True,
-                             temperature=contrastive.bounded_temperature(params['temperature']))
+                             temperature=biencoder.bounded_temperature(params['temperature']))
   return contrastive.mean_loss(out['loss']), out['correct'].mean()
 
 
@@ -155,7 +157,7 @@ def test_tiny_bert_gradients_equal_the_uncached_computation_with_dropout_on():
                       hidden_dropout=0.1, attention_dropout=0.1)
   graphdef, params, rest = nnx.split(BertEncoder(cfg, rngs=nnx.Rngs(params=0, dropout=1)), nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-  embed = encode.embed_fn(graphdef, rest, pooling='mean')
+  embed = biencoder.embed_fn(graphdef, rest, pooling='mean')
   rng = np.random.default_rng(0)
   batch = {}
   for side in ('query', 'passage'):

@@ -1,7 +1,7 @@
-"""Pretraining: what a pretraining run brings to the one scaffold (`train.run`), and evaluating its checkpoints.
+"""Pretraining: what a pretraining run brings to the one scaffold (`train.scaffold`), and evaluating its checkpoints.
 
 Everything here is driven by a `PretrainConfig`; nothing reads flags. `train_and_evaluate` resolves
-the starting checkpoint, then `train.run.train` runs a `PretrainingJob`: the corpus prepared (or
+the starting checkpoint, then `train.scaffold.train` runs a `PretrainingJob`: the corpus prepared (or
 its cache reused), BertForPreTraining under the masked-LM (+ NSP/SOP) objective, the loader's
 batches from a data position, and the held-out evaluation with its baselines. A resumed run must
 be the same run: the same config outside the fields free on resume, and the same data (the
@@ -36,7 +36,7 @@ from bert_jax.pretraining.objective import Pretraining
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import CONFIG_FILE, Workdir, checkpoint_dir, inspect
-from bert_jax.train import optim, run as scaffold
+from bert_jax.train import optim, scaffold
 from bert_jax.train.loop import Report
 from bert_jax.train.step import StepModel, reused
 
@@ -209,7 +209,7 @@ BRANCH_FREE = facts(PretrainConfig, 'branch') + ('data_fingerprint',)
 
 
 class PretrainingJob:
-  """A pretraining run for the scaffold (`train.run.Job`): one run directory, the workdir itself.
+  """A pretraining run for the scaffold (`train.scaffold.Job`): one run directory, the workdir itself.
 
   Args:
     cfg: the run's config (its starting checkpoint resolved: `init.resolve_init_checkpoint`).

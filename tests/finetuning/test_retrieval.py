@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.embedding import run as retrieval
+from bert_jax.finetuning import finetune as finetuning, retrieval
 from bert_jax.train import preemption
 
 from helpers import (assert_one_line_error, minilm_dir, retrieval_config, run_main,
@@ -26,7 +26,7 @@ def _params(cfg, seed_dir):
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import sharding  # pylint: disable=g-import-not-at-top
   from bert_jax.interop.pretrained import describe  # pylint: disable=g-import-not-at-top
-  from bert_jax.train.run import restore_for_evaluation  # pylint: disable=g-import-not-at-top
+  from bert_jax.train.scaffold import restore_for_evaluation  # pylint: disable=g-import-not-at-top
   cfg = dataclasses.replace(cfg, model=describe(cfg.init_checkpoint, log=lambda _: None).model_config(cfg.model))
   model = retrieval.retrieval_model(cfg, sharding.make_mesh(cfg.mesh), cfg.num_train_steps)
   params, _ = restore_for_evaluation(str(seed_dir), model, None)
@@ -50,7 +50,7 @@ def test_batches_pad_each_side_to_its_bucket_not_to_its_limit(wordpiece):
 def test_retrieval_trains_evaluates_and_resumes_bit_identically(tiny_checkpoint, tmp_path, monkeypatch):
   pairs, beir = _write_data(tmp_path)
   cfg = _cfg(tiny_checkpoint, pairs, beir)
-  straight = retrieval.train_retrieval(cfg, str(tmp_path / 'straight'))
+  straight = finetuning.finetune(cfg, str(tmp_path / 'straight'))
   assert straight['main_metric'] == 'eval_ndcg_at_10' and straight['task'] == 'retrieval'
   for name in ('eval_recall_at_1', 'eval_recall_at_10', 'eval_mrr_at_10', 'eval_ndcg_at_10',
                'eval_recall_at_1_dim16', 'eval_ndcg_at_10_dim16'):
@@ -68,8 +68,8 @@ def test_retrieval_trains_evaluates_and_resumes_bit_identically(tiny_checkpoint,
 
   # SIGTERM while step 4 trains: step 4 is saved; the same call again resumes and ends where the straight run did.
   with signal_at_finetuning_batch(monkeypatch, 3), pytest.raises(preemption.Preempted, match='saved step 4'):
-    retrieval.train_retrieval(cfg, str(tmp_path / 'stopped'))
-  resumed = retrieval.train_retrieval(cfg, str(tmp_path / 'stopped'))
+    finetuning.finetune(cfg, str(tmp_path / 'stopped'))
+  resumed = finetuning.finetune(cfg, str(tmp_path / 'stopped'))
   assert resumed['step'] == straight['step'] == 6
   for name in ('eval_recall_at_1', 'eval_mrr_at_10', 'eval_ndcg_at_10', 'eval_ndcg_at_10_dim16'):
     assert resumed[name] == straight[name], name
@@ -167,14 +167,14 @@ def test_bad_retrieval_input_is_one_error_line_and_writes_nothing(tiny_checkpoin
 
 
 def test_the_library_refuses_a_field_of_another_task_and_missing_inputs_first(tmp_path):
-  """train_retrieval checks as finetune.py does: a classifier's field, then the task's files (here: no BEIR set to
+  """finetune checks a retrieval run as finetune.py does: a classifier's field, then the task's files (here: no BEIR set to
   evaluate on), before anything is read or written."""
   from bert_jax.config import FinetuneConfig  # pylint: disable=g-import-not-at-top
   from bert_jax.errors import BertJaxError  # pylint: disable=g-import-not-at-top
   work = tmp_path / 'work'
   cfg = FinetuneConfig(task='retrieval', init_checkpoint=str(tmp_path / 'none'), train_file=str(tmp_path / 'p.jsonl'))
   with pytest.raises(BertJaxError, match='--config.label_names is a field of'):
-    retrieval.train_retrieval(FinetuneConfig(**{**cfg.__dict__, 'label_names': 'a,b'}), str(work))
+    finetuning.finetune(FinetuneConfig(**{**cfg.__dict__, 'label_names': 'a,b'}), str(work))
   with pytest.raises(BertJaxError, match='set --config.beir_dir'):
-    retrieval.train_retrieval(cfg, str(work))
+    finetuning.finetune(cfg, str(work))
   assert not work.exists()

@@ -260,7 +260,14 @@ def start() -> bool:
   os.close(write_fd)
   _active = _Filter(given, proc, control_write, reply_read)
   atexit.register(stop)
+  # Imported here: the filter process runs this file alone (python -I -S), without bert_jax.
+  from bert_jax.runs import interrupts  # pylint: disable=g-import-not-at-top
+  interrupts.before_dying(_stop_quickly)
   return True
+
+
+def _stop_quickly() -> None:
+  stop(wait_s=0.2)  # a signal ends the process: what was written reaches the terminal, unless that takes long
 
 
 def _terminal() -> tuple[int, int]:

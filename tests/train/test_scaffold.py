@@ -1,4 +1,4 @@
-"""The run scaffold (`train.run`) with a toy Job: a linear model on synthetic batches, no BERT, no data files.
+"""The run scaffold (`train.scaffold`) with a toy Job: a linear model on synthetic batches, no BERT, no data files.
 
 What every kind of run gets from the scaffold: the workdir claimed (one run at a time), the init decision
 (scratch, then resume after an interruption), fit, the final evaluation, final_metrics.json, and a signal
@@ -20,7 +20,7 @@ from bert_jax.config import TrainingConfig
 from bert_jax.errors import ConfigError, Preempted
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import Workdir
-from bert_jax.train import run as scaffold
+from bert_jax.train import scaffold
 from bert_jax.train.loop import Report
 from bert_jax.train.preemption import EXIT_CODE
 from bert_jax.train.step import StepModel
@@ -33,6 +33,7 @@ class _Squared:
   """The toy objective: squared error of a linear map."""
 
   terms = ('task',)
+  couples_rows = False
 
   def forward(self, module, batch, *, deterministic):
     del deterministic
@@ -70,7 +71,7 @@ class _Batches:
 
 
 class ToyJob:
-  """A `train.run.Job`: the scaffold's whole contract, in the fewest lines."""
+  """A `train.scaffold.Job`: the scaffold's whole contract, in the fewest lines."""
 
   kind = 'pretraining'  # a workdir of checkpoints/ with no model config: what `inspect` calls pretraining
   preparing = 'preparing the toy data'

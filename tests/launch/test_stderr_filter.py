@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from bert_jax.runs import stderr_filter
-from bert_jax.runs.stderr_filter import BannerFilter
+from bert_jax.launch import stderr_filter
+from bert_jax.launch.stderr_filter import BannerFilter
 
 from helpers import REPO
 
@@ -68,7 +68,7 @@ def test_a_line_without_its_newline_goes_out_at_once_unless_it_could_become_an_a
 def test_a_process_that_aborts_loses_nothing_and_shows_one_line_for_the_banner(raw):
   """The filter is a process of its own: what a process wrote just before an abort (XLA's fatal errors end so) still
   reaches the terminal. BERT_JAX_RAW_STDERR=1 leaves stderr as it is."""
-  code = ('import os, sys\nfrom bert_jax.runs import stderr_filter\n'
+  code = ('import os, sys\nfrom bert_jax.launch import stderr_filter\n'
           'print("started" if stderr_filter.start() else "not started", flush=True)\n'
           f'os.write(2, {_FIRED!r})\n'
           'print("a Python line", file=sys.stderr, flush=True)\n'
@@ -83,7 +83,7 @@ def test_a_process_that_aborts_loses_nothing_and_shows_one_line_for_the_banner(r
 
 
 def test_stop_points_stderr_back_and_waits_for_what_was_sent():
-  code = ('import os, sys\nfrom bert_jax.runs import stderr_filter\n'
+  code = ('import os, sys\nfrom bert_jax.launch import stderr_filter\n'
           'stderr_filter.start()\n'
           f'os.write(2, {_ENDED!r})\n'
           'stderr_filter.stop()\n'
@@ -104,7 +104,7 @@ def test_on_a_terminal_stderr_stays_a_terminal_and_every_byte_passes_as_written(
   master, slave = os.openpty()
   tty.setraw(slave)  # the test reads the bytes the filter wrote, not a terminal's rendering of them
   fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack('HHHH', 33, 77, 0, 0))
-  code = ('import os, sys\nfrom bert_jax.runs import stderr_filter\n'
+  code = ('import os, sys\nfrom bert_jax.launch import stderr_filter\n'
           'print(stderr_filter.start(), os.isatty(2), tuple(os.get_terminal_size(2)), flush=True)\n'
           'os.write(2, b"\\r 50%|#####     |")\n'
           f'os.write(2, b"\\r100%|##########|\\n" + {_FIRED!r})\n')
@@ -131,7 +131,7 @@ def test_on_a_terminal_stderr_stays_a_terminal_and_every_byte_passes_as_written(
 def test_the_filter_outlives_a_terminal_s_ctrl_backslash():
   """The filter runs in a process group of its own: a terminal's Ctrl-C or Ctrl-\\\\, sent to the foreground group,
   never reaches it, and stderr still works after one (a dead filter: every later write raises BrokenPipeError)."""
-  code = ('import os, resource, signal, sys\nfrom bert_jax.runs import stderr_filter\n'
+  code = ('import os, resource, signal, sys\nfrom bert_jax.launch import stderr_filter\n'
           'resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n'
           'stderr_filter.start()\n'
           'signal.signal(signal.SIGQUIT, signal.SIG_IGN)  # this process lives on; the filter keeps its default\n'
@@ -153,7 +153,7 @@ def test_the_filter_outlives_a_terminal_s_ctrl_backslash():
 def test_stop_does_not_wait_for_the_processes_still_writing_through_the_filter():
   """A process that started others (a data loader's workers) that still hold the filter's pipe: stop returns once the
   filter has written what this process sent it (the start of a line included), not when the others end."""
-  code = ('import os, subprocess, sys, time\nfrom bert_jax.runs import stderr_filter\n'
+  code = ('import os, subprocess, sys, time\nfrom bert_jax.launch import stderr_filter\n'
           'stderr_filter.start()\n'
           'holder = subprocess.Popen(["sleep", "60"])  # its stderr: the filter\'s pipe\n'
           'time.sleep(1.0)  # the filter\'s interpreter has started: what follows times stop alone\n'

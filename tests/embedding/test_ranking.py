@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from bert_jax.embedding import metrics
+from bert_jax.embedding import ranking as metrics
 from bert_jax.errors import ConfigError, DataError
 
 

@@ -4,7 +4,7 @@ A cell is done when its workdir holds final metrics (`Workdir.finished`, the run
 launched with is recorded beside its workdir (.NAME.command.json; never in it: an entry point sees its workdir as the
 cell left it, and a bad cell leaves no directory behind). `state` says pending, done or stale (done, but by another
 command than today's, or before the cell it needs last finished: a ladder's rung pretrained again); the local runner
-(`execute`), the SLURM array tasks (`python3 -m bert_jax.runs.cells run-task CELL`: `run_task`) and a gather
+(`execute`), the SLURM array tasks (`python3 -m bert_jax.launch.cells run-task CELL`: `run_task`) and a gather
 (`collect`) all go by it. This module reads no flags and imports no jax: an array task starts with it.
 """
 
@@ -287,7 +287,7 @@ def submit(directory: str, groups: Groups, launcher: dict[str, Any]) -> None:
 def task_line(cell: Cell) -> str:
   """The shell line of a SLURM array task running `cell` through `run_task`."""
   spec = json.dumps({'name': cell.name, 'argv': cell.argv, 'workdir': cell.workdir, 'after': cell.after})
-  return shlex.join([sys.executable, '-m', 'bert_jax.runs.cells', 'run-task', spec])
+  return shlex.join([sys.executable, '-m', 'bert_jax.launch.cells', 'run-task', spec])
 
 
 def run_task(cell: Cell) -> int:
@@ -308,7 +308,7 @@ def run_task(cell: Cell) -> int:
 def main(argv: Sequence[str]) -> int:
   try:
     if len(argv) != 2 or argv[0] != 'run-task':
-      raise ConfigError('usage: python3 -m bert_jax.runs.cells run-task CELL (a JSON object, as `task_line` writes '
+      raise ConfigError('usage: python3 -m bert_jax.launch.cells run-task CELL (a JSON object, as `task_line` writes '
                         'it)')
     try:
       cell = Cell(0, **json.loads(argv[1]))  # the fields `task_line` writes

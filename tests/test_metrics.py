@@ -5,7 +5,7 @@ and against sklearn's."""
 import numpy as np
 import pytest
 
-from bert_jax.finetuning.tasks import metrics
+from bert_jax import metrics
 
 
 def test_class_report_by_hand():

@@ -17,9 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.embedding import pooling, search
+from bert_jax.embedding import search
+
+from bert_jax.model import pooling
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning.tasks.metrics import spearman
+from bert_jax.metrics import spearman
 
 RECALL_AT = (1, 10)
 _truncate = jax.jit(pooling.truncate, static_argnums=1)  # one compilation per shape, not one per operation

@@ -6,9 +6,9 @@ import types
 import numpy as np
 import pytest
 
-from bert_jax.embedding import metrics
+from bert_jax.embedding import ranking as metrics
 from bert_jax.embedding.beir import BeirSet
-from bert_jax.embedding.evaluation import evaluate_retrieval
+from bert_jax.embedding.retrieval_eval import evaluate_retrieval
 from bert_jax.errors import DataError
 from bert_jax.runs import reporting
 

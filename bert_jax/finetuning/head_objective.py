@@ -69,6 +69,7 @@ class Finetuning:
 
   kind: str
   terms: tuple[str, ...] = ('task',)
+  couples_rows: bool = False  # each example's loss is its own: micro-batch losses add up
 
   def forward(self, module, batch, *, deterministic: bool):
     """Logits: [E, num_labels] for sequence heads, per row [B, T, C] for token and span heads."""

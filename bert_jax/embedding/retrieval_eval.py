@@ -14,7 +14,11 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from bert_jax.embedding import metrics, pooling, search
+from bert_jax.embedding import search
+
+from bert_jax.embedding import ranking as metrics
+
+from bert_jax.model import pooling
 from bert_jax.embedding.beir import BeirSet
 from bert_jax.errors import DataError
 from bert_jax.runs import reporting
