@@ -38,7 +38,7 @@ from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.model.pooling import POOLINGS
 from bert_jax.interop import hf, sentence_transformers
-from bert_jax.interop.pretrained import RETRIEVAL, describe, load_finetuned, load_pretrained
+from bert_jax.interop.pretrained import describe, load_finetuned, load_pretrained
 from bert_jax.runs import reporting, workdir
 
 import cli
@@ -72,8 +72,8 @@ def main(_):
   kind = found.kind
   if _SEED.value is not None and kind != 'finetuning':
     raise ConfigError(f'--seed applies to fine-tuning workdirs only; {_CHECKPOINT.value} is not one')
-  retrieval = kind == 'finetuning' and (found.saved or {}).get('finetune', {}).get('task') == RETRIEVAL
-  as_st = retrieval if _SENTENCE_TRANSFORMERS.value is None else _SENTENCE_TRANSFORMERS.value
+  embedding_model = workdir.embeds(found.task)  # a retrieval run's: it records its pooling
+  as_st = embedding_model if _SENTENCE_TRANSFORMERS.value is None else _SENTENCE_TRANSFORMERS.value
   given = [f'--{f.name}' for f in _EMBEDDING_FLAGS if f.value is not None]
   if given and not as_st:
     raise ConfigError(f'{", ".join(given)} apply to a sentence-transformers export only: add '
@@ -85,7 +85,7 @@ def main(_):
     tuned = load_finetuned(_CHECKPOINT.value, seed=_SEED.value, step=_STEP.value)
     config, params, tokenizer, task, source_kind, step, seed = (
         tuned.config, tuned.params, tuned.tokenizer, tuned.task, 'bert_jax', tuned.step, tuned.seed)
-    if task['kind'] == RETRIEVAL or as_st:  # an embedding model, or a fine-tuned encoder: the encoder alone
+    if workdir.embeds(task) or as_st:  # an embedding model, or a fine-tuned encoder: the encoder alone
       params = {'bert': params['bert']}
   elif kind == 'export' and hf.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, with its head
     config, params, _, _ = hf.load_hf_checkpoint(_CHECKPOINT.value)
@@ -99,7 +99,7 @@ def main(_):
     embedding = describe(_CHECKPOINT.value, log=lambda _: None).embedding() or sentence_transformers.Embedding()
     embedding = embedding.given(pooling=_POOLING.value, normalize=_NORMALIZE.value,
                                 max_seq_length=_MAX_SEQ_LENGTH.value).check(config)
-    if task is not None and task['kind'] != RETRIEVAL:
+    if task is not None and not workdir.embeds(task):
       reporting.log(f'{_CHECKPOINT.value} is a {task["kind"]} fine-tuning run: its encoder is exported, not its '
                     'task head')
     reporting.log(f'export: writing a sentence-transformers folder to {_OUTPUT.value} ...')
@@ -109,7 +109,7 @@ def main(_):
   else:
     reporting.log(f'export: writing a Hugging Face directory to {_OUTPUT.value} ...')
     hf.save_hf_checkpoint(_OUTPUT.value, config, params, tokenizer, overwrite=_OVERWRITE.value,
-                          task=None if task is not None and task['kind'] == RETRIEVAL else task)
+                          task=None if workdir.embeds(task) else task)
   with open(os.path.join(_OUTPUT.value, hf.CONFIG_FILE), encoding='utf-8') as f:
     architecture = json.load(f)['architectures'][0]
   heads = set() if as_st else set(params) - {'bert'}

@@ -29,7 +29,7 @@ from absl import flags
 from bert_jax import files
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import predict
-from bert_jax.interop.pretrained import RETRIEVAL, load_finetuned
+from bert_jax.interop.pretrained import load_finetuned
 from bert_jax.runs import reporting, workdir
 
 import cli
@@ -66,8 +66,7 @@ def _check_flags() -> None:
 
 def main(_):
   _check_flags()
-  saved = workdir.inspect(_WORKDIR.value).saved or {}
-  if (saved.get('finetune') or {}).get('task') == RETRIEVAL:  # before the (slow) checkpoint load
+  if workdir.embeds(workdir.inspect(_WORKDIR.value).task):  # before the (slow) checkpoint load
     raise ConfigError(f'{_WORKDIR.value} is a retrieval run (an embedding model, no task head to predict with): '
                       f'embed texts with experiments/embed.py --checkpoint={_WORKDIR.value}, or evaluate it with '
                       'experiments/evaluate.py')

@@ -11,15 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Collection
 
-from flax import nnx
-
 from bert_jax.config import FinetuneConfig
-from bert_jax.model.biencoder import BiEncoder, ContrastiveSpec
 from bert_jax.errors import BertJaxError
-from bert_jax.finetuning.tasks import get_task
+from bert_jax.finetuning import kinds
 from bert_jax.interop.pretrained import NO_INIT_CHECKPOINT, describe
-from bert_jax.model import heads
-from bert_jax.model.encoder import BertEncoder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,34 +54,5 @@ def plan(cfg: FinetuneConfig, explicit_model_fields: Collection[str] = ()) -> Pl
   notes.append(f'model: the architecture of init_checkpoint {cfg.init_checkpoint} (read from its config; no weights '
                'loaded), with the --config.model.* fields given')
   cfg = dataclasses.replace(cfg, model=model)
-  if cfg.task == 'retrieval':
-    spec = ContrastiveSpec.of(cfg)
-    return Plan(cfg, lambda: BiEncoder(model, spec, rngs=nnx.Rngs(0)),
-                f'encoder, {cfg.pooling} pooling: a bi-encoder, retrieval', tuple(notes))
-  task = get_task(cfg.task)
-  num_labels = _num_labels(task, cfg, notes)
-  if num_labels is None:
-    return Plan(cfg, lambda: BertEncoder(model, rngs=nnx.Rngs(0)),
-                f'encoder only; the {task.kind} head adds {model.hidden_size + 1:,} per label, {cfg.task}',
-                tuple(notes))
-  labels = f'; {num_labels} labels' if task.kind in ('classification', 'multilabel', 'token') else ''
-  return Plan(cfg, lambda: heads.head_model(task.kind, model, num_labels, rngs=nnx.Rngs(0)),
-              f'encoder + {task.kind} head, {cfg.task}{labels}', tuple(notes))
-
-
-def _num_labels(task, cfg: FinetuneConfig, notes: list[str]) -> int | None:
-  """The task's label count: its own, label_names', or the training file's (None, with a note, when unreadable)."""
-  if not hasattr(task, 'planned_label_names'):  # a task whose labels are its own (GLUE, CoNLL-2003, SQuAD, qa)
-    return task.num_labels
-  if task.kind == 'regression':
-    return 1
-  if not cfg.label_names and not cfg.train_file:
-    notes.append('labels: the training file\'s, and none is set (--config.train_file)')
-    return None
-  try:
-    names = task.planned_label_names(cfg)
-  except BertJaxError as e:
-    notes.append(f'labels: the training file\'s, which cannot be read: {e}')
-    return None
-  notes.append(f'labels: {", ".join(names)} ({"label_names" if cfg.label_names else "the training file"})')
-  return len(names)
+  what, build = kinds.kind_of(cfg.task).plan(cfg, model, notes)
+  return Plan(cfg, build, what, tuple(notes))

@@ -1,9 +1,10 @@
-"""A retrieval fine-tuning run: a bi-encoder trained contrastively in the one run scaffold (`train.scaffold`).
+"""The retrieval task kind: a bi-encoder trained contrastively, run by the one fine-tuning job (`finetuning.job`).
 
-`RetrievalJob` is the `Job` of `FinetuneConfig(task='retrieval')`: the starting checkpoint's encoder under
+`Retrieval` is the task kind (`finetuning.kinds`) of `FinetuneConfig(task='retrieval')`: the starting checkpoint's
+encoder under
 `Contrastive(spec)` (InfoNCE over the global batch; GradCache with optim.grad_accum_steps > 1), trained on the pairs
 of `train_file` (`pairs.read_pairs` by query_column / positive_column / negative_columns), evaluated by
-`evaluation.evaluate_retrieval` on the BEIR-layout set in `beir_dir` (recall@1/@10, MRR@10, nDCG@10 at the full
+`retrieval_eval.evaluate_retrieval` on the BEIR-layout set in `beir_dir` (recall@1/@10, MRR@10, nDCG@10 at the full
 size and at every Matryoshka size). A seed trains in seed_<n>/ and the workdir's final_metrics.json summarises the
 seeds, as every fine-tuning run; config.json records the pooling (its 'task' entry), so the workdir's embeddings
 are reproducible.
@@ -16,23 +17,21 @@ compiles once per width met, and short queries are not padded to a long max_quer
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from typing import Any, Collection, Sequence
+from typing import Any, Callable, Sequence
 
+from flax import nnx
 import jax
 import numpy as np
 
 from bert_jax import distributed, sharding as shd
-from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig, upgrade_saved
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.embedding import beir, pairs as pairs_lib, sts as sts_lib
 from bert_jax.embedding.retrieval_eval import evaluate_retrieval
 from bert_jax.embedding.contrastive import Contrastive
 from bert_jax.model.biencoder import BiEncoder, ContrastiveSpec
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import batching, seeds
-from bert_jax.interop.pretrained import describe, finetuning_tokenizer
 from bert_jax.model.attention import describe_attention
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
@@ -64,75 +63,29 @@ def _retrieval_model(model_cfg: ModelConfig, spec: ContrastiveSpec, optim_cfg: O
                    rules=shd.rules(rules), grad_accum_steps=optim_cfg.grad_accum_steps)
 
 
-class RetrievalJob:
-  """A retrieval fine-tuning run for the scaffold (`train.scaffold.Job`): one run directory per seed.
+class Retrieval:
+  """The task kind of a bi-encoder trained contrastively on pairs (`finetuning.kinds.TaskKind`)."""
 
-  Args:
-    cfg: the run's config (task 'retrieval').
-    explicit_model_fields: model fields the user set; the rest is the starting checkpoint's.
-    evaluation: only evaluate the workdir's checkpoints again (`finetuning.finetune.evaluate_again`): neither the
-      starting checkpoint nor the pairs are read (cfg.model is the one the run trained).
-  """
-
-  kind = 'finetuning'
   preparing = 'loading the checkpoint and reading the pairs and the retrieval set'
 
-  def __init__(self, cfg: FinetuneConfig, explicit_model_fields: Collection[str] = (), *, evaluation: bool = False):
-    if cfg.task != TASK:
-      raise ConfigError(f'RetrievalJob runs task {TASK!r}, got {cfg.task!r}')
-    if not evaluation and not cfg.init_checkpoint:
-      raise ConfigError('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir')
+  @staticmethod
+  def runs(task: str) -> bool:
+    return task == TASK
+
+  def __init__(self, cfg: FinetuneConfig, evaluation: bool = False):
     if not evaluation and not cfg.train_file:
       raise ConfigError('retrieval: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
                         f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
     if not cfg.beir_dir:
       raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
                         'qrels/<split>.tsv) to evaluate on')
-    self.cfg, self._explicit_model_fields, self._evaluation = cfg, explicit_model_fields, evaluation
-    self._inputs_of: dict[str, _Inputs] = {}
-
-  def validate(self, mesh, workdir: Workdir) -> None:
-    self._inputs(mesh, workdir)
-
-  def _inputs(self, mesh, workdir: Workdir) -> _Inputs:
-    """Everything read before any training, checked once per workdir (`validate`, then `prepare`)."""
-    if workdir.path not in self._inputs_of:
-      self._inputs_of[workdir.path] = self._read_inputs(mesh, workdir)
-    return self._inputs_of[workdir.path]
-
-  def _read_inputs(self, mesh, workdir: Workdir) -> _Inputs:
-    if self._evaluation:  # the workdir's own model and tokenizer; no pairs
-      cfg = self.cfg
-      self._check(cfg, mesh)
-      tokenizer = finetuning_tokenizer(workdir, workdir.config())
-      return _Inputs(cfg, None, tokenizer, [], beir.read_beir(cfg.beir_dir, cfg.beir_split), _sts(cfg))
-    source = describe(self.cfg.init_checkpoint, 'init_checkpoint')
-    source.check_weights()
-    cfg = dataclasses.replace(self.cfg, model=source.model_config(self.cfg.model, self._explicit_model_fields))
-    self._check(cfg, mesh)
-    saved = workdir.config()
-    if saved is not None:
-      scaffold.check_same_run(saved['finetune'], cfg, f'workdir {workdir.path}')
-    tokenizer = source.tokenizer()
-    own = workdir.tokenizer_file()
-    if own is not None and load_tokenizer(own).identity() != tokenizer.identity():
-      raise ConfigError(f'the tokenizer of the starting checkpoint {cfg.init_checkpoint} is not the one this run '
-                        f'was fine-tuned with ({own}): that path now holds another model. Restore it, or use a new '
-                        '--workdir')
-    if tokenizer.vocab_size > cfg.model.vocab_size:
-      raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {tokenizer.vocab_size} tokens but the model '
-                        f'only {cfg.model.vocab_size} embeddings')
-    train = pairs_lib.read_pairs(cfg.train_file, pairs_lib.PairColumns(cfg.query_column, cfg.positive_column,
-                                                                       cfg.negative_column_names()))
-    if cfg.max_train_samples > 0:
-      train = train[:cfg.max_train_samples]
-    if not train:
-      raise DataError(f'{cfg.train_file}: no training pairs')
-    held_out = beir.read_beir(cfg.beir_dir, cfg.beir_split)
-    return _Inputs(cfg, source, tokenizer, train, held_out, _sts(cfg))
+    self.evaluation = evaluation
+    self.train: list[pairs_lib.Pair] = []
+    self.held_out: beir.BeirSet | None = None
+    self.sts: sts_lib.ScoredPairs | None = None
 
   @staticmethod
-  def _check(cfg: FinetuneConfig, mesh) -> None:
+  def check(cfg: FinetuneConfig, mesh) -> None:
     """The config against its model and the mesh."""
     spec_of(cfg).check(cfg.model.hidden_size)  # Matryoshka dims against the hidden size, the temperature's bounds
     for name in ('max_seq_length', 'max_query_length'):
@@ -142,24 +95,30 @@ class RetrievalJob:
       raise ConfigError(f'batch_size={cfg.batch_size} must divide into optim.grad_accum_steps='
                         f'{cfg.optim.grad_accum_steps} micro-batches')
 
-  def prepare(self, mesh, workdir: Workdir) -> scaffold.Prepared:
-    inputs = self._inputs(mesh, workdir)
-    cfg = inputs.cfg
-    params = None
-    if inputs.source is not None:
-      params, _ = inputs.source.params(None if cfg.init_checkpoint_step < 0 else cfg.init_checkpoint_step)
-    run = _PreparedRun(inputs, mesh)
-    return scaffold.Prepared(
-        cfg=cfg, stages=(scaffold.Stage(run.total_steps, run.model),), main_metric=MAIN_METRIC,
-        tokenizer=inputs.tokenizer, saved_config=saved_config(cfg), run_dirs=seeds.run_dirs(cfg, workdir),
-        batches=run.batches, evaluate=run.evaluate,
-        check_meta=lambda meta, run_dir: scaffold.check_same_run(upgrade_saved(meta['config']), cfg, run_dir,
-                                                                 meta['step']),
-        report=lambda seed, run_dir: run.report(seed, run_dir, workdir),
-        results=run.results, run_done=lambda seed, run_dir, result: run.done(seed, run_dir, result, workdir),
-        weights=None if params is None else (lambda: {'bert': params['bert']}),
-        # The starting encoder's retrieval first (step 0 of metrics_eval.jsonl): what the training adds is read off.
-        eval_first=params is not None)
+  def read(self, cfg: FinetuneConfig, saved: dict[str, Any] | None) -> None:
+    """The training pairs (none when only evaluating), the held-out BEIR set and the scored pairs (STS), if any:
+    read before the starting weights."""
+    del saved
+    if not self.evaluation:
+      train = pairs_lib.read_pairs(cfg.train_file, pairs_lib.PairColumns(cfg.query_column, cfg.positive_column,
+                                                                         cfg.negative_column_names()))
+      if cfg.max_train_samples > 0:
+        train = train[:cfg.max_train_samples]
+      if not train:
+        raise DataError(f'{cfg.train_file}: no training pairs')
+      self.train = train
+    self.held_out = beir.read_beir(cfg.beir_dir, cfg.beir_split)
+    self.sts = _sts(cfg)
+
+  def prepare(self, cfg: FinetuneConfig, tokenizer, mesh) -> _PreparedRun:
+    return _PreparedRun(cfg, tokenizer, self.train, self.held_out, self.sts, mesh)
+
+  @staticmethod
+  def plan(cfg: FinetuneConfig, model: ModelConfig, notes: list[str]) -> tuple[str, Callable[[], Any]]:
+    """What a run of `cfg` trains, in words, and a builder of its model (plan.py: --print_config)."""
+    del notes
+    spec = spec_of(cfg)
+    return f'encoder, {cfg.pooling} pooling: a bi-encoder, retrieval', lambda: BiEncoder(model, spec, rngs=nnx.Rngs(0))
 
 
 def saved_config(cfg: FinetuneConfig) -> dict[str, Any]:
@@ -168,19 +127,6 @@ def saved_config(cfg: FinetuneConfig) -> dict[str, Any]:
           'task': {'name': TASK, 'kind': TASK, 'num_labels': 0, 'label_names': [],
                    'pooling': cfg.pooling, 'normalize': True, 'matryoshka_dims': list(cfg.retrieval_dims()),
                    'similarity': 'cosine'}}
-
-
-@dataclasses.dataclass(frozen=True)
-class _Inputs:
-  """A retrieval run's inputs, checked: config (the starting checkpoint's architecture), checkpoint, tokenizer,
-  training pairs, the held-out BEIR set and the scored pairs (STS), if any."""
-
-  cfg: FinetuneConfig
-  source: Any
-  tokenizer: Any
-  train: list[pairs_lib.Pair]
-  held_out: beir.BeirSet
-  sts: sts_lib.ScoredPairs | None = None
 
 
 def _sts(cfg: FinetuneConfig) -> sts_lib.ScoredPairs | None:
@@ -240,9 +186,12 @@ class RetrievalBatches:
 class _PreparedRun:
   """A retrieval run's built model and what reads it: batches, evaluation, lines and results."""
 
-  def __init__(self, inputs: _Inputs, mesh):
-    self.cfg, self.tokenizer, self.train, self.held_out = inputs.cfg, inputs.tokenizer, inputs.train, inputs.held_out
-    self.sts = inputs.sts
+  eval_first = True  # the starting encoder's retrieval first (step 0): what the training adds is read off
+  main_metric = MAIN_METRIC
+
+  def __init__(self, cfg: FinetuneConfig, tokenizer, train: Sequence[pairs_lib.Pair], held_out: beir.BeirSet,
+               sts: sts_lib.ScoredPairs | None, mesh):
+    self.cfg, self.tokenizer, self.train, self.held_out, self.sts = cfg, tokenizer, train, held_out, sts
     negatives = f' ({len(self.train[0].negatives)} hard negatives each)' if self.train else ''
     reporting.log(f'{TASK}: {len(self.train)} training pairs{negatives}, '
                   f'eval {len(self.held_out.queries)} queries against {len(self.held_out.texts)} passages')
@@ -291,6 +240,9 @@ class _PreparedRun:
       out['eval_sts_spearman'] = sts_lib.sts_spearman(
           self.sts, lambda texts: self.embed(params, texts, 'passage', self.cfg.max_seq_length))
     return {**out, 'eval_wall_s': time.time() - t0}
+
+  def saved_config(self) -> dict[str, Any]:
+    return saved_config(self.cfg)
 
   def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
     return Report(run_dir, label=f'seed {seed}: ', progress_keys=('loss', 'accuracy', 'temperature'),

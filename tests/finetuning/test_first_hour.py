@@ -14,6 +14,7 @@ from bert_jax.config import FinetuneConfig
 from bert_jax.config.finetune import TASKS
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import finetune as finetuning, plan as planning
+from bert_jax.finetuning.job import FinetuningJob
 from bert_jax.runs import reporting
 
 from helpers import FIXTURES, REPO, assert_one_line_error, minilm_dir_or_skip, run_main, tree_digest
@@ -108,7 +109,7 @@ def test_without_the_default_model_its_pip_command_is_named(tmp_path):
   plan = planning.plan(FinetuneConfig(task='classify', train_file=str(train)))
   assert plan.build is None and PIP in plan.notes[0]
   with pytest.raises(ConfigError, match=PIP):
-    finetuning.FinetuningJob(FinetuneConfig(task='sst2'))
+    FinetuningJob(FinetuneConfig(task='sst2'))
 
 
 def test_a_missing_file_or_column_comes_before_the_checkpoint_is_read(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from bert_jax import config, sharding
 from bert_jax.finetuning import batching
-from bert_jax.finetuning.finetune import finetuning_model
+from bert_jax.finetuning.head_tasks import finetuning_model
 from bert_jax.pretraining.pretrain import pretraining_model
 from bert_jax.runs.checkpoints import Checkpointer
 

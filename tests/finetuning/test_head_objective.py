@@ -10,7 +10,7 @@ from bert_jax import sharding as shd
 from bert_jax.config import MeshConfig, OptimConfig, preset
 from bert_jax.finetuning import batching
 from bert_jax.finetuning.head_objective import task_loss
-from bert_jax.finetuning.finetune import finetuning_model
+from bert_jax.finetuning.head_tasks import finetuning_model
 from bert_jax.train import optim
 
 from helpers import features as _features, tolerance
