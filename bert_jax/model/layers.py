@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import hardware
 from bert_jax.config import ModelConfig
 from bert_jax.model.dropout import Dropout
 from bert_jax.sharding import constrain
@@ -91,7 +92,7 @@ def _add_bias_bwd(bias_ndim, g):
 _add_bias_f32_grad.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+def matmul(x: jax.Array, w: jax.Array, *, platform: str) -> jax.Array:
   """x @ w.astype(x.dtype) for a 2-D activation x [M, K] and float32 kernel w [K, N]; on CPU under bfloat16 its
   backward runs in the layouts XLA:CPU's fast (YNNPACK) kernels take.
 
@@ -103,7 +104,7 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
   (no bfloat16 rounding of it: jax 0.12, 2 cores; docs/results.md). Elsewhere (float32, or an accelerator, whose
   matmuls take transposed operands as they are) this is jax's own product. Reverse mode only, as `add_bias`.
   """
-  if x.dtype != jnp.bfloat16 or jax.default_backend() != 'cpu':
+  if x.dtype != jnp.bfloat16 or platform != 'cpu':
     return jnp.dot(x, w.astype(x.dtype))
   return _matmul_row_major_grads(x, w)
 
@@ -163,17 +164,19 @@ class Dense(nnx.Module):
   """y = x · W + b contracting the trailing `len(in_shape)` axes of x.
 
   The kernel has shape in_shape + out_shape, so attention projections keep an explicit
-  heads axis that tensor parallelism can split.
+  heads axis that tensor parallelism can split. `platform`: the one it is built for (`hardware.resolve`; None:
+  jax's default devices'), which picks its product's backward (`matmul`).
   """
 
   def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], axes: Sequence[str | None],
-               *, std: float, dtype, rngs: nnx.Rngs, use_bias: bool = True):
+               *, std: float, dtype, rngs: nnx.Rngs, use_bias: bool = True, platform: str | None = None):
     in_shape, out_shape = tuple(in_shape), tuple(out_shape)
     assert len(axes) == len(in_shape) + len(out_shape), (axes, in_shape, out_shape)
     self.kernel = param(_truncated_normal(std), rngs.params(), in_shape + out_shape, axes)
     self.bias = param(jax.nn.initializers.zeros, None, out_shape, axes[len(in_shape):]) if use_bias else None
     self.num_in = len(in_shape)
     self.dtype = dtype
+    self.platform = hardware.resolve(platform)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     # One 2-D matmul over flattened views (free reshapes of contiguous axes). Contracting
@@ -185,7 +188,8 @@ class Dense(nnx.Module):
     in_shape, out_shape = kernel.shape[:self.num_in], kernel.shape[self.num_in:]
     lead = x.shape[:x.ndim - self.num_in]
     k = math.prod(in_shape)
-    y = matmul(x.astype(self.dtype).reshape(-1, k), kernel.reshape(k, -1)).reshape(lead + out_shape)
+    y = matmul(x.astype(self.dtype).reshape(-1, k), kernel.reshape(k, -1), platform=self.platform)
+    y = y.reshape(lead + out_shape)
     if self.bias is not None:
       y = add_bias(y, self.bias[...])
     return y
@@ -238,10 +242,10 @@ class Embeddings(nnx.Module):
   wider than the encoder (`embedding_size`, ELECTRA), a dense projection to hidden_size (`project`).
 
   Without a position table (`position_embedding='rotary'`: positions act inside attention) or a
-  token type table (`type_vocab_size=0`), those terms are absent and their ids unused.
+  token type table (`type_vocab_size=0`), those terms are absent and their ids unused. `platform`: Dense's.
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, platform: str | None = None):
     std, e = cfg.initializer_range, cfg.embed_dim
     self.word_embeddings = Embed(cfg.vocab_size, e, ('vocab', 'embed'), std=std, rngs=rngs)
     self.position_embeddings = Embed(cfg.max_position_embeddings + cfg.position_offset, e, (None, 'embed'),
@@ -253,7 +257,7 @@ class Embeddings(nnx.Module):
     self.dropout = Dropout(cfg.hidden_dropout, impl=cfg.dropout_impl, rngs=rngs)
     # ELECTRA's embeddings_project (after the dropout, as there); none when the widths agree.
     self.project = Dense((e,), (cfg.hidden_size,), (None, 'embed'), std=std, dtype=compute_dtype(cfg), rngs=rngs,
-                         use_bias=cfg.use_bias) if e != cfg.hidden_size else None
+                         use_bias=cfg.use_bias, platform=platform) if e != cfg.hidden_size else None
 
   def __call__(self, input_ids_bt, token_type_ids_bt, position_ids_bt, *, deterministic: bool):
     x_bte = self.word_embeddings(input_ids_bt)

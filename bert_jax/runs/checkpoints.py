@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax import files
+from bert_jax import files, hardware
 from bert_jax.config.migration import METRIC_SCALE, upgrade_metrics
 from bert_jax.errors import CheckpointError, CheckpointGone, CheckpointWriteError, UnusableCheckpoint
 from bert_jax.files import WRITE_FAILURES, check_remote
@@ -90,7 +90,7 @@ def _whole_array_host_copies() -> None:
   Orbax's one switch is a field of its registered jax.Array handler: where a version names it otherwise, saves
   keep Orbax's default (slower, never wrong).
   """
-  if jax.default_backend() != 'cpu':
+  if hardware.resolve() != 'cpu':
     return
   handler = ocp.type_handlers.get_type_handler(jax.Array)
   if hasattr(handler, '_use_replica_parallel'):
