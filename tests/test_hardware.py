@@ -1,7 +1,10 @@
 """bert_jax/hardware.py: the platform resolved once (and passed to the model), the huge-pages restart of a script and
-its settings' checks (in every entry point, through experiments/cli.py)."""
+its settings' checks (in every entry point, through experiments/cli.py); the CPU tricks under XLA's default compiler
+configuration (the tests marked `xla_default`, run again in a process of their own)."""
 
+import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -13,7 +16,7 @@ from bert_jax import config, hardware
 from bert_jax.errors import ConfigError
 from bert_jax.model import heads
 
-from helpers import REPO, assert_one_line_error, run_main, tree_digest
+from helpers import REPO, assert_one_line_error, run_main, tree_digest, user_environment
 
 
 def test_auto_is_the_platform_of_the_mesh_or_of_jax_s_devices():
@@ -138,3 +141,25 @@ def test_a_bad_huge_pages_setting_fails_first_where_the_entry_point_keeps_its_al
   for script, flag in (('benchmark_retrieval.py', '--train_file'), ('embed.py', '--input')):  # huge_pages False, True
     shown = run_main(script, '--help')
     assert f'  {flag}: ' in shown.stdout and 'error' not in shown.stderr, shown
+
+
+@pytest.mark.slow
+def test_the_cpu_tricks_hold_under_xla_s_default_compiler_configuration():
+  """The suite compiles under its fast profile (tests/conftest.py); what bert_jax tunes for XLA:CPU's defaults (the
+  tests marked `xla_default`: the layouts of Dense's bfloat16 backward, its float32 bias sum) is checked again here,
+  in a test run of its own under the default profile: XLA's own flags, as users run."""
+  marked = sorted(p for p in glob.glob(os.path.join(REPO, 'tests', '**', 'test_*.py'), recursive=True)
+                  if re.search(r'^@pytest\.mark\.xla_default$', open(p, encoding='utf-8').read(), re.M))
+  assert marked, 'no test is marked xla_default'
+  env = {k: v for k, v in user_environment().items()
+         if k not in ('BERT_JAX_TEST_XLA_FLAGS', 'JAX_COMPILATION_CACHE_DIR', 'PYTEST_XDIST_WORKER')}
+  env['BERT_JAX_TEST_XLA_PROFILE'] = 'default'
+  r = subprocess.run([sys.executable, '-m', 'pytest', '-p', 'no:xdist', '-m', 'xla_default', *marked],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-3000:]
+  header = re.search(r'^XLA profile: (\w+) \(XLA_FLAGS=(.*)\)$', r.stdout, re.M)
+  assert header and header.group(1) == 'default', r.stdout[:3000]
+  assert not {'--xla_backend_optimization_level=0', '--xla_cpu_use_fusion_emitters=false'} & set(
+      header.group(2).split()), header.group(2)
+  passed = re.search(r'(\d+) passed', r.stdout)
+  assert passed and int(passed.group(1)) >= 3 and ' skipped' not in r.stdout, r.stdout[-3000:]
