@@ -9,8 +9,8 @@ cuDNN flash only on an NVIDIA GPU) and whether Dense's bfloat16 backward runs in
 bfloat16 kernels take (`model.layers.matmul`: only on 'cpu').
 
 Huge pages. XLA:CPU allocates each step's buffers afresh (gigabytes for a training step), and glibc's malloc maps
-them anew each time: in 4 KiB pages that is hundreds of thousands of page faults a step, 512x fewer in 2 MiB ones
-(the effect on a step: docs/results.md). glibc >= 2.35 backs its allocations with transparent huge pages when
+them anew each time: in 4 KiB pages that is a page fault for every 4 KiB first touched, 512 times as many as in
+2 MiB ones (the page faults and the effect on a step: docs/results.md). glibc >= 2.35 backs its allocations with transparent huge pages when
 started with GLIBC_TUNABLES=glibc.malloc.hugetlb=1, which only the loader reads, at the start of a process.
 `prepare_process()` checks the settings and, where that tunable is not set yet and it helps (Linux, glibc >= 2.35,
 the kernel's huge pages in 'madvise' mode, the common default), re-executes the script as the same process (same

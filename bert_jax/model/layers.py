@@ -69,8 +69,8 @@ def add_bias(y: jax.Array, bias: jax.Array) -> jax.Array:
   """y + bias (a float32 parameter) in y's dtype, the bias gradient summed from y's cotangent in float32.
 
   jax's own transpose sums a bfloat16 cotangent in bfloat16; XLA:CPU upcasts that reduction and rewrites it into
-  a tree of windowed sums (reduce-window, ~50 ms for a BERT feed-forward bias of 64 x 128 rows against ~1 ms for
-  the float32 sum of the same values, jax 0.12; docs/results.md). Float32 activations take `y + bias` as is.
+  a tree of windowed sums (reduce-window), many times slower than one float32 sum of the same values (the figures:
+  docs/results.md). Float32 activations take `y + bias` as is.
   The others are reverse mode only (a custom VJP): nothing here takes forward-mode derivatives of a bfloat16 model.
   """
   return y + bias if y.dtype == jnp.float32 else _add_bias_f32_grad(y, bias)
@@ -93,16 +93,17 @@ _add_bias_f32_grad.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
 def matmul(x: jax.Array, w: jax.Array, *, platform: str) -> jax.Array:
-  """x @ w.astype(x.dtype) for a 2-D activation x [M, K] and float32 kernel w [K, N]; on CPU under bfloat16 its
-  backward runs in the layouts XLA:CPU's fast (YNNPACK) kernels take.
+  """x @ w.astype(x.dtype) for a 2-D activation x [M, K] and float32 kernel w [K, N]; on `platform` 'cpu' (the one
+  the model is built for: `bert_jax.hardware.resolve`) under bfloat16 its backward runs in the layouts XLA:CPU's
+  fast (YNNPACK) kernels take.
 
   jax's own transpose asks for x^T · dy (contracting x's leading axis) and dy · w^T: XLA:CPU's bfloat16 dots
-  accept neither layout, so it runs the weight gradient as a float32 Eigen dot on upcast copies (~120-140 GFLOP/s
-  on MiniLM's shapes, its result rounded to bfloat16) and the input gradient in a slower form. Here the backward
-  multiplies row-major copies of x^T and w^T instead (`_row_major_transpose`: 6-25 MB per product, ~1-10 ms),
-  which the same kernels run at ~350-400 GFLOP/s, with the weight gradient accumulated and returned in float32
-  (no bfloat16 rounding of it: jax 0.12, 2 cores; docs/results.md). Elsewhere (float32, or an accelerator, whose
-  matmuls take transposed operands as they are) this is jax's own product. Reverse mode only, as `add_bias`.
+  accept neither layout, so it runs the weight gradient as a float32 Eigen dot on upcast copies (its result rounded
+  to bfloat16) and the input gradient in a slower form. Here the backward multiplies row-major copies of x^T and
+  w^T instead (`_row_major_transpose`: a copy of each operand, cheap beside the product), which the fast kernels
+  run at several times the rate, with the weight gradient accumulated and returned in float32 (no bfloat16
+  rounding of it; the figures: docs/results.md). Elsewhere (float32, or an accelerator, whose matmuls take
+  transposed operands as they are) this is jax's own product. Reverse mode only, as `add_bias`.
   """
   if x.dtype != jnp.bfloat16 or platform != 'cpu':
     return jnp.dot(x, w.astype(x.dtype))

@@ -85,8 +85,8 @@ def _whole_array_host_copies() -> None:
   Orbax's replica-parallel save splits a replicated array's device-to-host copy into one slice per replica, for
   accelerators that each have their own link to the host (Orbax turns it off for GPUs itself, by JAX_PLATFORMS).
   CPU devices are host memory already: the slices are only a jitted slicing op per replica and array, and a save
-  takes 2-3x as long (330 arrays of 384 x 384 replicated over 8 CPU devices: 1.5 s a save, 0.6 s whole; the test
-  suite's runs save a checkpoint every few steps). The values written are the same; every version reads both.
+  takes several times as long (the figures: docs/results.md; the test suite's runs save a checkpoint every few
+  steps). The values written are the same; every version reads both.
   Orbax's one switch is a field of its registered jax.Array handler: where a version names it otherwise, saves
   keep Orbax's default (slower, never wrong).
   """
