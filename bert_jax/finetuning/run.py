@@ -53,9 +53,9 @@ def finetuning_model(model_cfg: ModelConfig, kind: str, num_labels: int, tx: opt
   """The head model of `kind` under its fine-tuning objective, as a StepModel (one for every seed)."""
   platform = hardware.resolve(mesh=mesh)
   return StepModel(lambda rngs: head_model(kind, model_cfg, num_labels, rngs=rngs, platform=platform),
-                   Finetuning(kind), tx, mesh,
-                   schedule=schedule, state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1),
-                   rules=rules, grad_accum_steps=grad_accum_steps)
+                   Finetuning(kind), tx, mesh, schedule=schedule,
+                   state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1), rules=rules,
+                   grad_accum_steps=grad_accum_steps)
 
 
 @reused  # a run of the same model, head, optimizer, schedule and mesh in this process reuses its steps

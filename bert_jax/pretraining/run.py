@@ -101,8 +101,7 @@ def pretraining_model(model_cfg: ModelConfig, tx: optax.GradientTransformation, 
   head for 'nsp' and 'sop'), as a StepModel."""
   head, platform = objective != 'none', hardware.resolve(mesh=mesh)
   return StepModel(lambda rngs: BertForPreTraining(model_cfg, rngs=rngs, nsp_head=head, platform=platform),
-                   Pretraining(objective),
-                   tx, mesh, grad_accum_steps=grad_accum_steps, schedule=schedule, rules=rules)
+                   Pretraining(objective), tx, mesh, grad_accum_steps=grad_accum_steps, schedule=schedule, rules=rules)
 
 
 def build_model(cfg: PretrainConfig, mesh, total_steps: int) -> StepModel:
