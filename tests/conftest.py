@@ -1,4 +1,17 @@
-"""Test setup: 8 fake CPU devices (set before jax is imported) and shared fixtures (the functions: helpers.py)."""
+"""Test setup: 8 fake CPU devices and the XLA compile profile (set before jax is imported) and shared fixtures (the
+functions: helpers.py).
+
+XLA compile profiles. BERT_JAX_TEST_XLA_PROFILE names the compiler configuration of the test run, its workers and
+every process a test starts (they inherit it):
+  fast      the default: XLA:CPU compiles faster and the code runs a little slower (`_XLA_PROFILES` says how and
+            why). Results can differ from the default configuration's in the last bits, so a test compares runs
+            under the same profile.
+  default   XLA's own defaults, as users run: to time code in a test, and for the tests marked `xla_default` (what
+            bert_jax tunes for XLA:CPU's default configuration, e.g. the layouts of Dense's bfloat16 backward), which
+            tests/test_hardware.py also runs in a process of their own under this profile (a slow test).
+The developer's own XLA_FLAGS (e.g. --xla_cpu_max_isa=AVX2) are kept under either. BERT_JAX_TEST_XLA_FLAGS holds the
+profile's flags (helpers.user_environment removes them for the processes that run as a user's).
+"""
 
 import contextlib
 import dataclasses
@@ -12,23 +25,26 @@ import sys
 import tempfile
 from typing import Any
 
-# The tests' programs are tiny and compiled once or a few times each, so compiling is most of the suite's time (in
-# the slow tests of tests/pretraining, tests/finetuning and tests/test_faults.py, XLA's backend compile is 46 % of the
-# test processes' time). LLVM's optimisation passes are skipped (the CPU code runs a little slower, compiles about a
-# third faster; the slow tier of tests/train + tests/model took 250 s with them, 181 s without), and where the
-# installed XLA has the switch (jax 0.10; later ones removed it), its older loop emitters replace the MLIR fusion
-# emitters, which are most of a compile at this level (a profile of the tiny pretraining step's 4.4 s compile: 2.6 s
-# in the fusion emitters, 192 fusions): the tiny step compiles in 3.9 s instead of 5.2-6.2 s and runs as fast. Their
-# elementwise code is slower (a 256 x 256 tanh: 2.5x), which only the tests that burn time on purpose saw; those
-# burn with matrix products now. No fast-math at any level, but results can differ from the default flags' in the
-# last bits (a gradient of the tiny model: other bits), so a test compares runs under these same flags (every
-# process a test starts gets them). BERT_JAX_TEST_XLA_OPT=1 keeps XLA's defaults (e.g. to time code in a test).
-# helpers.launch_process gives the processes it starts with their own device count the same (this variable). (Two
-# suite runs lost a worker in the README-commands test, one with the loop emitters, one without: its real-size models
-# on 8 fake devices held 8 copies of their state beside the other worker, as to the OOM killer. Those commands run in
-# a process of their own on one device since, and a worker past 3 GiB releases its compiled programs after a module:
-# _release_memory_past_3_gib.)
+# The fast profile. The tests' programs are tiny and compiled once or a few times each, so compiling is most of the
+# suite's time (in the slow tests of tests/pretraining, tests/finetuning and tests/test_faults.py, XLA's backend
+# compile is 46 % of the test processes' time). LLVM's optimisation passes are skipped (the CPU code runs a little
+# slower, compiles about a third faster; the slow tier of tests/train + tests/model took 250 s with them, 181 s
+# without), and where the installed XLA has the switch (jax 0.10; later ones removed it), its older loop emitters
+# replace the MLIR fusion emitters, which are most of a compile at this level (a profile of the tiny pretraining
+# step's 4.4 s compile: 2.6 s in the fusion emitters, 192 fusions): the tiny step compiles in 3.9 s instead of
+# 5.2-6.2 s and runs as fast. Their elementwise code is slower (a 256 x 256 tanh: 2.5x), which only the tests that
+# burn time on purpose saw; those burn with matrix products now. No fast-math at any level, but results can differ
+# from the default flags' in the last bits (a gradient of the tiny model: other bits), so a test compares runs under
+# these same flags (every process a test starts gets them).
+# helpers.launch_process gives the processes it starts with their own device count the same (BERT_JAX_TEST_XLA_FLAGS).
+# (Two suite runs lost a worker in the README-commands test, one with the loop emitters, one without: its real-size
+# models on 8 fake devices held 8 copies of their state beside the other worker, as to the OOM killer. Those commands
+# run in a process of their own on one device since, and a worker past 3 GiB releases its compiled programs after a
+# module: _release_memory_past_3_gib.)
 _LOOP_EMITTERS = '--xla_cpu_use_fusion_emitters=false'
+_XLA_PROFILES = {'fast': ['--xla_backend_optimization_level=0', '--xla_llvm_disable_expensive_passes=true'],
+                 'default': []}
+_DEVICES = '--xla_force_host_platform_device_count=8'
 
 
 def _xla_accepts(flag: str) -> bool:
@@ -39,13 +55,20 @@ def _xla_accepts(flag: str) -> bool:
   return subprocess.run([sys.executable, '-c', probe], env=env, capture_output=True, check=False).returncode == 0
 
 
-if 'BERT_JAX_TEST_XLA_FLAGS' not in os.environ:
-  os.environ['BERT_JAX_TEST_XLA_FLAGS'] = '' if os.environ.get('BERT_JAX_TEST_XLA_OPT') == '1' else ' '.join(
-      ['--xla_backend_optimization_level=0', '--xla_llvm_disable_expensive_passes=true']
-      + [_LOOP_EMITTERS] * _xla_accepts(_LOOP_EMITTERS))
+XLA_PROFILE = os.environ.setdefault('BERT_JAX_TEST_XLA_PROFILE', 'fast')
+if XLA_PROFILE not in _XLA_PROFILES:
+  sys.exit(f'error: BERT_JAX_TEST_XLA_PROFILE={XLA_PROFILE} is neither fast (the default: XLA compiles faster) nor '
+           'default (XLA\'s own configuration)')
+if XLA_PROFILE == 'default':
+  os.environ['BERT_JAX_TEST_XLA_FLAGS'] = ''
+elif not os.environ.get('BERT_JAX_TEST_XLA_FLAGS'):  # else inherited from the process that starts the test run
+  os.environ['BERT_JAX_TEST_XLA_FLAGS'] = ' '.join(
+      _XLA_PROFILES['fast'] + [_LOOP_EMITTERS] * _xla_accepts(_LOOP_EMITTERS))
+# Any profile's flags and the device count inherited from a test run that started this one are dropped first.
+_ADDED = {_DEVICES, _LOOP_EMITTERS, *(f for flags in _XLA_PROFILES.values() for f in flags)}
 os.environ['XLA_FLAGS'] = ' '.join(
-    f for f in (os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8',
-                os.environ['BERT_JAX_TEST_XLA_FLAGS']) if f)
+    [f for f in os.environ.get('XLA_FLAGS', '').split() if f not in _ADDED]
+    + [_DEVICES] + os.environ['BERT_JAX_TEST_XLA_FLAGS'].split())
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # Entry points run in subprocesses import bert_jax from this checkout, whatever `pip install -e` points at.
 os.environ['PYTHONPATH'] = os.pathsep.join(
@@ -502,6 +525,11 @@ def pytest_unconfigure(config):
   if _OWN_XLA_CACHE:
     shutil.rmtree(_OWN_XLA_CACHE, ignore_errors=True)
   shutil.rmtree(_OWN_USER_CACHE, ignore_errors=True)
+
+
+def pytest_report_header(config):
+  del config
+  return f'XLA profile: {XLA_PROFILE} (XLA_FLAGS={os.environ["XLA_FLAGS"]})'
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,6 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # floors, never a higher one nor another unit of its own floor.
 FLOORS = (
     ('errors',),
+    ('hardware',),  # the platform decided once; the process's allocator (huge pages)
     ('object_stores',),  # the object-store side of the I/O layer
     ('files',),  # the I/O layer: local, gs://, s3://; atomic writes; the lock
     ('metrics',),  # numpy metrics (GLUE, CoNLL, correlations)

@@ -132,7 +132,8 @@ def _accuracies(records) -> list[str]:
 def _draw(ax, runs, keys: Sequence[str], title: str, *, held_out_lines: bool = False) -> None:
   """One panel: each key of each run, train as a line, held-out as markers (joined by a thin line
   when `held_out_lines`). A colour per (run, key)."""
-  # At a fixed place (y=1.0): no ticks on top to clear, and matplotlib's search for them was 17 % of a drawing.
+  # At a fixed place (y=1.0): no ticks on top to clear, and matplotlib's search for them is a large part of a
+  # drawing (docs/results.md).
   ax.set_title(title, fontsize=10, y=1.0)
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: no 4.5
   drawn = False

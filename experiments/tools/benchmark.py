@@ -197,7 +197,7 @@ def time_attention_layer(cfg: ModelConfig, *, batch_size: int, seq_len: int, loc
     t0 = time.perf_counter()
     jax.block_until_ready(step(params, x_btd))
     times.append(time.perf_counter() - t0)
-  kernel = attention.choose_attention(cfg, attention.current_platform(), training=False,
+  kernel = attention.choose_attention(cfg, layer.attention.platform, training=False,
                                       seq_len=cfg.attention_window // 2 if local else seq_len)
   kernel = {'cudnn': 'cudnn', 'xla': 'einsum' if local else 'xla', 'einsum': 'einsum'}[kernel]
   return {'layer': f'local (window {cfg.attention_window})' if local else 'global', 'kernel': kernel,
