@@ -131,13 +131,13 @@ def fake_bucket(monkeypatch):
 
 
 def _read_json(path):
-  with files.open_file(path, encoding='utf-8') as f:
+  with files.open(path, encoding='utf-8') as f:
     return json.load(f)
 
 
 def _records(path) -> int:
   """The number of TFRecord records (TensorBoard events) in a file: length (8 bytes), its CRC (4), data, CRC (4)."""
-  with files.open_file(path, 'rb') as f:
+  with files.open(path, 'rb') as f:
     data = f.read()
   count = position = 0
   while position < len(data):
@@ -165,7 +165,7 @@ def test_pretraining_stops_resumes_and_evaluates_in_a_bucket(fake_bucket, small_
     assert in_bucket[key] == on_disk[key], key  # a stop and a resume through the bucket change nothing
   assert sorted(files.listdir(run)) == sorted(n for n in os.listdir(local) if n != '.lock')
   assert len(_read_json(f'{run}/config.json')) and files.isfile(f'{run}/tokenizer.model')
-  train_log = [json.loads(l)['step'] for l in files.open_file(f'{run}/metrics_train.jsonl', encoding='utf-8')]
+  train_log = [json.loads(l)['step'] for l in files.open(f'{run}/metrics_train.jsonl', encoding='utf-8')]
   assert train_log[-1] == 6 and 2 in train_log  # the lines of both invocations, appended
   events = [_records(f'{run}/tb/train/{name}') for name in files.listdir(f'{run}/tb/train')]
   assert len(events) == 2 and sum(events) == len(train_log) + 2  # a file per invocation: its version, then a

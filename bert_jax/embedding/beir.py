@@ -58,7 +58,7 @@ def _read_lines(path: str, what: str) -> list[tuple[int, str]]:
   if not files.isfile(path):
     raise DataError(f'{what} {path} does not exist')
   try:
-    with files.open_file(path, 'r', encoding='utf-8', errors='strict') as f:  # a remote file decodes as it opens
+    with files.open(path, 'r', encoding='utf-8', errors='strict') as f:  # a remote file decodes as it opens
       text = f.read()
   except UnicodeDecodeError:
     raise files.not_utf8(path, what) from None
