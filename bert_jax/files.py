@@ -90,6 +90,22 @@ def isfile(path: str) -> bool:
   return _gpath(path).is_file() if is_remote(path) else os.path.isfile(path)
 
 
+def getsize(path: str) -> int:
+  """The size of file `path` in bytes (its stored, compressed size); OSError when it is none."""
+  if not is_remote(path):
+    return os.path.getsize(path)
+  size = _gpath(path).stat().length
+  if size is None:
+    raise FileNotFoundError(path)
+  return size
+
+
+def getmtime(path: str) -> float:
+  """When file `path` was last written, in seconds since the epoch (a remote object: when it was written, to the
+  second); OSError when it is none."""
+  return _gpath(path).stat().mtime if is_remote(path) else os.path.getmtime(path)
+
+
 def listdir(path: str) -> list[str]:
   """The names in directory `path` (FileNotFoundError when it is none)."""
   if not is_remote(path):
@@ -243,7 +259,8 @@ class _Compressed(io.RawIOBase):
     super().close()
 
 
-def open(path: str, mode: str = 'r', *, compression: str | None = None, **kwargs: Any):  # pylint: disable=redefined-builtin
+def open(path: str, mode: str = 'r', *, compression: str | None = None,  # pylint: disable=redefined-builtin
+         **kwargs: Any):
   """`open(path, mode, ...)` of a local or remote (gs://, s3://) file, compressed or not.
 
   Args:

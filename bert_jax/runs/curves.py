@@ -37,11 +37,11 @@ def save_png(fig: Figure, path: str) -> str:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + '.tmp'
   try:
-    with open(tmp, 'wb') as f:
+    with files.open(tmp, 'wb') as f:
       FigureCanvasAgg(fig).print_png(f)
     os.replace(tmp, path)
   finally:
-    if os.path.exists(tmp):
+    if files.exists(tmp):
       os.remove(tmp)
   return path
 

@@ -76,7 +76,7 @@ class MetricWriter:
       return
     self._uploaded = time.monotonic()
     files.makedirs(self._tb_dir)
-    for name in os.listdir(self._staging):
+    for name in files.listdir(self._staging):
       files.copy_file(os.path.join(self._staging, name), os.path.join(self._tb_dir, name))
 
   def close(self) -> None:

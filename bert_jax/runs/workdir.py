@@ -201,7 +201,7 @@ class Workdir:
   def finished(self) -> float | None:
     """When final_metrics.json (a run's last write) was written, in seconds since the epoch; None before."""
     path = self.file(FINAL_METRICS_FILE)
-    return os.path.getmtime(path) if os.path.isfile(path) else None
+    return files.getmtime(path) if files.isfile(path) else None
 
   def results(self) -> dict[str, Any] | None:
     """final_metrics.json (in today's metric scale), None when absent (the run has not finished); CheckpointError
