@@ -43,8 +43,8 @@ def test_reads_the_judged_queries_in_file_order(tmp_path):
 
 @pytest.mark.parametrize('files, message', [
     (dict(qrels=None), r'qrels file .*qrels/test.tsv does not exist'),
-    (dict(corpus='{"_id": "d1", "text": "x"}\nnot json\n'), r'corpus.jsonl line 2 is not valid JSON'),
-    (dict(corpus='["d1", "x"]\n'), r'corpus.jsonl line 1 is not a JSON object'),
+    (dict(corpus='{"_id": "d1", "text": "x"}\nnot json\n'), r'corpus.jsonl:2: not JSON'),  # data.tables' words
+    (dict(corpus='["d1", "x"]\n'), r'corpus.jsonl:1: a JSONL line must be an object'),
     (dict(corpus='{"text": "x"}\n'), r'corpus.jsonl line 1 has no "_id"'),
     (dict(corpus='{"_id": "d1"}\n'), r'corpus.jsonl line 1 has no "text"'),
     (dict(corpus='{"_id": "d1", "text": 5}\n'), r'"text" must be a string, got int'),
