@@ -7,6 +7,7 @@ import bz2
 import gzip
 import json
 import lzma
+import os
 
 import pytest
 
@@ -142,3 +143,22 @@ def test_bytes_that_are_not_utf8_name_the_line_and_column(tmp_path, fmt):
   message = _error(str(path))
   assert message.startswith(f'{path}:{line}:{len(before) + 4}: not UTF-8 text (byte 0xe9: '), message
   assert 'position' not in message
+
+
+def test_a_remote_file_reads_as_a_local_one(fake_bucket, tmp_path):
+  """A gs:// file (a GCS emulator: conftest's fake_bucket), compressed or not, gives the local file's records; its
+  errors name the remote path and line."""
+  from bert_jax import files  # pylint: disable=g-import-not-at-top
+  for name in ('train.csv', 'train.csv.gz', 'train.jsonl.bz2'):
+    local = _write(tmp_path, name, _texts(name.split('.')[1]))
+    remote = f'{fake_bucket}/own/{name}'
+    with open(local, 'rb') as f, files.open(remote, 'wb', compression='') as out:  # the bytes as they are
+      out.write(f.read())
+    assert tables.records(remote) == tables.records(local), name
+    assert tables.column_names(remote) == tables.column_names(local), name
+    assert files.getsize(remote) == os.path.getsize(local) and files.getmtime(remote) > 0
+  with files.open(f'{fake_bucket}/own/bad.tsv.gz', 'w', encoding='utf-8') as f:
+    f.write('text\tlabel\ngood\tpos\nbad\n')
+  assert _error(f'{fake_bucket}/own/bad.tsv.gz') == (f'{fake_bucket}/own/bad.tsv.gz:3: 1 field(s) but the header has '
+                                                     '2 (text, label)')
+  assert _error(f'{fake_bucket}/own/none.csv') == f'{fake_bucket}/own/none.csv does not exist'

@@ -1,12 +1,16 @@
 """BEIR's layout read back, and one clear error per bad input."""
 
+import bz2
+import gzip
 import json
+import lzma
 import os
 import shutil
 
 import numpy as np
 import pytest
 
+from bert_jax import files
 from bert_jax.embedding import beir, metrics, search
 from bert_jax.errors import DataError
 
@@ -93,6 +97,25 @@ def test_judgements_of_ids_the_set_lacks_are_counted_and_scored_as_beirs_evaluat
   assert metrics.ranking_metrics(padded, data.qrels, recall_at=(4,), cutoff=4)['recall@4'] == 0.5
   plain = beir.read_beir(_write(tmp_path / 'plain'))
   assert plain.absent == {'queries': 0, 'documents': 0} and 'warning' not in capsys.readouterr().out
+
+
+def test_a_compressed_or_remote_set_reads_as_the_plain_one(tmp_path, fake_bucket):
+  plain = beir.read_beir(_write(tmp_path / 'plain'))
+  packed = tmp_path / 'packed'
+  _write(packed)
+  for name, compress in (('corpus.jsonl', gzip.compress), ('queries.jsonl', bz2.compress),
+                         (os.path.join('qrels', 'test.tsv'), lzma.compress)):
+    data = (packed / name).read_bytes()
+    (packed / name).unlink()  # only the compressed copy is there: read_beir finds it
+    suffix = {gzip.compress: '.gz', bz2.compress: '.bz2', lzma.compress: '.xz'}[compress]
+    (packed / f'{name}{suffix}').write_bytes(compress(data))
+  assert beir.read_beir(str(packed)) == plain
+  for root, _, names in os.walk(packed):  # the same set in a bucket (a GCS emulator)
+    for name in names:
+      with open(os.path.join(root, name), 'rb') as f, files.open(
+          f'{fake_bucket}/beir/{os.path.relpath(os.path.join(root, name), packed)}', 'wb', compression='') as out:
+        out.write(f.read())
+  assert beir.read_beir(f'{fake_bucket}/beir') == plain
 
 
 def test_missing_directory_and_files(tmp_path):

@@ -4,11 +4,13 @@ The formats themselves (CSV, TSV, JSONL, compressed): tests/data/test_tables.py.
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
 import pytest
 
+from bert_jax import files
 from bert_jax.config import FinetuneConfig
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import ConfigError, DataError
@@ -224,3 +226,31 @@ def test_own_csv_fine_tunes_predicts_and_exports_label_names(tiny_checkpoint, tm
     assert scores[0]['label'] == o['label'] in names
     close = tolerance(np.float32, 64, depth=2)  # torch against XLA: the tiny checkpoint's widest sums, 2 layers
     assert all(abs(s['score'] - o['probabilities'][s['label']]) <= close for s in scores), (scores, o)
+
+
+@pytest.mark.slow
+def test_a_gzipped_and_a_remote_training_file_train_as_the_plain_one(tiny_checkpoint, tmp_path, fake_bucket):
+  """The rows of a CSV as train.csv.gz (local) and as gs://bucket/own/train.csv (a GCS emulator: conftest's
+  fake_bucket) train alike: the same split and the same held-out metrics."""
+  from helpers import run_main  # pylint: disable=g-import-not-at-top
+  rows = [(text, label) for label, texts in _REVIEWS.items() for text in texts] * 2
+  plain = _csv(tmp_path, 'train.csv', rows=rows)
+  packed = tmp_path / 'train.csv.gz'
+  with open(plain, 'rb') as f:
+    packed.write_bytes(gzip.compress(f.read()))
+  remote = f'{fake_bucket}/own/train.csv'
+  files.copy_file(plain, remote)
+  results = []
+  for i, train in enumerate((str(packed), remote)):
+    trained = run_main(
+        'finetune.py', '--config=experiments/configs/finetune.py:classify', f'--workdir={tmp_path}/work{i}',
+        f'--config.init_checkpoint={tiny_checkpoint}', f'--config.train_file={train}', '--config.num_train_steps=2',
+        '--config.batch_size=8', '--config.max_seq_length=32', '--config.eval_fraction=0.2')
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert f'6 of the 30 rows of {train} held out' in trained.stdout + trained.stderr
+    results.append(json.loads(trained.stdout.strip().splitlines()[-1]))
+    with open(tmp_path / f'work{i}' / 'config.json', encoding='utf-8') as f:
+      assert json.load(f)['task']['label_names'] == ['negative', 'neutral', 'positive']
+  assert results[0]['main_metric'] == 'dev_accuracy'
+  assert [r['dev_accuracy'] for r in results] == [results[0]['dev_accuracy']] * 2
+  assert [r['dev_macro_f1'] for r in results] == [results[0]['dev_macro_f1']] * 2
