@@ -162,3 +162,14 @@ def test_a_remote_file_reads_as_a_local_one(fake_bucket, tmp_path):
   assert _error(f'{fake_bucket}/own/bad.tsv.gz') == (f'{fake_bucket}/own/bad.tsv.gz:3: 1 field(s) but the header has '
                                                      '2 (text, label)')
   assert _error(f'{fake_bucket}/own/none.csv') == f'{fake_bucket}/own/none.csv does not exist'
+
+
+def test_the_reader_stands_on_the_floor():
+  """data/ is below runs/, finetuning/ and embedding/: the table reader imports bert_jax's I/O layer and errors only."""
+  import ast  # pylint: disable=g-import-not-at-top
+  with open(tables.__file__, encoding='utf-8') as f:
+    tree = ast.parse(f.read())
+  imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
+      alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+  assert {name for name in imported if name.startswith('bert_jax')} == {'bert_jax', 'bert_jax.errors',
+                                                                        'bert_jax.files'}
