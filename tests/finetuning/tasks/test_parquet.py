@@ -51,6 +51,19 @@ def test_parquet_gives_the_rows_of_the_same_jsonl(tmp_path, name, kind, columns)
   assert read[0] == read[1] and len(read[1]) == 2 and [r.line for r in read[1]] == [1, 2]
 
 
+def test_a_compressed_or_remote_parquet_file_reads_as_the_local_one(tmp_path, fake_bucket):
+  from bert_jax import files  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import tables  # pylint: disable=g-import-not-at-top
+  _, parquet = _write(tmp_path, 'classification', RECORDS['classification'])
+  with open(parquet, 'rb') as f:
+    data = f.read()
+  for copy in (f'{parquet}.gz', f'{fake_bucket}/own/train.parquet', f'{fake_bucket}/own/train.parquet.xz'):
+    with files.open(copy, 'wb') as out:  # compressed as its name says
+      out.write(data)
+    assert tables.records(copy) == tables.records(parquet), copy
+    assert tables.column_names(copy) == ['text', 'label'], copy
+
+
 def test_parquet_tags_and_questions_as_their_jsonl(tmp_path):
   tags = [tagging.read_sentences(p, 'text', 'label') for p in _write(tmp_path, 'tags', RECORDS['tags'])]
   assert tags[0] == tags[1] and tags[1][0].label == ['B-PER', 'I-PER', 'O']
