@@ -112,9 +112,12 @@ flags.FLAGS.mark_as_parsed()
 
 from helpers import (  # pylint: disable=g-import-not-at-top,wrong-import-position
   SMALL_VOCAB,
+  emulator_read_with_generation,
   finetune_config,
+  free_port,
   minilm_dir_or_skip,
   pretrain_flags,
+  probe_afresh,
   readme_commands,
   readme_script,
   retrieval_config,
@@ -139,6 +142,33 @@ def prepared(tmp_path_factory):
 @pytest.fixture
 def small_corpus(tmp_path):
   return write_small_corpus(tmp_path)
+
+
+@pytest.fixture
+def fake_bucket(monkeypatch):
+  """gs://bucket on a GCS emulator in this process (in memory), for gcsfs and tensorstore alike (tests of remote
+  paths: tests/test_remote_paths.py)."""
+  gcsfs = pytest.importorskip('gcsfs', reason='the [gcs] extra (gcsfs) is not installed: tests/requirements.txt')
+  emulator = pytest.importorskip('gcp_storage_emulator.server',
+                                 reason='gcp-storage-emulator is not installed: tests/requirements.txt')
+  for _, methods in emulator.HANDLERS:  # restored by monkeypatch after the test
+    for method, handler in methods.items():
+      if handler.__name__ in ('get', 'download'):
+        monkeypatch.setitem(methods, method, emulator_read_with_generation(handler))
+  port = free_port()
+  server = emulator.create_server('localhost', port, in_memory=True, default_bucket='bucket')
+  server.start()
+  url = f'http://localhost:{port}'
+  probe_afresh(monkeypatch)
+  monkeypatch.setenv('STORAGE_EMULATOR_HOST', url)  # gcsfs
+  monkeypatch.setenv('TENSORSTORE_GCS_HTTP_URL', url)  # tensorstore's GCS driver
+  monkeypatch.setenv('GOOGLE_AUTH_TOKEN_FOR_TESTING', 'fake')  # tensorstore: no credential lookup
+  gcsfs.GCSFileSystem.clear_instance_cache()
+  try:
+    yield 'gs://bucket'
+  finally:
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    server.stop()
 
 
 # --- Shared read-only runs ---------------------------------------------------------------------------------------

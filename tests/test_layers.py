@@ -39,10 +39,7 @@ FLOORS = (
 RANK = {unit: i for i, floor in enumerate(FLOORS) for unit in floor}
 
 # (importing module, imported module) -> why it may cross.
-ALLOWED: dict[tuple[str, str], str] = {
-    ('bert_jax.embedding.pairs', 'bert_jax.finetuning.tasks'): 'the table reader, until it moves to data/',
-    ('bert_jax.embedding.sts', 'bert_jax.finetuning.tasks'): 'the table reader, until it moves to data/',
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _module_name(path: str) -> str:

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from safetensors import numpy as st_numpy
 
+from bert_jax import files
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError, DataError
@@ -295,7 +296,7 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
   config = _hf_config(cfg, heads, tokenizer, task)
   if tokenizer_files is not None:
     tokenizer_files.write(directory, cfg.max_position_embeddings)
-  with open(os.path.join(directory, CONFIG_FILE), 'w', encoding='utf-8') as f:
+  with files.open(os.path.join(directory, CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)
 
 
@@ -310,9 +311,9 @@ def load_hf_tokenizer(directory: str):
   Returns:
     A SentencePieceTokenizer or FastTokenizer; DataError when there is no vocabulary or a special token lacks.
   """
-  if os.path.isfile(os.path.join(directory, SPIECE_FILE)):
+  if files.isfile(os.path.join(directory, SPIECE_FILE)):
     return tokenization.SentencePieceTokenizer(os.path.join(directory, SPIECE_FILE))
-  if any(os.path.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
+  if any(files.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
     return tokenization.WordPieceTokenizer.from_directory(directory)
   raise DataError(f'{directory} has no vocabulary (tokenizer.json, vocab.txt or {SPIECE_FILE}); '
                   'copy the tokenizer files of the checkpoint into it')
@@ -320,7 +321,7 @@ def load_hf_tokenizer(directory: str):
 
 def read_hf_config(directory: str) -> ModelConfig:
   """The ModelConfig of a Hugging Face BERT directory (its config.json; the weights are not read)."""
-  if not os.path.isdir(directory):
+  if not files.isdir(directory):
     raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
                           f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')
   path = os.path.join(directory, CONFIG_FILE)

@@ -502,7 +502,7 @@ def _disk_bytes(directory: str) -> int:
   for root, _, names in os.walk(directory):
     for name in names:
       with contextlib.suppress(OSError):
-        total += os.path.getsize(os.path.join(root, name))
+        total += files.getsize(os.path.join(root, name))
   return total
 
 

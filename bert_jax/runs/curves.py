@@ -31,17 +31,17 @@ def save_png(fig: Figure, path: str) -> str:
   if files.is_remote(path):
     buffer = io.BytesIO()
     FigureCanvasAgg(fig).print_png(buffer)
-    with files.open_file(path, 'wb') as f:
+    with files.open(path, 'wb') as f:
       f.write(buffer.getvalue())
     return path
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + '.tmp'
   try:
-    with open(tmp, 'wb') as f:
+    with files.open(tmp, 'wb') as f:
       FigureCanvasAgg(fig).print_png(f)
     os.replace(tmp, path)
   finally:
-    if os.path.exists(tmp):
+    if files.exists(tmp):
       os.remove(tmp)
   return path
 
@@ -64,7 +64,7 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
   a run killed mid-write, or a line of something else.
   """
   try:
-    with files.open_file(path, encoding='utf-8', errors='replace') as f:
+    with files.open(path, encoding='utf-8', errors='replace') as f:
       lines = f.readlines()
   except OSError:
     return []
