@@ -98,7 +98,7 @@ _OWN_USER_CACHE = os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp(prefix='bert_j
 
 # A test process holds hundreds of thousands of objects (jax's traces and executables, each test's modules), and
 # Python's default thresholds run a collection every 700 allocations: 5 % of a worker's time went to the cyclic
-# garbage collector (14 s of one worker's 240 s over tests/test_faults.py and tests/finetuning/test_finetune.py; 3 s with
+# garbage collector (14 s of one worker's 240 s over tests/test_faults.py and tests/finetuning/test_finetune_run.py; 3 s with
 # these; the older generations are collected every 20 younger ones instead of 10). The entry points and the library
 # keep Python's defaults.
 gc.set_threshold(50_000, 20, 20)
@@ -271,7 +271,7 @@ def pretrained_run(tmp_path_factory):
   """A finished tiny pretraining run (helpers.tiny_pretrain_config: 4 steps, checkpoints at 2 and 4, the final
   evaluation only), as the main job leaves one (SentencePiece tokenizer). Shared read-only (above): its workdir,
   corpus and cache."""
-  from bert_jax.pretraining import pretrain as pretraining  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining import pretrain_run as pretraining  # pylint: disable=g-import-not-at-top
 
   def build(root):
     corpus = write_small_corpus(root)
@@ -290,7 +290,7 @@ def pretrained_run(tmp_path_factory):
 @pytest.fixture(scope='session')
 def straight_pretraining(tmp_path_factory):
   """The workdir of an uninterrupted experiments/pretrain.py run (in a test worker) with helpers.pretrain_flags for
-  40 steps: what the tests that kill or preempt the same run (tests/pretraining/test_pretrain.py, tests/test_faults.py)
+  40 steps: what the tests that kill or preempt the same run (tests/pretraining/test_pretrain_run.py, tests/test_faults.py)
   resume to and compare with bitwise. Shared read-only (above); its corpus is helpers.write_small_corpus (the same
   text in every directory)."""
   def build(root):
@@ -308,7 +308,7 @@ def straight_pretraining(tmp_path_factory):
 def finetuned_workdir(tiny_checkpoint, tmp_path_factory):
   """A finished fine-tuning workdir: SST-2 from `tiny_checkpoint` (hidden 32, WordPiece), 2 steps of 16 at seq 32
   on 32 sentences, seed 0. Shared read-only (above); skips where the shared SST-2 data is absent."""
-  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
                         max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32)
   workdir = str(_built_once(tmp_path_factory, 'finetuned_workdir',
@@ -323,7 +323,7 @@ def retrieval_workdir(tiny_checkpoint, tmp_path_factory):
   """A finished retrieval run (finetune.py:retrieval): 2 steps of 8 pairs from `tiny_checkpoint`, mean pooling,
   Matryoshka sizes 32,16, learned temperature, evaluated on a BEIR set of 4 queries against 8 passages
   (helpers.write_retrieval_data, in its `data` directory beside it). Shared read-only (above)."""
-  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
 
   def build(root):
     (root / 'data').mkdir()

@@ -510,7 +510,7 @@ def restore_pretraining_state(workdir: str, cfg, step=None):
   import jax  # pylint: disable=g-import-not-at-top
 
   from bert_jax import sharding
-  from bert_jax.pretraining.pretrain import pretraining_model  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining.pretrain_run import pretraining_model  # pylint: disable=g-import-not-at-top
   from bert_jax.runs.checkpoints import Checkpointer  # pylint: disable=g-import-not-at-top
   from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
   model = pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps),

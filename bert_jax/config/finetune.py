@@ -7,7 +7,7 @@ import math
 from typing import Collection
 
 from bert_jax.config.fields import _f
-from bert_jax.config.model import ModelConfig
+from bert_jax.config.model_config import ModelConfig
 from bert_jax.config.training import OptimConfig, TrainingConfig
 from bert_jax.errors import ConfigError
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning import finetune as finetuning, predict
+from bert_jax.finetuning import finetune_run as finetuning, predict
 from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop.pretrained import load_finetuned
 from bert_jax.runs import reporting
