@@ -42,14 +42,11 @@ class FinetuningJob:
 
   def __init__(self, cfg: FinetuneConfig, explicit_model_fields: Collection[str] = (), *, evaluation: bool = False):
     self.task = kinds.kind_of(cfg.task)(cfg, evaluation)
+    self.preparing = self.task.preparing  # what the scaffold says while `prepare` runs
     if not evaluation and not cfg.init_checkpoint:
       raise ConfigError(NO_INIT_CHECKPOINT)
     self.cfg, self._evaluation, self._explicit_model_fields = cfg, evaluation, explicit_model_fields
     self._inputs_of: dict[str, _Inputs] = {}
-
-  @property
-  def preparing(self) -> str:
-    return self.task.preparing
 
   def validate(self, mesh, workdir: Workdir) -> None:
     self._inputs(mesh, workdir)
