@@ -788,9 +788,9 @@ def assert_task_exports_match_transformers(directory: str, out_root, texts, toke
   from flax import nnx  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import families  # pylint: disable=g-import-not-at-top
   from bert_jax.model import heads  # pylint: disable=g-import-not-at-top
-  cfg, imported, _, _ = hf.load_hf_checkpoint(directory)
+  cfg, imported, _, _ = families.load_hf_checkpoint(directory)
   batch = transformers.AutoTokenizer.from_pretrained(directory)(list(texts), padding=True, return_tensors='np')
   ids, mask = batch['input_ids'].astype(np.int32), batch['attention_mask'].astype(np.int32)
   types = batch['token_type_ids'].astype(np.int32) if token_types else None
@@ -803,7 +803,7 @@ def assert_task_exports_match_transformers(directory: str, out_root, texts, toke
     params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(np.float32), params)
     params['bert'] = {**imported['bert'], 'pooler': params['bert']['pooler']}
     out = os.path.join(str(out_root), kind)
-    hf.save_hf_checkpoint(out, cfg, params, task=task)
+    families.save_hf_checkpoint(out, cfg, params, task=task)
     theirs, info = getattr(transformers, auto[kind]).from_pretrained(out, output_loading_info=True)
     assert not any(info.values()), (kind, info)
     with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
@@ -907,9 +907,9 @@ def export_again(directory: str, out: str) -> tuple[dict, dict, dict]:
   """A Hugging Face `directory` imported and exported to `out` as it is (no training between): returns (the
   written config.json, `directory`'s tensors, `out`'s tensors)."""
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
-  cfg, params, _, _ = hf.load_hf_checkpoint(directory)
-  hf.save_hf_checkpoint(out, cfg, params, hf.load_hf_tokenizer(directory))
+  from bert_jax.interop import families, hf_files  # pylint: disable=g-import-not-at-top
+  cfg, params, _, _ = families.load_hf_checkpoint(directory)
+  families.save_hf_checkpoint(out, cfg, params, hf_files.load_hf_tokenizer(directory))
   with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
     written = json.load(f)
   return written, *(st_numpy.load_file(os.path.join(d, 'model.safetensors')) for d in (directory, out))

@@ -29,6 +29,15 @@ from bert_jax.model.heads import SEQUENCE_KINDS
 from bert_jax.runs import reporting
 
 
+# The architecture switches of BERT's layout, which every family here and BERT itself have.
+BERT_SHAPE = dict(norm_position='post', position_embedding='learned', mlp='gelu', use_bias=True, attention_window=0)
+
+
+def bert_shaped(cfg: ModelConfig) -> bool:
+  """Whether `cfg` has BERT's layout (`BERT_SHAPE`): the families that export it tell by the other fields."""
+  return all(getattr(cfg, k) == v for k, v in BERT_SHAPE.items())
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
   """A Hugging Face family whose encoder is BERT's function under other names."""
@@ -70,7 +79,7 @@ class Family:
 
 
 def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig, dict, bool, bool]:
-  """Reads a checkpoint of `family` whose config.json gave `cfg`; returns as `hf.load_hf_checkpoint`:
+  """Reads a checkpoint of `family` whose config.json gave `cfg`; returns as `families.load_hf_checkpoint`:
   (config, params, has_mlm_head, False), params with 'bert' (its pooler zeros) and the heads it holds."""
   tensors = hf_files.read_tensors(directory)
   prefix = family.prefix if any(n.startswith(family.prefix) for n in tensors) else ''
@@ -120,7 +129,7 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
          hf_config: Callable[[ModelConfig, str, Any], dict], *, overwrite: bool = False,
          task: dict[str, Any] | None = None) -> None:
   """Writes `params` as a Hugging Face directory of `family`, the class its heads give (`Family.classes`),
-  with `hf_config(cfg, class, tokenizer)` as config.json; arguments and errors as `hf.save_hf_checkpoint`.
+  with `hf_config(cfg, class, tokenizer)` as config.json; arguments and errors as `families.save_hf_checkpoint`.
   The pooler (unless the class has one) and an NSP head are left out (a warning for the NSP head). A fine-tuned
   model (`task`) is written as `<stem>For<Task>`, a sequence classifier's pooler and classifier as the family's
   classification head."""

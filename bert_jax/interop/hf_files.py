@@ -1,5 +1,5 @@
-"""What every Hugging Face checkpoint directory shares, for the BERT (`hf`) and ModernBERT (`modernbert`)
-name tables: file names, reading config.json and safetensors tensors, preparing an output directory, and our
+"""What every Hugging Face checkpoint directory shares, for every family (`interop.families`): file names,
+reading config.json, safetensors tensors and the shipped tokenizer, preparing an output directory, and our
 parameter shapes for a config."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from safetensors import SafetensorError, numpy as st_numpy, safe_open as st_safe
 
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
-from bert_jax.errors import CheckpointError
+from bert_jax.errors import CheckpointError, DataError
 from bert_jax.files import check_regular
 from bert_jax.interop import hf_tokenizer
 from bert_jax.model.heads import BertForPreTraining, head_model
@@ -115,6 +115,25 @@ def hf_class(directory: str) -> str:
     arch = 'BertModel'
   return arch if arch.startswith(('Bert', 'DistilBert', 'Electra', 'ModernBert', 'Roberta', 'XLMRoberta')) else 'BertModel'
 
+
+
+def load_hf_tokenizer(directory: str):
+  """The tokenizer shipped in a checkpoint directory.
+
+  Args:
+    directory: holds spiece.model (a SentencePiece model bert_jax exported; its tokenizer.json is
+      only the conversion for transformers), or else tokenizer.json (any model: WordPiece, BPE, Unigram) or
+      vocab.txt (WordPiece).
+
+  Returns:
+    A SentencePieceTokenizer or FastTokenizer; DataError when there is no vocabulary or a special token lacks.
+  """
+  if os.path.isfile(os.path.join(directory, SPIECE_FILE)):
+    return tokenization.SentencePieceTokenizer(os.path.join(directory, SPIECE_FILE))
+  if any(os.path.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
+    return tokenization.WordPieceTokenizer.from_directory(directory)
+  raise DataError(f'{directory} has no vocabulary (tokenizer.json, vocab.txt or {SPIECE_FILE}); '
+                  'copy the tokenizer files of the checkpoint into it')
 
 
 @functools.lru_cache(maxsize=8)

@@ -15,7 +15,7 @@ import pytest
 from safetensors import numpy as st_numpy
 
 from bert_jax.errors import CheckpointError
-from bert_jax.interop import hf, pretrained
+from bert_jax.interop import families, pretrained
 
 from helpers import (assert_embed_and_attention_match_transformers, assert_export_classifies_as_predict,
                      assert_export_refused, assert_fill_mask_is_the_pipelines, assert_task_exports_match_transformers,
@@ -91,7 +91,7 @@ def _hidden(directory, family):
 def test_loads_with_transformers_outputs(built, name, record_property):
   family, cls, head = MODELS[name]
   directory = built[name]
-  cfg, params, has_mlm, has_nsp = hf.load_hf_checkpoint(directory)
+  cfg, params, has_mlm, has_nsp = families.load_hf_checkpoint(directory)
   assert (has_mlm, has_nsp) == (head == 'mlm', False)
   assert sorted(params) == sorted(['bert'] + ([head] if head else []))
   embeddings = params['bert']['embeddings']
@@ -124,7 +124,7 @@ def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
   family, cls, head = MODELS[name]
   out = str(tmp_path / 'export')
   written, theirs, ours = export_again(built[name], out)
-  params = hf.load_hf_checkpoint(built[name])[1]
+  params = families.load_hf_checkpoint(built[name])[1]
   assert written['model_type'] == family and written['architectures'] == [cls]
   assert set(ours) == set(theirs)  # the same tensors: no pooler, no token types invented, the head kept
   np.testing.assert_array_equal(_hidden(out, family).numpy(), _hidden(built[name], family).numpy())
@@ -136,7 +136,7 @@ def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
   assert fast(text) == original(text)  # DistilBERT's: no token_type_ids
   assert len(original) == len(_VOCAB) and original(text)['input_ids'].count(1) == 0  # no [UNK]: the whole vocabulary
   assert ('token_type_ids' in fast(text)) == (family != 'distilbert')
-  again = hf.load_hf_checkpoint(out)[1]
+  again = families.load_hf_checkpoint(out)[1]
   assert jax.tree.structure(again) == jax.tree.structure(params)  # and bit-exact
   for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(params)):
     np.testing.assert_array_equal(a, b)
@@ -151,7 +151,7 @@ def test_unsupported_model_type_names_the_supported_ones(built, tmp_path):
     json.dump({**config, 'model_type': 'deberta-v2'}, f)
   with pytest.raises(CheckpointError, match="model_type='deberta-v2'; bert_jax imports the model types bert, "
                                             'distilbert, electra, modernbert, roberta, xlm-roberta'):
-    hf.load_hf_checkpoint(directory)
+    families.load_hf_checkpoint(directory)
 
 
 def _rewrite(directory, change):
@@ -182,16 +182,16 @@ def test_bad_checkpoint_is_one_error_line_and_writes_nothing(built, name, case, 
 
 
 def test_export_refuses_what_the_family_cannot_hold(built, tmp_path):
-  cfg, params, _, _ = hf.load_hf_checkpoint(built['distilbert'])
+  cfg, params, _, _ = families.load_hf_checkpoint(built['distilbert'])
   with pytest.raises(CheckpointError, match="pooler_activation=tanh, but DistilBERT's classification head applies relu"):
-    hf.save_hf_checkpoint(str(tmp_path / 'a'), dataclasses.replace(cfg, pooler_activation='tanh'),
+    families.save_hf_checkpoint(str(tmp_path / 'a'), dataclasses.replace(cfg, pooler_activation='tanh'),
                           {'bert': params['bert'], 'classifier': _CLASSIFIER}, task={'kind': 'classification', 'num_labels': 2})
   with pytest.raises(CheckpointError, match='LayerNorms have eps 1e-12'):
-    hf.save_hf_checkpoint(str(tmp_path / 'b'), dataclasses.replace(cfg, layer_norm_eps=1e-6), params)
-  e_cfg, e_params, _, _ = hf.load_hf_checkpoint(built['electra_discriminator'])
-  mlm = hf.load_hf_checkpoint(built['electra_generator'])[1]['mlm']  # the same widths
+    families.save_hf_checkpoint(str(tmp_path / 'b'), dataclasses.replace(cfg, layer_norm_eps=1e-6), params)
+  e_cfg, e_params, _, _ = families.load_hf_checkpoint(built['electra_discriminator'])
+  mlm = families.load_hf_checkpoint(built['electra_generator'])[1]['mlm']  # the same widths
   with pytest.raises(CheckpointError, match='no ELECTRA class of transformers has them together'):
-    hf.save_hf_checkpoint(str(tmp_path / 'c'), e_cfg, {**e_params, 'mlm': mlm})
+    families.save_hf_checkpoint(str(tmp_path / 'c'), e_cfg, {**e_params, 'mlm': mlm})
   assert not any(os.path.exists(tmp_path / d) for d in 'abc')
 
 
@@ -200,7 +200,7 @@ def test_export_refuses_what_the_family_cannot_hold(built, tmp_path):
 def test_fine_tuned_heads_export_as_the_familys_task_classes(built, name, tmp_path):
   """DistilBertFor{Sequence,Token}Classification / ForQuestionAnswering (pre_classifier + ReLU), ELECTRA's
   (classifier.dense + GELU + out_proj): transformers' logits equal ours."""
-  assert hf.load_hf_checkpoint(built[name])[0].pooler_activation == ('relu' if name == 'distilbert' else 'gelu')
+  assert families.load_hf_checkpoint(built[name])[0].pooler_activation == ('relu' if name == 'distilbert' else 'gelu')
   assert_task_exports_match_transformers(built[name], tmp_path, _TEXTS,
                                          token_types=name != 'distilbert')
 
@@ -254,7 +254,7 @@ def test_finetunes_on_sst2_from_the_hugging_face_directory(built, name, tmp_path
   assert tuned.config.type_vocab_size == (0 if name == 'distilbert' else 2)
   assert ('project' in tuned.params['bert']['embeddings']) == (name != 'distilbert')
   # Fine-tuned from the checkpoint's weights (three small steps away), not from a fresh encoder.
-  start = hf.load_hf_checkpoint(built[name])[1]['bert']['embeddings']['word_embeddings']['embedding']
+  start = families.load_hf_checkpoint(built[name])[1]['bert']['embeddings']['word_embeddings']['embedding']
   tuned_words = np.asarray(tuned.params['bert']['embeddings']['word_embeddings']['embedding'])
   assert np.corrcoef(start.ravel(), tuned_words.ravel())[0, 1] > 0.99 and not np.array_equal(start, tuned_words)
   assert_export_classifies_as_predict(str(tmp_path / 'run'), str(tmp_path / 'export'), _TEXTS[0],

@@ -19,7 +19,8 @@ import tokenizers
 from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError, DataError
-from bert_jax.interop import hf, hf_tokenizer
+from bert_jax.interop import families, hf_files, hf_tokenizer
+from bert_jax.interop.families import bert
 from bert_jax.model import heads
 
 from helpers import WIKITEXT
@@ -60,7 +61,7 @@ def test_tokenizer_json_gives_bert_jax_ids_on_wikitext(sentencepiece, tmp_path):
   does) gives encode_inputs' ids."""
   cfg, params = _tiny()
   out = str(tmp_path / 'export')
-  hf.save_hf_checkpoint(out, cfg, params, sentencepiece)
+  families.save_hf_checkpoint(out, cfg, params, sentencepiece)
   assert {'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'spiece.model'} <= set(os.listdir(out))
   fast = tokenizers.Tokenizer.from_file(os.path.join(out, 'tokenizer.json'))
   texts = _lines(WIKITEXT) + _lines(TEST_RAW) + ODD_TEXTS
@@ -76,7 +77,7 @@ def test_tokenizer_json_gives_bert_jax_ids_on_wikitext(sentencepiece, tmp_path):
   for (a, b), got in zip(pairs, theirs):
     assert tuple(sentencepiece.encode_inputs(a, b, max_length=48)[:2]) == got, (a, b)
   # bert_jax reads its own model back (bit-exact), not the conversion.
-  again = hf.load_hf_tokenizer(out)
+  again = hf_files.load_hf_tokenizer(out)
   assert isinstance(again, tk.SentencePieceTokenizer) and again.serialized_model() == sentencepiece.serialized_model()
   assert isinstance(tk.load_tokenizer(out), tk.SentencePieceTokenizer)
 
@@ -86,7 +87,7 @@ def test_transformers_autotokenizer_reads_the_export(sentencepiece, tmp_path):
   transformers = pytest.importorskip('transformers')
   cfg, params = _tiny()
   out = str(tmp_path / 'export')
-  hf.save_hf_checkpoint(out, cfg, params, sentencepiece)
+  families.save_hf_checkpoint(out, cfg, params, sentencepiece)
   tokenizer = transformers.AutoTokenizer.from_pretrained(out)
   assert tokenizer.is_fast and len(tokenizer) == sentencepiece.vocab_size == 1000
   assert (tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id,
@@ -120,7 +121,7 @@ def test_unconvertible_sentencepiece_models_are_refused(settings, reason, tmp_pa
   sp = _train_other_sentencepiece(str(tmp_path / 'other'), **settings)
   cfg, params = _tiny()
   with pytest.raises(DataError, match=f'cannot be exported as a transformers tokenizer.json .*{reason}') as e:
-    hf.save_hf_checkpoint(str(tmp_path / 'out'), cfg, params, sp)
+    families.save_hf_checkpoint(str(tmp_path / 'out'), cfg, params, sp)
   assert '\n' not in str(e.value)
   assert not os.path.exists(tmp_path / 'out')  # nothing written
 
@@ -171,19 +172,19 @@ def test_task_head_export_round_trip_and_transformers_logits(kind, tmp_path):
   cfg = config.preset('tiny', vocab_size=64, max_position_embeddings=40)
   params, task = _head_params(kind, cfg), TASKS[kind]
   out = str(tmp_path / kind)
-  hf.save_hf_checkpoint(out, cfg, params, _wordpiece(tmp_path / 'vocab'), task=task)
-  with open(os.path.join(out, hf.CONFIG_FILE), encoding='utf-8') as f:
+  families.save_hf_checkpoint(out, cfg, params, _wordpiece(tmp_path / 'vocab'), task=task)
+  with open(os.path.join(out, hf_files.CONFIG_FILE), encoding='utf-8') as f:
     written = json.load(f)
-  assert written['architectures'] == [hf.TASK_ARCHITECTURES[kind]] and written['finetuning_task'] == task['name']
+  assert written['architectures'] == [bert.TASK_ARCHITECTURES[kind]] and written['finetuning_task'] == task['name']
   if kind != 'span':
     names = task['label_names'] or ['LABEL_0']
     assert written['id2label'] == {str(i): n for i, n in enumerate(names)}
     assert written['label2id'] == {n: i for i, n in enumerate(names)}
   assert written.get('problem_type') == {'classification': 'single_label_classification',
                                          'regression': 'regression'}.get(kind)
-  assert hf.read_hf_task(out) == task
+  assert bert.read_hf_task(out) == task
 
-  cfg2, loaded, has_mlm, has_nsp = hf.load_hf_checkpoint(out)
+  cfg2, loaded, has_mlm, has_nsp = families.load_hf_checkpoint(out)
   assert cfg2 == cfg and not has_mlm and not has_nsp
   flat, flat2 = traverse_util.flatten_dict(params), traverse_util.flatten_dict(loaded)
   assert flat.keys() == flat2.keys()
@@ -196,7 +197,7 @@ def test_task_head_export_round_trip_and_transformers_logits(kind, tmp_path):
   torch = pytest.importorskip('torch')
   transformers = pytest.importorskip('transformers')
   model, info = getattr(transformers, AUTO_CLASSES[kind]).from_pretrained(out, output_loading_info=True)
-  assert type(model).__name__ == hf.TASK_ARCHITECTURES[kind]
+  assert type(model).__name__ == bert.TASK_ARCHITECTURES[kind]
   assert not any(info.values()), info  # nothing missing, unexpected or mismatched
   rng = np.random.default_rng(1)
   ids = rng.integers(5, 64, (3, 12)).astype(np.int32)
@@ -236,15 +237,15 @@ def test_bad_task_exports_write_nothing(tmp_path):
     if task is not None and task.get('num_labels') == 5:
       task = {**task, 'label_names': []}
     with pytest.raises(CheckpointError, match=message) as e:
-      hf.save_hf_checkpoint(out, cfg, params, task=task)
+      families.save_hf_checkpoint(out, cfg, params, task=task)
     assert '\n' not in str(e.value)
     assert not os.path.exists(out)
   # A checkpoint whose classifier disagrees with its config's labels is refused on import.
-  hf.save_hf_checkpoint(out, cfg, params, task=TASKS['classification'])
-  with open(os.path.join(out, hf.CONFIG_FILE), encoding='utf-8') as f:
+  families.save_hf_checkpoint(out, cfg, params, task=TASKS['classification'])
+  with open(os.path.join(out, hf_files.CONFIG_FILE), encoding='utf-8') as f:
     written = json.load(f)
   written['id2label'] = {'0': 'a', '1': 'b'}
-  with open(os.path.join(out, hf.CONFIG_FILE), 'w', encoding='utf-8') as f:
+  with open(os.path.join(out, hf_files.CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(written, f)
   with pytest.raises(CheckpointError, match='classifier.weight has 3 rows but config.json has 2 labels'):
-    hf.load_hf_checkpoint(out)
+    families.load_hf_checkpoint(out)

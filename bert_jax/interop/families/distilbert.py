@@ -2,7 +2,7 @@
 without token type embeddings or a pooler.
 
 A BERT-shaped ModelConfig without token types (type_vocab_size=0) is DistilBERT's function, and exports as it
-(`hf.hf_model_type`). DistilBERT's LayerNorms have eps 1e-12 whatever its config says.
+(`exports`). DistilBERT's LayerNorms have eps 1e-12 whatever its config says.
 
 Correspondence with transformers' DistilBERT (modeling_distilbert.py):
   embeddings.{word,position}_embeddings, embeddings.LayerNorm   the same tables, the embeddings' layer_norm
@@ -53,6 +53,12 @@ FAMILY = hf_family.Family(
     words='embeddings.word_embeddings.weight', token_types=False,
     classes={frozenset(): 'DistilBertModel', frozenset({'mlm'}): 'DistilBertForMaskedLM'},
     stem='DistilBert', sequence_head=('pre_classifier', 'classifier'), pooler_activation='relu')
+
+
+def exports(cfg: ModelConfig) -> bool:
+  """Whether `cfg` exports as DistilBERT: BERT-shaped without token types, embedding_size or position_offset."""
+  return (hf_family.bert_shaped(cfg) and not cfg.type_vocab_size and not cfg.embedding_size
+          and not cfg.position_offset)
 
 
 def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:

@@ -1,9 +1,8 @@
-"""Import and export of Hugging Face BERT checkpoints (config.json + model.safetensors), and the door to the
-other families (`hf_model_type`, `MODEL_TYPES`).
+"""Hugging Face BERT (BertModel, BertForPreTraining, BertForMaskedLM, BertForNextSentencePrediction and the
+fine-tuning classes): the family of bert_jax's default architecture.
 
-ModernBERT-shaped models and checkpoints (model_type 'modernbert') go to `interop.modernbert`, DistilBERT
-(a BERT without token types) to `interop.distilbert`, ELECTRA (model.embedding_size > 0) to `interop.electra`,
-RoBERTa and XLM-R (model.position_offset > 0) to `interop.roberta`; other architectures export as bert_jax only.
+A BERT-shaped ModelConfig (`hf_family.BERT_SHAPE`) with token types, without ELECTRA's embedding_size and RoBERTa's
+position_offset, exports as BERT (`exports`).
 
 One table, `hf_names.bert_table`, pairs each of our parameter paths with its Hugging Face tensor
 name and the rule that converts between the two layouts; import and export both read it, so they
@@ -30,9 +29,9 @@ from safetensors import numpy as st_numpy
 
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
-from bert_jax.errors import BertJaxError, CheckpointError, DataError
-from bert_jax.interop import distilbert, electra, hf_files, hf_names, hf_tasks, modernbert, roberta
-from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE
+from bert_jax.errors import BertJaxError, CheckpointError
+from bert_jax.interop import hf_family, hf_files, hf_names, hf_tasks
+from bert_jax.interop.hf_files import CONFIG_FILE, WEIGHTS_FILE
 from bert_jax.model.heads import SEQUENCE_KINDS
 from bert_jax.runs import reporting
 
@@ -40,30 +39,10 @@ from bert_jax.runs import reporting
 _Entry, _name_table, _hf_shape = hf_names.Entry, hf_names.bert_table, hf_names.hf_shape
 
 
-# config.json's model_type -> the module that reads and writes that family (BERT's is this one).
-MODEL_TYPES = {'bert': None, 'distilbert': distilbert, 'electra': electra, 'modernbert': modernbert,
-               'roberta': roberta, 'xlm-roberta': roberta}
-
-
-def hf_model_type(cfg: ModelConfig) -> str:
-  """The Hugging Face model_type `cfg` exports as: a BERT-shaped config is 'bert', 'distilbert' without token
-  types, 'electra' with an embedding_size, 'roberta' with a position_offset (`roberta.save_checkpoint` writes
-  'xlm-roberta' for a Unigram tokenizer); a ModernBERT-shaped one 'modernbert'.
-
-  Raises:
-    CheckpointError: none of them (one line naming the switches that differ).
-  """
-  if all(getattr(cfg, k) == v for k, v in modernbert.BERT_SHAPE.items()):
-    if cfg.embedding_size and cfg.position_offset:
-      raise CheckpointError(f'model.embedding_size={cfg.embedding_size} with model.position_offset='
-                            f'{cfg.position_offset}: no Hugging Face family has both (ELECTRA; RoBERTa); this '
-                            'architecture exports as bert_jax only')
-    if cfg.embedding_size:
-      return 'electra'
-    if cfg.position_offset:
-      return 'roberta'
-    return 'bert' if cfg.type_vocab_size else 'distilbert'
-  return modernbert.hf_architecture(cfg)  # 'modernbert', or one line naming the switches
+def exports(cfg: ModelConfig) -> bool:
+  """Whether `cfg` exports as BERT: BERT-shaped, with token types, no embedding_size and no position_offset."""
+  return (hf_family.bert_shaped(cfg) and bool(cfg.type_vocab_size) and not cfg.embedding_size
+          and not cfg.position_offset)
 
 
 PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), hf_tasks.TASK_HEADS
@@ -97,8 +76,8 @@ _CONFIG_KEYS = dict(vocab_size='vocab_size', hidden_size='hidden_size', num_laye
                     pad_token_id='pad_token_id')
 
 
-def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
-  """Reads a Hugging Face BERT checkpoint directory.
+def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict, bool, bool]:
+  """Reads a Hugging Face BERT checkpoint directory whose config.json gave `cfg`.
 
   BertModel checkpoints (names without a 'bert.' prefix) and BertForPreTraining /
   BertForMaskedLM / BertForNextSentencePrediction / BertForSequenceClassification /
@@ -108,6 +87,7 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
 
   Args:
     directory: holds config.json and model.safetensors (or a sharded safetensors index).
+    cfg: its ModelConfig (`model_config`).
 
   Returns:
     (config, params, has_mlm_head, has_nsp_head): `params` is a pure dict of float32 numpy
@@ -115,10 +95,6 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     and the task heads'), with 'bert' always, 'mlm' / 'nsp' when the checkpoint has those heads,
     and 'classifier' or 'qa_outputs' when it has a task head (`read_hf_task` names the task).
   """
-  cfg = read_hf_config(directory)
-  family = MODEL_TYPES[hf_files.read_json_config(directory).get('model_type', 'bert')]
-  if family is not None:
-    return family.load_checkpoint(directory, cfg)
   tensors = hf_files.read_tensors(directory)
   names = {_modern_name(n): n for n in tensors}
   if len(names) != len(tensors):
@@ -220,8 +196,8 @@ def read_hf_task(directory: str) -> dict[str, Any] | None:
           'label_names': labels if kind in ('classification', 'multilabel', 'token') else []}
 
 
-def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
-                       overwrite: bool = False, task: dict[str, Any] | None = None) -> None:
+def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
+                    task: dict[str, Any] | None = None) -> None:
   """Writes a Hugging Face BERT directory that transformers loads and that reloads bit-exactly.
 
   The architecture is BertModel without heads, BertForPreTraining with both pretraining heads,
@@ -252,14 +228,6 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     CheckpointError: parameters that do not fit the config or the task; DataError: a tokenizer that
       cannot be exported exactly. Nothing is written then.
   """
-  model_type = hf_model_type(cfg)  # other architectures than these: one line
-  if model_type == 'modernbert':
-    if task is not None:
-      raise CheckpointError('a fine-tuned modernbert model exports as bert_jax only: ModernBERT\'s task heads (dense, '
-                            'activation, LayerNorm) are not the heads bert_jax trains')
-    return modernbert.save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite)
-  if model_type != 'bert':
-    return MODEL_TYPES[model_type].save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite, task=task)
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
@@ -299,38 +267,8 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     json.dump(config, f, indent=2, sort_keys=True)
 
 
-def load_hf_tokenizer(directory: str):
-  """The tokenizer shipped in a checkpoint directory.
-
-  Args:
-    directory: holds spiece.model (a SentencePiece model bert_jax exported; its tokenizer.json is
-      only the conversion for transformers), or else tokenizer.json (any model: WordPiece, BPE, Unigram) or
-      vocab.txt (WordPiece).
-
-  Returns:
-    A SentencePieceTokenizer or FastTokenizer; DataError when there is no vocabulary or a special token lacks.
-  """
-  if os.path.isfile(os.path.join(directory, SPIECE_FILE)):
-    return tokenization.SentencePieceTokenizer(os.path.join(directory, SPIECE_FILE))
-  if any(os.path.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
-    return tokenization.WordPieceTokenizer.from_directory(directory)
-  raise DataError(f'{directory} has no vocabulary (tokenizer.json, vocab.txt or {SPIECE_FILE}); '
-                  'copy the tokenizer files of the checkpoint into it')
-
-
-def read_hf_config(directory: str) -> ModelConfig:
-  """The ModelConfig of a Hugging Face BERT directory (its config.json; the weights are not read)."""
-  if not os.path.isdir(directory):
-    raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
-                          f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')
-  path = os.path.join(directory, CONFIG_FILE)
-  hf = hf_files.read_json_config(directory)
-  model_type = hf.get('model_type', 'bert')
-  if model_type not in MODEL_TYPES:
-    raise CheckpointError(f'{path}: model_type={model_type!r}; bert_jax imports the model types '
-                          f'{", ".join(MODEL_TYPES)}')
-  if MODEL_TYPES[model_type] is not None:
-    return MODEL_TYPES[model_type].model_config(path, hf)
+def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
+  """The ModelConfig of a BERT config.json (`hf`, already parsed; `path` names it in errors)."""
   hf = {**_HF_DEFAULTS, **hf}
   hf_names.check_bert_layers(path, hf)
   try:

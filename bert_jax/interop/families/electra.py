@@ -3,7 +3,7 @@ generator): BERT's layers and names, embeddings of their own width (`model.embed
 hidden size (`embeddings_project`) when the two differ, and no pooler.
 
 An imported config keeps ELECTRA's embedding_size even when it equals hidden_size (electra-base): a config with
-embedding_size > 0 exports as ELECTRA (`hf.hf_model_type`). The discriminator head (`discriminator_predictions`)
+embedding_size > 0 exports as ELECTRA (`exports`). The discriminator head (`discriminator_predictions`)
 is imported as params['discriminator'] and exported back (ElectraForPreTraining); bert_jax does not train it.
 ElectraForMaskedLM's head is our MLM head (dense to embedding_size, GELU, LayerNorm, the tied word embeddings).
 
@@ -57,6 +57,11 @@ FAMILY = hf_family.Family(
     classes={frozenset(): 'ElectraModel', frozenset({'mlm'}): 'ElectraForMaskedLM',
              frozenset({'discriminator'}): 'ElectraForPreTraining'},
     stem='Electra', sequence_head=('classifier.dense', 'classifier.out_proj'), pooler_activation='gelu')
+
+
+def exports(cfg: ModelConfig) -> bool:
+  """Whether `cfg` exports as ELECTRA: BERT-shaped with an embedding_size, without a position_offset."""
+  return hf_family.bert_shaped(cfg) and bool(cfg.embedding_size) and not cfg.position_offset
 
 
 def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:

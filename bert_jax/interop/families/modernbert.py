@@ -5,10 +5,10 @@ rotary positions, a GeGLU MLP and no token type embeddings, with biases or witho
 pattern of global and local-window layers that bert_jax expresses (global at 0, N, 2N, ...).
 Such a model exports as transformers' ModernBertForMaskedLM (ModernBertModel without an MLM
 head) and imports back bit-exactly; transformers computes the same function (parity tests in
-tests/interop/test_modernbert.py, fixture from data/make_hf_modernbert_reference.py). A BERT-shaped
-config (the defaults) exports as BertForPreTraining & co (`interop.hf`); every other combination
-of switches has no Hugging Face architecture and exports as bert_jax only: `hf_architecture`
-says so in one line.
+tests/interop/families/test_modernbert.py, fixture from data/make_hf_modernbert_reference.py). A BERT-shaped
+config (the defaults) exports as BertForPreTraining & co (`families.bert`); every other combination
+of switches has no Hugging Face architecture and exports as bert_jax only: `families.hf_model_type`
+says so in one line. A fine-tuned ModernBERT exports as bert_jax only: ModernBERT's task heads are not ours.
 
 Correspondence with transformers' ModernBERT (modeling_modernbert.py):
   embeddings.tok_embeddings, embeddings.norm   word_embeddings, the embeddings' layer_norm
@@ -43,9 +43,8 @@ from bert_jax.errors import BertJaxError, CheckpointError
 from bert_jax.interop import hf_files
 from bert_jax.runs import reporting
 
-# The switches that make a config ModernBERT-shaped, and BERT-shaped (what interop.hf exports).
+# The switches that make a config ModernBERT-shaped.
 MODERNBERT_SHAPE = dict(norm_position='pre', position_embedding='rotary', mlp='geglu', type_vocab_size=0)
-BERT_SHAPE = dict(norm_position='post', position_embedding='learned', mlp='gelu', use_bias=True, attention_window=0)
 
 # ModernBertConfig's defaults (transformers 5.x), for keys a config.json leaves out.
 _HF_DEFAULTS = dict(vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=22,
@@ -61,31 +60,10 @@ _FULL, _SLIDING = 'full_attention', 'sliding_attention'
 ParamPath = tuple
 
 
-def hf_architecture(cfg: ModelConfig) -> str:
-  """'bert' or 'modernbert': the Hugging Face architecture `cfg` exports as.
-
-  Raises:
-    CheckpointError: neither (one line naming the switches that differ from each).
-  """
-  def differs(shape):
-    return [f'{k}={getattr(cfg, k)!r}' for k, v in shape.items() if getattr(cfg, k) != v]
-
-  bert = differs(BERT_SHAPE)
-  if not bert:  # DistilBERT without token types, ELECTRA with an embedding_size: hf.hf_model_type
-    return 'bert'
-  modern = differs(MODERNBERT_SHAPE)
-  if not modern and not cfg.embedding_size:
-    return 'modernbert'
-  modern += [f'embedding_size={cfg.embedding_size}'] if cfg.embedding_size else []
-  raise CheckpointError(
-      f'this architecture exports as bert_jax only: Hugging Face has BERT, DistilBERT and ELECTRA '
-      f'({describe_shape(BERT_SHAPE)}; this model has {", ".join(bert)}) and ModernBERT '
-      f'({describe_shape(MODERNBERT_SHAPE)}; this model has {", ".join(modern)}); keep the bert_jax workdir, or '
-      'train one of those shapes')
-
-
-def describe_shape(shape: dict[str, Any]) -> str:
-  return ', '.join(f'{k}={v!r}' for k, v in shape.items())
+def exports(cfg: ModelConfig) -> bool:
+  """Whether `cfg` exports as ModernBERT: ModernBERT-shaped (`MODERNBERT_SHAPE`, any biases and attention windows)
+  without ELECTRA's embedding_size."""
+  return all(getattr(cfg, k) == v for k, v in MODERNBERT_SHAPE.items()) and not cfg.embedding_size
 
 
 # --- the name table --------------------------------------------------------------------------
@@ -267,7 +245,7 @@ def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict
   """Reads a ModernBertModel or ModernBertForMaskedLM directory whose config.json gave `cfg`.
 
   Returns:
-    (config, params, has_mlm_head, False) as `hf.load_hf_checkpoint`: `params` shaped like a
+    (config, params, has_mlm_head, False) as `families.load_hf_checkpoint`: `params` shaped like a
     ModernBERT-shaped BertForPreTraining's ('bert', and 'mlm' with a masked-LM head), its pooler zeros.
   """
   tensors = hf_files.read_tensors(directory)
@@ -318,10 +296,15 @@ def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict
 # --- export ----------------------------------------------------------------------------------
 
 
-def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False) -> None:
+def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
+                    task=None) -> None:
   """Writes a ModernBERT-shaped model as a Hugging Face ModernBertForMaskedLM directory (ModernBertModel
   without an MLM head) that transformers loads and that reloads bit-exactly; arguments as
-  `hf.save_hf_checkpoint`. The pooler and an NSP head are left out (ModernBERT has neither)."""
+  `families.save_hf_checkpoint`. The pooler and an NSP head are left out (ModernBERT has neither); a fine-tuned
+  model (`task`) is refused."""
+  if task is not None:
+    raise CheckpointError('a fine-tuned modernbert model exports as bert_jax only: ModernBERT\'s task heads (dense, '
+                          'activation, LayerNorm) are not the heads bert_jax trains')
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
