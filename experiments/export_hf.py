@@ -37,7 +37,8 @@ from absl import flags
 from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.model.pooling import POOLINGS
-from bert_jax.interop import families, hf_files, sentence_transformers
+from bert_jax.interop import families, sentence_transformers
+from bert_jax.interop.hf import model_dir
 from bert_jax.interop.families import bert
 from bert_jax.interop.pretrained import describe, load_finetuned, load_pretrained
 from bert_jax.runs import reporting, workdir
@@ -91,7 +92,7 @@ def main(_):
   elif kind == 'export' and bert.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, with its head
     config, params, _, _ = families.load_hf_checkpoint(_CHECKPOINT.value)
     task, tokenizer, source_kind, step = (bert.read_hf_task(_CHECKPOINT.value),
-                                          hf_files.load_hf_tokenizer(_CHECKPOINT.value), 'hf', None)
+                                          model_dir.load_hf_tokenizer(_CHECKPOINT.value), 'hf', None)
   else:
     pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value, other_heads=True)  # ELECTRA's discriminator too
     config, params, tokenizer, source_kind, step = (pretrained.config, pretrained.params, pretrained.tokenizer,
@@ -111,7 +112,7 @@ def main(_):
     reporting.log(f'export: writing a Hugging Face directory to {_OUTPUT.value} ...')
     families.save_hf_checkpoint(_OUTPUT.value, config, params, tokenizer, overwrite=_OVERWRITE.value,
                                 task=None if workdir.embeds(task) else task)
-  with open(os.path.join(_OUTPUT.value, hf_files.CONFIG_FILE), encoding='utf-8') as f:
+  with open(os.path.join(_OUTPUT.value, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     architecture = json.load(f)['architectures'][0]
   heads = set() if as_st else set(params) - {'bert'}
   if families.hf_model_type(config) != 'bert':

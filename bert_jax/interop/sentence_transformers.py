@@ -33,7 +33,8 @@ from typing import Any
 from bert_jax.config import ModelConfig
 from bert_jax.model.pooling import POOLINGS
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.interop import families, hf_files
+from bert_jax.interop import families
+from bert_jax.interop.hf import model_dir
 from bert_jax.runs import reporting
 
 MODULES_FILE, ST_CONFIG_FILE = 'modules.json', 'config_sentence_transformers.json'
@@ -120,7 +121,7 @@ def save_sentence_transformers(directory: str, cfg: ModelConfig, params, tokeniz
   pooling = {'word_embedding_dimension': cfg.hidden_size,
              **{key: embedding.pooling == mode for mode, key in _POOLING_KEYS.items()},
              **{key: False for key in _OTHER_POOLING_KEYS}, 'include_prompt': True}
-  _write_json(os.path.join(directory, POOLING_DIR, hf_files.CONFIG_FILE), pooling)
+  _write_json(os.path.join(directory, POOLING_DIR, model_dir.CONFIG_FILE), pooling)
   _write_json(os.path.join(directory, SBERT_CONFIG_FILE),
               {'max_seq_length': embedding.max_seq_length, 'do_lower_case': False})
   _write_json(os.path.join(directory, ST_CONFIG_FILE),
@@ -175,7 +176,7 @@ def read_embedding(directory: str) -> Embedding | None:
   if kinds not in (['Transformer', 'Pooling'], ['Transformer', 'Pooling', 'Normalize']):
     raise CheckpointError(f'{directory} is a sentence-transformers folder with the modules {", ".join(kinds)}; '
                           'bert_jax reproduces Transformer, Pooling and an optional Normalize only')
-  pooling_config = _read_json(os.path.join(directory, str(modules[1].get('path', '')), hf_files.CONFIG_FILE))
+  pooling_config = _read_json(os.path.join(directory, str(modules[1].get('path', '')), model_dir.CONFIG_FILE))
   if not isinstance(pooling_config, dict):
     raise CheckpointError(f'{directory}: its pooling config is not a JSON object')
   if 'pooling_mode' in pooling_config:  # sentence-transformers 6

@@ -185,7 +185,7 @@ def test_export_refuses_what_the_family_cannot_hold(built, tmp_path):
   cfg, params, _, _ = families.load_hf_checkpoint(built['distilbert'])
   with pytest.raises(CheckpointError, match="pooler_activation=tanh, but DistilBERT's classification head applies relu"):
     families.save_hf_checkpoint(str(tmp_path / 'a'), dataclasses.replace(cfg, pooler_activation='tanh'),
-                          {'bert': params['bert'], 'classifier': _CLASSIFIER}, task={'kind': 'classification', 'num_labels': 2})
+                                {'bert': params['bert'], 'classifier': _CLASSIFIER}, task={'kind': 'classification', 'num_labels': 2})
   with pytest.raises(CheckpointError, match='LayerNorms have eps 1e-12'):
     families.save_hf_checkpoint(str(tmp_path / 'b'), dataclasses.replace(cfg, layer_norm_eps=1e-6), params)
   e_cfg, e_params, _, _ = families.load_hf_checkpoint(built['electra_discriminator'])

@@ -19,7 +19,8 @@ from safetensors import numpy as st_numpy
 from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError, ConfigError, DataError
-from bert_jax.interop import families, hf_files
+from bert_jax.interop import families
+from bert_jax.interop.hf import model_dir
 from bert_jax.interop.families import bert
 from bert_jax.model import encoder as model, heads
 
@@ -87,14 +88,14 @@ def _assert_trees_identical(a, b):
 
 
 def _edit_weights(directory, edit):
-  path = os.path.join(directory, hf_files.WEIGHTS_FILE)
+  path = os.path.join(directory, model_dir.WEIGHTS_FILE)
   tensors = st_numpy.load_file(path)
   edit(tensors)
   st_numpy.save_file(tensors, path, metadata={'format': 'pt'})
 
 
 def _edit_config(directory, **changes):
-  path = os.path.join(directory, hf_files.CONFIG_FILE)
+  path = os.path.join(directory, model_dir.CONFIG_FILE)
   with open(path, encoding='utf-8') as f:
     cfg = json.load(f)
   cfg.update(changes)
@@ -112,7 +113,7 @@ def test_name_table_covers_every_parameter_once():
     ours |= set(traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(
         nnx.eval_shape(lambda k=kind: heads.head_model(k, cfg, 3, rngs=nnx.Rngs(0))), nnx.Param))))
   assert sorted(map(str, (e.path for e in table))) == sorted(map(str, ours))
-  assert set(hf_files.param_shapes(cfg, 3)) == ours
+  assert set(model_dir.param_shapes(cfg, 3)) == ours
   names = [e.hf_name for e in table]
   assert len(set(names)) == len(names)
 
@@ -224,11 +225,11 @@ def test_export_import_round_trip_is_bit_exact(tmp_path, with_heads):
   cfg2, params2, has_mlm, has_nsp = families.load_hf_checkpoint(out)
   assert cfg2 == cfg and has_mlm == has_nsp == with_heads
   _assert_trees_identical(params, params2)
-  with open(os.path.join(out, hf_files.CONFIG_FILE), encoding='utf-8') as f:
+  with open(os.path.join(out, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     written = json.load(f)
   assert written['architectures'] == ['BertForPreTraining' if with_heads else 'BertModel']
   assert written['hidden_act'] == 'gelu' and written['model_type'] == 'bert'
-  again = hf_files.load_hf_tokenizer(out)
+  again = model_dir.load_hf_tokenizer(out)
   assert again.encode_inputs('The cats sat.', 'A dog', max_length=10) == tokenizer.encode_inputs(
       'The cats sat.', 'A dog', max_length=10)
 
@@ -241,13 +242,13 @@ def test_export_with_sentencepiece_tokenizer(tmp_path, small_corpus):
   sp = tk.train_sentencepiece(lines, spm_path, 200, lower_case=True)
   cfg, params = _tiny(vocab_size=200)
   families.save_hf_checkpoint(str(tmp_path / 'export'), cfg, params, sp)
-  loaded = hf_files.load_hf_tokenizer(str(tmp_path / 'export'))
+  loaded = model_dir.load_hf_tokenizer(str(tmp_path / 'export'))
   assert isinstance(loaded, tk.SentencePieceTokenizer)
   assert loaded.encode_inputs('the lobster [MASK] .', max_length=20) == sp.encode_inputs(
       'the lobster [MASK] .', max_length=20)
   # Exporting in place over the directory the tokenizer was loaded from keeps it.
   families.save_hf_checkpoint(str(tmp_path / 'export'), cfg, params, loaded, overwrite=True)
-  assert hf_files.load_hf_tokenizer(str(tmp_path / 'export')).encode('the lobster') == sp.encode('the lobster')
+  assert model_dir.load_hf_tokenizer(str(tmp_path / 'export')).encode('the lobster') == sp.encode('the lobster')
 
 
 def test_legacy_masked_lm_checkpoint(tmp_path):
@@ -278,14 +279,14 @@ def test_sharded_float16_checkpoint(tmp_path):
   cfg, params = _tiny()
   out = str(tmp_path / 'sharded')
   families.save_hf_checkpoint(out, cfg, params)
-  tensors = st_numpy.load_file(os.path.join(out, hf_files.WEIGHTS_FILE))
-  os.remove(os.path.join(out, hf_files.WEIGHTS_FILE))
+  tensors = st_numpy.load_file(os.path.join(out, model_dir.WEIGHTS_FILE))
+  os.remove(os.path.join(out, model_dir.WEIGHTS_FILE))
   names = sorted(tensors)
   shards = {'model-00001-of-00002.safetensors': names[::2], 'model-00002-of-00002.safetensors': names[1::2]}
   for i, (shard, shard_names) in enumerate(shards.items()):
     st_numpy.save_file({n: tensors[n].astype(np.float16 if i else np.float32) for n in shard_names},
                        os.path.join(out, shard), metadata={'format': 'pt'})
-  with open(os.path.join(out, hf_files.INDEX_FILE), 'w', encoding='utf-8') as f:
+  with open(os.path.join(out, model_dir.INDEX_FILE), 'w', encoding='utf-8') as f:
     json.dump({'weight_map': {n: s for s, shard_names in shards.items() for n in shard_names}}, f)
   _, loaded, _, _ = families.load_hf_checkpoint(out)
   for path, x in traverse_util.flatten_dict(params).items():
@@ -297,17 +298,17 @@ def test_sharded_float16_checkpoint(tmp_path):
 def test_minilm_export_is_bit_exact(minilm, tmp_path):
   cfg, params, _, _ = minilm
   out = str(tmp_path / 'minilm')
-  families.save_hf_checkpoint(out, cfg, params, hf_files.load_hf_tokenizer(MINILM))
-  original = st_numpy.load_file(os.path.join(MINILM, hf_files.WEIGHTS_FILE))
-  exported = st_numpy.load_file(os.path.join(out, hf_files.WEIGHTS_FILE))
+  families.save_hf_checkpoint(out, cfg, params, model_dir.load_hf_tokenizer(MINILM))
+  original = st_numpy.load_file(os.path.join(MINILM, model_dir.WEIGHTS_FILE))
+  exported = st_numpy.load_file(os.path.join(out, model_dir.WEIGHTS_FILE))
   del original['embeddings.position_ids']
   assert original.keys() == exported.keys()
   assert all(np.array_equal(original[k], exported[k]) for k in original)
   cfg2, params2, _, _ = families.load_hf_checkpoint(out)
   assert cfg2 == cfg
   _assert_trees_identical(params, params2)
-  assert hf_files.load_hf_tokenizer(out).encode('Crème brûlée 東京') == hf_files.load_hf_tokenizer(MINILM).encode(
-      'Crème brûlée 東京')
+  text = 'Crème brûlée 東京'
+  assert model_dir.load_hf_tokenizer(out).encode(text) == model_dir.load_hf_tokenizer(MINILM).encode(text)
 
 
 @pytest.mark.slow
@@ -357,7 +358,7 @@ def test_transformers_loads_the_minilm_export(minilm, ref, tmp_path):
   transformers = pytest.importorskip('transformers')
   cfg, params, _, _ = minilm
   out = str(tmp_path / 'minilm')
-  families.save_hf_checkpoint(out, cfg, params, hf_files.load_hf_tokenizer(MINILM))
+  families.save_hf_checkpoint(out, cfg, params, model_dir.load_hf_tokenizer(MINILM))
   bert = transformers.BertModel.from_pretrained(out).eval()
   with torch.no_grad():
     theirs = bert(**{k: torch.from_numpy(ref[k].astype(np.int64))
@@ -393,7 +394,7 @@ def test_bad_checkpoint_directories(tmp_path):
     return d
 
   torch_only = variant('torch_only')
-  os.rename(os.path.join(torch_only, hf_files.WEIGHTS_FILE), os.path.join(torch_only, 'pytorch_model.bin'))
+  os.rename(os.path.join(torch_only, model_dir.WEIGHTS_FILE), os.path.join(torch_only, 'pytorch_model.bin'))
   with pytest.raises(CheckpointError, match=r'has only pytorch_model.bin .*BertForPreTraining as M; '
                      r"M.from_pretrained\('.*torch_only'\).save_pretrained\(.*safe_serialization=True") as e:
     families.load_hf_checkpoint(torch_only)
@@ -454,7 +455,7 @@ def test_bad_export_and_missing_vocab(tmp_path):
   assert not os.path.exists(tmp_path / 'other')  # refused before writing anything
 
   with pytest.raises(DataError, match='out has no vocabulary') as e:
-    hf_files.load_hf_tokenizer(out)
+    model_dir.load_hf_tokenizer(out)
   _one_line(e)
   with pytest.raises(DataError, match='out has no vocabulary: neither tokenizer.json nor vocab.txt'):
     tk.WordPieceTokenizer.from_directory(out)

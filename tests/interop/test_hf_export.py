@@ -19,7 +19,8 @@ import tokenizers
 from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError, DataError
-from bert_jax.interop import families, hf_files, hf_tokenizer
+from bert_jax.interop import families
+from bert_jax.interop.hf import model_dir, tokenizer_json
 from bert_jax.interop.families import bert
 from bert_jax.model import heads
 
@@ -77,7 +78,7 @@ def test_tokenizer_json_gives_bert_jax_ids_on_wikitext(sentencepiece, tmp_path):
   for (a, b), got in zip(pairs, theirs):
     assert tuple(sentencepiece.encode_inputs(a, b, max_length=48)[:2]) == got, (a, b)
   # bert_jax reads its own model back (bit-exact), not the conversion.
-  again = hf_files.load_hf_tokenizer(out)
+  again = model_dir.load_hf_tokenizer(out)
   assert isinstance(again, tk.SentencePieceTokenizer) and again.serialized_model() == sentencepiece.serialized_model()
   assert isinstance(tk.load_tokenizer(out), tk.SentencePieceTokenizer)
 
@@ -128,13 +129,13 @@ def test_unconvertible_sentencepiece_models_are_refused(settings, reason, tmp_pa
 
 def test_a_conversion_that_differs_is_refused(sentencepiece, tmp_path):
   """check_exact catches a tokenizer.json that would give other ids (here: without the model's normalisation)."""
-  fast = hf_tokenizer.sentencepiece_to_tokenizers(sentencepiece)
+  fast = tokenizer_json.sentencepiece_to_tokenizers(sentencepiece)
   spec = json.loads(fast.to_str())
   spec['normalizer']['normalizers'] = [n for n in spec['normalizer']['normalizers'] if n['type'] == 'Replace']
   with pytest.raises(DataError, match=r'gives other ids on \d+ of \d+ probe texts .*not exported') as e:
-    hf_tokenizer.check_exact(sentencepiece, tokenizers.Tokenizer.from_str(json.dumps(spec)))
+    tokenizer_json.check_exact(sentencepiece, tokenizers.Tokenizer.from_str(json.dumps(spec)))
   assert '\n' not in str(e.value)
-  hf_tokenizer.check_exact(sentencepiece, fast)
+  tokenizer_json.check_exact(sentencepiece, fast)
 
 
 # ------------------------------------------------------------------------------------------------ task heads
@@ -173,7 +174,7 @@ def test_task_head_export_round_trip_and_transformers_logits(kind, tmp_path):
   params, task = _head_params(kind, cfg), TASKS[kind]
   out = str(tmp_path / kind)
   families.save_hf_checkpoint(out, cfg, params, _wordpiece(tmp_path / 'vocab'), task=task)
-  with open(os.path.join(out, hf_files.CONFIG_FILE), encoding='utf-8') as f:
+  with open(os.path.join(out, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     written = json.load(f)
   assert written['architectures'] == [bert.TASK_ARCHITECTURES[kind]] and written['finetuning_task'] == task['name']
   if kind != 'span':
@@ -242,10 +243,10 @@ def test_bad_task_exports_write_nothing(tmp_path):
     assert not os.path.exists(out)
   # A checkpoint whose classifier disagrees with its config's labels is refused on import.
   families.save_hf_checkpoint(out, cfg, params, task=TASKS['classification'])
-  with open(os.path.join(out, hf_files.CONFIG_FILE), encoding='utf-8') as f:
+  with open(os.path.join(out, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     written = json.load(f)
   written['id2label'] = {'0': 'a', '1': 'b'}
-  with open(os.path.join(out, hf_files.CONFIG_FILE), 'w', encoding='utf-8') as f:
+  with open(os.path.join(out, model_dir.CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(written, f)
   with pytest.raises(CheckpointError, match='classifier.weight has 3 rows but config.json has 2 labels'):
     families.load_hf_checkpoint(out)

@@ -20,7 +20,8 @@ from safetensors import numpy as st_numpy
 from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError
-from bert_jax.interop import families, hf_files
+from bert_jax.interop import families
+from bert_jax.interop.hf import model_dir
 from bert_jax.interop.families import modernbert
 from bert_jax.model import heads
 
@@ -41,7 +42,7 @@ def _random_params(cfg, seed=0, nsp=False):
   """Pure params of a BertForPreTraining, all random: LayerNorm scales 1 + N(0, 0.1), the rest N(0, 0.1)."""
   rng = np.random.default_rng(seed)
   flat = {path: (path[-1] == 'scale') + rng.normal(0, 0.1, shape).astype(np.float32)
-          for path, shape in hf_files.param_shapes(cfg).items() if path[0] in ('bert', 'mlm') or nsp and path[0] == 'nsp'}
+          for path, shape in model_dir.param_shapes(cfg).items() if path[0] in ('bert', 'mlm') or nsp and path[0] == 'nsp'}
   return traverse_util.unflatten_dict(flat)
 
 
@@ -91,7 +92,7 @@ def _one_line(excinfo):
 def test_name_table_covers_every_parameter_but_the_pooler_once(use_bias):
   cfg = _modern_cfg(use_bias=use_bias)
   table = modernbert._name_table(cfg)  # pylint: disable=protected-access
-  shapes = hf_files.param_shapes(cfg)
+  shapes = model_dir.param_shapes(cfg)
   paths = [p for e in table for p in e.paths]
   assert sorted(map(str, paths)) == sorted(str(p) for p in shapes if p[:2] != ('bert', 'pooler') and p[0] in ('bert', 'mlm'))
   names = [e.hf_name for e in table]
@@ -141,11 +142,11 @@ def test_export_import_round_trip_is_bit_exact(tmp_path):
   cfg, params, _, _ = families.load_hf_checkpoint(FIXTURE)
   out = str(tmp_path / 'export')
   families.save_hf_checkpoint(out, cfg, params)
-  theirs, ours = (st_numpy.load_file(os.path.join(d, hf_files.WEIGHTS_FILE)) for d in (FIXTURE, out))
+  theirs, ours = (st_numpy.load_file(os.path.join(d, model_dir.WEIGHTS_FILE)) for d in (FIXTURE, out))
   assert sorted(ours) == sorted(theirs)
   for name in theirs:
     assert np.array_equal(ours[name], theirs[name]), name
-  with open(os.path.join(out, hf_files.CONFIG_FILE), encoding='utf-8') as f:
+  with open(os.path.join(out, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     exported = json.load(f)
   assert exported['architectures'] == ['ModernBertForMaskedLM'] and exported['model_type'] == 'modernbert'
   cfg2, params2, has_mlm, _ = families.load_hf_checkpoint(out)
@@ -168,7 +169,7 @@ def test_random_model_round_trip_with_a_tokenizer(tmp_path, use_bias):
   params.pop('nsp')
   params['bert']['pooler'] = jax.tree.map(np.zeros_like, params['bert']['pooler'])
   _assert_trees_identical(params, params2)
-  assert hf_files.load_hf_tokenizer(out).encode('the cats') == tokenizer.encode('the cats')
+  assert model_dir.load_hf_tokenizer(out).encode('the cats') == tokenizer.encode('the cats')
   # An encoder alone exports as ModernBertModel and imports without the head.
   families.save_hf_checkpoint(str(tmp_path / 'encoder'), cfg, {'bert': params['bert']})
   _, encoder, has_mlm, _ = families.load_hf_checkpoint(str(tmp_path / 'encoder'))
@@ -214,14 +215,14 @@ def _variant(tmp_path, name, config_changes=None, edit=None):
   d = str(tmp_path / name)
   shutil.copytree(FIXTURE, d)
   if config_changes:
-    path = os.path.join(d, hf_files.CONFIG_FILE)
+    path = os.path.join(d, model_dir.CONFIG_FILE)
     with open(path, encoding='utf-8') as f:
       cfg = json.load(f)
     cfg.update(config_changes)
     with open(path, 'w', encoding='utf-8') as f:
       json.dump(cfg, f)
   if edit:
-    path = os.path.join(d, hf_files.WEIGHTS_FILE)
+    path = os.path.join(d, model_dir.WEIGHTS_FILE)
     tensors = st_numpy.load_file(path)
     edit(tensors)
     st_numpy.save_file(tensors, path, metadata={'format': 'pt'})

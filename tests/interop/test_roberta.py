@@ -16,7 +16,8 @@ import pytest
 from safetensors import numpy as st_numpy
 
 from bert_jax.errors import CheckpointError
-from bert_jax.interop import families, hf_files, pretrained
+from bert_jax.interop import families, pretrained
+from bert_jax.interop.hf import model_dir
 
 from helpers import (
   assert_embed_and_attention_match_transformers,
@@ -217,10 +218,10 @@ def test_stored_decoder_copies_load(built, tmp_path):
 
 def test_export_refuses_what_roberta_cannot_hold(built, tmp_path):
   cfg, params, _, _ = families.load_hf_checkpoint(built['roberta'])
-  bert_tok = hf_files.load_hf_tokenizer(built['roberta'])
+  bert_tok = model_dir.load_hf_tokenizer(built['roberta'])
   with pytest.raises(CheckpointError, match="pooler_activation=relu, but RoBERTa's classification head applies tanh"):
     families.save_hf_checkpoint(str(tmp_path / 'a'), dataclasses.replace(cfg, pooler_activation='relu'),
-                          {'bert': params['bert'], 'classifier': _CLASSIFIER}, task={'kind': 'classification', 'num_labels': 2})
+                                {'bert': params['bert'], 'classifier': _CLASSIFIER}, task={'kind': 'classification', 'num_labels': 2})
   shifted = dataclasses.replace(cfg, position_offset=1, max_position_embeddings=MAX_POSITIONS + 1)
   with pytest.raises(CheckpointError, match='but the tokenizer pads with id 1'):
     families.save_hf_checkpoint(str(tmp_path / 'b'), shifted, params, bert_tok)

@@ -14,7 +14,8 @@ import pytest
 from bert_jax import sharding
 from bert_jax.config import PretrainConfig
 from bert_jax.data import tokenization
-from bert_jax.interop import families, hf_files, pretrained
+from bert_jax.interop import families, pretrained
+from bert_jax.interop.hf import model_dir
 from bert_jax.pretraining import init, pretrain as pretraining
 from bert_jax.pretraining.pretrain import pretraining_model
 from bert_jax.train import optim
@@ -48,7 +49,7 @@ def hf_heads(tmp_path_factory):
   os.makedirs(directory)
   for name in ('config.json', 'model.safetensors'):
     shutil.copy(os.path.join(HEADS_FIXTURE, name), directory)
-  tokenization.train_sentencepiece(_sentences(), os.path.join(directory, hf_files.SPIECE_FILE), 128, lower_case=True)
+  tokenization.train_sentencepiece(_sentences(), os.path.join(directory, model_dir.SPIECE_FILE), 128, lower_case=True)
   return directory
 
 
@@ -76,7 +77,7 @@ def test_from_hugging_face_with_heads(small_corpus, tmp_path, hf_heads):
   resolved, source = init.resolve_init_checkpoint(cfg)
   m = resolved.model
   assert (m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.max_position_embeddings) == (128, 32, 2, 4, 64)
-  assert resolved.data.tokenizer == os.path.join(hf_heads, hf_files.SPIECE_FILE)
+  assert resolved.data.tokenizer == os.path.join(hf_heads, model_dir.SPIECE_FILE)
   state = _model(resolved).init_state(init.initial_params(resolved, source), seed=resolved.seed)
   _, reference, has_mlm, has_nsp = families.load_hf_checkpoint(hf_heads)
   assert has_mlm and has_nsp
@@ -176,7 +177,7 @@ def test_bad_input_is_one_error_line_and_writes_nothing(case, small_corpus, tmp_
   if case == 'vocab_size':  # a directory whose tokenizer is larger than its embeddings
     source = str(tmp_path / 'bigger_vocab')
     shutil.copytree(hf_heads, source)
-    shutil.copy(other, os.path.join(source, hf_files.SPIECE_FILE))
+    shutil.copy(other, os.path.join(source, model_dir.SPIECE_FILE))
   extra, pattern = {
       'architecture': (['--config.model.hidden_size=64'], 'fixes the architecture, but model.hidden_size=64'),
       'positions': (['--config.data.max_seq_length=128'], 'exceeds model.max_position_embeddings=64 of init_checkpoint'),

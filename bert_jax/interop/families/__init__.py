@@ -18,7 +18,7 @@ from typing import Any
 
 from bert_jax.config import ModelConfig
 from bert_jax.errors import CheckpointError
-from bert_jax.interop import hf_family, hf_files
+from bert_jax.interop.hf import bert_layout, model_dir
 from bert_jax.interop.families import bert, distilbert, electra, modernbert, roberta
 
 FAMILIES = {'bert': bert, 'distilbert': distilbert, 'electra': electra, 'modernbert': modernbert,
@@ -29,9 +29,9 @@ def read_hf_config(directory: str) -> ModelConfig:
   """The ModelConfig of a Hugging Face directory of any family (its config.json; the weights are not read)."""
   if not os.path.isdir(directory):
     raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
-                          f'BERT directory with {hf_files.CONFIG_FILE} and {hf_files.WEIGHTS_FILE}')
-  path = os.path.join(directory, hf_files.CONFIG_FILE)
-  hf = hf_files.read_json_config(directory)
+                          f'BERT directory with {model_dir.CONFIG_FILE} and {model_dir.WEIGHTS_FILE}')
+  path = os.path.join(directory, model_dir.CONFIG_FILE)
+  hf = model_dir.read_json_config(directory)
   model_type = hf.get('model_type', 'bert')
   if model_type not in FAMILIES:
     raise CheckpointError(f'{path}: model_type={model_type!r}; bert_jax imports the model types '
@@ -52,7 +52,7 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     and 'classifier' or 'qa_outputs' when it has a task head (`bert.read_hf_task` names the task).
   """
   cfg = read_hf_config(directory)
-  family = FAMILIES[hf_files.read_json_config(directory).get('model_type', 'bert')]
+  family = FAMILIES[model_dir.read_json_config(directory).get('model_type', 'bert')]
   return family.load_checkpoint(directory, cfg)
 
 
@@ -72,7 +72,7 @@ def hf_model_type(cfg: ModelConfig) -> str:
     raise AssertionError(f'the families {", ".join(found.values())} all export one config: exports must exclude')
   if found:
     return next(iter(found.values()))
-  if hf_family.bert_shaped(cfg):  # both ELECTRA's embedding_size and RoBERTa's position_offset
+  if bert_layout.bert_shaped(cfg):  # both ELECTRA's embedding_size and RoBERTa's position_offset
     raise CheckpointError(f'model.embedding_size={cfg.embedding_size} with model.position_offset='
                           f'{cfg.position_offset}: no Hugging Face family has both (ELECTRA; RoBERTa); this '
                           'architecture exports as bert_jax only')
@@ -83,12 +83,12 @@ def hf_model_type(cfg: ModelConfig) -> str:
   def describe(shape):
     return ', '.join(f'{k}={v!r}' for k, v in shape.items())
 
-  modern = differs(modernbert.MODERNBERT_SHAPE) + ([f'embedding_size={cfg.embedding_size}'] if cfg.embedding_size
-                                                   else [])
+  bert_shape, modern_shape = bert_layout.BERT_SHAPE, modernbert.MODERNBERT_SHAPE
+  modern = differs(modern_shape) + ([f'embedding_size={cfg.embedding_size}'] if cfg.embedding_size else [])
   raise CheckpointError(
       f'this architecture exports as bert_jax only: Hugging Face has BERT, DistilBERT and ELECTRA '
-      f'({describe(hf_family.BERT_SHAPE)}; this model has {", ".join(differs(hf_family.BERT_SHAPE))}) and ModernBERT '
-      f'({describe(modernbert.MODERNBERT_SHAPE)}; this model has {", ".join(modern)}); keep the bert_jax workdir, or '
+      f'({describe(bert_shape)}; this model has {", ".join(differs(bert_shape))}) and ModernBERT '
+      f'({describe(modern_shape)}; this model has {", ".join(modern)}); keep the bert_jax workdir, or '
       'train one of those shapes')
 
 

@@ -1,10 +1,10 @@
 """Hugging Face BERT (BertModel, BertForPreTraining, BertForMaskedLM, BertForNextSentencePrediction and the
 fine-tuning classes): the family of bert_jax's default architecture.
 
-A BERT-shaped ModelConfig (`hf_family.BERT_SHAPE`) with token types, without ELECTRA's embedding_size and RoBERTa's
-position_offset, exports as BERT (`exports`).
+A BERT-shaped ModelConfig (`bert_layout.BERT_SHAPE`) with token types, without ELECTRA's embedding_size and
+RoBERTa's position_offset, exports as BERT (`exports`).
 
-One table, `hf_names.bert_table`, pairs each of our parameter paths with its Hugging Face tensor
+One table, `_name_table`, pairs each of our parameter paths with its Hugging Face tensor
 name and the rule that converts between the two layouts; import and export both read it, so they
 cannot drift apart.
 
@@ -30,24 +30,39 @@ from safetensors import numpy as st_numpy
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
-from bert_jax.interop import hf_family, hf_files, hf_names, hf_tasks
-from bert_jax.interop.hf_files import CONFIG_FILE, WEIGHTS_FILE
+from bert_jax.interop.hf import bert_layout, model_dir, name_tables, task_classes
+from bert_jax.interop.hf.model_dir import CONFIG_FILE, WEIGHTS_FILE
+from bert_jax.interop.hf.name_tables import SAME, bert_encoder_table, dense, norm
 from bert_jax.model.heads import SEQUENCE_KINDS
 from bert_jax.runs import reporting
 
 
-_Entry, _name_table, _hf_shape = hf_names.Entry, hf_names.bert_table, hf_names.hf_shape
+_Entry, _hf_shape = name_tables.Entry, name_tables.hf_shape
 
 
 def exports(cfg: ModelConfig) -> bool:
   """Whether `cfg` exports as BERT: BERT-shaped, with token types, no embedding_size and no position_offset."""
-  return (hf_family.bert_shaped(cfg) and bool(cfg.type_vocab_size) and not cfg.embedding_size
+  return (bert_layout.bert_shaped(cfg) and bool(cfg.type_vocab_size) and not cfg.embedding_size
           and not cfg.position_offset)
 
 
-PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), hf_tasks.TASK_HEADS
+PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), task_classes.TASK_HEADS
 # Our head kind (heads.HEAD_KINDS) <-> the transformers class.
-TASK_ARCHITECTURES = {kind: 'Bert' + suffix for kind, suffix in hf_tasks.CLASS_SUFFIXES.items()}
+TASK_ARCHITECTURES = {kind: 'Bert' + suffix for kind, suffix in task_classes.CLASS_SUFFIXES.items()}
+
+
+def _name_table(num_layers: int) -> list[_Entry]:
+  """Every parameter of BertForPreTraining and of the task heads with its Hugging Face name and conversion rule."""
+  table = bert_encoder_table(num_layers)
+  table += dense(('bert', 'pooler'), 'pooler.dense', group='pooler')
+  table += dense(('mlm', 'transform'), 'cls.predictions.transform.dense', group='mlm')
+  table += norm(('mlm', 'layer_norm'), 'cls.predictions.transform.LayerNorm', group='mlm')
+  table.append(_Entry(('mlm', 'bias'), 'cls.predictions.bias', SAME, 'mlm'))
+  table += dense(('nsp',), 'cls.seq_relationship', group='nsp')
+  # Task heads: BertFor{Sequence,Token}Classification's `classifier`, BertForQuestionAnswering's `qa_outputs`.
+  table += dense(('classifier',), 'classifier', group='classifier')
+  table += dense(('qa_outputs',), 'qa_outputs', group='qa_outputs')
+  return table
 
 
 def _hf_name(entry: _Entry, prefix: str) -> str:
@@ -95,7 +110,7 @@ def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict
     and the task heads'), with 'bert' always, 'mlm' / 'nsp' when the checkpoint has those heads,
     and 'classifier' or 'qa_outputs' when it has a task head (`read_hf_task` names the task).
   """
-  tensors = hf_files.read_tensors(directory)
+  tensors = model_dir.read_tensors(directory)
   names = {_modern_name(n): n for n in tensors}
   if len(names) != len(tensors):
     raise CheckpointError(f'{directory}: the checkpoint holds both LayerNorm gamma/beta and '
@@ -122,22 +137,22 @@ def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict
     raise CheckpointError(f'{directory}/{WEIGHTS_FILE} holds the heads {held} '
                           'together; a transformers BERT has pretraining heads or one task head')
   num_labels = _task_head_labels(directory, get('classifier.weight'), cfg) if 'classifier' in present else 2
-  shapes = hf_files.param_shapes(cfg, num_labels)
+  shapes = model_dir.param_shapes(cfg, num_labels)
   fill_pooler = 'pooler' not in present and (has_mlm or bool(task_heads))
   if fill_pooler:
-    reporting.log(f'warning: {directory} has no pooler (a {hf_files.hf_class(directory)} checkpoint); its pooler is '
+    reporting.log(f'warning: {directory} has no pooler (a {model_dir.hf_class(directory)} checkpoint); its pooler is '
                   'set to zeros, so pooler_output is meaningless')
   wanted = [e for e in table if e.group in ('bert', 'pooler') or e.group in present]
   missing = [_hf_name(e, prefix) for e in wanted if _hf_name(e, prefix) not in names
              and not (fill_pooler and e.group == 'pooler')]
   if missing:
     raise CheckpointError(f'{directory}/{WEIGHTS_FILE} lacks {len(missing)} tensor(s) a BERT with '
-                          f'{cfg.num_layers} layers needs: {hf_files.some(missing)}')
+                          f'{cfg.num_layers} layers needs: {model_dir.some(missing)}')
   known = {_hf_name(e, prefix) for e in table} | {_DECODER_WEIGHT, _DECODER_BIAS}
-  unknown = [names[n] for n in names if n not in known and n.removeprefix(prefix) not in hf_files.BUFFERS]
+  unknown = [names[n] for n in names if n not in known and n.removeprefix(prefix) not in model_dir.BUFFERS]
   if unknown:
     raise CheckpointError(f'{directory}/{WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer '
-                          f'BERT with pretraining or task heads lacks: {hf_files.some(unknown)}; bert_jax imports '
+                          f'BERT with pretraining or task heads lacks: {model_dir.some(unknown)}; bert_jax imports '
                           'BertModel, BertForPreTraining, BertForMaskedLM and BertFor{Sequence,Token}'
                           'Classification / BertForQuestionAnswering checkpoints')
 
@@ -175,7 +190,7 @@ def read_hf_task(directory: str) -> dict[str, Any] | None:
     {'name' (config.json's finetuning_task, or ''), 'kind' ('classification', 'regression', 'token' or
     'span'), 'num_labels', 'label_names' (id2label in id order)}, the form `load_finetuned` gives.
   """
-  hf_config = hf_files.read_json_config(directory)
+  hf_config = model_dir.read_json_config(directory)
   arch = (hf_config.get('architectures') or [''])[0]
   if arch not in TASK_ARCHITECTURES.values():
     return None
@@ -190,7 +205,7 @@ def read_hf_task(directory: str) -> dict[str, Any] | None:
   elif arch == 'BertForTokenClassification':
     kind = 'token'
   else:
-    kinds = {problem: kind for kind, problem in hf_tasks.PROBLEM_TYPES.items()}
+    kinds = {problem: kind for kind, problem in task_classes.PROBLEM_TYPES.items()}
     kind = kinds.get(hf_config.get('problem_type'), 'classification')
   return {'name': hf_config.get('finetuning_task') or '', 'kind': kind, 'num_labels': num_labels,
           'label_names': labels if kind in ('classification', 'multilabel', 'token') else []}
@@ -209,10 +224,10 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
 
   A WordPiece tokenizer is written as vocab.txt + tokenizer.json + tokenizer_config.json
   (transformers' BertTokenizer reads them). A SentencePiece tokenizer is written as tokenizer.json
-  (its conversion, `hf_tokenizer.sentencepiece_to_tokenizers`, checked against SentencePiece
+  (its conversion, `tokenizer_json.sentencepiece_to_tokenizers`, checked against SentencePiece
   first: a model that would tokenize differently is refused) + tokenizer_config.json +
   special_tokens_map.json for transformers' fast tokenizer, and as spiece.model, which bert_jax
-  reads back bit-exactly (`load_hf_tokenizer`).
+  reads back bit-exactly (`model_dir.load_hf_tokenizer`).
 
   Args:
     directory: output directory; must be empty or absent unless `overwrite`.
@@ -232,30 +247,30 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
   heads = {p[0] for p in flat} - {'bert'}
-  num_labels = hf_tasks.check_task(task, heads)
+  num_labels = task_classes.check_task(task, heads)
   groups = {'bert'} | heads | ({'pooler'} if task is None or task['kind'] in SEQUENCE_KINDS else set())
   if 'pooler' in groups and cfg.pooler_activation != 'tanh':
     raise CheckpointError(f'model.pooler_activation={cfg.pooler_activation}: BERT\'s pooler applies tanh, so its '
                           'pooled output would differ in transformers; nothing written')
   table = [e for e in _name_table(cfg.num_layers) if e.group in groups]
-  shapes = hf_files.param_shapes(cfg, num_labels)
+  shapes = model_dir.param_shapes(cfg, num_labels)
   exported = {e.path for e in table}
   unknown = sorted('/'.join(map(str, p)) for p in set(flat) - exported
                    if not (p[:2] == ('bert', 'pooler') and 'pooler' not in groups))
   if unknown:
-    raise CheckpointError(f'parameters {hf_files.some(unknown)} are not part of a {cfg.num_layers}-layer '
+    raise CheckpointError(f'parameters {model_dir.some(unknown)} are not part of a {cfg.num_layers}-layer '
                           "BERT with pretraining or task heads; pass {'bert': params['bert']} (plus 'mlm' "
                           "and 'nsp' if present) to export the encoder; nothing written")
   missing = ['/'.join(map(str, e.path)) for e in table if e.path not in flat]
   if missing:
-    raise CheckpointError(f'params lack {hf_files.some(missing)}; nothing written')
+    raise CheckpointError(f'params lack {model_dir.some(missing)}; nothing written')
   for e in table:
     if tuple(flat[e.path].shape) != shapes[e.path]:
       raise CheckpointError(f'parameter {"/".join(map(str, e.path))} has shape '
                             f'{tuple(flat[e.path].shape)} but the config implies {shapes[e.path]}')
-  tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
+  tokenizer_files = model_dir.TokenizerExport.check(tokenizer, cfg)
 
-  hf_files.prepare_directory(directory, overwrite)
+  model_dir.prepare_directory(directory, overwrite)
   prefix = 'bert.' if heads else ''
   tensors = {_hf_name(e, prefix): np.ascontiguousarray(
       e.rule.to_hf(np.asarray(jax.device_get(flat[e.path]), np.float32))) for e in table}
@@ -270,7 +285,7 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
 def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
   """The ModelConfig of a BERT config.json (`hf`, already parsed; `path` names it in errors)."""
   hf = {**_HF_DEFAULTS, **hf}
-  hf_names.check_bert_layers(path, hf)
+  name_tables.check_bert_layers(path, hf)
   try:
     return ModelConfig(**{ours: hf[theirs] for ours, theirs in _CONFIG_KEYS.items()})
   except (BertJaxError, TypeError) as e:
@@ -304,4 +319,4 @@ def _hf_config(cfg: ModelConfig, heads: set, tokenizer, task: dict[str, Any] | N
     config['architectures'] = [arch[frozenset(heads)]]
     return config
   config['architectures'] = [TASK_ARCHITECTURES[task['kind']]]
-  return {**config, **hf_tasks.task_config(task)}
+  return {**config, **task_classes.task_config(task)}

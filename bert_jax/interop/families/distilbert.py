@@ -20,8 +20,8 @@ from typing import Any
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
-from bert_jax.interop import hf_family
-from bert_jax.interop.hf_names import SAME, Entry, attention, check_tied, dense, norm
+from bert_jax.interop.hf import bert_layout
+from bert_jax.interop.hf.name_tables import SAME, Entry, attention, check_tied, dense, norm
 
 LAYER_NORM_EPS = 1e-12  # fixed in DistilBERT's modules
 # DistilBertConfig's defaults, for keys a config.json leaves out.
@@ -48,7 +48,7 @@ def _table(cfg: ModelConfig) -> list[Entry]:
   return table
 
 
-FAMILY = hf_family.Family(
+FAMILY = bert_layout.Family(
     name='DistilBERT', prefix='distilbert.', table=_table, decoder='vocab_projector.weight',
     words='embeddings.word_embeddings.weight', token_types=False,
     classes={frozenset(): 'DistilBertModel', frozenset({'mlm'}): 'DistilBertForMaskedLM'},
@@ -57,7 +57,7 @@ FAMILY = hf_family.Family(
 
 def exports(cfg: ModelConfig) -> bool:
   """Whether `cfg` exports as DistilBERT: BERT-shaped without token types, embedding_size or position_offset."""
-  return (hf_family.bert_shaped(cfg) and not cfg.type_vocab_size and not cfg.embedding_size
+  return (bert_layout.bert_shaped(cfg) and not cfg.type_vocab_size and not cfg.embedding_size
           and not cfg.position_offset)
 
 
@@ -96,10 +96,10 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def load_checkpoint(directory: str, cfg: ModelConfig):
-  return hf_family.load(directory, cfg, FAMILY)
+  return bert_layout.load(directory, cfg, FAMILY)
 
 
 def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
                     task=None) -> None:
   check_exportable(cfg)
-  hf_family.save(directory, cfg, params, tokenizer, FAMILY, hf_config, overwrite=overwrite, task=task)
+  bert_layout.save(directory, cfg, params, tokenizer, FAMILY, hf_config, overwrite=overwrite, task=task)

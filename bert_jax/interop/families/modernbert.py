@@ -40,7 +40,7 @@ from safetensors import numpy as st_numpy
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
-from bert_jax.interop import hf_files
+from bert_jax.interop.hf import model_dir
 from bert_jax.runs import reporting
 
 # The switches that make a config ModernBERT-shaped.
@@ -248,30 +248,30 @@ def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict
     (config, params, has_mlm_head, False) as `families.load_hf_checkpoint`: `params` shaped like a
     ModernBERT-shaped BertForPreTraining's ('bert', and 'mlm' with a masked-LM head), its pooler zeros.
   """
-  tensors = hf_files.read_tensors(directory)
+  tensors = model_dir.read_tensors(directory)
   prefix = 'model.' if any(n.startswith('model.') for n in tensors) else ''
-  table, shapes = _name_table(cfg), hf_files.param_shapes(cfg)
+  table, shapes = _name_table(cfg), model_dir.param_shapes(cfg)
   words = tensors.get(prefix + 'embeddings.tok_embeddings.weight')
   decoder = tensors.get(_DECODER_WEIGHT)
   if decoder is not None and (words is None or decoder.shape != words.shape or not np.array_equal(decoder, words)):
     raise CheckpointError(f'{directory}: {_DECODER_WEIGHT} differs from {prefix}embeddings.tok_embeddings.weight; '
                           'bert_jax ties the MLM decoder to them, so an untied decoder cannot be imported')
   has_mlm = any(e.group == 'mlm' and e.hf_name in tensors for e in table)
-  with open(os.path.join(directory, hf_files.CONFIG_FILE), encoding='utf-8') as f:
+  with open(os.path.join(directory, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     decoder_bias = json.load(f).get('decoder_bias', True)
   wanted = [e for e in table if e.group == 'bert' or has_mlm]
   zero_decoder_bias = has_mlm and not decoder_bias  # decoder_bias=false: the same function with zeros
   missing = [_hf_name(e, prefix) for e in wanted if _hf_name(e, prefix) not in tensors
              and not (zero_decoder_bias and e.hf_name == 'decoder.bias')]
   if missing:
-    raise CheckpointError(f'{directory}/{hf_files.WEIGHTS_FILE} lacks {len(missing)} tensor(s) a {cfg.num_layers}-layer '
-                          f'ModernBERT{" (biases on)" if cfg.use_bias else ""} needs: {hf_files.some(missing)}')
+    raise CheckpointError(f'{directory}/{model_dir.WEIGHTS_FILE} lacks {len(missing)} tensor(s) a '
+                          f'{cfg.num_layers}-layer ModernBERT{" (biases on)" if cfg.use_bias else ""} needs: {model_dir.some(missing)}')
   known = {_hf_name(e, prefix) for e in table} | {_DECODER_WEIGHT}
   unknown = sorted(n for n in tensors if n not in known)
   if unknown:
-    raise CheckpointError(f'{directory}/{hf_files.WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer ModernBERT '
-                          f'with a masked-LM head lacks: {hf_files.some(unknown)}; bert_jax imports ModernBertModel and '
-                          'ModernBertForMaskedLM checkpoints')
+    raise CheckpointError(f'{directory}/{model_dir.WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer '
+                          f'ModernBERT with a masked-LM head lacks: {model_dir.some(unknown)}; bert_jax imports '
+                          'ModernBertModel and ModernBertForMaskedLM checkpoints')
   flat = {}
   for e in wanted:
     our_shapes = [shapes[p] for p in e.paths]
@@ -314,19 +314,19 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
   flat = {p: x for p, x in flat.items() if p[0] != 'nsp' and p[:2] != ('bert', 'pooler')}
   with_mlm = any(p[0] == 'mlm' for p in flat)
   table = [e for e in _name_table(cfg) if e.group == 'bert' or with_mlm]
-  shapes = hf_files.param_shapes(cfg)
-  hf_files.check_params(flat, {p for e in table for p in e.paths}, shapes,
-                        f"a {cfg.num_layers}-layer ModernBERT with a masked-LM head; pass {{'bert': params['bert']}} "
-                        "(plus 'mlm') to export the encoder")
-  tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
+  shapes = model_dir.param_shapes(cfg)
+  model_dir.check_params(flat, {p for e in table for p in e.paths}, shapes,
+                          f"a {cfg.num_layers}-layer ModernBERT with a masked-LM head; pass {{'bert': params['bert']}} "
+                          "(plus 'mlm') to export the encoder")
+  tokenizer_files = model_dir.TokenizerExport.check(tokenizer, cfg)
 
-  hf_files.prepare_directory(directory, overwrite)
+  model_dir.prepare_directory(directory, overwrite)
   prefix = 'model.' if with_mlm else ''
   host = {p: np.asarray(jax.device_get(x), np.float32) for p, x in flat.items()}
   tensors = {_hf_name(e, prefix): np.ascontiguousarray(e.to_hf([host[p] for p in e.paths])) for e in table}
-  st_numpy.save_file(tensors, os.path.join(directory, hf_files.WEIGHTS_FILE), metadata={'format': 'pt'})
+  st_numpy.save_file(tensors, os.path.join(directory, model_dir.WEIGHTS_FILE), metadata={'format': 'pt'})
   config = _hf_config(cfg, with_mlm, tokenizer)
   if tokenizer_files is not None:
     tokenizer_files.write(directory, cfg.max_position_embeddings, token_types=False)
-  with open(os.path.join(directory, hf_files.CONFIG_FILE), 'w', encoding='utf-8') as f:
+  with open(os.path.join(directory, model_dir.CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)

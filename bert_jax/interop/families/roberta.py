@@ -26,8 +26,8 @@ from typing import Any
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
-from bert_jax.interop import hf_family, hf_files
-from bert_jax.interop.hf_names import SAME, Entry, bert_encoder_table, check_bert_layers, check_tied, dense, norm
+from bert_jax.interop.hf import bert_layout, model_dir
+from bert_jax.interop.hf.name_tables import SAME, Entry, bert_encoder_table, check_bert_layers, check_tied, dense, norm
 
 # RobertaConfig's defaults (XLMRobertaConfig's are the same), for keys a config.json leaves out.
 _HF_DEFAULTS = dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -46,8 +46,8 @@ def _table(cfg: ModelConfig) -> list[Entry]:
   return table
 
 
-def _family(name: str, cls: str) -> hf_family.Family:
-  return hf_family.Family(
+def _family(name: str, cls: str) -> bert_layout.Family:
+  return bert_layout.Family(
       name=name, prefix='roberta.', table=_table, decoder='lm_head.decoder.weight',
       words='embeddings.word_embeddings.weight', token_types=False, pooled=frozenset({frozenset()}),
       decoder_bias=('lm_head.decoder.bias', 'lm_head.bias'),
@@ -62,7 +62,7 @@ DESCRIPTIONS = {'roberta': _family('RoBERTa', 'Roberta'), 'xlm-roberta': _family
 def exports(cfg: ModelConfig) -> bool:
   """Whether `cfg` exports as RoBERTa (or XLM-R, by its tokenizer: `save_checkpoint`): BERT-shaped with a
   position_offset, without an embedding_size."""
-  return hf_family.bert_shaped(cfg) and bool(cfg.position_offset) and not cfg.embedding_size
+  return bert_layout.bert_shaped(cfg) and bool(cfg.position_offset) and not cfg.embedding_size
 
 
 def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
@@ -121,13 +121,13 @@ def check_exportable(cfg: ModelConfig, tokenizer) -> None:
 
 
 def load_checkpoint(directory: str, cfg: ModelConfig):
-  model_type = hf_files.read_json_config(directory).get('model_type')
-  return hf_family.load(directory, cfg, DESCRIPTIONS[model_type])
+  model_type = model_dir.read_json_config(directory).get('model_type')
+  return bert_layout.load(directory, cfg, DESCRIPTIONS[model_type])
 
 
 def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
                     task=None) -> None:
   check_exportable(cfg, tokenizer)
   model_type = model_type_of(tokenizer)
-  hf_family.save(directory, cfg, params, tokenizer, DESCRIPTIONS[model_type], hf_config(model_type),
-                 overwrite=overwrite, task=task)
+  bert_layout.save(directory, cfg, params, tokenizer, DESCRIPTIONS[model_type], hf_config(model_type),
+                   overwrite=overwrite, task=task)

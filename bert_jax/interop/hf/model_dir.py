@@ -18,7 +18,7 @@ from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import CheckpointError, DataError
 from bert_jax.files import check_regular
-from bert_jax.interop import hf_tokenizer
+from bert_jax.interop.hf import tokenizer_json
 from bert_jax.model.heads import BertForPreTraining, head_model
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = 'config.json', 'model.safetensors', 'model.safetensors.index.json'
@@ -194,7 +194,7 @@ class TokenizerExport:
   """A tokenizer checked for export before anything is written; `write` adds its files beside the weights.
 
   A Hugging Face tokenizer is written as transformers' own files (its tokenizer.json as read); SentencePiece as spiece.model (read now: an in-place export's
-  directory is emptied first) plus the tokenizer.json transformers runs with the same ids (`hf_tokenizer`).
+  directory is emptied first) plus the tokenizer.json transformers runs with the same ids (`tokenizer_json`).
   """
 
   tokenizer: Any
@@ -213,8 +213,8 @@ class TokenizerExport:
                             f'model only {cfg.vocab_size} embeddings; export the matching tokenizer')
     if isinstance(tokenizer, tokenization.WordPieceTokenizer):
       return cls(tokenizer)
-    fast = hf_tokenizer.sentencepiece_to_tokenizers(tokenizer)  # DataError: not convertible
-    hf_tokenizer.check_exact(tokenizer, fast)  # DataError: other ids than ours
+    fast = tokenizer_json.sentencepiece_to_tokenizers(tokenizer)  # DataError: not convertible
+    tokenizer_json.check_exact(tokenizer, fast)  # DataError: other ids than ours
     with open(tokenizer.path, 'rb') as f:
       return cls(tokenizer, f.read(), fast)
 
@@ -224,5 +224,5 @@ class TokenizerExport:
       return
     with open(os.path.join(directory, SPIECE_FILE), 'wb') as f:
       f.write(self.spiece)
-    hf_tokenizer.save_for_transformers(self.tokenizer, directory, model_max_length=model_max_length, fast=self.fast,
-                                       token_types=token_types)
+    tokenizer_json.save_for_transformers(self.tokenizer, directory, model_max_length=model_max_length, fast=self.fast,
+                                         token_types=token_types)
