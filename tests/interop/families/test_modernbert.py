@@ -1,4 +1,4 @@
-"""bert_jax.interop.modernbert: ModernBERT-shaped models import from and export to transformers' ModernBERT.
+"""bert_jax.interop.families.modernbert: ModernBERT-shaped models import from and export to transformers' ModernBERT.
 
 The reference (tests/fixtures/hf_modernbert) is a random ModernBertForMaskedLM with transformers'
 logits on a padded batch (data/make_hf_modernbert_reference.py), checked where transformers is
