@@ -38,8 +38,8 @@ from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.model.pooling import POOLINGS
 from bert_jax.interop import families, sentence_transformers
-from bert_jax.interop.hf import model_dir
 from bert_jax.interop.families import bert
+from bert_jax.interop.hf import model_dir
 from bert_jax.interop.pretrained import describe, load_finetuned, load_pretrained
 from bert_jax.runs import reporting, workdir
 

@@ -26,8 +26,8 @@ from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenize
 from bert_jax.model.biencoder import BiEncoder, ContrastiveSpec
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.interop import families, sentence_transformers
-from bert_jax.interop.hf import model_dir, task_classes
 from bert_jax.interop.families import bert
+from bert_jax.interop.hf import model_dir, task_classes
 from bert_jax.interop.packaged import packaged_minilm  # pylint: disable=unused-import  # its old home
 from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model

@@ -18,8 +18,8 @@ from typing import Any
 
 from bert_jax.config import ModelConfig
 from bert_jax.errors import CheckpointError
-from bert_jax.interop.hf import bert_layout, model_dir
 from bert_jax.interop.families import bert, distilbert, electra, modernbert, roberta
+from bert_jax.interop.hf import bert_layout, model_dir
 
 FAMILIES = {'bert': bert, 'distilbert': distilbert, 'electra': electra, 'modernbert': modernbert,
             'roberta': roberta, 'xlm-roberta': roberta}

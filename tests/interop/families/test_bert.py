@@ -20,8 +20,8 @@ from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError, ConfigError, DataError
 from bert_jax.interop import families
-from bert_jax.interop.hf import model_dir
 from bert_jax.interop.families import bert
+from bert_jax.interop.hf import model_dir
 from bert_jax.model import encoder as model, heads
 
 from helpers import FIXTURES, minilm_dir, model_tolerance

@@ -18,8 +18,8 @@ from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import families
-from bert_jax.interop.hf import model_dir
 from bert_jax.interop.families import bert
+from bert_jax.interop.hf import model_dir
 from bert_jax.model import heads
 
 TOL = 1e-5

@@ -21,8 +21,8 @@ from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import families
-from bert_jax.interop.hf import model_dir
 from bert_jax.interop.families import modernbert
+from bert_jax.interop.hf import model_dir
 from bert_jax.model import heads
 
 from helpers import FIXTURES, model_tolerance
