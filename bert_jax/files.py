@@ -6,11 +6,14 @@ read forever or never ends, so every path a user gives is checked with `check_re
 Remote paths: gs:// and s3:// go through fsspec (etils.epath, Orbax); `bert_jax.object_stores` checks them before any
 work (the package installed, the bucket reachable) and says whether one can be written. `writable(path)` is the one
 answer to whether a path can be written, local (its nearest existing ancestor is a writable directory) or remote.
-Paths of workdirs: `exists`, `isdir`, `listdir`, `makedirs`, `open_file`, `remove` take a local path (the os
-module, as before) or a remote one (gs://, s3://: etils.epath). An object store has no rename and no append:
-remote atomic writes write the object once (GCS and S3 publish an object whole when it is closed), and
-`open_file(path, 'a')` rewrites the object whole at most every REMOTE_FLUSH_S seconds and on close; `copy_file`
-copies bytes between the two kinds.
+The one I/O layer: nothing else in bert_jax calls `open()` or asks os.path about a file (tests/test_io_layer.py).
+`open`, `exists`, `isdir`, `isfile`, `getsize`, `listdir`, `makedirs`, `remove` take a local path (the os module, as
+before) or a remote one (gs://, s3://: etils.epath). `open` undoes a compression named by the path's suffix (.gz,
+.bz2, .xz: `COMPRESSIONS`) on read and applies it on write, so every file a user gives may be compressed, local or
+remote. `read_json` is the one reader of a JSON file that must hold an object (or a list), in one line when it
+cannot. An object store has no rename and no append: remote atomic writes write the object once (GCS and S3 publish
+an object whole when it is closed), and `open(path, 'a')` rewrites the object whole at most every REMOTE_FLUSH_S
+seconds and on close; `copy_file` copies bytes between the two kinds.
 Locks: `Lock` is a file naming its holder (host, pid and the pid's start time), so a lock left
 by a process that no longer exists on this host is recognised and taken over. On a remote workdir the lock is
 written when absent, which two runs starting in the same second could both do (an object store has no
@@ -19,17 +22,22 @@ exclusive create through fsspec).
 
 from __future__ import annotations
 
+import builtins
+import bz2
 import datetime
+import gzip
 import io
 import json
+import lzma
 import os
 import socket
 import stat
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
+import zlib
 
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.errors import BertJaxError, ConfigError, DataError
 
 # How a failed write reads in library errors that carry no errno (tensorstore reports ENOSPC as ValueError).
 WRITE_FAILURES = ('No space left on device', 'Disk quota exceeded', 'Read-only file system')
@@ -82,6 +90,22 @@ def isfile(path: str) -> bool:
   return _gpath(path).is_file() if is_remote(path) else os.path.isfile(path)
 
 
+def getsize(path: str) -> int:
+  """The size of file `path` in bytes (its stored, compressed size); OSError when it is none."""
+  if not is_remote(path):
+    return os.path.getsize(path)
+  size = _gpath(path).stat().length
+  if size is None:
+    raise FileNotFoundError(path)
+  return size
+
+
+def getmtime(path: str) -> float:
+  """When file `path` was last written, in seconds since the epoch (a remote object: when it was written, to the
+  second); OSError when it is none."""
+  return _gpath(path).stat().mtime if is_remote(path) else os.path.getmtime(path)
+
+
 def listdir(path: str) -> list[str]:
   """The names in directory `path` (FileNotFoundError when it is none)."""
   if not is_remote(path):
@@ -92,10 +116,11 @@ def listdir(path: str) -> list[str]:
 
 
 def copy_file(source: str, target: str) -> None:
-  """Copies file `source` to `target`, either of them local or remote (small files: read whole)."""
-  with open_file(source, 'rb') as f:
+  """Copies file `source` to `target`, either of them local or remote (small files: read whole), byte for byte
+  (a compressed file stays compressed)."""
+  with open(source, 'rb', compression='') as f:
     data = f.read()
-  with open_file(target, 'wb') as out:
+  with open(target, 'wb', compression='') as out:
     out.write(data)
 
 
@@ -159,17 +184,155 @@ class _RemoteAppend(io.StringIO):
     super().close()
 
 
-def open_file(path: str, mode: str = 'r', **kwargs: Any):
-  """`open(path, mode, ...)` of a local or remote file ('a' on a remote one: `_RemoteAppend`)."""
+# A file's compression, named by the suffix of its path: what `open` undoes on read and applies on write.
+COMPRESSIONS = {'.gz': 'gzip', '.bz2': 'bz2', '.xz': 'xz'}
+# A compressed stream's first bytes (corpus files are recognised by them, whatever their names).
+COMPRESSION_MAGIC = ((b'\x1f\x8b', 'gzip'), (b'BZh', 'bz2'), (b'\xfd7zXZ\x00', 'xz'))
+_CODECS = {'gzip': lambda raw, mode: gzip.GzipFile(fileobj=raw, mode=mode),
+           'bz2': lambda raw, mode: bz2.BZ2File(raw, mode=mode),
+           'xz': lambda raw, mode: lzma.LZMAFile(raw, mode=mode)}
+# What a damaged compressed stream raises (gzip and bz2 also a plain OSError without an errno).
+_DAMAGED = (EOFError, zlib.error, lzma.LZMAError)
+
+
+def compression_of(path: str) -> str:
+  """'gzip', 'bz2' or 'xz' when `path` ends in .gz, .bz2 or .xz (`COMPRESSIONS`), else ''."""
+  return COMPRESSIONS.get(os.path.splitext(str(path))[1].lower(), '')
+
+
+def without_compression(path: str) -> str:
+  """`path` without its compression suffix ('train.csv.gz' -> 'train.csv'): the name its format is read from."""
+  path = str(path)
+  return os.path.splitext(path)[0] if compression_of(path) else path
+
+
+def decompressed(path: str, raw: BinaryIO, kind: str) -> BinaryIO:
+  """The bytes of `raw` decompressed as `kind` ('gzip', 'bz2', 'xz'; '': `raw` itself). Closing the result leaves
+  `raw` open."""
+  if not kind:
+    return raw
+  if kind not in _CODECS:
+    raise ConfigError(f'{path}: unknown compression {kind!r}; expected one of {", ".join(_CODECS)}')
+  return _CODECS[kind](raw, 'rb')
+
+
+def _one_line(error: BaseException) -> str:
+  return ' '.join(str(error).split()) or type(error).__name__
+
+
+class _Compressed(io.RawIOBase):
+  """The uncompressed bytes of a file opened as `raw`: read (damaged data: one DataError naming the file) or
+  written. Closing it finishes the compressed stream and closes `raw`."""
+
+  def __init__(self, path: str, raw: BinaryIO, kind: str, mode: str):
+    super().__init__()
+    self._path, self._raw, self._kind, self._mode = path, raw, kind, mode
+    self._codec = _CODECS[kind](raw, mode)
+
+  def readable(self) -> bool:
+    return self._mode == 'rb'
+
+  def writable(self) -> bool:
+    return self._mode != 'rb'
+
+  def readinto(self, buffer) -> int:
+    try:
+      data = self._codec.read(len(buffer))
+    except _DAMAGED as e:
+      raise DataError(f'{self._path}: corrupt {self._kind} data ({_one_line(e)})') from None
+    except OSError as e:
+      if e.errno is not None:  # the file's own read failed
+        raise
+      raise DataError(f'{self._path}: corrupt {self._kind} data ({_one_line(e)})') from None
+    buffer[:len(data)] = data
+    return len(data)
+
+  def write(self, data) -> int:
+    return self._codec.write(data)
+
+  def close(self) -> None:
+    if not self.closed:
+      try:
+        self._codec.close()
+      finally:
+        self._raw.close()
+    super().close()
+
+
+def open(path: str, mode: str = 'r', *, compression: str | None = None,  # pylint: disable=redefined-builtin
+         **kwargs: Any):
+  """`open(path, mode, ...)` of a local or remote (gs://, s3://) file, compressed or not.
+
+  Args:
+    path: a local path or a remote one.
+    mode: 'r', 'w', 'a' or 'x', with 'b' for bytes ('a' on a remote file: the object rewritten whole,
+      `_RemoteAppend`).
+    compression: 'gzip', 'bz2', 'xz' or '' (none); None: from the path's suffix (`COMPRESSIONS`). A compressed
+      file is decompressed as it is read (damaged data: a DataError naming the file) and compressed as it is
+      written (appending adds a compressed stream, which readers join; not on a remote file).
+    **kwargs: what open() takes: encoding (a remote or compressed text file: UTF-8 unless given), errors,
+      newline, ...
+
+  Returns:
+    A file object: text, or bytes for a 'b' mode.
+  """
+  path = str(path)
+  kind = compression_of(path) if compression is None else compression
+  if not kind:
+    return _open(path, mode, **kwargs)
+  if kind not in _CODECS:
+    raise ConfigError(f'{path}: unknown compression {kind!r}; expected one of {", ".join(_CODECS)}')
+  base = mode.replace('b', '').replace('t', '')
+  if base not in ('r', 'w', 'a', 'x'):
+    raise ValueError(f'mode {mode!r} of a compressed file {path}: read, write or append it')
+  if base == 'a' and is_remote(path):
+    raise ValueError(f'{path}: a compressed object cannot be appended to')
+  stream = _Compressed(path, _open(path, base + 'b'), kind, 'rb' if base == 'r' else 'wb')
+  buffered = io.BufferedReader(stream) if base == 'r' else io.BufferedWriter(stream)
+  if 'b' in mode:
+    return buffered
+  return io.TextIOWrapper(buffered, encoding=kwargs.get('encoding') or 'utf-8', errors=kwargs.get('errors'),
+                          newline=kwargs.get('newline'))
+
+
+def _open(path: str, mode: str, **kwargs: Any):
+  """open() of a local file, or its remote counterpart (a text file read through one decoder, as a local one)."""
   if not is_remote(path):
-    return open(path, mode, **kwargs)  # pylint: disable=unspecified-encoding  # the caller's encoding
+    return builtins.open(path, mode, **kwargs)  # pylint: disable=unspecified-encoding  # the caller's encoding
   if mode == 'a':
     return _RemoteAppend(path)
-  if mode == 'r':  # read whole (small files), decoded as asked: epath's open takes no errors=
-    return io.StringIO(_gpath(path).read_bytes().decode(kwargs.get('encoding') or 'utf-8',
-                                                        kwargs.get('errors') or 'strict'))
+  if mode in ('r', 'rt'):  # epath's text files take no errors= or newline=: the decoder is ours
+    return io.TextIOWrapper(_gpath(path).open('rb'), encoding=kwargs.get('encoding') or 'utf-8',
+                            errors=kwargs.get('errors'), newline=kwargs.get('newline'))
   kwargs.pop('newline', None)
   return _gpath(path).open(mode, **kwargs)
+
+
+def read_json(path: str, what: str = '', kind: type = dict, error: type[BertJaxError] = DataError,
+              missing: str | None = None) -> Any:
+  """The JSON value of file `path` (local or remote, compressed or not), which must be a `kind` (dict: an object;
+  list; object: any value).
+
+  Raises:
+    `error` (DataError unless given) in one line naming `what` and the file: it does not exist (`missing`, when
+    given, is the whole message), is a FIFO or device, cannot be read, is not UTF-8 JSON, or holds another kind of
+    value.
+  """
+  name = f'{what} {path}' if what else str(path)
+  check_regular(path, what or 'JSON file')
+  try:
+    with open(path, encoding='utf-8') as f:
+      value = json.load(f)
+  except FileNotFoundError:
+    raise error(missing or f'{name} does not exist') from None
+  except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+    raise error(f'{name} is not valid JSON ({e})') from None
+  except OSError as e:
+    raise error(f'{name} cannot be read ({e.strerror or _one_line(e)})') from None
+  if kind is not object and not isinstance(value, kind):
+    wanted = {dict: 'an object', list: 'a list'}.get(kind, f'a {kind.__name__}')
+    raise error(f'{name} holds a JSON {type(value).__name__}, not {wanted}')
+  return value
 
 
 def write_text_atomic(path: str, text: str) -> None:
@@ -181,7 +344,7 @@ def write_text_atomic(path: str, text: str) -> None:
     return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8', newline='') as f:
+  with builtins.open(tmp, 'w', encoding='utf-8', newline='') as f:
     f.write(text)
   os.replace(tmp, path)
 
@@ -247,7 +410,7 @@ def not_utf8(path: str, what: str = '') -> DataError:
   characters) of its first undecodable byte, as every other error in a data file names its line. A decoder's own
   byte position counts from the start of the buffer it was given, not of the file."""
   name = f'{what} {path}' if what else path
-  with open_file(path, 'rb') as f:
+  with open(path, 'rb') as f:
     for line, raw in enumerate(f, 1):  # '\n' never occurs inside a UTF-8 sequence: each line decodes alone
       try:
         raw.decode('utf-8')
@@ -262,7 +425,7 @@ def not_utf8(path: str, what: str = '') -> DataError:
 def _start_time(pid: int) -> str | None:
   # Field 22 of /proc/<pid>/stat: ticks since boot when the process started; tells a reused pid apart.
   try:
-    with open(f'/proc/{pid}/stat', encoding='ascii') as f:
+    with builtins.open(f'/proc/{pid}/stat', encoding='ascii') as f:
       return f.read().rsplit(')', 1)[1].split()[19]
   except (OSError, IndexError):
     return None
@@ -331,7 +494,7 @@ class Lock:
   def release(self) -> None:
     """Removes the lock file if this process holds it."""
     try:
-      with open_file(self.path, encoding='utf-8') as f:
+      with open(self.path, encoding='utf-8') as f:
         held = json.load(f)
       if held.get('pid') == self.me['pid'] and held.get('host') == self.me['host']:
         remove(self.path)
@@ -342,7 +505,7 @@ class Lock:
 def _record(path: str) -> dict[str, Any]:
   """A lock file's holder record; {} when it cannot be read or is no record (FileNotFoundError: no lock)."""
   try:
-    with open_file(path, encoding='utf-8') as f:
+    with open(path, encoding='utf-8') as f:
       held = json.load(f)
   except FileNotFoundError:
     raise

@@ -330,7 +330,7 @@ def read_texts(path: str) -> list[tuple[str, str | None]]:
   """
   files.check_regular(path, 'input file')
   try:
-    with open(path, 'rb') as f:
+    with files.open(path, 'rb') as f:
       data = f.read()
   except FileNotFoundError:
     raise DataError(f'input file {path} does not exist') from None

@@ -13,11 +13,11 @@ on the BEIR-layout set. bert_jax runs as `finetune.py:retrieval` in its own proc
 `train_wall_s` (compilation and the final save included, its evaluation not), the peer's is `trainer.train()`'s.
 --python runs bert_jax under another interpreter (jax 0.12 on Python 3.12 beside the peer's torch on 3.11),
 --dtype=bfloat16 and --peer_bf16 give each its bfloat16 compute. bert_jax's run restarts itself with glibc's malloc
-on transparent huge pages (cli.run; BERT_JAX_HUGE_PAGES=0: not); the peer trains in this process, on 4 KiB pages as
-its users run it unless started with GLIBC_TUNABLES=glibc.malloc.hugetlb=1; the table says which. The peer needs
-sentence-transformers (tests/requirements.txt) and its trainer's `datasets` and `accelerate` (e.g. `pip install
---target=/tmp/peerlib --no-deps 'datasets<5' accelerate dill xxhash multiprocess pandas pytz tzdata pyarrow`, then
-PYTHONPATH=/tmp/peerlib; datasets 5.2 fails to fingerprint the pairs, 2026-12-06).
+on transparent huge pages (bert_jax.hardware.prepare_process; BERT_JAX_HUGE_PAGES=0: not); the peer trains in this
+process, on 4 KiB pages as its users run it unless started with GLIBC_TUNABLES=glibc.malloc.hugetlb=1; the table
+says which. The peer needs sentence-transformers (tests/requirements.txt) and its trainer's `datasets` and
+`accelerate` (e.g. `pip install --target=/tmp/peerlib --no-deps 'datasets<5' accelerate dill xxhash multiprocess
+pandas pytz tzdata pyarrow`, then PYTHONPATH=/tmp/peerlib; datasets 5.2 fails to fingerprint the pairs, 2026-12-06).
 Prints the table, then one JSON line.
 """
 
@@ -29,7 +29,7 @@ import time
 
 from absl import flags
 
-from bert_jax import files
+from bert_jax import files, hardware
 from bert_jax.embedding import beir, pairs
 from bert_jax.embedding import retrieval_eval as evaluation
 from bert_jax.errors import ConfigError
@@ -139,7 +139,7 @@ def main(_):
           ('bert_jax finetune.py:retrieval', ours['eval_mrr_at_10'], ours['eval_ndcg_at_10'],
            ours['eval_recall_at_10'], ours['train_wall_s'])]
   # This process keeps the allocator it was started with; bert_jax's run (this environment) restarts itself.
-  peer_huge, ours_huge = bool(cli.given_huge_pages(os.environ)), cli.runs_on_huge_pages(os.environ)
+  peer_huge, ours_huge = bool(hardware.given_huge_pages(os.environ)), hardware.runs_on_huge_pages(os.environ)
   pages = lambda huge: 'malloc on huge pages' if huge else 'malloc on 4 KiB pages'
   versions = {'bert_jax': f'jax {our_jax}, {_DTYPE.value}, {pages(ours_huge)}',
               'peer': f'sentence-transformers {st.__version__}, torch {torch.__version__}, '

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import platform
 import re
 import sys
 from typing import Any, Callable
@@ -17,7 +16,7 @@ from typing import Any, Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import files
+from bert_jax import files, hardware
 from bert_jax.config import REMOVED, RENAMED
 from bert_jax.errors import BertJaxError, CheckpointWriteError, ConfigError, Preempted
 from bert_jax.runs import interrupts
@@ -63,9 +62,9 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
     multihost: start jax.distributed from the multi-host flags (False: a tool that never runs jax
       across processes; those flags are then not its own).
     kept: what a failed write leaves and how to go on, for its error line (a tool without checkpoints says its own).
-    huge_pages: restart on transparent huge pages first (`_restart_with_huge_pages`); False: keep the allocator the
-      process was started with (a benchmark whose peer trains in this process). The huge-pages settings are checked
-      either way, before any work.
+    huge_pages: restart on transparent huge pages first (`bert_jax.hardware.prepare_process`); False: keep the
+      allocator the process was started with (a benchmark whose peer trains in this process). The huge-pages settings
+      are checked either way, before any work.
   """
 
   def wrapped(argv):
@@ -81,7 +80,7 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
       for name in text_flags:
         _check_utf8(name, flags.FLAGS[name].value)
       _check_remote_paths()
-      if _started_as_itself():  # XLA's slow-compile banner becomes one line (not in another program's process)
+      if hardware.started_as_script():  # XLA's slow-compile banner becomes one line (not in another program's process)
         stderr_filter.start()
       with interrupts.watching():  # a signal while jax compiles is acknowledged at once, a second one stops at once
         if multihost:
@@ -115,9 +114,10 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
       sys.exit(1)
 
   if not any(a.split('=')[0] in _HELP_FLAGS for a in sys.argv[1:]):  # --help is shown whatever the environment
-    _check_huge_pages()  # every entry point, huge_pages or not: a setting no reader takes fails before any work
-    if huge_pages:
-      _restart_with_huge_pages()
+    try:  # every entry point, huge_pages or not: a setting no reader takes fails before any work
+      hardware.prepare_process(restart=huge_pages)
+    except ConfigError as e:
+      _fail(str(e))
   for holder in _MULTIHOST_FLAGS if multihost else ():  # --help of every entry point lists them beside its own
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
   if _has_config():
@@ -126,109 +126,6 @@ def run(main: Callable[[list[str]], None], allow_args: bool = False, text_flags:
     if any(a.split('=')[0] in _HELP_FLAGS for a in sys.argv[1:]):
       _add_config_help()
   app.run(wrapped, flags_parser=_parse_flags)
-
-
-HUGE_PAGES_TUNABLE = 'glibc.malloc.hugetlb=1'
-
-
-def huge_pages_unavailable() -> str | None:
-  """Why glibc's malloc cannot use transparent huge pages here, or None when `HUGE_PAGES_TUNABLE` gives them."""
-  libc, version = platform.libc_ver()
-  try:
-    if sys.platform != 'linux' or libc != 'glibc' or tuple(map(int, version.split('.')[:2])) < (2, 35):
-      return f'needs Linux with glibc >= 2.35 (here {sys.platform}, {libc or "no glibc"} {version})'
-    with open('/sys/kernel/mm/transparent_hugepage/enabled', encoding='ascii') as f:
-      mode = f.read().strip()
-  except (OSError, ValueError):
-    return 'no transparent huge pages in this kernel'
-  # [always]: every large mapping gets them already; [never]: none can
-  return None if '[madvise]' in mode else f'transparent huge pages are {mode!r}, not madvise'
-
-
-def _restart_with_huge_pages() -> None:
-  """Re-executes this entry point (same process id, arguments and environment) with glibc's malloc asking for
-  transparent huge pages, where that is not set yet and it helps: Linux with glibc >= 2.35 and huge pages in the
-  kernel's 'madvise' mode (the common default). XLA:CPU allocates each step's buffers afresh (gigabytes for a
-  training step), and glibc maps them anew each time: ~700k page faults a step in 4 KiB pages, 512x fewer in 2 MiB
-  ones. The MiniLM retrieval step: 4.0 -> 3.1 s under bfloat16 (jax 0.12), 5.5 -> 4.6 s under float32 (jax
-  0.10.2; docs/results.md).
-  Nothing else changes; BERT_JAX_HUGE_PAGES=0 keeps the process as started. Only a script started as itself
-  (`python3 experiments/X.py ...`: its arguments end the interpreter's command line) restarts, not one run in
-  another program (the tests' in-process runs). The imports before `run` are done twice: a fraction of a second for
-  the entry points that import jax after their flags, 2-3 s for the benchmarks that import it first. The settings
-  are valid (`_check_huge_pages`)."""
-  if not _started_as_itself() or given_huge_pages(os.environ) is not None or not runs_on_huge_pages(os.environ):
-    return
-  tunables = os.environ.get('GLIBC_TUNABLES', '')
-  # 'restarted' keeps a process whose tunables the loader drops (a privileged interpreter) from restarting again.
-  env = dict(os.environ, BERT_JAX_HUGE_PAGES='restarted',
-             GLIBC_TUNABLES=f'{tunables}:{HUGE_PAGES_TUNABLE}' if tunables else HUGE_PAGES_TUNABLE)
-  for stream in (sys.stdout, sys.stderr):
-    if stream is not None:
-      stream.flush()
-  try:
-    os.execve(sys.executable, sys.orig_argv, env)
-  except OSError:  # the interpreter cannot be started again (removed, replaced): go on as started
-    pass
-
-
-def _check_huge_pages() -> None:
-  """One error line and exit code 1 where BERT_JAX_HUGE_PAGES or GLIBC_TUNABLES' glibc.malloc.hugetlb has a value no
-  reader takes (`runs_on_huge_pages`): in every process, restarted or not, whatever the entry point's huge_pages."""
-  try:
-    runs_on_huge_pages(os.environ)
-  except ConfigError as e:
-    print(f'error: {e}', file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-# glibc.malloc.hugetlb: 0 (off), 1 (transparent huge pages through madvise), 2 (reserved huge pages of the default
-# size) or a larger number (of that size in bytes), as glibc reads a size (decimal, or hexadecimal with 0x).
-_HUGETLB_VALUE = re.compile(r'[0-9]+|0[xX][0-9a-fA-F]+')
-# BERT_JAX_HUGE_PAGES: 0 (never restart), 1 or unset (restart where huge pages help), 'restarted' (the restart's mark).
-_HUGE_PAGES_SETTINGS = ('', '0', '1', 'restarted')
-
-
-def given_huge_pages(environ) -> bool | None:
-  """What `environ`'s GLIBC_TUNABLES says of glibc.malloc.hugetlb (None: nothing; an entry point then decides).
-
-  Raises:
-    ConfigError: a value glibc does not read (the loader ignores it, silently: the process would not run on huge
-      pages while its results said it did).
-  """
-  given = dict(t.split('=', 1) for t in environ.get('GLIBC_TUNABLES', '').split(':') if '=' in t)
-  if 'glibc.malloc.hugetlb' not in given:
-    return None
-  value = given['glibc.malloc.hugetlb']
-  if not _HUGETLB_VALUE.fullmatch(value):
-    raise ConfigError(f'GLIBC_TUNABLES: glibc.malloc.hugetlb={value} is not a value glibc reads (it would ignore it): '
-                      'give 0 (off), 1 (transparent huge pages), or 2 (reserved huge pages; a larger number: their '
-                      'size in bytes)')
-  return int(value, 16 if value[:2] in ('0x', '0X') else 10) != 0
-
-
-def runs_on_huge_pages(environ) -> bool:
-  """Whether an entry point started with `environ` runs on huge pages, as started or after its restart.
-
-  Raises:
-    ConfigError: BERT_JAX_HUGE_PAGES or glibc.malloc.hugetlb (`given_huge_pages`) has a value no reader takes.
-  """
-  allowed = environ.get('BERT_JAX_HUGE_PAGES', '')
-  if allowed not in _HUGE_PAGES_SETTINGS:
-    raise ConfigError(f'BERT_JAX_HUGE_PAGES={allowed} is neither 0 (keep the allocator the process started with) '
-                      'nor 1 (restart on transparent huge pages where they help; the default when unset)')
-  given = given_huge_pages(environ)
-  if given is not None:
-    return given
-  return allowed not in ('0', 'restarted') and not huge_pages_unavailable()
-
-
-def _started_as_itself() -> bool:
-  """Whether this entry point is a process of its own (`python3 experiments/X.py ...`: its arguments end the
-  interpreter's command line), not run inside another program (the tests' in-process runs) or read from stdin
-  (`python3 -`, which cannot be read again)."""
-  return (getattr(sys, 'orig_argv', [])[-len(sys.argv):] == sys.argv and len(sys.orig_argv) > len(sys.argv)
-          and os.path.isfile(sys.argv[0]))
 
 
 def _has_config() -> bool:

@@ -47,7 +47,7 @@ def _overrides() -> dict:
 
 def main(_):
   # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
-  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
   from bert_jax.pretraining import evaluation as pretraining  # pylint: disable=g-import-not-at-top
   from bert_jax.train import scaffold  # pylint: disable=g-import-not-at-top
   # The workdir's kind picks its evaluation (train.scaffold.evaluate_workdir), which refuses another kind's options;

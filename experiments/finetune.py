@@ -47,13 +47,13 @@ def main(_):
   # finetune checks both again (first lines only: a moment) for the callers of its Python API.
   from bert_jax.finetuning.tasks.inputs import check_inputs  # pylint: disable=g-import-not-at-top
   check_inputs(cfg)
-  from bert_jax.finetuning import finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune_run  # pylint: disable=g-import-not-at-top
   from bert_jax.interop.pretrained import NO_INIT_CHECKPOINT  # pylint: disable=g-import-not-at-top
   if not cfg.init_checkpoint:  # the default's package is not installed
     raise ConfigError(NO_INIT_CHECKPOINT)
   # Model flags given explicitly must agree with the starting checkpoint's architecture (dropout: they win).
-  result = finetune.finetune(cfg, _WORKDIR.value, explicit_model_fields=cli.config_overrides('model.'))
-  finetune.print_summary(result)
+  result = finetune_run.finetune(cfg, _WORKDIR.value, explicit_model_fields=cli.config_overrides('model.'))
+  finetune_run.print_summary(result)
 
 
 if __name__ == '__main__':

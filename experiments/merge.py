@@ -19,7 +19,7 @@ import json
 from absl import flags
 
 from bert_jax.errors import ConfigError
-from bert_jax.pretraining import merge, pretrain
+from bert_jax.pretraining import merge, pretrain_run as pretrain
 from bert_jax.runs import reporting
 
 import cli

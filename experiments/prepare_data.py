@@ -27,7 +27,7 @@ _CONFIG = cli.define_config(
 def main(_):
   # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
   from bert_jax.data.mixture import Mixture  # pylint: disable=g-import-not-at-top
-  from bert_jax.pretraining import pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining import pretrain_run as pretrain  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import reporting  # pylint: disable=g-import-not-at-top
   from bert_jax.train.preemption import Preemption  # pylint: disable=g-import-not-at-top
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())

@@ -26,7 +26,7 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, logs and met
 
 def main(_):
   # jax, flax and orbax take seconds to import: only after the flags and the config are checked.
-  from bert_jax.pretraining import pretrain  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining import pretrain_run as pretrain  # pylint: disable=g-import-not-at-top
   from bert_jax.runs import reporting  # pylint: disable=g-import-not-at-top
   cfg = PretrainConfig.from_dict(_CONFIG.value.to_dict())
   # Model flags given explicitly must agree with an init_checkpoint's architecture.

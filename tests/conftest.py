@@ -1,4 +1,17 @@
-"""Test setup: 8 fake CPU devices (set before jax is imported) and shared fixtures (the functions: helpers.py)."""
+"""Test setup: 8 fake CPU devices and the XLA compile profile (set before jax is imported) and shared fixtures (the
+functions: helpers.py).
+
+XLA compile profiles. BERT_JAX_TEST_XLA_PROFILE names the compiler configuration of the test run, its workers and
+every process a test starts (they inherit it):
+  fast      the default: XLA:CPU compiles faster and the code runs a little slower (`_XLA_PROFILES` says how and
+            why). Results can differ from the default configuration's in the last bits, so a test compares runs
+            under the same profile.
+  default   XLA's own defaults, as users run: to time code in a test, and for the tests marked `xla_default` (what
+            bert_jax tunes for XLA:CPU's default configuration, e.g. the layouts of Dense's bfloat16 backward), which
+            tests/test_hardware.py also runs in a process of their own under this profile (a slow test).
+The developer's own XLA_FLAGS (e.g. --xla_cpu_max_isa=AVX2) are kept under either. BERT_JAX_TEST_XLA_FLAGS holds the
+profile's flags (helpers.user_environment removes them for the processes that run as a user's).
+"""
 
 import contextlib
 import dataclasses
@@ -12,23 +25,26 @@ import sys
 import tempfile
 from typing import Any
 
-# The tests' programs are tiny and compiled once or a few times each, so compiling is most of the suite's time (in
-# the slow tests of tests/pretraining, tests/finetuning and tests/test_faults.py, XLA's backend compile is 46 % of the
-# test processes' time). LLVM's optimisation passes are skipped (the CPU code runs a little slower, compiles about a
-# third faster; the slow tier of tests/train + tests/model took 250 s with them, 181 s without), and where the
-# installed XLA has the switch (jax 0.10; later ones removed it), its older loop emitters replace the MLIR fusion
-# emitters, which are most of a compile at this level (a profile of the tiny pretraining step's 4.4 s compile: 2.6 s
-# in the fusion emitters, 192 fusions): the tiny step compiles in 3.9 s instead of 5.2-6.2 s and runs as fast. Their
-# elementwise code is slower (a 256 x 256 tanh: 2.5x), which only the tests that burn time on purpose saw; those
-# burn with matrix products now. No fast-math at any level, but results can differ from the default flags' in the
-# last bits (a gradient of the tiny model: other bits), so a test compares runs under these same flags (every
-# process a test starts gets them). BERT_JAX_TEST_XLA_OPT=1 keeps XLA's defaults (e.g. to time code in a test).
-# helpers.launch_process gives the processes it starts with their own device count the same (this variable). (Two
-# suite runs lost a worker in the README-commands test, one with the loop emitters, one without: its real-size models
-# on 8 fake devices held 8 copies of their state beside the other worker, as to the OOM killer. Those commands run in
-# a process of their own on one device since, and a worker past 3 GiB releases its compiled programs after a module:
-# _release_memory_past_3_gib.)
+# The fast profile. The tests' programs are tiny and compiled once or a few times each, so compiling is most of the
+# suite's time (in the slow tests of tests/pretraining, tests/finetuning and tests/test_faults.py, XLA's backend
+# compile is 46 % of the test processes' time). LLVM's optimisation passes are skipped (the CPU code runs a little
+# slower, compiles about a third faster; the slow tier of tests/train + tests/model took 250 s with them, 181 s
+# without), and where the installed XLA has the switch (jax 0.10; later ones removed it), its older loop emitters
+# replace the MLIR fusion emitters, which are most of a compile at this level (a profile of the tiny pretraining
+# step's 4.4 s compile: 2.6 s in the fusion emitters, 192 fusions): the tiny step compiles in 3.9 s instead of
+# 5.2-6.2 s and runs as fast. Their elementwise code is slower (a 256 x 256 tanh: 2.5x), which only the tests that
+# burn time on purpose saw; those burn with matrix products now. No fast-math at any level, but results can differ
+# from the default flags' in the last bits (a gradient of the tiny model: other bits), so a test compares runs under
+# these same flags (every process a test starts gets them).
+# helpers.launch_process gives the processes it starts with their own device count the same (BERT_JAX_TEST_XLA_FLAGS).
+# (Two suite runs lost a worker in the README-commands test, one with the loop emitters, one without: its real-size
+# models on 8 fake devices held 8 copies of their state beside the other worker, as to the OOM killer. Those commands
+# run in a process of their own on one device since, and a worker past 3 GiB releases its compiled programs after a
+# module: _release_memory_past_3_gib.)
 _LOOP_EMITTERS = '--xla_cpu_use_fusion_emitters=false'
+_XLA_PROFILES = {'fast': ['--xla_backend_optimization_level=0', '--xla_llvm_disable_expensive_passes=true'],
+                 'default': []}
+_DEVICES = '--xla_force_host_platform_device_count=8'
 
 
 def _xla_accepts(flag: str) -> bool:
@@ -39,13 +55,20 @@ def _xla_accepts(flag: str) -> bool:
   return subprocess.run([sys.executable, '-c', probe], env=env, capture_output=True, check=False).returncode == 0
 
 
-if 'BERT_JAX_TEST_XLA_FLAGS' not in os.environ:
-  os.environ['BERT_JAX_TEST_XLA_FLAGS'] = '' if os.environ.get('BERT_JAX_TEST_XLA_OPT') == '1' else ' '.join(
-      ['--xla_backend_optimization_level=0', '--xla_llvm_disable_expensive_passes=true']
-      + [_LOOP_EMITTERS] * _xla_accepts(_LOOP_EMITTERS))
+XLA_PROFILE = os.environ.setdefault('BERT_JAX_TEST_XLA_PROFILE', 'fast')
+if XLA_PROFILE not in _XLA_PROFILES:
+  sys.exit(f'error: BERT_JAX_TEST_XLA_PROFILE={XLA_PROFILE} is neither fast (the default: XLA compiles faster) nor '
+           'default (XLA\'s own configuration)')
+if XLA_PROFILE == 'default':
+  os.environ['BERT_JAX_TEST_XLA_FLAGS'] = ''
+elif not os.environ.get('BERT_JAX_TEST_XLA_FLAGS'):  # else inherited from the process that starts the test run
+  os.environ['BERT_JAX_TEST_XLA_FLAGS'] = ' '.join(
+      _XLA_PROFILES['fast'] + [_LOOP_EMITTERS] * _xla_accepts(_LOOP_EMITTERS))
+# Any profile's flags and the device count inherited from a test run that started this one are dropped first.
+_ADDED = {_DEVICES, _LOOP_EMITTERS, *(f for flags in _XLA_PROFILES.values() for f in flags)}
 os.environ['XLA_FLAGS'] = ' '.join(
-    f for f in (os.environ.get('XLA_FLAGS', ''), '--xla_force_host_platform_device_count=8',
-                os.environ['BERT_JAX_TEST_XLA_FLAGS']) if f)
+    [f for f in os.environ.get('XLA_FLAGS', '').split() if f not in _ADDED]
+    + [_DEVICES] + os.environ['BERT_JAX_TEST_XLA_FLAGS'].split())
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # Entry points run in subprocesses import bert_jax from this checkout, whatever `pip install -e` points at.
 os.environ['PYTHONPATH'] = os.pathsep.join(
@@ -75,7 +98,7 @@ _OWN_USER_CACHE = os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp(prefix='bert_j
 
 # A test process holds hundreds of thousands of objects (jax's traces and executables, each test's modules), and
 # Python's default thresholds run a collection every 700 allocations: 5 % of a worker's time went to the cyclic
-# garbage collector (14 s of one worker's 240 s over tests/test_faults.py and tests/finetuning/test_finetune.py; 3 s with
+# garbage collector (14 s of one worker's 240 s over tests/test_faults.py and tests/finetuning/test_finetune_run.py; 3 s with
 # these; the older generations are collected every 20 younger ones instead of 10). The entry points and the library
 # keep Python's defaults.
 gc.set_threshold(50_000, 20, 20)
@@ -89,9 +112,12 @@ flags.FLAGS.mark_as_parsed()
 
 from helpers import (  # pylint: disable=g-import-not-at-top,wrong-import-position
   SMALL_VOCAB,
+  emulator_read_with_generation,
   finetune_config,
+  free_port,
   minilm_dir_or_skip,
   pretrain_flags,
+  probe_afresh,
   readme_commands,
   readme_script,
   retrieval_config,
@@ -116,6 +142,33 @@ def prepared(tmp_path_factory):
 @pytest.fixture
 def small_corpus(tmp_path):
   return write_small_corpus(tmp_path)
+
+
+@pytest.fixture
+def fake_bucket(monkeypatch):
+  """gs://bucket on a GCS emulator in this process (in memory), for gcsfs and tensorstore alike (tests of remote
+  paths: tests/test_remote_paths.py)."""
+  gcsfs = pytest.importorskip('gcsfs', reason='the [gcs] extra (gcsfs) is not installed: tests/requirements.txt')
+  emulator = pytest.importorskip('gcp_storage_emulator.server',
+                                 reason='gcp-storage-emulator is not installed: tests/requirements.txt')
+  for _, methods in emulator.HANDLERS:  # restored by monkeypatch after the test
+    for method, handler in methods.items():
+      if handler.__name__ in ('get', 'download'):
+        monkeypatch.setitem(methods, method, emulator_read_with_generation(handler))
+  port = free_port()
+  server = emulator.create_server('localhost', port, in_memory=True, default_bucket='bucket')
+  server.start()
+  url = f'http://localhost:{port}'
+  probe_afresh(monkeypatch)
+  monkeypatch.setenv('STORAGE_EMULATOR_HOST', url)  # gcsfs
+  monkeypatch.setenv('TENSORSTORE_GCS_HTTP_URL', url)  # tensorstore's GCS driver
+  monkeypatch.setenv('GOOGLE_AUTH_TOKEN_FOR_TESTING', 'fake')  # tensorstore: no credential lookup
+  gcsfs.GCSFileSystem.clear_instance_cache()
+  try:
+    yield 'gs://bucket'
+  finally:
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    server.stop()
 
 
 # --- Shared read-only runs ---------------------------------------------------------------------------------------
@@ -218,7 +271,7 @@ def pretrained_run(tmp_path_factory):
   """A finished tiny pretraining run (helpers.tiny_pretrain_config: 4 steps, checkpoints at 2 and 4, the final
   evaluation only), as the main job leaves one (SentencePiece tokenizer). Shared read-only (above): its workdir,
   corpus and cache."""
-  from bert_jax.pretraining import pretrain as pretraining  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining import pretrain_run as pretraining  # pylint: disable=g-import-not-at-top
 
   def build(root):
     corpus = write_small_corpus(root)
@@ -237,7 +290,7 @@ def pretrained_run(tmp_path_factory):
 @pytest.fixture(scope='session')
 def straight_pretraining(tmp_path_factory):
   """The workdir of an uninterrupted experiments/pretrain.py run (in a test worker) with helpers.pretrain_flags for
-  40 steps: what the tests that kill or preempt the same run (tests/pretraining/test_pretrain.py, tests/test_faults.py)
+  40 steps: what the tests that kill or preempt the same run (tests/pretraining/test_pretrain_run.py, tests/test_faults.py)
   resume to and compare with bitwise. Shared read-only (above); its corpus is helpers.write_small_corpus (the same
   text in every directory)."""
   def build(root):
@@ -255,7 +308,7 @@ def straight_pretraining(tmp_path_factory):
 def finetuned_workdir(tiny_checkpoint, tmp_path_factory):
   """A finished fine-tuning workdir: SST-2 from `tiny_checkpoint` (hidden 32, WordPiece), 2 steps of 16 at seq 32
   on 32 sentences, seed 0. Shared read-only (above); skips where the shared SST-2 data is absent."""
-  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
   cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
                         max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32)
   workdir = str(_built_once(tmp_path_factory, 'finetuned_workdir',
@@ -270,7 +323,7 @@ def retrieval_workdir(tiny_checkpoint, tmp_path_factory):
   """A finished retrieval run (finetune.py:retrieval): 2 steps of 8 pairs from `tiny_checkpoint`, mean pooling,
   Matryoshka sizes 32,16, learned temperature, evaluated on a BEIR set of 4 queries against 8 passages
   (helpers.write_retrieval_data, in its `data` directory beside it). Shared read-only (above)."""
-  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
 
   def build(root):
     (root / 'data').mkdir()
@@ -502,6 +555,11 @@ def pytest_unconfigure(config):
   if _OWN_XLA_CACHE:
     shutil.rmtree(_OWN_XLA_CACHE, ignore_errors=True)
   shutil.rmtree(_OWN_USER_CACHE, ignore_errors=True)
+
+
+def pytest_report_header(config):
+  del config
+  return f'XLA profile: {XLA_PROFILE} (XLA_FLAGS={os.environ["XLA_FLAGS"]})'
 
 
 def pytest_collection_modifyitems(config, items):

@@ -510,7 +510,7 @@ def restore_pretraining_state(workdir: str, cfg, step=None):
   import jax  # pylint: disable=g-import-not-at-top
 
   from bert_jax import sharding
-  from bert_jax.pretraining.pretrain import pretraining_model  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining.pretrain_run import pretraining_model  # pylint: disable=g-import-not-at-top
   from bert_jax.runs.checkpoints import Checkpointer  # pylint: disable=g-import-not-at-top
   from bert_jax.train import optim  # pylint: disable=g-import-not-at-top
   model = pretraining_model(cfg.model, optim.make_optimizer(cfg.optim, cfg.num_train_steps),
@@ -552,6 +552,27 @@ def shared_data_or_skip(name: str) -> str:
 # --- several processes (jax.distributed on localhost) ------------------------------------------
 
 MULTIPROCESS_TIMEOUT_S = 240  # a process waiting on a dead peer fails the test instead of hanging CI
+
+
+def probe_afresh(monkeypatch):
+  """What object_stores learnt of buckets and objects in earlier tests (another emulator on the same port), and the
+  paths it warned about, is forgotten."""
+  from bert_jax import object_stores  # pylint: disable=g-import-not-at-top
+  for name, empty in (('_ACCESS', {}), ('_OBJECTS', {}), ('_WRITABLE', {}), ('_WARNED', set())):
+    monkeypatch.setattr(object_stores, name, empty)
+
+
+def emulator_read_with_generation(handler):
+  """The GCS emulator's object read, with the generation header GCS sends (x-goog-generation), which tensorstore
+  reads to tell object versions apart (without it: 'Malformed StorageGeneration')."""
+  def read(request, response, storage, *args, **kwargs):
+    handler(request, response, storage, *args, **kwargs)
+    try:
+      response['x-goog-generation'] = storage.get_file_obj(request.params['bucket_name'],
+                                                           request.params['object_id'])['generation']
+    except Exception:  # pylint: disable=broad-except  (no such object: the handler's 404 stands)
+      pass
+  return read
 
 
 def free_port() -> int:

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(REPO, 'experiments'))  # as when experiments/pre
 import jax  # pylint: disable=g-import-not-at-top
 
 from bert_jax.data import loader as input_pipeline  # pylint: disable=g-import-not-at-top
-from bert_jax.pretraining import pretrain as pretraining  # pylint: disable=g-import-not-at-top
+from bert_jax.pretraining import pretrain_run as pretraining  # pylint: disable=g-import-not-at-top
 
 import cli  # pylint: disable=g-import-not-at-top
 

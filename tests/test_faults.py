@@ -25,8 +25,8 @@ import pytest
 
 from bert_jax import config, files
 from bert_jax.errors import BertJaxError, CheckpointError, ConfigError
-from bert_jax.finetuning import finetune as finetuning
-from bert_jax.pretraining import pretrain as pretraining
+from bert_jax.finetuning import finetune_run as finetuning
+from bert_jax.pretraining import pretrain_run as pretraining
 from bert_jax.runs import checkpoints as checkpointing, workdir as workdir_lib
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train import preemption

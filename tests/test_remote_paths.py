@@ -34,6 +34,7 @@ from helpers import (
   REPO,
   assert_one_line_error,
   free_port,
+  probe_afresh,
   run_main,
   shared_data_or_skip,
   sigterm_at_pretraining_batch,
@@ -84,60 +85,14 @@ def test_entry_points_say_it_before_any_work(missing, tmp_path):
   assert tree_digest(tmp_path) == before and sorted(os.listdir(tmp_path)) == ['run']
 
 
-def _with_generation(handler):
-  """The emulator's object read, with the generation header GCS sends (x-goog-generation), which tensorstore
-  reads to tell object versions apart (without it: 'Malformed StorageGeneration')."""
-  def read(request, response, storage, *args, **kwargs):
-    handler(request, response, storage, *args, **kwargs)
-    try:
-      response['x-goog-generation'] = storage.get_file_obj(request.params['bucket_name'],
-                                                           request.params['object_id'])['generation']
-    except Exception:  # pylint: disable=broad-except  (no such object: the handler's 404 stands)
-      pass
-  return read
-
-
-def _probe_afresh(monkeypatch):
-  """What object_stores learnt of buckets and objects in earlier tests (another emulator on the same port), and the paths it
-  warned about, is forgotten."""
-  for name, empty in (('_ACCESS', {}), ('_OBJECTS', {}), ('_WRITABLE', {}), ('_WARNED', set())):
-    monkeypatch.setattr(object_stores, name, empty)
-
-
-@pytest.fixture
-def fake_bucket(monkeypatch):
-  """gs://bucket on a GCS emulator in this process (in memory), for gcsfs and tensorstore alike."""
-  gcsfs = pytest.importorskip('gcsfs', reason='the [gcs] extra (gcsfs) is not installed: tests/requirements.txt')
-  emulator = pytest.importorskip('gcp_storage_emulator.server',
-                                 reason='gcp-storage-emulator is not installed: tests/requirements.txt')
-  for _, methods in emulator.HANDLERS:  # restored by monkeypatch after the test
-    for method, handler in methods.items():
-      if handler.__name__ in ('get', 'download'):
-        monkeypatch.setitem(methods, method, _with_generation(handler))
-  port = free_port()
-  server = emulator.create_server('localhost', port, in_memory=True, default_bucket='bucket')
-  server.start()
-  url = f'http://localhost:{port}'
-  _probe_afresh(monkeypatch)
-  monkeypatch.setenv('STORAGE_EMULATOR_HOST', url)  # gcsfs
-  monkeypatch.setenv('TENSORSTORE_GCS_HTTP_URL', url)  # tensorstore's GCS driver
-  monkeypatch.setenv('GOOGLE_AUTH_TOKEN_FOR_TESTING', 'fake')  # tensorstore: no credential lookup
-  gcsfs.GCSFileSystem.clear_instance_cache()
-  try:
-    yield 'gs://bucket'
-  finally:
-    gcsfs.GCSFileSystem.clear_instance_cache()
-    server.stop()
-
-
 def _read_json(path):
-  with files.open_file(path, encoding='utf-8') as f:
+  with files.open(path, encoding='utf-8') as f:
     return json.load(f)
 
 
 def _records(path) -> int:
   """The number of TFRecord records (TensorBoard events) in a file: length (8 bytes), its CRC (4), data, CRC (4)."""
-  with files.open_file(path, 'rb') as f:
+  with files.open(path, 'rb') as f:
     data = f.read()
   count = position = 0
   while position < len(data):
@@ -165,7 +120,7 @@ def test_pretraining_stops_resumes_and_evaluates_in_a_bucket(fake_bucket, small_
     assert in_bucket[key] == on_disk[key], key  # a stop and a resume through the bucket change nothing
   assert sorted(files.listdir(run)) == sorted(n for n in os.listdir(local) if n != '.lock')
   assert len(_read_json(f'{run}/config.json')) and files.isfile(f'{run}/tokenizer.model')
-  train_log = [json.loads(l)['step'] for l in files.open_file(f'{run}/metrics_train.jsonl', encoding='utf-8')]
+  train_log = [json.loads(l)['step'] for l in files.open(f'{run}/metrics_train.jsonl', encoding='utf-8')]
   assert train_log[-1] == 6 and 2 in train_log  # the lines of both invocations, appended
   events = [_records(f'{run}/tb/train/{name}') for name in files.listdir(f'{run}/tb/train')]
   assert len(events) == 2 and sum(events) == len(train_log) + 2  # a file per invocation: its version, then a
@@ -232,7 +187,7 @@ def _answer_permissions(monkeypatch, status=http.HTTPStatus.OK, permissions=(), 
   for pattern, methods in server.HANDLERS:
     if pattern.endswith('/iam/testPermissions$'):
       monkeypatch.setitem(methods, server.GET, answer)
-  _probe_afresh(monkeypatch)
+  probe_afresh(monkeypatch)
 
 
 def _entry_points(path, tmp_path):
@@ -268,7 +223,7 @@ def test_an_unreachable_store_is_one_line_at_once(tmp_path, monkeypatch):
   the path and what to check, where gcsfs alone retries for a minute and prints six tracebacks."""
   pytest.importorskip('gcsfs', reason='the [gcs] extra (gcsfs) is not installed: tests/requirements.txt')
   port = free_port()
-  _probe_afresh(monkeypatch)
+  probe_afresh(monkeypatch)
   monkeypatch.setenv('STORAGE_EMULATOR_HOST', f'http://localhost:{port}')
   _assert_each_is_one_line('gs://bucket/run', tmp_path, f'cannot reach localhost:{port}', seconds=3)
   with pytest.raises(ConfigError, match=f'path gs://bucket/x: cannot reach localhost:{port} .*STORAGE_EMULATOR_HOST'):
@@ -336,7 +291,7 @@ def test_a_bucket_that_refuses_the_credentials_refuses_no_path_by_itself(fake_bu
   (tmp_path / 'a.txt').write_text('a local corpus file beside the remote ones\n')
   before = tree_digest(tmp_path)
   for argv, flag in _entry_points(path, tmp_path):
-    _probe_afresh(monkeypatch)
+    probe_afresh(monkeypatch)
     started = time.monotonic()
     result = run_main(*argv)
     took = time.monotonic() - started
@@ -373,7 +328,7 @@ def test_credentials_that_may_only_read_cannot_train_there(fake_bucket, tmp_path
   assert not files.writable(f'{fake_bucket}/run') and files.writable(str(tmp_path))
   assert len(uploads) == 1 and uploads[0].startswith('run/.write-probe-')  # the write that says so
   before = tree_digest(tmp_path)
-  _probe_afresh(monkeypatch)
+  probe_afresh(monkeypatch)
   result = run_main('pretrain.py', f'--workdir={fake_bucket}/run', '--config=experiments/configs/pretrain.py:tiny')
   assert_one_line_error(result, f'workdir {fake_bucket}/run cannot be written: anonymous access (no Google '
                         'credentials were found) may not create and replace objects in gs://bucket (writing an object '
@@ -414,7 +369,7 @@ def test_a_write_that_fails_otherwise_than_refused_is_one_line(fake_bucket, tmp_
   with pytest.raises(ConfigError, match=f'^path gs://bucket/run cannot be written: {pattern}'):
     files.writable(f'{fake_bucket}/run')
   time.sleep(0.6 if answer == 'slow' else 0)
-  _probe_afresh(monkeypatch)
+  probe_afresh(monkeypatch)
   before = tree_digest(tmp_path)
   result = run_main('pretrain.py', f'--workdir={fake_bucket}/run', '--config=experiments/configs/pretrain.py:tiny')
   assert_one_line_error(result, 'error: workdir gs://bucket/run cannot be written: writing the probe object')
@@ -466,7 +421,7 @@ def _moto_s3(monkeypatch):
   server = moto_server.ThreadedMotoServer(port=port, verbose=False)
   server.start()
   monkeypatch.setenv('AWS_ENDPOINT_URL', f'http://localhost:{port}')
-  _probe_afresh(monkeypatch)
+  probe_afresh(monkeypatch)
   try:
     yield lambda service: boto3.client(service, endpoint_url=f'http://localhost:{port}', region_name='us-east-1')
   finally:
@@ -479,7 +434,7 @@ def test_s3_buckets_are_probed_alike(tmp_path, monkeypatch):
   credentials may write is writable, and the probe object is removed again."""
   s3fs = pytest.importorskip('s3fs', reason='the [s3] extra (s3fs) is not installed')
   pytest.importorskip('moto.server', reason='moto (an S3 server in this process) is not installed')
-  _probe_afresh(monkeypatch)
+  probe_afresh(monkeypatch)
   _aws(monkeypatch, tmp_path)
   closed = free_port()
   monkeypatch.setenv('AWS_ENDPOINT_URL', f'http://localhost:{closed}')
@@ -494,7 +449,7 @@ def test_s3_buckets_are_probed_alike(tmp_path, monkeypatch):
     assert files.writable('s3://bkt/run') and s3.ls('bkt') == []
     for name in ('AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY'):
       monkeypatch.delenv(name)
-    _probe_afresh(monkeypatch)
+    probe_afresh(monkeypatch)
     with pytest.raises(ConfigError, match='--workdir s3://bkt/run: no AWS credentials were found'):
       files.check_reachable('s3://bkt/run', '--workdir')
 
@@ -541,7 +496,7 @@ def test_s3_credentials_that_may_read_a_prefix_only(tmp_path, monkeypatch, capsy
                        r's3:PutObject and s3:DeleteObject\)'):
       files.check_output('s3://bkt/run', 'directory', 'workdir')
     _aws(monkeypatch, tmp_path, *writer)
-    _probe_afresh(monkeypatch)
+    probe_afresh(monkeypatch)
     files.check_output('s3://bkt/out/preds.jsonl', 'file', '--output')
     monkeypatch.setattr(settings, 'INITIAL_NO_AUTH_ACTION_COUNT', float('inf'))
     assert [o['Key'] for o in client('s3').list_objects_v2(Bucket='bkt')['Contents']] == ['shared/pairs.jsonl']

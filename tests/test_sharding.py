@@ -8,7 +8,7 @@ import pytest
 
 from bert_jax import config, sharding
 from bert_jax.errors import ConfigError
-from bert_jax.pretraining.pretrain import pretraining_model
+from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
 
 from helpers import random_pretraining_batch, tolerance

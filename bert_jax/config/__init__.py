@@ -30,7 +30,7 @@ The package is one module per concern; every name is importable from `bert_jax.c
 from bert_jax.config.fields import _block, facts
 from bert_jax.config.finetune import FinetuneConfig
 from bert_jax.config.migration import REMOVED, RENAMED, upgrade_saved
-from bert_jax.config.model import (ATTENTION_IMPLS, DROPOUT_IMPLS, FUSED_MASKS, LOGITS_BACKWARDS, MLPS,
+from bert_jax.config.model_config import (ATTENTION_IMPLS, DROPOUT_IMPLS, FUSED_MASKS, LOGITS_BACKWARDS, MLPS,
                                    NORM_POSITIONS, POSITION_EMBEDDINGS, PRESETS, REMAT_POLICIES, ModelConfig, preset)
 from bert_jax.config.overrides import apply_overrides, parse_overrides
 from bert_jax.config.phases import Phase, Plan

@@ -7,7 +7,7 @@ import math
 from typing import Collection
 
 from bert_jax.config.fields import _f
-from bert_jax.config.model import ModelConfig
+from bert_jax.config.model_config import ModelConfig
 from bert_jax.config.training import OptimConfig, TrainingConfig
 from bert_jax.errors import ConfigError
 
@@ -60,7 +60,7 @@ class FinetuneConfig(TrainingConfig):
   # Packs several examples into each row (per-example attention, restarted positions);
   # the same function as padding each one, with no compute spent on padding.
   pack: bool = True
-  # classify / regress: your own CSV, TSV, JSONL or Parquet files, by column names (finetuning.tasks.files)
+  # classify / regress: your own CSV, TSV, JSONL or Parquet files, by column names (finetuning.tasks.own_data)
   text_column: str = 'text'  # the default also reads a 'sentence' column
   text_pair_column: str = ''  # the second text of a pair; '' single texts
   label_column: str = 'label'

@@ -11,7 +11,7 @@ from typing import Any
 
 from bert_jax.config import phases as _phases
 from bert_jax.config.fields import _f
-from bert_jax.config.model import ModelConfig, preset
+from bert_jax.config.model_config import ModelConfig, preset
 from bert_jax.config.phases import Phase, _steps_for_tokens
 from bert_jax.config.training import TrainingConfig
 from bert_jax.errors import ConfigError

@@ -11,7 +11,7 @@ from typing import Any
 
 from bert_jax.config.fields import facts
 from bert_jax.config.finetune import FinetuneConfig
-from bert_jax.config.model import ModelConfig
+from bert_jax.config.model_config import ModelConfig
 from bert_jax.config.pretrain import PretrainConfig
 from bert_jax.errors import CheckpointError, ConfigError
 

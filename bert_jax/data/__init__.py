@@ -19,4 +19,7 @@
   packing      first-fit packing of examples into rows (pretraining and fine-tuning)
   loader       prepared records -> masked, resumable per-process batches
   mixture      several prepared corpora sampled by weight (data.train_weights)
+
+Beside the pipeline: tables, the one reader of the CSV/TSV/JSONL/Parquet files a user gives (fine-tuning data, pairs,
+BEIR, STS, predict inputs): rows by column, compressed or not, local or remote.
 """

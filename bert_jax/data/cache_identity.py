@@ -13,6 +13,7 @@ import os
 
 from etils import epath
 
+from bert_jax import files
 from bert_jax.config import DataConfig, facts
 from bert_jax.data import records, tokenization
 from bert_jax.data.records import META_FILE
@@ -41,7 +42,7 @@ def cache_dirs(cache_dir: str) -> list[str]:
 
 def holds(cache_dir: str, fingerprint: str, legacy: str) -> bool:
   """Whether `cache_dir` holds a complete cache of this data, under its name or the one earlier versions gave it."""
-  return any(os.path.exists(os.path.join(cache_dir, name, META_FILE)) for name in (fingerprint, legacy))
+  return any(files.exists(os.path.join(cache_dir, name, META_FILE)) for name in (fingerprint, legacy))
 
 
 def fingerprints(cfg, train_paths, eval_paths, given, vocab_size, seed) -> tuple[str, str]:
@@ -89,7 +90,7 @@ def link_earlier_cache(cache_dir: str, legacy: str, final_dir: str, log) -> None
   Local caches only (remote filesystems have no links: those prepare again)."""
   earlier = os.path.join(cache_dir, legacy)
   if ('://' in cache_dir or os.path.lexists(final_dir) or legacy == os.path.basename(final_dir)
-      or not os.path.exists(os.path.join(earlier, META_FILE))):
+      or not files.exists(os.path.join(earlier, META_FILE))):
     return
   try:
     os.symlink(legacy, final_dir, target_is_directory=True)

@@ -2,16 +2,14 @@
 
 `resolve_files` expands a comma-separated spec of files, globs and directories: local paths and
 anything etils.epath opens (gs://…). Files may be gzip, bzip2 or xz compressed, recognised by
-their magic bytes rather than their names (`detect_compression`, `decompressed`); a failed read
-or damaged data is a DataError naming the file (`read`). This module imports no jax: it runs in
+their magic bytes rather than their names (`detect_compression`; bert_jax.files decompresses them); a failed
+read or damaged data is a DataError naming the file (`read`). This module imports no jax: it runs in
 spawned worker processes.
 """
 
 from __future__ import annotations
 
-import bz2
 import glob
-import gzip
 import io
 import lzma
 import re
@@ -20,12 +18,11 @@ import zlib
 
 from etils import epath
 
-from bert_jax.errors import ConfigError, DataError
+from bert_jax import files
+from bert_jax.errors import DataError
 from bert_jax.files import check_regular, check_remote
 
 READ_BYTES = 1 << 20       # one read, by every module that reads corpus bytes
-_COMPRESSIONS = ('gzip', 'bz2', 'xz')
-_MAGIC = ((b'\x1f\x8b', 'gzip'), (b'BZh', 'bz2'), (b'\xfd7zXZ\x00', 'xz'))
 # Files a directory spec skips: the bundled corpus folder carries its README.
 _NOT_CORPUS = re.compile(r'^\.|^(README|LICENSE|LICENCE|SHA256SUMS)|\.md$', re.IGNORECASE)
 
@@ -106,19 +103,7 @@ def open_raw(path: str) -> BinaryIO:
 def detect_compression(path: str, raw: BinaryIO) -> str:
   magic = read(raw, 6, path, '')
   raw.seek(0)
-  return next((name for prefix, name in _MAGIC if magic.startswith(prefix)), '')
-
-
-def decompressed(path: str, raw: BinaryIO, compression: str) -> BinaryIO:
-  if not compression:
-    return raw
-  opener = {'gzip': lambda: gzip.GzipFile(fileobj=raw, mode='rb'),
-            'bz2': lambda: bz2.BZ2File(raw, mode='rb'),
-            'xz': lambda: lzma.LZMAFile(raw, mode='rb')}
-  if compression not in opener:
-    raise ConfigError(f'{path}: unknown compression {compression!r}; expected one of '
-                      f'{", ".join(_COMPRESSIONS)}')
-  return opener[compression]()
+  return next((name for prefix, name in files.COMPRESSION_MAGIC if magic.startswith(prefix)), '')
 
 
 def read(f: BinaryIO, n: int, path: str, compression: str) -> bytes:

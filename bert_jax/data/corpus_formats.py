@@ -26,6 +26,7 @@ import json
 import re
 from typing import Callable, Iterator
 
+from bert_jax import files
 from bert_jax.data import corpus_files
 from bert_jax.errors import ConfigError, DataError
 
@@ -93,7 +94,7 @@ def sniff(path: str, opts: ReaderOptions) -> tuple[str, str, bool]:
   """detect_format, plus whether the (decompressed) file is empty."""
   with corpus_files.open_raw(path) as raw:
     compression = corpus_files.detect_compression(path, raw)
-    with corpus_files.decompressed(path, raw, compression) as f:
+    with files.decompressed(path, raw, compression) as f:
       # An explicit format needs the head only to tell an empty file.
       head = corpus_files.read(f, _HEAD_BYTES if opts.format == 'auto' else 1, path, compression)
       text = _NON_BLANK.search(head)

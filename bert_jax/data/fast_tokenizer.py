@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 import tokenizers
 
+from bert_jax import files
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import DataError
 from bert_jax.files import check_regular
@@ -107,13 +108,13 @@ class FastTokenizer:
       check_regular(os.path.join(directory, name), 'tokenizer file')
     config = _read_json(os.path.join(directory, TOKENIZER_CONFIG))
     special_map = _read_json(os.path.join(directory, SPECIAL_TOKENS_MAP))
-    if os.path.isfile(json_path):
+    if files.isfile(json_path):
       try:
         tok = tokenizers.Tokenizer.from_file(json_path)
       except Exception as e:  # pylint: disable=broad-except  (tokenizers raises bare Exception)
         raise DataError(f'{json_path} is not a tokenizers JSON file ({e})') from None
       return cls(tok, json_path, config, special_map)
-    if os.path.isfile(vocab_path):
+    if files.isfile(vocab_path):
       return cls(_tokenizer_from_vocab(vocab_path, config), vocab_path, config, special_map)
     raise DataError(f'{directory} has no vocabulary: neither {TOKENIZER_JSON} nor {VOCAB_TXT}; '
                     'copy the tokenizer files of the checkpoint into it')
@@ -303,12 +304,12 @@ class FastTokenizer:
                   'clean_up_tokenization_spaces': self._config.get('clean_up_tokenization_spaces', False),
                   'model_input_names': ['input_ids', *(['token_type_ids'] if self.token_types else []),
                                         'attention_mask']}
-        with open(os.path.join(staging, SPECIAL_TOKENS_MAP), 'w', encoding='utf-8') as f:
+        with files.open(os.path.join(staging, SPECIAL_TOKENS_MAP), 'w', encoding='utf-8') as f:
           json.dump(specials, f, indent=2)
         names = [SPECIAL_TOKENS_MAP, TOKENIZER_CONFIG]
       if model_max_length is not None:
         config['model_max_length'] = model_max_length
-      with open(os.path.join(staging, TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
+      with files.open(os.path.join(staging, TOKENIZER_CONFIG), 'w', encoding='utf-8') as f:
         json.dump(config, f, indent=2)
       self._tok.save(os.path.join(staging, TOKENIZER_JSON))
       for name in (*names, TOKENIZER_JSON):
@@ -340,16 +341,8 @@ def _byte_level_start(token: str) -> bool:
 
 
 def _read_json(path: str) -> dict:
-  if not os.path.isfile(path):
-    return {}
-  try:
-    with open(path, encoding='utf-8') as f:
-      content = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise DataError(f'{path} is not valid JSON ({e})') from None
-  if not isinstance(content, dict):
-    raise DataError(f'{path} holds a JSON {type(content).__name__}, not an object')
-  return content
+  """A tokenizer's JSON file, {} when it has none."""
+  return files.read_json(path, 'tokenizer file') if files.isfile(path) else {}
 
 
 def _token_text(value) -> str | None:

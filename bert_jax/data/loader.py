@@ -204,7 +204,7 @@ def packed_num_rows(lengths_per_process: Sequence[Sequence[int]], cfg: DataConfi
 
 
 def _rounded_rows(needed: int, cfg: DataConfig) -> int:
-  # Positive pack_rows_multiple and max_segments_per_row: pretraining.pretrain.validate_config.
+  # Positive pack_rows_multiple and max_segments_per_row: pretraining.pretrain_run.validate_config.
   return -(-max(needed, 1) // cfg.pack_rows_multiple) * cfg.pack_rows_multiple
 
 

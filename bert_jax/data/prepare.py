@@ -80,7 +80,7 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
   if process_index == 0:
     cache_identity.link_earlier_cache(cache_dir, legacy, final_dir, log)
   sync(False)  # every process sees the link
-  if os.path.exists(os.path.join(final_dir, META_FILE)):
+  if files.exists(os.path.join(final_dir, META_FILE)):
     log(f'prepared data: reusing {final_dir}')
     return dataclasses.replace(load_prepared_data(final_dir), legacy_fingerprint=legacy)
   # One build of a cache at a time: process 0 holds <fingerprint>.lock, and a second preparation of
@@ -94,7 +94,7 @@ def prepare_pretraining_data(cfg: DataConfig, *, vocab_size: int, seed: int,
   if sync(error is not None):
     raise error or DataError('another process could not lock the data cache; its error says why')
   try:
-    if os.path.exists(os.path.join(final_dir, META_FILE)):  # built by the run we waited for
+    if files.exists(os.path.join(final_dir, META_FILE)):  # built by the run we waited for
       log(f'prepared data: reusing {final_dir}')
       return dataclasses.replace(load_prepared_data(final_dir), legacy_fingerprint=legacy)
     _build(cfg, reader, train_paths, eval_paths, given, vocab_size, seed, final_dir, fingerprint, process_index,
@@ -151,7 +151,7 @@ def _build(cfg, reader, train_paths, eval_paths, given, vocab_size, seed, final_
       os.rename(build_dir, final_dir)
       shutil.rmtree(os.path.join(final_dir, work_units.UNITS_DIR), ignore_errors=True)  # markers: build-time only
     except OSError:
-      if not os.path.exists(os.path.join(final_dir, META_FILE)):
+      if not files.exists(os.path.join(final_dir, META_FILE)):
         raise
       shutil.rmtree(build_dir, ignore_errors=True)  # the same cache finished elsewhere first
   sync(False)
@@ -206,7 +206,7 @@ class _Builder:
       return
     self.tokenizer_file = tokenization.SPIECE_FILE
     path = os.path.join(self.dir, self.tokenizer_file)
-    if self.process_index != 0 or os.path.exists(path):
+    if self.process_index != 0 or files.exists(path):
       return  # trained by process 0 (others wait at the barrier), or by an earlier attempt
     job = self._job()
     sample = tokenizer_sample.BottomK(self.cfg.tokenizer_sample_sentences)
@@ -227,7 +227,7 @@ class _Builder:
     tokenizer = tokenization.load_tokenizer(os.path.join(self.dir, self.tokenizer_file))
     tokenization.check_vocab_size(tokenizer, self.vocab_size)
     mine = [u for u in self.units[self.process_index::self.process_count]
-            if not os.path.exists(work_units.marker(self.dir, u.index))]
+            if not files.exists(work_units.marker(self.dir, u.index))]
     done = len(self.units[self.process_index::self.process_count]) - len(mine)
     if done:
       self.log(f'prepare: {done} unit(s) already built by an earlier run; building {len(mine)}')
@@ -239,7 +239,7 @@ class _Builder:
     if self.process_index != 0:
       return
     t0 = time.time()
-    missing = [u.index for u in self.units if not os.path.exists(work_units.marker(self.dir, u.index))]
+    missing = [u.index for u in self.units if not files.exists(work_units.marker(self.dir, u.index))]
     if missing:
       raise DataError(f'units {missing[:5]} of {self.dir} were not built: with several processes, '
                       'data.cache_dir must be one directory all of them share')
@@ -302,5 +302,5 @@ class _Builder:
 
 def read_build_info(data_dir: str) -> dict:
   """build.json of a cache: workers, processes, seconds per phase (wall) and per worker step."""
-  with open(os.path.join(data_dir, records.BUILD_FILE), encoding='utf-8') as f:
+  with files.open(os.path.join(data_dir, records.BUILD_FILE), encoding='utf-8') as f:
     return json.load(f)

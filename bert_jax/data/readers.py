@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Sequence
 
+from bert_jax import files
 from bert_jax.data import corpus_files, corpus_formats, corpus_pieces, sentence_split
 from bert_jax.errors import ConfigError, DataError
 
@@ -105,7 +106,7 @@ def read_all(paths: Sequence[str], opts: corpus_formats.ReaderOptions = corpus_f
 def _chunks(piece: corpus_pieces.Piece, fmt: str, hard_wrapped: bool) -> Iterator[bytes]:
   """A piece's bytes in chunks of a few MiB that end at document boundaries."""
   with corpus_files.open_raw(piece.path) as raw:
-    with corpus_files.decompressed(piece.path, raw, piece.compression) as f:
+    with files.decompressed(piece.path, raw, piece.compression) as f:
       left = -1
       if not piece.compression:
         f.seek(piece.start)

@@ -28,6 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bert_jax import files
 from bert_jax.errors import DataError
 from bert_jax.files import check_regular
 
@@ -131,7 +132,7 @@ class RecordReader:
 
 def write_shard(path: str, tokens: np.ndarray, dtype: str) -> None:
   """Writes a shard's tokens (already checked to fit `dtype`)."""
-  with open(path, 'wb') as f:
+  with files.open(path, 'wb') as f:
     write_tokens(f, tokens.astype(dtype, copy=False))
 
 
@@ -197,7 +198,7 @@ def read_meta(data_dir: str) -> dict:
   path = os.path.join(data_dir, META_FILE)
   check_regular(path, 'cache manifest')
   try:
-    with open(path, encoding='utf-8') as f:
+    with files.open(path, encoding='utf-8') as f:
       meta = json.load(f)
   except FileNotFoundError:
     raise DataError(f'{data_dir} is not a complete prepared cache ({META_FILE} missing); prepare it '
@@ -238,7 +239,7 @@ def verify(data_dir: str, meta: dict) -> None:
       shard = os.path.join(data_dir, name)
       check_regular(shard, 'cache shard')
       try:
-        size = os.path.getsize(shard)
+        size = files.getsize(shard)
       except OSError:
         raise DataError(_damaged(data_dir, f'shard {name} is missing')) from None
       want = (int(index[hi - 1]['offset']) + int(index[hi - 1]['length'])) * itemsize if hi > lo else 0

@@ -98,7 +98,7 @@ def train_sentencepiece(sentences: Iterable[str], output_path: str, vocab_size: 
     raise DataError(f'sentencepiece training for {output_path} failed: {msg}') from None
   os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
   tmp = f'{output_path}.tmp-{os.getpid()}'
-  with open(tmp, 'wb') as f:
+  with files.open(tmp, 'wb') as f:
     f.write(model.getvalue())
   os.replace(tmp, output_path)
   return SentencePieceTokenizer(output_path)
@@ -128,7 +128,7 @@ class SentencePieceTokenizer:
     """Loads `path`; DataError if it is missing, not a model, or lacks the specials."""
     self.path = path
     check_regular(path, 'tokenizer')
-    if not os.path.isfile(path):
+    if not files.isfile(path):
       raise DataError(f'tokenizer {path} does not exist; set --config.data.tokenizer to a '
                       '.model file or leave it empty to train one')
     try:
@@ -401,12 +401,12 @@ def load_tokenizer(path: str) -> Tokenizer:
   """
   if files.is_remote(path):
     path = _local_copy(path)
-  if os.path.isdir(path):
+  if files.isdir(path):
     for name in (SPIECE_FILE, HF_SPIECE_FILE):  # an exported directory's tokenizer.json is its conversion
-      if os.path.isfile(os.path.join(path, name)):
+      if files.isfile(os.path.join(path, name)):
         return SentencePieceTokenizer(os.path.join(path, name))
     return _hf_tokenizer(path)
-  if os.path.basename(path) in (_TOKENIZER_JSON, _VOCAB_TXT) and os.path.isfile(path):
+  if os.path.basename(path) in (_TOKENIZER_JSON, _VOCAB_TXT) and files.isfile(path):
     return _hf_tokenizer(os.path.dirname(path) or '.')
   return SentencePieceTokenizer(path)
 
@@ -443,7 +443,7 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str) -> str:
     with tempfile.TemporaryDirectory(prefix='bert_jax-tokenizer-') as local:
       name = os.path.basename(save_tokenizer(tokenizer, local))
       files.makedirs(directory)
-      for written in sorted(os.listdir(local), key=lambda n: n == name):  # what readers look for last
+      for written in sorted(files.listdir(local), key=lambda n: n == name):  # what readers look for last
         files.copy_file(os.path.join(local, written), os.path.join(directory, written))
     return os.path.join(directory, name)
   os.makedirs(directory, exist_ok=True)
@@ -463,4 +463,4 @@ def tokenizer_files(tokenizer: Tokenizer) -> list[str]:
     return [tokenizer.path]
   directory = os.path.dirname(tokenizer.path)
   return [p for p in (os.path.join(directory, n) for n in (_TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_CONFIG))
-          if os.path.isfile(p)]
+          if files.isfile(p)]

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from bert_jax import files
 from bert_jax.config import DataConfig
 from bert_jax.data import records, work_units
 from bert_jax.errors import DataError
@@ -48,7 +49,7 @@ def merge_unit_stats(build_dir: str, units: Sequence[work_units.Unit], vocab_siz
   counts = np.zeros(vocab_size, np.int64)
   worker_seconds = dict(read=0.0, tokenize=0.0, pairs_write=0.0)
   for u in units:
-    with open(work_units.marker(build_dir, u.index), encoding='utf-8') as f:
+    with files.open(work_units.marker(build_dir, u.index), encoding='utf-8') as f:
       m = json.load(f)
     totals['bytes'] += m['bytes']
     totals['invalid_utf8'] += m['invalid_utf8']

@@ -29,6 +29,7 @@ from typing import Callable
 from etils import epath
 import numpy as np
 
+from bert_jax import files
 from bert_jax.data import corpus_formats, corpus_pieces, nsp, readers, records, tokenization
 
 UNITS_DIR = 'units'  # in the build directory: the units' markers, index and count files
@@ -177,7 +178,7 @@ def build_unit(job: Job, unit: Unit, _) -> dict:
 
 def _write_records(path: str, runs: nsp.RecordRuns, counts: np.ndarray | None) -> None:
   """Writes the records' tokens to a shard a block at a time, adding them to `counts` (int64[vocab]) if given."""
-  with open(path, 'wb') as f:
+  with files.open(path, 'wb') as f:
     for block in runs.blocks():
       records.write_tokens(f, block)
       if counts is not None:
@@ -202,13 +203,13 @@ def atomic(path: str, write: Callable[[str], None]) -> None:
 
 
 def _save_npy(path: str, array: np.ndarray) -> None:
-  with open(path, 'wb') as f:
+  with files.open(path, 'wb') as f:
     np.save(f, array)
 
 
 def write_json(path: str, obj) -> None:
   def write(p):
-    with open(p, 'w', encoding='utf-8') as f:
+    with files.open(p, 'w', encoding='utf-8') as f:
       json.dump(obj, f, indent=2, sort_keys=True)
       f.write('\n')
   atomic(path, write)

@@ -4,11 +4,13 @@
   <dir>/queries.jsonl      {"_id": ..., "text": ...} per line
   <dir>/qrels/<split>.tsv  a header `query-id<TAB>corpus-id<TAB>score`, then one judgement per line (integer score)
 
-Only the queries that the split's qrels judge are evaluated (BEIR's queries.jsonl holds every split's), in
-queries.jsonl order. Ids are strings as written (JSON numbers are read as their decimal text, as BEIR does). Every
-bad input is one DataError naming the file and line: a missing file, a line that is not a JSON object, a missing or
-duplicate `_id`, a qrels file without its header or with a malformed row, a judged query with no relevant document
-(no score > 0), a qrels file none of whose judgements names both a query and a document of the set.
+Each file may be compressed (corpus.jsonl.gz, ...: bert_jax.files) and the directory remote; the JSONL files are
+read by the one table reader (`data.tables`). Only the queries that the split's qrels judge are evaluated (BEIR's
+queries.jsonl holds every split's), in queries.jsonl order. Ids are strings as written (JSON numbers are read as
+their decimal text, as BEIR does). Every bad input is one DataError naming the file and line: a missing file, a
+line that is not a JSON object, a missing or duplicate `_id`, a qrels file without its header or with a malformed
+row, a judged query with no relevant document (no score > 0), a qrels file none of whose judgements names both a
+query and a document of the set.
 
 Published BEIR sets hold judgements of ids their files lack (ArguAna's qrels name a document its corpus does not
 have; NFCorpus's a query its queries.jsonl does not). They are read as BEIR's evaluator (pytrec_eval) scores them,
@@ -21,10 +23,10 @@ ranking holds.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 from bert_jax import files
+from bert_jax.data import tables
 from bert_jax.errors import DataError
 from bert_jax.runs import reporting
 
@@ -53,20 +55,26 @@ class BeirSet:
     return [f'{title} {text}' if title else text for title, text in zip(self.titles, self.texts)]
 
 
-def _read_lines(path: str, what: str) -> list[tuple[int, str]]:
-  files.check_regular(path, what)
+def find(path: str) -> str:
+  """`path`, or its compressed copy beside it (corpus.jsonl.gz, .bz2, .xz) when only that is there."""
+  if files.isfile(path):
+    return path
+  return next((p for p in (path + suffix for suffix in files.COMPRESSIONS) if files.isfile(p)), path)
+
+
+def _qrels_rows(path: str) -> list[tuple[int, list[str]]]:
+  """(line, tab-separated fields, stripped) of each non-blank line of a qrels file."""
+  files.check_regular(path, 'qrels file')
   if not files.isfile(path):
-    raise DataError(f'{what} {path} does not exist')
+    raise DataError(f'qrels file {path} does not exist')
   try:
-    with files.open_file(path, 'r', encoding='utf-8', errors='strict') as f:  # a remote file decodes as it opens
-      text = f.read()
+    with files.open(path, encoding='utf-8-sig', newline='') as f:
+      rows = [(line, [v.strip() for v in row]) for line, row in tables.fields(path, f, 'tsv')]
   except UnicodeDecodeError:
-    raise files.not_utf8(path, what) from None
-  lines = [(i, line.removesuffix('\r')) for i, line in enumerate(text.split('\n'), 1)]
-  lines = [(i, line) for i, line in lines if line.strip()]
-  if not lines:
-    raise DataError(f'{what} {path} is empty')
-  return lines
+    raise files.not_utf8(path, 'qrels file') from None
+  if not rows:
+    raise DataError(f'qrels file {path} is empty')
+  return rows
 
 
 def _id(value, path: str, line: int) -> str:
@@ -78,13 +86,7 @@ def _id(value, path: str, line: int) -> str:
 def _read_jsonl(path: str, what: str, fields: tuple[str, ...]) -> tuple[list[str], list[tuple[str, ...]]]:
   """(ids, per line the string values of `fields`; a missing 'title' is '') of a BEIR JSONL file."""
   ids, rows, seen = [], [], {}
-  for line, text in _read_lines(path, what):
-    try:
-      obj = json.loads(text)
-    except json.JSONDecodeError as e:
-      raise DataError(f'{path} line {line} is not valid JSON ({e.msg})') from None
-    if not isinstance(obj, dict):
-      raise DataError(f'{path} line {line} is not a JSON object')
+  for line, obj in tables.records(path, what)[1]:
     if '_id' not in obj:
       raise DataError(f'{path} line {line} has no "_id"')
     doc_id = _id(obj['_id'], path, line)
@@ -120,17 +122,16 @@ def _read_qrels(path: str, query_index: dict[str, int], corpus_index: dict[str, 
                 ) -> tuple[dict[int, dict[int, int]], _Absent, _Absent]:
   """(query index -> {corpus index -> score}, the rows of absent queries, those of absent documents): see the module
   docstring for how those are read."""
-  lines = _read_lines(path, 'qrels file')
+  lines = _qrels_rows(path)
   (first, header), rows = lines[0], lines[1:]
-  if tuple(h.strip() for h in header.split('\t')) != QRELS_HEADER:
+  if tuple(header) != QRELS_HEADER:
     raise DataError(f'{path} line {first} must be the header {chr(9).join(QRELS_HEADER)!r} (tab-separated), '
-                    f'got {header!r}')
+                    f'got {chr(9).join(header)!r}')
   if not rows:
     raise DataError(f'{path} has a header but no judgements')
   judged: dict[int, dict[int, int]] = {}
   queries, documents, elsewhere, found = _Absent(), _Absent(), {}, False  # absent corpus-id -> its index
-  for line, text in rows:
-    fields = [f.strip() for f in text.split('\t')]
+  for line, fields in rows:
     if len(fields) != 3:
       raise DataError(f'{path} line {line} has {len(fields)} tab-separated fields; expected query-id, corpus-id, '
                       'score')
@@ -179,9 +180,9 @@ def read_beir(directory: str, split: str = 'test') -> BeirSet:
   if not files.isdir(directory):
     raise DataError(f'BEIR directory {directory} does not exist (it holds corpus.jsonl, queries.jsonl and '
                     'qrels/<split>.tsv)')
-  corpus_ids, docs = _read_jsonl(os.path.join(directory, 'corpus.jsonl'), 'corpus file', ('title', 'text'))
-  query_ids, queries = _read_jsonl(os.path.join(directory, 'queries.jsonl'), 'queries file', ('text',))
-  qrels_path = os.path.join(directory, 'qrels', f'{split}.tsv')
+  corpus_ids, docs = _read_jsonl(find(os.path.join(directory, 'corpus.jsonl')), 'corpus file', ('title', 'text'))
+  query_ids, queries = _read_jsonl(find(os.path.join(directory, 'queries.jsonl')), 'queries file', ('text',))
+  qrels_path = find(os.path.join(directory, 'qrels', f'{split}.tsv'))
   judged, absent_queries, absent_documents = _read_qrels(qrels_path, {q: i for i, q in enumerate(query_ids)},
                                                         {c: i for i, c in enumerate(corpus_ids)})
   _warn_absent(qrels_path, absent_queries, absent_documents)

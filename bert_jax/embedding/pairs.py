@@ -1,10 +1,10 @@
 """Training pairs and triplets from your files: (query, positive passage, zero or more hard negatives) by column
 names, and the padded batches the `Contrastive` objective reads.
 
-Files are CSV, TSV, JSONL or Parquet (`finetuning.tasks.files.records`: the same reader as the classify/regress
-tasks). `PairColumns` names the query and positive columns and any negative columns; in JSONL (or Parquet) a
-negative column may hold a list of texts. Every row must have the same number of negatives (a batch is
-[B, K, T]).
+Files are CSV, TSV, JSONL or Parquet (`data.tables.records`: the same reader as the classify/regress tasks), each
+of them compressed or not, local or remote. `PairColumns` names the query and positive columns and any negative
+columns; in JSONL (or Parquet) a negative column may hold a list of texts. Every row must have the same number of
+negatives (a batch is [B, K, T]).
 
 Passage ids: every distinct passage text (positives and negatives together) gets one int32 id, its index in
 first-appearance order, so the same passage twice in a batch is recognised exactly (no hash collisions) and masked
@@ -18,8 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bert_jax.data import tables
 from bert_jax.errors import DataError
-from bert_jax.finetuning.tasks import files as file_tasks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +42,7 @@ class Pair:
 
 
 def _texts(path: str, line: int, record: dict[str, Any], column: str) -> list[str]:
-  if column not in record:
-    raise DataError(f'{path}:{line}: no {column!r} (this line has {", ".join(map(repr, record)) or "no keys"})')
-  value = record[column]
+  value = tables.value_at(path, line, record, column)
   values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value]
   for v in values:
     if not isinstance(v, str) or not v.strip():
@@ -68,13 +66,13 @@ def read_pairs(path: str, columns: PairColumns = PairColumns()) -> list[Pair]:
     DataError: a missing, empty or headerless file, a column it lacks (naming those it has), an empty query or
       positive (a query with no positive), a ragged number of negatives: the file and line.
   """
-  names, records = file_tasks.records(path)
+  names, records = tables.records(path)
   check_columns(path, names, columns)
   pairs, first = [], None
   for line, record in records:
-    query = file_tasks.text_at(path, line, record, columns.query)
+    query = tables.text_at(path, line, record, columns.query)
     try:
-      positive = file_tasks.text_at(path, line, record, columns.positive)
+      positive = tables.text_at(path, line, record, columns.positive)
     except DataError:
       raise DataError(f'{path}:{line}: the query has no positive passage: {columns.positive!r} must be a '
                       f'non-empty text, got {record.get(columns.positive)!r}') from None

@@ -42,7 +42,7 @@ def _title(article: dict[str, Any]) -> str:
 def squad_pairs(path: str, eval_articles: int = 8) -> tuple[list[dict[str, str]], BeirRecords]:
   """(training pairs of the first articles, the held-out articles as a BEIR set) of a SQuAD v1.1 JSON file."""
   try:
-    with files.open_file(path, encoding='utf-8') as f:
+    with files.open(path, encoding='utf-8') as f:
       articles = json.load(f)['data']
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise DataError(f'{path} is not a readable SQuAD JSON file ({type(e).__name__}: {e})') from None
@@ -79,7 +79,7 @@ def enwiki_pairs(paths: Sequence[str], max_pairs: int = 0, seed: int = 0) -> lis
   and cut to `max_pairs` (0: all)."""
   pairs = []
   for path in paths:
-    with files.open_file(path, encoding='utf-8', errors='replace') as f:
+    with files.open(path, encoding='utf-8', errors='replace') as f:
       text = f.read()
     docs = _DOC.findall(text)
     if not docs:

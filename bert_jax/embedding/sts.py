@@ -1,7 +1,7 @@
 """Semantic similarity (STS) of scored sentence pairs: Spearman's correlation of the embeddings' cosine with the
 gold scores, as STS-B and MTEB's STS tasks report it.
 
-A file of scored pairs is CSV, TSV, JSONL or Parquet (`finetuning.tasks.files.records`) with two text columns and a
+A file of scored pairs is CSV, TSV, JSONL or Parquet (`data.tables.records`) with two text columns and a
 score column (by default `sentence1`, `sentence2`, `score`, STS-B's names in Hugging Face datasets). Every bad row
 is one DataError naming the file and line.
 """
@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from bert_jax.data import tables
 from bert_jax.errors import DataError
-from bert_jax.finetuning.tasks import files
 from bert_jax.metrics import spearman
 
 DEFAULT_COLUMNS = ('sentence1', 'sentence2', 'score')
@@ -34,12 +34,12 @@ def read_scored_pairs(path: str, columns: Sequence[str] = DEFAULT_COLUMNS) -> Sc
   """The scored pairs of `path` by `columns` (first text, second text, score)."""
   if len(columns) != 3:
     raise DataError(f'STS columns are three (first text, second text, score), got {", ".join(columns)}')
-  names, records = files.records(path)
+  names, records = tables.records(path)
   for column in columns:
-    files.find_column(path, names, column, column, flags='--config.sts_columns')
+    tables.find_column(path, names, column, column, flags='--config.sts_columns')
   first, second, scores = [], [], []
   for line, record in records:
-    texts = [files.text_at(path, line, record, c) for c in columns[:2]]
+    texts = [tables.text_at(path, line, record, c) for c in columns[:2]]
     try:
       score = float(record.get(columns[2]))
     except (TypeError, ValueError):

@@ -1,5 +1,5 @@
 """Fine-tuning from a checkpoint, every task kind through one job.
-  finetune        finetune() and evaluate_again(): the library's entry points
+  finetune_run    finetune() and evaluate_again(): the library's entry points
   job             FinetuningJob: the starting checkpoint, tokenizer, seeds, resume; the task's part its kind's
   kinds           the task kinds (the one extension point) and their registry, KINDS
   head_tasks      the head tasks' kind: an encoder + task head on a task's features (tasks/)

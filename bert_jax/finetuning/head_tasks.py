@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import optax
 
-from bert_jax import distributed, files, metrics, sharding as shd
+from bert_jax import distributed, files, hardware, metrics, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.config.migration import METRIC_SCALE
 from bert_jax.errors import BertJaxError
@@ -39,9 +39,11 @@ from bert_jax.train.step import StepModel, reused
 def finetuning_model(model_cfg: ModelConfig, kind: str, num_labels: int, tx: optax.GradientTransformation, mesh,
                      schedule=None, rules=shd.LOGICAL_AXIS_RULES, grad_accum_steps: int = 1) -> StepModel:
   """The head model of `kind` under its fine-tuning objective, as a StepModel (one for every seed)."""
-  return StepModel(lambda rngs: head_model(kind, model_cfg, num_labels, rngs=rngs), Finetuning(kind), tx, mesh,
-                   schedule=schedule, state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1),
-                   rules=rules, grad_accum_steps=grad_accum_steps)
+  platform = hardware.resolve(mesh=mesh)
+  return StepModel(lambda rngs: head_model(kind, model_cfg, num_labels, rngs=rngs, platform=platform),
+                   Finetuning(kind), tx, mesh, schedule=schedule,
+                   state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1), rules=rules,
+                   grad_accum_steps=grad_accum_steps)
 
 
 @reused  # a run of the same model, head, optimizer, schedule and mesh in this process reuses its steps
@@ -131,7 +133,7 @@ class _PreparedRun:
       raise BertJaxError(f'{task.name}: no training examples')
     self.main_metric = f'{self.evals[0].name}_{task.main_metric}'
     self.total_steps = cfg.total_steps(len(self.train)) if self.train else 1
-    reporting.log(describe_attention(cfg.model))
+    reporting.log(describe_attention(cfg.model, hardware.resolve(mesh=mesh)))
     self.model = _run_model(cfg.model, task.kind, task.num_labels, cfg.optim, self.total_steps, cfg.mesh.rules, mesh)
     self.rows_multiple = 2 * shd.num_batch_shards(mesh) * cfg.optim.grad_accum_steps
     self.block = distributed.process_batch_block(mesh)

@@ -17,7 +17,6 @@ Outputs (one dict per row):
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import time
@@ -27,11 +26,13 @@ from flax import nnx
 import jax
 import numpy as np
 
+from bert_jax import files
+from bert_jax.data import tables
 from bert_jax.errors import DataError
 from bert_jax.files import check_regular
 from bert_jax.finetuning import batching
 from bert_jax.finetuning.head_objective import Finetuning
-from bert_jax.finetuning.tasks import conll, files, get_task, glue, squad
+from bert_jax.finetuning.tasks import conll, get_task, glue, own_data, squad
 from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.interop.pretrained import FinetunedBert
@@ -56,18 +57,19 @@ def read_rows(path: str, kind: str, task_name: str, fmt: str = 'auto', finetune=
   span tasks), 'tsv' (the same), 'jsonl' (objects with 'text'/'text_pair', 'tokens' (NER),
   'question'/'context', optional 'id'), and the task's own: 'glue' (a GLUE TSV with its header,
   e.g. dev.tsv), 'conll' (word ... tag columns, blank lines between sentences), 'squad' (the
-  official JSON). 'auto' picks jsonl/squad/conll/glue/txt from the file's name and first line.
+  official JSON). 'auto' picks jsonl/squad/conll/glue/txt from the file's name and first line. Any input may
+  be compressed (named .gz, .bz2 or .xz after its own extension) and local or remote (gs://, s3://).
 
   Raises:
     DataError: a missing, empty or malformed file, or a format that does not fit the task.
   """
   check_regular(path, 'input file')
-  if not os.path.isfile(path):
+  if not files.isfile(path):
     raise DataError(f'input file {path} does not exist')
-  if task_name in files.TASKS and finetune is not None and fmt == 'auto' and \
-      os.path.splitext(path)[1].lower() in files.FORMATS:
-    columns = dataclasses.replace(files.columns(finetune), label='')
-    return [{'text': r.text, 'text_pair': r.text_pair} for r in files.read_rows(path, columns, kind)]
+  if task_name in own_data.TASKS and finetune is not None and fmt == 'auto' and \
+      tables.extension(path) in tables.FORMATS:
+    columns = dataclasses.replace(own_data.columns(finetune), label='')
+    return [{'text': r.text, 'text_pair': r.text_pair} for r in own_data.read_rows(path, columns, kind)]
   fmt = _detect(path, kind, task_name) if fmt == 'auto' else fmt
   if fmt == 'conll':
     if kind != 'token':
@@ -98,12 +100,12 @@ def text_row(kind: str, text: str | None = None, text_pair: str | None = None, q
 
 
 def _detect(path: str, kind: str, task_name: str) -> str:
-  name = os.path.basename(path).lower()
+  name = os.path.basename(files.without_compression(path)).lower()
   if name.endswith('.jsonl'):
     return 'jsonl'
   if name.endswith('.json'):
     return 'squad'
-  with open(path, encoding='utf-8', errors='replace') as f:
+  with files.open(path, encoding='utf-8', errors='replace') as f:
     first = f.readline()
   if kind == 'token' and (first.startswith('-DOCSTART-') or re.search(r'\.(train|testa|testb|conll)$', name)):
     return 'conll'
@@ -114,7 +116,7 @@ def _detect(path: str, kind: str, task_name: str) -> str:
 
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
-  with open(path, encoding='utf-8', errors='replace') as f:
+  with files.open(path, encoding='utf-8', errors='replace') as f:
     lines = [(i, l.rstrip('\n').rstrip('\r')) for i, l in enumerate(f, 1)]
   lines = [(i, l) for i, l in lines if l.strip()]
   if not lines:
@@ -123,16 +125,7 @@ def _lines(path: str) -> Iterator[tuple[int, str]]:
 
 
 def _jsonl(path: str) -> Iterator[tuple[int, dict]]:
-  out = []
-  for i, line in _lines(path):
-    try:
-      obj = json.loads(line)
-    except ValueError as e:
-      raise DataError(f'{path} line {i} is not JSON ({e})') from None
-    if not isinstance(obj, dict):
-      raise DataError(f'{path} line {i} is not a JSON object')
-    out.append((i, obj))
-  return iter(out)
+  return iter(list(tables.json_objects(path, _lines(path))))
 
 
 def _fields(line: str, kind: str) -> dict[str, Any]:
@@ -219,7 +212,7 @@ def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size:
   kind, ft, tokenizer = tuned.task['kind'], tuned.finetune, tuned.tokenizer
   if kind in SEQUENCE_KINDS:
     check_pairs(tuned.task['name'], rows,
-                bool(ft.text_pair_column) if tuned.task['name'] in files.TASKS else None)
+                bool(ft.text_pair_column) if tuned.task['name'] in own_data.TASKS else None)
   predictor = Predictor(tuned, batch_size, log)
   if kind in SEQUENCE_KINDS:
     featurized = [glue.featurize(r['text'], r.get('text_pair'), tokenizer, ft.max_seq_length) for r in rows]

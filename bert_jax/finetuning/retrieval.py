@@ -24,7 +24,7 @@ from flax import nnx
 import jax
 import numpy as np
 
-from bert_jax import distributed, sharding as shd
+from bert_jax import distributed, hardware, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.embedding import beir, pairs as pairs_lib, sts as sts_lib
 from bert_jax.embedding.retrieval_eval import evaluate_retrieval
@@ -56,7 +56,8 @@ def retrieval_model(cfg: FinetuneConfig, mesh, total_steps: int) -> StepModel:
 @reused  # a run of the same model, spec, optimizer, schedule and mesh in this process reuses its steps
 def _retrieval_model(model_cfg: ModelConfig, spec: ContrastiveSpec, optim_cfg: OptimConfig, total_steps: int,
                      rules: str, mesh) -> StepModel:
-  return StepModel(lambda rngs: BiEncoder(model_cfg, spec, rngs=rngs), Contrastive(spec),
+  platform = hardware.resolve(mesh=mesh)
+  return StepModel(lambda rngs: BiEncoder(model_cfg, spec, rngs=rngs, platform=platform), Contrastive(spec),
                    optim.make_optimizer(optim_cfg, total_steps), mesh,
                    schedule=optim.learning_rate_schedule(optim_cfg, total_steps),
                    state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1),
@@ -196,7 +197,7 @@ class _PreparedRun:
     reporting.log(f'{TASK}: {len(self.train)} training pairs{negatives}, '
                   f'eval {len(self.held_out.queries)} queries against {len(self.held_out.texts)} passages')
     self.total_steps = self.cfg.total_steps(len(self.train)) if self.train else 1
-    reporting.log(describe_attention(self.cfg.model))
+    reporting.log(describe_attention(self.cfg.model, hardware.resolve(mesh=mesh)))
     self.model = retrieval_model(self.cfg, mesh, self.total_steps)
     self.block, self.mesh = distributed.process_batch_block(mesh), mesh
     self.dims = self.cfg.retrieval_dims()

@@ -256,7 +256,7 @@ def describe(path: str, what: str = 'checkpoint', log=reporting.log) -> Source:
     raise CheckpointError(f'{what} {path} is not a directory (give a Hugging Face checkpoint directory or a '
                           'bert_jax workdir)')
   workdir, kind = Workdir(path), found.kind
-  if kind in ('pretraining', 'merge', 'finetuning') or os.path.isdir(workdir.checkpoints):
+  if kind in ('pretraining', 'merge', 'finetuning') or files.isdir(workdir.checkpoints):
     saved = workdir.config()  # an HF directory's config.json is not ours
     if kind == 'finetuning' and saved is not None and 'finetune' in saved:
       model = ModelConfig.from_saved(saved['finetune']['model'])
@@ -270,9 +270,9 @@ def describe(path: str, what: str = 'checkpoint', log=reporting.log) -> Source:
                             'bert_jax — copy the tokenizer from its data cache into the workdir')
     # A run in phases: its last phase's model (a context extension's RoPE theta).
     return Source('pretraining', path, PretrainConfig.from_dict(saved).plan.stages[-1].cfg.model, tokenizer, saved)
-  if os.path.exists(workdir.file(CONFIG_FILE)):
+  if files.exists(workdir.file(CONFIG_FILE)):
     spiece = os.path.join(path, model_dir.SPIECE_FILE)  # a bert_jax export of a SentencePiece model
-    return Source('hf', path, families.read_hf_config(path), spiece if os.path.isfile(spiece) else path)
+    return Source('hf', path, families.read_hf_config(path), spiece if files.isfile(spiece) else path)
   raise CheckpointError(f'{what} {path} is neither a Hugging Face checkpoint (config.json + model.safetensors) '
                         'nor a bert_jax workdir (config.json + checkpoints/)')
 

@@ -30,6 +30,7 @@ import os
 import shutil
 from typing import Any
 
+from bert_jax import files
 from bert_jax.config import ModelConfig
 from bert_jax.model.pooling import POOLINGS
 from bert_jax.errors import CheckpointError, ConfigError
@@ -110,7 +111,7 @@ def save_sentence_transformers(directory: str, cfg: ModelConfig, params, tokeniz
   embedding = embedding.check(cfg)
   families.save_hf_checkpoint(directory, cfg, {'bert': params['bert']}, tokenizer, overwrite=overwrite)
   # Files of an earlier export into this directory that this one does not write (a Normalize it no longer has).
-  if os.path.isdir(os.path.join(directory, NORMALIZE_DIR)) and not embedding.normalize:
+  if files.isdir(os.path.join(directory, NORMALIZE_DIR)) and not embedding.normalize:
     shutil.rmtree(os.path.join(directory, NORMALIZE_DIR))
   modules = [{'idx': 0, 'name': '0', 'path': '', 'type': _TYPES['transformer']},
              {'idx': 1, 'name': '1', 'path': POOLING_DIR, 'type': _TYPES['pooling']}]
@@ -129,13 +130,13 @@ def save_sentence_transformers(directory: str, cfg: ModelConfig, params, tokeniz
                'similarity_fn_name': 'cosine',
                'bert_jax': {'pooling': embedding.pooling, 'normalize': embedding.normalize,
                             'matryoshka_dims': list(embedding.matryoshka_dims)}})
-  with open(os.path.join(directory, CARD_FILE), 'w', encoding='utf-8') as f:
+  with files.open(os.path.join(directory, CARD_FILE), 'w', encoding='utf-8') as f:
     f.write(_card(cfg, embedding, description))
   _write_json(os.path.join(directory, MODULES_FILE), modules)  # last: a folder without it is not loadable
 
 
 def _write_json(path: str, value: Any) -> None:
-  with open(path, 'w', encoding='utf-8') as f:
+  with files.open(path, 'w', encoding='utf-8') as f:
     json.dump(value, f, indent=2)
 
 
@@ -167,7 +168,7 @@ def read_embedding(directory: str) -> Embedding | None:
       pooling than mean or [CLS], a module after the pooling other than Normalize, e.g. a Dense projection).
   """
   path = os.path.join(directory, MODULES_FILE)
-  if not os.path.isfile(path):
+  if not files.isfile(path):
     return None
   modules = _read_json(path)
   if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
@@ -189,20 +190,14 @@ def read_embedding(directory: str) -> Embedding | None:
   if pooling not in POOLINGS:
     raise CheckpointError(f'{directory}: its pooling {pooling!r} is not one bert_jax reproduces (mean or cls)')
   sbert = os.path.join(directory, SBERT_CONFIG_FILE)
-  length = _read_json(sbert).get('max_seq_length') if os.path.isfile(sbert) else None
-  extra = _read_json(os.path.join(directory, ST_CONFIG_FILE)) if os.path.isfile(
+  length = _read_json(sbert, dict).get('max_seq_length') if files.isfile(sbert) else None
+  extra = _read_json(os.path.join(directory, ST_CONFIG_FILE), dict) if files.isfile(
       os.path.join(directory, ST_CONFIG_FILE)) else {}
   dims = tuple((extra.get('bert_jax') or {}).get('matryoshka_dims') or ())
   return Embedding(pooling=pooling, normalize=len(modules) == 3, max_seq_length=length, matryoshka_dims=dims,
                    origin=f'the sentence-transformers folder {directory}')
 
 
-def _read_json(path: str) -> Any:
-  try:
-    with open(path, encoding='utf-8') as f:
-      value = json.load(f)
-  except FileNotFoundError:
-    raise CheckpointError(f'{path} is missing: an incomplete sentence-transformers folder') from None
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise CheckpointError(f'{path} is not valid JSON ({e})') from None
-  return value
+def _read_json(path: str, kind: type = object) -> Any:
+  return files.read_json(path, 'sentence-transformers file', kind=kind, error=CheckpointError,
+                         missing=f'{path} is missing: an incomplete sentence-transformers folder')

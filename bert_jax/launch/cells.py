@@ -76,7 +76,7 @@ def _changed(cell: Cell) -> str | None:
   """How the recorded command of a cell differs from today's; None when it does not, or none is recorded (a cell
   finished before commands were recorded is reused as it is)."""
   try:
-    with open(cell.record, encoding='utf-8') as f:
+    with files.open(cell.record, encoding='utf-8') as f:
       before = json.load(f)['argv']
   except (OSError, ValueError, KeyError, TypeError):
     return None
@@ -182,7 +182,7 @@ def run(groups: Groups, directory: str, launcher: dict[str, Any],
     return
   failed = [] if launcher['gather'] else execute(groups)
   paths, missing, error = tabulate(launcher['gather'])
-  with open(paths[0], encoding='utf-8') as f:
+  with files.open(paths[0], encoding='utf-8') as f:
     print(f'\n{f.read()}', flush=True)
   print(f'results: {", ".join(paths[:-1])} and {paths[-1]}', flush=True)
   if error:
@@ -239,7 +239,7 @@ def write_arrays(directory: str, groups: Groups, *, template: str, sbatch: str =
   ended (afterany: a failed cell is reported by the gather, it does not stop the others). Returns (batch script,
   number of cells) in submission order."""
   try:
-    with open(template, encoding='utf-8') as f:
+    with files.open(template, encoding='utf-8') as f:
       text = f.read()
   except OSError as e:
     raise ConfigError(f'--slurm_template={template}: {e.strerror}') from None

@@ -1,7 +1,8 @@
 """Self-attention and the choice of its kernel per call: cuDNN flash, XLA, or explicit einsums.
 
-`choose_attention` is a pure function of the config, the platform and whether dropout is active;
-`describe_attention` states the choice in one line (logged when a model is built for training).
+`choose_attention` is a pure function of the config, the platform (`hardware.resolve`, decided when the module is
+built) and whether dropout is active; `describe_attention` states the choice in one line (logged when a model is
+built for training).
 """
 
 from __future__ import annotations
@@ -11,18 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import hardware
 from bert_jax.config import ModelConfig
 from bert_jax.errors import ConfigError
 from bert_jax.model.dropout import Dropout
 from bert_jax.model.layers import Dense, compute_dtype, einsum_f32, rotate
-
-
-def current_platform() -> str:
-  """The default backend: 'gpu' (NVIDIA), 'rocm', 'tpu' or 'cpu'."""
-  backend = jax.default_backend()
-  if backend == 'gpu' and 'rocm' in str(getattr(jax.devices()[0].client, 'platform_version', '')).lower():
-    return 'rocm'
-  return backend
 
 
 def _cudnn_unsupported(cfg: ModelConfig, platform: str, training: bool, seq_len: int | None) -> str | None:
@@ -52,7 +46,7 @@ def choose_attention(cfg: ModelConfig, platform: str, *, training: bool, seq_len
 
   Args:
     cfg: the model config (attention_impl, attention_dropout, dtype, head_dim).
-    platform: `current_platform()`.
+    platform: 'cpu', 'gpu', 'rocm' or 'tpu' (`hardware.resolve`).
     training: dropout is active (deterministic=False).
     seq_len: the sequence length when known (odd lengths rule cuDNN out while training).
 
@@ -74,8 +68,9 @@ _ATTENTION_NAMES = {'cudnn': 'cudnn (flash)', 'xla': 'xla (jax.nn.dot_product_at
 
 
 def describe_attention(cfg: ModelConfig, platform: str | None = None) -> str:
-  """One line saying which attention kernel inference and training use, for the build log."""
-  platform = platform or current_platform()
+  """One line saying which attention kernel inference and training use on `platform` (`hardware.resolve`'s; None:
+  jax's default devices'), for the build log."""
+  platform = hardware.resolve(platform)
   infer = choose_attention(cfg, platform, training=False)
   train = choose_attention(cfg, platform, training=True)
   forced = f' [model.attention_impl={cfg.attention_impl}]' if cfg.attention_impl else ''
@@ -182,12 +177,14 @@ class SelfAttention(nnx.Module):
   (`rope`: RoPE's cos/sin tables) rotate the queries and keys first. A local attention window
   arrives as part of the mask: a full mask (short rows, attention maps), or `band_mask`'s blocks, which
   select the blockwise paths (linear in the row length): cuDNN flash over the blocks where the kernel choice is
-  'cudnn', else `blockwise_local_attention`'s einsums.
+  'cudnn', else `blockwise_local_attention`'s einsums. `platform`: the one it is built for (`hardware.resolve`;
+  None: jax's default devices'), kept for the kernel choice and its Dense layers.
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, platform: str | None = None):
     d, n, h, std = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.initializer_range
-    dense = dict(std=std, dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias)
+    self.platform = hardware.resolve(platform)
+    dense = dict(std=std, dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias, platform=self.platform)
     self.query = Dense((d,), (n, h), ('embed', 'heads', 'kv'), **dense)
     self.key = Dense((d,), (n, h), ('embed', 'heads', 'kv'), **dense)
     self.value = Dense((d,), (n, h), ('embed', 'heads', 'kv'), **dense)
@@ -207,7 +204,7 @@ class SelfAttention(nnx.Module):
     q_btnh, k_bsnh = self.queries_keys(x_btd, rope)
     v_bsnh = self.value(x_btd)
     if mask_b11s.ndim == 5:  # a local layer's band (`band_mask`): blocks of w/2 queries against 3 w/2 keys
-      impl = choose_attention(self.cfg, current_platform(), training=not deterministic, seq_len=mask_b11s.shape[3])
+      impl = choose_attention(self.cfg, self.platform, training=not deterministic, seq_len=mask_b11s.shape[3])
       if impl == 'cudnn':
         ctx_btnh = blockwise_local_attention_fused(q_btnh, k_bsnh, v_bsnh, mask_b11s, implementation='cudnn')
       else:
@@ -216,7 +213,7 @@ class SelfAttention(nnx.Module):
       return self.output(ctx_btnh)
     b, t, s = q_btnh.shape[0], q_btnh.shape[1], k_bsnh.shape[1]
     impl = 'einsum' if return_probs else choose_attention(
-        self.cfg, current_platform(), training=not deterministic, seq_len=t)
+        self.cfg, self.platform, training=not deterministic, seq_len=t)
     probs_bnts = None
     if impl == 'cudnn' and mask_b11s.shape[2] == 1 and self.cfg.fused_mask == 'lengths':
       # A key-padding mask of right-padded rows is each row's length: cuDNN's padding mask, no bias tensor in

@@ -171,12 +171,13 @@ class ContrastiveSpec:
 
 
 class BiEncoder(nnx.Module):
-  """One encoder for queries and passages (shared weights), pooled and normalised, and the temperature."""
+  """One encoder for queries and passages (shared weights), pooled and normalised, and the temperature; `platform`:
+  `BertEncoder`'s."""
 
-  def __init__(self, cfg: ModelConfig, spec: ContrastiveSpec, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, spec: ContrastiveSpec, *, rngs: nnx.Rngs, platform: str | None = None):
     spec.check(cfg.hidden_size)
     self.spec = spec
-    self.bert = BertEncoder(cfg, rngs=rngs)
+    self.bert = BertEncoder(cfg, rngs=rngs, platform=platform)
     # The learned temperature's unconstrained parameter (`bounded_temperature`), or None when fixed.
     self.temperature = nnx.Param(jnp.asarray(temperature_parameter(
         spec.temperature, spec.temperature_min, spec.temperature_max))) if spec.learn_temperature else None

@@ -1,11 +1,11 @@
 """Dropout whose masks come from a counter-based hash instead of threefry bits per element.
 
-`jax.random.bernoulli` runs threefry for every element; on CPU that costs ~60 ns per element,
-and BERT-base draws ~38M mask elements per 8 x 128 training step (attention probabilities and
-three hidden-state dropouts per layer): about half of the whole step on 2 cores. Here one
+`jax.random.bernoulli` runs threefry for every element, which is costly on CPU, and BERT-base draws
+~38M mask elements per 8 x 128 training step (attention probabilities and three hidden-state dropouts
+per layer): a large part of a CPU step (the figures: docs/results.md). Here one
 threefry call per dropout site gives two 32-bit seeds, and each element's keep bit comes from
 hashing its global index with them (two rounds of MurmurHash3's 32-bit finaliser, a bijection
-with full avalanche; ~2-5 ns per element). It is the same dropout (keep probability exact to
+with full avalanche; a few integer operations per element). It is the same dropout (keep probability exact to
 2^-32, masks independent across sites and steps, fixed by the key, so resumed runs replay
 bit-exactly) computed with a cheaper generator; counter-based generators (Philox) are what
 cuDNN and PyTorch's GPU dropout use for the same reason. Masks depend on global element

@@ -6,6 +6,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from bert_jax import hardware
 from bert_jax.config import ModelConfig
 from bert_jax.model.attention import SelfAttention, band_mask
 from bert_jax.model.dropout import Dropout
@@ -131,15 +132,17 @@ class EncoderLayer(nnx.Module):
   Post-LN (BERT): x = LN(x + Attn(x)); x = LN(x + MLP(x)). Pre-LN: x = x + Attn(LN(x)); x = x + MLP(LN(x)),
   where the first layer (`first`) has no LayerNorm before its attention: its input is the embeddings'
   LayerNorm output (ModernBERT). MLP: dense, exact GELU, dense; or GeGLU: GELU(x W) * (x V), dense.
+  `platform`: the one it is built for (`hardware.resolve`; None: jax's default devices').
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, first: bool = False):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, first: bool = False, platform: str | None = None):
     d, i, std = cfg.hidden_size, cfg.intermediate_size, cfg.initializer_range
     dtype = compute_dtype(cfg)
+    platform = hardware.resolve(platform)
     norm = dict(eps=cfg.layer_norm_eps, dtype=dtype, use_bias=cfg.use_bias)
-    dense = dict(std=std, dtype=dtype, rngs=rngs, use_bias=cfg.use_bias)
+    dense = dict(std=std, dtype=dtype, rngs=rngs, use_bias=cfg.use_bias, platform=platform)
     self.pre_norm = cfg.norm_position == 'pre'
-    self.attention = SelfAttention(cfg, rngs=rngs)
+    self.attention = SelfAttention(cfg, rngs=rngs, platform=platform)
     if self.pre_norm:
       self.attention_norm = None if first else LayerNorm(d, **norm)
       self.mlp_norm = LayerNorm(d, **norm)
@@ -190,17 +193,24 @@ class EncoderLayer(nnx.Module):
 
 class BertEncoder(nnx.Module):
   """Embeddings, `num_layers` encoder layers (post- or pre-LN, then a final LayerNorm) and the [CLS] pooler
-  (dense + tanh, or model.pooler_activation)."""
+  (dense + tanh, or model.pooler_activation).
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  `platform`: the one the model is built for ('cpu', 'gpu', 'rocm', 'tpu': `hardware.resolve`, e.g. of the run's
+  mesh), kept by every layer: it picks the attention kernel and Dense's backward. None: jax's default devices',
+  resolved here, once.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, platform: str | None = None):
     self.cfg = cfg
-    self.embeddings = Embeddings(cfg, rngs=rngs)
-    self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs, first=i == 0) for i in range(cfg.num_layers)])
+    platform = hardware.resolve(platform)
+    self.embeddings = Embeddings(cfg, rngs=rngs, platform=platform)
+    self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs, first=i == 0, platform=platform)
+                            for i in range(cfg.num_layers)])
     if cfg.norm_position == 'pre':  # the residual stream is never normalised inside the layers
       self.final_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg),
                                   use_bias=cfg.use_bias)
-    self.pooler = Dense((cfg.hidden_size,), (cfg.hidden_size,), ('embed', 'mlp'),
-                        std=cfg.initializer_range, dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias)
+    self.pooler = Dense((cfg.hidden_size,), (cfg.hidden_size,), ('embed', 'mlp'), std=cfg.initializer_range,
+                        dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias, platform=platform)
 
   def pool(self, cls_xd: jax.Array) -> jax.Array:
     """The pooler on [CLS] vectors [..., D]: model.pooler_activation(dense(x))."""

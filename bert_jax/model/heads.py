@@ -11,6 +11,8 @@ Fine-tuning inputs may be packed (`finetuning/batching.py`): several examples pe
 classifier then pools each example's own [CLS], found at (`example_row`, `example_offset`).
 Unpacked inputs are the special case of one example per row: segment_ids = attention mask;
 without segment_ids, tokens attend to every non-[PAD] token of their row.
+
+Each model takes the `platform` it is built for (`BertEncoder`'s; None: jax's default devices', resolved once).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from bert_jax import hardware
 from bert_jax.config import ModelConfig
 from bert_jax.model.dropout import Dropout
 from bert_jax.model.encoder import BertEncoder
@@ -31,10 +34,10 @@ class MaskedLMHead(nnx.Module):
   head; `use_bias=False` drops the dense and LayerNorm biases, never the per-token one). The dense maps
   hidden_size to the embeddings' width (ELECTRA's generator head when `embedding_size` differs)."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, platform: str | None = None):
     d, e = cfg.hidden_size, cfg.embed_dim
     self.transform = Dense((d,), (e,), ('embed', 'mlp'), std=cfg.initializer_range,
-                           dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias)
+                           dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias, platform=platform)
     self.layer_norm = LayerNorm(e, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg), use_bias=cfg.use_bias)
     self.bias = param(jax.nn.initializers.zeros, None, (cfg.vocab_size,), ('vocab',))
     self.logits_backward = cfg.logits_backward
@@ -50,13 +53,14 @@ class BertForPreTraining(nnx.Module):
   """BERT with the MLM head (only at masked positions) and the NSP classifier (`nsp_head`;
   masked-LM-only pretraining, data.objective=none, has none)."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, nsp_head: bool = True):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, nsp_head: bool = True, platform: str | None = None):
     self.cfg = cfg
-    self.bert = BertEncoder(cfg, rngs=rngs)
-    self.mlm = MaskedLMHead(cfg, rngs=rngs)
+    platform = hardware.resolve(platform)
+    self.bert = BertEncoder(cfg, rngs=rngs, platform=platform)
+    self.mlm = MaskedLMHead(cfg, rngs=rngs, platform=platform)
     # float32 logits computed in float32 (a [D, 2] matmul: nothing to save in bfloat16).
     self.nsp = Dense((cfg.hidden_size,), (2,), ('embed', None), std=cfg.initializer_range,
-                     dtype=jnp.float32, rngs=rngs) if nsp_head else None
+                     dtype=jnp.float32, rngs=rngs, platform=platform) if nsp_head else None
 
   def __call__(self, input_ids_bt, token_type_ids_bt, attention_mask_bt, masked_lm_positions_bp,
                position_ids_bt=None, *, segment_ids_bt=None, cls_positions_bk=None,
@@ -98,12 +102,13 @@ def _encode(bert: BertEncoder, input_ids_bt, token_type_ids_bt, segment_ids_bt, 
 class _DropoutClassifier(nnx.Module):
   """The encoder, dropout and a `num_labels`-way dense layer (Hugging Face's `dropout` + `classifier`)."""
 
-  def __init__(self, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs):
-    self.bert = BertEncoder(cfg, rngs=rngs)
+  def __init__(self, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs, platform: str | None = None):
+    platform = hardware.resolve(platform)
+    self.bert = BertEncoder(cfg, rngs=rngs, platform=platform)
     self.dropout = Dropout(cfg.hidden_dropout, impl=cfg.dropout_impl, rngs=rngs)
     # Logits in float32 (a [D, num_labels] matmul: nothing to save in bfloat16).
     self.classifier = Dense((cfg.hidden_size,), (num_labels,), ('embed', None), std=cfg.initializer_range,
-                            dtype=jnp.float32, rngs=rngs)
+                            dtype=jnp.float32, rngs=rngs, platform=platform)
 
 
 class BertForSequenceClassification(_DropoutClassifier):
@@ -135,11 +140,12 @@ class BertForTokenClassification(_DropoutClassifier):
 class BertForQuestionAnswering(nnx.Module):
   """A dense layer to (start, end) logits on every token (no dropout, as BERT's SQuAD head)."""
 
-  def __init__(self, cfg: ModelConfig, num_labels: int = 2, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, num_labels: int = 2, *, rngs: nnx.Rngs, platform: str | None = None):
     del num_labels  # always start and end
-    self.bert = BertEncoder(cfg, rngs=rngs)
+    platform = hardware.resolve(platform)
+    self.bert = BertEncoder(cfg, rngs=rngs, platform=platform)
     self.qa_outputs = Dense((cfg.hidden_size,), (2,), ('embed', None), std=cfg.initializer_range,
-                            dtype=jnp.float32, rngs=rngs)
+                            dtype=jnp.float32, rngs=rngs, platform=platform)
 
   def __call__(self, input_ids_bt, token_type_ids_bt=None, segment_ids_bt=None, position_ids_bt=None,
                example_row_e=None, example_offset_e=None, *, deterministic: bool = True) -> jax.Array:
@@ -149,12 +155,13 @@ class BertForQuestionAnswering(nnx.Module):
     return self.qa_outputs(seq_btd).astype(jnp.float32)
 
 
-def head_model(kind: str, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs) -> nnx.Module:
-  """The model for a head kind (one of HEAD_KINDS)."""
+def head_model(kind: str, cfg: ModelConfig, num_labels: int, *, rngs: nnx.Rngs,
+               platform: str | None = None) -> nnx.Module:
+  """The model for a head kind (one of HEAD_KINDS), built for `platform` (`BertEncoder`'s)."""
   if kind in SEQUENCE_KINDS:
-    return BertForSequenceClassification(cfg, num_labels, rngs=rngs)
+    return BertForSequenceClassification(cfg, num_labels, rngs=rngs, platform=platform)
   if kind == 'token':
-    return BertForTokenClassification(cfg, num_labels, rngs=rngs)
+    return BertForTokenClassification(cfg, num_labels, rngs=rngs, platform=platform)
   if kind == 'span':
-    return BertForQuestionAnswering(cfg, rngs=rngs)
+    return BertForQuestionAnswering(cfg, rngs=rngs, platform=platform)
   raise ValueError(f'unknown head kind {kind!r}; choose from {", ".join(HEAD_KINDS)}')

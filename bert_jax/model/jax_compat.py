@@ -4,10 +4,9 @@ Before jax 0.11.2, asking a tracer for `.sharding` raised an AttributeError whos
 origin: a walk over the jaxpr traced so far and a pretty-print of up to five of its equations. Flax nnx asks
 `getattr(value, 'sharding', None)` twice at every RNG draw (the stream's counter update, in `Variable.set_value`),
 so building a module under a trace (`nnx.eval_shape`, a jitted init, the dropout streams of a train step) cost time
-quadratic in the model's size: BERT-base's abstract construction took 0.39 s instead of 0.12 s, and 6 % of the test
-suite's in-process time was these messages. jax 0.11.2 raises the same AttributeError without the origin; this is
-that change. `getattr`/`hasattr` answer as before, and the message a user sees is unchanged (`Tracer.__getattr__`
-raises its own for 'sharding' when the property fails).
+quadratic in the model's size (abstract construction before and after this fix: docs/results.md). jax 0.11.2 raises
+the same AttributeError without the origin; this is that change. `getattr`/`hasattr` answer as before, and the
+message a user sees is unchanged (`Tracer.__getattr__` raises its own for 'sharding' when the property fails).
 """
 
 import jax

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import hardware
 from bert_jax.config import ModelConfig
 from bert_jax.model.dropout import Dropout
 from bert_jax.sharding import constrain
@@ -68,8 +69,8 @@ def add_bias(y: jax.Array, bias: jax.Array) -> jax.Array:
   """y + bias (a float32 parameter) in y's dtype, the bias gradient summed from y's cotangent in float32.
 
   jax's own transpose sums a bfloat16 cotangent in bfloat16; XLA:CPU upcasts that reduction and rewrites it into
-  a tree of windowed sums (reduce-window, ~50 ms for a BERT feed-forward bias of 64 x 128 rows against ~1 ms for
-  the float32 sum of the same values, jax 0.12; docs/results.md). Float32 activations take `y + bias` as is.
+  a tree of windowed sums (reduce-window), many times slower than one float32 sum of the same values (the figures:
+  docs/results.md). Float32 activations take `y + bias` as is.
   The others are reverse mode only (a custom VJP): nothing here takes forward-mode derivatives of a bfloat16 model.
   """
   return y + bias if y.dtype == jnp.float32 else _add_bias_f32_grad(y, bias)
@@ -91,19 +92,20 @@ def _add_bias_bwd(bias_ndim, g):
 _add_bias_f32_grad.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-  """x @ w.astype(x.dtype) for a 2-D activation x [M, K] and float32 kernel w [K, N]; on CPU under bfloat16 its
-  backward runs in the layouts XLA:CPU's fast (YNNPACK) kernels take.
+def matmul(x: jax.Array, w: jax.Array, *, platform: str) -> jax.Array:
+  """x @ w.astype(x.dtype) for a 2-D activation x [M, K] and float32 kernel w [K, N]; on `platform` 'cpu' (the one
+  the model is built for: `bert_jax.hardware.resolve`) under bfloat16 its backward runs in the layouts XLA:CPU's
+  fast (YNNPACK) kernels take.
 
   jax's own transpose asks for x^T · dy (contracting x's leading axis) and dy · w^T: XLA:CPU's bfloat16 dots
-  accept neither layout, so it runs the weight gradient as a float32 Eigen dot on upcast copies (~120-140 GFLOP/s
-  on MiniLM's shapes, its result rounded to bfloat16) and the input gradient in a slower form. Here the backward
-  multiplies row-major copies of x^T and w^T instead (`_row_major_transpose`: 6-25 MB per product, ~1-10 ms),
-  which the same kernels run at ~350-400 GFLOP/s, with the weight gradient accumulated and returned in float32
-  (no bfloat16 rounding of it: jax 0.12, 2 cores; docs/results.md). Elsewhere (float32, or an accelerator, whose
-  matmuls take transposed operands as they are) this is jax's own product. Reverse mode only, as `add_bias`.
+  accept neither layout, so it runs the weight gradient as a float32 Eigen dot on upcast copies (its result rounded
+  to bfloat16) and the input gradient in a slower form. Here the backward multiplies row-major copies of x^T and
+  w^T instead (`_row_major_transpose`: a copy of each operand, cheap beside the product), which the fast kernels
+  run at several times the rate, with the weight gradient accumulated and returned in float32 (no bfloat16
+  rounding of it; the figures: docs/results.md). Elsewhere (float32, or an accelerator, whose matmuls take
+  transposed operands as they are) this is jax's own product. Reverse mode only, as `add_bias`.
   """
-  if x.dtype != jnp.bfloat16 or jax.default_backend() != 'cpu':
+  if x.dtype != jnp.bfloat16 or platform != 'cpu':
     return jnp.dot(x, w.astype(x.dtype))
   return _matmul_row_major_grads(x, w)
 
@@ -163,17 +165,19 @@ class Dense(nnx.Module):
   """y = x · W + b contracting the trailing `len(in_shape)` axes of x.
 
   The kernel has shape in_shape + out_shape, so attention projections keep an explicit
-  heads axis that tensor parallelism can split.
+  heads axis that tensor parallelism can split. `platform`: the one it is built for (`hardware.resolve`; None:
+  jax's default devices'), which picks its product's backward (`matmul`).
   """
 
   def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], axes: Sequence[str | None],
-               *, std: float, dtype, rngs: nnx.Rngs, use_bias: bool = True):
+               *, std: float, dtype, rngs: nnx.Rngs, use_bias: bool = True, platform: str | None = None):
     in_shape, out_shape = tuple(in_shape), tuple(out_shape)
     assert len(axes) == len(in_shape) + len(out_shape), (axes, in_shape, out_shape)
     self.kernel = param(_truncated_normal(std), rngs.params(), in_shape + out_shape, axes)
     self.bias = param(jax.nn.initializers.zeros, None, out_shape, axes[len(in_shape):]) if use_bias else None
     self.num_in = len(in_shape)
     self.dtype = dtype
+    self.platform = hardware.resolve(platform)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     # One 2-D matmul over flattened views (free reshapes of contiguous axes). Contracting
@@ -185,7 +189,8 @@ class Dense(nnx.Module):
     in_shape, out_shape = kernel.shape[:self.num_in], kernel.shape[self.num_in:]
     lead = x.shape[:x.ndim - self.num_in]
     k = math.prod(in_shape)
-    y = matmul(x.astype(self.dtype).reshape(-1, k), kernel.reshape(k, -1)).reshape(lead + out_shape)
+    y = matmul(x.astype(self.dtype).reshape(-1, k), kernel.reshape(k, -1), platform=self.platform)
+    y = y.reshape(lead + out_shape)
     if self.bias is not None:
       y = add_bias(y, self.bias[...])
     return y
@@ -238,10 +243,10 @@ class Embeddings(nnx.Module):
   wider than the encoder (`embedding_size`, ELECTRA), a dense projection to hidden_size (`project`).
 
   Without a position table (`position_embedding='rotary'`: positions act inside attention) or a
-  token type table (`type_vocab_size=0`), those terms are absent and their ids unused.
+  token type table (`type_vocab_size=0`), those terms are absent and their ids unused. `platform`: Dense's.
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, platform: str | None = None):
     std, e = cfg.initializer_range, cfg.embed_dim
     self.word_embeddings = Embed(cfg.vocab_size, e, ('vocab', 'embed'), std=std, rngs=rngs)
     self.position_embeddings = Embed(cfg.max_position_embeddings + cfg.position_offset, e, (None, 'embed'),
@@ -253,7 +258,7 @@ class Embeddings(nnx.Module):
     self.dropout = Dropout(cfg.hidden_dropout, impl=cfg.dropout_impl, rngs=rngs)
     # ELECTRA's embeddings_project (after the dropout, as there); none when the widths agree.
     self.project = Dense((e,), (cfg.hidden_size,), (None, 'embed'), std=std, dtype=compute_dtype(cfg), rngs=rngs,
-                         use_bias=cfg.use_bias) if e != cfg.hidden_size else None
+                         use_bias=cfg.use_bias, platform=platform) if e != cfg.hidden_size else None
 
   def __call__(self, input_ids_bt, token_type_ids_bt, position_ids_bt, *, deterministic: bool):
     x_bte = self.word_embeddings(input_ids_bt)

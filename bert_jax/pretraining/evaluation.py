@@ -17,7 +17,7 @@ import jax
 
 from bert_jax import files
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.pretraining import pretrain
+from bert_jax.pretraining import pretrain_run as pretrain
 from bert_jax.runs import reporting
 from bert_jax.train import scaffold
 

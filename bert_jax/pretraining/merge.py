@@ -150,7 +150,7 @@ def merge(parts: list[Part], output: str) -> dict[str, Any]:
   if done is not None:
     reporting.log(f'merge: {output} already holds this merge (step {done["step"]}); nothing written')
     return done
-  if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+  if files.exists(output) and (not files.isdir(output) or files.listdir(output)):
     held = _merge_record(output)
     if held is not None:
       raise ConfigError(f'--workdir {output} already holds another merge {_describe(held)}: write this one to '
@@ -219,14 +219,14 @@ def _pin(part: Part, target: str, held: dict[str, Any]) -> Part:
   source = os.path.join(checkpoint_dir(part.path), str(step))
   try:
     _link_tree(source, os.path.join(target, CHECKPOINTS_DIR, str(step)))
-    gone = not os.path.isdir(source)  # deleted after its files were linked: they may be a part of it
+    gone = not files.isdir(source)  # deleted after its files were linked: they may be a part of it
   except FileNotFoundError:
     gone = True
   if gone:
     raise CheckpointGone(f'{part.path} step {step} was rotated away by the run training there '
                          f'({files.describe_holder(held)}) before merge could pin it (it is not damaged); the run '
                          f'keeps steps {_steps(part.path)}: run the command again, or name kept steps with DIR@STEP')
-  for name in os.listdir(part.path):  # config.json and the tokenizer's files: what `describe` reads
+  for name in files.listdir(part.path):  # config.json and the tokenizer's files: what `describe` reads
     if name == CONFIG_FILE or name.startswith(('tokenizer', 'vocab')):
       shutil.copy2(os.path.join(part.path, name), target)
   reporting.log(f'merge: {part.path} is in use by {files.describe_holder(held)}: its step {step} is read from '
@@ -264,11 +264,11 @@ def _same_merge(parts: list[Part], output: str) -> dict[str, Any] | None:
 def _merge_record(output: str) -> dict[str, Any] | None:
   """merge.json of `output` when it holds a finished merge (its checkpoints beside it), else None."""
   try:
-    with open(os.path.join(output, MERGE_FILE), encoding='utf-8') as f:
+    with files.open(os.path.join(output, MERGE_FILE), encoding='utf-8') as f:
       record = json.load(f)
   except (OSError, ValueError):
     return None
-  if not isinstance(record, dict) or not os.path.isdir(os.path.join(output, 'checkpoints')):
+  if not isinstance(record, dict) or not files.isdir(os.path.join(output, 'checkpoints')):
     return None
   return record
 
@@ -305,7 +305,7 @@ def _write(output: str, saved: dict[str, Any], tokenizer: str, params: dict[str,
     finally:
       ckpt.close()
     wd.write_json(wd.file(MERGE_FILE), record)
-    if os.path.isdir(output):
+    if files.isdir(output):
       os.rmdir(output)  # empty (checked)
     os.replace(staging, output)
   except CheckpointWriteError as e:  # its own line is a training run's: a checkpoint kept, a run to resume

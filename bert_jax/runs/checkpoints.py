@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax import files
+from bert_jax import files, hardware
 from bert_jax.config.migration import METRIC_SCALE, upgrade_metrics
 from bert_jax.errors import CheckpointError, CheckpointGone, CheckpointWriteError, UnusableCheckpoint
 from bert_jax.files import WRITE_FAILURES, check_remote
@@ -85,12 +85,12 @@ def _whole_array_host_copies() -> None:
   Orbax's replica-parallel save splits a replicated array's device-to-host copy into one slice per replica, for
   accelerators that each have their own link to the host (Orbax turns it off for GPUs itself, by JAX_PLATFORMS).
   CPU devices are host memory already: the slices are only a jitted slicing op per replica and array, and a save
-  takes 2-3x as long (330 arrays of 384 x 384 replicated over 8 CPU devices: 1.5 s a save, 0.6 s whole; the test
-  suite's runs save a checkpoint every few steps). The values written are the same; every version reads both.
+  takes several times as long (the figures: docs/results.md; the test suite's runs save a checkpoint every few
+  steps). The values written are the same; every version reads both.
   Orbax's one switch is a field of its registered jax.Array handler: where a version names it otherwise, saves
   keep Orbax's default (slower, never wrong).
   """
-  if jax.default_backend() != 'cpu':
+  if hardware.resolve() != 'cpu':
     return
   handler = ocp.type_handlers.get_type_handler(jax.Array)
   if hasattr(handler, '_use_replica_parallel'):
@@ -502,7 +502,7 @@ def _disk_bytes(directory: str) -> int:
   for root, _, names in os.walk(directory):
     for name in names:
       with contextlib.suppress(OSError):
-        total += os.path.getsize(os.path.join(root, name))
+        total += files.getsize(os.path.join(root, name))
   return total
 
 

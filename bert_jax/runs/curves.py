@@ -31,17 +31,17 @@ def save_png(fig: Figure, path: str) -> str:
   if files.is_remote(path):
     buffer = io.BytesIO()
     FigureCanvasAgg(fig).print_png(buffer)
-    with files.open_file(path, 'wb') as f:
+    with files.open(path, 'wb') as f:
       f.write(buffer.getvalue())
     return path
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + '.tmp'
   try:
-    with open(tmp, 'wb') as f:
+    with files.open(tmp, 'wb') as f:
       FigureCanvasAgg(fig).print_png(f)
     os.replace(tmp, path)
   finally:
-    if os.path.exists(tmp):
+    if files.exists(tmp):
       os.remove(tmp)
   return path
 
@@ -64,7 +64,7 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
   a run killed mid-write, or a line of something else.
   """
   try:
-    with files.open_file(path, encoding='utf-8', errors='replace') as f:
+    with files.open(path, encoding='utf-8', errors='replace') as f:
       lines = f.readlines()
   except OSError:
     return []
@@ -132,7 +132,8 @@ def _accuracies(records) -> list[str]:
 def _draw(ax, runs, keys: Sequence[str], title: str, *, held_out_lines: bool = False) -> None:
   """One panel: each key of each run, train as a line, held-out as markers (joined by a thin line
   when `held_out_lines`). A colour per (run, key)."""
-  # At a fixed place (y=1.0): no ticks on top to clear, and matplotlib's search for them was 17 % of a drawing.
+  # At a fixed place (y=1.0): no ticks on top to clear, and matplotlib's search for them is a large part of a
+  # drawing (docs/results.md).
   ax.set_title(title, fontsize=10, y=1.0)
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps: no 4.5
   drawn = False

@@ -4,7 +4,7 @@ Python runs a signal's handler on the main thread, between bytecodes. Inside a c
 bytecode; jax >= 0.10 waits for a compile in a loop that runs pending handlers every 200 ms
 (`BlockUntilReadyWithCancel` in jaxlib), so a handler does run during a compile, but an exception it raises abandons
 the compile while XLA goes on with it in the background: a process that then exits is killed by a segmentation
-fault when that compile ends (measured with jax 0.10.2: exit -11 instead of its own code). A call that does not run
+fault when that compile ends (jax 0.10.2: exit -11 instead of its own code). A call that does not run
 handlers delays them until it returns. Here, for the handlers of ours (`tells_watcher`):
 
 - A handler that would raise asks `deferred(signum, frame)` first. Inside jax's compiler it says in one line that

@@ -47,7 +47,7 @@ class MetricWriter:
     if not self.enabled:
       return
     files.makedirs(workdir)
-    self._jsonl = files.open_file(os.path.join(workdir, f'metrics_{name}.jsonl'), 'a', encoding='utf-8')
+    self._jsonl = files.open(os.path.join(workdir, f'metrics_{name}.jsonl'), 'a', encoding='utf-8')
     from tensorboard.summary.writer.event_file_writer import EventFileWriter  # pylint: disable=g-import-not-at-top
     self._tb_dir = os.path.join(workdir, 'tb', name)
     self._staging, self._uploaded = None, float('-inf')
@@ -76,7 +76,7 @@ class MetricWriter:
       return
     self._uploaded = time.monotonic()
     files.makedirs(self._tb_dir)
-    for name in os.listdir(self._staging):
+    for name in files.listdir(self._staging):
       files.copy_file(os.path.join(self._staging, name), os.path.join(self._tb_dir, name))
 
   def close(self) -> None:

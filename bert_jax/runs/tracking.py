@@ -57,7 +57,7 @@ def start(services: str, *, project: str, run_name: str, config: dict[str, Any],
 
 def _read_ids(run_dir: str) -> dict[str, str]:
   try:
-    with open(os.path.join(run_dir, IDS_FILE), encoding='utf-8') as f:
+    with files.open(os.path.join(run_dir, IDS_FILE), encoding='utf-8') as f:
       ids = json.load(f)
     return ids if isinstance(ids, dict) else {}
   except (OSError, ValueError):
@@ -78,7 +78,7 @@ class _Trackers:
 
   def finish(self, summary: dict[str, Any] | None, images: dict[str, str]) -> None:
     for t in self.trackers:
-      t.finish(summary and _numbers(summary), {k: p for k, p in images.items() if os.path.isfile(p)})
+      t.finish(summary and _numbers(summary), {k: p for k, p in images.items() if files.isfile(p)})
 
 
 class _Wandb:

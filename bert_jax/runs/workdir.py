@@ -141,7 +141,7 @@ def _read_config(path: str, strict: bool = False) -> dict[str, Any] | None:
     return None
   check_regular(path, 'workdir config')
   try:
-    with files.open_file(path, encoding='utf-8') as f:
+    with files.open(path, encoding='utf-8') as f:
       saved = json.load(f)
   except (OSError, UnicodeDecodeError, ValueError) as e:
     if not strict:
@@ -213,7 +213,7 @@ class Workdir:
   def finished(self) -> float | None:
     """When final_metrics.json (a run's last write) was written, in seconds since the epoch; None before."""
     path = self.file(FINAL_METRICS_FILE)
-    return os.path.getmtime(path) if os.path.isfile(path) else None
+    return files.getmtime(path) if files.isfile(path) else None
 
   def results(self) -> dict[str, Any] | None:
     """final_metrics.json (in today's metric scale), None when absent (the run has not finished); CheckpointError
@@ -222,7 +222,7 @@ class Workdir:
     if not files.isfile(path):
       return None
     try:
-      with files.open_file(path, encoding='utf-8') as f:
+      with files.open(path, encoding='utf-8') as f:
         results = json.load(f)
     except (OSError, UnicodeDecodeError, ValueError) as e:
       raise CheckpointError(f'{path} is unreadable ({type(e).__name__})') from None
@@ -338,6 +338,6 @@ def write_config(path: str, config: dict[str, Any]) -> None:
       return
     if old is not None:
       entry = {'replaced': datetime.datetime.now().isoformat(timespec='seconds'), 'config': old}
-      with files.open_file(os.path.join(path, HISTORY_FILE), 'a', encoding='utf-8') as f:
+      with files.open(os.path.join(path, HISTORY_FILE), 'a', encoding='utf-8') as f:
         f.write(json.dumps(entry, sort_keys=True) + '\n')
   write_json_atomic(target, config, sort_keys=True)

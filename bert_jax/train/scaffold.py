@@ -30,10 +30,10 @@ Evaluating a workdir again has one entry, `evaluate_workdir(path, evaluations, s
 by the caller: train/ imports neither pretraining nor fine-tuning) evaluates it. Options and config fields that
 only another kind takes are refused first, in one line, before any model work. The kinds' evaluations:
 
-  fine-tuning  `finetuning.finetune.evaluate_again` -> `evaluate(job, workdir, step, out_dir)` here: each run
+  fine-tuning  `finetuning.finetune_run.evaluate_again` -> `evaluate(job, workdir, step, out_dir)` here: each run
                directory's checkpoint through the same `Prepared` (the workdir claimed unless read-only;
                checkpoints only read: `restore_for_evaluation`), results beside the training ones;
-  pretraining  `pretraining.evaluation` -> `pretraining.pretrain.evaluate_checkpoints`: one step (a JSON line) or
+  pretraining  `pretraining.evaluation` -> `pretraining.pretrain_run.evaluate_checkpoints`: one step (a JSON line) or
                every step (a table, a JSONL, a plot; unusable checkpoints named and skipped), the workdir
                only read (no claim), the data prepared after the first restore (a bad checkpoint fails before
                any data work); a merge's parts are read from their own workdirs (`evaluate_in`, `as_step`).

@@ -69,8 +69,8 @@ def _new_rest(new_module: Callable[[nnx.Rngs], nnx.Module], abstract_rest: nnx.S
 
   Dropout streams only (this project's models): `StepModel.reseed` sets each stream's key and count at every
   training step and evaluation draws none, so their values never matter: key(0)s and zeros, made from the shapes.
-  Any other state is the module's own, built under jit (the whole module traced and its program compiled again:
-  0.1-0.5 s of every run's start).
+  Any other state is the module's own, built under jit (the whole module traced and its program compiled again, at
+  every run's start).
   """
   if all(isinstance(v, nnx.RngState) and v.tag == 'dropout' for _, v in nnx.to_flat_state(abstract_rest)):
     shapes = nnx.to_pure_dict(abstract_rest)

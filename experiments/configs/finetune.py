@@ -84,7 +84,7 @@ VARIANTS = {
                                                 eval_batch_size=32)),
     'squad_v2': ('squad_v2', 'squad-v2.0', 5e-5, dict(max_seq_length=384, batch_size=16, num_train_epochs=2.0,
                                                       eval_batch_size=32)),
-    # Your own files (no data folder): finetuning.tasks.files.
+    # Your own files (no data folder): finetuning.tasks.own_data.
     'classify': ('classify', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
     'regress': ('regress', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
     'multilabel': ('multilabel', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),

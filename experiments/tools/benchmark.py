@@ -1,6 +1,6 @@
 """The performance record: timing the full pretraining train step, FLOPs, MFU and memory.
 
-`benchmark_grid` times the MLM+NSP+AdamW step (`pretraining.pretrain.pretraining_model`) on synthetic
+`benchmark_grid` times the MLM+NSP+AdamW step (`pretraining.pretrain_run.pretraining_model`) on synthetic
 data for every preset x dtype x batch x sequence length and returns one row each: median step
 time, tokens/s, model FLOP/s (the analytic count of `pretraining_flops_per_step`), MFU against
 the device's peak (`PEAK_TFLOPS`), peak device memory and compile time; optionally Hugging
@@ -27,7 +27,7 @@ import optax
 from bert_jax import sharding as shd
 from bert_jax.config import MeshConfig, ModelConfig, OptimConfig
 from bert_jax.errors import ConfigError
-from bert_jax.pretraining.pretrain import pretraining_model
+from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per device by matmul mode, from the vendors' datasheets,
@@ -197,7 +197,7 @@ def time_attention_layer(cfg: ModelConfig, *, batch_size: int, seq_len: int, loc
     t0 = time.perf_counter()
     jax.block_until_ready(step(params, x_btd))
     times.append(time.perf_counter() - t0)
-  kernel = attention.choose_attention(cfg, attention.current_platform(), training=False,
+  kernel = attention.choose_attention(cfg, layer.attention.platform, training=False,
                                       seq_len=cfg.attention_window // 2 if local else seq_len)
   kernel = {'cudnn': 'cudnn', 'xla': 'einsum' if local else 'xla', 'einsum': 'einsum'}[kernel]
   return {'layer': f'local (window {cfg.attention_window})' if local else 'global', 'kernel': kernel,

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from bert_jax.config import FinetuneConfig, PretrainConfig, apply_overrides, parse_overrides
 from bert_jax.errors import BertJaxError, ConfigError
-from bert_jax.launch import cells, tables
+from bert_jax.launch import cells, results_tables as tables
 
 from tools import config_help, sweep
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from bert_jax.config.overrides import KEY, shell_words
 from bert_jax.errors import ConfigError
-from bert_jax.launch import cells, tables
+from bert_jax.launch import cells, results_tables as tables
 from bert_jax.runs.workdir import FINAL_METRICS_FILE
 
 CONFIG_KEY = 'config'  # config_flags' --config=FILE:VARIANT

@@ -1,14 +1,17 @@
 """BEIR's layout read back, and one clear error per bad input."""
 
+import bz2
+import gzip
 import json
+import lzma
 import os
 import shutil
 
 import numpy as np
 import pytest
 
+from bert_jax import files
 from bert_jax.embedding import beir, search
-
 from bert_jax.embedding import ranking as metrics
 from bert_jax.errors import DataError
 
@@ -45,8 +48,8 @@ def test_reads_the_judged_queries_in_file_order(tmp_path):
 
 @pytest.mark.parametrize('files, message', [
     (dict(qrels=None), r'qrels file .*qrels/test.tsv does not exist'),
-    (dict(corpus='{"_id": "d1", "text": "x"}\nnot json\n'), r'corpus.jsonl line 2 is not valid JSON'),
-    (dict(corpus='["d1", "x"]\n'), r'corpus.jsonl line 1 is not a JSON object'),
+    (dict(corpus='{"_id": "d1", "text": "x"}\nnot json\n'), r'corpus.jsonl:2: not JSON'),  # data.tables' words
+    (dict(corpus='["d1", "x"]\n'), r'corpus.jsonl:1: a JSONL line must be an object'),
     (dict(corpus='{"text": "x"}\n'), r'corpus.jsonl line 1 has no "_id"'),
     (dict(corpus='{"_id": "d1"}\n'), r'corpus.jsonl line 1 has no "text"'),
     (dict(corpus='{"_id": "d1", "text": 5}\n'), r'"text" must be a string, got int'),
@@ -95,6 +98,25 @@ def test_judgements_of_ids_the_set_lacks_are_counted_and_scored_as_beirs_evaluat
   assert metrics.ranking_metrics(padded, data.qrels, recall_at=(4,), cutoff=4)['recall@4'] == 0.5
   plain = beir.read_beir(_write(tmp_path / 'plain'))
   assert plain.absent == {'queries': 0, 'documents': 0} and 'warning' not in capsys.readouterr().out
+
+
+def test_a_compressed_or_remote_set_reads_as_the_plain_one(tmp_path, fake_bucket):
+  plain = beir.read_beir(_write(tmp_path / 'plain'))
+  packed = tmp_path / 'packed'
+  _write(packed)
+  for name, compress in (('corpus.jsonl', gzip.compress), ('queries.jsonl', bz2.compress),
+                         (os.path.join('qrels', 'test.tsv'), lzma.compress)):
+    data = (packed / name).read_bytes()
+    (packed / name).unlink()  # only the compressed copy is there: read_beir finds it
+    suffix = {gzip.compress: '.gz', bz2.compress: '.bz2', lzma.compress: '.xz'}[compress]
+    (packed / f'{name}{suffix}').write_bytes(compress(data))
+  assert beir.read_beir(str(packed)) == plain
+  for root, _, names in os.walk(packed):  # the same set in a bucket (a GCS emulator)
+    for name in names:
+      with open(os.path.join(root, name), 'rb') as f, files.open(
+          f'{fake_bucket}/beir/{os.path.relpath(os.path.join(root, name), packed)}', 'wb', compression='') as out:
+        out.write(f.read())
+  assert beir.read_beir(f'{fake_bucket}/beir') == plain
 
 
 def test_missing_directory_and_files(tmp_path):

@@ -1,5 +1,6 @@
 """Pairs and triplets from files by column names; exact passage ids; the padded batch; one error per bad input."""
 
+import gzip
 import json
 
 import numpy as np
@@ -36,6 +37,17 @@ def test_tsv_triplets_and_jsonl_lists_of_negatives(tmp_path):
   positive_n, negative_nk = pairs.passage_ids(got)
   np.testing.assert_array_equal(positive_n, [0, 1])  # x, y
   np.testing.assert_array_equal(negative_nk, [[1, 2], [0, 3]])  # y is b's positive: the same id
+
+
+def test_a_compressed_pairs_file_reads_as_the_plain_one(tmp_path):
+  text = 'query\tpositive\tneg\nwho\tParis\tBerlin\nwhat\tBerlin\tRome\n'
+  (tmp_path / 'train.tsv.gz').write_bytes(gzip.compress(text.encode()))
+  columns = pairs.PairColumns(negatives=('neg',))
+  assert pairs.read_pairs(str(tmp_path / 'train.tsv.gz'), columns) == pairs.read_pairs(
+      _write(tmp_path / 'train.tsv', text), columns)
+  (tmp_path / 'bad.tsv.gz').write_bytes(gzip.compress(text.replace('\tRome', '\t').encode()))
+  with pytest.raises(DataError, match=r'bad\.tsv\.gz:3: \'neg\' must hold non-empty texts'):
+    pairs.read_pairs(str(tmp_path / 'bad.tsv.gz'), columns)
 
 
 def test_the_batch_pads_rows_and_sides(tmp_path):

@@ -2,6 +2,7 @@
 scored pairs by columns, and bad files as one DataError naming the file and line."""
 
 import json
+import lzma
 
 import numpy as np
 import pytest
@@ -42,6 +43,9 @@ def test_columns_by_name_in_a_csv(tmp_path):
   path.write_text('left,right,gold\na,b,1\nc,d,2.5\n', encoding='utf-8')
   data = sts.read_scored_pairs(str(path), ('left', 'right', 'gold'))
   assert data.scores == [1.0, 2.5] and data.second == ['b', 'd']
+  packed = tmp_path / 'pairs.csv.xz'  # compressed: read as the plain file
+  packed.write_bytes(lzma.compress(path.read_bytes()))
+  assert sts.read_scored_pairs(str(packed), ('left', 'right', 'gold')) == data
 
 
 @pytest.mark.parametrize('rows,pattern', [

@@ -13,7 +13,7 @@ import pytest
 from bert_jax.config import FinetuneConfig
 from bert_jax.config.finetune import TASKS
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning import finetune as finetuning, plan as planning
+from bert_jax.finetuning import finetune_run as finetuning, plan as planning
 from bert_jax.finetuning.job import FinetuningJob
 from bert_jax.runs import reporting
 

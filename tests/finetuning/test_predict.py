@@ -1,6 +1,7 @@
 """Predictions on new text: the dev set gets the predictions evaluation wrote, for every task kind;
 input formats, outputs and bad input; the workdir is never written."""
 
+import gzip
 import itertools
 import json
 import os
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning import finetune as finetuning, predict
+from bert_jax.finetuning import finetune_run as finetuning, predict
 from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop.pretrained import load_finetuned
 from bert_jax.runs import reporting
@@ -211,7 +212,14 @@ def test_rows_from_every_format(tmp_path):
       {'text': "Ann's dog, Rex."}) + '\n')
   assert [r['words'] for r in predict.read_rows(str(tmp_path / 'ner.jsonl'), 'token', 'conll2003')] == [
       ['EU', 'rejects'], ['Ann', "'", 's', 'dog', ',', 'Rex', '.']]
-  for name, text, kind, message in (('bad.jsonl', '[1]\n', 'classification', 'not a JSON object'),
+  # Compressed inputs read as the plain ones (bert_jax.files: by the suffix after the file's own extension).
+  for name in ('pairs.txt', 'qa.jsonl', 'ner.jsonl'):
+    (tmp_path / f'{name}.gz').write_bytes(gzip.compress((tmp_path / name).read_bytes()))
+    kind, task = {'pairs.txt': ('classification', 'rte'), 'qa.jsonl': ('span', 'squad'),
+                  'ner.jsonl': ('token', 'conll2003')}[name]
+    assert predict.read_rows(str(tmp_path / f'{name}.gz'), kind, task) == predict.read_rows(
+        str(tmp_path / name), kind, task), name
+  for name, text, kind, message in (('bad.jsonl', '[1]\n', 'classification', 'bad.jsonl:1: a JSONL line must be an'),
                                     ('three.txt', 'a\tb\tc\n', 'classification', '3 tab-separated fields'),
                                     ('empty.txt', '\n\n', 'classification', 'has no text'),
                                     ('noctx.txt', 'who?\n', 'span', 'needs a question and a context')):

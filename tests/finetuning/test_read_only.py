@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from bert_jax.errors import ConfigError
-from bert_jax.finetuning import finetune as finetuning
+from bert_jax.finetuning import finetune_run as finetuning
 
 from helpers import FIXTURES, assert_one_line_error, run_main, shared_data_or_skip, tmpfs, tree_digest
 

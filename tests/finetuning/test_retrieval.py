@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.finetuning import finetune as finetuning, retrieval
+from bert_jax.finetuning import finetune_run as finetuning, retrieval
 from bert_jax.train import preemption
 
 from helpers import (assert_one_line_error, minilm_dir, retrieval_config, run_main,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bert_jax import inference
-from bert_jax.finetuning import finetune as finetuning
+from bert_jax.finetuning import finetune_run as finetuning
 from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop.families import bert
 from bert_jax.interop.pretrained import load_finetuned, load_pretrained

@@ -54,7 +54,7 @@ def _assert_same(theirs, ours):
 @pytest.fixture(scope='module')
 def cls_workdir(tiny_checkpoint, tmp_path_factory):
   """A retrieval run with [CLS] pooling, a fixed temperature and no Matryoshka sizes (2 steps)."""
-  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp('retrieval_cls')
   pairs, beir = write_retrieval_data(root)
   workdir = str(root / 'run')

@@ -419,7 +419,7 @@ def test_remat_and_scan_with_pre_ln_and_alternating_windows(remat, scan):
 def test_modernbert_shaped_step_on_a_sharded_mesh_equals_one_device():
   """The new parameters (GeGLU kernels [D, 2, I], no biases, final norm) shard by the rules table: a 2x2x2 mesh
   computes the one-device loss and gradients."""
-  from bert_jax.pretraining.pretrain import pretraining_model  # pylint: disable=g-import-not-at-top
+  from bert_jax.pretraining.pretrain_run import pretraining_model  # pylint: disable=g-import-not-at-top
   cfg = _cfg('modernbert')
   batch = random_pretraining_batch(vocab_size=100)
   out = []

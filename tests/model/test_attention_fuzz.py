@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax import hardware
 from bert_jax.config import preset
 from bert_jax.model import attention, encoder
 from bert_jax.model.dropout import Dropout
@@ -136,6 +137,7 @@ class _Kernels(attention.SelfAttention):
   def __init__(self, cfg):  # pylint: disable=super-init-not-called
     self.probs_dropout = Dropout(0.0, impl=cfg.dropout_impl, rngs=nnx.Rngs(0))
     self.cfg = cfg
+    self.platform = hardware.resolve()
 
   def queries_keys(self, x_btd, rope=None):
     del rope
@@ -245,7 +247,7 @@ def test_every_path_matches_the_reference_on_gpu(local, rows, dtype):
   row lengths and windows a multiple of 4 (blocks of an even length): cuDNN's backward with a mask needs them (the
   trainer picks 'xla' otherwise). About 2 minutes on an H200."""
   paths = _CPU_GLOBAL + (_CPU_BAND if local else ())
-  if dtype == 'bfloat16' and attention.current_platform() == 'gpu':
+  if dtype == 'bfloat16' and hardware.resolve() == 'gpu':
     paths += ('cudnn', 'band-cudnn') if local else ('cudnn',)
   for seed in range(2 if dtype == 'bfloat16' else 1):  # float32: the kernels CPU runs, checked there too
     rng = np.random.default_rng([seed, rows == 'packed', dtype == 'bfloat16', local, 11])

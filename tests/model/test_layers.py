@@ -1,11 +1,14 @@
-"""Layers: attention paths agree with a naive reference, LayerNorm and GELU match BERT."""
+"""Layers: attention paths agree with a naive reference, LayerNorm and GELU match BERT; Dense's CPU tricks under
+bfloat16 (`xla_default`: tests/test_hardware.py runs them again under XLA's default compiler configuration)."""
 
+import functools
 import re
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bert_jax import config
 from bert_jax.model import attention, encoder, layers
@@ -85,6 +88,7 @@ def _dense_grads(dtype):
   return dense, x, g, nnx.grad(loss, argnums=(0, 1))(dense, x)
 
 
+@pytest.mark.xla_default
 def test_a_bfloat16_dense_sums_its_bias_and_kernel_gradients_in_float32():
   # The forward is x @ W + bias in bfloat16 as before. The bias gradient is the float32 sum of the cotangent (jax's
   # own transpose sums it in bfloat16: a rounding per partial sum); on CPU the kernel gradient is the float32 product
@@ -121,6 +125,7 @@ def _dots(hlo: str) -> list[tuple[str, str, str, str]]:
   return found
 
 
+@pytest.mark.xla_default
 def test_a_bfloat16_matmul_backward_runs_its_dots_in_row_major_layouts_on_cpu():
   # XLA:CPU runs a bfloat16 dot fast only when the lhs contracts its last axis and the rhs its first (both
   # row-major); jax's own backward asks for x^T . dy and dy . w^T, which it runs as float32 dots on upcast copies
@@ -128,7 +133,7 @@ def test_a_bfloat16_matmul_backward_runs_its_dots_in_row_major_layouts_on_cpu():
   # materialised transposes held), with bfloat16 operands on jax 0.12+ (0.10.2 upcasts one of them in any layout).
   x, w, dy = jnp.ones((256, 48), jnp.bfloat16), jnp.ones((48, 96), jnp.float32), jnp.ones((256, 96), jnp.bfloat16)
   def fwd_bwd(x, w):
-    y, vjp = jax.vjp(layers.matmul, x, w)
+    y, vjp = jax.vjp(functools.partial(layers.matmul, platform='cpu'), x, w)
     return (y,) + vjp(dy)
   dots = _dots(jax.jit(fwd_bwd).lower(x, w).compile().as_text())
   assert len(dots) == 3 and all(d[2:] == ('1', '0') for d in dots), dots
@@ -138,6 +143,22 @@ def test_a_bfloat16_matmul_backward_runs_its_dots_in_row_major_layouts_on_cpu():
   assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
   np.testing.assert_array_equal(dx, jnp.full((256, 48), 96, jnp.bfloat16))
   np.testing.assert_array_equal(dw, jnp.full((48, 96), 256, jnp.float32))
+
+
+@pytest.mark.xla_default
+def test_a_bfloat16_bias_gradient_is_one_float32_sum_on_cpu():
+  # jax's own transpose of a bfloat16 bias add sums the cotangent in bfloat16, which XLA:CPU upcasts and rewrites
+  # into windowed sums (reduce-window); `add_bias` compiles to one plain float32 reduction instead.
+  y, b, g = jnp.ones((256, 96), jnp.bfloat16), jnp.ones((96,), jnp.float32), jnp.ones((256, 96), jnp.bfloat16)
+  def backward(add):
+    return lambda y, b, g: jax.vjp(add, y, b)[1](g)
+  plain = backward(lambda y, b: y + b.astype(y.dtype))
+  assert 'reduce-window' in jax.jit(plain).lower(y, b, g).compile().as_text()  # what `add_bias` avoids
+  hlo = jax.jit(backward(layers.add_bias)).lower(y, b, g).compile().as_text()
+  assert 'reduce-window' not in hlo and re.search(r'f32\[96\]\S* reduce\(', hlo), hlo
+  _, db = jax.jit(backward(layers.add_bias))(y, b, g)
+  assert db.dtype == jnp.float32
+  np.testing.assert_array_equal(db, jnp.full((96,), 256, jnp.float32))
 
 
 def test_row_major_transpose_of_any_leading_size():

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from bert_jax import inference
-from bert_jax.finetuning import finetune as finetuning
+from bert_jax.finetuning import finetune_run as finetuning
 from bert_jax.interop import families
 from bert_jax.interop.hf import model_dir
 from bert_jax.interop.pretrained import load_pretrained
-from bert_jax.pretraining import init, pretrain as pretraining
+from bert_jax.pretraining import init, pretrain_run as pretraining
 
 from helpers import finetune_config, shared_data_or_skip, tiny_pretrain_config, tolerance, write_small_corpus
 

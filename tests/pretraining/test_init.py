@@ -16,8 +16,8 @@ from bert_jax.config import PretrainConfig
 from bert_jax.data import tokenization
 from bert_jax.interop import families, pretrained
 from bert_jax.interop.hf import model_dir
-from bert_jax.pretraining import init, pretrain as pretraining
-from bert_jax.pretraining.pretrain import pretraining_model
+from bert_jax.pretraining import init, pretrain_run as pretraining
+from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
 
 from helpers import (
@@ -147,7 +147,7 @@ def test_phase_two_starts_from_phase_one_and_resumes_bitwise(pretrained_run, tmp
 
 @pytest.mark.slow
 def test_from_a_fine_tuning_workdir(small_corpus, tmp_path, tiny_checkpoint):
-  from bert_jax.finetuning import finetune as finetuning  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
 
   from helpers import shared_data_or_skip  # pylint: disable=g-import-not-at-top
   tuned = str(tmp_path / 'sst2')

@@ -15,7 +15,7 @@ from bert_jax import files
 from bert_jax.data import tokenization
 from bert_jax.errors import CheckpointError, CheckpointGone, ConfigError
 from bert_jax.interop.pretrained import describe, load_pretrained
-from bert_jax.pretraining import merge, pretrain
+from bert_jax.pretraining import merge, pretrain_run as pretrain
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import Workdir
 

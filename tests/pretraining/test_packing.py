@@ -20,9 +20,9 @@ from bert_jax.data import hashing, loader as ip, masking, tokenization
 from bert_jax.data.records import SpecialIds
 from bert_jax.data.tokenization import CLS_ID, MASK_ID, PAD_ID, SEP_ID, UNK_ID
 from bert_jax.errors import ConfigError
-from bert_jax.pretraining import pretrain as pretraining
+from bert_jax.pretraining import pretrain_run as pretraining
 from bert_jax.pretraining.objective import pretraining_sums
-from bert_jax.pretraining.pretrain import pretraining_model
+from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
 
 from helpers import SMALL_VOCAB, SpyDataset, largest, small_data_config, tiny_pretrain_config, tolerance

@@ -16,7 +16,7 @@ import pytest
 
 from bert_jax import config, sharding
 from bert_jax.errors import ConfigError
-from bert_jax.pretraining import pretrain
+from bert_jax.pretraining import pretrain_run as pretrain
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train import optim, preemption
 

@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax import config, sharding
 from bert_jax.errors import CheckpointError
-from bert_jax.pretraining.pretrain import pretraining_model
+from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.runs import checkpoints
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train import optim

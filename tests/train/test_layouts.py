@@ -12,7 +12,7 @@ import pytest
 from bert_jax import config, sharding
 from bert_jax.finetuning import batching
 from bert_jax.finetuning.head_tasks import finetuning_model
-from bert_jax.pretraining.pretrain import pretraining_model
+from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.runs.checkpoints import Checkpointer
 
 from helpers import FIXTURES, features, largest, random_pretraining_batch, tolerance

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config, sharding
-from bert_jax.pretraining.pretrain import pretraining_model
+from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
 
 from helpers import random_pretraining_batch, tolerance

@@ -1,19 +1,19 @@
 """Fine-tuning tasks: readers, featurisers, metrics and prediction writers.
 
-Each task module (glue, conll, squad; files: your own CSV/TSV/JSONL/Parquet by columns; tagging: your own tagged
-words; answering: your own questions) turns its files into `Feature`s for the shared loop in `finetuning.finetune` and
+Each task module (glue, conll, squad; own_data: your own CSV/TSV/JSONL/Parquet by columns; tagging: your own tagged
+words; answering: your own questions) turns its files into `Feature`s for the head tasks' kind (`finetuning.head_tasks`) and
 scores the per-feature logits it gets back. See `base.Task`. `inputs.check_inputs` looks at the files a run will
 read (they exist, the named columns are there) before the run loads its starting checkpoint.
 """
 
 from bert_jax.errors import ConfigError
-from bert_jax.finetuning.tasks import answering, conll, files, glue, squad, tagging
+from bert_jax.finetuning.tasks import answering, conll, glue, own_data, squad, tagging
 from bert_jax.finetuning.tasks.base import Task
 
 
 def _tasks() -> dict[str, Task]:
   return {**glue.TASKS, 'conll2003': conll.Conll2003(), 'squad': squad.Squad(False), 'squad_v2': squad.Squad(True),
-          **{n: files.FileTask(n, kind) for n, kind in files.TASKS.items()},
+          **{n: own_data.FileTask(n, kind) for n, kind in own_data.TASKS.items()},
           'tag': tagging.TagTask(), 'qa': answering.AnswerTask()}
 
 

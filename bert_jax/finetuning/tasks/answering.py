@@ -19,8 +19,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bert_jax import files
+from bert_jax.data import tables
 from bert_jax.errors import DataError
-from bert_jax.finetuning.tasks import files, squad
+from bert_jax.finetuning.tasks import own_data, squad
 from bert_jax.runs import reporting
 
 QUESTION_COLUMNS, CONTEXT_COLUMNS, ANSWER_COLUMNS = ('question',), ('context',), ('answers',)
@@ -32,7 +34,7 @@ def read_examples(path: str, cfg) -> list[squad.SquadExample]:
   """The questions of a SQuAD JSON file or of a row file (module docstring), in file order."""
   if is_squad_file(path):
     return squad.articles_to_examples(squad.read_articles(path), path)
-  names, records = files.records(path)
+  names, records = tables.records(path)
   question, context, answers = row_columns(path, names, cfg)
   examples = []
   for line, record in records:
@@ -44,15 +46,15 @@ def read_examples(path: str, cfg) -> list[squad.SquadExample]:
 
 
 def is_squad_file(path: str) -> bool:
-  """Whether `path` is read as SQuAD's JSON format (else as rows by columns)."""
-  return os.path.splitext(path)[1].lower() == '.json'
+  """Whether `path` is read as SQuAD's JSON format (else as rows by columns): a .json file, compressed or not."""
+  return os.path.splitext(files.without_compression(path))[1].lower() == '.json'
 
 
 def row_columns(path: str, names: Sequence[str], cfg) -> tuple[str, str, str]:
   """(question, context, answers) columns of a row file whose columns are `names`; DataError naming them."""
-  return (files.find_column(path, names, cfg.text_column, files.Columns.text, QUESTION_COLUMNS, _FLAGS),
-          files.find_column(path, names, cfg.text_pair_column, '', CONTEXT_COLUMNS, _FLAGS),
-          files.find_column(path, names, cfg.label_column, files.Columns.label, ANSWER_COLUMNS, _FLAGS))
+  return (tables.find_column(path, names, cfg.text_column, own_data.Columns.text, QUESTION_COLUMNS, _FLAGS),
+          tables.find_column(path, names, cfg.text_pair_column, '', CONTEXT_COLUMNS, _FLAGS),
+          tables.find_column(path, names, cfg.label_column, own_data.Columns.label, ANSWER_COLUMNS, _FLAGS))
 
 
 def _text(path: str, line: int, record: dict[str, Any], column: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bert_jax import files
 from bert_jax.data import tokenization
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.files import check_regular, not_utf8, write_text_atomic
@@ -50,12 +51,12 @@ def read_conll(path: str, labels: Sequence[str] | None = LABELS) -> list[tuple[l
     than 2 fields or a tag outside `labels`; DataError for a missing or empty file.
   """
   check_regular(path, 'CoNLL file')
-  if not os.path.isfile(path):
+  if not files.isfile(path):
     raise DataError(f'{path} does not exist; set data_dir to the CoNLL-2003 folder '
                     f'({TRAIN_FILE}, {DEV_FILE}, {TEST_FILE}) or train_file/eval_file')
   sentences, words, tags = [], [], []
   try:
-    with open(path, encoding='utf-8') as f:
+    with files.open(path, encoding='utf-8') as f:
       lines = f.read().split('\n')
   except UnicodeDecodeError:
     raise not_utf8(path) from None
@@ -179,10 +180,10 @@ class Conll2003:
 
     With cfg.eval_file and no cfg.data_dir there is no test file to read: 'dev' alone.
     """
-    files = [('dev', cfg.eval_file or os.path.join(cfg.data_dir, DEV_FILE))]
+    named = [('dev', cfg.eval_file or os.path.join(cfg.data_dir, DEV_FILE))]
     if cfg.data_dir or not cfg.eval_file:
-      files.append(('test', os.path.join(cfg.data_dir, TEST_FILE)))
-    read = [(name, path, read_conll(path)) for name, path in files]  # all files exist first
+      named.append(('test', os.path.join(cfg.data_dir, TEST_FILE)))
+    read = [(name, path, read_conll(path)) for name, path in named]  # all files exist first
     return [EvalSet(name, *featurize(sentences, tokenizer, cfg.max_seq_length, path))
             for name, path, sentences in read]
 

@@ -4,7 +4,7 @@
 eval_file; retrieval's pairs, BEIR directory and STS file): that it exists, is a regular file that can be read, and
 that the columns the config names are in its header (CSV, TSV), its first record (JSONL) or its schema (Parquet). It
 reads only the first lines: a bad row further down is still the task's own reader's error, when the run reads the
-whole file. The error messages are the readers' own (`files.find_column`, `tagging.sentence_columns`, ...). Remote
+whole file. The error messages are the readers' own (`own_data.check_columns`, `tagging.sentence_columns`, ...). Remote
 paths (gs://, s3://) are left to the readers.
 """
 
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 
-from bert_jax import files as file_io  # `files` here is the own-data task module
-from bert_jax.embedding import pairs
+from bert_jax import files
+from bert_jax.data import tables
+from bert_jax.embedding import beir, pairs
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning.tasks import answering, conll, files, glue, squad, tagging
+from bert_jax.finetuning.tasks import answering, conll, glue, own_data, squad, tagging
 
 
 def check_inputs(cfg) -> None:
@@ -28,14 +29,11 @@ def check_inputs(cfg) -> None:
     _check_conll(cfg)
   elif task in ('squad', 'squad_v2'):
     _check_squad(cfg, task == 'squad_v2')
-  elif task in files.TASKS:
+  elif task in own_data.TASKS:
     for path in _own_files(cfg, 'the training file'):
       names = column_names(path)
-      if names is not None:  # as files.read_rows finds them
-        files.resolve_text_column(path, names, cfg.text_column)
-        for wanted in (cfg.text_pair_column, cfg.label_column):
-          if wanted:
-            files.find_column(path, names, wanted, wanted)
+      if names is not None:  # as own_data.read_rows finds them
+        own_data.check_columns(path, names, own_data.columns(cfg))
   elif task == 'tag':
     for path in _own_files(cfg, 'the training file'):
       if not tagging.is_row_file(path):
@@ -107,16 +105,16 @@ def _check_retrieval(cfg) -> None:
   if names is not None:
     pairs.check_columns(cfg.train_file, names, pairs.PairColumns(cfg.query_column, cfg.positive_column,
                                                                   cfg.negative_column_names()))
-  if not file_io.is_remote(cfg.beir_dir):
-    if not os.path.isdir(cfg.beir_dir):
+  if not files.is_remote(cfg.beir_dir):
+    if not files.isdir(cfg.beir_dir):
       raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
                       'qrels/<split>.tsv)')
     for name, what in (('corpus.jsonl', 'corpus file'), ('queries.jsonl', 'queries file'),
                        (os.path.join('qrels', f'{cfg.beir_split}.tsv'), f'qrels file of beir_split={cfg.beir_split!r}')):
-      first_lines(os.path.join(cfg.beir_dir, name), what, 1)
+      first_lines(beir.find(os.path.join(cfg.beir_dir, name)), what, 1)
   names = column_names(cfg.sts_file) if cfg.sts_file else None
   for column in (c.strip() for c in cfg.sts_columns.split(',')) if names is not None else ():
-    files.find_column(cfg.sts_file, names, column, column, flags='--config.sts_columns')
+    tables.find_column(cfg.sts_file, names, column, column, flags='--config.sts_columns')
 
 
 # ------------------------------------------------------------------------------------------ reading the start
@@ -124,10 +122,10 @@ def _check_retrieval(cfg) -> None:
 
 def _readable(path: str, what: str, hint: str = '') -> bool:
   """False for a remote path (its reader checks it); DataError for a missing or unreadable local one."""
-  if file_io.is_remote(path):
+  if files.is_remote(path):
     return False
-  file_io.check_regular(path, what)
-  if not os.path.isfile(path):
+  files.check_regular(path, what)
+  if not files.isfile(path):
     raise DataError(f'{what} {path} does not exist' + (f'; {hint}' if hint else ''))
   if not os.access(path, os.R_OK):
     raise DataError(f'{what} {path} cannot be read (permission denied)')
@@ -141,14 +139,14 @@ def first_lines(path: str, what: str, n: int, hint: str = '') -> list[str]:
     return []
   lines = []
   try:
-    with open(path, encoding='utf-8-sig') as f:
+    with files.open(path, encoding='utf-8-sig') as f:
       for line in f:
         if line.strip():
           lines.append(line.rstrip('\r\n'))
           if len(lines) == n:
             break
   except UnicodeDecodeError:
-    raise file_io.not_utf8(path) from None
+    raise files.not_utf8(path) from None
   except OSError as e:
     raise DataError(f'{what} {path} cannot be read ({e.strerror})') from None
   if not lines:
@@ -157,11 +155,11 @@ def first_lines(path: str, what: str, n: int, hint: str = '') -> list[str]:
 
 
 def column_names(path: str) -> list[str] | None:
-  """The columns `files.records` reads in a CSV/TSV, JSONL or Parquet file (`files.column_names`); None for a remote
-  path; DataError for a missing, unreadable or empty file, an unknown file type or a malformed first row."""
+  """The columns `tables.records` reads in a CSV/TSV, JSONL or Parquet file (`tables.column_names`); None for a
+  remote path; DataError for a missing, unreadable or empty file, an unknown file type or a malformed first row."""
   if not _readable(path, 'data file'):
     return None
-  names = files.column_names(path)
-  if not names and files.file_format(path) != 'parquet':
+  names = tables.column_names(path)
+  if not names and tables.file_format(path) != 'parquet':
     raise DataError(f'{path} is empty')
   return names

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bert_jax import files
 from bert_jax.data import tokenization
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.files import check_regular, write_json_atomic
@@ -79,11 +80,11 @@ def read_articles(path: str) -> list[dict[str, Any]]:
     not JSON or has no 'data' list.
   """
   check_regular(path, 'SQuAD file')
-  if not os.path.isfile(path):
+  if not files.isfile(path):
     raise DataError(f'SQuAD file {path} does not exist; set --config.data_dir (or train_file/'
                     'eval_file) to where the official JSON files are')
   try:
-    with open(path, encoding='utf-8') as f:
+    with files.open(path, encoding='utf-8') as f:
       obj = json.load(f)
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise DataError(f'{path} is not a JSON file ({e})') from None
@@ -147,7 +148,7 @@ def load_examples(cfg, version_2: bool) -> tuple[list[SquadExample], list[SquadE
   eval_path = cfg.eval_file or os.path.join(cfg.data_dir, dev_name)
   train_path = cfg.train_file or os.path.join(cfg.data_dir, train_name)
   eval_articles = read_articles(eval_path)
-  if cfg.train_file or os.path.isfile(train_path):
+  if cfg.train_file or files.isfile(train_path):
     train = articles_to_examples(read_articles(train_path), train_path)
     evals = articles_to_examples(eval_articles, eval_path)
     reporting.log(f'SQuAD: training on {train_path} ({len(train)} questions), evaluating on {eval_path} '

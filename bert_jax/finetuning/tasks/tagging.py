@@ -18,11 +18,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bert_jax import files
+from bert_jax.data import tables
 from bert_jax.errors import DataError
-from bert_jax.finetuning.tasks import conll, files
+from bert_jax.finetuning.tasks import conll, own_data
 from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import EvalSet, Feature
-from bert_jax.finetuning.tasks.files import Row
+from bert_jax.finetuning.tasks.own_data import Row
 
 WORD_COLUMNS = ('tokens', 'words')  # read when text_column is the default and the file has no 'text'
 TAG_COLUMNS = ('tags',)  # read when label_column is the default and the file has no 'label'
@@ -33,7 +35,7 @@ def read_sentences(path: str, text_column: str, label_column: str) -> list[Row]:
   """The file's sentences as rows: `text` the words, `label` the tags (lists of equal length)."""
   if not is_row_file(path):
     return [Row(words, None, tags, i + 1) for i, (words, tags) in enumerate(conll.read_conll(path, labels=None))]
-  names, records = files.records(path)
+  names, records = tables.records(path)
   words_at, tags_at = sentence_columns(path, names, text_column, label_column)
   rows = []
   for line, record in records:
@@ -45,14 +47,15 @@ def read_sentences(path: str, text_column: str, label_column: str) -> list[Row]:
 
 
 def is_row_file(path: str) -> bool:
-  """Whether `path` holds a sentence per row (JSONL, Parquet); any other file is read as CoNLL columns."""
-  return os.path.splitext(path)[1].lower() in ('.jsonl', '.ndjson', '.parquet')
+  """Whether `path` holds a sentence per row (JSONL, Parquet, compressed or not); any other file is read as CoNLL
+  columns."""
+  return os.path.splitext(files.without_compression(path))[1].lower() in ('.jsonl', '.ndjson', '.parquet')
 
 
 def sentence_columns(path: str, names: Sequence[str], text_column: str, label_column: str) -> tuple[str, str]:
   """(the words' column, the tags' column) of a row file whose columns are `names`; DataError naming them."""
-  return (files.find_column(path, names, text_column, files.Columns.text, WORD_COLUMNS, _FLAGS),
-          files.find_column(path, names, label_column, files.Columns.label, TAG_COLUMNS, _FLAGS))
+  return (tables.find_column(path, names, text_column, own_data.Columns.text, WORD_COLUMNS, _FLAGS),
+          tables.find_column(path, names, label_column, own_data.Columns.label, TAG_COLUMNS, _FLAGS))
 
 
 def _strings(path: str, line: int, record: dict[str, Any], column: str) -> list[str]:
@@ -72,7 +75,7 @@ def is_chunked(names: Sequence[str]) -> bool:
   return all(n == 'O' or (n[:2] in ('B-', 'I-') and len(n) > 2) for n in names)
 
 
-class TagTask(files.FileTask):
+class TagTask(own_data.FileTask):
   """Token classification on the config's files; one per run. Labels and the held-out split as `FileTask`'s,
   per tag instead of per row."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from bert_jax import files
 from bert_jax.config import ModelConfig
 from bert_jax.errors import CheckpointError
 from bert_jax.interop.families import bert, distilbert, electra, modernbert, roberta
@@ -27,7 +28,7 @@ FAMILIES = {'bert': bert, 'distilbert': distilbert, 'electra': electra, 'modernb
 
 def read_hf_config(directory: str) -> ModelConfig:
   """The ModelConfig of a Hugging Face directory of any family (its config.json; the weights are not read)."""
-  if not os.path.isdir(directory):
+  if not files.isdir(directory):
     raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
                           f'BERT directory with {model_dir.CONFIG_FILE} and {model_dir.WEIGHTS_FILE}')
   path = os.path.join(directory, model_dir.CONFIG_FILE)

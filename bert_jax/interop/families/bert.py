@@ -27,6 +27,7 @@ import jax
 import numpy as np
 from safetensors import numpy as st_numpy
 
+from bert_jax import files
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
@@ -278,7 +279,7 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
   config = _hf_config(cfg, heads, tokenizer, task)
   if tokenizer_files is not None:
     tokenizer_files.write(directory, cfg.max_position_embeddings)
-  with open(os.path.join(directory, CONFIG_FILE), 'w', encoding='utf-8') as f:
+  with files.open(os.path.join(directory, CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)
 
 

@@ -37,6 +37,7 @@ import jax
 import numpy as np
 from safetensors import numpy as st_numpy
 
+from bert_jax import files
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
@@ -257,7 +258,7 @@ def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict
     raise CheckpointError(f'{directory}: {_DECODER_WEIGHT} differs from {prefix}embeddings.tok_embeddings.weight; '
                           'bert_jax ties the MLM decoder to them, so an untied decoder cannot be imported')
   has_mlm = any(e.group == 'mlm' and e.hf_name in tensors for e in table)
-  with open(os.path.join(directory, model_dir.CONFIG_FILE), encoding='utf-8') as f:
+  with files.open(os.path.join(directory, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     decoder_bias = json.load(f).get('decoder_bias', True)
   wanted = [e for e in table if e.group == 'bert' or has_mlm]
   zero_decoder_bias = has_mlm and not decoder_bias  # decoder_bias=false: the same function with zeros
@@ -328,5 +329,5 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
   config = _hf_config(cfg, with_mlm, tokenizer)
   if tokenizer_files is not None:
     tokenizer_files.write(directory, cfg.max_position_embeddings, token_types=False)
-  with open(os.path.join(directory, model_dir.CONFIG_FILE), 'w', encoding='utf-8') as f:
+  with files.open(os.path.join(directory, model_dir.CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 from safetensors import numpy as st_numpy
 
+from bert_jax import files
 from bert_jax.config import ModelConfig
 from bert_jax.errors import CheckpointError
 from bert_jax.interop.hf import model_dir, task_classes
@@ -172,7 +173,7 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
     tokenizer_files.write(directory, cfg.max_position_embeddings, token_types=family.token_types)
     if not family.token_types:
       _without_token_types(directory)
-  with open(os.path.join(directory, model_dir.CONFIG_FILE), 'w', encoding='utf-8') as f:
+  with files.open(os.path.join(directory, model_dir.CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump({**hf_config(cfg, architecture, tokenizer), **(task_classes.task_config(task) if task else {})}, f,
               indent=2, sort_keys=True)
 
@@ -181,10 +182,10 @@ def _without_token_types(directory: str) -> None:
   """tokenizer_config.json without token_type_ids among the model inputs (a model without token types, as
   DistilBertTokenizer has it), so transformers' tokenizer does not pass them."""
   path = os.path.join(directory, 'tokenizer_config.json')
-  if not os.path.isfile(path):
+  if not files.isfile(path):
     return
-  with open(path, encoding='utf-8') as f:
+  with files.open(path, encoding='utf-8') as f:
     config = json.load(f)
   config['model_input_names'] = ['input_ids', 'attention_mask']
-  with open(path, 'w', encoding='utf-8') as f:
+  with files.open(path, 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)

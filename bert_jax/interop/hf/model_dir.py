@@ -16,6 +16,7 @@ from safetensors import SafetensorError, numpy as st_numpy, safe_open as st_safe
 
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
+from bert_jax import files
 from bert_jax.errors import CheckpointError, DataError
 from bert_jax.files import check_regular
 from bert_jax.interop.hf import tokenizer_json
@@ -30,19 +31,9 @@ ParamPath = tuple  # a parameter path in the pure dict, e.g. ('bert', 'layers', 
 
 
 def read_json_config(directory: str) -> dict[str, Any]:
-  path = os.path.join(directory, CONFIG_FILE)
-  check_regular(path, 'checkpoint config')
-  if not os.path.isfile(path):
-    raise CheckpointError(f'{directory} has no {CONFIG_FILE}; it is not a Hugging Face checkpoint '
-                          'directory (save one with save_pretrained)')
-  try:
-    with open(path, encoding='utf-8') as f:
-      hf = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise CheckpointError(f'{path} is not valid JSON ({e})') from None
-  if not isinstance(hf, dict):
-    raise CheckpointError(f'{path} holds a JSON {type(hf).__name__}, not a config object')
-  return hf
+  return files.read_json(os.path.join(directory, CONFIG_FILE), 'checkpoint config', error=CheckpointError,
+                         missing=f'{directory} has no {CONFIG_FILE}; it is not a Hugging Face checkpoint directory '
+                         '(save one with save_pretrained)')
 
 
 
@@ -52,15 +43,15 @@ def weight_files(directory: str) -> list[str]:
   index = os.path.join(directory, INDEX_FILE)
   for name in (WEIGHTS_FILE, INDEX_FILE):
     check_regular(os.path.join(directory, name), 'checkpoint file')
-  if os.path.isfile(os.path.join(directory, WEIGHTS_FILE)):
-    files = [WEIGHTS_FILE]
-  elif os.path.isfile(index):
+  if files.isfile(os.path.join(directory, WEIGHTS_FILE)):
+    names = [WEIGHTS_FILE]
+  elif files.isfile(index):
     try:
-      with open(index, encoding='utf-8') as f:
-        files = sorted(set(json.load(f)['weight_map'].values()))
+      with files.open(index, encoding='utf-8') as f:
+        names = sorted(set(json.load(f)['weight_map'].values()))
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, AttributeError) as e:
       raise CheckpointError(f'{index} is not a safetensors index ({e!r})') from None
-  elif any(os.path.isfile(os.path.join(directory, f))
+  elif any(files.isfile(os.path.join(directory, f))
            for f in ('pytorch_model.bin', 'pytorch_model.bin.index.json')):
     raise CheckpointError(
         f'{directory} has only pytorch_model.bin (a pickle, which bert_jax never loads); convert '
@@ -70,7 +61,7 @@ def weight_files(directory: str) -> list[str]:
   else:
     raise CheckpointError(f'{directory} has no {WEIGHTS_FILE}; download the safetensors weights '
                           'of the checkpoint into it')
-  return files
+  return names
 
 
 def check_weights(directory: str) -> None:
@@ -109,7 +100,7 @@ def read_tensors(directory: str) -> dict[str, np.ndarray]:
 def hf_class(directory: str) -> str:
   """The transformers class named in config.json when it is one of the families bert_jax reads, else BertModel."""
   try:
-    with open(os.path.join(directory, CONFIG_FILE), encoding='utf-8') as f:
+    with files.open(os.path.join(directory, CONFIG_FILE), encoding='utf-8') as f:
       arch = (json.load(f).get('architectures') or ['BertModel'])[0]
   except (OSError, ValueError, AttributeError, IndexError):
     arch = 'BertModel'
@@ -128,9 +119,9 @@ def load_hf_tokenizer(directory: str):
   Returns:
     A SentencePieceTokenizer or FastTokenizer; DataError when there is no vocabulary or a special token lacks.
   """
-  if os.path.isfile(os.path.join(directory, SPIECE_FILE)):
+  if files.isfile(os.path.join(directory, SPIECE_FILE)):
     return tokenization.SentencePieceTokenizer(os.path.join(directory, SPIECE_FILE))
-  if any(os.path.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
+  if any(files.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
     return tokenization.WordPieceTokenizer.from_directory(directory)
   raise DataError(f'{directory} has no vocabulary (tokenizer.json, vocab.txt or {SPIECE_FILE}); '
                   'copy the tokenizer files of the checkpoint into it')
@@ -151,17 +142,17 @@ def param_shapes(cfg: ModelConfig, num_labels: int = 2) -> dict[ParamPath, tuple
 
 
 def prepare_directory(directory: str, overwrite: bool) -> None:
-  if os.path.exists(directory) and not os.path.isdir(directory):
+  if files.exists(directory) and not files.isdir(directory):
     raise CheckpointError(f'{directory} is a file; pass a directory to export into')
-  if os.path.isdir(directory) and os.listdir(directory):
+  if files.isdir(directory) and files.listdir(directory):
     if not overwrite:
       raise CheckpointError(f'{directory} is not empty; pass overwrite=True (--overwrite) to '
                             'replace its checkpoint files, or choose a new directory')
     # Stale files from an earlier export (another tokenizer, a shard index) would be read back.
     for name in (CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE, SPIECE_FILE, 'tokenizer.json', 'vocab.txt',
                  'tokenizer_config.json', 'special_tokens_map.json'):
-      if os.path.isfile(os.path.join(directory, name)):
-        os.remove(os.path.join(directory, name))
+      if files.isfile(os.path.join(directory, name)):
+        files.remove(os.path.join(directory, name))
   os.makedirs(directory, exist_ok=True)
 
 
@@ -215,14 +206,14 @@ class TokenizerExport:
       return cls(tokenizer)
     fast = tokenizer_json.sentencepiece_to_tokenizers(tokenizer)  # DataError: not convertible
     tokenizer_json.check_exact(tokenizer, fast)  # DataError: other ids than ours
-    with open(tokenizer.path, 'rb') as f:
+    with files.open(tokenizer.path, 'rb') as f:
       return cls(tokenizer, f.read(), fast)
 
   def write(self, directory: str, model_max_length: int, token_types: bool = True) -> None:
     if self.spiece is None:
       self.tokenizer.save(directory, model_max_length=model_max_length)
       return
-    with open(os.path.join(directory, SPIECE_FILE), 'wb') as f:
+    with files.open(os.path.join(directory, SPIECE_FILE), 'wb') as f:
       f.write(self.spiece)
     tokenizer_json.save_for_transformers(self.tokenizer, directory, model_max_length=model_max_length, fast=self.fast,
                                          token_types=token_types)

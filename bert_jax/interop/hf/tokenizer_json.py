@@ -40,6 +40,7 @@ from sentencepiece import sentencepiece_model_pb2
 import tokenizers
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors
 
+from bert_jax import files
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import DataError
 
@@ -206,5 +207,5 @@ def save_for_transformers(tokenizer: tk.SentencePieceTokenizer, directory: str, 
   if model_max_length is not None:
     config['model_max_length'] = model_max_length
   for name, content in ((TOKENIZER_CONFIG, config), (SPECIAL_TOKENS_MAP, specials)):
-    with open(os.path.join(directory, name), 'w', encoding='utf-8') as f:
+    with files.open(os.path.join(directory, name), 'w', encoding='utf-8') as f:
       json.dump(content, f, indent=2)

@@ -57,7 +57,7 @@ def test_only_the_start_is_read(tmp_path):
   check_inputs(FinetuneConfig(task='classify', train_file=rows))
   assert column_names(rows) == ['text', 'label']
   assert column_names(_write(tmp_path, 'q.csv', '"a\nb",c\n1,2\n')) == ['a\nb', 'c']  # a quoted header cell
-  with pytest.raises(DataError, match=r'bad\.jsonl:2: not JSON'):  # as files.records says it
+  with pytest.raises(DataError, match=r'bad\.jsonl:2: not JSON'):  # as tables.records says it
     column_names(_write(tmp_path, 'bad.jsonl', '\nnot json\n'))
   with pytest.raises(DataError, match=r'latin1.tsv:1:4: not UTF-8 text \(byte 0xe9'):
     column_names(_latin1(tmp_path))

@@ -10,7 +10,7 @@ import pytest
 
 from bert_jax.config import FinetuneConfig
 from bert_jax.errors import DataError
-from bert_jax.finetuning.tasks import answering, files, tagging
+from bert_jax.finetuning.tasks import answering, own_data, tagging
 
 pa = pytest.importorskip('pyarrow', reason='pyarrow is not installed (tests/requirements.txt installs it)')
 pq = pytest.importorskip('pyarrow.parquet')
@@ -41,14 +41,27 @@ def _write(tmp_path, name: str, records: list[dict]) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize('name,kind,columns', [
-    ('classification', 'classification', files.Columns()),
-    ('pairs', 'classification', files.Columns(text='sentence1', text_pair='sentence2')),
-    ('regression', 'regression', files.Columns(label='score')),
-    ('multilabel', 'multilabel', files.Columns()),
+    ('classification', 'classification', own_data.Columns()),
+    ('pairs', 'classification', own_data.Columns(text='sentence1', text_pair='sentence2')),
+    ('regression', 'regression', own_data.Columns(label='score')),
+    ('multilabel', 'multilabel', own_data.Columns()),
 ])
 def test_parquet_gives_the_rows_of_the_same_jsonl(tmp_path, name, kind, columns):
-  read = [files.read_rows(p, columns, kind) for p in _write(tmp_path, name, RECORDS[name])]
+  read = [own_data.read_rows(p, columns, kind) for p in _write(tmp_path, name, RECORDS[name])]
   assert read[0] == read[1] and len(read[1]) == 2 and [r.line for r in read[1]] == [1, 2]
+
+
+def test_a_compressed_or_remote_parquet_file_reads_as_the_local_one(tmp_path, fake_bucket):
+  from bert_jax import files  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import tables  # pylint: disable=g-import-not-at-top
+  _, parquet = _write(tmp_path, 'classification', RECORDS['classification'])
+  with open(parquet, 'rb') as f:
+    data = f.read()
+  for copy in (f'{parquet}.gz', f'{fake_bucket}/own/train.parquet', f'{fake_bucket}/own/train.parquet.xz'):
+    with files.open(copy, 'wb') as out:  # compressed as its name says
+      out.write(data)
+    assert tables.records(copy) == tables.records(parquet), copy
+    assert tables.column_names(copy) == ['text', 'label'], copy
 
 
 def test_parquet_tags_and_questions_as_their_jsonl(tmp_path):
@@ -69,20 +82,21 @@ def _error(fn, *args) -> str:
 def test_bad_parquet_is_one_error_naming_the_file_and_row(tmp_path):
   _, wrong_type = _write(tmp_path, 'numbers', [{'text': 3, 'label': 'a'}, {'text': 7, 'label': 'b'}])  # int64
   assert "numbers.parquet:1: 'text' must be a non-empty text" in _error(
-      files.read_rows, wrong_type, files.Columns(), 'classification')
+      own_data.read_rows, wrong_type, own_data.Columns(), 'classification')
   _, regression = _write(tmp_path, 'words', [{'text': 'a', 'label': 'high'}])
-  assert 'words.parquet:1: target' in _error(files.read_rows, regression, files.Columns(), 'regression')
+  assert 'words.parquet:1: target' in _error(own_data.read_rows, regression, own_data.Columns(), 'regression')
   _, missing = _write(tmp_path, 'other', [{'txt': 'a', 'label': 'x'}])
-  assert "other.parquet" in _error(files.read_rows, missing, files.Columns(), 'classification')
+  assert "other.parquet" in _error(own_data.read_rows, missing, own_data.Columns(), 'classification')
   cut = tmp_path / 'cut.parquet'
   cut.write_bytes((tmp_path / 'other.parquet').read_bytes()[:40])
-  assert 'cut.parquet: unreadable Parquet' in _error(files.read_rows, str(cut), files.Columns(), 'classification')
+  assert 'cut.parquet: unreadable Parquet' in _error(own_data.read_rows, str(cut), own_data.Columns(), 'classification')
   empty = str(tmp_path / 'empty.parquet')
   pq.write_table(pa.table({'text': pa.array([], pa.string()), 'label': pa.array([], pa.string())}), empty)
-  assert 'empty.parquet has columns but no rows' in _error(files.read_rows, empty, files.Columns(), 'classification')
+  assert 'empty.parquet has columns but no rows' in _error(own_data.read_rows, empty, own_data.Columns(),
+                                                           'classification')
 
 
 def test_parquet_without_pyarrow_is_one_clear_error(tmp_path, monkeypatch):
   _, path = _write(tmp_path, 'train', RECORDS['classification'])
   monkeypatch.setitem(sys.modules, 'pyarrow.parquet', None)  # what a machine without pyarrow imports
-  assert 'reading Parquet needs pyarrow' in _error(files.read_rows, path, files.Columns(), 'classification')
+  assert 'reading Parquet needs pyarrow' in _error(own_data.read_rows, path, own_data.Columns(), 'classification')

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax import distributed, sharding as shd
+from bert_jax import distributed, hardware, sharding as shd
 from bert_jax.config import (DataConfig, ModelConfig, OptimConfig, PretrainConfig, architecture_diffs, facts,
                              upgrade_saved)
 from bert_jax.data import loader as input_pipeline, mixture, prepare as pretraining_data, tokenization
@@ -99,9 +99,9 @@ def pretraining_model(model_cfg: ModelConfig, tx: optax.GradientTransformation, 
                       grad_accum_steps: int = 1, schedule=None, rules=shd.LOGICAL_AXIS_RULES) -> StepModel:
   """BertForPreTraining under the pretraining objective (`objective` as data.objective: the two-way
   head for 'nsp' and 'sop'), as a StepModel."""
-  head = objective != 'none'
-  return StepModel(lambda rngs: BertForPreTraining(model_cfg, rngs=rngs, nsp_head=head), Pretraining(objective),
-                   tx, mesh, grad_accum_steps=grad_accum_steps, schedule=schedule, rules=rules)
+  head, platform = objective != 'none', hardware.resolve(mesh=mesh)
+  return StepModel(lambda rngs: BertForPreTraining(model_cfg, rngs=rngs, nsp_head=head, platform=platform),
+                   Pretraining(objective), tx, mesh, grad_accum_steps=grad_accum_steps, schedule=schedule, rules=rules)
 
 
 def build_model(cfg: PretrainConfig, mesh, total_steps: int) -> StepModel:
@@ -178,12 +178,12 @@ def _eval_iter(cfg: PretrainConfig, prepared, vocab, mesh) -> Iterator[dict[str,
                                      max_rows=cfg.max_eval_batches * cfg.eval_batch_size)
 
 
-def loader_workers(cfg: PretrainConfig) -> int:
-  """data.loader_workers, with -1 resolved: none on CPU (its cores train), else one per local
-  accelerator up to half the host's cores."""
+def loader_workers(cfg: PretrainConfig, mesh=None) -> int:
+  """data.loader_workers, with -1 resolved: none on CPU (its cores train: `mesh`'s devices, else jax's default
+  ones), else one per local accelerator up to half the host's cores."""
   if cfg.data.loader_workers >= 0:
     return cfg.data.loader_workers
-  if jax.default_backend() == 'cpu':
+  if hardware.resolve(mesh=mesh) == 'cpu':
     return 0
   return max(1, min(jax.local_device_count(), (os.cpu_count() or 2) // 2))
 
@@ -290,7 +290,7 @@ class _PreparedRun:
     # What checkpoints of earlier versions call the same data (when its files are where they were then).
     self.legacy_fingerprint = of_run(mixture.legacy_fingerprint)
     self.total_steps = cfg.total_steps(len(self.train_set))
-    reporting.log(describe_attention(cfg.model))
+    reporting.log(describe_attention(cfg.model, hardware.resolve(mesh=mesh)))
     # One model per model config of the plan's stages, keyed by it: a phase that changes the model's function
     # (RoPE theta) gets its own step. The first is the first phase's (without phases, the run's).
     self.models = {}
@@ -337,7 +337,7 @@ class _PreparedRun:
     cfg, (_, vocab, train_set) = phase.cfg, self.data[phase.cfg.data]
     # This process's rows of each global batch: the block its devices hold in the batch sharding.
     block, num_blocks = distributed.process_batch_block(mesh)
-    workers = loader_workers(cfg)
+    workers = loader_workers(cfg, mesh)
     end = phase.end if plan.phased else self.total_steps
     at = f'{phase.label}: ' if plan.phased else ''
     reporting.log(f'{at}training {end - step} steps ({step} done) on {len(train_set)} examples; '

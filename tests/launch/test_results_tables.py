@@ -2,7 +2,7 @@
 
 import csv
 
-from bert_jax.launch import tables
+from bert_jax.launch import results_tables as tables
 
 
 def test_markdown_and_csv_of_the_same_rows(tmp_path):

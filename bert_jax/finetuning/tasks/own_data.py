@@ -1,8 +1,7 @@
 """Your own data: single-text and text-pair classification and regression from any file, by column names.
 
-Files are CSV (`.csv`, quoted as Excel writes it), TSV (`.tsv`/`.tab`, split on tabs only: a quote is text),
-JSONL (`.jsonl`/`.ndjson`, one object per line) or Parquet (`.parquet`, with the optional pyarrow:
-`pip install bert_jax[parquet]`). The columns are config fields: `text_column` ('text', or 'sentence' when the
+Files are CSV, TSV, JSONL or Parquet (`bert_jax.data.tables`: by extension; compressed with .gz, .bz2 or .xz after
+it, or not; local or remote). The columns are config fields: `text_column` ('text', or 'sentence' when the
 file has no 'text'), `text_pair_column` (none by default: single texts), `label_column` ('label').
 
 Multi-label rows hold a set of labels: a JSON list (JSONL, Parquet, or a CSV/TSV cell written as one), or labels
@@ -18,23 +17,22 @@ evaluated; the split is logged. Every bad row is one DataError naming the file a
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from bert_jax.data import tables
 from bert_jax.errors import DataError
-from bert_jax.files import check_regular, not_utf8, write_text_atomic
+from bert_jax.files import write_text_atomic
 from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import EvalSet, Feature
 from bert_jax.finetuning.tasks.glue import featurize
 from bert_jax.runs import reporting
 
-FORMATS = {'.csv': 'csv', '.tsv': 'tsv', '.tab': 'tsv', '.jsonl': 'jsonl', '.ndjson': 'jsonl', '.parquet': 'parquet'}
 TEXT_FALLBACK = 'sentence'  # read when text_column is the default 'text' and the file has no such column
 
 
@@ -69,138 +67,6 @@ class FileEvalData:
 # ------------------------------------------------------------------------------------------ reading
 
 
-def file_format(path: str) -> str:
-  """'csv', 'tsv', 'jsonl' or 'parquet' from the file's extension; DataError for any other."""
-  fmt = FORMATS.get(os.path.splitext(path)[1].lower())
-  if fmt is None:
-    raise DataError(f'{path}: unknown file type; name it .csv, .tsv, .jsonl or .parquet')
-  return fmt
-
-
-def records(path: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
-  """(the file's column names, [(line, {column: value})]) of a CSV, TSV, JSONL or Parquet file.
-
-  Raises:
-    DataError: a missing, empty or malformed file (an unclosed quote, a JSONL line that is not an object), naming
-      the file and the line.
-  """
-  check_regular(path, 'data file')
-  if not os.path.isfile(path):
-    raise DataError(f'{path} does not exist')
-  fmt = file_format(path)
-  if fmt == 'parquet':
-    return _parquet(path)
-  try:
-    with open(path, encoding='utf-8-sig', newline='') as f:
-      columns, rows = _jsonl(path, f) if fmt == 'jsonl' else _delimited(path, f, fmt)
-  except UnicodeDecodeError:
-    raise not_utf8(path) from None
-  if not rows:
-    raise DataError(f'{path} is empty' if not columns else f'{path} has a header but no data rows')
-  return columns, rows
-
-
-def column_names(path: str) -> list[str]:
-  """The column names `records` gives `path` (a CSV/TSV header, a JSONL file's first object's keys, a Parquet
-  file's schema), reading only the start of the file; [] when it has no row.
-
-  Raises:
-    DataError: an unknown file type, text that is not UTF-8, a malformed first row, an unreadable Parquet file: as
-      `records` says them.
-  """
-  fmt = file_format(path)
-  if fmt == 'parquet':
-    pq = _pyarrow_parquet(path)
-    try:
-      return list(pq.read_schema(path).names)
-    except Exception as e:  # pylint: disable=broad-except  (pyarrow's many error types: a damaged file)
-      raise DataError(f'{path}: unreadable Parquet ({e})') from None
-  try:
-    with open(path, encoding='utf-8-sig', newline='') as f:
-      first = next(_objects(path, f) if fmt == 'jsonl' else _fields(path, f, fmt), None)
-  except UnicodeDecodeError:
-    raise not_utf8(path) from None
-  if first is None:
-    return []
-  return list(first[1]) if fmt == 'jsonl' else [c.strip() for c in first[1]]
-
-
-def _fields(path: str, f, fmt: str) -> Iterator[tuple[int, list[str]]]:
-  """(line, fields) of each non-blank row of a CSV (quoted, strict: an unclosed quote is an error) or TSV (tabs
-  only) file, the line where the row starts."""
-  reader = (csv.reader(f, strict=True) if fmt == 'csv' else
-            csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE))
-  start = 1
-  while True:
-    try:
-      fields = next(reader)
-    except StopIteration:
-      return
-    except csv.Error as e:
-      raise DataError(f'{path}:{start}: unreadable CSV ({e}): a quote opened on this line is never closed, or '
-                      'text follows a closing quote') from None
-    line, start = start, reader.line_num + 1
-    if any(v.strip() for v in fields):  # blank lines are skipped
-      yield line, fields
-
-
-def _delimited(path: str, f, fmt: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
-  """CSV or TSV (`_fields`); the first row is the header."""
-  header, rows = None, []
-  for line, fields in _fields(path, f, fmt):
-    if header is None:
-      header = [c.strip() for c in fields]
-      continue
-    if len(fields) != len(header):
-      raise DataError(f'{path}:{line}: {len(fields)} field(s) but the header has {len(header)} '
-                      f'({", ".join(header)})')
-    rows.append((line, dict(zip(header, fields))))
-  return header or [], rows
-
-
-def _objects(path: str, f) -> Iterator[tuple[int, dict[str, Any]]]:
-  """(line, object) of each non-blank line of a JSONL file: each must be a JSON object."""
-  for line, text in enumerate(f, 1):
-    if not text.strip():
-      continue
-    try:
-      obj = json.loads(text)
-    except ValueError as e:
-      raise DataError(f'{path}:{line}: not JSON ({e})') from None
-    if not isinstance(obj, dict):
-      raise DataError(f'{path}:{line}: a JSONL line must be an object ({{"text": ..., "label": ...}}), '
-                      f'not {type(obj).__name__}')
-    yield line, obj
-
-
-def _jsonl(path: str, f) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
-  """One JSON object per non-blank line (`_objects`); the columns are the keys of the first."""
-  rows = list(_objects(path, f))
-  return (list(rows[0][1]) if rows else []), rows
-
-
-def _pyarrow_parquet(path: str):
-  """pyarrow.parquet, or a DataError naming the install for `path`."""
-  try:
-    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise DataError(f'{path}: reading Parquet needs pyarrow, which is not installed: '
-                    'pip install "bert_jax[parquet]" (or pyarrow), or give CSV/TSV/JSONL') from None
-  return pq
-
-
-def _parquet(path: str) -> tuple[list[str], list[tuple[int, dict[str, Any]]]]:
-  pq = _pyarrow_parquet(path)
-  try:
-    table = pq.read_table(path)
-  except Exception as e:  # pylint: disable=broad-except  (pyarrow's many error types: a damaged file)
-    raise DataError(f'{path}: unreadable Parquet ({e})') from None
-  rows = [(i + 1, r) for i, r in enumerate(table.to_pylist())]
-  if not rows:
-    raise DataError(f'{path} is empty' if not table.column_names else f'{path} has columns but no rows')
-  return list(table.column_names), rows
-
-
 def read_rows(path: str, columns: Columns, kind: str) -> list[Row]:
   """The rows of `path` by `columns`; a `columns.label` of '' reads no label (text to predict).
 
@@ -211,12 +77,10 @@ def read_rows(path: str, columns: Columns, kind: str) -> list[Row]:
     DataError: a column the file lacks (naming those it has), an empty text, a missing, non-numeric or non-finite
       target, labels that mix numbers and strings: the file and line.
   """
-  names, records_ = records(path)
-  text = resolve_text_column(path, names, columns.text)
-  for wanted in (columns.text_pair, columns.label):
-    if wanted and wanted not in names:
-      raise _missing(path, wanted, names)
-  rows = [Row(text_at(path, line, r, text), text_at(path, line, r, columns.text_pair) if columns.text_pair else None,
+  names, records_ = tables.records(path)
+  text = check_columns(path, names, columns)
+  rows = [Row(tables.text_at(path, line, r, text),
+              tables.text_at(path, line, r, columns.text_pair) if columns.text_pair else None,
               _label(path, line, r, columns.label, kind) if columns.label else None, line) for line, r in records_]
   if columns.label and kind == 'classification':
     _check_one_label_type(path, records_, columns.label)
@@ -224,43 +88,22 @@ def read_rows(path: str, columns: Columns, kind: str) -> list[Row]:
   return rows
 
 
-_COLUMN_FLAGS = '--config.text_column, --config.text_pair_column or --config.label_column'
+COLUMN_FLAGS = '--config.text_column, --config.text_pair_column or --config.label_column'
 
 
 def resolve_text_column(path: str, names: Sequence[str], text: str) -> str:
   """`text`, or 'sentence' when `text` is the default 'text' and only 'sentence' is there."""
-  return find_column(path, names, text, Columns.text, (TEXT_FALLBACK,))
+  return tables.find_column(path, names, text, Columns.text, (TEXT_FALLBACK,), COLUMN_FLAGS)
 
 
-def find_column(path: str, names: Sequence[str], wanted: str, default: str, fallbacks: Sequence[str] = (),
-                flags: str = _COLUMN_FLAGS) -> str:
-  """`wanted` when the file has it; when `wanted` is its field's `default`, the first of `fallbacks` the file has
-  (the names other datasets use); else a DataError naming the file's columns and the `flags` that set them."""
-  if wanted and wanted in names:
-    return wanted
-  found = [c for c in fallbacks if c in names] if wanted == default else []
-  if found:
-    return found[0]
-  raise _missing(path, wanted or fallbacks[0], names, flags)
-
-
-def _missing(path: str, column: str, names: Sequence[str], flags: str = _COLUMN_FLAGS) -> DataError:
-  return DataError(f'{path}:1: no column {column!r}; the file has {", ".join(map(repr, names)) or "none"} '
-                   f'(set {flags})')
-
-
-def _value(path: str, line: int, record: dict[str, Any], column: str) -> Any:
-  if column not in record:  # JSONL: another line's keys
-    raise DataError(f'{path}:{line}: no {column!r} (this line has {", ".join(map(repr, record)) or "no keys"})')
-  return record[column]
-
-
-def text_at(path: str, line: int, record: dict[str, Any], column: str) -> str:
-  """The row's non-empty text in `column`; DataError naming the file and line otherwise."""
-  value = _value(path, line, record, column)
-  if not isinstance(value, str) or not value.strip():
-    raise DataError(f'{path}:{line}: {column!r} must be a non-empty text, got {value!r}')
-  return value
+def check_columns(path: str, names: Sequence[str], columns: Columns) -> str:
+  """The text column `read_rows` reads (`resolve_text_column`); DataError naming the file's columns `names` when
+  they lack it, the second text's or the label's."""
+  text = resolve_text_column(path, names, columns.text)
+  for wanted in (columns.text_pair, columns.label):
+    if wanted and wanted not in names:
+      raise tables.missing_column(path, wanted, names, COLUMN_FLAGS)
+  return text
 
 
 def _label_set(path: str, line: int, value: Any) -> tuple[str, ...]:
@@ -284,7 +127,7 @@ def _label_set(path: str, line: int, value: Any) -> tuple[str, ...]:
 
 
 def _label(path: str, line: int, record: dict[str, Any], column: str, kind: str) -> str | float | tuple[str, ...]:
-  value = _value(path, line, record, column)
+  value = tables.value_at(path, line, record, column)
   if kind == 'multilabel':
     return _label_set(path, line, value)
   if kind == 'regression':

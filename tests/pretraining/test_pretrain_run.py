@@ -15,7 +15,7 @@ import pytest
 
 from bert_jax import config
 from bert_jax.errors import CheckpointError
-from bert_jax.pretraining import pretrain as pretraining
+from bert_jax.pretraining import pretrain_run as pretraining
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train.loop import TrainingDivergedError
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax.finetuning import finetune as finetuning
+from bert_jax.finetuning import finetune_run as finetuning
 from bert_jax.train import preemption
 
 from helpers import (

@@ -1,4 +1,4 @@
-"""Multi-label classification on your own files (finetuning/tasks/files.py, kind 'multilabel'): a set of labels per
+"""Multi-label classification on your own files (finetuning/tasks/own_data.py, kind 'multilabel'): a set of labels per
 row, read from lists, JSON in a cell or comma-separated text; multi-hot features; the sigmoid loss
 (finetuning/head_objective.py); fine-tuned in process, predicted and exported as a multi-label transformers model."""
 
@@ -12,7 +12,7 @@ import pytest
 from bert_jax.errors import DataError
 from bert_jax.finetuning import batching
 from bert_jax.finetuning import head_objective as objective
-from bert_jax.finetuning.tasks import files, get_task
+from bert_jax.finetuning.tasks import get_task, own_data
 from helpers import finetune_config, tolerance
 
 _ROWS = [('The battery lasts all day and the screen is sharp', ['battery', 'screen']),
@@ -30,9 +30,9 @@ def _jsonl(path, rows):
 def test_label_sets_from_lists_json_cells_and_commas(tmp_path):
   csv_path = tmp_path / 'rows.csv'
   csv_path.write_text('text,label\n"a","[""x"", ""y""]"\n"b","y, z"\n"c",\n', encoding='utf-8')
-  rows = files.read_rows(str(csv_path), files.Columns(), 'multilabel')
+  rows = own_data.read_rows(str(csv_path), own_data.Columns(), 'multilabel')
   assert [r.label for r in rows] == [('x', 'y'), ('y', 'z'), ()]
-  rows = files.read_rows(_jsonl(tmp_path / 'rows.jsonl', _ROWS), files.Columns(), 'multilabel')
+  rows = own_data.read_rows(_jsonl(tmp_path / 'rows.jsonl', _ROWS), own_data.Columns(), 'multilabel')
   assert [r.label for r in rows] == [tuple(l) for _, l in _ROWS]
 
 
@@ -42,7 +42,7 @@ def test_bad_label_sets_are_one_error(tmp_path, label, pattern):
   path = tmp_path / 'bad.jsonl'
   path.write_text(json.dumps({'text': 'a', 'label': label}) + '\n', encoding='utf-8')
   with pytest.raises(DataError, match=rf'bad\.jsonl:1: .*{pattern}'):
-    files.read_rows(str(path), files.Columns(), 'multilabel')
+    own_data.read_rows(str(path), own_data.Columns(), 'multilabel')
 
 
 def test_features_are_multi_hot_and_the_loss_is_the_mean_sigmoid_cross_entropy(tmp_path, wordpiece):

@@ -1,17 +1,20 @@
-"""bert_jax.finetuning.tasks.files: CSV/TSV/JSONL readers by column names, label names, the held-out split,
-metrics, and one DataError naming the file and line for each kind of bad input."""
+"""bert_jax.finetuning.tasks.own_data: rows by column names, label names, the held-out split, metrics, and one
+DataError naming the file and line for each kind of bad row; a gzipped and a remote (gs://) training file train.
+The formats themselves (CSV, TSV, JSONL, compressed): tests/data/test_tables.py."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
 import pytest
 
+from bert_jax import files
 from bert_jax.config import FinetuneConfig
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning.tasks import files, get_task
+from bert_jax.finetuning.tasks import get_task, own_data
 from bert_jax import metrics
 
 
@@ -55,34 +58,16 @@ def test_csv_tsv_and_jsonl_read_the_same_rows(tmp_path):
   tsv_path = _write(tmp_path, 'train.tsv', 'label\ttext\n' + ''.join(f'{l}\t{t}\n' for t, l in ROWS))
   jsonl_path = _write(tmp_path, 'train.jsonl',
                       ''.join(json.dumps({'text': t, 'label': l}) + '\n' for t, l in ROWS))
-  read = [files.read_rows(p, files.Columns(), 'classification') for p in (csv_path, tsv_path, jsonl_path)]
+  read = [own_data.read_rows(p, own_data.Columns(), 'classification') for p in (csv_path, tsv_path, jsonl_path)]
   assert [(r.text, r.label) for r in read[0]] == ROWS
   assert read[0] == read[1] and [(r.text, r.label) for r in read[2]] == ROWS
   assert [r.line for r in read[0]] == [2, 3, 4, 5, 6, 7] and [r.line for r in read[2]] == [1, 2, 3, 4, 5, 6]
 
 
-def test_column_names_are_the_ones_records_reads_from_the_start_alone(tmp_path):
-  """Blank lines first, a byte order mark, a quoted header cell with a newline, spaces around names: the same names
-  as `records` gives; a bad row further down is not read."""
-  texts = {'a.csv': '\ufeff\n \n"first\nname", label \nx,y\n', 'a.tsv': '\n first\tlabel \nx\ty\n',
-           'a.jsonl': '\n{"first": "x", "label": "y"}\n'}
-  for name, text in texts.items():
-    path = _write(tmp_path, name, text)
-    assert files.column_names(path) == files.records(path)[0], name
-    with open(path, 'a', encoding='utf-8') as f:
-      f.write('"never closed\n' if name != 'a.jsonl' else 'not json\n')
-    assert files.column_names(path) == (['first\nname', 'label'] if name == 'a.csv' else ['first', 'label']), name
-    with pytest.raises(DataError):
-      files.records(path)
-  assert files.column_names(_write(tmp_path, 'blank.tsv', '\n \n')) == []
-  with pytest.raises(DataError, match=r'bad\.csv:1: unreadable CSV'):
-    files.column_names(_write(tmp_path, 'bad.csv', '"never closed\n'))
-
-
 def test_pairs_quoted_newlines_and_the_sentence_column(tmp_path):
   path = _write(tmp_path, 'pairs.csv', 'sentence,hypothesis,label\n"A man,\nwho eats.",Someone eats.,yes\n'
                                        '\n"He said ""no"".",Nobody spoke.,no\n')
-  rows = files.read_rows(path, files.Columns(text_pair='hypothesis'), 'classification')
+  rows = own_data.read_rows(path, own_data.Columns(text_pair='hypothesis'), 'classification')
   assert [(r.text, r.text_pair, r.label, r.line) for r in rows] == [
       ('A man,\nwho eats.', 'Someone eats.', 'yes', 2), ('He said "no".', 'Nobody spoke.', 'no', 5)]
 
@@ -96,11 +81,11 @@ def test_labels_sorted_or_as_given_and_numbers_sorted_as_numbers(tmp_path):
   task = get_task('classify')
   task.train_features(_cfg(_csv(tmp_path), label_names='positive, negative,neutral'), WhitespaceTokenizer())
   assert task.label_names == ['positive', 'negative', 'neutral']
-  assert files.sorted_labels(['10', '2', '1']) == ['1', '2', '10']
-  assert files.sorted_labels(['b', '10', '2']) == ['10', '2', 'b']
+  assert own_data.sorted_labels(['10', '2', '1']) == ['1', '2', '10']
+  assert own_data.sorted_labels(['b', '10', '2']) == ['10', '2', 'b']
   # JSON numbers and booleans are spelled as JSON spells them.
   path = _write(tmp_path, 'n.jsonl', '{"text": "a", "label": 1}\n{"text": "b", "label": 0}\n')
-  assert [r.label for r in files.read_rows(path, files.Columns(), 'classification')] == ['1', '0']
+  assert [r.label for r in own_data.read_rows(path, own_data.Columns(), 'classification')] == ['1', '0']
 
 
 def test_recorded_labels_win_over_the_files_order(tmp_path):
@@ -150,48 +135,23 @@ def test_evaluate_classification_and_regression(tmp_path):
 
 
 @pytest.mark.parametrize('name,text,columns,pattern', [
-    ('missing.csv', 'review,stars\nok,1\n', files.Columns(), "missing.csv:1: no column 'text'; the file has "
+    ('missing.csv', 'review,stars\nok,1\n', own_data.Columns(), "missing.csv:1: no column 'text'; the file has "
                                                             "'review', 'stars'"),
-    ('missing_label.csv', 'text,stars\nok,1\n', files.Columns(), "no column 'label'; the file has 'text', 'stars'"),
-    ('empty.csv', '', files.Columns(), 'empty.csv is empty'),
-    ('header.csv', 'text,label\n\n', files.Columns(), 'header.csv has a header but no data rows'),
-    ('quote.csv', 'text,label\nfine,a\n"never closed,b\nmore,c\n', files.Columns(), 'quote.csv:3: unreadable CSV'),
-    ('fields.csv', 'text,label\na,b,c\n', files.Columns(), 'fields.csv:2: 3 field(s) but the header has 2'),
-    ('list.jsonl', '{"text": "a", "label": "x"}\n["b", "y"]\n', files.Columns(),
-     'list.jsonl:2: a JSONL line must be an object'),
-    ('broken.jsonl', '{"text": "a", "label": "x"}\n{"text": \n', files.Columns(), 'broken.jsonl:2: not JSON'),
-    ('keys.jsonl', '{"text": "a", "label": "x"}\n{"txt": "b", "label": "y"}\n', files.Columns(),
+    ('missing_label.csv', 'text,stars\nok,1\n', own_data.Columns(), "no column 'label'; the file has 'text', 'stars'"),
+    ('keys.jsonl', '{"text": "a", "label": "x"}\n{"txt": "b", "label": "y"}\n', own_data.Columns(),
      "keys.jsonl:2: no 'text' (this line has 'txt', 'label')"),
-    ('mixed.jsonl', '{"text": "a", "label": 1}\n{"text": "b", "label": "pos"}\n', files.Columns(),
+    ('mixed.jsonl', '{"text": "a", "label": 1}\n{"text": "b", "label": "pos"}\n', own_data.Columns(),
      'mixed.jsonl:2: labels mix numbers and strings'),
-    ('blank.csv', 'text,label\n" ",a\n', files.Columns(), "blank.csv:2: 'text' must be a non-empty text"),
-    ('data.txt', 'text,label\n', files.Columns(), 'data.txt: unknown file type'),
+    ('blank.csv', 'text,label\n" ",a\n', own_data.Columns(), "blank.csv:2: 'text' must be a non-empty text"),
 ])
 def test_bad_files_name_the_file_and_line(tmp_path, name, text, columns, pattern):
-  assert pattern in _error(files.read_rows, _write(tmp_path, name, text), columns, 'classification')
-
-
-@pytest.mark.parametrize('fmt', ['csv', 'tsv', 'jsonl'])
-def test_bytes_that_are_not_utf8_name_the_line_and_column(tmp_path, fmt):
-  # Far past the decoder's first buffer (8 KB), whose own byte position counts from that buffer's start; after
-  # two-byte characters on the line, so a byte count is no column; a byte order mark first, which is no text.
-  row = {'csv': 'row {i},a\n', 'tsv': 'row {i}\ta\n', 'jsonl': '{{"text": "row {i}", "label": "a"}}\n'}[fmt]
-  header = {'csv': 'text,label\n', 'tsv': 'text\tlabel\n', 'jsonl': ''}[fmt]
-  lines = [row.format(i=i).encode() for i in range(3000)]
-  before = {'csv': 'naïve façade ', 'tsv': 'naïve façade ', 'jsonl': '{"text": "naïve façade '}[fmt]
-  lines[2500] = before.encode() + 'café'.encode('latin-1') + lines[2500][len(before.split('naïve')[0]):]
-  path = tmp_path / f'big.{fmt}'
-  path.write_bytes(b'\xef\xbb\xbf' + header.encode() + b''.join(lines))
-  line = 2501 + bool(header)
-  message = _error(files.read_rows, str(path), files.Columns(), 'classification')
-  assert message.startswith(f'{path}:{line}:{len(before) + 4}: not UTF-8 text (byte 0xe9: '), message
-  assert 'position' not in message
+  assert pattern in _error(own_data.read_rows, _write(tmp_path, name, text), columns, 'classification')
 
 
 @pytest.mark.parametrize('value', ['nan', 'inf', '-Infinity', 'high'])
 def test_regression_targets_must_be_finite_numbers(tmp_path, value):
   path = _write(tmp_path, 't.csv', f'text,label\nfine,0.5\nbad,{value}\n')
-  assert 't.csv:3: target' in _error(files.read_rows, path, files.Columns(), 'regression')
+  assert 't.csv:3: target' in _error(own_data.read_rows, path, own_data.Columns(), 'regression')
 
 
 def test_eval_labels_unseen_in_training_and_one_class(tmp_path):
@@ -267,3 +227,31 @@ def test_own_csv_fine_tunes_predicts_and_exports_label_names(tiny_checkpoint, tm
     assert scores[0]['label'] == o['label'] in names
     close = tolerance(np.float32, 64, depth=2)  # torch against XLA: the tiny checkpoint's widest sums, 2 layers
     assert all(abs(s['score'] - o['probabilities'][s['label']]) <= close for s in scores), (scores, o)
+
+
+@pytest.mark.slow
+def test_a_gzipped_and_a_remote_training_file_train_as_the_plain_one(tiny_checkpoint, tmp_path, fake_bucket):
+  """The rows of a CSV as train.csv.gz (local) and as gs://bucket/own/train.csv (a GCS emulator: conftest's
+  fake_bucket) train alike: the same split and the same held-out metrics."""
+  from helpers import run_main  # pylint: disable=g-import-not-at-top
+  rows = [(text, label) for label, texts in _REVIEWS.items() for text in texts] * 2
+  plain = _csv(tmp_path, 'train.csv', rows=rows)
+  packed = tmp_path / 'train.csv.gz'
+  with open(plain, 'rb') as f:
+    packed.write_bytes(gzip.compress(f.read()))
+  remote = f'{fake_bucket}/own/train.csv'
+  files.copy_file(plain, remote)
+  results = []
+  for i, train in enumerate((str(packed), remote)):
+    trained = run_main(
+        'finetune.py', '--config=experiments/configs/finetune.py:classify', f'--workdir={tmp_path}/work{i}',
+        f'--config.init_checkpoint={tiny_checkpoint}', f'--config.train_file={train}', '--config.num_train_steps=2',
+        '--config.batch_size=8', '--config.max_seq_length=32', '--config.eval_fraction=0.2')
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert f'6 of the 30 rows of {train} held out' in trained.stdout + trained.stderr
+    results.append(json.loads(trained.stdout.strip().splitlines()[-1]))
+    with open(tmp_path / f'work{i}' / 'config.json', encoding='utf-8') as f:
+      assert json.load(f)['task']['label_names'] == ['negative', 'neutral', 'positive']
+  assert results[0]['main_metric'] == 'dev_accuracy'
+  assert [r['dev_accuracy'] for r in results] == [results[0]['dev_accuracy']] * 2
+  assert [r['dev_macro_f1'] for r in results] == [results[0]['dev_macro_f1']] * 2
