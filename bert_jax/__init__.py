@@ -28,7 +28,7 @@ _API = {
                     'bert_jax.pretraining.pretrain_run'),
     **dict.fromkeys(('finetune', 'evaluate_again'), 'bert_jax.finetuning.finetune_run'),
     **dict.fromkeys(('PretrainedBert', 'load_pretrained'), 'bert_jax.interop.pretrained'),
-    **dict.fromkeys(('load_hf_checkpoint', 'save_hf_checkpoint'), 'bert_jax.interop.hf'),
+    **dict.fromkeys(('load_hf_checkpoint', 'save_hf_checkpoint'), 'bert_jax.interop.families'),
     **dict.fromkeys(('embed', 'fill_mask', 'attention_maps', 'attention_details'), 'bert_jax.inference'),
     'BertEncoder': 'bert_jax.model.encoder',
     **dict.fromkeys(('BertForPreTraining', 'BertForSequenceClassification', 'BertForTokenClassification',

@@ -4,7 +4,7 @@ An offline preparation script (never imported). It builds transformers' ModernBe
 (PyTorch, float32, eval mode) with a tiny random config — 3 layers, global attention in layers 0
 and 2, a local window of 8 (4 positions to each side) in layer 1, ModernBERT's RoPE bases (160000
 global, 10000 local), no biases — saves it as safetensors, and stores its masked-LM logits at the
-real positions of a padded batch longer than the window, so tests/interop/test_modernbert.py checks
+real positions of a padded batch longer than the window, so tests/interop/families/test_modernbert.py checks
 bert_jax's pre-LN / rotary / GeGLU / local-window encoder and MLM head against transformers in CI,
 where PyTorch is not installed. The eager and sdpa attention paths are checked to agree first.
 

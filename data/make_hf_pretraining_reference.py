@@ -3,7 +3,7 @@
 An offline preparation script (never imported). It builds transformers' BertForPreTraining
 (PyTorch, float32, eval mode, eager attention) with a tiny random config, saves it as
 safetensors, and stores its masked-LM logits at chosen positions and its NSP logits for a padded
-batch, so `tests/test_hf.py` checks bert_jax's heads (MLM transform + tied decoder + bias, pooler
+batch, so `tests/interop/families/test_bert.py` checks bert_jax's heads (MLM transform + tied decoder + bias, pooler
 + NSP) against transformers in CI, where PyTorch is not installed.
 
 Needs (not in requirements.txt; CPU torch only):

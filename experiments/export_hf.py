@@ -14,7 +14,7 @@ BertForSequenceClassification, BertForTokenClassification or BertForQuestionAnsw
 label names as id2label. The result holds config.json, model.safetensors and the tokenizer files:
 WordPiece as transformers' own, SentencePiece as a tokenizer.json that transformers' fast tokenizer
 runs with the same ids as bert_jax (a model for which that cannot be made exact is refused) plus
-spiece.model for bert_jax. `load_pretrained` reads the encoder back bit-exactly, `hf.load_hf_checkpoint`
+spiece.model for bert_jax. `load_pretrained` reads the encoder back bit-exactly, `families.load_hf_checkpoint`
 the head too. Ends with one JSON line (on stdout; stderr says when loading and writing start).
 
 A sentence-transformers folder (the encoder as above, plus modules.json, sentence_bert_config.json,
@@ -37,7 +37,9 @@ from absl import flags
 from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.model.pooling import POOLINGS
-from bert_jax.interop import hf, sentence_transformers
+from bert_jax.interop import families, sentence_transformers
+from bert_jax.interop.families import bert
+from bert_jax.interop.hf import model_dir
 from bert_jax.interop.pretrained import describe, load_finetuned, load_pretrained
 from bert_jax.runs import reporting, workdir
 
@@ -87,10 +89,10 @@ def main(_):
         tuned.config, tuned.params, tuned.tokenizer, tuned.task, 'bert_jax', tuned.step, tuned.seed)
     if workdir.embeds(task) or as_st:  # an embedding model, or a fine-tuned encoder: the encoder alone
       params = {'bert': params['bert']}
-  elif kind == 'export' and hf.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, with its head
-    config, params, _, _ = hf.load_hf_checkpoint(_CHECKPOINT.value)
-    task, tokenizer, source_kind, step = (hf.read_hf_task(_CHECKPOINT.value), hf.load_hf_tokenizer(_CHECKPOINT.value),
-                                          'hf', None)
+  elif kind == 'export' and bert.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, with its head
+    config, params, _, _ = families.load_hf_checkpoint(_CHECKPOINT.value)
+    task, tokenizer, source_kind, step = (bert.read_hf_task(_CHECKPOINT.value),
+                                          model_dir.load_hf_tokenizer(_CHECKPOINT.value), 'hf', None)
   else:
     pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value, other_heads=True)  # ELECTRA's discriminator too
     config, params, tokenizer, source_kind, step = (pretrained.config, pretrained.params, pretrained.tokenizer,
@@ -108,12 +110,12 @@ def main(_):
         description=f'Exported from {_CHECKPOINT.value}' + (f' (step {step})' if step is not None else '') + '.')
   else:
     reporting.log(f'export: writing a Hugging Face directory to {_OUTPUT.value} ...')
-    hf.save_hf_checkpoint(_OUTPUT.value, config, params, tokenizer, overwrite=_OVERWRITE.value,
-                          task=None if workdir.embeds(task) else task)
-  with open(os.path.join(_OUTPUT.value, hf.CONFIG_FILE), encoding='utf-8') as f:
+    families.save_hf_checkpoint(_OUTPUT.value, config, params, tokenizer, overwrite=_OVERWRITE.value,
+                                task=None if workdir.embeds(task) else task)
+  with open(os.path.join(_OUTPUT.value, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     architecture = json.load(f)['architectures'][0]
   heads = set() if as_st else set(params) - {'bert'}
-  if hf.hf_model_type(config) != 'bert':
+  if families.hf_model_type(config) != 'bert':
     heads -= {'nsp'}  # ModernBERT, DistilBERT and ELECTRA have no NSP head
   line = {'output': _OUTPUT.value, 'source': source_kind, 'step': step, 'architecture': architecture,
           'heads': sorted(heads), 'tokenizer': type(tokenizer).__name__}

@@ -245,13 +245,13 @@ def tiny_checkpoint(tmp_path_factory):
 
   from bert_jax.config import preset  # pylint: disable=g-import-not-at-top
   from bert_jax.data.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import families  # pylint: disable=g-import-not-at-top
   from bert_jax.model.heads import BertForPreTraining  # pylint: disable=g-import-not-at-top
   vocab = minilm_dir_or_skip()
   cfg = preset('tiny', vocab_size=30522, hidden_size=32, num_heads=2, intermediate_size=64)
   model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
   params = jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-  directory = str(_built_once(tmp_path_factory, 'tiny_checkpoint', lambda d: hf.save_hf_checkpoint(
+  directory = str(_built_once(tmp_path_factory, 'tiny_checkpoint', lambda d: families.save_hf_checkpoint(
       str(d / 'hf'), cfg, {'bert': params['bert']}, WordPieceTokenizer.from_directory(vocab))) / 'hf')
   digests = _file_digests(directory)
   yield directory

@@ -676,7 +676,7 @@ def reference_first_fit_decreasing(lengths, row_length, max_per_row=None):
 
 
 def finetune_own_file(variant: str, workdir, checkpoint: str, train_file: str, *extra: str) -> dict:
-  """finetune.py:<variant> (a task of your own files) on `train_file` from `checkpoint`, in process, with a 3-step
+  """finetune.py:<variant> (a task of your own files) on `train_file` from `model_dir`, in process, with a 3-step
   budget at batch 8 and length 32 and 20% of the rows held out; returns its final JSON line."""
   result = run_main('finetune.py', f'--config=experiments/configs/finetune.py:{variant}', f'--workdir={workdir}',
                     f'--config.init_checkpoint={checkpoint}', f'--config.train_file={train_file}',
@@ -809,9 +809,9 @@ def assert_task_exports_match_transformers(directory: str, out_root, texts, toke
   from flax import nnx  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import families  # pylint: disable=g-import-not-at-top
   from bert_jax.model import heads  # pylint: disable=g-import-not-at-top
-  cfg, imported, _, _ = hf.load_hf_checkpoint(directory)
+  cfg, imported, _, _ = families.load_hf_checkpoint(directory)
   batch = transformers.AutoTokenizer.from_pretrained(directory)(list(texts), padding=True, return_tensors='np')
   ids, mask = batch['input_ids'].astype(np.int32), batch['attention_mask'].astype(np.int32)
   types = batch['token_type_ids'].astype(np.int32) if token_types else None
@@ -824,7 +824,7 @@ def assert_task_exports_match_transformers(directory: str, out_root, texts, toke
     params = jax.tree.map(lambda x: np.asarray(x) + rng.normal(0, 0.1, x.shape).astype(np.float32), params)
     params['bert'] = {**imported['bert'], 'pooler': params['bert']['pooler']}
     out = os.path.join(str(out_root), kind)
-    hf.save_hf_checkpoint(out, cfg, params, task=task)
+    families.save_hf_checkpoint(out, cfg, params, task=task)
     theirs, info = getattr(transformers, auto[kind]).from_pretrained(out, output_loading_info=True)
     assert not any(info.values()), (kind, info)
     with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
@@ -891,7 +891,7 @@ def assert_export_refused(directory: str, out: str, pattern: str) -> None:
 
 
 def assert_fill_mask_is_the_pipelines(checkpoint: str, text: str, tokenizer) -> list:
-  """fill_mask.py on `checkpoint` gives transformers' fill-mask pipeline's top 5 for each mask of `text`: the same
+  """fill_mask.py on `model_dir` gives transformers' fill-mask pipeline's top 5 for each mask of `text`: the same
   ids, the same decoded texts (token_str: ' the', not 'Ġthe') and probabilities up to float32 rounding (`tolerance`).
   Returns our predictions."""
   import transformers  # pylint: disable=g-import-not-at-top
@@ -911,7 +911,7 @@ def assert_fill_mask_is_the_pipelines(checkpoint: str, text: str, tokenizer) -> 
 
 
 def finetune_small_sst2(checkpoint: str, workdir: str, tmp_path, steps: int = 2) -> dict:
-  """finetune.py:sst2 from `checkpoint` on the first 48 training and 16 dev rows of ../shared/data's SST-2 (copied
+  """finetune.py:sst2 from `model_dir` on the first 48 training and 16 dev rows of ../shared/data's SST-2 (copied
   into `tmp_path`; skipped without it), `steps` steps at batch 8 and length 32, in process; returns its final
   JSON line."""
   data = shared_data_or_skip('sst2')
@@ -928,9 +928,10 @@ def export_again(directory: str, out: str) -> tuple[dict, dict, dict]:
   """A Hugging Face `directory` imported and exported to `out` as it is (no training between): returns (the
   written config.json, `directory`'s tensors, `out`'s tensors)."""
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
-  cfg, params, _, _ = hf.load_hf_checkpoint(directory)
-  hf.save_hf_checkpoint(out, cfg, params, hf.load_hf_tokenizer(directory))
+  from bert_jax.interop import families  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop.hf import model_dir  # pylint: disable=g-import-not-at-top
+  cfg, params, _, _ = families.load_hf_checkpoint(directory)
+  families.save_hf_checkpoint(out, cfg, params, model_dir.load_hf_tokenizer(directory))
   with open(os.path.join(out, 'config.json'), encoding='utf-8') as f:
     written = json.load(f)
   return written, *(st_numpy.load_file(os.path.join(d, 'model.safetensors')) for d in (directory, out))

@@ -76,7 +76,8 @@ class ModelConfig:
   # [PAD]'s id: without an explicit attention mask, tokens attend to every non-[PAD] token.
   pad_token_id: int = _f(0, free=True, checkpoint='fixed')
   # --- Architecture switches: the defaults are BERT's (tests/model/test_architecture.py). Each changes the
-  # function the parameters compute, so checkpoints carry them; Hugging Face export: bert_jax.interop.modernbert.
+  # function the parameters compute, so checkpoints carry them; Hugging Face export: bert_jax.interop.families
+  # (hf_model_type).
   # 'post': x = LN(x + f(x)) after each sub-layer (BERT). 'pre': x = x + f(LN(x)) and a final LayerNorm after the
   # last layer; the embeddings keep their LayerNorm, so the first layer has no LayerNorm before its attention
   # (it would normalise a normalised input), as in ModernBERT.

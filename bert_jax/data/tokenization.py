@@ -214,7 +214,7 @@ class SentencePieceTokenizer:
     A special token spelled in the text ("[MASK]", also "[CLS]", "[SEP]", "[PAD]", "[UNK]")
     becomes its id (the text is split on them and the pieces encoded separately), so fill-mask
     works on our own checkpoints, and the ids are what WordPiece and transformers' fast
-    tokenizer give (interop/hf_tokenizer.py); `encode` never produces special ids.
+    tokenizer give (interop/hf/tokenizer_json.py); `encode` never produces special ids.
 
     Args:
       text_a: the first (or only) text.

@@ -25,7 +25,9 @@ from bert_jax.config import FinetuneConfig, MeshConfig, ModelConfig, PretrainCon
 from bert_jax.data.tokenization import SentencePieceTokenizer, WordPieceTokenizer, load_tokenizer
 from bert_jax.model.biencoder import BiEncoder, ContrastiveSpec
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.interop import hf, hf_files, sentence_transformers
+from bert_jax.interop import families, sentence_transformers
+from bert_jax.interop.families import bert
+from bert_jax.interop.hf import model_dir, task_classes
 from bert_jax.interop.packaged import packaged_minilm  # pylint: disable=unused-import  # its old home
 from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model
@@ -187,7 +189,7 @@ class Source:
     moment), for a run to refuse before it writes anything; a bert_jax workdir's checkpoints are checked as they
     are restored (an unusable one is skipped)."""
     if self.kind == 'hf':
-      hf_files.check_weights(self.path)
+      model_dir.check_weights(self.path)
 
   def embedding(self) -> sentence_transformers.Embedding | None:
     """How this checkpoint's sentence embeddings are made, when it says: a retrieval run's pooling,
@@ -234,13 +236,13 @@ class Source:
       cfg = PretrainConfig.from_dict(self.saved)
       return restore_params(self.path, lambda rngs: BertForPreTraining(cfg.model, rngs=rngs,
                                                                       nsp_head=cfg.data.sentence_pairs), step)
-    _, params, _, _ = hf.load_hf_checkpoint(self.path)
+    _, params, _, _ = families.load_hf_checkpoint(self.path)
     problem = state_problem(params)  # a bert_jax workdir's restore checks its own
     if problem:
       raise CheckpointError(f'checkpoint {self.path} is unusable: {problem}')
-    # A fine-tuned export's task head is not part of a pretrained BERT: its encoder is (hf.read_hf_task names it).
+    # A fine-tuned export's task head is not part of a pretrained BERT: its encoder is (bert.read_hf_task names it).
     return {k: v for k, v in params.items()
-            if k in ('bert',) + hf.PRETRAINING_HEADS or (other_heads and k not in hf.TASK_HEADS)}, None
+            if k in ('bert',) + bert.PRETRAINING_HEADS or (other_heads and k not in task_classes.TASK_HEADS)}, None
 
 
 def describe(path: str, what: str = 'checkpoint', log=reporting.log) -> Source:
@@ -269,8 +271,8 @@ def describe(path: str, what: str = 'checkpoint', log=reporting.log) -> Source:
     # A run in phases: its last phase's model (a context extension's RoPE theta).
     return Source('pretraining', path, PretrainConfig.from_dict(saved).plan.stages[-1].cfg.model, tokenizer, saved)
   if files.exists(workdir.file(CONFIG_FILE)):
-    spiece = os.path.join(path, hf.SPIECE_FILE)  # a bert_jax export of a SentencePiece model
-    return Source('hf', path, hf.read_hf_config(path), spiece if files.isfile(spiece) else path)
+    spiece = os.path.join(path, model_dir.SPIECE_FILE)  # a bert_jax export of a SentencePiece model
+    return Source('hf', path, families.read_hf_config(path), spiece if files.isfile(spiece) else path)
   raise CheckpointError(f'{what} {path} is neither a Hugging Face checkpoint (config.json + model.safetensors) '
                         'nor a bert_jax workdir (config.json + checkpoints/)')
 

@@ -4,7 +4,7 @@ The folder is the one sentence-transformers 2–5 writes, which sentence-transfo
 on the Hub is one):
 
   config.json, model.safetensors, tokenizer files   the encoder (module 0, `Transformer`, at the root): the Hugging
-                                                    Face export of `hf.save_hf_checkpoint` (BERT or ModernBERT)
+                                                    Face export of `families.save_hf_checkpoint` (BERT or ModernBERT)
   modules.json                                      the module list: Transformer, Pooling[, Normalize]
   sentence_bert_config.json                         max_seq_length; do_lower_case false (the tokenizer files
                                                     lower-case themselves when the vocabulary is uncased)
@@ -34,7 +34,8 @@ from bert_jax import files
 from bert_jax.config import ModelConfig
 from bert_jax.model.pooling import POOLINGS
 from bert_jax.errors import CheckpointError, ConfigError
-from bert_jax.interop import hf
+from bert_jax.interop import families
+from bert_jax.interop.hf import model_dir
 from bert_jax.runs import reporting
 
 MODULES_FILE, ST_CONFIG_FILE = 'modules.json', 'config_sentence_transformers.json'
@@ -99,16 +100,16 @@ def save_sentence_transformers(directory: str, cfg: ModelConfig, params, tokeniz
 
   Args:
     directory: must be empty or absent unless `overwrite` (then this function's files in it are replaced).
-    cfg, params, tokenizer: as `hf.save_hf_checkpoint` takes them; only the encoder ('bert') is exported.
+    cfg, params, tokenizer: as `families.save_hf_checkpoint` takes them; only the encoder ('bert') is exported.
     embedding: the pooling, normalisation, length and Matryoshka sizes.
     description: one line for the model card (what the model is, where it comes from).
 
   Raises:
     ConfigError: bad embedding settings; CheckpointError: a non-empty directory without `overwrite`, or what
-      `hf.save_hf_checkpoint` refuses. Nothing is written then.
+      `families.save_hf_checkpoint` refuses. Nothing is written then.
   """
   embedding = embedding.check(cfg)
-  hf.save_hf_checkpoint(directory, cfg, {'bert': params['bert']}, tokenizer, overwrite=overwrite)
+  families.save_hf_checkpoint(directory, cfg, {'bert': params['bert']}, tokenizer, overwrite=overwrite)
   # Files of an earlier export into this directory that this one does not write (a Normalize it no longer has).
   if files.isdir(os.path.join(directory, NORMALIZE_DIR)) and not embedding.normalize:
     shutil.rmtree(os.path.join(directory, NORMALIZE_DIR))
@@ -121,7 +122,7 @@ def save_sentence_transformers(directory: str, cfg: ModelConfig, params, tokeniz
   pooling = {'word_embedding_dimension': cfg.hidden_size,
              **{key: embedding.pooling == mode for mode, key in _POOLING_KEYS.items()},
              **{key: False for key in _OTHER_POOLING_KEYS}, 'include_prompt': True}
-  _write_json(os.path.join(directory, POOLING_DIR, hf.CONFIG_FILE), pooling)
+  _write_json(os.path.join(directory, POOLING_DIR, model_dir.CONFIG_FILE), pooling)
   _write_json(os.path.join(directory, SBERT_CONFIG_FILE),
               {'max_seq_length': embedding.max_seq_length, 'do_lower_case': False})
   _write_json(os.path.join(directory, ST_CONFIG_FILE),
@@ -176,7 +177,7 @@ def read_embedding(directory: str) -> Embedding | None:
   if kinds not in (['Transformer', 'Pooling'], ['Transformer', 'Pooling', 'Normalize']):
     raise CheckpointError(f'{directory} is a sentence-transformers folder with the modules {", ".join(kinds)}; '
                           'bert_jax reproduces Transformer, Pooling and an optional Normalize only')
-  pooling_config = _read_json(os.path.join(directory, str(modules[1].get('path', '')), hf.CONFIG_FILE))
+  pooling_config = _read_json(os.path.join(directory, str(modules[1].get('path', '')), model_dir.CONFIG_FILE))
   if not isinstance(pooling_config, dict):
     raise CheckpointError(f'{directory}: its pooling config is not a JSON object')
   if 'pooling_mode' in pooling_config:  # sentence-transformers 6

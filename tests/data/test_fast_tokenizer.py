@@ -12,14 +12,14 @@ import pytest
 
 from bert_jax.data import fast_tokenizer, masking, tokenization as tk
 from bert_jax.errors import DataError
-from bert_jax.interop import hf_tokenizer
+from bert_jax.interop.hf import tokenizer_json
 
 from helpers import modernbert_style_tokenizer
 
 transformers = pytest.importorskip('transformers')
 
 # Hidden-style texts on top of the SentencePiece export's probes (accents, CJK, emoji, whitespace, specials).
-HARD_TEXTS = list(hf_tokenizer.PROBE_TEXTS) + [
+HARD_TEXTS = list(tokenizer_json.PROBE_TEXTS) + [
     'def f(x):\n    return x ** 2  # squares', 'for (int i = 0; i < n; ++i) { a[i] = "s\\n"; }',
     'https://en.wikipedia.org/wiki/Caf%C3%A9?x=1&y=%20#top', 'the <mask> and [MASK][MASK] and [mask] and [SEP]x[CLS]',
     ' [MASK] leading, trailing [MASK] ', '[unused1] [PAD] [UNK] |||IP_ADDRESS||| <|padding|>', 'Ǆ ǅ ǆ ﬀ ℌ ℍ ①②③ ⅫⅣ',

@@ -147,7 +147,7 @@ def test_a_bad_row_is_reported_before_the_weights_are_read(tiny_checkpoint, tmp_
 
 
 def test_help_and_the_docstring_name_every_task_and_family():
-  from bert_jax.interop import hf  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import families  # pylint: disable=g-import-not-at-top
   with open(os.path.join(REPO, 'experiments', 'finetune.py'), encoding='utf-8') as f:
     doc = ast.get_docstring(ast.parse(f.read()))
   shown = run_main('finetune.py', '--help').stdout
@@ -156,7 +156,7 @@ def test_help_and_the_docstring_name_every_task_and_family():
       assert f' {task}' in text, task
     for name in ('GLUE', 'CoNLL-2003', 'SQuAD', 'your own files', 'retrieval'):
       assert name in text, name
-    for model_type in hf.MODEL_TYPES:  # the families init_checkpoint imports: bert, roberta, xlm-roberta, ...
+    for model_type in families.FAMILIES:  # the families init_checkpoint imports: bert, roberta, xlm-roberta, ...
       assert model_type in text.lower(), model_type
 
 

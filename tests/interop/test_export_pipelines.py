@@ -17,7 +17,7 @@ import pytest
 from bert_jax import inference
 from bert_jax.finetuning import finetune_run as finetuning
 from bert_jax.finetuning.tasks import conll, squad
-from bert_jax.interop import hf
+from bert_jax.interop.families import bert
 from bert_jax.interop.pretrained import load_finetuned, load_pretrained
 
 from helpers import (
@@ -247,4 +247,4 @@ def test_export_refuses_bad_fine_tuning_input(sst2_wordpiece, tiny_checkpoint, t
   line = _export(exported, str(tmp_path / 'again'))
   assert (line['architecture'], line['source']) == ('BertForSequenceClassification', 'hf')
   assert set(load_pretrained(str(tmp_path / 'again')).params) == {'bert'}
-  assert hf.read_hf_task(str(tmp_path / 'again')) == hf.read_hf_task(exported)
+  assert bert.read_hf_task(str(tmp_path / 'again')) == bert.read_hf_task(exported)

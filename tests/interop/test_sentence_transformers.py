@@ -33,7 +33,7 @@ def _st_embeddings(folder, **kwargs):
 
 
 def _bert_jax_embeddings(tmp_path, checkpoint, *flags):
-  """embed.py's sentence_embedding of TEXTS from `checkpoint`, and its result line."""
+  """embed.py's sentence_embedding of TEXTS from `model_dir`, and its result line."""
   texts = tmp_path / 'texts.txt'
   texts.write_text(''.join(t + '\n' for t in TEXTS), encoding='utf-8')
   out = tmp_path / f'emb{len(list(tmp_path.glob("emb*.npz")))}.npz'
@@ -144,14 +144,15 @@ def test_a_modernbert_shaped_encoder_exports(tmp_path):
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
   from bert_jax import config, inference  # pylint: disable=g-import-not-at-top
   from bert_jax.data import tokenization as tk  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import hf_files, pretrained  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop.hf import model_dir  # pylint: disable=g-import-not-at-top
   cfg = config.preset('tiny', vocab_size=64, num_layers=3, max_position_embeddings=40, attention_window=6,
                       global_attention_every=2, rope_theta=160000.0, use_bias=False, layer_norm_eps=1e-5,
                       norm_position='pre', position_embedding='rotary', mlp='geglu', type_vocab_size=0)
   rng = np.random.default_rng(0)
   params = traverse_util.unflatten_dict({
       path: (path[-1] == 'scale') + rng.normal(0, 0.1, shape).astype(np.float32)
-      for path, shape in hf_files.param_shapes(cfg).items() if path[0] == 'bert'})
+      for path, shape in model_dir.param_shapes(cfg).items() if path[0] == 'bert'})
   vocab = tmp_path / 'vocab'
   vocab.mkdir()
   (vocab / 'vocab.txt').write_text('\n'.join(tk.SPECIAL_TOKENS + ('what', 'is', 'the', 'apple', 'river', '?',

@@ -1,8 +1,8 @@
 """Architecture switches (ModelConfig): parameter trees and shapes per switch, the definitions each computes,
 masking (padding, packed segments, local windows) and the equivalences two settings must satisfy.
 
-Default BERT stays bit-identical (tests/interop/test_hf.py, tests/train/test_layouts.py); against
-transformers, the ModernBERT-shaped combination is checked in tests/interop/test_modernbert.py.
+Default BERT stays bit-identical (tests/interop/families/test_bert.py, tests/train/test_layouts.py); against
+transformers, the ModernBERT-shaped combination is checked in tests/interop/families/test_modernbert.py.
 """
 
 import dataclasses

@@ -16,7 +16,8 @@ import pytest
 
 from bert_jax import inference
 from bert_jax.finetuning import finetune_run as finetuning
-from bert_jax.interop import hf
+from bert_jax.interop import families
+from bert_jax.interop.hf import model_dir
 from bert_jax.interop.pretrained import load_pretrained
 from bert_jax.pretraining import init, pretrain_run as pretraining
 
@@ -72,8 +73,8 @@ def test_modernbert_shaped_pretrains_exports_and_finetunes(corpus, tmp_path):
   # Hugging Face ModernBERT: the NSP head and pooler stay behind; the encoder and MLM head reload exactly.
   trained = load_pretrained(workdir)
   export = str(tmp_path / 'hf')
-  hf.save_hf_checkpoint(export, trained.config, trained.params, trained.tokenizer)
-  with open(os.path.join(export, hf.CONFIG_FILE), encoding='utf-8') as f:
+  families.save_hf_checkpoint(export, trained.config, trained.params, trained.tokenizer)
+  with open(os.path.join(export, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     assert json.load(f)['architectures'] == ['ModernBertForMaskedLM']
   reloaded = load_pretrained(export)
   assert reloaded.config == dataclasses.replace(trained.config, scan_layers=False, remat_policy='none')

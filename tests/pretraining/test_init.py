@@ -14,7 +14,8 @@ import pytest
 from bert_jax import sharding
 from bert_jax.config import PretrainConfig
 from bert_jax.data import tokenization
-from bert_jax.interop import hf, pretrained
+from bert_jax.interop import families, pretrained
+from bert_jax.interop.hf import model_dir
 from bert_jax.pretraining import init, pretrain_run as pretraining
 from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
@@ -48,7 +49,7 @@ def hf_heads(tmp_path_factory):
   os.makedirs(directory)
   for name in ('config.json', 'model.safetensors'):
     shutil.copy(os.path.join(HEADS_FIXTURE, name), directory)
-  tokenization.train_sentencepiece(_sentences(), os.path.join(directory, hf.SPIECE_FILE), 128, lower_case=True)
+  tokenization.train_sentencepiece(_sentences(), os.path.join(directory, model_dir.SPIECE_FILE), 128, lower_case=True)
   return directory
 
 
@@ -76,9 +77,9 @@ def test_from_hugging_face_with_heads(small_corpus, tmp_path, hf_heads):
   resolved, source = init.resolve_init_checkpoint(cfg)
   m = resolved.model
   assert (m.vocab_size, m.hidden_size, m.num_layers, m.num_heads, m.max_position_embeddings) == (128, 32, 2, 4, 64)
-  assert resolved.data.tokenizer == os.path.join(hf_heads, hf.SPIECE_FILE)
+  assert resolved.data.tokenizer == os.path.join(hf_heads, model_dir.SPIECE_FILE)
   state = _model(resolved).init_state(init.initial_params(resolved, source), seed=resolved.seed)
-  _, reference, has_mlm, has_nsp = hf.load_hf_checkpoint(hf_heads)
+  _, reference, has_mlm, has_nsp = families.load_hf_checkpoint(hf_heads)
   assert has_mlm and has_nsp
   _assert_trees_equal(jax.device_get(state['params']), reference)  # encoder and both heads, exactly
   assert int(state['step']) == 0
@@ -99,7 +100,7 @@ def test_from_an_encoder_only_checkpoint_heads_are_fresh(small_corpus, tmp_path,
   assert resolved.model.vocab_size == 30522 and resolved.data.tokenizer == tiny_checkpoint  # its WordPiece
   model = _model(resolved)
   state = jax.device_get(model.init_state(init.initial_params(resolved, source), seed=resolved.seed))
-  _, reference, has_mlm, _ = hf.load_hf_checkpoint(tiny_checkpoint)
+  _, reference, has_mlm, _ = families.load_hf_checkpoint(tiny_checkpoint)
   assert not has_mlm
   _assert_trees_equal(state['params']['bert'], reference['bert'])
   fresh = jax.device_get(model.init_state())['params']
@@ -154,7 +155,7 @@ def test_from_a_fine_tuning_workdir(small_corpus, tmp_path, tiny_checkpoint):
                                       max_seq_length=32, batch_size=16, num_train_steps=3, max_train_samples=48,
                                       learning_rate=1e-2), tuned)
   encoder, step = pretrained.describe(tuned).params()
-  _, original, _, _ = hf.load_hf_checkpoint(tiny_checkpoint)
+  _, original, _, _ = families.load_hf_checkpoint(tiny_checkpoint)
   assert step == 3 and not np.array_equal(encoder['bert']['pooler']['kernel'], original['bert']['pooler']['kernel'])
   cfg = tiny_config(small_corpus, str(tmp_path / 'cache'), init_checkpoint=tuned)
   resolved, source = init.resolve_init_checkpoint(cfg)
@@ -176,7 +177,7 @@ def test_bad_input_is_one_error_line_and_writes_nothing(case, small_corpus, tmp_
   if case == 'vocab_size':  # a directory whose tokenizer is larger than its embeddings
     source = str(tmp_path / 'bigger_vocab')
     shutil.copytree(hf_heads, source)
-    shutil.copy(other, os.path.join(source, hf.SPIECE_FILE))
+    shutil.copy(other, os.path.join(source, model_dir.SPIECE_FILE))
   extra, pattern = {
       'architecture': (['--config.model.hidden_size=64'], 'fixes the architecture, but model.hidden_size=64'),
       'positions': (['--config.data.max_seq_length=128'], 'exceeds model.max_position_embeddings=64 of init_checkpoint'),

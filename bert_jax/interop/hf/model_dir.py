@@ -1,5 +1,5 @@
-"""What every Hugging Face checkpoint directory shares, for the BERT (`hf`) and ModernBERT (`modernbert`)
-name tables: file names, reading config.json and safetensors tensors, preparing an output directory, and our
+"""What every Hugging Face checkpoint directory shares, for every family (`interop.families`): file names,
+reading config.json, safetensors tensors and the shipped tokenizer, preparing an output directory, and our
 parameter shapes for a config."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from safetensors import SafetensorError, numpy as st_numpy, safe_open as st_safe
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax import files
-from bert_jax.errors import CheckpointError
+from bert_jax.errors import CheckpointError, DataError
 from bert_jax.files import check_regular
-from bert_jax.interop import hf_tokenizer
+from bert_jax.interop.hf import tokenizer_json
 from bert_jax.model.heads import BertForPreTraining, head_model
 
 CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE = 'config.json', 'model.safetensors', 'model.safetensors.index.json'
@@ -108,6 +108,25 @@ def hf_class(directory: str) -> str:
 
 
 
+def load_hf_tokenizer(directory: str):
+  """The tokenizer shipped in a checkpoint directory.
+
+  Args:
+    directory: holds spiece.model (a SentencePiece model bert_jax exported; its tokenizer.json is
+      only the conversion for transformers), or else tokenizer.json (any model: WordPiece, BPE, Unigram) or
+      vocab.txt (WordPiece).
+
+  Returns:
+    A SentencePieceTokenizer or FastTokenizer; DataError when there is no vocabulary or a special token lacks.
+  """
+  if files.isfile(os.path.join(directory, SPIECE_FILE)):
+    return tokenization.SentencePieceTokenizer(os.path.join(directory, SPIECE_FILE))
+  if any(files.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
+    return tokenization.WordPieceTokenizer.from_directory(directory)
+  raise DataError(f'{directory} has no vocabulary (tokenizer.json, vocab.txt or {SPIECE_FILE}); '
+                  'copy the tokenizer files of the checkpoint into it')
+
+
 @functools.lru_cache(maxsize=8)
 def param_shapes(cfg: ModelConfig, num_labels: int = 2) -> dict[ParamPath, tuple]:
   """Our parameter shapes for `cfg` (and a classifier of `num_labels`), from the model code itself
@@ -166,7 +185,7 @@ class TokenizerExport:
   """A tokenizer checked for export before anything is written; `write` adds its files beside the weights.
 
   A Hugging Face tokenizer is written as transformers' own files (its tokenizer.json as read); SentencePiece as spiece.model (read now: an in-place export's
-  directory is emptied first) plus the tokenizer.json transformers runs with the same ids (`hf_tokenizer`).
+  directory is emptied first) plus the tokenizer.json transformers runs with the same ids (`tokenizer_json`).
   """
 
   tokenizer: Any
@@ -185,8 +204,8 @@ class TokenizerExport:
                             f'model only {cfg.vocab_size} embeddings; export the matching tokenizer')
     if isinstance(tokenizer, tokenization.WordPieceTokenizer):
       return cls(tokenizer)
-    fast = hf_tokenizer.sentencepiece_to_tokenizers(tokenizer)  # DataError: not convertible
-    hf_tokenizer.check_exact(tokenizer, fast)  # DataError: other ids than ours
+    fast = tokenizer_json.sentencepiece_to_tokenizers(tokenizer)  # DataError: not convertible
+    tokenizer_json.check_exact(tokenizer, fast)  # DataError: other ids than ours
     with files.open(tokenizer.path, 'rb') as f:
       return cls(tokenizer, f.read(), fast)
 
@@ -196,5 +215,5 @@ class TokenizerExport:
       return
     with files.open(os.path.join(directory, SPIECE_FILE), 'wb') as f:
       f.write(self.spiece)
-    hf_tokenizer.save_for_transformers(self.tokenizer, directory, model_max_length=model_max_length, fast=self.fast,
-                                       token_types=token_types)
+    tokenizer_json.save_for_transformers(self.tokenizer, directory, model_max_length=model_max_length, fast=self.fast,
+                                         token_types=token_types)

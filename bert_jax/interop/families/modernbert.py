@@ -5,10 +5,10 @@ rotary positions, a GeGLU MLP and no token type embeddings, with biases or witho
 pattern of global and local-window layers that bert_jax expresses (global at 0, N, 2N, ...).
 Such a model exports as transformers' ModernBertForMaskedLM (ModernBertModel without an MLM
 head) and imports back bit-exactly; transformers computes the same function (parity tests in
-tests/interop/test_modernbert.py, fixture from data/make_hf_modernbert_reference.py). A BERT-shaped
-config (the defaults) exports as BertForPreTraining & co (`interop.hf`); every other combination
-of switches has no Hugging Face architecture and exports as bert_jax only: `hf_architecture`
-says so in one line.
+tests/interop/families/test_modernbert.py, fixture from data/make_hf_modernbert_reference.py). A BERT-shaped
+config (the defaults) exports as BertForPreTraining & co (`families.bert`); every other combination
+of switches has no Hugging Face architecture and exports as bert_jax only: `families.hf_model_type`
+says so in one line. A fine-tuned ModernBERT exports as bert_jax only: ModernBERT's task heads are not ours.
 
 Correspondence with transformers' ModernBERT (modeling_modernbert.py):
   embeddings.tok_embeddings, embeddings.norm   word_embeddings, the embeddings' layer_norm
@@ -41,12 +41,11 @@ from bert_jax import files
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
-from bert_jax.interop import hf_files
+from bert_jax.interop.hf import model_dir
 from bert_jax.runs import reporting
 
-# The switches that make a config ModernBERT-shaped, and BERT-shaped (what interop.hf exports).
+# The switches that make a config ModernBERT-shaped.
 MODERNBERT_SHAPE = dict(norm_position='pre', position_embedding='rotary', mlp='geglu', type_vocab_size=0)
-BERT_SHAPE = dict(norm_position='post', position_embedding='learned', mlp='gelu', use_bias=True, attention_window=0)
 
 # ModernBertConfig's defaults (transformers 5.x), for keys a config.json leaves out.
 _HF_DEFAULTS = dict(vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=22,
@@ -62,31 +61,10 @@ _FULL, _SLIDING = 'full_attention', 'sliding_attention'
 ParamPath = tuple
 
 
-def hf_architecture(cfg: ModelConfig) -> str:
-  """'bert' or 'modernbert': the Hugging Face architecture `cfg` exports as.
-
-  Raises:
-    CheckpointError: neither (one line naming the switches that differ from each).
-  """
-  def differs(shape):
-    return [f'{k}={getattr(cfg, k)!r}' for k, v in shape.items() if getattr(cfg, k) != v]
-
-  bert = differs(BERT_SHAPE)
-  if not bert:  # DistilBERT without token types, ELECTRA with an embedding_size: hf.hf_model_type
-    return 'bert'
-  modern = differs(MODERNBERT_SHAPE)
-  if not modern and not cfg.embedding_size:
-    return 'modernbert'
-  modern += [f'embedding_size={cfg.embedding_size}'] if cfg.embedding_size else []
-  raise CheckpointError(
-      f'this architecture exports as bert_jax only: Hugging Face has BERT, DistilBERT and ELECTRA '
-      f'({describe_shape(BERT_SHAPE)}; this model has {", ".join(bert)}) and ModernBERT '
-      f'({describe_shape(MODERNBERT_SHAPE)}; this model has {", ".join(modern)}); keep the bert_jax workdir, or '
-      'train one of those shapes')
-
-
-def describe_shape(shape: dict[str, Any]) -> str:
-  return ', '.join(f'{k}={v!r}' for k, v in shape.items())
+def exports(cfg: ModelConfig) -> bool:
+  """Whether `cfg` exports as ModernBERT: ModernBERT-shaped (`MODERNBERT_SHAPE`, any biases and attention windows)
+  without ELECTRA's embedding_size."""
+  return all(getattr(cfg, k) == v for k, v in MODERNBERT_SHAPE.items()) and not cfg.embedding_size
 
 
 # --- the name table --------------------------------------------------------------------------
@@ -268,33 +246,33 @@ def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict
   """Reads a ModernBertModel or ModernBertForMaskedLM directory whose config.json gave `cfg`.
 
   Returns:
-    (config, params, has_mlm_head, False) as `hf.load_hf_checkpoint`: `params` shaped like a
+    (config, params, has_mlm_head, False) as `families.load_hf_checkpoint`: `params` shaped like a
     ModernBERT-shaped BertForPreTraining's ('bert', and 'mlm' with a masked-LM head), its pooler zeros.
   """
-  tensors = hf_files.read_tensors(directory)
+  tensors = model_dir.read_tensors(directory)
   prefix = 'model.' if any(n.startswith('model.') for n in tensors) else ''
-  table, shapes = _name_table(cfg), hf_files.param_shapes(cfg)
+  table, shapes = _name_table(cfg), model_dir.param_shapes(cfg)
   words = tensors.get(prefix + 'embeddings.tok_embeddings.weight')
   decoder = tensors.get(_DECODER_WEIGHT)
   if decoder is not None and (words is None or decoder.shape != words.shape or not np.array_equal(decoder, words)):
     raise CheckpointError(f'{directory}: {_DECODER_WEIGHT} differs from {prefix}embeddings.tok_embeddings.weight; '
                           'bert_jax ties the MLM decoder to them, so an untied decoder cannot be imported')
   has_mlm = any(e.group == 'mlm' and e.hf_name in tensors for e in table)
-  with files.open(os.path.join(directory, hf_files.CONFIG_FILE), encoding='utf-8') as f:
+  with files.open(os.path.join(directory, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     decoder_bias = json.load(f).get('decoder_bias', True)
   wanted = [e for e in table if e.group == 'bert' or has_mlm]
   zero_decoder_bias = has_mlm and not decoder_bias  # decoder_bias=false: the same function with zeros
   missing = [_hf_name(e, prefix) for e in wanted if _hf_name(e, prefix) not in tensors
              and not (zero_decoder_bias and e.hf_name == 'decoder.bias')]
   if missing:
-    raise CheckpointError(f'{directory}/{hf_files.WEIGHTS_FILE} lacks {len(missing)} tensor(s) a {cfg.num_layers}-layer '
-                          f'ModernBERT{" (biases on)" if cfg.use_bias else ""} needs: {hf_files.some(missing)}')
+    raise CheckpointError(f'{directory}/{model_dir.WEIGHTS_FILE} lacks {len(missing)} tensor(s) a '
+                          f'{cfg.num_layers}-layer ModernBERT{" (biases on)" if cfg.use_bias else ""} needs: {model_dir.some(missing)}')
   known = {_hf_name(e, prefix) for e in table} | {_DECODER_WEIGHT}
   unknown = sorted(n for n in tensors if n not in known)
   if unknown:
-    raise CheckpointError(f'{directory}/{hf_files.WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer ModernBERT '
-                          f'with a masked-LM head lacks: {hf_files.some(unknown)}; bert_jax imports ModernBertModel and '
-                          'ModernBertForMaskedLM checkpoints')
+    raise CheckpointError(f'{directory}/{model_dir.WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer '
+                          f'ModernBERT with a masked-LM head lacks: {model_dir.some(unknown)}; bert_jax imports '
+                          'ModernBertModel and ModernBertForMaskedLM checkpoints')
   flat = {}
   for e in wanted:
     our_shapes = [shapes[p] for p in e.paths]
@@ -319,10 +297,15 @@ def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict
 # --- export ----------------------------------------------------------------------------------
 
 
-def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False) -> None:
+def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
+                    task=None) -> None:
   """Writes a ModernBERT-shaped model as a Hugging Face ModernBertForMaskedLM directory (ModernBertModel
   without an MLM head) that transformers loads and that reloads bit-exactly; arguments as
-  `hf.save_hf_checkpoint`. The pooler and an NSP head are left out (ModernBERT has neither)."""
+  `families.save_hf_checkpoint`. The pooler and an NSP head are left out (ModernBERT has neither); a fine-tuned
+  model (`task`) is refused."""
+  if task is not None:
+    raise CheckpointError('a fine-tuned modernbert model exports as bert_jax only: ModernBERT\'s task heads (dense, '
+                          'activation, LayerNorm) are not the heads bert_jax trains')
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
@@ -332,19 +315,19 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
   flat = {p: x for p, x in flat.items() if p[0] != 'nsp' and p[:2] != ('bert', 'pooler')}
   with_mlm = any(p[0] == 'mlm' for p in flat)
   table = [e for e in _name_table(cfg) if e.group == 'bert' or with_mlm]
-  shapes = hf_files.param_shapes(cfg)
-  hf_files.check_params(flat, {p for e in table for p in e.paths}, shapes,
-                        f"a {cfg.num_layers}-layer ModernBERT with a masked-LM head; pass {{'bert': params['bert']}} "
-                        "(plus 'mlm') to export the encoder")
-  tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
+  shapes = model_dir.param_shapes(cfg)
+  model_dir.check_params(flat, {p for e in table for p in e.paths}, shapes,
+                          f"a {cfg.num_layers}-layer ModernBERT with a masked-LM head; pass {{'bert': params['bert']}} "
+                          "(plus 'mlm') to export the encoder")
+  tokenizer_files = model_dir.TokenizerExport.check(tokenizer, cfg)
 
-  hf_files.prepare_directory(directory, overwrite)
+  model_dir.prepare_directory(directory, overwrite)
   prefix = 'model.' if with_mlm else ''
   host = {p: np.asarray(jax.device_get(x), np.float32) for p, x in flat.items()}
   tensors = {_hf_name(e, prefix): np.ascontiguousarray(e.to_hf([host[p] for p in e.paths])) for e in table}
-  st_numpy.save_file(tensors, os.path.join(directory, hf_files.WEIGHTS_FILE), metadata={'format': 'pt'})
+  st_numpy.save_file(tensors, os.path.join(directory, model_dir.WEIGHTS_FILE), metadata={'format': 'pt'})
   config = _hf_config(cfg, with_mlm, tokenizer)
   if tokenizer_files is not None:
     tokenizer_files.write(directory, cfg.max_position_embeddings, token_types=False)
-  with files.open(os.path.join(directory, hf_files.CONFIG_FILE), 'w', encoding='utf-8') as f:
+  with files.open(os.path.join(directory, model_dir.CONFIG_FILE), 'w', encoding='utf-8') as f:
     json.dump(config, f, indent=2, sort_keys=True)

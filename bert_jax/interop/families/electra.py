@@ -3,7 +3,7 @@ generator): BERT's layers and names, embeddings of their own width (`model.embed
 hidden size (`embeddings_project`) when the two differ, and no pooler.
 
 An imported config keeps ELECTRA's embedding_size even when it equals hidden_size (electra-base): a config with
-embedding_size > 0 exports as ELECTRA (`hf.hf_model_type`). The discriminator head (`discriminator_predictions`)
+embedding_size > 0 exports as ELECTRA (`exports`). The discriminator head (`discriminator_predictions`)
 is imported as params['discriminator'] and exported back (ElectraForPreTraining); bert_jax does not train it.
 ElectraForMaskedLM's head is our MLM head (dense to embedding_size, GELU, LayerNorm, the tied word embeddings).
 
@@ -21,8 +21,8 @@ from typing import Any
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
-from bert_jax.interop import hf_family
-from bert_jax.interop.hf_names import SAME, Entry, bert_encoder_table, check_bert_layers, check_tied, dense, norm
+from bert_jax.interop.hf import bert_layout
+from bert_jax.interop.hf.name_tables import SAME, Entry, bert_encoder_table, check_bert_layers, check_tied, dense, norm
 
 # ElectraConfig's defaults, for keys a config.json leaves out.
 _HF_DEFAULTS = dict(vocab_size=30522, embedding_size=128, hidden_size=256, num_hidden_layers=12,
@@ -51,12 +51,17 @@ def _discriminator_shapes(cfg: ModelConfig) -> dict:
           ('discriminator', 'prediction', 'kernel'): (d, 1), ('discriminator', 'prediction', 'bias'): (1,)}
 
 
-FAMILY = hf_family.Family(
+FAMILY = bert_layout.Family(
     name='ELECTRA', prefix='electra.', table=_table, decoder='generator_lm_head.weight',
     words='embeddings.word_embeddings.weight', extra_shapes=_discriminator_shapes,
     classes={frozenset(): 'ElectraModel', frozenset({'mlm'}): 'ElectraForMaskedLM',
              frozenset({'discriminator'}): 'ElectraForPreTraining'},
     stem='Electra', sequence_head=('classifier.dense', 'classifier.out_proj'), pooler_activation='gelu')
+
+
+def exports(cfg: ModelConfig) -> bool:
+  """Whether `cfg` exports as ELECTRA: BERT-shaped with an embedding_size, without a position_offset."""
+  return bert_layout.bert_shaped(cfg) and bool(cfg.embedding_size) and not cfg.position_offset
 
 
 def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
@@ -94,10 +99,10 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def load_checkpoint(directory: str, cfg: ModelConfig):
-  return hf_family.load(directory, cfg, FAMILY)
+  return bert_layout.load(directory, cfg, FAMILY)
 
 
 def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
                     task=None) -> None:
   check_exportable(cfg)
-  hf_family.save(directory, cfg, params, tokenizer, FAMILY, hf_config, overwrite=overwrite, task=task)
+  bert_layout.save(directory, cfg, params, tokenizer, FAMILY, hf_config, overwrite=overwrite, task=task)

@@ -1,4 +1,4 @@
-"""bert_jax.interop.modernbert: ModernBERT-shaped models import from and export to transformers' ModernBERT.
+"""bert_jax.interop.families.modernbert: ModernBERT-shaped models import from and export to transformers' ModernBERT.
 
 The reference (tests/fixtures/hf_modernbert) is a random ModernBertForMaskedLM with transformers'
 logits on a padded batch (data/make_hf_modernbert_reference.py), checked where transformers is
@@ -20,7 +20,9 @@ from safetensors import numpy as st_numpy
 from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError
-from bert_jax.interop import hf, hf_files, modernbert
+from bert_jax.interop import families
+from bert_jax.interop.families import modernbert
+from bert_jax.interop.hf import model_dir
 from bert_jax.model import heads
 
 from helpers import FIXTURES, model_tolerance
@@ -40,7 +42,7 @@ def _random_params(cfg, seed=0, nsp=False):
   """Pure params of a BertForPreTraining, all random: LayerNorm scales 1 + N(0, 0.1), the rest N(0, 0.1)."""
   rng = np.random.default_rng(seed)
   flat = {path: (path[-1] == 'scale') + rng.normal(0, 0.1, shape).astype(np.float32)
-          for path, shape in hf_files.param_shapes(cfg).items() if path[0] in ('bert', 'mlm') or nsp and path[0] == 'nsp'}
+          for path, shape in model_dir.param_shapes(cfg).items() if path[0] in ('bert', 'mlm') or nsp and path[0] == 'nsp'}
   return traverse_util.unflatten_dict(flat)
 
 
@@ -90,7 +92,7 @@ def _one_line(excinfo):
 def test_name_table_covers_every_parameter_but_the_pooler_once(use_bias):
   cfg = _modern_cfg(use_bias=use_bias)
   table = modernbert._name_table(cfg)  # pylint: disable=protected-access
-  shapes = hf_files.param_shapes(cfg)
+  shapes = model_dir.param_shapes(cfg)
   paths = [p for e in table for p in e.paths]
   assert sorted(map(str, paths)) == sorted(str(p) for p in shapes if p[:2] != ('bert', 'pooler') and p[0] in ('bert', 'mlm'))
   names = [e.hf_name for e in table]
@@ -103,13 +105,13 @@ def test_name_table_covers_every_parameter_but_the_pooler_once(use_bias):
 
 
 def test_architecture_decides_the_export():
-  assert modernbert.hf_architecture(config.preset('tiny')) == 'bert'
+  assert not modernbert.exports(config.preset('tiny'))
   # BERT-shaped: without token types DistilBERT, with an embedding size ELECTRA.
-  assert [hf.hf_model_type(config.preset('tiny', **o)) for o in ({}, dict(type_vocab_size=0), dict(embedding_size=32))
-          ] == ['bert', 'distilbert', 'electra']
-  assert hf.hf_model_type(_modern_cfg()) == 'modernbert'
-  assert modernbert.hf_architecture(_modern_cfg()) == 'modernbert'
-  assert modernbert.hf_architecture(_modern_cfg(use_bias=True, attention_window=0, global_attention_every=0)) == (
+  assert [families.hf_model_type(config.preset('tiny', **o))
+          for o in ({}, dict(type_vocab_size=0), dict(embedding_size=32))] == ['bert', 'distilbert', 'electra']
+  assert families.hf_model_type(_modern_cfg()) == 'modernbert'
+  assert modernbert.exports(_modern_cfg())
+  assert families.hf_model_type(_modern_cfg(use_bias=True, attention_window=0, global_attention_every=0)) == (
       'modernbert')
 
 
@@ -118,7 +120,7 @@ def test_modernbert_matches_transformers(explicit_mask, record_property):
   """MLM logits of a random ModernBertForMaskedLM (3 layers, global / local window 8 / global, RoPE bases
   160000 and 10000, no biases) equal transformers' at the real positions of a padded batch longer than the
   window. Without a mask, the default from [PAD] gives the same logits."""
-  cfg, params, has_mlm, has_nsp = hf.load_hf_checkpoint(FIXTURE)
+  cfg, params, has_mlm, has_nsp = families.load_hf_checkpoint(FIXTURE)
   assert has_mlm and not has_nsp and set(params) == {'bert', 'mlm'}
   assert (cfg.norm_position, cfg.position_embedding, cfg.mlp, cfg.type_vocab_size, cfg.use_bias) == (
       'pre', 'rotary', 'geglu', 0, False)
@@ -137,17 +139,17 @@ def test_modernbert_matches_transformers(explicit_mask, record_property):
 
 def test_export_import_round_trip_is_bit_exact(tmp_path):
   """The fixture imports, exports to the very tensors transformers saved, and imports back bit-exactly."""
-  cfg, params, _, _ = hf.load_hf_checkpoint(FIXTURE)
+  cfg, params, _, _ = families.load_hf_checkpoint(FIXTURE)
   out = str(tmp_path / 'export')
-  hf.save_hf_checkpoint(out, cfg, params)
-  theirs, ours = (st_numpy.load_file(os.path.join(d, hf.WEIGHTS_FILE)) for d in (FIXTURE, out))
+  families.save_hf_checkpoint(out, cfg, params)
+  theirs, ours = (st_numpy.load_file(os.path.join(d, model_dir.WEIGHTS_FILE)) for d in (FIXTURE, out))
   assert sorted(ours) == sorted(theirs)
   for name in theirs:
     assert np.array_equal(ours[name], theirs[name]), name
-  with open(os.path.join(out, hf.CONFIG_FILE), encoding='utf-8') as f:
+  with open(os.path.join(out, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     exported = json.load(f)
   assert exported['architectures'] == ['ModernBertForMaskedLM'] and exported['model_type'] == 'modernbert'
-  cfg2, params2, has_mlm, _ = hf.load_hf_checkpoint(out)
+  cfg2, params2, has_mlm, _ = families.load_hf_checkpoint(out)
   assert cfg2 == cfg and has_mlm
   _assert_trees_identical(params, params2)
 
@@ -161,16 +163,16 @@ def test_random_model_round_trip_with_a_tokenizer(tmp_path, use_bias):
   (directory / 'vocab.txt').write_text('\n'.join(tk.SPECIAL_TOKENS + ('the', 'cat', '##s')) + '\n')
   tokenizer = tk.WordPieceTokenizer.from_directory(str(directory))
   out = str(tmp_path / 'export')
-  hf.save_hf_checkpoint(out, cfg, params, tokenizer)  # the NSP head and the pooler are left out, with a warning
-  cfg2, params2, has_mlm, has_nsp = hf.load_hf_checkpoint(out)
+  families.save_hf_checkpoint(out, cfg, params, tokenizer)  # the NSP head and the pooler are left out, with a warning
+  cfg2, params2, has_mlm, has_nsp = families.load_hf_checkpoint(out)
   assert cfg2 == cfg and has_mlm and not has_nsp
   params.pop('nsp')
   params['bert']['pooler'] = jax.tree.map(np.zeros_like, params['bert']['pooler'])
   _assert_trees_identical(params, params2)
-  assert hf.load_hf_tokenizer(out).encode('the cats') == tokenizer.encode('the cats')
+  assert model_dir.load_hf_tokenizer(out).encode('the cats') == tokenizer.encode('the cats')
   # An encoder alone exports as ModernBertModel and imports without the head.
-  hf.save_hf_checkpoint(str(tmp_path / 'encoder'), cfg, {'bert': params['bert']})
-  _, encoder, has_mlm, _ = hf.load_hf_checkpoint(str(tmp_path / 'encoder'))
+  families.save_hf_checkpoint(str(tmp_path / 'encoder'), cfg, {'bert': params['bert']})
+  _, encoder, has_mlm, _ = families.load_hf_checkpoint(str(tmp_path / 'encoder'))
   assert not has_mlm and set(encoder) == {'bert'}
   _assert_trees_identical({'bert': params['bert']}, encoder)
 
@@ -189,7 +191,7 @@ def test_other_architectures_export_as_bert_jax_only(tmp_path, overrides):
   cfg = config.preset('tiny', vocab_size=64, **overrides)
   params = _random_params(cfg)  # the refusal comes first, whatever the parameters
   with pytest.raises(CheckpointError, match='this architecture exports as bert_jax only') as e:
-    hf.save_hf_checkpoint(str(tmp_path / 'out'), cfg, params)
+    families.save_hf_checkpoint(str(tmp_path / 'out'), cfg, params)
   message = _one_line(e)
   assert 'Hugging Face has BERT' in message and 'ModernBERT' in message
   assert not os.path.exists(tmp_path / 'out')  # refused before writing anything
@@ -213,14 +215,14 @@ def _variant(tmp_path, name, config_changes=None, edit=None):
   d = str(tmp_path / name)
   shutil.copytree(FIXTURE, d)
   if config_changes:
-    path = os.path.join(d, hf.CONFIG_FILE)
+    path = os.path.join(d, model_dir.CONFIG_FILE)
     with open(path, encoding='utf-8') as f:
       cfg = json.load(f)
     cfg.update(config_changes)
     with open(path, 'w', encoding='utf-8') as f:
       json.dump(cfg, f)
   if edit:
-    path = os.path.join(d, hf.WEIGHTS_FILE)
+    path = os.path.join(d, model_dir.WEIGHTS_FILE)
     tensors = st_numpy.load_file(path)
     edit(tensors)
     st_numpy.save_file(tensors, path, metadata={'format': 'pt'})
@@ -240,31 +242,31 @@ def _variant(tmp_path, name, config_changes=None, edit=None):
 ])
 def test_bad_modernbert_configs_are_one_line(tmp_path, changes, pattern):
   with pytest.raises(CheckpointError, match=pattern) as e:
-    hf.load_hf_checkpoint(_variant(tmp_path, 'bad', changes))
+    families.load_hf_checkpoint(_variant(tmp_path, 'bad', changes))
   _one_line(e)
 
 
 def test_bad_modernbert_weights_are_one_line(tmp_path):
   missing = _variant(tmp_path, 'missing', edit=lambda t: t.pop('model.layers.1.attn_norm.weight'))
   with pytest.raises(CheckpointError, match='lacks 1 tensor.*3-layer ModernBERT needs: model.layers.1.attn_norm'):
-    hf.load_hf_checkpoint(missing)
+    families.load_hf_checkpoint(missing)
   extra = _variant(tmp_path, 'extra', edit=lambda t: t.update({'model.layers.0.attn_norm.weight': np.ones(64, 'f4')}))
   with pytest.raises(CheckpointError, match='lacks: model.layers.0.attn_norm.weight; bert_jax imports ModernBertModel'):
-    hf.load_hf_checkpoint(extra)
+    families.load_hf_checkpoint(extra)
   biased = _variant(tmp_path, 'biased', dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True))
   with pytest.raises(CheckpointError, match=r'\(biases on\) needs: model.embeddings.norm.bias'):
-    hf.load_hf_checkpoint(biased)
+    families.load_hf_checkpoint(biased)
   untied = _variant(tmp_path, 'untied', edit=lambda t: t.update({'decoder.weight': np.zeros((96, 64), 'f4')}))
   with pytest.raises(CheckpointError, match='decoder.weight differs from model.embeddings.tok_embeddings.weight'):
-    hf.load_hf_checkpoint(untied)
+    families.load_hf_checkpoint(untied)
   shape = _variant(tmp_path, 'shape', edit=lambda t: t.update({'model.layers.2.mlp.Wi.weight': np.zeros((64, 64), 'f4')}))
   with pytest.raises(CheckpointError, match=r'model.layers.2.mlp.Wi.weight has shape \(64, 64\) but config.json '
                      r'implies \(128, 64\)') as e:
-    hf.load_hf_checkpoint(shape)
+    families.load_hf_checkpoint(shape)
   _one_line(e)
   # decoder_bias=false: the same function with a zero bias.
   no_bias = _variant(tmp_path, 'no_decoder_bias', dict(decoder_bias=False), edit=lambda t: t.pop('decoder.bias'))
-  _, params, _, _ = hf.load_hf_checkpoint(no_bias)
+  _, params, _, _ = families.load_hf_checkpoint(no_bias)
   assert not np.any(params['mlm']['bias'])
 
 
@@ -288,7 +290,7 @@ def test_transformers_loads_the_export(tmp_path, overrides):
   cfg = _modern_cfg(**overrides)
   params = _random_params(cfg)
   out = str(tmp_path / 'export')
-  hf.save_hf_checkpoint(out, cfg, params)
+  families.save_hf_checkpoint(out, cfg, params)
   ids, mask = _padded_batch()
   inputs = dict(input_ids=torch.from_numpy(ids.astype(np.int64)), attention_mask=torch.from_numpy(mask.astype(np.int64)))
   real = mask == 1
@@ -298,7 +300,7 @@ def test_transformers_loads_the_export(tmp_path, overrides):
     theirs = mlm.eval()(**inputs).logits.numpy()
   ours = _all_logits(cfg, params, ids, mask)
   assert np.abs(theirs[real] - ours[real]).max() <= model_tolerance(cfg, np.abs(theirs[real]).max())
-  hf.save_hf_checkpoint(str(tmp_path / 'encoder'), cfg, {'bert': params['bert']})
+  families.save_hf_checkpoint(str(tmp_path / 'encoder'), cfg, {'bert': params['bert']})
   encoder = transformers.ModernBertModel.from_pretrained(str(tmp_path / 'encoder')).eval()
   with torch.no_grad():
     theirs = encoder(**inputs).last_hidden_state.numpy()
@@ -322,7 +324,7 @@ def test_transformers_modernbert_with_biases_imports(tmp_path):
       if name.endswith('bias') or 'norm' in name:
         p.add_(0.1 * torch.randn_like(p))
   model.save_pretrained(str(tmp_path / 'hf'))
-  cfg, params, _, _ = hf.load_hf_checkpoint(str(tmp_path / 'hf'))
+  cfg, params, _, _ = families.load_hf_checkpoint(str(tmp_path / 'hf'))
   assert cfg.use_bias and cfg.layer_windows == (0, 10, 10, 0) and (cfg.rope_theta, cfg.local_rope_theta) == (
       5000.0, 700.0)
   ids, mask = _padded_batch()

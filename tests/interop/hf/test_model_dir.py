@@ -1,5 +1,5 @@
 """A Hugging Face directory's safetensors files: a truncated or garbled one is refused from its header
-(`hf_files.check_weights`), and a run starting from it says so in one line before it writes anything."""
+(`model_dir.check_weights`), and a run starting from it says so in one line before it writes anything."""
 
 import json
 import os
@@ -8,15 +8,15 @@ import shutil
 import pytest
 
 from bert_jax.errors import CheckpointError
-from bert_jax.interop import hf_files
+from bert_jax.interop.hf import model_dir
 
 from helpers import assert_one_line_error, run_main, tree_digest, write_retrieval_data, write_small_corpus
 
 
 def _truncated(checkpoint: str, directory) -> str:
-  """A copy of `checkpoint` whose model.safetensors lost all but its first 10,000 bytes (a broken download)."""
+  """A copy of `model_dir` whose model.safetensors lost all but its first 10,000 bytes (a broken download)."""
   shutil.copytree(checkpoint, directory)
-  path = os.path.join(directory, hf_files.WEIGHTS_FILE)
+  path = os.path.join(directory, model_dir.WEIGHTS_FILE)
   with open(path, 'rb') as f:
     head = f.read(10_000)
   with open(path, 'wb') as f:
@@ -25,15 +25,15 @@ def _truncated(checkpoint: str, directory) -> str:
 
 
 def test_check_weights_reads_the_headers(tiny_checkpoint, tmp_path):
-  hf_files.check_weights(tiny_checkpoint)  # whole
+  model_dir.check_weights(tiny_checkpoint)  # whole
   broken = _truncated(tiny_checkpoint, tmp_path / 'truncated')
   with pytest.raises(CheckpointError, match='model.safetensors cannot be read as safetensors .*not fully covered'):
-    hf_files.check_weights(broken)
+    model_dir.check_weights(broken)
   sharded = tmp_path / 'sharded'  # an index naming a shard that is not there
   sharded.mkdir()
-  (sharded / hf_files.INDEX_FILE).write_text(json.dumps({'weight_map': {'a': 'model-00001-of-00002.safetensors'}}))
+  (sharded / model_dir.INDEX_FILE).write_text(json.dumps({'weight_map': {'a': 'model-00001-of-00002.safetensors'}}))
   with pytest.raises(CheckpointError, match='model-00001-of-00002.safetensors cannot be read as safetensors'):
-    hf_files.check_weights(str(sharded))
+    model_dir.check_weights(str(sharded))
 
 
 @pytest.mark.parametrize('entry', ['pretrain', 'finetune', 'retrieval'])

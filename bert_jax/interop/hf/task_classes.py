@@ -1,7 +1,7 @@
 """What a fine-tuned model's export says of its task, for every Hugging Face family: the transformers class of
 each head kind (`<Family>ForSequenceClassification`, ...), the head it has, and config.json's task keys (id2label,
-label2id, problem_type, finetuning_task). `hf` (BERT) and `hf_family` (DistilBERT, ELECTRA, RoBERTa/XLM-R) both
-read it."""
+label2id, problem_type, finetuning_task). `families.bert` and `bert_layout` (DistilBERT, ELECTRA,
+RoBERTa/XLM-R) both read it."""
 
 from __future__ import annotations
 

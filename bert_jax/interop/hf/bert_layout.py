@@ -1,6 +1,7 @@
-"""Import and export of the BERT-layout families other than BERT itself (`distilbert`, `electra`, `roberta`),
-from one description each (`Family`): their name table (`hf_names` entries), the prefix their models with heads
-add, the tied MLM decoder they may store, and the transformers classes by heads.
+"""BERT's layout (`BERT_SHAPE`: the architecture switches of BERT and of every family here), and the import and
+export of the BERT-layout families other than BERT itself (`families.distilbert`, `electra`, `roberta`), from one
+description each (`Family`): their name table (`name_tables` entries), the prefix their models with heads add, the
+tied MLM decoder they may store, and the transformers classes by heads.
 
 DistilBERT and ELECTRA have no pooler, RoBERTa's has one in RobertaModel only: an import without one gets a pooler
 of zeros (with a warning, as a BertForMaskedLM import's), and an export leaves it out unless its class has one
@@ -24,10 +25,19 @@ from safetensors import numpy as st_numpy
 from bert_jax import files
 from bert_jax.config import ModelConfig
 from bert_jax.errors import CheckpointError
-from bert_jax.interop import hf_files, hf_tasks
-from bert_jax.interop.hf_names import Entry, dense, hf_shape
+from bert_jax.interop.hf import model_dir, task_classes
+from bert_jax.interop.hf.name_tables import Entry, dense, hf_shape
 from bert_jax.model.heads import SEQUENCE_KINDS
 from bert_jax.runs import reporting
+
+
+# The architecture switches of BERT's layout, which every family here and BERT itself have.
+BERT_SHAPE = dict(norm_position='post', position_embedding='learned', mlp='gelu', use_bias=True, attention_window=0)
+
+
+def bert_shaped(cfg: ModelConfig) -> bool:
+  """Whether `cfg` has BERT's layout (`BERT_SHAPE`): the families that export it tell by the other fields."""
+  return all(getattr(cfg, k) == v for k, v in BERT_SHAPE.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +65,15 @@ class Family:
     return prefix + entry.hf_name if entry.group in ('bert', 'pooler') else entry.hf_name
 
   def shapes(self, cfg: ModelConfig, num_labels: int = 2) -> dict:
-    return {**hf_files.param_shapes(cfg, num_labels), **self.extra_shapes(cfg)}
+    return {**model_dir.param_shapes(cfg, num_labels), **self.extra_shapes(cfg)}
 
   def task_table(self, kind: str) -> list[Entry]:
-    """The task head's tensors of a fine-tuned `kind` (`hf_tasks.CLASS_SUFFIXES`): a sequence classifier's
+    """The task head's tensors of a fine-tuned `kind` (`task_classes.CLASS_SUFFIXES`): a sequence classifier's
     two dense layers, or the token classifier / QA outputs, which every family names as BERT does."""
     if kind in SEQUENCE_KINDS:
       return dense(('bert', 'pooler'), self.sequence_head[0], group='task') + dense(
           ('classifier',), self.sequence_head[1], group='task')
-    head = hf_tasks.TASK_HEAD[kind]
+    head = task_classes.TASK_HEAD[kind]
     return dense((head,), head, group='task')
 
   def describe(self) -> str:
@@ -71,9 +81,9 @@ class Family:
 
 
 def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig, dict, bool, bool]:
-  """Reads a checkpoint of `family` whose config.json gave `cfg`; returns as `hf.load_hf_checkpoint`:
+  """Reads a checkpoint of `family` whose config.json gave `cfg`; returns as `families.load_hf_checkpoint`:
   (config, params, has_mlm_head, False), params with 'bert' (its pooler zeros) and the heads it holds."""
-  tensors = hf_files.read_tensors(directory)
+  tensors = model_dir.read_tensors(directory)
   prefix = family.prefix if any(n.startswith(family.prefix) for n in tensors) else ''
   table, shapes = family.table(cfg), family.shapes(cfg)
   words, decoder = tensors.get(prefix + family.words), tensors.get(family.decoder)
@@ -87,16 +97,16 @@ def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig,
                             'ties the MLM decoder bias to it, so an untied one cannot be imported')
   heads = {e.group for e in table if e.group != 'bert' and family.hf_name(e, prefix) in tensors}
   wanted = [e for e in table if e.group == 'bert' or e.group in heads]
-  where = f'{directory}/{hf_files.WEIGHTS_FILE}'
+  where = f'{directory}/{model_dir.WEIGHTS_FILE}'
   missing = [family.hf_name(e, prefix) for e in wanted if family.hf_name(e, prefix) not in tensors]
   if missing:
     raise CheckpointError(f'{where} lacks {len(missing)} tensor(s) a {cfg.num_layers}-layer {family.name} needs: '
-                          f'{hf_files.some(missing)}')
+                          f'{model_dir.some(missing)}')
   known = {family.hf_name(e, prefix) for e in table} | {family.decoder} | set(family.decoder_bias or ())
-  unknown = sorted(n for n in tensors if n not in known and n.removeprefix(prefix) not in hf_files.BUFFERS)
+  unknown = sorted(n for n in tensors if n not in known and n.removeprefix(prefix) not in model_dir.BUFFERS)
   if unknown:
     raise CheckpointError(f'{where} has tensor(s) that a {cfg.num_layers}-layer {family.name} lacks: '
-                          f'{hf_files.some(unknown)}; bert_jax imports {family.describe()} checkpoints')
+                          f'{model_dir.some(unknown)}; bert_jax imports {family.describe()} checkpoints')
   flat = {}
   for e in wanted:
     theirs, expected = tensors[family.hf_name(e, prefix)], hf_shape(e, shapes[e.path])
@@ -121,7 +131,7 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
          hf_config: Callable[[ModelConfig, str, Any], dict], *, overwrite: bool = False,
          task: dict[str, Any] | None = None) -> None:
   """Writes `params` as a Hugging Face directory of `family`, the class its heads give (`Family.classes`),
-  with `hf_config(cfg, class, tokenizer)` as config.json; arguments and errors as `hf.save_hf_checkpoint`.
+  with `hf_config(cfg, class, tokenizer)` as config.json; arguments and errors as `families.save_hf_checkpoint`.
   The pooler (unless the class has one) and an NSP head are left out (a warning for the NSP head). A fine-tuned
   model (`task`) is written as `<stem>For<Task>`, a sequence classifier's pooler and classifier as the family's
   classification head."""
@@ -131,7 +141,7 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
   if any(p[0] == 'nsp' for p in flat):
     reporting.log(f'warning: {family.name} has no next-sentence head: the NSP head and the pooler are not exported')
   heads = frozenset(p[0] for p in flat) - {'bert', 'nsp'}
-  num_labels = hf_tasks.check_task(task, set(heads))
+  num_labels = task_classes.check_task(task, set(heads))
   if task is not None:
     if task['kind'] in SEQUENCE_KINDS and cfg.pooler_activation != family.pooler_activation:
       raise CheckpointError(f'model.pooler_activation={cfg.pooler_activation}, but {family.name}\'s classification '
@@ -139,7 +149,7 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
                             'sets it) to export this classifier; nothing written')
     pooled = task['kind'] in SEQUENCE_KINDS
     table = [e for e in family.table(cfg) if e.group == 'bert'] + family.task_table(task['kind'])
-    architecture = family.stem + hf_tasks.CLASS_SUFFIXES[task['kind']]
+    architecture = family.stem + task_classes.CLASS_SUFFIXES[task['kind']]
   elif heads not in family.classes:
     raise CheckpointError(f'params hold the heads {", ".join(sorted(heads))}: no {family.name} class of transformers '
                           f'has them together ({family.describe()}); nothing written')
@@ -150,21 +160,21 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
     architecture = family.classes[heads]
   flat = {p: x for p, x in flat.items() if p[0] != 'nsp' and (pooled or p[:2] != ('bert', 'pooler'))}
   shapes = family.shapes(cfg, num_labels)
-  hf_files.check_params(flat, {e.path for e in table}, shapes,
-                        f'a {cfg.num_layers}-layer {family.name} ({family.describe()})')
-  tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
+  model_dir.check_params(flat, {e.path for e in table}, shapes,
+                          f'a {cfg.num_layers}-layer {family.name} ({family.describe()})')
+  tokenizer_files = model_dir.TokenizerExport.check(tokenizer, cfg)
 
-  hf_files.prepare_directory(directory, overwrite)
+  model_dir.prepare_directory(directory, overwrite)
   prefix = family.prefix if heads else ''
   tensors = {family.hf_name(e, prefix): np.ascontiguousarray(
       e.rule.to_hf(np.asarray(jax.device_get(flat[e.path]), np.float32))) for e in table}
-  st_numpy.save_file(tensors, os.path.join(directory, hf_files.WEIGHTS_FILE), metadata={'format': 'pt'})
+  st_numpy.save_file(tensors, os.path.join(directory, model_dir.WEIGHTS_FILE), metadata={'format': 'pt'})
   if tokenizer_files is not None:
     tokenizer_files.write(directory, cfg.max_position_embeddings, token_types=family.token_types)
     if not family.token_types:
       _without_token_types(directory)
-  with files.open(os.path.join(directory, hf_files.CONFIG_FILE), 'w', encoding='utf-8') as f:
-    json.dump({**hf_config(cfg, architecture, tokenizer), **(hf_tasks.task_config(task) if task else {})}, f,
+  with files.open(os.path.join(directory, model_dir.CONFIG_FILE), 'w', encoding='utf-8') as f:
+    json.dump({**hf_config(cfg, architecture, tokenizer), **(task_classes.task_config(task) if task else {})}, f,
               indent=2, sort_keys=True)
 
 

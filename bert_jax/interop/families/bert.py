@@ -1,11 +1,10 @@
-"""Import and export of Hugging Face BERT checkpoints (config.json + model.safetensors), and the door to the
-other families (`hf_model_type`, `MODEL_TYPES`).
+"""Hugging Face BERT (BertModel, BertForPreTraining, BertForMaskedLM, BertForNextSentencePrediction and the
+fine-tuning classes): the family of bert_jax's default architecture.
 
-ModernBERT-shaped models and checkpoints (model_type 'modernbert') go to `interop.modernbert`, DistilBERT
-(a BERT without token types) to `interop.distilbert`, ELECTRA (model.embedding_size > 0) to `interop.electra`,
-RoBERTa and XLM-R (model.position_offset > 0) to `interop.roberta`; other architectures export as bert_jax only.
+A BERT-shaped ModelConfig (`bert_layout.BERT_SHAPE`) with token types, without ELECTRA's embedding_size and
+RoBERTa's position_offset, exports as BERT (`exports`).
 
-One table, `hf_names.bert_table`, pairs each of our parameter paths with its Hugging Face tensor
+One table, `_name_table`, pairs each of our parameter paths with its Hugging Face tensor
 name and the rule that converts between the two layouts; import and export both read it, so they
 cannot drift apart.
 
@@ -31,45 +30,40 @@ from safetensors import numpy as st_numpy
 from bert_jax import files
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
-from bert_jax.errors import BertJaxError, CheckpointError, DataError
-from bert_jax.interop import distilbert, electra, hf_files, hf_names, hf_tasks, modernbert, roberta
-from bert_jax.interop.hf_files import CONFIG_FILE, SPIECE_FILE, WEIGHTS_FILE
+from bert_jax.errors import BertJaxError, CheckpointError
+from bert_jax.interop.hf import bert_layout, model_dir, name_tables, task_classes
+from bert_jax.interop.hf.model_dir import CONFIG_FILE, WEIGHTS_FILE
+from bert_jax.interop.hf.name_tables import SAME, bert_encoder_table, dense, norm
 from bert_jax.model.heads import SEQUENCE_KINDS
 from bert_jax.runs import reporting
 
 
-_Entry, _name_table, _hf_shape = hf_names.Entry, hf_names.bert_table, hf_names.hf_shape
+_Entry, _hf_shape = name_tables.Entry, name_tables.hf_shape
 
 
-# config.json's model_type -> the module that reads and writes that family (BERT's is this one).
-MODEL_TYPES = {'bert': None, 'distilbert': distilbert, 'electra': electra, 'modernbert': modernbert,
-               'roberta': roberta, 'xlm-roberta': roberta}
+def exports(cfg: ModelConfig) -> bool:
+  """Whether `cfg` exports as BERT: BERT-shaped, with token types, no embedding_size and no position_offset."""
+  return (bert_layout.bert_shaped(cfg) and bool(cfg.type_vocab_size) and not cfg.embedding_size
+          and not cfg.position_offset)
 
 
-def hf_model_type(cfg: ModelConfig) -> str:
-  """The Hugging Face model_type `cfg` exports as: a BERT-shaped config is 'bert', 'distilbert' without token
-  types, 'electra' with an embedding_size, 'roberta' with a position_offset (`roberta.save_checkpoint` writes
-  'xlm-roberta' for a Unigram tokenizer); a ModernBERT-shaped one 'modernbert'.
-
-  Raises:
-    CheckpointError: none of them (one line naming the switches that differ).
-  """
-  if all(getattr(cfg, k) == v for k, v in modernbert.BERT_SHAPE.items()):
-    if cfg.embedding_size and cfg.position_offset:
-      raise CheckpointError(f'model.embedding_size={cfg.embedding_size} with model.position_offset='
-                            f'{cfg.position_offset}: no Hugging Face family has both (ELECTRA; RoBERTa); this '
-                            'architecture exports as bert_jax only')
-    if cfg.embedding_size:
-      return 'electra'
-    if cfg.position_offset:
-      return 'roberta'
-    return 'bert' if cfg.type_vocab_size else 'distilbert'
-  return modernbert.hf_architecture(cfg)  # 'modernbert', or one line naming the switches
-
-
-PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), hf_tasks.TASK_HEADS
+PRETRAINING_HEADS, TASK_HEADS = ('mlm', 'nsp'), task_classes.TASK_HEADS
 # Our head kind (heads.HEAD_KINDS) <-> the transformers class.
-TASK_ARCHITECTURES = {kind: 'Bert' + suffix for kind, suffix in hf_tasks.CLASS_SUFFIXES.items()}
+TASK_ARCHITECTURES = {kind: 'Bert' + suffix for kind, suffix in task_classes.CLASS_SUFFIXES.items()}
+
+
+def _name_table(num_layers: int) -> list[_Entry]:
+  """Every parameter of BertForPreTraining and of the task heads with its Hugging Face name and conversion rule."""
+  table = bert_encoder_table(num_layers)
+  table += dense(('bert', 'pooler'), 'pooler.dense', group='pooler')
+  table += dense(('mlm', 'transform'), 'cls.predictions.transform.dense', group='mlm')
+  table += norm(('mlm', 'layer_norm'), 'cls.predictions.transform.LayerNorm', group='mlm')
+  table.append(_Entry(('mlm', 'bias'), 'cls.predictions.bias', SAME, 'mlm'))
+  table += dense(('nsp',), 'cls.seq_relationship', group='nsp')
+  # Task heads: BertFor{Sequence,Token}Classification's `classifier`, BertForQuestionAnswering's `qa_outputs`.
+  table += dense(('classifier',), 'classifier', group='classifier')
+  table += dense(('qa_outputs',), 'qa_outputs', group='qa_outputs')
+  return table
 
 
 def _hf_name(entry: _Entry, prefix: str) -> str:
@@ -98,8 +92,8 @@ _CONFIG_KEYS = dict(vocab_size='vocab_size', hidden_size='hidden_size', num_laye
                     pad_token_id='pad_token_id')
 
 
-def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
-  """Reads a Hugging Face BERT checkpoint directory.
+def load_checkpoint(directory: str, cfg: ModelConfig) -> tuple[ModelConfig, dict, bool, bool]:
+  """Reads a Hugging Face BERT checkpoint directory whose config.json gave `cfg`.
 
   BertModel checkpoints (names without a 'bert.' prefix) and BertForPreTraining /
   BertForMaskedLM / BertForNextSentencePrediction / BertForSequenceClassification /
@@ -109,6 +103,7 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
 
   Args:
     directory: holds config.json and model.safetensors (or a sharded safetensors index).
+    cfg: its ModelConfig (`model_config`).
 
   Returns:
     (config, params, has_mlm_head, has_nsp_head): `params` is a pure dict of float32 numpy
@@ -116,11 +111,7 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     and the task heads'), with 'bert' always, 'mlm' / 'nsp' when the checkpoint has those heads,
     and 'classifier' or 'qa_outputs' when it has a task head (`read_hf_task` names the task).
   """
-  cfg = read_hf_config(directory)
-  family = MODEL_TYPES[hf_files.read_json_config(directory).get('model_type', 'bert')]
-  if family is not None:
-    return family.load_checkpoint(directory, cfg)
-  tensors = hf_files.read_tensors(directory)
+  tensors = model_dir.read_tensors(directory)
   names = {_modern_name(n): n for n in tensors}
   if len(names) != len(tensors):
     raise CheckpointError(f'{directory}: the checkpoint holds both LayerNorm gamma/beta and '
@@ -147,22 +138,22 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
     raise CheckpointError(f'{directory}/{WEIGHTS_FILE} holds the heads {held} '
                           'together; a transformers BERT has pretraining heads or one task head')
   num_labels = _task_head_labels(directory, get('classifier.weight'), cfg) if 'classifier' in present else 2
-  shapes = hf_files.param_shapes(cfg, num_labels)
+  shapes = model_dir.param_shapes(cfg, num_labels)
   fill_pooler = 'pooler' not in present and (has_mlm or bool(task_heads))
   if fill_pooler:
-    reporting.log(f'warning: {directory} has no pooler (a {hf_files.hf_class(directory)} checkpoint); its pooler is '
+    reporting.log(f'warning: {directory} has no pooler (a {model_dir.hf_class(directory)} checkpoint); its pooler is '
                   'set to zeros, so pooler_output is meaningless')
   wanted = [e for e in table if e.group in ('bert', 'pooler') or e.group in present]
   missing = [_hf_name(e, prefix) for e in wanted if _hf_name(e, prefix) not in names
              and not (fill_pooler and e.group == 'pooler')]
   if missing:
     raise CheckpointError(f'{directory}/{WEIGHTS_FILE} lacks {len(missing)} tensor(s) a BERT with '
-                          f'{cfg.num_layers} layers needs: {hf_files.some(missing)}')
+                          f'{cfg.num_layers} layers needs: {model_dir.some(missing)}')
   known = {_hf_name(e, prefix) for e in table} | {_DECODER_WEIGHT, _DECODER_BIAS}
-  unknown = [names[n] for n in names if n not in known and n.removeprefix(prefix) not in hf_files.BUFFERS]
+  unknown = [names[n] for n in names if n not in known and n.removeprefix(prefix) not in model_dir.BUFFERS]
   if unknown:
     raise CheckpointError(f'{directory}/{WEIGHTS_FILE} has tensor(s) that a {cfg.num_layers}-layer '
-                          f'BERT with pretraining or task heads lacks: {hf_files.some(unknown)}; bert_jax imports '
+                          f'BERT with pretraining or task heads lacks: {model_dir.some(unknown)}; bert_jax imports '
                           'BertModel, BertForPreTraining, BertForMaskedLM and BertFor{Sequence,Token}'
                           'Classification / BertForQuestionAnswering checkpoints')
 
@@ -200,7 +191,7 @@ def read_hf_task(directory: str) -> dict[str, Any] | None:
     {'name' (config.json's finetuning_task, or ''), 'kind' ('classification', 'regression', 'token' or
     'span'), 'num_labels', 'label_names' (id2label in id order)}, the form `load_finetuned` gives.
   """
-  hf_config = hf_files.read_json_config(directory)
+  hf_config = model_dir.read_json_config(directory)
   arch = (hf_config.get('architectures') or [''])[0]
   if arch not in TASK_ARCHITECTURES.values():
     return None
@@ -215,14 +206,14 @@ def read_hf_task(directory: str) -> dict[str, Any] | None:
   elif arch == 'BertForTokenClassification':
     kind = 'token'
   else:
-    kinds = {problem: kind for kind, problem in hf_tasks.PROBLEM_TYPES.items()}
+    kinds = {problem: kind for kind, problem in task_classes.PROBLEM_TYPES.items()}
     kind = kinds.get(hf_config.get('problem_type'), 'classification')
   return {'name': hf_config.get('finetuning_task') or '', 'kind': kind, 'num_labels': num_labels,
           'label_names': labels if kind in ('classification', 'multilabel', 'token') else []}
 
 
-def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
-                       overwrite: bool = False, task: dict[str, Any] | None = None) -> None:
+def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
+                    task: dict[str, Any] | None = None) -> None:
   """Writes a Hugging Face BERT directory that transformers loads and that reloads bit-exactly.
 
   The architecture is BertModel without heads, BertForPreTraining with both pretraining heads,
@@ -234,10 +225,10 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
 
   A WordPiece tokenizer is written as vocab.txt + tokenizer.json + tokenizer_config.json
   (transformers' BertTokenizer reads them). A SentencePiece tokenizer is written as tokenizer.json
-  (its conversion, `hf_tokenizer.sentencepiece_to_tokenizers`, checked against SentencePiece
+  (its conversion, `tokenizer_json.sentencepiece_to_tokenizers`, checked against SentencePiece
   first: a model that would tokenize differently is refused) + tokenizer_config.json +
   special_tokens_map.json for transformers' fast tokenizer, and as spiece.model, which bert_jax
-  reads back bit-exactly (`load_hf_tokenizer`).
+  reads back bit-exactly (`model_dir.load_hf_tokenizer`).
 
   Args:
     directory: output directory; must be empty or absent unless `overwrite`.
@@ -253,42 +244,34 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     CheckpointError: parameters that do not fit the config or the task; DataError: a tokenizer that
       cannot be exported exactly. Nothing is written then.
   """
-  model_type = hf_model_type(cfg)  # other architectures than these: one line
-  if model_type == 'modernbert':
-    if task is not None:
-      raise CheckpointError('a fine-tuned modernbert model exports as bert_jax only: ModernBERT\'s task heads (dense, '
-                            'activation, LayerNorm) are not the heads bert_jax trains')
-    return modernbert.save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite)
-  if model_type != 'bert':
-    return MODEL_TYPES[model_type].save_checkpoint(directory, cfg, params, tokenizer, overwrite=overwrite, task=task)
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
   flat = traverse_util.flatten_dict(dict(params))
   heads = {p[0] for p in flat} - {'bert'}
-  num_labels = hf_tasks.check_task(task, heads)
+  num_labels = task_classes.check_task(task, heads)
   groups = {'bert'} | heads | ({'pooler'} if task is None or task['kind'] in SEQUENCE_KINDS else set())
   if 'pooler' in groups and cfg.pooler_activation != 'tanh':
     raise CheckpointError(f'model.pooler_activation={cfg.pooler_activation}: BERT\'s pooler applies tanh, so its '
                           'pooled output would differ in transformers; nothing written')
   table = [e for e in _name_table(cfg.num_layers) if e.group in groups]
-  shapes = hf_files.param_shapes(cfg, num_labels)
+  shapes = model_dir.param_shapes(cfg, num_labels)
   exported = {e.path for e in table}
   unknown = sorted('/'.join(map(str, p)) for p in set(flat) - exported
                    if not (p[:2] == ('bert', 'pooler') and 'pooler' not in groups))
   if unknown:
-    raise CheckpointError(f'parameters {hf_files.some(unknown)} are not part of a {cfg.num_layers}-layer '
+    raise CheckpointError(f'parameters {model_dir.some(unknown)} are not part of a {cfg.num_layers}-layer '
                           "BERT with pretraining or task heads; pass {'bert': params['bert']} (plus 'mlm' "
                           "and 'nsp' if present) to export the encoder; nothing written")
   missing = ['/'.join(map(str, e.path)) for e in table if e.path not in flat]
   if missing:
-    raise CheckpointError(f'params lack {hf_files.some(missing)}; nothing written')
+    raise CheckpointError(f'params lack {model_dir.some(missing)}; nothing written')
   for e in table:
     if tuple(flat[e.path].shape) != shapes[e.path]:
       raise CheckpointError(f'parameter {"/".join(map(str, e.path))} has shape '
                             f'{tuple(flat[e.path].shape)} but the config implies {shapes[e.path]}')
-  tokenizer_files = hf_files.TokenizerExport.check(tokenizer, cfg)
+  tokenizer_files = model_dir.TokenizerExport.check(tokenizer, cfg)
 
-  hf_files.prepare_directory(directory, overwrite)
+  model_dir.prepare_directory(directory, overwrite)
   prefix = 'bert.' if heads else ''
   tensors = {_hf_name(e, prefix): np.ascontiguousarray(
       e.rule.to_hf(np.asarray(jax.device_get(flat[e.path]), np.float32))) for e in table}
@@ -300,40 +283,10 @@ def save_hf_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None,
     json.dump(config, f, indent=2, sort_keys=True)
 
 
-def load_hf_tokenizer(directory: str):
-  """The tokenizer shipped in a checkpoint directory.
-
-  Args:
-    directory: holds spiece.model (a SentencePiece model bert_jax exported; its tokenizer.json is
-      only the conversion for transformers), or else tokenizer.json (any model: WordPiece, BPE, Unigram) or
-      vocab.txt (WordPiece).
-
-  Returns:
-    A SentencePieceTokenizer or FastTokenizer; DataError when there is no vocabulary or a special token lacks.
-  """
-  if files.isfile(os.path.join(directory, SPIECE_FILE)):
-    return tokenization.SentencePieceTokenizer(os.path.join(directory, SPIECE_FILE))
-  if any(files.isfile(os.path.join(directory, f)) for f in ('tokenizer.json', 'vocab.txt')):
-    return tokenization.WordPieceTokenizer.from_directory(directory)
-  raise DataError(f'{directory} has no vocabulary (tokenizer.json, vocab.txt or {SPIECE_FILE}); '
-                  'copy the tokenizer files of the checkpoint into it')
-
-
-def read_hf_config(directory: str) -> ModelConfig:
-  """The ModelConfig of a Hugging Face BERT directory (its config.json; the weights are not read)."""
-  if not files.isdir(directory):
-    raise CheckpointError(f'checkpoint directory {directory} does not exist; pass a Hugging Face '
-                          f'BERT directory with {CONFIG_FILE} and {WEIGHTS_FILE}')
-  path = os.path.join(directory, CONFIG_FILE)
-  hf = hf_files.read_json_config(directory)
-  model_type = hf.get('model_type', 'bert')
-  if model_type not in MODEL_TYPES:
-    raise CheckpointError(f'{path}: model_type={model_type!r}; bert_jax imports the model types '
-                          f'{", ".join(MODEL_TYPES)}')
-  if MODEL_TYPES[model_type] is not None:
-    return MODEL_TYPES[model_type].model_config(path, hf)
+def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
+  """The ModelConfig of a BERT config.json (`hf`, already parsed; `path` names it in errors)."""
   hf = {**_HF_DEFAULTS, **hf}
-  hf_names.check_bert_layers(path, hf)
+  name_tables.check_bert_layers(path, hf)
   try:
     return ModelConfig(**{ours: hf[theirs] for ours, theirs in _CONFIG_KEYS.items()})
   except (BertJaxError, TypeError) as e:
@@ -367,4 +320,4 @@ def _hf_config(cfg: ModelConfig, heads: set, tokenizer, task: dict[str, Any] | N
     config['architectures'] = [arch[frozenset(heads)]]
     return config
   config['architectures'] = [TASK_ARCHITECTURES[task['kind']]]
-  return {**config, **hf_tasks.task_config(task)}
+  return {**config, **task_classes.task_config(task)}

@@ -16,7 +16,8 @@ import pytest
 from safetensors import numpy as st_numpy
 
 from bert_jax.errors import CheckpointError
-from bert_jax.interop import hf, pretrained
+from bert_jax.interop import families, pretrained
+from bert_jax.interop.hf import model_dir
 
 from helpers import (
   assert_embed_and_attention_match_transformers,
@@ -122,7 +123,7 @@ def _assert_matches_transformers(directory, cls, loaded, record_property=None):
 @pytest.mark.parametrize('name', MODELS)
 def test_loads_with_transformers_ids_and_outputs(built, name, record_property):
   _, cls, head = MODELS[name]
-  cfg, params, has_mlm, has_nsp = hf.load_hf_checkpoint(built[name])
+  cfg, params, has_mlm, has_nsp = families.load_hf_checkpoint(built[name])
   assert (has_mlm, has_nsp) == (head == 'mlm', False)
   assert (cfg.position_offset, cfg.max_position_embeddings, cfg.type_vocab_size, cfg.pad_token_id) == (
       2, MAX_POSITIONS, 1, 1)
@@ -159,7 +160,7 @@ def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
   model_type, cls, head = MODELS[name]
   out = str(tmp_path / 'export')
   written, theirs, ours = export_again(built[name], out)
-  cfg, params, _, _ = hf.load_hf_checkpoint(built[name])
+  cfg, params, _, _ = families.load_hf_checkpoint(built[name])
   assert (written['model_type'], written['architectures'], written['max_position_embeddings'],
           written['pad_token_id'], written['type_vocab_size']) == (model_type, [cls], MAX_POSITIONS + 2, 1, 1)
   assert set(ours) == set(theirs)  # the pooler where the class has one, no decoder copies
@@ -172,7 +173,7 @@ def test_export_is_the_same_model_type_and_outputs(built, name, tmp_path):
   fast, original = (transformers.AutoTokenizer.from_pretrained(d) for d in (out, built[name]))
   for text in TEXTS:
     assert fast(text, TEXTS[0]) == original(text, TEXTS[0])
-  again = hf.load_hf_checkpoint(out)
+  again = families.load_hf_checkpoint(out)
   assert again[0] == cfg
   for x, y in zip(jax.tree.leaves(again[1]), jax.tree.leaves(params)):
     np.testing.assert_array_equal(x, y)
@@ -210,22 +211,22 @@ def test_stored_decoder_copies_load(built, tmp_path):
   shutil.copytree(built['roberta'], directory)
   _rewrite(directory, lambda t: t.update({'lm_head.decoder.weight': t['roberta.embeddings.word_embeddings.weight'],
                                           'lm_head.decoder.bias': t['lm_head.bias']}))
-  a, b = hf.load_hf_checkpoint(directory)[1], hf.load_hf_checkpoint(built['roberta'])[1]
+  a, b = families.load_hf_checkpoint(directory)[1], families.load_hf_checkpoint(built['roberta'])[1]
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
 
 
 def test_export_refuses_what_roberta_cannot_hold(built, tmp_path):
-  cfg, params, _, _ = hf.load_hf_checkpoint(built['roberta'])
-  bert_tok = hf.load_hf_tokenizer(built['roberta'])
+  cfg, params, _, _ = families.load_hf_checkpoint(built['roberta'])
+  bert_tok = model_dir.load_hf_tokenizer(built['roberta'])
   with pytest.raises(CheckpointError, match="pooler_activation=relu, but RoBERTa's classification head applies tanh"):
-    hf.save_hf_checkpoint(str(tmp_path / 'a'), dataclasses.replace(cfg, pooler_activation='relu'),
-                          {'bert': params['bert'], 'classifier': _CLASSIFIER}, task={'kind': 'classification', 'num_labels': 2})
+    families.save_hf_checkpoint(str(tmp_path / 'a'), dataclasses.replace(cfg, pooler_activation='relu'),
+                                {'bert': params['bert'], 'classifier': _CLASSIFIER}, task={'kind': 'classification', 'num_labels': 2})
   shifted = dataclasses.replace(cfg, position_offset=1, max_position_embeddings=MAX_POSITIONS + 1)
   with pytest.raises(CheckpointError, match='but the tokenizer pads with id 1'):
-    hf.save_hf_checkpoint(str(tmp_path / 'b'), shifted, params, bert_tok)
+    families.save_hf_checkpoint(str(tmp_path / 'b'), shifted, params, bert_tok)
   with pytest.raises(CheckpointError, match='no Hugging Face family has both'):
-    hf.save_hf_checkpoint(str(tmp_path / 'c'), dataclasses.replace(cfg, embedding_size=16), params)
+    families.save_hf_checkpoint(str(tmp_path / 'c'), dataclasses.replace(cfg, embedding_size=16), params)
   assert not any(os.path.exists(tmp_path / d) for d in 'abc')
 
 
@@ -285,7 +286,7 @@ def test_fine_tunes_on_sst2_and_predicts(built, name, tmp_path):
   assert row['label'] in ('negative', 'positive') and abs(sum(row['probabilities'].values()) - 1) < 1e-6
   tuned = pretrained.load_finetuned(workdir)
   assert (tuned.config.position_offset, tuned.config.type_vocab_size) == (2, 1)
-  start = hf.load_hf_checkpoint(built[name])[1]['bert']['embeddings']['position_embeddings']['embedding']
+  start = families.load_hf_checkpoint(built[name])[1]['bert']['embeddings']['position_embeddings']['embedding']
   tuned_positions = np.asarray(tuned.params['bert']['embeddings']['position_embeddings']['embedding'])
   assert np.corrcoef(start.ravel(), tuned_positions.ravel())[0, 1] > 0.99  # from the checkpoint's table
   assert_export_classifies_as_predict(workdir, str(tmp_path / 'export'), 'a charming and often affecting journey',

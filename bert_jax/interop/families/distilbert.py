@@ -2,7 +2,7 @@
 without token type embeddings or a pooler.
 
 A BERT-shaped ModelConfig without token types (type_vocab_size=0) is DistilBERT's function, and exports as it
-(`hf.hf_model_type`). DistilBERT's LayerNorms have eps 1e-12 whatever its config says.
+(`exports`). DistilBERT's LayerNorms have eps 1e-12 whatever its config says.
 
 Correspondence with transformers' DistilBERT (modeling_distilbert.py):
   embeddings.{word,position}_embeddings, embeddings.LayerNorm   the same tables, the embeddings' layer_norm
@@ -20,8 +20,8 @@ from typing import Any
 from bert_jax.config import ModelConfig
 from bert_jax.data import tokenization
 from bert_jax.errors import BertJaxError, CheckpointError
-from bert_jax.interop import hf_family
-from bert_jax.interop.hf_names import SAME, Entry, attention, check_tied, dense, norm
+from bert_jax.interop.hf import bert_layout
+from bert_jax.interop.hf.name_tables import SAME, Entry, attention, check_tied, dense, norm
 
 LAYER_NORM_EPS = 1e-12  # fixed in DistilBERT's modules
 # DistilBertConfig's defaults, for keys a config.json leaves out.
@@ -48,11 +48,17 @@ def _table(cfg: ModelConfig) -> list[Entry]:
   return table
 
 
-FAMILY = hf_family.Family(
+FAMILY = bert_layout.Family(
     name='DistilBERT', prefix='distilbert.', table=_table, decoder='vocab_projector.weight',
     words='embeddings.word_embeddings.weight', token_types=False,
     classes={frozenset(): 'DistilBertModel', frozenset({'mlm'}): 'DistilBertForMaskedLM'},
     stem='DistilBert', sequence_head=('pre_classifier', 'classifier'), pooler_activation='relu')
+
+
+def exports(cfg: ModelConfig) -> bool:
+  """Whether `cfg` exports as DistilBERT: BERT-shaped without token types, embedding_size or position_offset."""
+  return (bert_layout.bert_shaped(cfg) and not cfg.type_vocab_size and not cfg.embedding_size
+          and not cfg.position_offset)
 
 
 def model_config(path: str, hf: dict[str, Any]) -> ModelConfig:
@@ -90,10 +96,10 @@ def check_exportable(cfg: ModelConfig) -> None:
 
 
 def load_checkpoint(directory: str, cfg: ModelConfig):
-  return hf_family.load(directory, cfg, FAMILY)
+  return bert_layout.load(directory, cfg, FAMILY)
 
 
 def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *, overwrite: bool = False,
                     task=None) -> None:
   check_exportable(cfg)
-  hf_family.save(directory, cfg, params, tokenizer, FAMILY, hf_config, overwrite=overwrite, task=task)
+  bert_layout.save(directory, cfg, params, tokenizer, FAMILY, hf_config, overwrite=overwrite, task=task)
