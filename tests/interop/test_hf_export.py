@@ -22,7 +22,7 @@ from bert_jax.errors import CheckpointError, DataError
 from bert_jax.interop import hf, hf_tokenizer
 from bert_jax.model import heads
 
-from helpers import WIKITEXT
+from harness.inputs import WIKITEXT
 
 TOL = 1e-5
 TEST_RAW = os.path.join(os.path.dirname(WIKITEXT), 'wiki.test.raw')

@@ -10,7 +10,9 @@ import pytest
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf_files
 
-from helpers import assert_one_line_error, run_main, tree_digest, write_retrieval_data, write_small_corpus
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import write_retrieval_data, write_small_corpus
 
 
 def _truncated(checkpoint: str, directory) -> str:

@@ -23,7 +23,8 @@ from bert_jax.errors import CheckpointError
 from bert_jax.interop import hf, hf_files, modernbert
 from bert_jax.model import heads
 
-from helpers import FIXTURES, model_tolerance
+from harness.inputs import FIXTURES
+from harness.numerics import model_tolerance
 
 FIXTURE = os.path.join(FIXTURES, 'hf_modernbert')
 MODERN = dict(norm_position='pre', position_embedding='rotary', mlp='geglu', type_vocab_size=0)

@@ -12,7 +12,10 @@ import pytest
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import sentence_transformers as st_folder
 
-from helpers import assert_one_line_error, retrieval_config, run_main, tolerance, tree_digest, write_retrieval_data
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import retrieval_config, write_retrieval_data
+from harness.numerics import tolerance
 
 # Texts of every length around the runs' 16 tokens: the long ones are cut by both sides alike.
 TEXTS = ['what is the apple?', 'the river is described here in detail', 'Copper, volcanoes and a penguin: a much '
