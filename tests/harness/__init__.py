@@ -13,4 +13,6 @@ Each module's docstring says what it is for and which production behaviour it ch
   faults        kills and signals injected by patching the library (Checkpointer.save, the loaders' batches)
   references    comparisons with transformers and reference implementations: changes none beyond run_main's
   gcs_emulator  the GCS emulator's helpers: resets object_stores' module caches for a test
+  fixtures      the shared fixtures (a pytest plugin of tests/conftest.py): build shared read-only runs once per
+                test run
 """
