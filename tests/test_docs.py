@@ -12,7 +12,8 @@ import pytest
 
 from bert_jax import config
 
-from helpers import REPO, readme_commands, readme_script, run_readme_commands_as_a_user, shared_data_or_skip
+from harness.entry_points import readme_commands, readme_script, run_readme_commands_as_a_user
+from harness.inputs import REPO, shared_data_or_skip
 
 DOCS = [os.path.join(REPO, 'README.md'), *sorted(glob.glob(os.path.join(REPO, 'docs', '*.md')))]
 ENTRY_POINTS = sorted(p for p in glob.glob(os.path.join(REPO, 'experiments', '*.py')) if not p.endswith('cli.py'))

@@ -2,9 +2,9 @@
 no non-finite state is saved, a resume of another run is refused, and bad input is one error line
 that leaves the workdir's files unchanged.
 
-Entry points run in this process (helpers.run_main: their main, output and exit code) unless the check is about
-the process: a signal to it, its exit status, or everything it writes to stderr (tensorstore's and Orbax's own
-lines, written outside Python's sys.stderr or after main returns)."""
+Entry points run in this process (harness.entry_points.run_main: their main, output and exit code) unless the check
+is about the process: a signal to it, its exit status, or everything it writes to stderr (tensorstore's and Orbax's
+own lines, written outside Python's sys.stderr or after main returns)."""
 
 import contextlib
 import dataclasses
@@ -31,23 +31,11 @@ from bert_jax.runs import checkpoints as checkpointing, workdir as workdir_lib
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train import preemption
 
-from helpers import (
-  REPO,
-  assert_one_line_error,
-  finetune_config,
-  pretrain_flags,
-  pretrain_subprocess,
-  restore_pretraining_state,
-  run_experiment,
-  run_main,
-  shared_data_or_skip,
-  signal_at_finetuning_batch,
-  sigterm_at_batch,
-  tmpfs,
-  tree_digest,
-  write_small_corpus,
-  xla_flags,
-)
+from harness.digests import restore_pretraining_state, tmpfs, tree_digest
+from harness.entry_points import assert_one_line_error, run_experiment, run_main
+from harness.faults import signal_at_finetuning_batch, sigterm_at_batch
+from harness.inputs import REPO, finetune_config, shared_data_or_skip, write_small_corpus
+from harness.processes import pretrain_flags, pretrain_subprocess, xla_flags
 
 pytestmark = pytest.mark.slow  # faults injected into real runs
 

@@ -16,7 +16,10 @@ from bert_jax import config, hardware
 from bert_jax.errors import ConfigError
 from bert_jax.model import heads
 
-from helpers import REPO, assert_one_line_error, run_main, tree_digest, user_environment
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import REPO
+from harness.processes import user_environment
 
 
 def test_auto_is_the_platform_of_the_mesh_or_of_jax_s_devices():

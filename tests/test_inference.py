@@ -14,7 +14,8 @@ from bert_jax.errors import CheckpointError, ConfigError, DataError
 from bert_jax.interop.pretrained import PretrainedBert
 from bert_jax.model import heads
 
-from helpers import REPO, WIKITEXT, minilm_dir_or_skip, tolerance
+from harness.inputs import REPO, WIKITEXT, minilm_dir_or_skip
+from harness.numerics import tolerance
 
 TEXTS = [
     ('The game began development in 2010 .', None),

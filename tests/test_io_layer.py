@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from helpers import REPO
+from harness.inputs import REPO
 
 LAYER = ('bert_jax/files.py', 'bert_jax/object_stores.py')
 # module -> why it may read a file directly (a /proc or /sys probe of this machine, which no user path reaches).

@@ -9,16 +9,9 @@ import shutil
 
 import pytest
 
-from helpers import (
-  FIXTURES,
-  REPO,
-  assert_one_line_error,
-  minilm_dir_or_skip,
-  run_main,
-  shared_data_or_skip,
-  tree_digest,
-  write_small_corpus,
-)
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import FIXTURES, REPO, minilm_dir_or_skip, shared_data_or_skip, write_small_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

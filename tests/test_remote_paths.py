@@ -30,17 +30,12 @@ from bert_jax.data import corpus_files
 from bert_jax.errors import ConfigError
 from bert_jax.runs.checkpoints import Checkpointer
 
-from helpers import (
-  REPO,
-  assert_one_line_error,
-  free_port,
-  probe_afresh,
-  run_main,
-  shared_data_or_skip,
-  sigterm_at_pretraining_batch,
-  tmpfs,
-  tree_digest,
-)
+from harness.digests import tmpfs, tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.faults import sigterm_at_pretraining_batch
+from harness.gcs_emulator import probe_afresh
+from harness.inputs import REPO, shared_data_or_skip
+from harness.processes import free_port
 
 
 @pytest.fixture

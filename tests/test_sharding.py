@@ -11,7 +11,8 @@ from bert_jax.errors import ConfigError
 from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
 
-from helpers import random_pretraining_batch, tolerance
+from harness.inputs import random_pretraining_batch
+from harness.numerics import tolerance
 
 
 def test_rules_table_maps_logical_axes():

@@ -5,7 +5,7 @@ import dataclasses
 import os
 
 from bert_jax.data import cache_identity, prepare
-from helpers import SMALL_VOCAB, small_data_config
+from harness.inputs import SMALL_VOCAB, small_data_config
 
 
 def test_the_default_is_the_user_cache_directory(monkeypatch, tmp_path):

@@ -14,7 +14,7 @@ from bert_jax.data import fast_tokenizer, masking, tokenization as tk
 from bert_jax.errors import DataError
 from bert_jax.interop.hf import tokenizer_json
 
-from helpers import modernbert_style_tokenizer
+from harness.inputs import modernbert_style_tokenizer
 
 transformers = pytest.importorskip('transformers')
 

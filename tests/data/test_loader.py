@@ -12,7 +12,8 @@ from bert_jax.config import DataConfig
 from bert_jax.data import loader as ip, masking, tokenization
 from bert_jax.errors import ConfigError, DataError
 
-from helpers import SpyDataset, reference_first_fit_decreasing
+from harness.faults import SpyDataset
+from harness.references import reference_first_fit_decreasing
 
 # ----------------------------------------------------------------------------- setup
 

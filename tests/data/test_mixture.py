@@ -15,7 +15,11 @@ from bert_jax import config
 from bert_jax.data import loader, mixture
 from bert_jax.errors import ConfigError
 
-from helpers import REPO, WIKITEXT, assert_one_line_error, kill_after_save, run_main, script_code, tree_digest
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.faults import kill_after_save
+from harness.inputs import REPO, WIKITEXT
+from harness.processes import script_code
 
 
 def test_quotas_apportion_the_period_by_the_shares():

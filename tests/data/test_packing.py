@@ -7,7 +7,7 @@ import pytest
 
 from bert_jax.data import packing
 
-from helpers import reference_first_fit_decreasing
+from harness.references import reference_first_fit_decreasing
 
 
 def test_first_fit_decreasing_places_as_the_reference_loop():

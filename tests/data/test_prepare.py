@@ -20,18 +20,9 @@ from bert_jax.data import cache_identity, corpus_files, loader as ip, prepare, r
 from bert_jax.data.tokenization import CLS_ID, SEP_ID, SentencePieceTokenizer
 from bert_jax.errors import ConfigError, DataError
 
-from helpers import (
-  REPO,
-  SMALL_VOCAB as VOCAB,
-  WIKITEXT,
-  assert_one_line_error,
-  minilm_dir_or_skip,
-  prints_nothing,
-  run_main,
-  small_data_config,
-  start_two,
-  succeed,
-)
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import REPO, SMALL_VOCAB as VOCAB, WIKITEXT, minilm_dir_or_skip, small_data_config
+from harness.processes import prints_nothing, start_two, succeed
 
 BUNDLED = os.path.join(REPO, 'data', 'wikitext-2-raw')
 

@@ -16,7 +16,7 @@ import pytest
 from bert_jax.data import corpus_files, corpus_formats, corpus_pieces, readers, sentence_split
 from bert_jax.errors import ConfigError, DataError
 
-from helpers import REPO
+from harness.inputs import REPO
 
 WIKITEXT_VALID = os.path.join(REPO, 'data', 'wikitext-2-raw', 'wiki.valid.raw')
 ENWIKI = os.path.join(os.path.dirname(REPO), 'shared', 'data', 'enwiki-2015')

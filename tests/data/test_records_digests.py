@@ -23,14 +23,14 @@ import textwrap
 
 import pytest
 
-if __name__ == '__main__':  # run as a script to re-record the fixture: this checkout's bert_jax and helpers
+if __name__ == '__main__':  # run as a script to re-record the fixture: this checkout's bert_jax and harness
   _TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   sys.path[:0] = [_TESTS, os.path.dirname(_TESTS)]
 
 from bert_jax.config import DataConfig  # noqa: E402
 from bert_jax.data import corpus_files, corpus_formats, corpus_pieces, prepare, readers, records  # noqa: E402
 
-from helpers import FIXTURES, REPO  # noqa: E402
+from harness.inputs import FIXTURES, REPO  # noqa: E402
 
 DIGESTS = os.path.join(FIXTURES, 'records_digests.json')
 TOKENIZER = os.path.join(FIXTURES, 'records_spm.model')

@@ -10,7 +10,7 @@ import sentencepiece as spm
 from bert_jax.data import readers as corpus, tokenization as tk
 from bert_jax.errors import ConfigError, DataError
 
-from helpers import REPO
+from harness.inputs import REPO
 
 WIKITEXT_VALID = os.path.join(REPO, 'data', 'wikitext-2-raw', 'wiki.valid.raw')
 VOCAB = 400

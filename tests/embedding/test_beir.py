@@ -15,7 +15,7 @@ from bert_jax.embedding import beir, search
 from bert_jax.embedding import ranking as metrics
 from bert_jax.errors import DataError
 
-from helpers import run_main
+from harness.entry_points import run_main
 
 CORPUS = [{'_id': 'd1', 'title': 'Paris', 'text': 'Paris is the capital of France.'},
           {'_id': 'd2', 'text': 'Berlin is in Germany.'},

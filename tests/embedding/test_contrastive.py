@@ -16,7 +16,7 @@ from bert_jax.model import biencoder
 from bert_jax.errors import ConfigError
 from bert_jax.model.encoder import BertEncoder
 
-from helpers import tolerance
+from harness.numerics import tolerance
 
 
 def _loss(*args, **kwargs):

@@ -15,7 +15,7 @@ from bert_jax.errors import ConfigError
 from bert_jax.model.dropout import Dropout
 from bert_jax.train.step import StepModel
 
-from helpers import tolerance
+from harness.numerics import tolerance
 
 FEATURES, WIDTH = 6, 8
 

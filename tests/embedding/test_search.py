@@ -6,7 +6,7 @@ import pytest
 from bert_jax.embedding import search
 from bert_jax.errors import ConfigError, DataError
 
-from helpers import tolerance
+from harness.numerics import tolerance
 
 
 def _reference(queries, corpus, k):

@@ -11,7 +11,8 @@ import pytest
 from bert_jax.embedding import beir, pairs, sources
 from bert_jax.errors import DataError
 
-from helpers import run_main, tree_digest
+from harness.digests import tree_digest
+from harness.entry_points import run_main
 
 LONG = ' '.join(f'word{i}' for i in range(sources.MIN_WORDS))
 

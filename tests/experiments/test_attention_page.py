@@ -11,7 +11,9 @@ from bert_jax.interop import pretrained
 
 import chromium
 # attention.py runs in this process (its main: flags, output, exit code); no check here is about a process.
-from helpers import assert_one_line_error, minilm_dir_or_skip, run_main, tolerance
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import minilm_dir_or_skip
+from harness.numerics import tolerance
 from tools import attention_page as attention_html
 
 pytestmark = pytest.mark.slow  # a browser and real checkpoints

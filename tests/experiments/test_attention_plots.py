@@ -6,7 +6,7 @@ import pytest
 
 from bert_jax.errors import ConfigError
 
-from helpers import png_size
+from harness.digests import png_size
 from tools import attention_plots as plots
 
 

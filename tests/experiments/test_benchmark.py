@@ -11,7 +11,7 @@ import pytest
 
 from bert_jax.config import MeshConfig, preset
 
-from helpers import assert_one_line_error, run_experiment
+from harness.entry_points import assert_one_line_error, run_experiment
 from tools import benchmark as bm
 
 CFG = preset('tiny', vocab_size=512)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import run_main
+from harness.entry_points import run_main
 
 
 @pytest.mark.slow

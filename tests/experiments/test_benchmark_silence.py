@@ -4,7 +4,7 @@ command whose timing is known."""
 import json
 import sys
 
-from helpers import run_main
+from harness.entry_points import run_main
 
 _SCRIPT = ('import sys, time\n'
            'time.sleep(0.4); print("first", flush=True)\n'

@@ -11,15 +11,10 @@ import time
 
 import pytest
 
-from helpers import (
-  REPO,
-  SignalledRun,
-  assert_one_line_error,
-  compiling_entry,
-  minilm_dir_or_skip,
-  run_main,
-  tree_digest,
-)
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.faults import SignalledRun, compiling_entry
+from harness.inputs import REPO, minilm_dir_or_skip
 
 
 @pytest.mark.parametrize('script,flag,want', [

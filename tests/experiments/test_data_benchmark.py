@@ -7,7 +7,8 @@ import pytest
 
 from bert_jax.data import corpus_formats, readers
 
-from helpers import FIXTURES, assert_one_line_error, run_experiment
+from harness.entry_points import assert_one_line_error, run_experiment
+from harness.inputs import FIXTURES
 from tools import data_benchmark as bm
 
 

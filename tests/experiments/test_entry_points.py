@@ -9,7 +9,9 @@ import pytest
 
 # The entry points run in this process (their main through cli.run: flags, output, error lines, exit code): no
 # check here is about a process of their own.
-from helpers import assert_one_line_error, run_main as run, tmpfs, write_small_corpus
+from harness.digests import tmpfs
+from harness.entry_points import assert_one_line_error, run_main as run
+from harness.inputs import write_small_corpus
 
 pytestmark = pytest.mark.slow  # the entry points on real runs
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 # The entry points run in this process (their main: flags, output, exit code); no check here is about a process.
-from helpers import assert_one_line_error, minilm_dir_or_skip, run_main as run, tolerance
+from harness.entry_points import assert_one_line_error, run_main as run
+from harness.inputs import minilm_dir_or_skip
+from harness.numerics import tolerance
 
 pytestmark = pytest.mark.slow  # the entry points on trained workdirs
 

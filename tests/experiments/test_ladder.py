@@ -17,7 +17,9 @@ import pytest
 from bert_jax.errors import ConfigError
 
 from configs import ladder as ladder_configs
-from helpers import REPO, assert_one_line_error, run_main, tmpfs, tree_digest
+from harness.digests import tmpfs, tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import REPO
 from tools import ladder
 
 SST2 = os.path.join(os.path.dirname(REPO), 'shared', 'data', 'sst2')

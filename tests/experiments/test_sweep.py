@@ -14,7 +14,9 @@ import pytest
 from bert_jax.errors import ConfigError
 from bert_jax.launch import cells
 
-from helpers import assert_one_line_error, run_main, tree_digest, write_small_corpus
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import write_small_corpus
 from tools import sweep
 
 GRID = 'config.learning_rate=1e-4,5e-5 config.num_train_epochs=2,3'

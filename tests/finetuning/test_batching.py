@@ -7,7 +7,7 @@ import pytest
 from bert_jax.data import packing
 from bert_jax.finetuning import batching
 
-from helpers import features
+from harness.inputs import features
 
 
 def test_first_fit_decreasing_places_every_length_without_overlap():

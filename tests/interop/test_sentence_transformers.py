@@ -12,7 +12,10 @@ import pytest
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import sentence_transformers as st_folder
 
-from helpers import assert_one_line_error, retrieval_config, run_main, tolerance, tree_digest, write_retrieval_data
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import retrieval_config, write_retrieval_data
+from harness.numerics import tolerance
 
 # Texts of every length around the runs' 16 tokens: the long ones are cut by both sides alike.
 TEXTS = ['what is the apple?', 'the river is described here in detail', 'Copper, volcanoes and a penguin: a much '
@@ -33,7 +36,7 @@ def _st_embeddings(folder, **kwargs):
 
 
 def _bert_jax_embeddings(tmp_path, checkpoint, *flags):
-  """embed.py's sentence_embedding of TEXTS from `model_dir`, and its result line."""
+  """embed.py's sentence_embedding of TEXTS from `checkpoint`, and its result line."""
   texts = tmp_path / 'texts.txt'
   texts.write_text(''.join(t + '\n' for t in TEXTS), encoding='utf-8')
   out = tmp_path / f'emb{len(list(tmp_path.glob("emb*.npz")))}.npz'

@@ -10,7 +10,7 @@ import pytest
 from bert_jax.errors import ConfigError
 from bert_jax.launch import cells
 
-from helpers import REPO
+from harness.inputs import REPO
 
 TEMPLATE = os.path.join(REPO, 'experiments', 'launch', 'array.sbatch')
 

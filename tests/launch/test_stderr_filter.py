@@ -12,7 +12,7 @@ import pytest
 from bert_jax.launch import stderr_filter
 from bert_jax.launch.stderr_filter import BannerFilter
 
-from helpers import REPO
+from harness.inputs import REPO
 
 # XLA's two records, as jax 0.10.2's CPU compiler wrote the first on this machine (2 minutes into a compile) and
 # slow_operation_alarm.cc writes the second when that compile ends.

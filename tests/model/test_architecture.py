@@ -19,7 +19,8 @@ from bert_jax import config, sharding
 from bert_jax.errors import ConfigError
 from bert_jax.model import encoder as model, heads, layers
 
-from helpers import largest, random_pretraining_batch, tolerance
+from harness.inputs import random_pretraining_batch
+from harness.numerics import largest, tolerance
 
 MODERN = dict(norm_position='pre', position_embedding='rotary', mlp='geglu', use_bias=False, type_vocab_size=0,
               attention_window=4, global_attention_every=2, rope_theta=160000.0)  # global, local, ...

@@ -8,7 +8,7 @@ import numpy as np
 from bert_jax.model import biencoder
 from bert_jax.model.dropout import Dropout
 
-from helpers import tolerance
+from harness.numerics import tolerance
 
 
 class ToyEncoder(nnx.Module):

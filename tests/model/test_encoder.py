@@ -9,7 +9,7 @@ import pytest
 from bert_jax import config
 from bert_jax.model import encoder as model, heads
 
-from helpers import tolerance
+from harness.numerics import tolerance
 
 
 @pytest.mark.parametrize('name,expected', [('base', 110_106_428), ('large', 336_226_108)])

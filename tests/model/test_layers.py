@@ -13,7 +13,7 @@ import pytest
 from bert_jax import config
 from bert_jax.model import attention, encoder, layers
 
-from helpers import tolerance
+from harness.numerics import tolerance
 
 
 def _attention(dropout=0.0):

@@ -12,7 +12,8 @@ import pytest
 from bert_jax.config import preset
 from bert_jax.model import attention, encoder, heads
 
-from helpers import random_pretraining_batch, tolerance
+from harness.inputs import random_pretraining_batch
+from harness.numerics import tolerance
 
 
 def _full_local(q, k, v, mask_b11s, window):

@@ -7,7 +7,7 @@ import pytest
 
 from bert_jax.model import pooling
 
-from helpers import tolerance
+from harness.numerics import tolerance
 
 
 def test_mean_over_real_tokens_and_cls():

@@ -16,7 +16,8 @@ from bert_jax.model import attention, encoder as model, heads
 from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
 
-from helpers import largest, random_pretraining_batch, tolerance
+from harness.inputs import random_pretraining_batch
+from harness.numerics import largest, tolerance
 
 
 def _cfg(**overrides):

@@ -21,7 +21,8 @@ from bert_jax.interop.hf import model_dir
 from bert_jax.interop.pretrained import load_pretrained
 from bert_jax.pretraining import init, pretrain_run as pretraining
 
-from helpers import finetune_config, shared_data_or_skip, tiny_pretrain_config, tolerance, write_small_corpus
+from harness.inputs import finetune_config, shared_data_or_skip, tiny_pretrain_config, write_small_corpus
+from harness.numerics import tolerance
 
 pytestmark = pytest.mark.slow
 

@@ -20,18 +20,11 @@ from bert_jax.pretraining import init, pretrain_run as pretraining
 from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
 
-from helpers import (
-  REPO,
-  WIKITEXT,
-  assert_one_line_error,
-  finetune_config,
-  pretrain_flags,
-  restore_pretraining_state,
-  run_main,
-  sigterm_at_pretraining_batch,
-  tiny_pretrain_config as tiny_config,
-  tree_digest,
-)
+from harness.digests import restore_pretraining_state, tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.faults import sigterm_at_pretraining_batch
+from harness.inputs import REPO, WIKITEXT, finetune_config, tiny_pretrain_config as tiny_config
+from harness.processes import pretrain_flags
 
 HEADS_FIXTURE = os.path.join(REPO, 'tests', 'fixtures', 'hf_pretraining')  # BertForPreTraining, vocab 128
 
@@ -149,7 +142,7 @@ def test_phase_two_starts_from_phase_one_and_resumes_bitwise(pretrained_run, tmp
 def test_from_a_fine_tuning_workdir(small_corpus, tmp_path, tiny_checkpoint):
   from bert_jax.finetuning import finetune_run as finetuning  # pylint: disable=g-import-not-at-top
 
-  from helpers import shared_data_or_skip  # pylint: disable=g-import-not-at-top
+  from harness.inputs import shared_data_or_skip  # pylint: disable=g-import-not-at-top
   tuned = str(tmp_path / 'sst2')
   finetuning.finetune(finetune_config(task='sst2', init_checkpoint=tiny_checkpoint, data_dir=shared_data_or_skip('sst2'),
                                       max_seq_length=32, batch_size=16, num_train_steps=3, max_train_samples=48,

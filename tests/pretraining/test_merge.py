@@ -19,8 +19,9 @@ from bert_jax.pretraining import merge, pretrain_run as pretrain
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import Workdir
 
-from helpers import (assert_one_line_error, run_experiment, run_main, tiny_pretrain_config, tmpfs, tree_digest,
-                     write_small_corpus)
+from harness.digests import tmpfs, tree_digest
+from harness.entry_points import assert_one_line_error, run_experiment, run_main
+from harness.inputs import tiny_pretrain_config, write_small_corpus
 
 
 @pytest.fixture(scope='module')

@@ -25,7 +25,9 @@ from bert_jax.pretraining.objective import pretraining_sums
 from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
 
-from helpers import SMALL_VOCAB, SpyDataset, largest, small_data_config, tiny_pretrain_config, tolerance
+from harness.faults import SpyDataset
+from harness.inputs import SMALL_VOCAB, small_data_config, tiny_pretrain_config
+from harness.numerics import largest, tolerance
 
 
 @pytest.fixture(scope='module')

@@ -20,17 +20,11 @@ from bert_jax.pretraining import pretrain_run as pretrain
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train import optim, preemption
 
-from helpers import (
-  REPO,
-  assert_one_line_error,
-  kill_after_save,
-  restore_pretraining_state,
-  run_main,
-  script_code,
-  sigterm_at_pretraining_batch,
-  tree_digest,
-  write_small_corpus,
-)
+from harness.digests import restore_pretraining_state, tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.faults import kill_after_save, sigterm_at_pretraining_batch
+from harness.inputs import REPO, write_small_corpus
+from harness.processes import script_code
 
 sys.path.insert(0, os.path.join(REPO, 'experiments'))
 from configs import pretrain as pretrain_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -227,7 +221,7 @@ def test_modernbert_base_lowers_every_phase_on_8_devices():
   """The accelerator recipe as stated (22 layers of ModernBERT-base's shape, bfloat16, scan, remat, phases at
   1,024 then 8,192 tokens), at tiny width: each phase's train step lowers on a 2 x 2 x 2 mesh of 8 devices with
   packed rows, its local layers on the blockwise path."""
-  from helpers import random_pretraining_batch  # pylint: disable=g-import-not-at-top
+  from harness.inputs import random_pretraining_batch  # pylint: disable=g-import-not-at-top
   d = pretrain_configs.get_config('modernbert_base').to_dict()
   assert (d['model']['num_layers'], d['model']['hidden_size'], d['model']['attention_window']) == (22, 768, 128)
   d['model'].update(hidden_size=64, num_heads=4, intermediate_size=96, vocab_size=512)

@@ -19,8 +19,10 @@ from bert_jax.pretraining import pretrain_run as pretraining
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train.loop import TrainingDivergedError
 
-from helpers import (REPO, pretrain_flags, pretrain_subprocess, restore_pretraining_state, run_main,
-                     tiny_pretrain_config as tiny_config)
+from harness.digests import restore_pretraining_state
+from harness.entry_points import run_main
+from harness.inputs import REPO, tiny_pretrain_config as tiny_config
+from harness.processes import pretrain_flags, pretrain_subprocess
 
 
 def _snapshot(workdir):

@@ -17,7 +17,7 @@ from bert_jax.runs import checkpoints
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.train import optim
 
-from helpers import random_pretraining_batch
+from harness.inputs import random_pretraining_batch
 
 
 def _model(hidden=64, devices=None):

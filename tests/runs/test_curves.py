@@ -9,7 +9,7 @@ import pytest
 from bert_jax.errors import ConfigError
 from bert_jax.runs import curves
 
-from helpers import png_size
+from harness.digests import png_size
 
 
 def _write_jsonl(path, records, tail=''):

@@ -17,7 +17,7 @@ import pytest
 
 from bert_jax.runs import interrupts
 
-from helpers import REPO
+from harness.inputs import REPO
 
 _COMPILER = os.path.join(os.sep, 'stand-in', 'jax', '_src', 'compiler.py')
 _STAND_IN = ('import time\n'

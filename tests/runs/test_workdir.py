@@ -13,7 +13,7 @@ from bert_jax.runs import checkpoints
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.runs.workdir import Workdir, inspect
 
-from helpers import FIXTURES
+from harness.inputs import FIXTURES
 
 
 def test_layout_and_kind(tmp_path):

@@ -14,7 +14,7 @@ from bert_jax.errors import ConfigError
 from bert_jax.model.dropout import keep_mask
 from bert_jax.model.encoder import BertEncoder
 
-from helpers import tolerance
+from harness.numerics import tolerance
 
 FEATURES, WIDTH, RATE = 6, 16, 0.2
 

@@ -15,7 +15,8 @@ from bert_jax.finetuning.head_tasks import finetuning_model
 from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.runs.checkpoints import Checkpointer
 
-from helpers import FIXTURES, features, largest, random_pretraining_batch, tolerance
+from harness.inputs import FIXTURES, features, random_pretraining_batch
+from harness.numerics import largest, tolerance
 
 LAYOUTS = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (4, 1, 2)]
 CFG = config.preset('tiny', vocab_size=96, hidden_dropout=0.0, attention_dropout=0.0)

@@ -8,7 +8,7 @@ import optax
 from bert_jax.config import OptimConfig
 from bert_jax.train import optim
 
-from helpers import tolerance
+from harness.numerics import tolerance
 
 
 def test_schedule_warms_up_then_decays_linearly_to_zero():

@@ -14,7 +14,7 @@ import pytest
 from bert_jax.runs import interrupts
 from bert_jax.train import preemption
 
-from helpers import SignalledRun, compiling_entry
+from harness.faults import SignalledRun, compiling_entry
 
 
 def test_agreement_points_follow_the_slowest_step_time(monkeypatch):

@@ -8,7 +8,8 @@ from bert_jax import config, sharding
 from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
 
-from helpers import random_pretraining_batch, tolerance
+from harness.inputs import random_pretraining_batch
+from harness.numerics import tolerance
 
 OPT = config.OptimConfig(learning_rate=1e-3, warmup_steps=1)
 

@@ -8,7 +8,7 @@ import pytest
 
 from bert_jax.errors import DataError
 from bert_jax.finetuning.tasks import answering, get_task
-from helpers import finetune_config
+from harness.inputs import finetune_config
 
 _ROWS = [
     {'question': 'Where was the game released?', 'context': 'The game was released in Japan in 1998.',
@@ -72,7 +72,7 @@ def test_bad_rows_name_the_file_and_line(tmp_path, row, pattern):
 
 @pytest.mark.slow
 def test_own_questions_fine_tune_and_evaluate(tiny_checkpoint, tmp_path):
-  from helpers import run_main  # pylint: disable=g-import-not-at-top
+  from harness.entry_points import run_main  # pylint: disable=g-import-not-at-top
   train = _jsonl(tmp_path / 'train.jsonl', _ROWS * 3)
   dev = _jsonl(tmp_path / 'dev.jsonl', _ROWS[:2])
   workdir = tmp_path / 'work'

@@ -19,7 +19,7 @@ from bert_jax.finetuning.tasks import conll
 from bert_jax import metrics
 from bert_jax.finetuning.tasks.base import IGNORE, EvalSet
 
-from helpers import SHARED_DATA
+from harness.inputs import SHARED_DATA
 
 CONLL = os.path.join(SHARED_DATA, 'conll2003')
 

@@ -16,7 +16,7 @@ from bert_jax.errors import DataError
 from bert_jax.finetuning.tasks import glue
 from bert_jax import metrics
 
-from helpers import SHARED_DATA
+from harness.inputs import SHARED_DATA
 
 SST2 = os.path.join(SHARED_DATA, 'sst2')
 _NLI_NAMES = ['entailment', 'not_entailment']

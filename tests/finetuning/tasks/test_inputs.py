@@ -12,7 +12,7 @@ from bert_jax.config import FinetuneConfig
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning.tasks.inputs import check_inputs, column_names
 
-from helpers import shared_data_or_skip
+from harness.inputs import shared_data_or_skip
 
 
 def _write(tmp_path, name: str, text: str) -> str:

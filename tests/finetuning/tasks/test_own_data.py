@@ -196,7 +196,8 @@ def test_own_csv_fine_tunes_predicts_and_exports_label_names(tiny_checkpoint, tm
   transformers = pytest.importorskip('transformers')
   # The entry points run in this process (run_main: flags, stdout, stderr, exit code as a subprocess gives them); a
   # subprocess each would import jax and compile again.
-  from helpers import run_main, tolerance  # pylint: disable=g-import-not-at-top
+  from harness.entry_points import run_main  # pylint: disable=g-import-not-at-top
+  from harness.numerics import tolerance  # pylint: disable=g-import-not-at-top
   rows = [(text, label) for label, texts in _REVIEWS.items() for text in texts] * 2
   train = _csv(tmp_path, 'reviews.csv', rows=rows, header='review,sentiment')
   workdir, export = tmp_path / 'work', tmp_path / 'hf'
@@ -233,7 +234,7 @@ def test_own_csv_fine_tunes_predicts_and_exports_label_names(tiny_checkpoint, tm
 def test_a_gzipped_and_a_remote_training_file_train_as_the_plain_one(tiny_checkpoint, tmp_path, fake_bucket):
   """The rows of a CSV as train.csv.gz (local) and as gs://bucket/own/train.csv (a GCS emulator: conftest's
   fake_bucket) train alike: the same split and the same held-out metrics."""
-  from helpers import run_main  # pylint: disable=g-import-not-at-top
+  from harness.entry_points import run_main  # pylint: disable=g-import-not-at-top
   rows = [(text, label) for label, texts in _REVIEWS.items() for text in texts] * 2
   plain = _csv(tmp_path, 'train.csv', rows=rows)
   packed = tmp_path / 'train.csv.gz'

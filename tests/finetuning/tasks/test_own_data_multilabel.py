@@ -13,7 +13,8 @@ from bert_jax.errors import DataError
 from bert_jax.finetuning import batching
 from bert_jax.finetuning import head_objective as objective
 from bert_jax.finetuning.tasks import get_task, own_data
-from helpers import finetune_config, tolerance
+from harness.inputs import finetune_config
+from harness.numerics import tolerance
 
 _ROWS = [('The battery lasts all day and the screen is sharp', ['battery', 'screen']),
          ('The screen cracked in a week', ['screen']),
@@ -68,7 +69,7 @@ def test_own_label_sets_fine_tune_predict_and_export(tiny_checkpoint, tmp_path):
   """Trained in process; predict.py names every label above one half with its sigmoid, and the exported model is
   a transformers multi-label classifier whose pipeline gives the same probabilities."""
   transformers = pytest.importorskip('transformers')
-  from helpers import finetune_own_file, run_main  # pylint: disable=g-import-not-at-top
+  from harness.entry_points import finetune_own_file, run_main  # pylint: disable=g-import-not-at-top
   workdir, export = tmp_path / 'work', tmp_path / 'hf'
   result = finetune_own_file('multilabel', workdir, tiny_checkpoint, _jsonl(tmp_path / 'train.jsonl', _ROWS * 4))
   assert result['main_metric'] == 'dev_micro_f1'

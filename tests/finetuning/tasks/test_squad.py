@@ -13,7 +13,7 @@ from bert_jax.config import FinetuneConfig
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning.tasks import squad
 
-from helpers import SHARED_DATA
+from harness.inputs import SHARED_DATA
 
 SQUAD_DIR = os.path.join(SHARED_DATA, 'squad-v1.1')
 DEV = os.path.join(SQUAD_DIR, 'dev-v1.1.json')

@@ -65,7 +65,7 @@ def test_bad_rows_name_the_file_and_line(tmp_path, rows, pattern):
 
 
 def test_an_eval_tag_unseen_in_training_is_one_error(tmp_path, wordpiece):
-  from helpers import finetune_config  # pylint: disable=g-import-not-at-top
+  from harness.inputs import finetune_config  # pylint: disable=g-import-not-at-top
   train = _jsonl(tmp_path / 'train.jsonl', _sentences(3))
   dev = _jsonl(tmp_path / 'dev.jsonl', [(['in', 'Rome'], ['O', 'B-GPE'])])
   task = get_task('tag')
@@ -76,7 +76,7 @@ def test_an_eval_tag_unseen_in_training_is_one_error(tmp_path, wordpiece):
 
 
 def test_scores_are_entity_f1_for_chunk_tags_and_token_accuracy_otherwise(tmp_path, wordpiece):
-  from helpers import finetune_config  # pylint: disable=g-import-not-at-top
+  from harness.inputs import finetune_config  # pylint: disable=g-import-not-at-top
   for sentences, main in ((_sentences(2), 'f1'), ([(['run', 'fast'], ['VERB', 'ADV'])] * 2, 'token_accuracy')):
     path = _jsonl(tmp_path / f'{main}.jsonl', sentences)
     task = get_task('tag')
@@ -92,7 +92,7 @@ def test_scores_are_entity_f1_for_chunk_tags_and_token_accuracy_otherwise(tmp_pa
 def test_own_tags_fine_tune_predict_and_export_by_name(tiny_checkpoint, tmp_path):
   """A JSONL of tagged sentences: trained in process, its tag names recorded, predicted and exported by name."""
   transformers = pytest.importorskip('transformers')
-  from helpers import finetune_own_file, run_main  # pylint: disable=g-import-not-at-top
+  from harness.entry_points import finetune_own_file, run_main  # pylint: disable=g-import-not-at-top
   workdir, export = tmp_path / 'work', tmp_path / 'hf'
   result = finetune_own_file('tag', workdir, tiny_checkpoint, _jsonl(tmp_path / 'train.jsonl', _sentences(20)))
   assert result['main_metric'] == 'dev_f1' and 0 <= result['dev_token_accuracy'] <= 1

@@ -24,7 +24,8 @@ from bert_jax.interop.families import bert
 from bert_jax.interop.hf import model_dir
 from bert_jax.model import encoder as model, heads
 
-from helpers import FIXTURES, minilm_dir, model_tolerance
+from harness.inputs import FIXTURES, minilm_dir
+from harness.numerics import model_tolerance
 
 FIXTURE = os.path.join(FIXTURES, 'minilm_reference.npz')
 MINILM = minilm_dir()

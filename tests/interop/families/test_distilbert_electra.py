@@ -17,10 +17,18 @@ from safetensors import numpy as st_numpy
 from bert_jax.errors import CheckpointError
 from bert_jax.interop import families, pretrained
 
-from helpers import (assert_embed_and_attention_match_transformers, assert_export_classifies_as_predict,
-                     assert_export_refused, assert_fill_mask_is_the_pipelines, assert_task_exports_match_transformers,
-                     cut_in_half, export_again, finetune_small_sst2, jitted, pretrain_flags, run_main, save_perturbed,
-                     tolerance, tree_digest)
+from harness.digests import cut_in_half, tree_digest
+from harness.entry_points import assert_export_refused, finetune_small_sst2, run_main
+from harness.numerics import jitted, tolerance
+from harness.processes import pretrain_flags
+from harness.references import (
+  assert_embed_and_attention_match_transformers,
+  assert_export_classifies_as_predict,
+  assert_fill_mask_is_the_pipelines,
+  assert_task_exports_match_transformers,
+  export_again,
+  save_perturbed,
+)
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')

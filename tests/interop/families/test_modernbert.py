@@ -25,7 +25,8 @@ from bert_jax.interop.families import modernbert
 from bert_jax.interop.hf import model_dir
 from bert_jax.model import heads
 
-from helpers import FIXTURES, model_tolerance
+from harness.inputs import FIXTURES
+from harness.numerics import model_tolerance
 
 FIXTURE = os.path.join(FIXTURES, 'hf_modernbert')
 MODERN = dict(norm_position='pre', position_embedding='rotary', mlp='geglu', type_vocab_size=0)

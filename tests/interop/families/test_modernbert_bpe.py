@@ -2,7 +2,7 @@
 no token type ids) and an embedding table longer than the tokenizer.
 
 Built here with transformers from a small ModernBertConfig (random weights, save_pretrained) and a tokenizer trained
-with `tokenizers` in ModernBERT's style (helpers.modernbert_style_tokenizer): it loads with transformers' hidden
+with `tokenizers` in ModernBERT's style (harness.inputs.modernbert_style_tokenizer): it loads with transformers' hidden
 states, logits and ids, continues pretraining (whole-word masking from the tokenizer's word starts), fine-tunes on
 SST-2, predicts, and exports back to a ModernBertForMaskedLM that transformers loads with our logits and whose
 fill-mask pipeline gives fill_mask.py's answers."""
@@ -20,16 +20,10 @@ from safetensors import numpy as st_numpy
 from bert_jax.data import tokenization as tk
 from bert_jax.interop import pretrained
 
-from helpers import (
-  assert_embed_and_attention_match_transformers,
-  assert_fill_mask_is_the_pipelines,
-  assert_one_line_error,
-  finetune_small_sst2,
-  modernbert_style_tokenizer,
-  run_main,
-  tolerance,
-  write_small_corpus,
-)
+from harness.entry_points import assert_one_line_error, finetune_small_sst2, run_main
+from harness.inputs import modernbert_style_tokenizer, write_small_corpus
+from harness.numerics import tolerance
+from harness.references import assert_embed_and_attention_match_transformers, assert_fill_mask_is_the_pipelines
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')]
 torch = pytest.importorskip('torch')

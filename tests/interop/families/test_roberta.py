@@ -19,21 +19,17 @@ from bert_jax.errors import CheckpointError
 from bert_jax.interop import families, pretrained
 from bert_jax.interop.hf import model_dir
 
-from helpers import (
+from harness.digests import cut_in_half, tree_digest
+from harness.entry_points import assert_export_refused, finetune_small_sst2, run_main
+from harness.inputs import write_small_corpus
+from harness.numerics import jitted, tolerance
+from harness.references import (
   assert_embed_and_attention_match_transformers,
   assert_export_classifies_as_predict,
-  assert_export_refused,
   assert_fill_mask_is_the_pipelines,
   assert_task_exports_match_transformers,
-  cut_in_half,
   export_again,
-  finetune_small_sst2,
-  jitted,
-  run_main,
   save_perturbed,
-  tolerance,
-  tree_digest,
-  write_small_corpus,
 )
 
 pytestmark = pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')

@@ -10,11 +10,13 @@ import pytest
 from bert_jax.errors import CheckpointError
 from bert_jax.interop.hf import model_dir
 
-from helpers import assert_one_line_error, run_main, tree_digest, write_retrieval_data, write_small_corpus
+from harness.digests import tree_digest
+from harness.entry_points import assert_one_line_error, run_main
+from harness.inputs import write_retrieval_data, write_small_corpus
 
 
 def _truncated(checkpoint: str, directory) -> str:
-  """A copy of `model_dir` whose model.safetensors lost all but its first 10,000 bytes (a broken download)."""
+  """A copy of `checkpoint` whose model.safetensors lost all but its first 10,000 bytes (a broken download)."""
   shutil.copytree(checkpoint, directory)
   path = os.path.join(directory, model_dir.WEIGHTS_FILE)
   with open(path, 'rb') as f:

@@ -22,7 +22,7 @@ from bert_jax.interop import families
 from bert_jax.interop.hf import model_dir, tokenizer_json
 from bert_jax.model import heads
 
-from helpers import WIKITEXT
+from harness.inputs import WIKITEXT
 
 TEST_RAW = os.path.join(os.path.dirname(WIKITEXT), 'wiki.test.raw')
 
