@@ -8,10 +8,12 @@ The public API, importable from the package itself:
   model = bert_jax.load_pretrained('/tmp/run')                    # any checkpoint, for inference
   bert_jax.embed(model, [('A sentence.', None)])
 
-The package is laid out as the pipeline: `data/` (corpus -> prepared records -> batches),
-`model/` (nnx modules), `runs/` (workdir layout, checkpoints, reporting), `train/` (the one trainer:
-step, loop, the run scaffold), `pretraining/` and `finetuning/` (their objectives and runs), `interop/`
-(Hugging Face, loading weights). Names are imported on first use, so `import bert_jax.data...` in a
+The package is laid out as the pipeline, each package on the floors below it (tests/test_layers.py):
+`files.py` (the I/O layer), `data/` (corpus -> prepared records -> batches; tables of your files),
+`model/` (nnx modules), `runs/` (workdir layout, checkpoints, reporting), `interop/` (Hugging Face families,
+loading weights), `train/` (the one trainer: step, loop, the run scaffold), `embedding/` (retrieval features),
+`pretraining/` and `finetuning/` (their runs; a fine-tuning task kind is one row of `finetuning.kinds`), and
+`launch/` (what starts processes: a sweep's cells, SLURM arrays). Names are imported on first use, so `import bert_jax.data...` in a
 data worker process does not start jax.
 """
 
