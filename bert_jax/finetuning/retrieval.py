@@ -122,14 +122,6 @@ class Retrieval:
     return f'encoder, {cfg.pooling} pooling: a bi-encoder, retrieval', lambda: BiEncoder(model, spec, rngs=nnx.Rngs(0))
 
 
-def saved_config(cfg: FinetuneConfig) -> dict[str, Any]:
-  """The workdir's config.json: the config, and how its embeddings are made (pooling, normalised, sizes)."""
-  return {'finetune': cfg.to_dict(),
-          'task': {'name': TASK, 'kind': TASK, 'num_labels': 0, 'label_names': [],
-                   'pooling': cfg.pooling, 'normalize': True, 'matryoshka_dims': list(cfg.retrieval_dims()),
-                   'similarity': 'cosine'}}
-
-
 def _sts(cfg: FinetuneConfig) -> sts_lib.ScoredPairs | None:
   if not cfg.sts_file:
     return None
@@ -243,7 +235,12 @@ class _PreparedRun:
     return {**out, 'eval_wall_s': time.time() - t0}
 
   def saved_config(self) -> dict[str, Any]:
-    return saved_config(self.cfg)
+    """The workdir's config.json: the config, and how its embeddings are made (pooling, normalised, sizes)."""
+    cfg = self.cfg
+    return {'finetune': cfg.to_dict(),
+            'task': {'name': TASK, 'kind': TASK, 'num_labels': 0, 'label_names': [],
+                     'pooling': cfg.pooling, 'normalize': True, 'matryoshka_dims': list(cfg.retrieval_dims()),
+                     'similarity': 'cosine'}}
 
   def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
     return Report(run_dir, label=f'seed {seed}: ', progress_keys=('loss', 'accuracy', 'temperature'),

@@ -230,19 +230,8 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
   special_tokens_map.json for transformers' fast tokenizer, and as spiece.model, which bert_jax
   reads back bit-exactly (`model_dir.load_hf_tokenizer`).
 
-  Args:
-    directory: output directory; must be empty or absent unless `overwrite`.
-    cfg: the model's configuration.
-    params: pure dict (or nnx.State) of BertForPreTraining parameters ('bert', and optionally
-      'mlm' and 'nsp'; a bare BertEncoder's parameters go under 'bert'), or of a fine-tuned head
-      model ('bert' and 'classifier' or 'qa_outputs').
-    tokenizer: a WordPieceTokenizer or SentencePieceTokenizer to ship alongside, or None.
-    overwrite: replace this function's files in a non-empty directory.
-    task: for a fine-tuned model, {'kind', 'num_labels', 'label_names', 'name'} as `load_finetuned` gives it.
-
-  Raises:
-    CheckpointError: parameters that do not fit the config or the task; DataError: a tokenizer that
-      cannot be exported exactly. Nothing is written then.
+  Its arguments are `families.save_hf_checkpoint`'s. Raises CheckpointError for parameters that do not fit the
+  config or the task, DataError for a tokenizer that cannot be exported exactly; nothing is written then.
   """
   if isinstance(params, nnx.State):
     params = nnx.to_pure_dict(params)
