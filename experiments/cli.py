@@ -18,6 +18,7 @@ from ml_collections import config_flags
 
 from bert_jax import files, hardware
 from bert_jax.config import REMOVED, RENAMED
+from bert_jax.config.finetune import field_readers, foreign_field, unread_fields
 from bert_jax.errors import BertJaxError, CheckpointWriteError, ConfigError, Preempted
 from bert_jax.runs import interrupts
 from bert_jax.launch import stderr_filter
@@ -258,12 +259,34 @@ def _unknown_key(e: Exception) -> None:
     _fail(f'{flag} is now --config.{RENAMED[name]}')
   if name in REMOVED:
     _fail(f'{flag} is gone: {REMOVED[name]}')
+  foreign = _foreign_flags() if field_readers(name) else None  # a field of another task kind's config type
+  if foreign:
+    _fail(foreign)
   if suggestion and given:
     parts = name.split('.')
     parts[parts.index(key)] = suggestion.group(1)
     _fail(f'unknown field {name} in {flag}; did you mean {".".join(parts)}?')
   hint = f'; did you mean {suggestion.group(1)}?' if suggestion else ''
   _fail(f'unknown field {name} in {flag}{hint} (the config file\'s fields are the valid keys: --helpfull)')
+
+
+def _foreign_flags() -> str | None:
+  """'--config.a and --config.b are fields of the retrieval task; this run's task is sst2 (classification), which
+  does not read them': every --config flag given that the config file's task does not read; None for a config file
+  without a task (evaluate.py's: its fields are the evaluation settings)."""
+  try:
+    module, variant = config_help.load_config_module(_config_spec())
+    task = (module.get_config(variant) if variant else module.get_config()).get('task')
+  except Exception:  # pylint: disable=broad-except  # the config file's own error comes when absl loads it
+    task = None
+  if not isinstance(task, str):
+    return None
+  unread: dict[str, list[str]] = {}
+  for given in dict.fromkeys(a.split('=')[0][len('--config.'):] for a in sys.argv[1:] if a.startswith('--config.')):
+    readers = foreign_field(given, task)
+    if readers:
+      unread.setdefault(readers, []).append(f'--config.{given}')
+  return unread_fields(unread, task) if unread else None
 
 
 def define_config(default: str, help_text: str, schema: type | None = None):

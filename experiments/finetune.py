@@ -43,10 +43,6 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Where checkpoints, predictions 
 def main(_):
   cfg = FinetuneConfig.from_dict(_CONFIG.value.to_dict())
   cfg.check_task_fields()  # a field of another task's is refused, not ignored
-  # The user's files (exist, readable, the named columns) before flax and orbax are imported (seconds); the library's
-  # finetune checks both again (first lines only: a moment) for the callers of its Python API.
-  from bert_jax.finetuning.tasks.inputs import check_inputs  # pylint: disable=g-import-not-at-top
-  check_inputs(cfg)
   from bert_jax.finetuning import finetune_run  # pylint: disable=g-import-not-at-top
   from bert_jax.interop.pretrained import NO_INIT_CHECKPOINT  # pylint: disable=g-import-not-at-top
   if not cfg.init_checkpoint:  # the default's package is not installed

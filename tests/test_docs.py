@@ -54,7 +54,7 @@ def test_every_config_field_the_docs_name_exists():
     for name in re.findall(r'--config\.([a-z_][a-z0-9_.*]*[a-z0-9_*])', _read(path)):
       if all(len(part) == 1 for part in name.split('.')):  # a placeholder: --config.a.b
         continue
-      if not any(_field(cls, name) for cls in (config.PretrainConfig, config.FinetuneConfig)) and not _ladder_field(
+      if not any(_field(cls, name) for cls in (config.PretrainConfig, config.FinetuneConfig) + config.CONFIG_TYPES) and not _ladder_field(
           name):
         missing.append(f'{os.path.relpath(path, REPO)}: --config.{name}')
   assert not missing, missing

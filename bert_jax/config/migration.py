@@ -4,6 +4,7 @@ metrics in today's scale (`upgrade_metrics`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -21,8 +22,9 @@ def upgrade_saved(config: dict[str, Any]) -> dict[str, Any]:
 
   Pretraining: data.nsp became data.objective and data.whole_word_masking data.masking. Fine-tuning
   (config.json's 'finetune' block, or a checkpoint's config): the flat fields of RENAMED moved into
-  the shared blocks, eval_only/eval_step went to experiments/evaluate.py, and config.json's
-  top-level 'model' (the starting checkpoint's architecture) became the config's own `model`.
+  the shared blocks, eval_only/eval_step went to experiments/evaluate.py, config.json's
+  top-level 'model' (the starting checkpoint's architecture) became the config's own `model`, and the
+  fields of other task kinds than the run's (one flat config held them all) are dropped.
   """
   if isinstance(config.get('resume_allow'), str):  # the fields it names, renamed too
     renamed = _rename_list(config['resume_allow'], {**RENAMED, **_PRETRAINING_RENAMED})
@@ -56,6 +58,7 @@ def _rename_list(names: str, renamed: dict[str, str]) -> str:
 
 
 def _upgrade_finetune(flat: dict[str, Any]) -> dict[str, Any]:
+  flat = _own_kind_fields(flat)
   if isinstance(flat.get('resume_allow'), str) and _rename_list(flat['resume_allow'], RENAMED) != flat['resume_allow']:
     flat = {**flat, 'resume_allow': _rename_list(flat['resume_allow'], RENAMED)}
   if not (set(RENAMED) | set(REMOVED)) & set(flat):
@@ -71,6 +74,15 @@ def _upgrade_finetune(flat: dict[str, Any]) -> dict[str, Any]:
   if 'optim' in out:  # the warmup was a ratio then: no fixed number of steps
     out['optim'] = {'warmup_steps': 0, **out['optim']}
   return out
+
+
+def _own_kind_fields(flat: dict[str, Any]) -> dict[str, Any]:
+  """A saved fine-tuning config without the fields of other task kinds' config types: until 2026-12-07 one flat
+  config held every kind's fields (those of other kinds at their defaults, or ignored)."""
+  from bert_jax.config.finetune import config_type, kind_fields  # pylint: disable=g-import-not-at-top
+  own = {f.name for f in dataclasses.fields(config_type(flat.get('task', 'sst2')))}
+  other = [k for k in flat if k not in own and k in kind_fields()]
+  return {k: v for k, v in flat.items() if k not in other} if other else flat
 
 
 # Metrics: every score is a fraction in [0, 1]. SQuAD's EM/F1 (and own-file QA's) were percents, the official

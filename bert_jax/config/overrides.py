@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from bert_jax.config.finetune import field_readers
 from bert_jax.config.migration import RENAMED
 from bert_jax.errors import ConfigError
 
@@ -38,7 +39,9 @@ def set_override(cfg, key: str, value: str, where: str) -> None:
   node, parts = cfg, key.split('.')
   for i, part in enumerate(parts):
     if part not in node:
-      hint = f' (it is now {RENAMED[key]})' if key in RENAMED else ''
+      readers = field_readers(key) if i == 0 else None
+      hint = (f' (it is now {RENAMED[key]})' if key in RENAMED else
+              f' ({key} is a field of {readers}, not of this config\'s task)' if readers else '')
       raise ConfigError(f'{where}: the config has no field {".".join(parts[:i + 1])}{hint}')
     node = node[part] if i < len(parts) - 1 else node
   old = node[parts[-1]]

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from bert_jax.config.fields import facts
-from bert_jax.config.finetune import FinetuneConfig
+from bert_jax.config.finetune import kind_fields
 from bert_jax.config.model_config import ModelConfig
 from bert_jax.config.pretrain import PretrainConfig
 from bert_jax.errors import CheckpointError, ConfigError
@@ -89,4 +89,4 @@ def check_resume(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...]
                           + ','.join(d.split(':')[0] for d in diffs))
 
 
-_PATHS = frozenset(facts(PretrainConfig, 'path') + facts(FinetuneConfig, 'path'))
+_PATHS = frozenset(facts(PretrainConfig, 'path') + kind_fields('path'))

@@ -10,11 +10,11 @@ import os
 from typing import Any, Collection
 
 from bert_jax import files
-from bert_jax.config import FinetuneConfig, facts
+from bert_jax.config import FinetuneConfig, kind_fields
 from bert_jax.errors import ConfigError
 from bert_jax.finetuning import seeds
 from bert_jax.finetuning.job import FinetuningJob
-from bert_jax.finetuning.tasks.inputs import check_inputs
+from bert_jax.finetuning.kinds import check_inputs
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
 from bert_jax.train import scaffold
@@ -43,10 +43,10 @@ def evaluate_again(workdir: str, step: int | None = None, overrides: dict[str, A
   saved = wd.config()
   if saved is None or 'finetune' not in saved:
     raise ConfigError(f'{workdir} holds no fine-tuning run to evaluate (no config.json); train first')
-  unknown = sorted(set(overrides or {}) - set(facts(FinetuneConfig, 'evaluation')))
+  unknown = sorted(set(overrides or {}) - set(kind_fields('evaluation')))
   if unknown:
     raise ConfigError(f'{", ".join(unknown)} cannot change when a workdir is evaluated again; its training config '
-                      f'is its own (evaluation settings: {", ".join(facts(FinetuneConfig, "evaluation"))})')
+                      f'is its own (evaluation settings: {", ".join(kind_fields("evaluation"))})')
   if output_dir:
     files.check_output(output_dir, 'directory', '--output_dir')
   read_only = not files.writable(workdir)
@@ -76,7 +76,7 @@ def _evaluate_and_print(workdir: str, step: int | None, overrides: dict[str, Any
 
 # A fine-tuning workdir evaluated again (`train.scaffold.evaluate_workdir`): each seed at one step.
 EVALUATION = scaffold.Evaluation(
-    kinds=('finetuning',), name='fine-tuning', fields=facts(FinetuneConfig, 'evaluation'), options=('output_dir',),
+    kinds=('finetuning',), name='fine-tuning', fields=kind_fields('evaluation'), options=('output_dir',),
     scope='a fine-tuning workdir is evaluated at one step (--step, default the latest) of each seed',
     run=_evaluate_and_print)
 
@@ -84,7 +84,7 @@ EVALUATION = scaffold.Evaluation(
 def _results_name(cfg: FinetuneConfig, step: int, beir_dir: str = '') -> str:
   """Where an evaluation again puts its results: eval_step<N>, and the eval file's name when one is given (a
   retrieval run's: the BEIR directory given instead of its own)."""
-  given = cfg.eval_file or beir_dir.rstrip('/\\')
+  given = getattr(cfg, 'eval_file', '') or beir_dir.rstrip('/\\')  # a head task's eval file; retrieval has none
   stem = os.path.splitext(os.path.basename(given))[0] if given else ''
   return f'eval_step{step}' + (f'_{stem}' if stem else '')
 

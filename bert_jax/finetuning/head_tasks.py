@@ -23,7 +23,7 @@ from bert_jax.config.migration import METRIC_SCALE
 from bert_jax.errors import BertJaxError
 from bert_jax.finetuning import batching, seeds
 from bert_jax.finetuning.head_objective import Finetuning
-from bert_jax.finetuning.tasks import get_task, task_names
+from bert_jax.finetuning.tasks import get_task, inputs, task_names
 from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.model import heads
 from bert_jax.model.attention import describe_attention
@@ -66,6 +66,10 @@ class HeadTasks:
   def __init__(self, cfg: FinetuneConfig, evaluation: bool = False):
     self.task, self.evaluation = get_task(cfg.task), evaluation
     self.recorded_labels: tuple[str, ...] = ()
+
+  @staticmethod
+  def check_inputs(cfg: FinetuneConfig) -> None:
+    inputs.check_inputs(cfg)  # the task's files: exist, readable, the named columns (first lines only)
 
   def check(self, cfg: FinetuneConfig, mesh) -> None:
     scaffold.check_sequence_length(cfg, 'max_seq_length', cfg.max_seq_length, cfg.model)

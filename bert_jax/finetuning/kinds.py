@@ -1,8 +1,10 @@
 """The task kinds: the one extension point of everything fine-tuned from a checkpoint.
 
-A task kind runs one or more `FinetuneConfig.task` names in the one fine-tuning job (`finetuning.job`): it checks the
-config against its model, reads its data, builds its model under its objective and evaluates it. A new kind is one
-module with a class of the `TaskKind` shape and one row of `KINDS`.
+A task kind runs one or more `FinetuneConfig.task` names in the one fine-tuning job (`finetuning.job`), configured by
+its config type (`config.task_configs`: its own fields; none of its own: FinetuneConfig): it checks its input files
+before anything loads, checks the config against its model, reads its data, builds its model under its objective and evaluates it. A new kind is one
+module with a class of the `TaskKind` shape and one row of `KINDS` (and, with fields of its own, a config type and its
+row of `config.task_configs.CONFIG_TYPES`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class TaskKind(Protocol):
   @staticmethod
   def runs(task: str) -> bool: ...  # whether this kind runs FinetuneConfig.task `task`
 
+  @staticmethod
+  def check_inputs(cfg: FinetuneConfig) -> None: ...  # its files exist, can be read, have the named columns
+
   def __init__(self, cfg: FinetuneConfig, evaluation: bool = False): ...  # ConfigError for what it cannot run
   def check(self, cfg: FinetuneConfig, mesh) -> None: ...  # the config against its model and the mesh
   def read(self, cfg: FinetuneConfig, saved: dict[str, Any] | None) -> None: ...  # data read before the weights
@@ -61,3 +66,9 @@ def kind_of(task: str) -> type:
       return kind
   from bert_jax.config.finetune import TASKS  # pylint: disable=g-import-not-at-top
   raise ConfigError(f'unknown task {task!r}; choose from {", ".join(TASKS)}')
+
+
+def check_inputs(cfg: FinetuneConfig) -> None:
+  """DataError (or ConfigError for a file that must be named) for the first input file of `cfg`'s run that is
+  missing, unreadable or lacks a column the config names (its kind's `check_inputs`: first lines only)."""
+  kind_of(cfg.task).check_inputs(cfg)

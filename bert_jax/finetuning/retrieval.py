@@ -17,6 +17,7 @@ compiles once per width met, and short queries are not padded to a long max_quer
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -24,14 +25,16 @@ from flax import nnx
 import jax
 import numpy as np
 
-from bert_jax import distributed, hardware, sharding as shd
+from bert_jax import distributed, files, hardware, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.embedding import beir, pairs as pairs_lib, sts as sts_lib
 from bert_jax.embedding.retrieval_eval import evaluate_retrieval
 from bert_jax.embedding.contrastive import Contrastive
 from bert_jax.model.biencoder import BiEncoder, ContrastiveSpec
 from bert_jax.errors import ConfigError, DataError
+from bert_jax.data import tables
 from bert_jax.finetuning import batching, seeds
+from bert_jax.finetuning.tasks import inputs
 from bert_jax.model.attention import describe_attention
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
@@ -84,6 +87,30 @@ class Retrieval:
     self.train: list[pairs_lib.Pair] = []
     self.held_out: beir.BeirSet | None = None
     self.sts: sts_lib.ScoredPairs | None = None
+
+  @staticmethod
+  def check_inputs(cfg: FinetuneConfig) -> None:
+    """The pairs file (its columns), the BEIR directory and the STS file exist and can be read (first lines only)."""
+    if not cfg.train_file:
+      raise ConfigError('retrieval: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
+                        f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
+    if not cfg.beir_dir:
+      raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
+                        'qrels/<split>.tsv) to evaluate on')
+    names = inputs.column_names(cfg.train_file)
+    if names is not None:
+      pairs_lib.check_columns(cfg.train_file, names, pairs_lib.PairColumns(cfg.query_column, cfg.positive_column,
+                                                                            cfg.negative_column_names()))
+    if not files.is_remote(cfg.beir_dir):
+      if not files.isdir(cfg.beir_dir):
+        raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
+                        'qrels/<split>.tsv)')
+      for name, what in (('corpus.jsonl', 'corpus file'), ('queries.jsonl', 'queries file'),
+                         (os.path.join('qrels', f'{cfg.beir_split}.tsv'), f'qrels file of beir_split={cfg.beir_split!r}')):
+        inputs.first_lines(beir.find(os.path.join(cfg.beir_dir, name)), what, 1)
+    names = inputs.column_names(cfg.sts_file) if cfg.sts_file else None
+    for column in (c.strip() for c in cfg.sts_columns.split(',')) if names is not None else ():
+      tables.find_column(cfg.sts_file, names, column, column, flags='--config.sts_columns')
 
   @staticmethod
   def check(cfg: FinetuneConfig, mesh) -> None:

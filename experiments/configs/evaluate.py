@@ -9,12 +9,14 @@ of them but max_eval_batches (a workdir of the other kind refuses a field only o
 
 import ml_collections
 
-from bert_jax.config import FinetuneConfig, PretrainConfig, facts
+from bert_jax.config import CONFIG_TYPES, PretrainConfig, facts, kind_fields
 
 
 def get_config(arg: str = '') -> ml_collections.ConfigDict:
   del arg
-  defaults = {**PretrainConfig().to_dict(), **FinetuneConfig().to_dict()}
-  names = dict.fromkeys(facts(FinetuneConfig, 'evaluation') + facts(PretrainConfig, 'evaluation'))
+  defaults = {**PretrainConfig().to_dict()}
+  for config_type in CONFIG_TYPES:  # each task kind's fields
+    defaults.update(config_type().to_dict())
+  names = dict.fromkeys(kind_fields('evaluation') + facts(PretrainConfig, 'evaluation'))
   return ml_collections.ConfigDict({name: defaults[name] for name in names})
 

@@ -101,7 +101,7 @@ def get_config(arg: str = '') -> ml_collections.ConfigDict:
     raise ValueError(f'unknown finetune config variant {variant!r}: {", ".join(VARIANTS)}')
   task, folder, learning_rate, fields = VARIANTS[variant]
   cfg = FinetuneConfig(task=task, init_checkpoint=packaged_minilm(),
-                       data_dir=os.path.join(SHARED_DATA, folder) if folder else '').to_dict()
+                       **(dict(data_dir=os.path.join(SHARED_DATA, folder)) if folder else {})).to_dict()
   cfg.update(fields)
   cfg['optim']['learning_rate'] = learning_rate
   return ml_collections.ConfigDict(cfg)

@@ -1,53 +1,72 @@
-"""FinetuneConfig's task fields: each field is shared or read by named tasks, and one set on a task that does not read
-it is refused in one message."""
+"""FinetuneConfig builds its task's config type; a field of another kind's is refused in one line naming the tasks
+that read it, from Python, from a dict (a config file, a sweep) and from a saved config of the flat layout."""
 
+import copy
 import dataclasses
+import pickle
 
 import pytest
 
-from bert_jax.config import FinetuneConfig, TrainingConfig
-from bert_jax.config.finetune import SHARED_FIELDS, TASK_FIELDS, TASK_KINDS, TASKS, task_kind
+from bert_jax.config import (CONFIG_TYPES, FinetuneConfig, HeadTaskConfig, RetrievalConfig, TrainingConfig,
+                             upgrade_saved)
+from bert_jax.config.finetune import TASK_KINDS, TASKS, config_type, kind_fields, task_kind
 from bert_jax.errors import ConfigError
 
 
-def test_every_field_is_shared_or_placed_in_the_task_table():
-  fields = {f.name for f in dataclasses.fields(FinetuneConfig)}
-  shared = {f.name for f in dataclasses.fields(TrainingConfig)} | set(SHARED_FIELDS)
-  unplaced = fields - shared - set(TASK_FIELDS)
-  assert not unplaced, f'place each in TASK_FIELDS (the tasks that read it) or SHARED_FIELDS: {sorted(unplaced)}'
-  assert not shared & set(TASK_FIELDS)
-  assert set(TASK_FIELDS) <= fields and set(SHARED_FIELDS) <= fields  # no stale names
-  for name, tasks in TASK_FIELDS.items():
-    assert tasks and set(tasks) <= set(TASKS), name
-    assert set(tasks) != set(TASKS), f'{name} is read by every task: it is shared'
-  assert len(TASKS) == len(set(TASKS))  # each task is of one kind
-  assert {task_kind(t) for t in TASKS} == set(TASK_KINDS)
+def test_each_task_has_one_config_type_and_the_types_share_only_the_base():
+  assert len(TASKS) == len(set(TASKS)) and {task_kind(t) for t in TASKS} == set(TASK_KINDS)
+  for task in TASKS:
+    assert sum(task in t.TASKS for t in CONFIG_TYPES) == 1, task
+  assert config_type('retrieval') is RetrievalConfig and config_type('squad') is HeadTaskConfig
+  assert config_type('toy') is FinetuneConfig  # a kind without fields of its own
+  base = {f.name for f in dataclasses.fields(FinetuneConfig)}
+  assert base >= {f.name for f in dataclasses.fields(TrainingConfig)} | {'task', 'train_file', 'max_seq_length'}
+  own = [{f.name for f in dataclasses.fields(t)} - base for t in CONFIG_TYPES]
+  assert own[0] & own[1] == {'max_query_length'}  # QA's question length and retrieval's query length
+  assert set(kind_fields()) == base.union(*own)
 
 
-def test_a_field_of_another_task_is_named_with_the_tasks_that_read_it():
-  cfg = FinetuneConfig(task='sst2', temperature=0.1, matryoshka_dims='64', beir_dir='/nonexistent')
+def test_finetune_config_builds_the_tasks_type_and_keeps_it_through_copies():
+  cfg = FinetuneConfig(task='retrieval', pooling='cls', batch_size=8)
+  assert type(cfg) is RetrievalConfig and cfg.pooling == 'cls' and cfg.batch_size == 8
+  assert type(FinetuneConfig()) is HeadTaskConfig and FinetuneConfig().task == 'sst2'
+  assert type(FinetuneConfig(task='toy')) is FinetuneConfig
+  assert RetrievalConfig() == FinetuneConfig(task='retrieval')
+  for again in (copy.copy(cfg), copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg)),
+                dataclasses.replace(cfg, temperature=0.1), FinetuneConfig.from_dict(cfg.to_dict())):
+    assert type(again) is RetrievalConfig and again.pooling == 'cls'
+  assert type(copy.deepcopy(FinetuneConfig(task='toy'))) is FinetuneConfig
+  assert 'pooling' not in FinetuneConfig(task='sst2').to_dict() and 'pack' not in cfg.to_dict()
+  with pytest.raises(ConfigError, match="task 'sst2' is configured by HeadTaskConfig, not RetrievalConfig"):
+    dataclasses.replace(cfg, task='sst2')
+
+
+def test_a_field_of_another_kind_is_one_line_naming_the_tasks_that_read_it():
   with pytest.raises(ConfigError) as e:
-    cfg.check_task_fields()
-  assert str(e.value) == ('--config.temperature, --config.matryoshka_dims and --config.beir_dir are fields of the '
-                          "retrieval task; this run's task is sst2 (classification), which does not read them")
-  with pytest.raises(ConfigError, match=r'--config.data_dir is a field of the GLUE, conll2003, squad and squad_v2 '
-                                        r"tasks; --config.pack is a field of every task but retrieval; this run's "
-                                        r'task is retrieval, which does not read them'):
-    FinetuneConfig(task='retrieval', data_dir='glue/sst2', pack=False).check_task_fields()
-  with pytest.raises(ConfigError, match="text_column is a field of the classify, regress, multilabel, tag and qa "
-                                        "tasks; this run's task is conll2003 .tagging., which does not read it"):
-    FinetuneConfig(task='conll2003', text_column='sentence').check_task_fields()
+    FinetuneConfig(task='sst2', temperature=0.1, matryoshka_dims='64', beir_dir='/nonexistent')
+  assert str(e.value) == ('temperature, matryoshka_dims and beir_dir are fields of the retrieval task; this run\'s '
+                          'task is sst2 (classification), which does not read them')
+  with pytest.raises(ConfigError, match="pooling is a field of the retrieval task; this run's task is sst2 "
+                                        r'\(classification\), which does not read it$'):
+    FinetuneConfig(task='sst2', pooling='mean')  # even at its default: it is not sst2's field
+  with pytest.raises(ConfigError, match="data_dir is a field of the GLUE, conll2003, squad and squad_v2 tasks; pack "
+                                        "is a field of every task but retrieval; this run's task is retrieval, "
+                                        'which does not read them'):
+    FinetuneConfig.from_dict({'task': 'retrieval', 'data_dir': 'glue/sst2', 'pack': False})
+  with pytest.raises(ConfigError, match=r'unknown config key\(s\): pooling_mode'):  # a typo stays a typo
+    FinetuneConfig.from_dict({'task': 'retrieval', 'pooling_mode': 'cls'})
+  with pytest.raises(ConfigError, match='learning_rate is now optim.learning_rate'):
+    FinetuneConfig.from_dict({'task': 'sst2', 'learning_rate': 1e-5})
   with pytest.raises(ConfigError, match="unknown task 'sst3'"):
     FinetuneConfig(task='sst3').check_task_fields()
 
 
-def test_fields_at_their_defaults_and_a_tasks_own_fields_pass():
-  FinetuneConfig(task='sst2').check_task_fields()
-  FinetuneConfig(task='retrieval', temperature=0.1, beir_dir='b', max_query_length=32).check_task_fields()
-  FinetuneConfig(task='qa', max_query_length=32, text_pair_column='context', eval_fraction=0.2).check_task_fields()
-  FinetuneConfig(task='squad', train_articles=3, data_dir='squad').check_task_fields()
-  FinetuneConfig(task='sst2', temperature=0.05).check_task_fields()  # the default, written out
-  # Only the fields named: a saved config's other values are not the user's.
-  FinetuneConfig(task='sst2', temperature=0.1).check_task_fields(names=('eval_file',))
-  with pytest.raises(ConfigError, match='beir_dir is a field of the retrieval task'):
-    FinetuneConfig(task='sst2', beir_dir='b').check_task_fields(names=('beir_dir',))
+def test_a_saved_flat_config_keeps_its_own_kinds_fields():
+  flat = {**HeadTaskConfig().to_dict(), **RetrievalConfig().to_dict(), 'task': 'retrieval', 'pooling': 'cls',
+          'pack': True, 'eval_file': ''}  # one flat config held every kind's fields until 2026-12-07
+  cfg = FinetuneConfig.from_dict(upgrade_saved({'finetune': flat})['finetune'])
+  assert type(cfg) is RetrievalConfig and cfg.pooling == 'cls'
+  head = FinetuneConfig.from_dict(upgrade_saved({**flat, 'task': 'rte', 'max_query_length': 40}))
+  assert type(head) is HeadTaskConfig and head.max_query_length == 40 and head.task == 'rte'
+  new = {'finetune': FinetuneConfig(task='sst2').to_dict()}
+  assert upgrade_saved(new) is new

@@ -94,8 +94,9 @@ def test_print_config_counts_the_training_files_labels(tmp_path):
   plan = planning.plan(FinetuneConfig(task='classify', init_checkpoint=minilm_dir_or_skip(), train_file=str(train)))
   assert plan.notes[-1] == 'labels: mid, neg, pos (the training file)'
   assert plan.what == 'encoder + classification head, classify; 3 labels'
-  refused = planning.plan(FinetuneConfig(task='sst2', init_checkpoint=minilm_dir_or_skip(), temperature=0.1))
-  assert refused.notes[0].startswith('the run refuses this config: --config.temperature is a field of the retrieval')
+  refused = planning.plan(FinetuneConfig(task='sst2', init_checkpoint=minilm_dir_or_skip(), doc_stride=64))
+  assert refused.notes[0].startswith('the run refuses this config: --config.doc_stride is a field of the squad, '
+                                     'squad_v2 and qa tasks')
 
 
 def test_without_the_default_model_its_pip_command_is_named(tmp_path):
@@ -194,7 +195,7 @@ def test_evaluating_again_refuses_another_tasks_setting_and_old_workdirs_still_l
     saved = json.load(f)  # an sst2 workdir of an earlier version: every field of its day, at its defaults
   (workdir / 'config.json').write_text(json.dumps(saved), encoding='utf-8')
   before = tree_digest(str(workdir))
-  with pytest.raises(ConfigError, match="--config.beir_dir is a field of the retrieval task; this run's task is "
+  with pytest.raises(ConfigError, match="beir_dir is a field of the retrieval task; this run's task is "
                                         'sst2'):
     finetuning.evaluate_again(str(workdir), overrides={'beir_dir': '/x'})
   assert tree_digest(str(workdir)) == before

@@ -1,7 +1,7 @@
 """The files a fine-tuning run will read, checked before it loads a checkpoint or compiles anything.
 
-`check_inputs(cfg)` looks at each file the run of `cfg` reads (its task's files in data_dir, or train_file,
-eval_file; retrieval's pairs, BEIR directory and STS file): that it exists, is a regular file that can be read, and
+`check_inputs(cfg)` looks at each file a head task's run of `cfg` reads (its task's files in data_dir, or train_file,
+eval_file; the head-task kind's input check, `finetuning.kinds`): that it exists, is a regular file that can be read, and
 that the columns the config names are in its header (CSV, TSV), its first record (JSONL) or its schema (Parquet). It
 reads only the first lines: a bad row further down is still the task's own reader's error, when the run reads the
 whole file. The error messages are the readers' own (`own_data.check_columns`, `tagging.sentence_columns`, ...). Remote
@@ -14,8 +14,7 @@ import os
 
 from bert_jax import files
 from bert_jax.data import tables
-from bert_jax.embedding import beir, pairs
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.errors import DataError
 from bert_jax.finetuning.tasks import answering, conll, glue, own_data, squad, tagging
 
 
@@ -46,8 +45,6 @@ def check_inputs(cfg) -> None:
         first_lines(path, 'SQuAD file', 1)
       elif (names := column_names(path)) is not None:
         answering.row_columns(path, names, cfg)
-  elif task == 'retrieval':
-    _check_retrieval(cfg)
 
 
 def _own_files(cfg, held_out: str) -> list[str]:
@@ -92,29 +89,6 @@ def _check_squad(cfg, version_2: bool) -> None:
   for path in paths:
     first_lines(path, 'SQuAD file', 1, 'set --config.data_dir (or train_file/eval_file) to where the official JSON '
                 'files are')
-
-
-def _check_retrieval(cfg) -> None:
-  if not cfg.train_file:
-    raise ConfigError('retrieval: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
-                      f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
-  if not cfg.beir_dir:
-    raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
-                      'qrels/<split>.tsv) to evaluate on')
-  names = column_names(cfg.train_file)
-  if names is not None:
-    pairs.check_columns(cfg.train_file, names, pairs.PairColumns(cfg.query_column, cfg.positive_column,
-                                                                  cfg.negative_column_names()))
-  if not files.is_remote(cfg.beir_dir):
-    if not files.isdir(cfg.beir_dir):
-      raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
-                      'qrels/<split>.tsv)')
-    for name, what in (('corpus.jsonl', 'corpus file'), ('queries.jsonl', 'queries file'),
-                       (os.path.join('qrels', f'{cfg.beir_split}.tsv'), f'qrels file of beir_split={cfg.beir_split!r}')):
-      first_lines(beir.find(os.path.join(cfg.beir_dir, name)), what, 1)
-  names = column_names(cfg.sts_file) if cfg.sts_file else None
-  for column in (c.strip() for c in cfg.sts_columns.split(',')) if names is not None else ():
-    tables.find_column(cfg.sts_file, names, column, column, flags='--config.sts_columns')
 
 
 # ------------------------------------------------------------------------------------------ reading the start

@@ -10,7 +10,8 @@ import pytest
 
 from bert_jax.config import FinetuneConfig
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning.tasks.inputs import check_inputs, column_names
+from bert_jax.finetuning.kinds import check_inputs
+from bert_jax.finetuning.tasks.inputs import column_names
 
 from harness.inputs import shared_data_or_skip
 

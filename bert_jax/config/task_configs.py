@@ -1,0 +1,185 @@
+"""Each task kind's config type: its own fields on top of `FinetuneConfig`'s shared ones, and the registry
+`CONFIG_TYPES` (one row per type) that `FinetuneConfig(task=...)` and `from_dict` build from.
+
+  HeadTaskConfig   a head on the encoder (classification, regression, multi-label, tagging, extractive QA): the
+                   task's files, your own files' columns and labels, SQuAD's windows and answers
+  RetrievalConfig  a bi-encoder trained contrastively on pairs: pooling, temperature, Matryoshka sizes, the pairs'
+                   columns, its BEIR and STS evaluation
+A new kind with fields of its own adds its type here and one row of CONFIG_TYPES (a kind without any runs on
+FinetuneConfig itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar, Collection
+
+from bert_jax.config.fields import _f
+from bert_jax.config.finetune import GLUE_TASKS, TASK_KINDS, FinetuneConfig, _readers, unread_fields
+from bert_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadTaskConfig(FinetuneConfig):
+  """A head on the encoder: GLUE, CoNLL-2003 and SQuAD from a data_dir, or your own files by their columns."""
+
+  TASKS: ClassVar[tuple[str, ...]] = TASK_KINDS['classification'] + TASK_KINDS['tagging'] + TASK_KINDS['qa']
+
+  data_dir: str = _f('', path=True)
+  eval_file: str = _f('', free=True, path=True, evaluation=True)
+  # Packs several examples into each row (per-example attention, restarted positions);
+  # the same function as padding each one, with no compute spent on padding.
+  pack: bool = True
+  # classify / regress: your own CSV, TSV, JSONL or Parquet files, by column names (finetuning.tasks.own_data)
+  text_column: str = 'text'  # the default also reads a 'sentence' column
+  text_pair_column: str = ''  # the second text of a pair; '' single texts
+  label_column: str = 'label'
+  # classify / multilabel / tag: the labels in order, comma-separated; '' the training file's, sorted
+  label_names: str = ''
+  eval_fraction: float = 0.1  # without eval_file: this share of the training file's rows is held out ...
+  split_seed: int = 0  # ... drawn with this seed
+  # SQuAD
+  doc_stride: int = 128  # overlap in tokens between consecutive windows (HF run_qa convention)
+  max_query_length: int = 64
+  n_best_size: int = _f(20, free=True, evaluation=True)
+  max_answer_length: int = _f(30, free=True, evaluation=True)
+  null_score_diff_threshold: float = _f(0.0, free=True, evaluation=True)  # SQuAD 2.0: no answer above this
+  tune_null_threshold: bool = _f(True, free=True, evaluation=True)  # SQuAD 2.0: also report the best threshold
+  train_articles: int = 40  # without a train file: the first N articles of dev-v1.1.json train
+  eval_articles: int = _f(8, free=True, evaluation=True)  # ... and the last N evaluate
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 0.0 <= self.eval_fraction < 1.0:
+      raise ConfigError(f'eval_fraction={self.eval_fraction} must be in [0, 1)')
+
+  @classmethod
+  def readers(cls, name: str) -> tuple[str, ...]:
+    return TASK_FIELDS.get(name, cls.TASKS)
+
+  def check_task_fields(self, names: Collection[str] | None = None) -> None:
+    """ConfigError naming each of this kind's fields (`TASK_FIELDS`) set to other than its default on a task that
+    does not read it. Called when a run starts; a saved config (a workdir's config.json) is not checked when it
+    loads. `names`: check only these fields (evaluating a workdir again: the ones given); None all."""
+    super().check_task_fields(names)
+    defaults = HeadTaskConfig()
+    unread: dict[str, list[str]] = {}  # the tasks that read them -> the fields set
+    for name, tasks in TASK_FIELDS.items():
+      if names is not None and name not in names or self.task in tasks:
+        continue
+      if getattr(self, name) != getattr(defaults, name):
+        unread.setdefault(_readers(tasks), []).append(f'--config.{name}')
+    if unread:
+      raise ConfigError(unread_fields(unread, self.task))
+
+
+# Which of the head tasks read each of HeadTaskConfig's fields but data_dir-free ones every head task reads: a
+# field set to other than its default on a task that does not read it is refused (`check_task_fields`), not
+# silently ignored. tests/config/test_task_configs.py fails on a HeadTaskConfig field in neither.
+HEAD_SHARED = ('eval_file', 'pack')  # every head task's
+_SHIPPED = GLUE_TASKS + ('conll2003', 'squad', 'squad_v2')  # the files of a data_dir
+_OWN_FILES = ('classify', 'regress', 'multilabel', 'tag', 'qa')  # your files, by columns
+_QA = TASK_KINDS['qa']
+TASK_FIELDS = {
+    'data_dir': _SHIPPED,
+    # your own files (classify / regress / multilabel, tag, qa): columns, labels, the held-out split
+    'text_column': _OWN_FILES,
+    'text_pair_column': ('classify', 'regress', 'multilabel', 'qa'),
+    'label_column': _OWN_FILES,
+    'label_names': ('classify', 'multilabel', 'tag'),
+    'eval_fraction': _OWN_FILES,
+    'split_seed': _OWN_FILES,
+    # QA (SQuAD, own-data qa)
+    'doc_stride': _QA,
+    'max_query_length': _QA,
+    'n_best_size': _QA,
+    'max_answer_length': _QA,
+    'null_score_diff_threshold': _QA,
+    'tune_null_threshold': _QA,
+    'train_articles': ('squad', 'squad_v2'),
+    'eval_articles': ('squad', 'squad_v2'),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalConfig(FinetuneConfig):
+  """A bi-encoder trained contrastively (InfoNCE over the global batch) on pairs from train_file, by columns;
+  passages are cut to max_seq_length tokens, queries to max_query_length (embedding/, finetuning.retrieval)."""
+
+  TASKS: ClassVar[tuple[str, ...]] = TASK_KINDS['retrieval']
+
+  task: str = 'retrieval'
+  max_query_length: int = 64
+  pooling: str = 'mean'  # 'mean' or 'cls'; embeddings are normalised
+  temperature: float = 0.05  # fixed, or the learned one's initial value
+  learn_temperature: bool = False
+  temperature_min: float = 0.01  # the learned temperature's bounds
+  temperature_max: float = 1.0
+  symmetric: bool = False  # also passage -> query
+  matryoshka_dims: str = ''  # e.g. '384,256,128,64': the loss at each leading size, evaluated at each
+  matryoshka_weights: str = ''  # one per dim, comma-separated; '' equal
+  query_column: str = 'query'
+  positive_column: str = 'positive'
+  negative_columns: str = ''  # comma-separated hard-negative columns (JSONL/Parquet: a column may hold a list)
+  beir_dir: str = _f('', free=True, path=True, evaluation=True)  # corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+  beir_split: str = _f('test', free=True, evaluation=True)
+  # Scored pairs (STS): also report Spearman's correlation of the embeddings' cosine with the gold scores.
+  sts_file: str = _f('', free=True, path=True, evaluation=True)
+  sts_columns: str = _f('sentence1,sentence2,score', free=True, evaluation=True)
+
+  def __post_init__(self):
+    """The retrieval fields' mesh- and model-free checks (the dims against the model: `finetuning.retrieval`)."""
+    super().__post_init__()
+    if self.pooling not in ('mean', 'cls'):
+      raise ConfigError(f"pooling must be 'mean' or 'cls', got {self.pooling!r}")
+    for name in ('temperature',) + (('temperature_min', 'temperature_max') if self.learn_temperature else ()):
+      value = getattr(self, name)
+      if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f'{name}={value} must be a finite number > 0')
+    if self.learn_temperature and not self.temperature_min <= self.temperature <= self.temperature_max:
+      raise ConfigError(f'temperature={self.temperature} must lie within [temperature_min, temperature_max] = '
+                        f'[{self.temperature_min}, {self.temperature_max}] when learn_temperature is set')
+    dims, weights = self.retrieval_dims(), self.retrieval_weights()
+    if any(a <= b for a, b in zip(dims, dims[1:])):
+      raise ConfigError(f'matryoshka_dims={self.matryoshka_dims!r} must be strictly decreasing (largest first)')
+    if weights and len(weights) != len(dims):
+      raise ConfigError(f'matryoshka_weights has {len(weights)} values for {len(dims)} matryoshka_dims')
+    for name in ('query_column', 'positive_column'):
+      if not getattr(self, name).strip():
+        raise ConfigError(f'{name} must name a column')
+    if self.max_query_length < 3:
+      raise ConfigError(f'max_query_length={self.max_query_length} must be at least 3')
+
+  def retrieval_dims(self) -> tuple[int, ...]:
+    """matryoshka_dims as integers (ConfigError when they are not positive integers)."""
+    return _int_list('matryoshka_dims', self.matryoshka_dims)
+
+  def retrieval_weights(self) -> tuple[float, ...]:
+    try:
+      weights = tuple(float(w) for w in self.matryoshka_weights.split(',') if w.strip())
+    except ValueError:
+      raise ConfigError(f'matryoshka_weights={self.matryoshka_weights!r} must be numbers separated by commas') from None
+    if any(not math.isfinite(w) or w < 0 for w in weights):
+      raise ConfigError(f'matryoshka_weights={self.matryoshka_weights!r} must be finite numbers >= 0')
+    return weights
+
+  def negative_column_names(self) -> tuple[str, ...]:
+    return tuple(c.strip() for c in self.negative_columns.split(',') if c.strip())
+
+
+# One row per config type: FinetuneConfig(task=...) builds the one whose TASKS name the task.
+CONFIG_TYPES: tuple[type, ...] = (
+    HeadTaskConfig,
+    RetrievalConfig,
+)
+
+
+def _int_list(name: str, text: str) -> tuple[int, ...]:
+  try:
+    values = tuple(int(v) for v in text.split(',') if v.strip())
+  except ValueError:
+    raise ConfigError(f'{name}={text!r} must be positive integers separated by commas') from None
+  if any(v < 1 for v in values):
+    raise ConfigError(f'{name}={text!r} must be positive integers separated by commas')
+  return values
