@@ -46,7 +46,6 @@ _MAX_PAIRS = flags.DEFINE_integer('max_pairs', 0, 'The first this many pairs (0:
 
 
 def _peer(model_dir, train, out):
-  os.environ.setdefault('TQDM_DISABLE', '1')  # its encode calls draw progress bars whatever verbose says
   from datasets import Dataset  # pylint: disable=g-import-not-at-top
   from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
   from sentence_transformers.util import mine_hard_negatives  # pylint: disable=g-import-not-at-top

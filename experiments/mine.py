@@ -86,6 +86,8 @@ _OVERWRITE = flags.DEFINE_boolean('overwrite', False, 'Replace an existing --out
 
 def _read_pairs(path: str) -> list[pairs_lib.Pair]:
   names = tables.column_names(path)
+  if not names:  # an empty file: the reader says so
+    return pairs_lib.read_pairs(path)
   for flag, column in (('query_column', _QUERY_COLUMN.value), ('positive_column', _POSITIVE_COLUMN.value)):
     if column not in names:
       raise DataError(f'{path}:1: no column {column!r}; the file has {", ".join(map(repr, names)) or "none"} (set '
