@@ -280,18 +280,19 @@ def test_mine_bad_input_is_one_error_line_and_keeps_what_was_written(tiny_checkp
 
 # Against the peer: sentence-transformers' miner on the same model and pairs.
 
-def _squad_pairs(count):
+def _squad_pairs(every):
+  """Every `every`-th pair of make_pairs.py's SQuAD training pairs (about one question a paragraph)."""
   from bert_jax.embedding import sources  # pylint: disable=g-import-not-at-top
   squad = shared_data_or_skip('squad-v1.1')
   rows, _ = sources.squad_pairs(f'{squad}/dev-v1.1.json')
-  return [pairs_lib.Pair(r['query'], r['positive'], (), i) for i, r in enumerate(rows[:count], 1)]
+  return [pairs_lib.Pair(r['query'], r['positive'], (), i) for i, r in enumerate(rows[::every], 1)]
 
 
 @pytest.mark.slow
 def test_same_negatives_as_sentence_transformers_on_minilm(tmp_path):
-  """Row for row the peer's negatives ('n-tuple' rows, matched by (query, positive)) on 240 SQuAD pairs (about 60
-  passages, queries with several positives among them), for the top of the window, a relative margin and seeded
-  random sampling. Every row is the same: on these pairs no two candidates of a query are closer than the two
+  """Row for row the peer's negatives ('n-tuple' rows, matched by (query, positive)) on 225 SQuAD pairs (about 200
+  passages, a query with two positives among them), for the top of the window, a relative margin and seeded random
+  sampling. Every row is the same: on these pairs no two candidates of a query are closer than the two
   implementations' score difference (float32 XLA against float32 torch: about 5e-7, max over the positives)."""
   datasets = pytest.importorskip('datasets', reason='the peer needs datasets and pandas: pip install --no-deps '
                                  "'datasets<5' dill xxhash multiprocess pandas pytz tzdata pyarrow")
@@ -300,8 +301,8 @@ def test_same_negatives_as_sentence_transformers_on_minilm(tmp_path):
   from bert_jax import inference  # pylint: disable=g-import-not-at-top
   from bert_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
   path = minilm_dir_or_skip()
-  pairs = _squad_pairs(240)
-  pairs += [pairs_lib.Pair(pairs[0].query, pairs[5].positive, (), 241)]  # a second positive for a query
+  pairs = _squad_pairs(40)
+  pairs += [pairs_lib.Pair(pairs[0].query, pairs[5].positive, (), len(pairs) + 1)]  # a second positive for a query
   model = pretrained.load_encoder(path)
   settings = inference.embedding_settings(path, model, log=lambda _: None)
   vectors = {}
@@ -328,4 +329,4 @@ def test_same_negatives_as_sentence_transformers_on_minilm(tmp_path):
     expected = {(r['query'], r['positive']): [r[f'negative_{i}'] for i in (1, 2, 3)] for r in theirs}
     got = {(r['query'], r['positive']): r['negatives'] for r in ours.negative_rows(pairs)}
     assert got == expected, settings_
-    assert len(got) >= 200
+    assert len(got) >= 150 and len(ours.grouped.corpus) >= 150
