@@ -326,7 +326,8 @@ def mine(pairs: Sequence[Pair], embed: Callable[[Sequence[str]], np.ndarray], sp
   queries_qd = np.concatenate([block('queries', i, g.queries[s:s + block_size])
                                for i, s in enumerate(range(0, len(g.queries), block_size))])
   k = spec.range_max + most
-  top = search.StreamingTopK(queries_qd, k=k, block_size=block_size, mesh=mesh)
+  # Compiled at the corpus's size when it is smaller than a block: the padding of a short last block is scored too.
+  top = search.StreamingTopK(queries_qd, k=k, block_size=min(block_size, n), mesh=mesh)
   # Each row's positive score as its block passes (the corpus is never held whole): float32 dot products.
   by_positive = np.argsort(g.positive_of_row, kind='stable')
   sorted_positives = g.positive_of_row[by_positive]
