@@ -26,7 +26,6 @@ import sys
 import time
 
 from absl import flags
-import numpy as np
 
 from bert_jax import files
 from bert_jax.embedding import pairs as pairs_lib

@@ -29,6 +29,7 @@ from absl import flags
 import numpy as np
 
 from bert_jax import files, inference
+from bert_jax.interop import pretrained
 from bert_jax.runs import reporting
 
 import cli

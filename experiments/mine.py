@@ -31,7 +31,6 @@ refused unless --overwrite. Ends by printing one JSON line of counts.
 
 import hashlib
 import json
-import os
 import sys
 import time
 
