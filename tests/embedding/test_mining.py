@@ -241,6 +241,9 @@ def test_mine_writes_rows_the_retrieval_task_reads(tiny_checkpoint, tmp_path):
   rows = [json.loads(l) for l in gzip.decompress(out.read_bytes()).decode().splitlines()]
   assert all(len(r['scores']) == 3 and r['scores'][1] >= r['scores'][2] for r in rows)
   assert not (tmp_path / 'out' / 'mined.jsonl.gz.cache').exists()  # removed once the output is written
+
+
+def test_mine_writes_labelled_pairs_for_a_cross_encoder(tiny_checkpoint, tmp_path):
   labelled = _mine(tmp_path, tiny_checkpoint, '--num_negatives=2', '--range_max=6', '--layout=pairs',
                    output=tmp_path / 'pairs_out.jsonl')
   assert labelled.returncode == 0, labelled.stderr[-3000:]
