@@ -69,8 +69,9 @@ def _check_max_length(pretrained: PretrainedBert, max_length: int) -> None:
     raise ConfigError(f'max_length={max_length} exceeds the model\'s max_position_embeddings={limit}')
 
 
-def _tokenize(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], max_length: int):
-  """(ids, types) per text; one warning for all truncated texts."""
+def _tokenize(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], max_length: int,
+              on_truncated=None):
+  """(ids, types) per text; one warning for all truncated texts (or `on_truncated(count, len(texts))` instead)."""
   ids, types, num_truncated = [], [], 0
   for text_a, text_b in texts:
     input_ids, token_type_ids, truncated = pretrained.tokenizer.encode_inputs(
@@ -78,7 +79,9 @@ def _tokenize(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]
     ids.append(input_ids)
     types.append(token_type_ids)
     num_truncated += bool(truncated)
-  if num_truncated:
+  if on_truncated is not None:
+    on_truncated(num_truncated, len(texts))
+  elif num_truncated:
     reporting.log(f'warning: {num_truncated} of {len(texts)} texts were longer than max_length={max_length} tokens '
                   'and were truncated')
   return ids, types
@@ -107,7 +110,8 @@ def _encode(graphdef, state, input_ids_bt, token_type_ids_bt, attention_mask_bt,
 
 def embed(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], *, max_length: int = 128,
           batch_size: int = 32, pooling: str = 'mean', normalize: bool = True,
-          progress: bool | None = None, sentence_only: bool = False) -> dict[str, np.ndarray]:
+          progress: bool | None = None, sentence_only: bool = False,
+          on_truncated=None) -> dict[str, np.ndarray]:
   """Encodes texts (or text pairs) and pools one embedding per text.
 
   Texts are sorted by length and batched so that each batch is padded only to its own
@@ -123,6 +127,8 @@ def embed(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], *
     progress: print progress lines with ETA on process 0; None does so for long inputs.
     sentence_only: return `sentence_embedding` alone (no [N, T, D] hidden states on the host: a tool that embeds
       many texts at a time, such as mining).
+    on_truncated: called with (texts truncated, texts) instead of the warning line (a caller that embeds in many
+      calls says it once).
 
   Returns:
     input_ids, token_type_ids, attention_mask: int32 [N, T] with T the longest row;
@@ -140,7 +146,7 @@ def embed(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], *
     raise ConfigError(f'batch_size must be positive, got {batch_size}')
   if not texts:
     raise DataError('no texts to embed')
-  ids, types = _tokenize(pretrained, texts, max_length)
+  ids, types = _tokenize(pretrained, texts, max_length, on_truncated)
   lengths_n = np.array([len(x) for x in ids])
   num, width, dim = len(ids), int(lengths_n.max()), pretrained.config.hidden_size
   out = {

@@ -136,10 +136,16 @@ def main(_):
   settings = inference.embedding_settings(_MODEL.value, model, pooling=_POOLING.value, normalize=_NORMALIZE.value,
                                           max_length=_MAX_LENGTH.value)
 
+  truncated = [0, 0]  # texts cut to max_length, texts embedded: one warning at the end, not one per call
+
+  def count(cut, texts):
+    truncated[0] += cut
+    truncated[1] += texts
+
   def embed(texts):
     return inference.embed(model, [(t, None) for t in texts], max_length=settings.max_seq_length,
                            batch_size=_BATCH_SIZE.value, pooling=settings.pooling, normalize=settings.normalize,
-                           progress=False, sentence_only=True)['sentence_embedding']
+                           progress=False, sentence_only=True, on_truncated=count)['sentence_embedding']
 
   cache_dir = _CACHE_DIR.value or output + '.cache'
   cache = mining.BlockCache(cache_dir, _identity(model, settings))
@@ -148,6 +154,9 @@ def main(_):
                       batch_size=_BATCH_SIZE.value * 8, mesh=mesh, cache=cache,
                       corpus_name=corpus_name, pairs_name=_TRAIN_FILE.value)
   stats = mined.stats
+  if truncated[0]:
+    reporting.log(f'warning: {truncated[0]} of the {truncated[1]} texts embedded in this run were longer than '
+                  f'max_length={settings.max_seq_length} tokens and were truncated')
   if _LAYOUT.value == 'negatives':
     if stats['short_rows'] == len(train):
       raise DataError(f'no query has {spec.num_negatives} negatives left in the rank window '
