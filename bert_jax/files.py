@@ -349,6 +349,22 @@ def write_text_atomic(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
+def write_bytes_atomic(path: str, data: bytes, *, compress: bool = False) -> None:
+  """Writes `data` to `path` through `path.tmp` and os.replace, creating the directory (a remote object is written
+  once: the store publishes it whole); with `compress`, compressed as the path's suffix names (`COMPRESSIONS`)."""
+  kind = compression_of(path) if compress else ''
+  if is_remote(path):
+    makedirs(os.path.dirname(path))
+    with open(path, 'wb', compression=kind) as f:
+      f.write(data)
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = path + '.tmp'
+  with open(tmp, 'wb', compression=kind) as f:
+    f.write(data)
+  os.replace(tmp, path)
+
+
 def write_json_atomic(path: str, obj: Any, **dump_kwargs: Any) -> None:
   """Writes `obj` as indented JSON to `path` atomically."""
   write_text_atomic(path, json.dumps(obj, indent=2, **dump_kwargs))

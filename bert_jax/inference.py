@@ -18,7 +18,8 @@ import numpy as np
 
 from bert_jax import files
 from bert_jax.model import pooling as pooling_lib
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.errors import CheckpointError, ConfigError, DataError
+from bert_jax.interop import pretrained as pretrained_lib, sentence_transformers
 from bert_jax.interop.pretrained import PretrainedBert
 from bert_jax.model.encoder import attention_mask_b11s
 from bert_jax.runs import reporting
@@ -40,14 +41,37 @@ def default_max_length(pretrained: PretrainedBert) -> int:
   return min(DEFAULT_MAX_LENGTH, pretrained.config.max_position_embeddings)
 
 
+def embedding_settings(checkpoint: str, pretrained: PretrainedBert, *, pooling: str | None = None,
+                       normalize: bool | None = None, max_length: int | None = None,
+                       log=reporting.log) -> sentence_transformers.Embedding:
+  """How `checkpoint`'s sentence embeddings are made: its own settings when it records them (a retrieval run's
+  pooling, normalisation and passage length, a sentence-transformers folder's modules), else mean, normalised,
+  `default_max_length`; a value given here (not None) wins, with a line through `log` saying so. What the encoder
+  tools (experiments/embed.py, mine.py) embed with."""
+  try:
+    own = pretrained_lib.describe(checkpoint, log=lambda _: None).embedding()
+  except CheckpointError as e:  # e.g. a sentence-transformers folder with a Dense module: the encoder alone
+    log(f'warning: {e}; embedding with the encoder alone, pooled as the flags say')
+    own = None
+  if own is not None:
+    log(f'pooling {own.pooling}, {"normalised" if own.normalize else "not normalised"}, '
+        f'max_length {own.max_seq_length} from {own.origin}')
+  settings = (own or sentence_transformers.Embedding()).given(
+      log=log, pooling=pooling, normalize=normalize, max_seq_length=max_length)
+  if settings.max_seq_length is None:
+    settings = dataclasses.replace(settings, max_seq_length=default_max_length(pretrained))
+  return settings
+
+
 def _check_max_length(pretrained: PretrainedBert, max_length: int) -> None:
   limit = pretrained.config.max_position_embeddings
   if max_length > limit:
     raise ConfigError(f'max_length={max_length} exceeds the model\'s max_position_embeddings={limit}')
 
 
-def _tokenize(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], max_length: int):
-  """(ids, types) per text; one warning for all truncated texts."""
+def _tokenize(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], max_length: int,
+              on_truncated=None):
+  """(ids, types) per text; one warning for all truncated texts (or `on_truncated(count, len(texts))` instead)."""
   ids, types, num_truncated = [], [], 0
   for text_a, text_b in texts:
     input_ids, token_type_ids, truncated = pretrained.tokenizer.encode_inputs(
@@ -55,7 +79,9 @@ def _tokenize(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]
     ids.append(input_ids)
     types.append(token_type_ids)
     num_truncated += bool(truncated)
-  if num_truncated:
+  if on_truncated is not None:
+    on_truncated(num_truncated, len(texts))
+  elif num_truncated:
     reporting.log(f'warning: {num_truncated} of {len(texts)} texts were longer than max_length={max_length} tokens '
                   'and were truncated')
   return ids, types
@@ -84,7 +110,8 @@ def _encode(graphdef, state, input_ids_bt, token_type_ids_bt, attention_mask_bt,
 
 def embed(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], *, max_length: int = 128,
           batch_size: int = 32, pooling: str = 'mean', normalize: bool = True,
-          progress: bool | None = None) -> dict[str, np.ndarray]:
+          progress: bool | None = None, sentence_only: bool = False,
+          on_truncated=None) -> dict[str, np.ndarray]:
   """Encodes texts (or text pairs) and pools one embedding per text.
 
   Texts are sorted by length and batched so that each batch is padded only to its own
@@ -98,11 +125,15 @@ def embed(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], *
     pooling: 'mean' (over real tokens, [CLS]/[SEP] included: sentence-transformers) or 'cls'.
     normalize: L2-normalise `sentence_embedding`.
     progress: print progress lines with ETA on process 0; None does so for long inputs.
+    sentence_only: return `sentence_embedding` alone (no [N, T, D] hidden states on the host: a tool that embeds
+      many texts at a time, such as mining).
+    on_truncated: called with (texts truncated, texts) instead of the warning line (a caller that embeds in many
+      calls says it once).
 
   Returns:
     input_ids, token_type_ids, attention_mask: int32 [N, T] with T the longest row;
     last_hidden_state: float32 [N, T, D], zero at padding; pooler_output: float32 [N, D];
-    sentence_embedding: float32 [N, D].
+    sentence_embedding: float32 [N, D] (with `sentence_only`, the one entry).
 
   Raises:
     ConfigError: bad max_length, batch_size or pooling.
@@ -115,7 +146,7 @@ def embed(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], *
     raise ConfigError(f'batch_size must be positive, got {batch_size}')
   if not texts:
     raise DataError('no texts to embed')
-  ids, types = _tokenize(pretrained, texts, max_length)
+  ids, types = _tokenize(pretrained, texts, max_length, on_truncated)
   lengths_n = np.array([len(x) for x in ids])
   num, width, dim = len(ids), int(lengths_n.max()), pretrained.config.hidden_size
   out = {
@@ -127,8 +158,8 @@ def embed(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], *
     out['input_ids'][i, :len(row_ids)] = row_ids
     out['token_type_ids'][i, :len(row_types)] = row_types
     out['attention_mask'][i, :len(row_ids)] = 1
-  hidden_ntd = np.zeros((num, width, dim), np.float32)
-  pooled_nd = np.zeros((num, dim), np.float32)
+  hidden_ntd = None if sentence_only else np.zeros((num, width, dim), np.float32)
+  pooled_nd = None if sentence_only else np.zeros((num, dim), np.float32)
   emb_nd = np.zeros((num, dim), np.float32)
 
   graphdef, state = nnx.split(pretrained.encoder())
@@ -159,11 +190,16 @@ def embed(pretrained: PretrainedBert, texts: Sequence[tuple[str, str | None]], *
       reporting.log(f'embed: batch {b + 1}/{len(batches)} | {done / elapsed:.1f} texts/s '
                   f'| elapsed {reporting.format_duration(elapsed)} | ETA {reporting.format_duration(eta)}')
   _store(pending, hidden_ntd, pooled_nd, emb_nd, width)
+  if sentence_only:
+    return {'sentence_embedding': emb_nd}
   return {**out, 'last_hidden_state': hidden_ntd, 'pooler_output': pooled_nd, 'sentence_embedding': emb_nd}
 
 
 def _store(pending, hidden_ntd, pooled_nd, emb_nd, width: int) -> None:
   rows, (seq_btd, pooled_bd, emb_bd) = pending
+  if hidden_ntd is None:  # the sentence embeddings alone
+    emb_nd[rows] = jax.device_get(emb_bd)[:len(rows)]
+    return
   seq_btd, pooled_bd, emb_bd = jax.device_get((seq_btd, pooled_bd, emb_bd))
   n, t = len(rows), min(seq_btd.shape[1], width)
   hidden_ntd[rows, :t] = seq_btd[:n, :t]

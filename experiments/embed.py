@@ -20,7 +20,6 @@ Hugging Face's tokenizer (and sentence-transformers) read it; texts longer than 
 truncated, with one warning.
 """
 
-import dataclasses
 import json
 import os
 import sys
@@ -30,8 +29,7 @@ from absl import flags
 import numpy as np
 
 from bert_jax import files, inference
-from bert_jax.errors import CheckpointError
-from bert_jax.interop import pretrained, sentence_transformers
+from bert_jax.interop import pretrained
 from bert_jax.runs import reporting
 
 import cli
@@ -50,31 +48,14 @@ _NORMALIZE = flags.DEFINE_boolean('normalize', None, "L2-normalise sentence_embe
                                   'else true).')
 
 
-def _settings(checkpoint: str, default_length: int) -> sentence_transformers.Embedding:
-  """The checkpoint's own embedding settings (a retrieval run's, a sentence-transformers folder's) or the
-  defaults (`default_length` tokens), with the flags given explicitly over them."""
-  try:
-    own = pretrained.describe(checkpoint, log=lambda _: None).embedding()
-  except CheckpointError as e:  # e.g. a sentence-transformers folder with a Dense module: the encoder alone
-    reporting.log(f'warning: {e}; embedding with the encoder alone, pooled as the flags say')
-    own = None
-  if own is not None:
-    reporting.log(f'pooling {own.pooling}, {"normalised" if own.normalize else "not normalised"}, '
-                  f'max_length {own.max_seq_length} from {own.origin}')
-  settings = (own or sentence_transformers.Embedding()).given(
-      pooling=_POOLING.value, normalize=_NORMALIZE.value, max_seq_length=_MAX_LENGTH.value)
-  if settings.max_seq_length is None:
-    settings = dataclasses.replace(settings, max_seq_length=default_length)
-  return settings
-
-
 def main(_):
   reporting.log_to(sys.stderr)  # stdout carries the result lines
   start = time.time()
   texts = inference.read_texts(_INPUT.value)  # bad input fails before the (slow) checkpoint load
   files.check_output(_OUTPUT.value, 'file')
   model = pretrained.load_encoder(_CHECKPOINT.value)
-  settings = _settings(_CHECKPOINT.value, inference.default_max_length(model))
+  settings = inference.embedding_settings(_CHECKPOINT.value, model, pooling=_POOLING.value,
+                                          normalize=_NORMALIZE.value, max_length=_MAX_LENGTH.value)
   result = inference.embed(model, texts, max_length=settings.max_seq_length, batch_size=_BATCH_SIZE.value,
                            pooling=settings.pooling, normalize=settings.normalize)
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
