@@ -297,8 +297,7 @@ def test_same_negatives_as_sentence_transformers_on_minilm(tmp_path):
   passages, a query with two positives among them), for the top of the window, a relative margin and seeded random
   sampling. Every row is the same: on these pairs no two candidates of a query are closer than the two
   implementations' score difference (float32 XLA against float32 torch: about 5e-7, max over the positives)."""
-  datasets = pytest.importorskip('datasets', reason='the peer needs datasets and pandas: pip install --no-deps '
-                                 "'datasets<5' dill xxhash multiprocess pandas pytz tzdata pyarrow")
+  datasets = pytest.importorskip('datasets', reason='the peer needs datasets and pandas (tests/requirements.txt)')
   from sentence_transformers import SentenceTransformer  # pylint: disable=g-import-not-at-top
   from sentence_transformers.util import mine_hard_negatives  # pylint: disable=g-import-not-at-top
   from bert_jax import inference  # pylint: disable=g-import-not-at-top
