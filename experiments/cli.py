@@ -18,7 +18,7 @@ from ml_collections import config_flags
 
 from bert_jax import files, hardware
 from bert_jax.config import REMOVED, RENAMED
-from bert_jax.config.finetune import field_readers, foreign_field, unread_fields
+from bert_jax.config.finetune import config_type, field_readers, foreign_field, unread_fields
 from bert_jax.errors import BertJaxError, CheckpointWriteError, ConfigError, Preempted
 from bert_jax.runs import interrupts
 from bert_jax.launch import stderr_filter
@@ -281,6 +281,12 @@ def _foreign_flags() -> str | None:
     task = None
   if not isinstance(task, str):
     return None
+  given_task = [a.split('=', 1)[1] for a in sys.argv[1:] if a.startswith('--config.task=')]
+  if given_task and config_type(given_task[-1]) is not config_type(task):
+    return (f'--config.task={given_task[-1]}: task {given_task[-1]!r} is configured by '
+            f'{config_type(given_task[-1]).__name__}, this config file\'s task {task!r} by '
+            f'{config_type(task).__name__}: start from a config variant made for {given_task[-1]!r} '
+            f'(--config=FILE:VARIANT; --help lists them)')
   unread: dict[str, list[str]] = {}
   for given in dict.fromkeys(a.split('=')[0][len('--config.'):] for a in sys.argv[1:] if a.startswith('--config.')):
     readers = foreign_field(given, task)

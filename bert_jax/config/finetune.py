@@ -87,9 +87,10 @@ class FinetuneConfig(TrainingConfig):
   def from_dict(cls, d: dict[str, Any]):
     """The config type of d['task'] (FinetuneConfig.from_dict) or `cls` built from a (nested) dict; a field of
     another kind's is one line naming the tasks that read it, any other unknown key names the valid ones."""
+    task = d.get('task', cls.__dataclass_fields__['task'].default)
     if cls is FinetuneConfig:
-      cls = config_type(d.get('task', 'sst2'))
-    check_fields(cls, d.get('task', 'sst2'), d)
+      cls = config_type(task)
+    check_fields(cls, task, d)
     return _from_dict(cls, dict(d), prefix='')
 
   @classmethod
@@ -151,6 +152,13 @@ def check_fields(cls: type, task: str, given: Collection[str]) -> None:
       unread.setdefault(readers, []).append(name)
   if unread and task not in TASKS:  # not a kind's field: it names none of the types' tasks
     task_kind(task)
+  from bert_jax.config import task_configs  # pylint: disable=g-import-not-at-top
+  whole = [t for t in task_configs.CONFIG_TYPES if t is not cls and len(_own_fields(t)) > 1
+           and _own_fields(t) <= set(given)]
+  if whole:  # every field of another type: a config made for a task of another kind, its task changed
+    raise ConfigError(f'task {task!r} is configured by {cls.__name__}, but this config holds {whole[0].__name__}\'s '
+                      f'fields (a config made for {_words(list(whole[0].TASKS))}): start from a config made for '
+                      f'task {task!r}')
   if unread:
     raise ConfigError(unread_fields(unread, task))
 
@@ -162,6 +170,11 @@ def unread_fields(unread: dict[str, list[str]], task: str) -> str:
            for readers, names in unread.items()]
   one = sum(map(len, unread.values())) == 1
   return f'{"; ".join(parts)}; this run\'s task is {_task_words(task)}, which does not read {"it" if one else "them"}'
+
+
+def _own_fields(config_type_: type) -> set[str]:
+  """The fields a config type adds to FinetuneConfig's."""
+  return {f.name for f in dataclasses.fields(config_type_)} - {f.name for f in dataclasses.fields(FinetuneConfig)}
 
 
 def task_kind(task: str) -> str:

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from bert_jax.config.fields import facts
-from bert_jax.config.finetune import kind_fields
+from bert_jax.config.finetune import config_type, kind_fields
 from bert_jax.config.model_config import ModelConfig
 from bert_jax.config.pretrain import PretrainConfig
 from bert_jax.errors import CheckpointError, ConfigError
@@ -80,6 +80,12 @@ def check_resume(old: dict[str, Any], new: dict[str, Any], free: tuple[str, ...]
   """Refuses to resume `old` (a checkpoint's config) as `new` when fields outside `free` and the
   comma-separated `resume_allow` differ; the message names each field with its old and new value (and
   the checkpoint's `step`)."""
+  if isinstance(old.get('task'), str) and isinstance(new.get('task'), str) and \
+      config_type(old['task']) is not config_type(new['task']):  # another kind's fields throughout: one line
+    at = f' (step {step})' if step is not None else ''
+    raise CheckpointError(f'{where} holds a {old["task"]} run{at}, configured by {config_type(old["task"]).__name__}; '
+                          f'this run\'s task {new["task"]} is configured by {config_type(new["task"]).__name__}: '
+                          'use a new --workdir')
   allowed = tuple(name.strip() for name in resume_allow.split(',') if name.strip())
   diffs = config_diffs(old, new, free + allowed)
   if diffs:

@@ -150,7 +150,10 @@ def help_text(spec: str, schema) -> str:
   variants = variant_lines(module)
   parts = [f'Config variants (--config={spec.partition(":")[0]}:VARIANT):', *variants] if variants else []
   if schema is not None and schema.__name__ in _MAIN_FIELDS:
-    docs, defaults = field_docs(schema), _flatten(module.get_config().to_dict())
+    from bert_jax.config import CONFIG_TYPES, FinetuneConfig  # pylint: disable=g-import-not-at-top
+    docs, defaults = {}, _flatten(module.get_config().to_dict())
+    for cls in (schema,) + (CONFIG_TYPES if schema is FinetuneConfig else ()):  # each task kind's fields too
+      docs = {**field_docs(cls), **docs}
     parts += ['' if parts else None,
               'Main fields (--config.FIELD=VALUE; the default variant\'s values; all: --print_config):']
     for name, fallback in _MAIN_FIELDS[schema.__name__]:

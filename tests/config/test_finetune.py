@@ -70,3 +70,24 @@ def test_a_saved_flat_config_keeps_its_own_kinds_fields():
   assert type(head) is HeadTaskConfig and head.max_query_length == 40 and head.task == 'rte'
   new = {'finetune': FinetuneConfig(task='sst2').to_dict()}
   assert upgrade_saved(new) is new
+
+
+def test_a_config_of_another_kind_with_its_task_changed_is_one_line():
+  """A config file's variant made for sst2 with --config.task=retrieval (a sweep's task=retrieval): the fields are
+  the other kind's throughout, so the one line says to start from a config of that task, not which 17 fields."""
+  with pytest.raises(ConfigError, match="task 'retrieval' is configured by RetrievalConfig, but this config holds "
+                                        "HeadTaskConfig's fields .* start from a config made for task 'retrieval'$"):
+    FinetuneConfig.from_dict({**HeadTaskConfig().to_dict(), 'task': 'retrieval'})
+  with pytest.raises(ConfigError, match=r'data_dir is a field of the GLUE'):  # a subclass checks with its own task
+    RetrievalConfig.from_dict({'data_dir': 'x'})
+
+
+def test_a_workdir_of_another_kind_is_refused_in_one_line():
+  from bert_jax.config import check_resume  # pylint: disable=g-import-not-at-top
+  from bert_jax.errors import CheckpointError  # pylint: disable=g-import-not-at-top
+  old, new = HeadTaskConfig().to_dict(), RetrievalConfig().to_dict()
+  with pytest.raises(CheckpointError, match=r'^w holds a sst2 run \(step 3\), configured by HeadTaskConfig; this '
+                                            r"run's task retrieval is configured by RetrievalConfig: use a new "
+                                            r'--workdir$'):
+    check_resume(old, new, (), '', 'w', step=3)
+  check_resume(old, HeadTaskConfig(task='rte').to_dict(), (), 'task', 'w')  # another head task: resume_allow
