@@ -19,13 +19,15 @@ from bert_jax.errors import ConfigError
 
 # The tasks (`FinetuneConfig.task`) of each kind. GLUE_TASKS, CoNLL-2003 and SQuAD read the files of a data_dir;
 # classify, regress, multilabel, tag and qa read your own files by their columns (finetuning.tasks);
-# retrieval trains a bi-encoder on pairs (finetuning.retrieval).
+# retrieval trains a bi-encoder on pairs (finetuning.retrieval); rerank a cross-encoder on labelled or scored pairs
+# (finetuning.rerank).
 GLUE_TASKS = ('cola', 'sst2', 'mrpc', 'qqp', 'stsb', 'mnli', 'qnli', 'rte', 'wnli')
 TASK_KINDS = {
     'classification': GLUE_TASKS + ('classify', 'regress', 'multilabel'),
     'tagging': ('conll2003', 'tag'),
     'qa': ('squad', 'squad_v2', 'qa'),
     'retrieval': ('retrieval',),
+    'rerank': ('rerank',),
 }
 TASKS = tuple(t for tasks in TASK_KINDS.values() for t in tasks)
 
@@ -55,7 +57,8 @@ class FinetuneConfig(TrainingConfig):
   keep_checkpoints: int = _f(1, free=True)
   model: ModelConfig = _f(factory=ModelConfig)
   # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or your own files: 'classify', 'regress', 'multilabel',
-  # 'tag', 'qa'; 'retrieval': a bi-encoder on pairs (finetuning.retrieval)
+  # 'tag', 'qa'; 'retrieval': a bi-encoder on pairs (finetuning.retrieval); 'rerank': a cross-encoder
+  # (finetuning.rerank)
   task: str = 'sst2'
   train_file: str = _f('', path=True)  # overrides the task's file in data_dir; classify/regress: required
   max_seq_length: int = 128

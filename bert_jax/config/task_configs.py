@@ -5,6 +5,8 @@
                    task's files, your own files' columns and labels, SQuAD's windows and answers
   RetrievalConfig  a bi-encoder trained contrastively on pairs: pooling, temperature, Matryoshka sizes, the pairs'
                    columns, its BEIR and STS evaluation
+  RerankConfig     a cross-encoder (one logit on [CLS] q [SEP] p [SEP]) on labelled or scored pairs: the columns,
+                   the query's length, the held-out split, its BEIR evaluation (rerank a first stage's top k)
 A new kind with fields of its own adds its type here and one row of CONFIG_TYPES (a kind without any runs on
 FinetuneConfig itself).
 """
@@ -168,10 +170,59 @@ class RetrievalConfig(FinetuneConfig):
     return tuple(c.strip() for c in self.negative_columns.split(',') if c.strip())
 
 
+@dataclasses.dataclass(frozen=True)
+class RerankConfig(FinetuneConfig):
+  """A cross-encoder: each (query, passage) pair of train_file read as one BERT sentence pair and scored by one
+  logit, trained with binary cross-entropy on 0/1 labels (label_column) or with squared error on teacher scores
+  (score_column); evaluated by reranking a first stage's top rerank_top_k on the BEIR-layout set in beir_dir, or,
+  without one, on eval_fraction of the training rows held out (finetuning.rerank)."""
+
+  TASKS: ClassVar[tuple[str, ...]] = TASK_KINDS['rerank']
+
+  task: str = 'rerank'
+  query_column: str = 'query'
+  passage_column: str = 'passage'
+  label_column: str = 'label'  # 0/1 labels: binary cross-entropy on the logit
+  score_column: str = ''  # teacher scores (any finite number): squared error on the logit; label_column unread
+  max_query_length: int = 64  # the query's tokens at most ([CLS] and its [SEP] included); the passage gets the rest
+  # Without beir_dir: this share of the training rows is held out (loss, and accuracy for labels) ...
+  eval_fraction: float = 0.1
+  split_seed: int = 0  # ... drawn with this seed
+  beir_dir: str = _f('', free=True, path=True, evaluation=True)  # corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+  beir_split: str = _f('test', free=True, evaluation=True)
+  # The first stage whose top rerank_top_k the cross-encoder reranks: an embedding model directory (a retrieval
+  # workdir, a Hugging Face or sentence-transformers directory, as experiments/embed.py loads them).
+  first_stage: str = _f('', free=True, path=True, evaluation=True)
+  rerank_top_k: int = _f(20, free=True, evaluation=True)
+
+  def __post_init__(self):
+    """The rerank fields' mesh- and model-free checks."""
+    super().__post_init__()
+    for name in ('query_column', 'passage_column') + (() if self.score_column.strip() else ('label_column',)):
+      if not getattr(self, name).strip():
+        raise ConfigError(f'{name} must name a column')
+    if self.max_query_length < 3:
+      raise ConfigError(f'max_query_length={self.max_query_length} must be at least 3')
+    if self.max_query_length > self.max_seq_length:
+      raise ConfigError(f'max_query_length={self.max_query_length} must be at most max_seq_length='
+                        f'{self.max_seq_length} (the pair is cut to max_seq_length, longest first)')
+    if not 0.0 <= self.eval_fraction < 1.0:
+      raise ConfigError(f'eval_fraction={self.eval_fraction} must be in [0, 1)')
+    if self.rerank_top_k < 1:
+      raise ConfigError(f'rerank_top_k={self.rerank_top_k} must be at least 1')
+    if bool(self.beir_dir) != bool(self.first_stage):
+      raise ConfigError('rerank: --config.beir_dir and --config.first_stage go together (the first stage retrieves '
+                        'on the BEIR set, the cross-encoder reranks its top rerank_top_k); set both or neither')
+
+  def uses_scores(self) -> bool:
+    return bool(self.score_column.strip())
+
+
 # One row per config type: FinetuneConfig(task=...) builds the one whose TASKS name the task.
 CONFIG_TYPES: tuple[type, ...] = (
     HeadTaskConfig,
     RetrievalConfig,
+    RerankConfig,
 )
 
 

@@ -4,6 +4,7 @@
   kinds           the task kinds (the one extension point) and their registry, KINDS
   head_tasks      the head tasks' kind: an encoder + task head on a task's features (tasks/)
   retrieval       the retrieval kind: a bi-encoder trained contrastively on pairs, evaluated on a BEIR set
+  rerank          the rerank kind: a cross-encoder on labelled or scored pairs, reranking a first stage's top k
   seeds           each seed's run directory and line, the summary over the seeds
   head_objective  the head models' loss per head kind
   batching        packed/padded rows of features, micro-batches, process blocks

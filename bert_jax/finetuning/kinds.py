@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol
 
 from bert_jax.config import FinetuneConfig, ModelConfig
 from bert_jax.errors import ConfigError
-from bert_jax.finetuning import head_tasks, retrieval
+from bert_jax.finetuning import head_tasks, rerank, retrieval
 
 
 class Run(Protocol):
@@ -56,6 +56,7 @@ class TaskKind(Protocol):
 KINDS: tuple[type, ...] = (
     head_tasks.HeadTasks,
     retrieval.Retrieval,
+    rerank.Rerank,
 )
 
 

@@ -8,6 +8,8 @@
       --config.train_file=reviews.csv [--config.eval_file=reviews_dev.csv]
   python experiments/finetune.py --config=experiments/configs/finetune.py:retrieval --workdir=/tmp/retrieval \
       --config.train_file=pairs.jsonl --config.beir_dir=my_beir_set [--config.negative_columns=negative]
+  python experiments/finetune.py --config=experiments/configs/finetune.py:rerank --workdir=/tmp/rerank \
+      --config.train_file=mined_pairs.jsonl [--config.beir_dir=my_beir_set --config.first_stage=EMBEDDING_MODEL]
 
 Variants:
   sst2, rte       GLUE, the budgets of the README results table (sst2: 300 steps x 32 on the first 9,600
@@ -48,6 +50,13 @@ Variants:
                   --config.sts_file scored pairs' Spearman (eval_sts_spearman). Mean pooling, temperature 0.05
                   (sentence-transformers' MultipleNegativesRankingLoss), 1 epoch x 64 pairs, passages 128 tokens,
                   queries 32, lr 2e-5
+  rerank          a cross-encoder (docs/reranking.md): one logit on [CLS] query [SEP] passage [SEP], packed rows,
+                  on the (query, passage, label) rows of --config.train_file (experiments/mine.py --layout=pairs
+                  writes them; CSV, TSV, JSONL, Parquet): binary cross-entropy on 0/1 labels, or squared error
+                  on teacher scores with --config.score_column=score. With --config.beir_dir and
+                  --config.first_stage (an embedding model directory) it reranks the first stage's top
+                  rerank_top_k (20): nDCG@10 (main), MRR@10, recall@k before and after; without, eval_fraction of
+                  the rows is held out (accuracy). 1 epoch x 32 pairs, seq 256, queries 64 tokens, lr 2e-5
   squad_v2        SQuAD v2.0 (train-v2.0.json / dev-v2.0.json in data_dir), 2 epochs, lr 5e-5, the
                   no-answer threshold tuned on dev
 
@@ -91,6 +100,8 @@ VARIANTS = {
     'tag': ('tag', None, 5e-5, dict(max_seq_length=128, batch_size=32, num_train_epochs=3.0)),
     'retrieval': ('retrieval', None, 2e-5, dict(max_seq_length=128, max_query_length=32, batch_size=64,
                                                 num_train_epochs=1.0, eval_batch_size=64)),
+    'rerank': ('rerank', None, 2e-5, dict(max_seq_length=256, max_query_length=64, batch_size=32,
+                                          num_train_epochs=1.0, eval_batch_size=64)),
     'qa': ('qa', None, 3e-5, dict(max_seq_length=384, batch_size=16, num_train_epochs=2.0, eval_batch_size=32)),
 }
 

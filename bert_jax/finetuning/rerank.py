@@ -1,0 +1,450 @@
+"""The rerank task kind: a cross-encoder, run by the one fine-tuning job (`finetuning.job`).
+
+`Rerank` is the task kind (`finetuning.kinds`) of `FinetuneConfig(task='rerank')` (`config.task_configs.
+RerankConfig`): BERT reads a query and a passage together as one sentence pair ([CLS] q [SEP] p [SEP], token types
+0 then 1) and one logit on [CLS] scores the pair (`model.heads`' regression head, num_labels 1). Its training rows
+are the (query, passage, label) or (query, passage, score) rows of train_file (CSV, TSV, JSONL, Parquet; the layout
+`experiments/mine.py --layout=pairs` writes), read by `data.tables`; the loss is binary cross-entropy with logits
+on 0/1 labels (label_column) or squared error on teacher scores (score_column).
+
+Rows are tokenized once into head-task `Feature`s and PACKED into rows of max_seq_length tokens with per-example
+attention (`finetuning.batching`, as every head task): no compute is spent on padding. The query is cut to
+max_query_length tokens (at a word boundary), the pair to max_seq_length (longest first).
+
+Evaluation:
+  with beir_dir and first_stage: the first stage (an embedding model directory: a retrieval workdir, a Hugging Face
+    or sentence-transformers directory, with the pooling and length it records, as experiments/embed.py embeds)
+    embeds the BEIR set's queries and corpus once, each query's top rerank_top_k by exact search
+    (`embedding.search`) are scored by the cross-encoder and reordered; nDCG@10, MRR@10 and recall@rerank_top_k
+    before ('eval_first_stage_*') and after ('eval_*') reranking (`embedding.ranking`); main metric
+    eval_ndcg_at_10.
+  without: eval_fraction of the rows held out (split_seed): eval_loss, and eval_accuracy (labels; the main metric)
+    or eval_spearman (scores; the main metric).
+
+A step's batch is `batching.batch_indices(…, step)` of the training features, so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import time
+from typing import Any, Callable, Sequence
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bert_jax import distributed, files, hardware, metrics, sharding as shd
+from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
+from bert_jax.data import tables
+from bert_jax.embedding import beir, ranking, search
+from bert_jax.errors import CheckpointError, ConfigError, DataError
+from bert_jax.finetuning import batching, seeds
+from bert_jax.finetuning.head_objective import MODEL_INPUTS
+from bert_jax.finetuning.tasks import inputs
+from bert_jax.finetuning.tasks.base import Feature
+from bert_jax.interop import pretrained as pretrained_lib, sentence_transformers
+from bert_jax.model.attention import describe_attention
+from bert_jax.model import pooling as pooling_lib
+from bert_jax.model.heads import BertForSequenceClassification
+from bert_jax.runs import reporting
+from bert_jax.runs.workdir import Workdir
+from bert_jax.train import optim, scaffold
+from bert_jax.train.loop import Report
+from bert_jax.train.step import StepModel, reused
+
+TASK = 'rerank'
+KIND = 'regression'  # the batching's and the head's kind: one float target per example, one logit
+
+
+@dataclasses.dataclass(frozen=True)
+class RerankPair:
+  query: str
+  passage: str
+  target: float  # the 0/1 label or the teacher score
+  line: int = 0
+
+
+# --- the objective -------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class RerankObjective:
+  """The `Objective` of the cross-encoder: binary cross-entropy with logits on 0/1 labels ('bce') or squared error
+  on teacher scores ('mse'), over real examples (weights 1; padding examples 0)."""
+
+  loss: str = 'bce'
+  terms: tuple[str, ...] = ('task',)
+  couples_rows: bool = False  # each example's loss is its own: micro-batch losses add up
+
+  def forward(self, module, batch, *, deterministic: bool):
+    """Logits [E, 1]."""
+    return module(*(batch[k] for k in MODEL_INPUTS), deterministic=deterministic)
+
+  def losses(self, logits, batch) -> jax.Array:
+    target = batch['labels'].astype(jnp.float32)
+    if self.loss == 'mse':
+      return jnp.square(logits[:, 0] - target)
+    return optax.sigmoid_binary_cross_entropy(logits[:, 0], target)
+
+  def sums(self, outputs, batch) -> dict[str, jax.Array]:
+    w = batch['weights'].astype(jnp.float32)
+    return {'task_loss_sum': jnp.sum(self.losses(outputs, batch) * w), 'task_count': jnp.sum(w)}
+
+  def counts(self, batch) -> dict[str, jax.Array]:
+    return {'task': jnp.sum(batch['weights'].astype(jnp.float32))}
+
+  def summarize(self, sums) -> dict[str, Any]:
+    return {'loss': sums['task_loss_sum'] / jnp.maximum(sums['task_count'], 1.0)}
+
+  def eval_sums(self, outputs, batch, aux) -> dict[str, jax.Array]:
+    del aux
+    return self.sums(outputs, batch)
+
+
+def loss_of(cfg: FinetuneConfig) -> str:
+  return 'mse' if cfg.uses_scores() else 'bce'
+
+
+@reused  # a run of the same model, loss, optimizer, schedule and mesh in this process reuses its steps
+def _rerank_model(model_cfg: ModelConfig, loss: str, optim_cfg: OptimConfig, total_steps: int, rules: str,
+                  mesh) -> StepModel:
+  platform = hardware.resolve(mesh=mesh)
+  return StepModel(lambda rngs: BertForSequenceClassification(model_cfg, 1, rngs=rngs, platform=platform),
+                   RerankObjective(loss), optim.make_optimizer(optim_cfg, total_steps), mesh,
+                   schedule=optim.learning_rate_schedule(optim_cfg, total_steps),
+                   state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1),
+                   rules=shd.rules(rules), grad_accum_steps=optim_cfg.grad_accum_steps)
+
+
+def rerank_model(cfg: FinetuneConfig, mesh, total_steps: int) -> StepModel:
+  """StepModel(one-logit sequence head, RerankObjective) of `cfg` (its model the starting checkpoint's)."""
+  return _rerank_model(cfg.model, loss_of(cfg), cfg.optim, total_steps, cfg.mesh.rules, mesh)
+
+
+# --- the rows ------------------------------------------------------------------------------------------------------
+
+def _columns(cfg: FinetuneConfig) -> tuple[str, ...]:
+  return (cfg.query_column, cfg.passage_column, cfg.score_column if cfg.uses_scores() else cfg.label_column)
+
+
+def _flags(cfg: FinetuneConfig) -> str:
+  target = '--config.score_column' if cfg.uses_scores() else '--config.label_column'
+  return f'--config.query_column, --config.passage_column, {target}'
+
+
+def check_columns(path: str, names: Sequence[str], cfg: FinetuneConfig) -> None:
+  for column in _columns(cfg):
+    if column not in names:
+      raise tables.missing_column(path, column, names, _flags(cfg))
+
+
+def _target(path: str, line: int, value: Any, cfg: FinetuneConfig) -> float:
+  if cfg.uses_scores():
+    try:
+      score = float(value)
+    except (TypeError, ValueError):
+      score = math.nan
+    if isinstance(value, bool) or not math.isfinite(score):
+      raise DataError(f'{path}:{line}: {cfg.score_column!r} must be a finite number (a teacher score), got {value!r}')
+    return score
+  label = {0: 0.0, 1: 1.0, '0': 0.0, '1': 1.0, 'false': 0.0, 'true': 1.0}.get(
+      value.strip().lower() if isinstance(value, str) else value)
+  if label is None or isinstance(value, float) and value not in (0.0, 1.0):
+    raise DataError(f'{path}:{line}: {cfg.label_column!r} must be 0 or 1, got {value!r} (teacher scores: set '
+                    '--config.score_column)')
+  return label
+
+
+def read_rows(cfg: FinetuneConfig) -> list[RerankPair]:
+  """The (query, passage, target) rows of train_file; DataError naming the file and line of a bad row."""
+  path = cfg.train_file
+  names, records = tables.records(path, 'training file')
+  check_columns(path, names, cfg)
+  target = _columns(cfg)[2]
+  return [RerankPair(tables.text_at(path, line, r, cfg.query_column), tables.text_at(path, line, r, cfg.passage_column),
+                     _target(path, line, tables.value_at(path, line, r, target), cfg), line)
+          for line, r in records]
+
+
+def split_rows(rows: Sequence[RerankPair], fraction: float, seed: int) -> tuple[list[RerankPair], list[RerankPair]]:
+  """(training rows, held-out rows): `fraction` of the rows (at least one when > 0) drawn with `seed`."""
+  if fraction <= 0 or len(rows) < 2:
+    return list(rows), []
+  held = max(1, int(round(len(rows) * fraction)))
+  order = np.random.default_rng(seed).permutation(len(rows))
+  chosen = set(order[:held].tolist())
+  return [r for i, r in enumerate(rows) if i not in chosen], [r for i, r in enumerate(rows) if i in chosen]
+
+
+def _cut_query(tokenizer, query: str, limit: int) -> str:
+  """`query`, or its longest word prefix of at most `limit` tokens ([CLS] and [SEP] included; one word at least)."""
+  if not tokenizer.encode_inputs(query, None, max_length=limit)[2]:
+    return query
+  words = query.split()
+  lo, hi = 1, len(words)  # the longest prefix that fits, by bisection
+  while lo < hi:
+    mid = (lo + hi + 1) // 2
+    if tokenizer.encode_inputs(' '.join(words[:mid]), None, max_length=limit)[2]:
+      hi = mid - 1
+    else:
+      lo = mid
+  return ' '.join(words[:lo])
+
+
+def pair_feature(tokenizer, query: str, passage: str, target: float, *, max_query_length: int,
+                 max_seq_length: int) -> Feature:
+  """[CLS] q [SEP] p [SEP] with token types 0/1 (the tokenizer's pair template), the query first cut to
+  max_query_length tokens, the pair to max_seq_length (longest first)."""
+  ids, types, _ = tokenizer.encode_inputs(_cut_query(tokenizer, query, max_query_length), passage,
+                                          max_length=max_seq_length)
+  return Feature(np.asarray(ids, np.int32), np.asarray(types, np.int32), label=float(target))
+
+
+def features(tokenizer, rows: Sequence[RerankPair], cfg: FinetuneConfig) -> list[Feature]:
+  return [pair_feature(tokenizer, r.query, r.passage, r.target, max_query_length=cfg.max_query_length,
+                       max_seq_length=cfg.max_seq_length) for r in rows]
+
+
+# --- the kind ------------------------------------------------------------------------------------------------------
+
+def _needs_train_file() -> ConfigError:
+  return ConfigError('rerank: set --config.train_file to a CSV, TSV, JSONL or Parquet file of (query, passage, label) '
+                     'or (query, passage, score) rows (experiments/mine.py --layout=pairs writes one)')
+
+
+class Rerank:
+  """The task kind of a cross-encoder on labelled or scored pairs (`finetuning.kinds.TaskKind`)."""
+
+  preparing = 'loading the checkpoint, reading the pairs and retrieving with the first stage'
+
+  @staticmethod
+  def runs(task: str) -> bool:
+    return task == TASK
+
+  def __init__(self, cfg: FinetuneConfig, evaluation: bool = False):
+    if not evaluation and not cfg.train_file:
+      raise _needs_train_file()
+    if evaluation and not cfg.beir_dir:
+      raise ConfigError('rerank: evaluating a workdir again needs --config.beir_dir and --config.first_stage')
+    self.evaluation = evaluation
+    self.train: list[RerankPair] = []
+    self.held_out: list[RerankPair] = []
+    self.beir_set: beir.BeirSet | None = None
+
+  @staticmethod
+  def check_inputs(cfg: FinetuneConfig) -> None:
+    """The pairs file (its columns), the BEIR directory and the first stage exist and can be read (first lines)."""
+    if not cfg.train_file:
+      raise _needs_train_file()
+    names = inputs.column_names(cfg.train_file)
+    if names is not None:
+      check_columns(cfg.train_file, names, cfg)
+    if cfg.beir_dir and not files.is_remote(cfg.beir_dir):
+      if not files.isdir(cfg.beir_dir):
+        raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
+                        'qrels/<split>.tsv)')
+      for name, what in (('corpus.jsonl', 'corpus file'), ('queries.jsonl', 'queries file'),
+                         (os.path.join('qrels', f'{cfg.beir_split}.tsv'), f'qrels file of beir_split={cfg.beir_split!r}')):
+        inputs.first_lines(beir.find(os.path.join(cfg.beir_dir, name)), what, 1)
+    if cfg.first_stage and not files.is_remote(cfg.first_stage) and not files.isdir(cfg.first_stage):
+      raise DataError(f'first_stage {cfg.first_stage} is not a directory (an embedding model: a retrieval workdir, a '
+                      'Hugging Face or sentence-transformers directory)')
+
+  @staticmethod
+  def check(cfg: FinetuneConfig, mesh) -> None:
+    scaffold.check_sequence_length(cfg, 'max_seq_length', cfg.max_seq_length, cfg.model)
+    scaffold.check_batch_sizes(cfg, mesh)
+
+  def read(self, cfg: FinetuneConfig, saved: dict[str, Any] | None) -> None:
+    """The training rows (none when only evaluating; without beir_dir, eval_fraction of them held out) and the BEIR
+    set: read before the starting weights."""
+    del saved
+    if not self.evaluation:
+      rows = read_rows(cfg)
+      if cfg.max_train_samples > 0:
+        rows = rows[:cfg.max_train_samples]
+      train, held_out = (rows, []) if cfg.beir_dir else split_rows(rows, cfg.eval_fraction, cfg.split_seed)
+      if not train:
+        raise DataError(f'{cfg.train_file}: no training pairs')
+      self.train, self.held_out = train, held_out
+    if cfg.beir_dir:
+      self.beir_set = beir.read_beir(cfg.beir_dir, cfg.beir_split)
+
+  def prepare(self, cfg: FinetuneConfig, tokenizer, mesh) -> _PreparedRun:
+    return _PreparedRun(cfg, tokenizer, self.train, self.held_out, self.beir_set, mesh)
+
+  @staticmethod
+  def plan(cfg: FinetuneConfig, model: ModelConfig, notes: list[str]) -> tuple[str, Callable[[], Any]]:
+    del notes
+    return (f'encoder + one-logit head on [CLS] of (query, passage): a cross-encoder, {loss_of(cfg)} loss',
+            lambda: BertForSequenceClassification(model, 1, rngs=nnx.Rngs(0)))
+
+
+FIRST_STAGE_MAX_LENGTH = 128  # the first stage's length when its directory records none (experiments/embed.py's)
+_LENGTH_BUCKET = 16  # padded lengths are rounded up to this: one compilation per bucket
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef', 'pooling'))
+def _encode(graphdef, state, input_ids_bt, attention_mask_bt, *, pooling: str):
+  encoder = nnx.merge(graphdef, state)
+  seq_btd, _ = encoder(input_ids_bt, jnp.zeros_like(input_ids_bt), attention_mask_bt, deterministic=True)
+  seq_btd = seq_btd.astype(jnp.float32) * attention_mask_bt[..., None].astype(jnp.float32)
+  return pooling_lib.l2_normalize(pooling_lib.pool(seq_btd, attention_mask_bt, pooling))
+
+
+def first_stage_embedder(directory: str, batch_size: int) -> Callable[[Sequence[str]], np.ndarray]:
+  """texts -> normalised embeddings [n, D] of the embedding model in `directory` (a retrieval workdir, a Hugging
+  Face or sentence-transformers directory), with the pooling and length it records (else mean pooling,
+  FIRST_STAGE_MAX_LENGTH tokens), as experiments/embed.py embeds (cosine similarity: always normalised)."""
+  model = pretrained_lib.load_encoder(directory)
+  try:
+    own = pretrained_lib.describe(directory, log=lambda _: None).embedding()
+  except CheckpointError:
+    own = None
+  settings = own or sentence_transformers.Embedding()
+  limit = min(settings.max_seq_length or FIRST_STAGE_MAX_LENGTH, model.config.max_position_embeddings)
+  reporting.log(f'{TASK}: first stage {directory}: {settings.pooling} pooling, normalised, max_length {limit}'
+                + (f' (from {settings.origin})' if own is not None and settings.origin else ''))
+  graphdef, state = nnx.split(model.encoder())
+  state = jax.device_put(state)
+  pad = model.tokenizer.pad_id
+
+  def embed(texts: Sequence[str]) -> np.ndarray:
+    rows = [model.tokenizer.encode_inputs(t, None, max_length=limit)[0] for t in texts]
+    out = np.zeros((len(rows), model.config.hidden_size), np.float32)
+    order = np.argsort([-len(r) for r in rows], kind='stable')
+    for start in range(0, len(rows), batch_size):
+      chosen = order[start:start + batch_size]
+      width = min(-(-max(len(rows[i]) for i in chosen) // _LENGTH_BUCKET) * _LENGTH_BUCKET, limit)
+      ids = np.full((batch_size, width), pad, np.int32)
+      mask = np.zeros((batch_size, width), np.int32)
+      mask[len(chosen):, 0] = 1  # filler rows: every softmax row non-empty
+      for j, i in enumerate(chosen):
+        ids[j, :len(rows[i])], mask[j, :len(rows[i])] = rows[i], 1
+      vectors = np.asarray(_encode(graphdef, state, ids, mask, pooling=settings.pooling))
+      out[chosen] = vectors[:len(chosen)]
+    return out
+
+  return embed
+
+
+def first_stage_ranking(cfg: FinetuneConfig, data: beir.BeirSet, mesh=None) -> np.ndarray:
+  """Each query's top rerank_top_k corpus indices [Q, k] by the first stage's embeddings, best first (exact
+  search, `embedding.search`)."""
+  embed = first_stage_embedder(cfg.first_stage, cfg.eval_batch_size)
+  _, ids = search.exact_top_k(embed(data.queries), embed(data.passages()), k=cfg.rerank_top_k, mesh=mesh)
+  return ids
+
+
+def _metric_names(scores: dict[str, float], prefix: str) -> dict[str, float]:
+  return {prefix + k.replace('@', '_at_'): v for k, v in scores.items()}
+
+
+class _PreparedRun:
+  """A rerank run's features and built model, and what reads them."""
+
+  def __init__(self, cfg: FinetuneConfig, tokenizer, train: Sequence[RerankPair], held_out: Sequence[RerankPair],
+               beir_set: beir.BeirSet | None, mesh):
+    self.cfg, self.tokenizer, self.beir_set, self.mesh = cfg, tokenizer, beir_set, mesh
+    t0 = time.time()
+    self.train = features(tokenizer, train, cfg)
+    self.held_out = features(tokenizer, held_out, cfg)
+    self.held_out_targets = np.array([r.target for r in held_out], np.float32)
+    self.first_stage: np.ndarray | None = None
+    if beir_set is not None:
+      self.first_stage = first_stage_ranking(cfg, beir_set, mesh)
+      self.main_metric, self.eval_first = 'eval_ndcg_at_10', True  # step 0: what the training adds is read off
+      what = (f'eval: rerank the top {cfg.rerank_top_k} of {cfg.first_stage} for {len(beir_set.queries)} queries '
+              f'against {len(beir_set.texts)} passages')
+    else:
+      self.main_metric = 'eval_spearman' if cfg.uses_scores() else 'eval_accuracy'
+      self.eval_first = False
+      what = f'eval {len(self.held_out)} held-out pairs'
+    reporting.log(f'{TASK}: {len(self.train)} training pairs ({loss_of(cfg)} loss), {what} '
+                  f'(featurised in {time.time() - t0:.1f}s)')
+    self.total_steps = cfg.total_steps(len(self.train)) if self.train else 1
+    reporting.log(describe_attention(cfg.model, hardware.resolve(mesh=mesh)))
+    self.model = rerank_model(cfg, mesh, self.total_steps)
+    self.rows_multiple = 2 * shd.num_batch_shards(mesh) * cfg.optim.grad_accum_steps
+    self.block = distributed.process_batch_block(mesh)
+
+  def batches(self, seed: int, position: int, step: int) -> batching.TrainBatches:
+    cfg = self.cfg
+    reporting.log(f'seed {seed}: training {self.total_steps - step} of {self.total_steps} steps, batch '
+                  f'{cfg.batch_size} pairs, {len(self.train)} pairs, packed rows')
+    return batching.TrainBatches(self.train, KIND, batch_size=cfg.batch_size, row_length=cfg.max_seq_length,
+                                 pack=True, rows_multiple=self.rows_multiple, seed=seed, shuffle=cfg.shuffle,
+                                 start=position, block=self.block, micro_batches=cfg.optim.grad_accum_steps)
+
+  def scores(self, params, feats: Sequence[Feature], label: str = 'scoring pairs') -> np.ndarray:
+    """The cross-encoder's logit of each feature, in order [n] (packed rows of eval_batch_size pairs)."""
+    out: list[np.ndarray] = []
+    size = self.cfg.eval_batch_size
+    ticker = reporting.Ticker(label, -(-len(feats) // size))
+    for i in range(0, len(feats), size):
+      chunk = feats[i:i + size]
+      host = batching.make_batch(chunk, KIND, batch_size=size, row_length=self.cfg.max_seq_length, pack=True,
+                                 rows_multiple=self.rows_multiple)
+      batch = self.model.global_batch(batching.process_block(host, *self.block))
+      logits = np.asarray(jax.device_get(self.model.predict_step(params, self.model.rest, batch)))
+      out.append(logits[:len(chunk), 0])
+      ticker.tick(i // size + 1)
+    return np.concatenate(out) if out else np.zeros((0,), np.float32)
+
+  def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
+    del step, output_dir
+    t0 = time.time()
+    out = self._rerank(params) if self.beir_set is not None else self._held_out(params)
+    return {**out, 'eval_wall_s': time.time() - t0}
+
+  def _rerank(self, params) -> dict[str, Any]:
+    """nDCG@10, MRR@10, recall@rerank_top_k of the first stage ('eval_first_stage_*') and reranked ('eval_*')."""
+    data, ids_qk, cfg = self.beir_set, self.first_stage, self.cfg
+    passages = data.passages()
+    feats = [pair_feature(self.tokenizer, data.queries[q], passages[d], 0.0, max_query_length=cfg.max_query_length,
+                          max_seq_length=cfg.max_seq_length) for q in range(len(ids_qk)) for d in ids_qk[q]]
+    scores_qk = self.scores(params, feats, 'reranking').reshape(ids_qk.shape)
+    order = np.argsort(-scores_qk, axis=1, kind='stable')  # ties keep the first stage's order
+    reranked = np.take_along_axis(ids_qk, order, axis=1)
+    recall_at = (cfg.rerank_top_k,)
+    before = ranking.ranking_metrics(ids_qk, data.qrels, recall_at=recall_at)
+    after = ranking.ranking_metrics(reranked, data.qrels, recall_at=recall_at)
+    return {**_metric_names(after, 'eval_'), **_metric_names(before, 'eval_first_stage_')}
+
+  def _held_out(self, params) -> dict[str, Any]:
+    if not self.held_out:
+      return {self.main_metric: float('nan'), 'eval_loss': float('nan')}
+    logits = self.scores(params, self.held_out, 'evaluating held-out pairs')
+    target = self.held_out_targets
+    if self.cfg.uses_scores():
+      return {'eval_loss': float(np.mean((logits - target) ** 2)),
+              'eval_spearman': float(metrics.spearman(logits.tolist(), target.tolist()))}
+    loss = np.mean(np.maximum(logits, 0) - logits * target + np.log1p(np.exp(-np.abs(logits))))
+    return {'eval_loss': float(loss), 'eval_accuracy': float(np.mean((logits > 0) == (target > 0.5)))}
+
+  def saved_config(self) -> dict[str, Any]:
+    cfg = self.cfg
+    return {'finetune': cfg.to_dict(), 'task': {'name': TASK, 'kind': TASK, 'num_labels': 1, 'label_names': [],
+                                                'loss': loss_of(cfg)}}
+
+  def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
+    keys = ((self.main_metric, 'eval_mrr_at_10', 'eval_first_stage_ndcg_at_10') if self.beir_set is not None
+            else (self.main_metric, 'eval_loss'))
+    return Report(run_dir, label=f'seed {seed}: ', eval_keys=keys + ('eval_wall_s',), curves_dir=workdir.path,
+                  curves_metrics=[self.main_metric], divergence_hint='Lower --config.optim.learning_rate')
+
+  def done(self, seed: int, run_dir: str, result: dict[str, Any], workdir: Workdir) -> None:
+    workdir.write_results(result, run_dir)
+    seeds.log_result(self.main_metric, seed, result)
+
+  def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    del wall_s
+    extra = {'first_stage': self.cfg.first_stage, 'rerank_top_k': self.cfg.rerank_top_k,
+             'qrels_absent': dict(self.beir_set.absent)} if self.beir_set is not None else {}
+    return {'task': TASK, 'init_checkpoint': self.cfg.init_checkpoint, 'loss': loss_of(self.cfg), **extra,
+            **seeds.summarize(per_run, main_metric=self.main_metric)}

