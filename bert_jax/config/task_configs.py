@@ -208,6 +208,9 @@ class RerankConfig(FinetuneConfig):
                         f'{self.max_seq_length} (the pair is cut to max_seq_length, longest first)')
     if not 0.0 <= self.eval_fraction < 1.0:
       raise ConfigError(f'eval_fraction={self.eval_fraction} must be in [0, 1)')
+    if not self.beir_dir and self.eval_fraction == 0.0:
+      raise ConfigError('rerank: nothing to evaluate on: give --config.beir_dir and --config.first_stage, or hold out '
+                        '--config.eval_fraction > 0 of the training rows')
     if self.rerank_top_k < 1:
       raise ConfigError(f'rerank_top_k={self.rerank_top_k} must be at least 1')
     if bool(self.beir_dir) != bool(self.first_stage):

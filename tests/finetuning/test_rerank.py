@@ -171,3 +171,11 @@ def test_packed_pairs_score_as_one_pair_per_padded_row(wordpiece, loss):
   sp, su = objective.sums(lp, packed), objective.sums(lu, padded)
   assert float(sp['task_count']) == float(su['task_count']) == 5.0
   np.testing.assert_allclose(float(sp['task_loss_sum']), float(su['task_loss_sum']), rtol=1e-5)
+
+
+def test_a_run_with_nothing_to_evaluate_on_is_refused():
+  from bert_jax.config import RerankConfig  # pylint: disable=g-import-not-at-top
+  from bert_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ConfigError, match='nothing to evaluate on'):
+    RerankConfig(eval_fraction=0.0)
+  RerankConfig(eval_fraction=0.0, beir_dir='b', first_stage='m')
