@@ -120,10 +120,11 @@ def test_remote_paths_are_left_to_their_readers():
 
 
 def test_the_config_knows_every_task_by_its_kind():
-  """FinetuneConfig's task table (which fields each task reads) names every task the registry has."""
-  from bert_jax.config.finetune import TASKS, task_kind  # pylint: disable=g-import-not-at-top
+  """The head tasks' config type names every task the head tasks' registry has, and no other."""
+  from bert_jax.config import HeadTaskConfig  # pylint: disable=g-import-not-at-top
+  from bert_jax.config.finetune import task_kind  # pylint: disable=g-import-not-at-top
   from bert_jax.finetuning.tasks import get_task, task_names  # pylint: disable=g-import-not-at-top
-  assert set(task_names()) | {'retrieval'} == set(TASKS)
+  assert set(task_names()) == set(HeadTaskConfig.TASKS)
   heads = {'classification': {'classification', 'regression', 'multilabel'}, 'tagging': {'token'}, 'qa': {'span'}}
   for name in task_names():
     assert get_task(name).kind in heads[task_kind(name)], name
