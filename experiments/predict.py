@@ -66,7 +66,12 @@ def _check_flags() -> None:
 
 def main(_):
   _check_flags()
-  if workdir.embeds(workdir.inspect(_WORKDIR.value).task):  # before the (slow) checkpoint load
+  task = workdir.inspect(_WORKDIR.value).task
+  if (task or {}).get('name') == 'rerank':  # before the (slow) checkpoint load
+    raise ConfigError(f'{_WORKDIR.value} is a reranker (a cross-encoder): predict.py does not score its pairs yet; '
+                      f'export it with experiments/export_hf.py --checkpoint={_WORKDIR.value} --output=DIR and score '
+                      'them with sentence-transformers\' CrossEncoder(DIR), or evaluate it with experiments/evaluate.py')
+  if workdir.embeds(task):  # before the (slow) checkpoint load
     raise ConfigError(f'{_WORKDIR.value} is a retrieval run (an embedding model, no task head to predict with): '
                       f'embed texts with experiments/embed.py --checkpoint={_WORKDIR.value}, or evaluate it with '
                       'experiments/evaluate.py')

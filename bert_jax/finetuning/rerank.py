@@ -429,7 +429,7 @@ class _PreparedRun:
 
   def saved_config(self) -> dict[str, Any]:
     cfg = self.cfg
-    return {'finetune': cfg.to_dict(), 'task': {'name': TASK, 'kind': TASK, 'num_labels': 1, 'label_names': [],
+    return {'finetune': cfg.to_dict(), 'task': {'name': TASK, 'kind': KIND, 'num_labels': 1, 'label_names': [],
                                                 'loss': loss_of(cfg)}}
 
   def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:

@@ -105,8 +105,16 @@ def test_rerank_learns_and_reranks_a_first_stage(tiny_checkpoint, tmp_path):
     losses = [json.loads(line)['loss'] for line in f if 'loss' in line]
   assert losses[-1] < losses[0] - 0.05, losses  # it learns (a random tiny encoder: slowly at first)
   with open(tmp_path / 'run' / 'config.json', encoding='utf-8') as f:
-    assert json.load(f)['task'] == {'name': 'rerank', 'kind': 'rerank', 'num_labels': 1, 'label_names': [],
-                                    'loss': 'bce'}
+    assert json.load(f)['task'] == {'name': 'rerank', 'kind': 'regression', 'num_labels': 1, 'label_names': [],
+                                    'loss': 'bce'}  # the head's kind: one logit
+  # predict.py refuses it in one line (it does not score pairs yet); export_hf.py writes a one-logit classifier
+  assert_one_line_error(run_main('predict.py', f'--workdir={tmp_path / "run"}', f'--input={pairs}'),
+                        'is a reranker (a cross-encoder): predict.py does not score its pairs yet')
+  exported = run_main('export_hf.py', f'--checkpoint={tmp_path / "run"}', f'--output={tmp_path / "hf"}')
+  assert exported.returncode == 0, exported.stderr[-2000:]
+  with open(tmp_path / 'hf' / 'config.json', encoding='utf-8') as f:
+    hf = json.load(f)
+  assert hf['architectures'] == ['BertForSequenceClassification'] and len(hf['id2label']) == 1
 
 
 @pytest.mark.slow
