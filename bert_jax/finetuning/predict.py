@@ -186,8 +186,8 @@ class Predictor:
     ticker = reporting.Ticker('predicting', -(-len(features) // size))
     for i in range(0, len(features), size):
       chunk = features[i:i + size]
-      host = batching.make_batch(chunk, self.kind, batch_size=size, row_length=ft.max_seq_length,
-                                 pack=getattr(ft, 'pack', True), rows_multiple=2)  # rerank's pairs always pack
+      host = batching.make_batch(chunk, self.kind, batch_size=size, row_length=ft.max_seq_length, pack=ft.pack,
+                                 rows_multiple=2)
       shape = host['input_ids'].shape
       compiles = shape not in self._compiled
       if compiles:
