@@ -303,7 +303,7 @@ def test_same_negatives_as_sentence_transformers_on_minilm(tmp_path):
   from bert_jax import inference  # pylint: disable=g-import-not-at-top
   from bert_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
   path = minilm_dir_or_skip()
-  pairs = _squad_pairs(40)
+  pairs = _squad_pairs(80)
   pairs += [pairs_lib.Pair(pairs[0].query, pairs[5].positive, (), len(pairs) + 1)]  # a second positive for a query
   model = pretrained.load_encoder(path)
   settings = inference.embedding_settings(path, model, log=lambda _: None)
@@ -331,4 +331,4 @@ def test_same_negatives_as_sentence_transformers_on_minilm(tmp_path):
     expected = {(r['query'], r['positive']): [r[f'negative_{i}'] for i in (1, 2, 3)] for r in theirs}
     got = {(r['query'], r['positive']): r['negatives'] for r in ours.negative_rows(pairs)}
     assert got == expected, settings_
-    assert len(got) >= 150 and len(ours.grouped.corpus) >= 150
+    assert len(got) >= 100 and len(ours.grouped.corpus) >= 100
