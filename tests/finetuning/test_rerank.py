@@ -187,3 +187,32 @@ def test_a_run_with_nothing_to_evaluate_on_is_refused():
   with pytest.raises(ConfigError, match='nothing to evaluate on'):
     RerankConfig(eval_fraction=0.0)
   RerankConfig(eval_fraction=0.0, beir_dir='b', first_stage='m')
+
+
+@pytest.mark.slow
+def test_the_export_scores_as_bert_jax_in_sentence_transformers_cross_encoder(tiny_checkpoint, tmp_path):
+  """The reranker exported by export_hf.py, loaded by sentence-transformers' CrossEncoder, gives bert_jax's logits
+  (float32 both; a hidden-32 model's logit sums ~100 terms: 1e-5 absolute), and its default scores are their
+  sigmoid."""
+  torch = pytest.importorskip('torch')
+  cross_encoder = pytest.importorskip('sentence_transformers').CrossEncoder
+  from bert_jax.interop.pretrained import load_finetuned  # pylint: disable=g-import-not-at-top
+  pairs = _write_pairs(tmp_path / 'pairs.jsonl')
+  cfg = _cfg(tiny_checkpoint, pairs, num_train_steps=4, eval_fraction=0.25)
+  finetuning.finetune(cfg, str(tmp_path / 'run'))
+  exported = run_main('export_hf.py', f'--checkpoint={tmp_path / "run"}', f'--output={tmp_path / "hf"}')
+  assert exported.returncode == 0, exported.stderr[-2000:]
+  texts = [('what is the capital', 'the capital is a city'), ('who wrote the book', 'an author wrote it'),
+           ('a', 'a much longer passage about nothing in particular, with commas')]
+  tuned = load_finetuned(str(tmp_path / 'run'), log=lambda _: None)
+  model = tuned.head_model()
+  ours = []
+  for query, passage in texts:
+    feature = rerank.pair_feature(tuned.tokenizer, query, passage, 0.0, max_query_length=cfg.max_query_length,
+                                  max_seq_length=cfg.max_seq_length)
+    ours.append(float(np.asarray(model(feature.input_ids[None], feature.token_type_ids[None],
+                                       deterministic=True))[0, 0]))
+  peer = cross_encoder(str(tmp_path / 'hf'), device='cpu')
+  logits = peer.predict(texts, activation_fn=torch.nn.Identity())
+  np.testing.assert_allclose(logits, ours, rtol=0, atol=1e-5)
+  np.testing.assert_allclose(peer.predict(texts), 1 / (1 + np.exp(-np.asarray(ours))), rtol=0, atol=1e-5)
