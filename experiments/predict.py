@@ -5,11 +5,14 @@
   python experiments/predict.py --workdir=/tmp/conll --text="John Smith flew to Paris on Monday."
   python experiments/predict.py --workdir=/tmp/squad --question="Who flew?" --context="John Smith flew to Paris."
   python experiments/predict.py --workdir=/tmp/sst2 --input=reviews.txt --output=/tmp/reviews.jsonl
+  python experiments/predict.py --workdir=/tmp/reranker --text="what is bert" --text_pair="BERT is an encoder."
 
 --input takes plain text (one row per line; 'a<TAB>b' for pairs, 'question<TAB>context' for
 SQuAD), JSONL, or the task's own files (a GLUE TSV with its header, CoNLL columns, SQuAD JSON; a model
 fine-tuned on your own files (classify/regress) reads a .csv/.tsv/.jsonl by the run's text columns);
-see `bert_jax.finetuning.predict.read_rows`. Rows are batched in one process. The predictions
+see `bert_jax.finetuning.predict.read_rows`. A reranker (finetune.py:rerank) scores (query, passage) pairs: --text
+and --text_pair, query<TAB>passage lines, or a table with the run's query and passage columns; its 'score' is the
+logit, and 'probability' its sigmoid when it was trained on 0/1 labels. Rows are batched in one process. The predictions
 go to stdout as one JSON line each, or to --output (.jsonl or .tsv); stderr says when each phase starts (loading the
 checkpoint, compiling, writing) and where a long prediction is, with an ETA. --seed and --step pick the
 checkpoint (default: the run's first seed, latest step). The workdir is only read.
@@ -67,10 +70,6 @@ def _check_flags() -> None:
 def main(_):
   _check_flags()
   task = workdir.inspect(_WORKDIR.value).task
-  if (task or {}).get('name') == 'rerank':  # before the (slow) checkpoint load
-    raise ConfigError(f'{_WORKDIR.value} is a reranker (a cross-encoder): predict.py does not score its pairs yet; '
-                      f'export it with experiments/export_hf.py --checkpoint={_WORKDIR.value} --output=DIR and score '
-                      'them with sentence-transformers\' CrossEncoder(DIR), or evaluate it with experiments/evaluate.py')
   if workdir.embeds(task):  # before the (slow) checkpoint load
     raise ConfigError(f'{_WORKDIR.value} is a retrieval run (an embedding model, no task head to predict with): '
                       f'embed texts with experiments/embed.py --checkpoint={_WORKDIR.value}, or evaluate it with '
@@ -83,7 +82,8 @@ def main(_):
   if _INPUT.value:
     rows = predict.read_rows(_INPUT.value, kind, tuned.task['name'], _FORMAT.value, tuned.finetune)
   else:
-    rows = [predict.text_row(kind, _TEXT.value, _TEXT_PAIR.value, _QUESTION.value, _CONTEXT.value)]
+    rows = [predict.text_row(kind, _TEXT.value, _TEXT_PAIR.value, _QUESTION.value, _CONTEXT.value,
+                             task_name=tuned.task['name'])]
   if not rows:
     raise DataError(f'no rows to predict in {_INPUT.value}')
   reporting.log(f'predict: {len(rows):,} rows, {tuned.task["name"]} ({kind}), seed {tuned.seed} step {tuned.step}')
@@ -91,7 +91,8 @@ def main(_):
   if _OUTPUT.value:
     reporting.log(f'predict: writing {len(outputs):,} predictions to {_OUTPUT.value}')
   if _OUTPUT.value and _OUTPUT.value.endswith('.tsv'):
-    files.write_text_atomic(_OUTPUT.value, '\n'.join(predict.tsv_lines(kind, rows, outputs)) + '\n')
+    lines = predict.tsv_lines(kind, rows, outputs, tuned.task['name'])
+    files.write_text_atomic(_OUTPUT.value, '\n'.join(lines) + '\n')
   else:
     lines = [json.dumps({**row, **out}, ensure_ascii=False) for row, out in zip(rows, outputs)]
     if _OUTPUT.value:

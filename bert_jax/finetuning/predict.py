@@ -5,7 +5,7 @@ its header, CoNLL columns, SQuAD JSON) and go through the task's own featuriser,
 batching and the same forward pass as the evaluation path, so the dev set gets the same
 predictions that fine-tuning wrote. One process, batched; one compile per batch shape.
 
-Outputs (one dict per row):
+Outputs (one dict per row; a kind that predicts by itself, as rerank's {'score', 'probability'}, says its own):
   classification  {'label', 'probabilities': {label: p}}
   regression      {'score'}
   token           {'words', 'tags', 'scores' (the tag's probability), 'entities': [{'type', 'text',
@@ -19,22 +19,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import time
 from typing import Any, Iterator, Sequence
 
-from flax import nnx
-import jax
 import numpy as np
 
 from bert_jax import files
 from bert_jax.data import tables
 from bert_jax.errors import DataError
 from bert_jax.files import check_regular
-from bert_jax.finetuning import batching
-from bert_jax.finetuning.head_objective import Finetuning
+from bert_jax.finetuning import kinds
+from bert_jax.finetuning.predictor import Predictor
 from bert_jax.finetuning.tasks import conll, get_task, glue, own_data, squad
 from bert_jax import metrics
-from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.interop.pretrained import FinetunedBert
 from bert_jax.model.heads import SEQUENCE_KINDS
 from bert_jax.runs import reporting
@@ -66,6 +62,9 @@ def read_rows(path: str, kind: str, task_name: str, fmt: str = 'auto', finetune=
   check_regular(path, 'input file')
   if not files.isfile(path):
     raise DataError(f'input file {path} does not exist')
+  own = kind_predictions(task_name)
+  if own is not None:
+    return own.read_rows(path, fmt, finetune)
   if task_name in own_data.TASKS and finetune is not None and fmt == 'auto' and \
       tables.extension(path) in tables.FORMATS:
     columns = dataclasses.replace(own_data.columns(finetune), label='')
@@ -91,12 +90,21 @@ def read_rows(path: str, kind: str, task_name: str, fmt: str = 'auto', finetune=
 
 
 def text_row(kind: str, text: str | None = None, text_pair: str | None = None, question: str | None = None,
-             context: str | None = None) -> dict[str, Any]:
+             context: str | None = None, task_name: str = '') -> dict[str, Any]:
   """One row from flag values (--text/--text_pair, or --question/--context for span tasks)."""
+  own = kind_predictions(task_name) if task_name else None
+  if own is not None:
+    return own.row(text if text is not None else question, text_pair if text_pair is not None else context)
   if kind == 'span':
     return _row({'question': question if question is not None else text,
                  'context': context if context is not None else text_pair}, kind, 'the flags')
   return _row({'text': text, 'text_pair': text_pair}, kind, 'the flags')
+
+
+def kind_predictions(task_name: str):
+  """The predictions of a task kind that makes its own (its class's `predictions`: rows, scores and TSV lines, as
+  rerank's (query, passage) pairs), or None: the head tasks', made here."""
+  return getattr(kinds.kind_of(task_name), 'predictions', None)
 
 
 def _detect(path: str, kind: str, task_name: str) -> str:
@@ -164,51 +172,13 @@ def _text(value) -> bool:
 
 # ------------------------------------------------------------------------------------------ model
 
-
-class Predictor:
-  """A fine-tuned model on one device: features -> logits, in the evaluation path's batches."""
-
-  def __init__(self, tuned: FinetunedBert, batch_size: int = 64, log=reporting.log):
-    self.tuned, self.batch_size, self.log = tuned, batch_size, log
-    self.kind = tuned.task['kind']
-    graphdef, state = nnx.split(tuned.head_model())
-    objective = Finetuning(self.kind)
-    self._state, self._compiled = state, set()  # the batch shapes compiled so far
-    self._forward = jax.jit(lambda state, batch: objective.forward(nnx.merge(graphdef, state), batch,
-                                                                   deterministic=True))
-
-  def logits(self, features: Sequence[Feature]) -> list[np.ndarray]:
-    """Per feature, as `predict` gives them (see tasks.base for the shapes). A batch of a new shape compiles the
-    model (a line to `log` before, one with its time after); a long run says where it is every 10 s with an ETA
-    (`reporting.Ticker`)."""
-    out: list[np.ndarray] = []
-    ft, size = self.tuned.finetune, self.batch_size
-    ticker = reporting.Ticker('predicting', -(-len(features) // size))
-    for i in range(0, len(features), size):
-      chunk = features[i:i + size]
-      host = batching.make_batch(chunk, self.kind, batch_size=size, row_length=ft.max_seq_length, pack=ft.pack,
-                                 rows_multiple=2)
-      shape = host['input_ids'].shape
-      compiles = shape not in self._compiled
-      if compiles:
-        self.log(f'predict: compiling the model for {shape[0]} x {shape[1]} tokens ...')
-        t_compile = time.perf_counter()
-      logits = np.asarray(jax.device_get(self._forward(self._state, host)))
-      if compiles:
-        self._compiled.add(shape)
-        self.log(f'predict: compiled (and ran that batch) in {time.perf_counter() - t_compile:.1f} s')
-      if self.kind in SEQUENCE_KINDS:
-        out.extend(logits[:len(chunk)])
-      else:
-        out.extend(batching.rows_of_examples(logits, host, len(chunk)))
-      ticker.tick(i // size + 1)
-    return out
-
-
 def predict(tuned: FinetunedBert, rows: Sequence[dict[str, Any]], *, batch_size: int = 64, n_best: int = 5,
             log=reporting.log) -> list[dict[str, Any]]:
   """Predictions for `rows` (see `read_rows`), one dict per row in order (module docstring); warnings and each
   compile to `log`, a long run's progress lines through `reporting` (`Predictor.logits`)."""
+  own = kind_predictions(tuned.task['name'])
+  if own is not None:
+    return own.predict(tuned, rows, batch_size=batch_size, log=log)
   kind, ft, tokenizer = tuned.task['kind'], tuned.finetune, tuned.tokenizer
   if kind in SEQUENCE_KINDS:
     check_pairs(tuned.task['name'], rows,
@@ -301,8 +271,12 @@ def _span_output(answers: list[squad.Answer]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ output
 
 
-def tsv_lines(kind: str, rows: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]]) -> list[str]:
+def tsv_lines(kind: str, rows: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]],
+              task_name: str = '') -> list[str]:
   """A header and one line per row: the input and the prediction, tab-separated."""
+  own = kind_predictions(task_name) if task_name else None
+  if own is not None:
+    return own.tsv_lines(rows, outputs)
   clean = lambda s: '' if s is None else str(s).replace('\t', ' ').replace('\n', ' ')  # pylint: disable=unnecessary-lambda-assignment
   if kind in ('classification', 'multilabel'):
     names = list(outputs[0]['probabilities']) if outputs else []

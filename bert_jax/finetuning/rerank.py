@@ -210,6 +210,70 @@ def features(tokenizer, rows: Sequence[RerankPair], cfg: FinetuneConfig) -> list
                        max_seq_length=cfg.max_seq_length) for r in rows]
 
 
+# --- predictions --------------------------------------------------------------------------------------------------
+
+class Predictions:
+  """experiments/predict.py on a reranker (`finetuning.predict` asks the kind): a (query, passage) pair per row,
+  scored as training and evaluation score it (`pair_feature`, packed). Each row's 'score' is the logit; a model
+  trained on 0/1 labels also gives 'probability', its sigmoid (sentence-transformers' CrossEncoder.predict gives
+  the same two: with an identity activation, and by default)."""
+
+  @staticmethod
+  def row(text: str | None, text_pair: str | None, where: str = '') -> dict[str, str]:
+    if not (isinstance(text, str) and text.strip() and isinstance(text_pair, str) and text_pair.strip()):
+      raise DataError(f'{where}: ' * bool(where) + 'a reranker scores (query, passage) pairs: give both (--text=QUERY '
+                      '--text_pair=PASSAGE, or query<TAB>passage per line of --input)')
+    return {'query': text, 'passage': text_pair}
+
+  @staticmethod
+  def read_rows(path: str, fmt: str, cfg: FinetuneConfig) -> list[dict[str, str]]:
+    """A table (CSV, TSV, JSONL, Parquet: by the run's query_column and passage_column, as it trained; a label or
+    score column is not needed), or plain text ('txt', or a TSV without those columns): query<TAB>passage per
+    line."""
+    table = tables.FORMATS.get(tables.extension(path))
+    if fmt in ('auto', 'jsonl', 'tsv') and table and (table != 'tsv' or {cfg.query_column, cfg.passage_column}
+                                                      <= set(inputs.column_names(path) or ())):
+      names, records = tables.records(path, 'input file')
+      for column in (cfg.query_column, cfg.passage_column):
+        if column not in names:
+          raise tables.missing_column(path, column, names)
+      return [{'query': tables.text_at(path, line, r, cfg.query_column),
+               'passage': tables.text_at(path, line, r, cfg.passage_column)} for line, r in records]
+    if fmt not in ('auto', 'txt', 'tsv'):
+      raise DataError(f'{path}: --format={fmt} is not a reranker\'s input; give query<TAB>passage lines or a '
+                      f'table with columns {cfg.query_column!r} and {cfg.passage_column!r}')
+    with files.open(path, encoding='utf-8', errors='replace') as f:
+      lines = [(i, line.rstrip('\r\n')) for i, line in enumerate(f, 1) if line.strip()]
+    if not lines:
+      raise DataError(f'input file {path} has no text')
+    rows = []
+    for i, line in lines:
+      parts = line.split('\t')
+      if len(parts) != 2:
+        raise DataError(f'{path} line {i}: {len(parts)} tab-separated fields; a reranker scores query<TAB>passage')
+      rows.append(Predictions.row(*parts, where=f'{path} line {i}'))
+    return rows
+
+  @staticmethod
+  def predict(tuned, rows: Sequence[dict[str, str]], *, batch_size: int, log) -> list[dict[str, float]]:
+    from bert_jax.finetuning.predictor import Predictor  # pylint: disable=g-import-not-at-top  (jax at use)
+    cfg = tuned.finetune
+    feats = [pair_feature(tuned.tokenizer, r['query'], r['passage'], 0.0, max_query_length=cfg.max_query_length,
+                          max_seq_length=cfg.max_seq_length) for r in rows]
+    logits = [float(np.asarray(l).reshape(-1)[0]) for l in Predictor(tuned, batch_size, log, pack=True).logits(feats)]
+    if cfg.uses_scores():
+      return [{'score': l} for l in logits]
+    return [{'score': l, 'probability': float(1 / (1 + np.exp(-l)))} for l in logits]
+
+  @staticmethod
+  def tsv_lines(rows: Sequence[dict[str, str]], outputs: Sequence[dict[str, float]]) -> list[str]:
+    clean = lambda s: str(s).replace('\t', ' ').replace('\n', ' ')  # pylint: disable=unnecessary-lambda-assignment
+    keys = list(outputs[0]) if outputs else ['score']
+    return ['\t'.join(['query', 'passage', *keys])] + [
+        '\t'.join([clean(r['query']), clean(r['passage']), *(f'{o[k]:.6g}' for k in keys)])
+        for r, o in zip(rows, outputs)]
+
+
 # --- the kind ------------------------------------------------------------------------------------------------------
 
 def _needs_train_file() -> ConfigError:
@@ -221,6 +285,7 @@ class Rerank:
   """The task kind of a cross-encoder on labelled or scored pairs (`finetuning.kinds.TaskKind`)."""
 
   preparing = 'loading the checkpoint, reading the pairs and retrieving with the first stage'
+  predictions = Predictions  # experiments/predict.py scores (query, passage) pairs
 
   @staticmethod
   def runs(task: str) -> bool:

@@ -107,9 +107,10 @@ def test_rerank_learns_and_reranks_a_first_stage(tiny_checkpoint, tmp_path):
   with open(tmp_path / 'run' / 'config.json', encoding='utf-8') as f:
     assert json.load(f)['task'] == {'name': 'rerank', 'kind': 'regression', 'num_labels': 1, 'label_names': [],
                                     'loss': 'bce'}  # the head's kind: one logit
-  # predict.py refuses it in one line (it does not score pairs yet); export_hf.py writes a one-logit classifier
-  assert_one_line_error(run_main('predict.py', f'--workdir={tmp_path / "run"}', f'--input={pairs}'),
-                        'is a reranker (a cross-encoder): predict.py does not score its pairs yet')
+  # predict.py scores pairs (a lone text is one error line); export_hf.py writes a one-logit classifier (the two
+  # score alike in sentence-transformers' CrossEncoder: the test below)
+  assert_one_line_error(run_main('predict.py', f'--workdir={tmp_path / "run"}', '--text=who'),
+                        'a reranker scores (query, passage) pairs: give both')
   exported = run_main('export_hf.py', f'--checkpoint={tmp_path / "run"}', f'--output={tmp_path / "hf"}')
   assert exported.returncode == 0, exported.stderr[-2000:]
   with open(tmp_path / 'hf' / 'config.json', encoding='utf-8') as f:
@@ -189,14 +190,36 @@ def test_a_run_with_nothing_to_evaluate_on_is_refused():
   RerankConfig(eval_fraction=0.0, beir_dir='b', first_stage='m')
 
 
+def test_predict_reads_pairs_by_the_runs_columns_or_as_tab_separated_lines(tmp_path):
+  cfg = RerankConfig(query_column='q', passage_column='p')
+  (tmp_path / 'a.csv').write_text('q,p,other\nwho,a writer,1\nwhat,"a thing, in quotes",0\n', encoding='utf-8')
+  (tmp_path / 'a.tsv').write_text('who\ta writer\nwhat\ta thing\n\n', encoding='utf-8')
+  (tmp_path / 'h.tsv').write_text('p\tq\na writer\twho\n', encoding='utf-8')
+  read = lambda name, fmt='auto': rerank.Predictions.read_rows(str(tmp_path / name), fmt, cfg)
+  assert read('a.csv') == [{'query': 'who', 'passage': 'a writer'}, {'query': 'what', 'passage': 'a thing, in quotes'}]
+  assert read('a.tsv') == [{'query': 'who', 'passage': 'a writer'}, {'query': 'what', 'passage': 'a thing'}]
+  assert read('h.tsv') == [{'query': 'who', 'passage': 'a writer'}]  # a TSV with the run's columns is a table
+  (tmp_path / 'b.csv').write_text('query,p\nwho,a writer\n', encoding='utf-8')
+  (tmp_path / 'b.txt').write_text('who\ta writer\nwhat\n', encoding='utf-8')
+  with pytest.raises(DataError, match=r"b.csv:1: no column 'q'; the file has 'query', 'p'"):
+    read('b.csv')
+  with pytest.raises(DataError, match=r'b.txt line 2: 1 tab-separated fields; a reranker scores query<TAB>passage'):
+    read('b.txt')
+  with pytest.raises(DataError, match='is not a reranker'):
+    read('a.tsv', 'squad')
+  with pytest.raises(DataError, match='give both'):
+    rerank.Predictions.row('who', '  ')
+  lines = rerank.Predictions.tsv_lines([{'query': 'a\tb', 'passage': 'c'}], [{'score': 1.5, 'probability': 0.8}])
+  assert lines == ['query\tpassage\tscore\tprobability', 'a b\tc\t1.5\t0.8']
+
+
 @pytest.mark.slow
 def test_the_export_scores_as_bert_jax_in_sentence_transformers_cross_encoder(tiny_checkpoint, tmp_path):
-  """The reranker exported by export_hf.py, loaded by sentence-transformers' CrossEncoder, gives bert_jax's logits
-  (float32 both; a hidden-32 model's logit sums ~100 terms: 1e-5 absolute), and its default scores are their
-  sigmoid."""
+  """The reranker exported by export_hf.py, loaded by sentence-transformers' CrossEncoder, gives the logits that
+  predict.py gives on the workdir (float32 both; a hidden-32 model's logit sums ~100 terms: 1e-5 absolute), and its
+  default scores are predict.py's probabilities."""
   torch = pytest.importorskip('torch')
   cross_encoder = pytest.importorskip('sentence_transformers').CrossEncoder
-  from bert_jax.interop.pretrained import load_finetuned  # pylint: disable=g-import-not-at-top
   pairs = _write_pairs(tmp_path / 'pairs.jsonl')
   cfg = _cfg(tiny_checkpoint, pairs, num_train_steps=4, eval_fraction=0.25)
   finetuning.finetune(cfg, str(tmp_path / 'run'))
@@ -204,15 +227,14 @@ def test_the_export_scores_as_bert_jax_in_sentence_transformers_cross_encoder(ti
   assert exported.returncode == 0, exported.stderr[-2000:]
   texts = [('what is the capital', 'the capital is a city'), ('who wrote the book', 'an author wrote it'),
            ('a', 'a much longer passage about nothing in particular, with commas')]
-  tuned = load_finetuned(str(tmp_path / 'run'), log=lambda _: None)
-  model = tuned.head_model()
-  ours = []
-  for query, passage in texts:
-    feature = rerank.pair_feature(tuned.tokenizer, query, passage, 0.0, max_query_length=cfg.max_query_length,
-                                  max_seq_length=cfg.max_seq_length)
-    ours.append(float(np.asarray(model(feature.input_ids[None], feature.token_type_ids[None],
-                                       deterministic=True))[0, 0]))
+  with open(tmp_path / 'pairs.txt', 'w', encoding='utf-8') as f:
+    f.write(''.join(f'{q}\t{p}\n' for q, p in texts))
+  predicted = run_main('predict.py', f'--workdir={tmp_path / "run"}', f'--input={tmp_path / "pairs.txt"}')
+  assert predicted.returncode == 0, predicted.stderr[-2000:]
+  rows = [json.loads(line) for line in predicted.stdout.splitlines()]
+  assert [(r['query'], r['passage']) for r in rows] == texts
+  ours = [r['score'] for r in rows]
   peer = cross_encoder(str(tmp_path / 'hf'), device='cpu')
   logits = peer.predict(texts, activation_fn=torch.nn.Identity())
   np.testing.assert_allclose(logits, ours, rtol=0, atol=1e-5)
-  np.testing.assert_allclose(peer.predict(texts), 1 / (1 + np.exp(-np.asarray(ours))), rtol=0, atol=1e-5)
+  np.testing.assert_allclose(peer.predict(texts), [r['probability'] for r in rows], rtol=0, atol=1e-5)
