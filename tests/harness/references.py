@@ -1,6 +1,6 @@
 """Checks against references: transformers' models, pipelines and exports (`assert_task_exports_match_transformers`,
 `assert_embed_and_attention_match_transformers`, `assert_export_classifies_as_predict`,
-`assert_fill_mask_is_the_pipelines`, `export_again`, `save_perturbed`, `FAMILY_TASKS`), and the reference
+`assert_fill_mask_is_the_pipelines`, `assert_reranker_exports_score_as_predict`, `export_again`, `save_perturbed`, `FAMILY_TASKS`), and the reference
 implementation a faster one is tested against (`reference_first_fit_decreasing`).
 
 Production behaviour changed: none beyond `entry_points.run_main`'s (the entry points checked run through it).
@@ -87,6 +87,45 @@ def assert_export_classifies_as_predict(workdir: str, out: str, text: str, archi
   assert theirs.keys() == ours.keys(), (theirs, ours)
   np.testing.assert_allclose([theirs[k] for k in ours], list(ours.values()),
                              atol=model_tolerance(pipeline.model.config))
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RERANK_PAIRS = [('what is the capital', 'the capital is a city'), ('who wrote the book', 'an author wrote it'),
+                ('a', 'a much longer passage about nothing in particular, with commas')]
+
+
+def assert_reranker_exports_score_as_predict(checkpoint: str, tmp_path, architecture: str) -> str:
+  """A reranker fine-tuned from `checkpoint` (finetune.py:rerank, 3 steps on the bundled sample's labelled pairs) and
+  exported by export_hf.py as `architecture`: sentence-transformers' CrossEncoder gives predict.py's scores (logits)
+  on RERANK_PAIRS, up to float32 rounding against torch (`model_tolerance`), and its default scores are predict.py's
+  probabilities (their sigmoid). Returns the workdir."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from sentence_transformers import CrossEncoder  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO, 'data', 'samples', 'retrieval', 'pairs.jsonl'), encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f]
+  pairs, workdir, out = tmp_path / 'rerank_pairs.jsonl', str(tmp_path / 'reranker'), str(tmp_path / 'reranker_hf')
+  pairs.write_text(''.join(json.dumps({'query': r['query'], 'passage': r[side], 'label': int(side == 'positive')}) + '\n'
+                           for r in rows for side in ('positive', 'negative')), encoding='utf-8')
+  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:rerank', f'--workdir={workdir}',
+                    f'--config.init_checkpoint={checkpoint}', f'--config.train_file={pairs}',
+                    '--config.num_train_steps=3', '--config.batch_size=8', '--config.eval_batch_size=16',
+                    '--config.max_seq_length=64', '--config.max_query_length=16', '--config.eval_fraction=0.25',
+                    '--config.optim.learning_rate=1e-2')
+  assert result.returncode == 0, result.stderr[-3000:]
+  result = run_main('export_hf.py', f'--checkpoint={workdir}', f'--output={out}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert json.loads(result.stdout.strip().splitlines()[-1])['architecture'] == architecture
+  (tmp_path / 'score.txt').write_text(''.join(f'{q}\t{p}\n' for q, p in RERANK_PAIRS), encoding='utf-8')
+  result = run_main('predict.py', f'--workdir={workdir}', f'--input={tmp_path / "score.txt"}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  ours = [json.loads(line) for line in result.stdout.splitlines()]
+  assert [(r['query'], r['passage']) for r in ours] == RERANK_PAIRS
+  peer = CrossEncoder(out, device='cpu')
+  atol = model_tolerance(peer.model.config)
+  np.testing.assert_allclose(peer.predict(RERANK_PAIRS, activation_fn=torch.nn.Identity()), [r['score'] for r in ours],
+                             rtol=0, atol=atol)
+  np.testing.assert_allclose(peer.predict(RERANK_PAIRS), [r['probability'] for r in ours], rtol=0, atol=atol)
+  return workdir
 
 
 def assert_fill_mask_is_the_pipelines(checkpoint: str, text: str, tokenizer) -> list:

@@ -27,6 +27,7 @@ from harness.references import (
   assert_embed_and_attention_match_transformers,
   assert_export_classifies_as_predict,
   assert_fill_mask_is_the_pipelines,
+  assert_reranker_exports_score_as_predict,
   assert_task_exports_match_transformers,
   export_again,
   save_perturbed,
@@ -288,3 +289,11 @@ def test_fine_tunes_on_sst2_and_predicts(built, name, tmp_path):
   assert_export_classifies_as_predict(workdir, str(tmp_path / 'export'), 'a charming and often affecting journey',
                                       {'roberta': 'RobertaForSequenceClassification',
                                        'xlmr': 'XLMRobertaForSequenceClassification'}[name])
+
+
+@pytest.mark.slow
+def test_a_reranker_exports_as_a_cross_encoder_that_scores_as_predict(built, tmp_path):
+  """A RoBERTa-shaped reranker (<s> q </s></s> p </s>, one token type; classifier.dense + tanh + out_proj on <s>):
+  sentence-transformers' CrossEncoder gives predict.py's scores."""
+  pytest.importorskip('sentence_transformers')
+  assert_reranker_exports_score_as_predict(built['roberta'], tmp_path, 'RobertaForSequenceClassification')
