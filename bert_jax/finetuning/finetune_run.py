@@ -14,7 +14,7 @@ from bert_jax.config import FinetuneConfig, kind_fields
 from bert_jax.errors import ConfigError
 from bert_jax.finetuning import seeds
 from bert_jax.finetuning.job import FinetuningJob
-from bert_jax.finetuning.kinds import check_inputs
+from bert_jax.finetuning.kinds import kind_of
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
 from bert_jax.train import scaffold
@@ -24,7 +24,7 @@ def finetune(cfg: FinetuneConfig, workdir: str, explicit_model_fields: Collectio
   """Trains every seed (or finishes, or only evaluates, what a rerun finds done) and returns the metrics
   over all seeds. A field of another task's, a missing file or column is refused first (nothing read or written)."""
   cfg.check_task_fields()
-  check_inputs(cfg)
+  kind_of(cfg.task).check_inputs(cfg)  # its kind's: files exist, readable, the named columns (first lines)
   return scaffold.train(FinetuningJob(cfg, explicit_model_fields), workdir)
 
 

@@ -67,9 +67,7 @@ class HeadTasks:
     self.task, self.evaluation = get_task(cfg.task), evaluation
     self.recorded_labels: tuple[str, ...] = ()
 
-  @staticmethod
-  def check_inputs(cfg: FinetuneConfig) -> None:
-    inputs.check_inputs(cfg)  # the task's files: exist, readable, the named columns (first lines only)
+  check_inputs = staticmethod(inputs.check_inputs)  # the task's files: exist, readable, the named columns (first lines)
 
   def check(self, cfg: FinetuneConfig, mesh) -> None:
     scaffold.check_sequence_length(cfg, 'max_seq_length', cfg.max_seq_length, cfg.model)

@@ -54,11 +54,8 @@ class FinetuningJob:
   def _inputs(self, mesh, workdir: Workdir) -> _Inputs:
     """The starting checkpoint, the config with its architecture, the tokenizer and the task's data, checked; read
     once per workdir (`validate` then `prepare`: the starting checkpoint is described, and its lines printed, once)."""
-    if workdir.path not in self._inputs_of:
-      self._inputs_of[workdir.path] = self._read_inputs(mesh, workdir)
-    return self._inputs_of[workdir.path]
-
-  def _read_inputs(self, mesh, workdir: Workdir) -> _Inputs:
+    if workdir.path in self._inputs_of:
+      return self._inputs_of[workdir.path]
     cfg, source = self.cfg, None
     if not self._evaluation:  # the starting checkpoint sets the architecture
       source = describe(cfg.init_checkpoint, 'init_checkpoint')
@@ -74,7 +71,8 @@ class FinetuningJob:
       raise ConfigError(f'the tokenizer of {cfg.init_checkpoint} has {vocab} tokens but the model only '
                         f'{cfg.model.vocab_size} embeddings')
     self.task.read(cfg, saved)
-    return _Inputs(cfg, source, tokenizer)
+    self._inputs_of[workdir.path] = _Inputs(cfg, source, tokenizer)
+    return self._inputs_of[workdir.path]
 
   def _tokenizer(self, cfg: FinetuneConfig, source, workdir: Workdir, saved: dict[str, Any] | None):
     """The workdir's own tokenizer when it holds one (refused for training when the starting checkpoint's

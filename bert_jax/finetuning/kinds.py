@@ -67,9 +67,3 @@ def kind_of(task: str) -> type:
       return kind
   from bert_jax.config.finetune import TASKS  # pylint: disable=g-import-not-at-top
   raise ConfigError(f'unknown task {task!r}; choose from {", ".join(TASKS)}')
-
-
-def check_inputs(cfg: FinetuneConfig) -> None:
-  """DataError (or ConfigError for a file that must be named) for the first input file of `cfg`'s run that is
-  missing, unreadable or lacks a column the config names (its kind's `check_inputs`: first lines only)."""
-  kind_of(cfg.task).check_inputs(cfg)

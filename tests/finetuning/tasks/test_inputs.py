@@ -10,10 +10,15 @@ import pytest
 
 from bert_jax.config import FinetuneConfig
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning.kinds import check_inputs
+from bert_jax.finetuning.kinds import kind_of
 from bert_jax.finetuning.tasks.inputs import column_names
 
 from harness.inputs import shared_data_or_skip
+
+
+def check_inputs(cfg):
+  """What `finetune` checks first: the run's kind's `check_inputs`."""
+  kind_of(cfg.task).check_inputs(cfg)
 
 
 def _write(tmp_path, name: str, text: str) -> str:
