@@ -64,6 +64,12 @@ def test_the_two_stage_command_reports_what_the_task_evaluates_from_a_model_or_i
   trec.write_run(str(tmp_path / 'first.trec.gz'), data, ids, scores)
   from_run, _ = _rerank(f'--first_stage={tmp_path / "first.trec.gz"}', *common)
   assert _metrics(from_run) == _metrics(ours)
+  # ... and the task's own evaluation from that run file (read with the BEIR set, before the weights).
+  evaluated = run_main('evaluate.py', f'--workdir={workdir}', f'--config.first_stage={tmp_path / "first.trec.gz"}',
+                       f'--output_dir={tmp_path / "eval"}')
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  assert 'a TREC run, each query' in evaluated.stdout + evaluated.stderr
+  assert _metrics(json.loads(evaluated.stdout.strip().splitlines()[-1])) == pytest.approx(_metrics(task), abs=1e-6)
   # The reranked run read back as a first stage: it ranks as the reranking did, and reranking it changes nothing.
   again, _ = _rerank(f'--first_stage={tmp_path / "reranked.trec"}', *common)
   assert {k.replace('first_stage_', ''): v for k, v in _metrics(again).items() if 'first_stage' in k} == \
