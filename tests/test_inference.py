@@ -10,6 +10,7 @@ import pytest
 
 from bert_jax import config, inference
 from bert_jax.data import tokenization
+from bert_jax.embedding import encoding
 from bert_jax.errors import CheckpointError, ConfigError, DataError
 from bert_jax.interop.pretrained import PretrainedBert
 from bert_jax.model import heads
@@ -120,10 +121,10 @@ def test_long_texts_are_truncated_with_one_warning(tiny, capsys):
 def test_one_compilation_per_length_bucket(tiny):
   texts = [(' '.join(['word'] * n), None) for n in range(1, 40)]
   inference.embed(tiny, texts, batch_size=4)
-  compiled = inference._encode._cache_size()  # pylint: disable=protected-access
+  compiled = encoding._encode._cache_size()  # pylint: disable=protected-access
   # Other lengths in the same buckets, another order, a smaller last batch: nothing new to compile.
   inference.embed(tiny, texts[::-1][:-3] + [('The game began .', 'Yes .')], batch_size=4)
-  assert inference._encode._cache_size() == compiled  # pylint: disable=protected-access
+  assert encoding._encode._cache_size() == compiled  # pylint: disable=protected-access
 
 
 def test_progress_lines_with_eta(tiny, capsys):

@@ -191,7 +191,8 @@ class RerankConfig(FinetuneConfig):
   beir_dir: str = _f('', free=True, path=True, evaluation=True)  # corpus.jsonl, queries.jsonl, qrels/<split>.tsv
   beir_split: str = _f('test', free=True, evaluation=True)
   # The first stage whose top rerank_top_k the cross-encoder reranks: an embedding model directory (a retrieval
-  # workdir, a Hugging Face or sentence-transformers directory, as experiments/embed.py loads them).
+  # workdir, a Hugging Face or sentence-transformers directory, as experiments/embed.py loads them), or a TREC run
+  # file of the BEIR set's ids (embedding.trec).
   first_stage: str = _f('', free=True, path=True, evaluation=True)
   rerank_top_k: int = _f(20, free=True, evaluation=True)
 

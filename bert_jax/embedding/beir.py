@@ -49,6 +49,8 @@ class BeirSet:
   qrels: list[dict[int, int]]
   # qrels rows naming ids the set lacks: {'queries': rows skipped, 'documents': rows kept as unretrievable}
   absent: dict[str, int] = dataclasses.field(default_factory=lambda: {'queries': 0, 'documents': 0})
+  # queries.jsonl's ids that this split does not judge (another split's): a first stage's run may name them
+  unjudged_query_ids: frozenset[str] = frozenset()
 
   def passages(self) -> list[str]:
     """Each document as one text: title and text joined by a space (BEIR's sentence-transformers models)."""
@@ -193,4 +195,5 @@ def read_beir(directory: str, split: str = 'test') -> BeirSet:
   return BeirSet(corpus_ids=corpus_ids, titles=[t for t, _ in docs], texts=[x for _, x in docs],
                  query_ids=[query_ids[i] for i in kept], queries=[queries[i][0] for i in kept],
                  qrels=[judged[i] for i in kept],
+                 unjudged_query_ids=frozenset(q for i, q in enumerate(query_ids) if i not in judged),
                  absent={'queries': absent_queries.rows, 'documents': absent_documents.rows})

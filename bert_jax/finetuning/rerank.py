@@ -12,12 +12,11 @@ attention (`finetuning.batching`, as every head task): no compute is spent on pa
 max_query_length tokens (at a word boundary), the pair to max_seq_length (longest first).
 
 Evaluation:
-  with beir_dir and first_stage: the first stage (an embedding model directory: a retrieval workdir, a Hugging Face
-    or sentence-transformers directory, with the pooling and length it records, as experiments/embed.py embeds)
-    embeds the BEIR set's queries and corpus once, each query's top rerank_top_k by exact search
-    (`embedding.search`) are scored by the cross-encoder and reordered; nDCG@10, MRR@10 and recall@rerank_top_k
-    before ('eval_first_stage_*') and after ('eval_*') reranking (`embedding.ranking`); main metric
-    eval_ndcg_at_10.
+  with beir_dir and first_stage: each query's top rerank_top_k of the first stage (`embedding.first_stage`: an
+    embedding model directory, which embeds the BEIR set's queries and corpus once and searches exactly; or a TREC
+    run file, read with the BEIR set before the weights) are scored by the cross-encoder and reordered
+    (`rerank_first_stage`, which experiments/rerank.py calls too); nDCG@10, MRR@10 and recall@rerank_top_k before
+    ('eval_first_stage_*') and after ('eval_*') reranking (`embedding.ranking`); main metric eval_ndcg_at_10.
   without: eval_fraction of the rows held out (split_seed): eval_loss, and eval_accuracy (labels; the main metric)
     or eval_spearman (scores; the main metric).
 
@@ -27,7 +26,6 @@ A step's batch is `batching.batch_indices(…, step)` of the training features, 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 import time
@@ -42,15 +40,13 @@ import optax
 from bert_jax import distributed, files, hardware, metrics, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.data import tables
-from bert_jax.embedding import beir, ranking, search
-from bert_jax.errors import CheckpointError, ConfigError, DataError
+from bert_jax.embedding import beir, first_stage, ranking, trec
+from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import batching, seeds
 from bert_jax.finetuning.head_objective import MODEL_INPUTS
 from bert_jax.finetuning.tasks import inputs
 from bert_jax.finetuning.tasks.base import Feature
-from bert_jax.interop import pretrained as pretrained_lib, sentence_transformers
 from bert_jax.model.attention import describe_attention
-from bert_jax.model import pooling as pooling_lib
 from bert_jax.model.heads import BertForSequenceClassification
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
@@ -300,6 +296,7 @@ class Rerank:
     self.train: list[RerankPair] = []
     self.held_out: list[RerankPair] = []
     self.beir_set: beir.BeirSet | None = None
+    self.run_ids: np.ndarray | None = None  # a TREC run's ranking, read with the BEIR set (before the weights)
 
   @staticmethod
   def check_inputs(cfg: FinetuneConfig) -> None:
@@ -316,9 +313,8 @@ class Rerank:
       for name, what in (('corpus.jsonl', 'corpus file'), ('queries.jsonl', 'queries file'),
                          (os.path.join('qrels', f'{cfg.beir_split}.tsv'), f'qrels file of beir_split={cfg.beir_split!r}')):
         inputs.first_lines(beir.find(os.path.join(cfg.beir_dir, name)), what, 1)
-    if cfg.first_stage and not files.is_remote(cfg.first_stage) and not files.isdir(cfg.first_stage):
-      raise DataError(f'first_stage {cfg.first_stage} is not a directory (an embedding model: a retrieval workdir, a '
-                      'Hugging Face or sentence-transformers directory)')
+    if cfg.first_stage:
+      first_stage.check(cfg.first_stage)
 
   @staticmethod
   def check(cfg: FinetuneConfig, mesh) -> None:
@@ -339,9 +335,12 @@ class Rerank:
       self.train, self.held_out = train, held_out
     if cfg.beir_dir:
       self.beir_set = beir.read_beir(cfg.beir_dir, cfg.beir_split)
+      if first_stage.is_run_file(cfg.first_stage):
+        self.run_ids = first_stage.ranking(cfg.first_stage, self.beir_set, cfg.rerank_top_k, cfg.eval_batch_size,
+                                           log=_log)
 
   def prepare(self, cfg: FinetuneConfig, tokenizer, mesh) -> _PreparedRun:
-    return _PreparedRun(cfg, tokenizer, self.train, self.held_out, self.beir_set, mesh)
+    return _PreparedRun(cfg, tokenizer, self.train, self.held_out, self.beir_set, self.run_ids, mesh)
 
   @staticmethod
   def plan(cfg: FinetuneConfig, model: ModelConfig, notes: list[str]) -> tuple[str, Callable[[], Any]]:
@@ -350,71 +349,49 @@ class Rerank:
             lambda: BertForSequenceClassification(model, 1, rngs=nnx.Rngs(0)))
 
 
-FIRST_STAGE_MAX_LENGTH = 128  # the first stage's length when its directory records none (experiments/embed.py's)
-_LENGTH_BUCKET = 16  # padded lengths are rounded up to this: one compilation per bucket
-
-
-@functools.partial(jax.jit, static_argnames=('graphdef', 'pooling'))
-def _encode(graphdef, state, input_ids_bt, attention_mask_bt, *, pooling: str):
-  encoder = nnx.merge(graphdef, state)
-  seq_btd, _ = encoder(input_ids_bt, jnp.zeros_like(input_ids_bt), attention_mask_bt, deterministic=True)
-  seq_btd = seq_btd.astype(jnp.float32) * attention_mask_bt[..., None].astype(jnp.float32)
-  return pooling_lib.l2_normalize(pooling_lib.pool(seq_btd, attention_mask_bt, pooling))
-
-
-def first_stage_embedder(directory: str, batch_size: int) -> Callable[[Sequence[str]], np.ndarray]:
-  """texts -> normalised embeddings [n, D] of the embedding model in `directory` (a retrieval workdir, a Hugging
-  Face or sentence-transformers directory), with the pooling and length it records (else mean pooling,
-  FIRST_STAGE_MAX_LENGTH tokens), as experiments/embed.py embeds (cosine similarity: always normalised)."""
-  model = pretrained_lib.load_encoder(directory)
-  try:
-    own = pretrained_lib.describe(directory, log=lambda _: None).embedding()
-  except CheckpointError:
-    own = None
-  settings = own or sentence_transformers.Embedding()
-  limit = min(settings.max_seq_length or FIRST_STAGE_MAX_LENGTH, model.config.max_position_embeddings)
-  reporting.log(f'{TASK}: first stage {directory}: {settings.pooling} pooling, normalised, max_length {limit}'
-                + (f' (from {settings.origin})' if own is not None and settings.origin else ''))
-  graphdef, state = nnx.split(model.encoder())
-  state = jax.device_put(state)
-  pad = model.tokenizer.pad_id
-
-  def embed(texts: Sequence[str]) -> np.ndarray:
-    rows = [model.tokenizer.encode_inputs(t, None, max_length=limit)[0] for t in texts]
-    out = np.zeros((len(rows), model.config.hidden_size), np.float32)
-    order = np.argsort([-len(r) for r in rows], kind='stable')
-    for start in range(0, len(rows), batch_size):
-      chosen = order[start:start + batch_size]
-      width = min(-(-max(len(rows[i]) for i in chosen) // _LENGTH_BUCKET) * _LENGTH_BUCKET, limit)
-      ids = np.full((batch_size, width), pad, np.int32)
-      mask = np.zeros((batch_size, width), np.int32)
-      mask[len(chosen):, 0] = 1  # filler rows: every softmax row non-empty
-      for j, i in enumerate(chosen):
-        ids[j, :len(rows[i])], mask[j, :len(rows[i])] = rows[i], 1
-      vectors = np.asarray(_encode(graphdef, state, ids, mask, pooling=settings.pooling))
-      out[chosen] = vectors[:len(chosen)]
-    return out
-
-  return embed
-
-
-def first_stage_ranking(cfg: FinetuneConfig, data: beir.BeirSet, mesh=None) -> np.ndarray:
-  """Each query's top rerank_top_k corpus indices [Q, k] by the first stage's embeddings, best first (exact
-  search, `embedding.search`)."""
-  embed = first_stage_embedder(cfg.first_stage, cfg.eval_batch_size)
-  _, ids = search.exact_top_k(embed(data.queries), embed(data.passages()), k=cfg.rerank_top_k, mesh=mesh)
-  return ids
-
-
 def _metric_names(scores: dict[str, float], prefix: str) -> dict[str, float]:
   return {prefix + k.replace('@', '_at_'): v for k, v in scores.items()}
+
+
+def rerank_first_stage(data: beir.BeirSet, ids_qk: np.ndarray, score: Callable[[list[Feature]], np.ndarray],
+                       tokenizer, *, top_k: int, max_query_length: int, max_seq_length: int
+                       ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+  """A first stage's ranking reranked by a cross-encoder, and both evaluated: the rerank task's evaluation and
+  experiments/rerank.py's.
+
+  Args:
+    data: the BEIR set.
+    ids_qk: the first stage's corpus indices [Q, k] per query, best first (`embedding.first_stage.ranking`;
+      trec.EMPTY past a query's candidates).
+    score: features -> the cross-encoder's logit of each [n] (`pair_feature`s of (query, passage)).
+    top_k: the k of recall@k (the first stage's depth).
+
+  Returns:
+    (the reranked indices [Q, k] (trec.EMPTY last), their logits (-inf at EMPTY), {'eval_ndcg_at_10',
+    'eval_mrr_at_10', 'eval_recall_at_<top_k>' after reranking, the same 'eval_first_stage_*' before}).
+  """
+  passages, ids_qk = data.passages(), np.asarray(ids_qk)
+  real = ids_qk != trec.EMPTY
+  feats = [pair_feature(tokenizer, data.queries[q], passages[ids_qk[q, j]], 0.0, max_query_length=max_query_length,
+                        max_seq_length=max_seq_length) for q, j in zip(*np.nonzero(real))]  # row-major: real's order
+  scores_qk = np.full(ids_qk.shape, -np.inf, np.float32)
+  scores_qk[real] = score(feats) if feats else np.zeros((0,), np.float32)
+  order = np.argsort(-scores_qk, axis=1, kind='stable')  # ties keep the first stage's order; EMPTY stays last
+  reranked, scores_qk = np.take_along_axis(ids_qk, order, axis=1), np.take_along_axis(scores_qk, order, axis=1)
+  before = ranking.ranking_metrics(ids_qk, data.qrels, recall_at=(top_k,))
+  after = ranking.ranking_metrics(reranked, data.qrels, recall_at=(top_k,))
+  return reranked, scores_qk, {**_metric_names(after, 'eval_'), **_metric_names(before, 'eval_first_stage_')}
+
+
+def _log(message: str) -> None:
+  reporting.log(f'{TASK}: {message}')
 
 
 class _PreparedRun:
   """A rerank run's features and built model, and what reads them."""
 
   def __init__(self, cfg: FinetuneConfig, tokenizer, train: Sequence[RerankPair], held_out: Sequence[RerankPair],
-               beir_set: beir.BeirSet | None, mesh):
+               beir_set: beir.BeirSet | None, run_ids: np.ndarray | None, mesh):
     self.cfg, self.tokenizer, self.beir_set, self.mesh = cfg, tokenizer, beir_set, mesh
     t0 = time.time()
     self.train = features(tokenizer, train, cfg)
@@ -422,7 +399,8 @@ class _PreparedRun:
     self.held_out_targets = np.array([r.target for r in held_out], np.float32)
     self.first_stage: np.ndarray | None = None
     if beir_set is not None:
-      self.first_stage = first_stage_ranking(cfg, beir_set, mesh)
+      self.first_stage = run_ids if run_ids is not None else first_stage.ranking(
+          cfg.first_stage, beir_set, cfg.rerank_top_k, cfg.eval_batch_size, mesh, log=_log)
       self.main_metric, self.eval_first = 'eval_ndcg_at_10', True  # step 0: what the training adds is read off
       what = (f'eval: rerank the top {cfg.rerank_top_k} of {cfg.first_stage} for {len(beir_set.queries)} queries '
               f'against {len(beir_set.texts)} passages')
@@ -469,17 +447,10 @@ class _PreparedRun:
 
   def _rerank(self, params) -> dict[str, Any]:
     """nDCG@10, MRR@10, recall@rerank_top_k of the first stage ('eval_first_stage_*') and reranked ('eval_*')."""
-    data, ids_qk, cfg = self.beir_set, self.first_stage, self.cfg
-    passages = data.passages()
-    feats = [pair_feature(self.tokenizer, data.queries[q], passages[d], 0.0, max_query_length=cfg.max_query_length,
-                          max_seq_length=cfg.max_seq_length) for q in range(len(ids_qk)) for d in ids_qk[q]]
-    scores_qk = self.scores(params, feats, 'reranking').reshape(ids_qk.shape)
-    order = np.argsort(-scores_qk, axis=1, kind='stable')  # ties keep the first stage's order
-    reranked = np.take_along_axis(ids_qk, order, axis=1)
-    recall_at = (cfg.rerank_top_k,)
-    before = ranking.ranking_metrics(ids_qk, data.qrels, recall_at=recall_at)
-    after = ranking.ranking_metrics(reranked, data.qrels, recall_at=recall_at)
-    return {**_metric_names(after, 'eval_'), **_metric_names(before, 'eval_first_stage_')}
+    cfg = self.cfg
+    return rerank_first_stage(self.beir_set, self.first_stage, lambda feats: self.scores(params, feats, 'reranking'),
+                              self.tokenizer, top_k=cfg.rerank_top_k, max_query_length=cfg.max_query_length,
+                              max_seq_length=cfg.max_seq_length)[2]
 
   def _held_out(self, params) -> dict[str, Any]:
     if not self.held_out:

@@ -163,19 +163,6 @@ def test_bad_input_is_one_error_line(tmp_path, extra, bad, pattern):
 
 
 @pytest.mark.slow
-def test_the_first_stage_embeds_as_the_encoder_tools_do(retrieval_workdir):
-  from bert_jax import inference  # pylint: disable=g-import-not-at-top
-  from bert_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
-  texts = ['what is the apple?', 'the river is described here in detail ' * 3, 'x']
-  ours = rerank.first_stage_embedder(retrieval_workdir, batch_size=2)(texts)
-  model = pretrained.load_encoder(retrieval_workdir)
-  settings = inference.embedding_settings(retrieval_workdir, model)
-  theirs = inference.embed(model, [(t, None) for t in texts], max_length=settings.max_seq_length, batch_size=4,
-                           pooling=settings.pooling, normalize=True, sentence_only=True)['sentence_embedding']
-  np.testing.assert_allclose(ours, theirs, atol=1e-5)
-
-
-@pytest.mark.slow
 @pytest.mark.parametrize('loss', ['bce', 'mse'])
 def test_packed_pairs_score_as_one_pair_per_padded_row(wordpiece, loss):
   """The cross-encoder's logits and loss on packed rows are those of each pair alone in a padded row."""
