@@ -3,8 +3,8 @@
 
   HeadTaskConfig   a head on the encoder (classification, regression, multi-label, tagging, extractive QA): the
                    task's files, your own files' columns and labels, SQuAD's windows and answers
-  RetrievalConfig  a bi-encoder trained contrastively on pairs: pooling, temperature, Matryoshka sizes, the pairs'
-                   columns, its BEIR and STS evaluation
+  RetrievalConfig  a bi-encoder trained on pairs, contrastively or by distillation from teacher scores: pooling,
+                   temperature, Matryoshka sizes, the loss, the pairs' columns, its BEIR and STS evaluation
   RerankConfig     a cross-encoder (one logit on [CLS] q [SEP] p [SEP]) on labelled or scored pairs: the columns,
                    the query's length, the held-out split, its BEIR evaluation (rerank a first stage's top k)
 A new kind with fields of its own adds its type here and one row of CONFIG_TYPES (a kind without any runs on
@@ -104,10 +104,16 @@ TASK_FIELDS = {
 }
 
 
+# The retrieval task's losses: InfoNCE over the global batch, or distillation from teacher scores of each row's
+# candidates (its positive, then its negatives): MarginMSE on the score margins, KL between the softmaxes.
+RETRIEVAL_LOSSES = ('contrastive', 'margin_mse', 'kl')
+
+
 @dataclasses.dataclass(frozen=True)
 class RetrievalConfig(FinetuneConfig):
-  """A bi-encoder trained contrastively (InfoNCE over the global batch) on pairs from train_file, by columns;
-  passages are cut to max_seq_length tokens, queries to max_query_length (embedding/, finetuning.retrieval)."""
+  """A bi-encoder trained on pairs from train_file, by columns: contrastively (InfoNCE over the global batch) or by
+  distillation from the teacher scores in score_columns (`loss`); passages are cut to max_seq_length tokens, queries
+  to max_query_length (embedding/, finetuning.retrieval)."""
 
   TASKS: ClassVar[tuple[str, ...]] = TASK_KINDS['retrieval']
 
@@ -124,6 +130,11 @@ class RetrievalConfig(FinetuneConfig):
   query_column: str = 'query'
   positive_column: str = 'positive'
   negative_columns: str = ''  # comma-separated hard-negative columns (JSONL/Parquet: a column may hold a list)
+  loss: str = 'contrastive'  # one of RETRIEVAL_LOSSES
+  # Distillation: comma-separated columns of teacher scores, 1 + K per row (the positive's, then each negative's, as
+  # mine.py --scores writes them in 'scores'); a column may hold a list.
+  score_columns: str = ''
+  teacher_temperature: float = 0.0  # kl: the teacher scores' temperature; 0: `temperature`'s value
   beir_dir: str = _f('', free=True, path=True, evaluation=True)  # corpus.jsonl, queries.jsonl, qrels/<split>.tsv
   beir_split: str = _f('test', free=True, evaluation=True)
   # Scored pairs (STS): also report Spearman's correlation of the embeddings' cosine with the gold scores.
@@ -152,6 +163,33 @@ class RetrievalConfig(FinetuneConfig):
         raise ConfigError(f'{name} must name a column')
     if self.max_query_length < 3:
       raise ConfigError(f'max_query_length={self.max_query_length} must be at least 3')
+    self._check_loss()
+
+  def _check_loss(self) -> None:
+    """The loss against the fields it reads: scores and negatives for distillation, none for InfoNCE."""
+    if self.loss not in RETRIEVAL_LOSSES:
+      raise ConfigError(f'loss must be one of {", ".join(RETRIEVAL_LOSSES)}, got {self.loss!r}')
+    if not math.isfinite(self.teacher_temperature) or self.teacher_temperature < 0:
+      raise ConfigError(f'teacher_temperature={self.teacher_temperature} must be a finite number > 0 (0: the '
+                        'temperature)')
+    if self.teacher_temperature and self.loss != 'kl':
+      raise ConfigError(f"teacher_temperature is read by loss='kl' only; this run's loss is {self.loss!r}")
+    if self.loss == 'contrastive':
+      if self.score_column_names():
+        raise ConfigError("score_columns (teacher scores) are read by loss='margin_mse' or 'kl' (distillation); "
+                          "the contrastive loss takes no scores: set --config.loss or leave score_columns out")
+      return
+    if not self.score_column_names():
+      raise ConfigError(f"loss={self.loss!r} distils teacher scores: set --config.score_columns to the column of "
+                        "each row's scores (the positive's, then each negative's; mine.py --scores writes 'scores')")
+    if not self.negative_column_names():
+      raise ConfigError(f"loss={self.loss!r} compares each row's positive with its negatives: set "
+                        "--config.negative_columns (mine.py writes them in 'negatives')")
+    if self.symmetric:
+      raise ConfigError(f"symmetric is a contrastive loss's passage -> query direction; loss={self.loss!r} has none")
+    if self.loss == 'margin_mse' and self.learn_temperature:
+      raise ConfigError("loss='margin_mse' reads no temperature (it compares score margins): leave "
+                        'learn_temperature out')
 
   def retrieval_dims(self) -> tuple[int, ...]:
     """matryoshka_dims as integers (ConfigError when they are not positive integers)."""
@@ -168,6 +206,9 @@ class RetrievalConfig(FinetuneConfig):
 
   def negative_column_names(self) -> tuple[str, ...]:
     return tuple(c.strip() for c in self.negative_columns.split(',') if c.strip())
+
+  def score_column_names(self) -> tuple[str, ...]:
+    return tuple(c.strip() for c in self.score_columns.split(',') if c.strip())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,11 @@ of them compressed or not, local or remote. `PairColumns` names the query and po
 columns; in JSONL (or Parquet) a negative column may hold a list of texts. Every row must have the same number of
 negatives (a batch is [B, K, T]).
 
+Teacher scores (distillation): `PairColumns.scores` names the columns of each row's 1 + K scores, the positive's
+first, then each negative's in order (a column may hold a list: `experiments/mine.py --scores` writes them all in
+'scores'). Every score must be a finite number and every row must have exactly 1 + K of them; the batch holds them
+as 'teacher_scores' [B, 1 + K] float32.
+
 Passage ids: every distinct passage text (positives and negatives together) gets one int32 id, its index in
 first-appearance order, so the same passage twice in a batch is recognised exactly (no hash collisions) and masked
 as a false negative by the loss.
@@ -14,6 +19,7 @@ as a false negative by the loss.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,16 +35,19 @@ class PairColumns:
   query: str = 'query'
   positive: str = 'positive'
   negatives: tuple[str, ...] = ()
+  scores: tuple[str, ...] = ()  # teacher scores: none by default
 
 
 @dataclasses.dataclass(frozen=True)
 class Pair:
-  """One training example and the line of the file it came from."""
+  """One training example, the line of the file it came from, and its teacher scores (positive's, then each
+  negative's; () without)."""
 
   query: str
   positive: str
   negatives: tuple[str, ...]
   line: int
+  scores: tuple[float, ...] = ()
 
 
 def _texts(path: str, line: int, record: dict[str, Any], column: str) -> list[str]:
@@ -50,13 +59,37 @@ def _texts(path: str, line: int, record: dict[str, Any], column: str) -> list[st
   return values
 
 
+def _scores(path: str, line: int, record: dict[str, Any], columns: Sequence[str], k: int) -> tuple[float, ...]:
+  """The row's teacher scores: finite numbers, 1 + k of them (DataError naming the file, line and column)."""
+  out = []
+  for column in columns:
+    if column not in record or record[column] is None:
+      raise DataError(f'{path}:{line}: no teacher scores in {column!r} (distillation needs a score for the positive '
+                      'and each negative)')
+    value = record[column]
+    values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value]
+    for v in values:  # numbers, or their text (CSV, TSV)
+      try:
+        score = math.nan if isinstance(v, bool) else float(v)
+      except (TypeError, ValueError):
+        score = math.nan
+      if not math.isfinite(score):
+        raise DataError(f'{path}:{line}: a teacher score in {column!r} must be a finite number, got {v!r}')
+      out.append(score)
+  if len(out) != 1 + k:
+    raise DataError(f'{path}:{line}: {len(out)} teacher scores for 1 positive and {k} negatives: a row needs '
+                    f"{1 + k}, the positive's first, then each negative's")
+  return tuple(out)
+
+
 def check_columns(path: str, names: Sequence[str], columns: PairColumns) -> None:
   """DataError naming the first of `columns` that the file's columns `names` lack, and those it has."""
-  for column in (columns.query, columns.positive) + tuple(columns.negatives):
+  for column in (columns.query, columns.positive) + tuple(columns.negatives) + tuple(columns.scores):
     if column not in names:
       raise DataError(f'{path}:1: no column {column!r}; the file has {", ".join(map(repr, names)) or "none"} '
                       '(a header line naming the query, positive and negative columns is required: set '
-                      '--config.query_column, --config.positive_column or --config.negative_columns)')
+                      '--config.query_column, --config.positive_column, --config.negative_columns or '
+                      '--config.score_columns)')
 
 
 def read_pairs(path: str, columns: PairColumns = PairColumns()) -> list[Pair]:
@@ -64,7 +97,8 @@ def read_pairs(path: str, columns: PairColumns = PairColumns()) -> list[Pair]:
 
   Raises:
     DataError: a missing, empty or headerless file, a column it lacks (naming those it has), an empty query or
-      positive (a query with no positive), a ragged number of negatives: the file and line.
+      positive (a query with no positive), a ragged number of negatives, teacher scores that are missing, not
+      finite numbers or not 1 + K: the file and line.
   """
   names, records = tables.records(path)
   check_columns(path, names, columns)
@@ -82,7 +116,8 @@ def read_pairs(path: str, columns: PairColumns = PairColumns()) -> list[Pair]:
     elif len(negatives) != first[1]:
       raise DataError(f'{path}:{line}: {len(negatives)} hard negatives, but line {first[0]} has {first[1]}: every '
                       'row needs the same number')
-    pairs.append(Pair(query, positive, negatives, line))
+    scores = _scores(path, line, record, columns.scores, len(negatives)) if columns.scores else ()
+    pairs.append(Pair(query, positive, negatives, line, scores))
   return pairs
 
 
@@ -115,8 +150,8 @@ def bucket_width(longest: int, limit: int) -> int:
 
 def make_batch(tokenizer, pairs: Sequence[Pair], ids: tuple[np.ndarray, np.ndarray], rows: Sequence[int], *,
                max_query_length: int, max_passage_length: int, batch_size: int | None = None) -> dict[str, np.ndarray]:
-  """The `Contrastive` objective's batch of `pairs[rows]`, padded to the longest text per side (and to `batch_size`
-  rows with weight 0).
+  """The `Contrastive` (or `Distillation`) objective's batch of `pairs[rows]`, padded to the longest text per side
+  (and to `batch_size` rows with weight 0); with the pairs' teacher scores when they have them.
 
   Args:
     tokenizer: has `encode_inputs(text, None, max_length=...) -> (ids, types, truncated)` and `pad_id`.
@@ -154,4 +189,7 @@ def make_batch(tokenizer, pairs: Sequence[Pair], ids: tuple[np.ndarray, np.ndarr
   if k:
     batch['negative_ids'] = np.concatenate([negative_nk[list(rows)], np.repeat(filler[:, None], k, 1)])
   batch['weights'] = np.concatenate([np.ones(len(chosen), np.float32), np.zeros(pad, np.float32)])
+  if chosen and chosen[0].scores:  # padding rows: zeros (weight 0, no loss)
+    batch['teacher_scores'] = np.concatenate([np.array([p.scores for p in chosen], np.float32),
+                                              np.zeros((pad, 1 + k), np.float32)])
   return batch

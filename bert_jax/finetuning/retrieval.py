@@ -1,9 +1,10 @@
-"""The retrieval task kind: a bi-encoder trained contrastively, run by the one fine-tuning job (`finetuning.job`).
+"""The retrieval task kind: a bi-encoder trained contrastively or distilled from teacher scores, run by the one
+fine-tuning job (`finetuning.job`).
 
 `Retrieval` is the task kind (`finetuning.kinds`) of `FinetuneConfig(task='retrieval')`: the starting checkpoint's
-encoder under
-`Contrastive(spec)` (InfoNCE over the global batch; GradCache with optim.grad_accum_steps > 1), trained on the pairs
-of `train_file` (`pairs.read_pairs` by query_column / positive_column / negative_columns), evaluated by
+encoder under `Contrastive(spec)` (InfoNCE over the global batch; GradCache with optim.grad_accum_steps > 1) or, with
+loss 'margin_mse' or 'kl', `Distillation` (each row's teacher scores of its candidates), trained on the pairs of
+`train_file` (`pairs.read_pairs` by query_column / positive_column / negative_columns / score_columns), evaluated by
 `retrieval_eval.evaluate_retrieval` on the BEIR-layout set in `beir_dir` (recall@1/@10, MRR@10, nDCG@10 at the full
 size and at every Matryoshka size). A seed trains in seed_<n>/ and the workdir's final_metrics.json summarises the
 seeds, as every fine-tuning run; config.json records the pooling (its 'task' entry), so the workdir's embeddings
@@ -30,6 +31,7 @@ from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.embedding import beir, pairs as pairs_lib, sts as sts_lib
 from bert_jax.embedding.retrieval_eval import evaluate_retrieval
 from bert_jax.embedding.contrastive import Contrastive
+from bert_jax.embedding.distillation import Distillation
 from bert_jax.model.biencoder import BiEncoder, ContrastiveSpec
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.data import tables
@@ -51,16 +53,30 @@ def spec_of(cfg: FinetuneConfig) -> ContrastiveSpec:
   return ContrastiveSpec.of(cfg)
 
 
+def objective_of(cfg: FinetuneConfig) -> Contrastive:
+  """The objective of a retrieval config's loss: `Contrastive(spec)`, or `Distillation` for 'margin_mse' / 'kl'."""
+  spec = spec_of(cfg)
+  if cfg.loss == 'contrastive':
+    return Contrastive(spec)
+  return Distillation(spec, loss=cfg.loss, teacher_temperature=cfg.teacher_temperature)
+
+
+def pair_columns(cfg: FinetuneConfig) -> pairs_lib.PairColumns:
+  """The columns a retrieval config reads from its pairs file."""
+  return pairs_lib.PairColumns(cfg.query_column, cfg.positive_column, cfg.negative_column_names(),
+                               cfg.score_column_names())
+
+
 def retrieval_model(cfg: FinetuneConfig, mesh, total_steps: int) -> StepModel:
-  """StepModel(BiEncoder, Contrastive(spec)) of `cfg` (its model the starting checkpoint's)."""
-  return _retrieval_model(cfg.model, spec_of(cfg), cfg.optim, total_steps, cfg.mesh.rules, mesh)
+  """StepModel(BiEncoder, its objective) of `cfg` (its model the starting checkpoint's)."""
+  return _retrieval_model(cfg.model, spec_of(cfg), objective_of(cfg), cfg.optim, total_steps, cfg.mesh.rules, mesh)
 
 
-@reused  # a run of the same model, spec, optimizer, schedule and mesh in this process reuses its steps
-def _retrieval_model(model_cfg: ModelConfig, spec: ContrastiveSpec, optim_cfg: OptimConfig, total_steps: int,
-                     rules: str, mesh) -> StepModel:
+@reused  # a run of the same model, spec, objective, optimizer, schedule and mesh in this process reuses its steps
+def _retrieval_model(model_cfg: ModelConfig, spec: ContrastiveSpec, objective: Contrastive, optim_cfg: OptimConfig,
+                     total_steps: int, rules: str, mesh) -> StepModel:
   platform = hardware.resolve(mesh=mesh)
-  return StepModel(lambda rngs: BiEncoder(model_cfg, spec, rngs=rngs, platform=platform), Contrastive(spec),
+  return StepModel(lambda rngs: BiEncoder(model_cfg, spec, rngs=rngs, platform=platform), objective,
                    optim.make_optimizer(optim_cfg, total_steps), mesh,
                    schedule=optim.learning_rate_schedule(optim_cfg, total_steps),
                    state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1),
@@ -99,8 +115,7 @@ class Retrieval:
                         'qrels/<split>.tsv) to evaluate on')
     names = inputs.column_names(cfg.train_file)
     if names is not None:
-      pairs_lib.check_columns(cfg.train_file, names, pairs_lib.PairColumns(cfg.query_column, cfg.positive_column,
-                                                                            cfg.negative_column_names()))
+      pairs_lib.check_columns(cfg.train_file, names, pair_columns(cfg))
     if not files.is_remote(cfg.beir_dir):
       if not files.isdir(cfg.beir_dir):
         raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
@@ -128,8 +143,7 @@ class Retrieval:
     read before the starting weights."""
     del saved
     if not self.evaluation:
-      train = pairs_lib.read_pairs(cfg.train_file, pairs_lib.PairColumns(cfg.query_column, cfg.positive_column,
-                                                                         cfg.negative_column_names()))
+      train = pairs_lib.read_pairs(cfg.train_file, pair_columns(cfg))
       if cfg.max_train_samples > 0:
         train = train[:cfg.max_train_samples]
       if not train:
@@ -213,6 +227,8 @@ class _PreparedRun:
                sts: sts_lib.ScoredPairs | None, mesh):
     self.cfg, self.tokenizer, self.train, self.held_out, self.sts = cfg, tokenizer, train, held_out, sts
     negatives = f' ({len(self.train[0].negatives)} hard negatives each)' if self.train else ''
+    if self.train and cfg.loss != 'contrastive':
+      negatives += f', distilled from their teacher scores ({cfg.loss})'
     reporting.log(f'{TASK}: {len(self.train)} training pairs{negatives}, '
                   f'eval {len(self.held_out.queries)} queries against {len(self.held_out.texts)} passages')
     self.total_steps = self.cfg.total_steps(len(self.train)) if self.train else 1

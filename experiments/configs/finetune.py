@@ -49,7 +49,8 @@ Variants:
                   recall@1/@10, MRR@10, nDCG@10 (main) at the full size and each of matryoshka_dims, and with
                   --config.sts_file scored pairs' Spearman (eval_sts_spearman). Mean pooling, temperature 0.05
                   (sentence-transformers' MultipleNegativesRankingLoss), 1 epoch x 64 pairs, passages 128 tokens,
-                  queries 32, lr 2e-5
+                  queries 32, lr 2e-5. --config.loss=margin_mse or kl distils the teacher scores of
+                  --config.score_columns instead (mine.py --scores)
   rerank          a cross-encoder (docs/reranking.md): one logit on [CLS] query [SEP] passage [SEP], packed rows,
                   on the (query, passage, label) rows of --config.train_file (experiments/mine.py --layout=pairs
                   writes them; CSV, TSV, JSONL, Parquet): binary cross-entropy on 0/1 labels, or squared error

@@ -51,8 +51,22 @@ def test_fields_at_their_defaults_and_a_tasks_own_fields_pass():
     (dict(matryoshka_dims='64,32', matryoshka_weights='1'), '1 values for 2 matryoshka_dims'),
     (dict(query_column=' '), 'query_column must name a column'),
     (dict(max_query_length=2), 'max_query_length=2 must be at least 3'),
+    (dict(loss='mse'), 'loss must be one of contrastive, margin_mse, kl'),
+    (dict(loss='kl', negative_columns='negatives'), "loss='kl' distils teacher scores: set --config.score_columns"),
+    (dict(loss='margin_mse', score_columns='scores'), "set --config.negative_columns"),
+    (dict(score_columns='scores', negative_columns='negatives'), 'the contrastive loss takes no scores'),
+    (dict(loss='kl', score_columns='scores', negative_columns='negatives', symmetric=True), 'has none'),
+    (dict(loss='margin_mse', score_columns='scores', negative_columns='negatives', learn_temperature=True),
+     "loss='margin_mse' reads no temperature"),
+    (dict(loss='margin_mse', score_columns='scores', negative_columns='negatives', teacher_temperature=1.0),
+     "teacher_temperature is read by loss='kl' only"),
+    (dict(loss='kl', score_columns='scores', negative_columns='negatives', teacher_temperature=-1.0),
+     'teacher_temperature=-1.0 must be a finite number > 0'),
 ])
 def test_retrieval_fields_are_checked_without_the_model(fields, message):
   with pytest.raises(ConfigError, match=message):
     RetrievalConfig(**fields)
   assert RetrievalConfig(matryoshka_dims='64,32', matryoshka_weights='1,0.5').retrieval_dims() == (64, 32)
+  distilled = RetrievalConfig(loss='kl', score_columns='pos_score, neg_scores', negative_columns='negatives',
+                              teacher_temperature=1.0)
+  assert distilled.score_column_names() == ('pos_score', 'neg_scores')

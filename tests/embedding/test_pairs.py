@@ -95,6 +95,46 @@ def test_bad_files_are_one_clear_error(tmp_path, name, text, columns, message):
     pairs.read_pairs(_write(tmp_path / name, text), columns)
 
 
+def test_teacher_scores_from_a_list_or_columns_and_into_the_batch(tmp_path):
+  # mine.py --scores's layout (one list), and scalar columns of a CSV (their text) concatenated in order
+  jsonl = _write(tmp_path / 'mined.jsonl', ''.join(json.dumps(r) + '\n' for r in (
+      {'query': 'ab', 'positive': 'cd', 'negatives': ['e', 'f'], 'scores': [0.9, 0.5, -0.25]},
+      {'query': 'g', 'positive': 'h', 'negatives': ['i', 'j'], 'scores': [3, 2, 1]})))
+  rows = pairs.read_pairs(jsonl, pairs.PairColumns(negatives=('negatives',), scores=('scores',)))
+  assert [r.scores for r in rows] == [(0.9, 0.5, -0.25), (3.0, 2.0, 1.0)]
+  csv = _write(tmp_path / 'scored.csv', 'query,positive,neg,pos_score,neg_score\nab,cd,e,1.5,-2\n')
+  assert pairs.read_pairs(csv, pairs.PairColumns(negatives=('neg',), scores=('pos_score', 'neg_score')))[0].scores == (
+      1.5, -2.0)
+  batch = pairs.make_batch(CharTokenizer(), rows, pairs.passage_ids(rows), [1], max_query_length=8,
+                           max_passage_length=4, batch_size=2)
+  np.testing.assert_array_equal(batch['teacher_scores'], [[3, 2, 1], [0, 0, 0]])  # padding row: zeros, weight 0
+  assert batch['teacher_scores'].dtype == np.float32
+  plain = pairs.read_pairs(jsonl, pairs.PairColumns(negatives=('negatives',)))  # no score columns: no scores
+  assert plain[0].scores == () and 'teacher_scores' not in pairs.make_batch(
+      CharTokenizer(), plain, pairs.passage_ids(plain), [0], max_query_length=8, max_passage_length=4)
+
+
+_SCORED = pairs.PairColumns(negatives=('negatives',), scores=('scores',))
+
+
+@pytest.mark.parametrize('row, message', [
+    ({'scores': [0.9, float('nan'), 0.1]}, r"scored.jsonl:2: a teacher score in 'scores' must be a finite number, "
+     r'got nan'),
+    ({'scores': [0.9, 0.1]}, r'scored.jsonl:2: 2 teacher scores for 1 positive and 2 negatives: a row needs 3'),
+    ({'scores': [0.9, 0.5, 0.1, 0.0]}, r'4 teacher scores for 1 positive and 2 negatives'),
+    ({'scores': None}, r"scored.jsonl:2: no teacher scores in 'scores'"),
+    ({}, r"scored.jsonl:2: no teacher scores in 'scores'"),
+    ({'scores': [0.9, 'high', 0.1]}, r"must be a finite number, got 'high'"),
+    ({'scores': [0.9, True, 0.1]}, r'must be a finite number, got True'),
+])
+def test_bad_teacher_scores_are_one_clear_error(tmp_path, row, message):
+  good = {'query': 'a', 'positive': 'b', 'negatives': ['c', 'd'], 'scores': [1.0, 0.5, 0.0]}
+  bad = {'query': 'e', 'positive': 'f', 'negatives': ['g', 'h'], **row}
+  text = json.dumps(good) + '\n' + json.dumps(bad) + '\n'  # json writes a NaN as NaN, which JSONL readers take
+  with pytest.raises(DataError, match=message):
+    pairs.read_pairs(_write(tmp_path / 'scored.jsonl', text), _SCORED)
+
+
 def test_a_missing_file(tmp_path):
   with pytest.raises(DataError, match='does not exist'):
     pairs.read_pairs(str(tmp_path / 'none.tsv'))

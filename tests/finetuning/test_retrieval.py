@@ -180,3 +180,79 @@ def test_the_library_refuses_a_field_of_another_task_and_missing_inputs_first(tm
   with pytest.raises(BertJaxError, match='set --config.beir_dir'):
     finetuning.finetune(cfg, str(work))
   assert not work.exists()
+
+
+def _write_scored(root, edit=None) -> str:
+  """data/samples/retrieval/pairs.jsonl in mine.py --scores's layout: two negatives per row (its own, and the next
+  row's positive) and made-up teacher scores [positive, negatives]; `edit(rows)` changes the rows first."""
+  with open('data/samples/retrieval/pairs.jsonl', encoding='utf-8') as f:
+    sample = [json.loads(line) for line in f]
+  rows = [{'query': r['query'], 'positive': r['positive'],
+           'negatives': [r['negative'], sample[(i + 1) % len(sample)]['positive']],
+           'scores': [0.9, 0.1 + 0.02 * (i % 5), 0.5 - 0.03 * (i % 4)]} for i, r in enumerate(sample)]
+  if edit:
+    edit(rows)
+  path = root / 'mined.jsonl'
+  path.write_text(''.join(json.dumps(r) + '\n' for r in rows), encoding='utf-8')
+  return str(path)
+
+
+_SAMPLE_BEIR = 'data/samples/retrieval/beir'
+_DISTILL = ['--config=experiments/configs/finetune.py:retrieval', f'--config.beir_dir={_SAMPLE_BEIR}',
+            '--config.negative_columns=negatives', '--config.score_columns=scores', '--config.batch_size=16',
+            '--config.eval_batch_size=8', '--config.max_seq_length=32', '--config.max_query_length=16']
+
+
+@pytest.mark.slow
+def test_distillation_lowers_the_loss_through_the_entry_point(tiny_checkpoint, tmp_path):
+  # The whole sample file is each step's batch (16 pairs, 2 micro-batches): its MarginMSE falls, read from
+  # mine.py --scores's layout. (KL trains the same way: tests/embedding/test_distillation.py.)
+  pairs = _write_scored(tmp_path)
+  r = run_main('finetune.py', *_DISTILL, f'--workdir={tmp_path / "w"}', f'--config.init_checkpoint={tiny_checkpoint}',
+               f'--config.train_file={pairs}', '--config.loss=margin_mse', '--config.num_train_steps=6',
+               '--config.optim.grad_accum_steps=2', '--config.optim.learning_rate=3e-3',
+               '--config.optim.warmup_steps=0', '--config.log_every=1')
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert 'distilled from their teacher scores (margin_mse)' in r.stdout + r.stderr
+  with open(tmp_path / 'w' / 'seed_0' / 'metrics_train.jsonl', encoding='utf-8') as f:
+    losses = [json.loads(line)['loss'] for line in f]
+  assert len(losses) == 6 and losses[-1] < 0.7 * losses[0], losses
+  with open(tmp_path / 'w' / 'final_metrics.json', encoding='utf-8') as f:
+    assert 0.0 <= json.load(f)['eval_ndcg_at_10'] <= 1.0
+
+
+def test_the_loss_picks_the_objective():
+  from bert_jax.config import FinetuneConfig  # pylint: disable=g-import-not-at-top
+  from bert_jax.embedding.contrastive import Contrastive  # pylint: disable=g-import-not-at-top
+  from bert_jax.embedding.distillation import Distillation  # pylint: disable=g-import-not-at-top
+  assert type(retrieval.objective_of(FinetuneConfig(task='retrieval'))) is Contrastive
+  cfg = FinetuneConfig(task='retrieval', loss='kl', score_columns='scores', negative_columns='negatives',
+                       teacher_temperature=0.5, learn_temperature=True, temperature=0.1)
+  objective = retrieval.objective_of(cfg)
+  assert isinstance(objective, Distillation) and (objective.loss, objective.teacher_temperature) == ('kl', 0.5)
+  assert objective.spec.learn_temperature and objective.spec.temperature == 0.1
+  assert retrieval.pair_columns(cfg).scores == ('scores',)
+
+
+def test_bad_teacher_scores_are_one_error_line_and_write_nothing(tiny_checkpoint, tmp_path):
+  def row(i, **change):
+    return lambda rows: rows[i].update(change)
+
+  cases = [
+      (row(3, scores=[0.9, float('nan'), 0.1]), [], "mined.jsonl:4: a teacher score in 'scores' must be a finite "
+       'number, got nan'),
+      (lambda rows: rows[5].pop('scores'), [], "mined.jsonl:6: no teacher scores in 'scores'"),
+      (row(7, scores=[0.9, 0.1]), [], 'mined.jsonl:8: 2 teacher scores for 1 positive and 2 negatives: a row needs 3'),
+      (None, ['--config.score_columns=teacher'], "no column 'teacher'"),
+      (None, ['--config.score_columns='], "loss='margin_mse' distils teacher scores: set --config.score_columns"),
+      (None, ['--config.loss=contrastive'], 'the contrastive loss takes no scores'),
+  ]
+  for i, (edit, extra, pattern) in enumerate(cases):
+    (tmp_path / str(i)).mkdir()
+    pairs = _write_scored(tmp_path / str(i), edit)
+    workdir = tmp_path / f'run{i}'
+    assert_one_line_error(run_main('finetune.py', *_DISTILL, f'--workdir={workdir}',
+                                   f'--config.init_checkpoint={tiny_checkpoint}', f'--config.train_file={pairs}',
+                                   '--config.loss=margin_mse', *extra), pattern)
+    assert not workdir.exists(), pattern
+
