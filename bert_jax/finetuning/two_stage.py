@@ -70,7 +70,8 @@ def rerank_beir(first: str, reranker: str, beir_dir: str, *, split: str = 'test'
 
   Returns:
     {'eval_ndcg_at_10', 'eval_mrr_at_10', 'eval_recall_at_<top_k>' (reranked), 'eval_first_stage_*' (before),
-    'queries', 'documents', 'top_k', 'first_stage', 'reranker', 'wall_s'}.
+    'queries', 'documents', 'top_k', 'pairs' (scored), 'first_stage', 'reranker', 'scoring_s' (tokenizing, compiling
+    and scoring the pairs), 'wall_s'}.
 
   Raises:
     ConfigError, DataError, CheckpointError: bad flags, inputs or models (one line each).
@@ -95,11 +96,14 @@ def rerank_beir(first: str, reranker: str, beir_dir: str, *, split: str = 'test'
   def score(feats):
     return np.array([float(np.asarray(l).reshape(-1)[0]) for l in predictor.logits(feats)], np.float32)
 
+  scoring = time.time()
   reranked, scores, metrics = rerank.rerank_first_stage(
       data, ids_qk, score, tuned.tokenizer, top_k=top_k, max_query_length=settings.max_query_length,
       max_seq_length=settings.max_seq_length)
+  scoring = time.time() - scoring
   if output_run:
     trec.write_run(output_run, data, reranked, scores, tag='bert_jax_rerank')
     log(f'rerank: wrote the reranked run to {output_run}')
   return {**metrics, 'queries': len(data.query_ids), 'documents': len(data.corpus_ids), 'top_k': top_k,
-          'first_stage': first, 'reranker': reranker, 'wall_s': round(time.time() - start, 3)}
+          'pairs': int(np.sum(np.asarray(ids_qk) != trec.EMPTY)), 'first_stage': first, 'reranker': reranker,
+          'scoring_s': round(scoring, 3), 'wall_s': round(time.time() - start, 3)}
