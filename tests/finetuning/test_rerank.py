@@ -41,6 +41,20 @@ def _write_pairs(path, scores: bool = False, **bad):
   return str(path)
 
 
+def _write_groups(path, scores: bool = False, **bad):
+  """The sample pairs as groups: each query's positive, its negative and the next row's negative (teacher scores
+  `scores`: 0.9, 0.2, 0.1); `bad`: {column: value} written into the second row."""
+  with open(os.path.join(SAMPLES, 'pairs.jsonl'), encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f]
+  out = [{'query': r['query'], 'positive': r['positive'],
+          'negatives': [r['negative'], rows[(i + 1) % len(rows)]['negative']],
+          **({'scores': [0.9, 0.2, 0.1]} if scores else {})} for i, r in enumerate(rows)]
+  out[1].update(bad)
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(''.join(json.dumps(r) + '\n' for r in out))
+  return str(path)
+
+
 def _cfg(checkpoint, pairs, **fields):
   values = dict(task='rerank', init_checkpoint=checkpoint, train_file=pairs, max_seq_length=64, max_query_length=16,
                 batch_size=8, eval_batch_size=16, learning_rate=1e-2, num_train_steps=60, log_every=10)
@@ -225,3 +239,27 @@ def test_the_export_scores_as_predict_does_in_sentence_transformers_cross_encode
   pytest.importorskip('torch')
   pytest.importorskip('sentence_transformers')
   assert_reranker_exports_score_as_predict(tiny_checkpoint, tmp_path, 'BertForSequenceClassification')
+
+
+
+@pytest.mark.slow
+def test_listwise_groups_learn_and_a_resumed_run_equals_a_straight_one(tiny_checkpoint, tmp_path, monkeypatch):
+  """Groups of 3 (a positive, two negatives), the listwise loss inferred: the loss starts at ln 3 and falls, the
+  held-out groups give MRR@10 (main) and top-1 accuracy, and a run stopped at step 6 ends where a straight one does."""
+  groups = _write_groups(tmp_path / 'groups.jsonl')
+  cfg = _cfg(tiny_checkpoint, groups, eval_fraction=0.25, num_train_steps=12, log_every=1)
+  straight = finetuning.finetune(cfg, str(tmp_path / 'straight'))
+  assert straight['loss'] == 'listwise' and straight['main_metric'] == 'eval_mrr_at_10'
+  assert 1 / 3 <= straight['eval_mrr_at_10'] <= 1 and 0 <= straight['eval_top1_accuracy'] <= 1
+  with open(tmp_path / 'straight' / 'seed_0' / 'metrics_train.jsonl', encoding='utf-8') as f:
+    losses = [json.loads(line)['loss'] for line in f if 'loss' in line]
+  assert len(losses) == 12 and abs(losses[0] - np.log(3)) < 0.01, losses  # a random head: all three alike
+  assert losses[-1] < losses[0] - 0.05, losses
+  with open(tmp_path / 'straight' / 'config.json', encoding='utf-8') as f:
+    assert json.load(f)['task']['loss'] == 'listwise'
+  with signal_at_finetuning_batch(monkeypatch, 5), pytest.raises(preemption.Preempted, match='saved step 6'):
+    finetuning.finetune(cfg, str(tmp_path / 'stopped'))
+  resumed = finetuning.finetune(cfg, str(tmp_path / 'stopped'))
+  assert resumed['step'] == straight['step'] == 12
+  for name in ('eval_loss', 'eval_mrr_at_10', 'eval_top1_accuracy'):
+    assert resumed[name] == straight[name], name
