@@ -242,8 +242,8 @@ def features(tokenizer, rows: Sequence[RerankPair] | Sequence[RerankGroup], cfg:
 class Predictions:
   """experiments/predict.py on a reranker (`finetuning.predict` asks the kind): a (query, passage) pair per row,
   scored as training and evaluation score it (`pair_feature`, packed). Each row's 'score' is the logit; a model
-  trained with binary cross-entropy also gives 'probability', its sigmoid (sentence-transformers' CrossEncoder.predict gives
-  the same two: with an identity activation, and by default)."""
+  trained with binary cross-entropy also gives 'probability', its sigmoid (sentence-transformers'
+  CrossEncoder.predict gives the same two: with an identity activation, and by default)."""
 
   @staticmethod
   def row(text: str | None, text_pair: str | None, where: str = '') -> dict[str, str]:

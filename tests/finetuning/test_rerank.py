@@ -137,7 +137,8 @@ def test_groups_are_read_and_bad_groups_are_one_error_each(tmp_path):
       (dict(negatives='a text'), r"g.jsonl:2: 'negatives' must be a non-empty list of non-empty texts"),
       (dict(negatives=['x', '']), r"g.jsonl:2: 'negatives' must be a non-empty list of non-empty texts"),
       (dict(positive='same', negatives=['x', 'same']), r'g.jsonl:2: negative 2 is the positive itself'),
-      (dict(scores=[0.9, float('nan'), 0.1]), r"g.jsonl:2: 'scores' must be a list of 3 finite numbers .* got \[0.9, nan"),
+      (dict(scores=[0.9, float('nan'), 0.1]),
+       r"g.jsonl:2: 'scores' must be a list of 3 finite numbers .* got \[0.9, nan"),
       (dict(scores=[0.9, 0.2]), r"g.jsonl:2: 'scores' must be a list of 3 finite numbers"),
       (dict(scores=None), r"g.jsonl:2: 'scores' must be a list of 3 finite numbers"),
   ]
@@ -149,7 +150,7 @@ def test_groups_are_read_and_bad_groups_are_one_error_each(tmp_path):
     del rows[1]['scores']
     (tmp_path / 'g.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows), encoding='utf-8')
     rerank.read_rows(cfg(str(tmp_path / 'g.jsonl'), score_column='scores'))
-  with pytest.raises(DataError, match=r"p.jsonl: loss='listwise' scores groups, but the file has no column 'negatives'"):
+  with pytest.raises(DataError, match="p.jsonl: loss='listwise' scores groups, but the file has no column 'negatives'"):
     rerank.Rerank.check_inputs(cfg(_write_pairs(tmp_path / 'p.jsonl'), loss='listwise'))
   with pytest.raises(DataError, match=r"g.jsonl:1: no column 'answer'.*set --config.query_column, "
                                       r'--config.positive_column, --config.negatives_column'):
@@ -393,6 +394,10 @@ def test_listwise_groups_learn_and_a_resumed_run_equals_a_straight_one(tiny_chec
   assert losses[-1] < losses[0] - 0.05, losses
   with open(tmp_path / 'straight' / 'config.json', encoding='utf-8') as f:
     assert json.load(f)['task']['loss'] == 'listwise'
+  from bert_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  scored = rerank.Predictions.predict(pretrained.load_finetuned(str(tmp_path / 'straight')),
+                                      [{'query': 'who', 'passage': 'a writer'}], batch_size=8, log=lambda _: None)
+  assert list(scored[0]) == ['score']  # a listwise logit is no probability
   with signal_at_finetuning_batch(monkeypatch, 5), pytest.raises(preemption.Preempted, match='saved step 6'):
     finetuning.finetune(cfg, str(tmp_path / 'stopped'))
   resumed = finetuning.finetune(cfg, str(tmp_path / 'stopped'))
