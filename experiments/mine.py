@@ -18,8 +18,9 @@ positives (deduplicated), or --corpus_file's --corpus_column (every positive mus
 --layout=negatives (default) writes one JSONL row per input row: {"query", "positive", "negatives": [K texts]}
 (+ "scores": [the positive's, then each negative's] with --scores), what finetune.py:retrieval reads with
 --config.negative_columns=negatives (and distils with --config.score_columns=scores --config.loss=margin_mse or
-kl). A row whose query has fewer than K negatives left in the window (after the
-margins) is skipped, counted in a warning line and in the summary (an error when no row is left).
+kl), and finetune.py:rerank reads as groups (a listwise loss; with --config.score_column=scores the teacher's). A
+row whose query has fewer than K negatives left in the window (after the margins) is skipped, counted in a warning
+line and in the summary (an error when no row is left).
 --layout=pairs writes labelled (query, passage, label) rows for a cross-encoder (+ "score" with --scores): each
 positive (1), then each negative found (0).
 

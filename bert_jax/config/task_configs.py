@@ -5,8 +5,9 @@
                    task's files, your own files' columns and labels, SQuAD's windows and answers
   RetrievalConfig  a bi-encoder trained on pairs, contrastively or by distillation from teacher scores: pooling,
                    temperature, Matryoshka sizes, the loss, the pairs' columns, its BEIR and STS evaluation
-  RerankConfig     a cross-encoder (one logit on [CLS] q [SEP] p [SEP]) on labelled or scored pairs: the columns,
-                   the query's length, the held-out split, its BEIR evaluation (rerank a first stage's top k)
+  RerankConfig     a cross-encoder (one logit on [CLS] q [SEP] p [SEP]) on labelled or scored pairs or on groups:
+                   the columns, the loss, the query's length, the held-out split, its BEIR evaluation (rerank a
+                   first stage's top k)
 A new kind with fields of its own adds its type here and one row of CONFIG_TYPES (a kind without any runs on
 FinetuneConfig itself).
 """
@@ -214,9 +215,12 @@ class RetrievalConfig(FinetuneConfig):
 @dataclasses.dataclass(frozen=True)
 class RerankConfig(FinetuneConfig):
   """A cross-encoder: each (query, passage) pair of train_file read as one BERT sentence pair and scored by one
-  logit, trained with binary cross-entropy on 0/1 labels (label_column) or with squared error on teacher scores
-  (score_column); evaluated by reranking a first stage's top rerank_top_k on the BEIR-layout set in beir_dir, or,
-  without one, on eval_fraction of the training rows held out (finetuning.rerank)."""
+  logit. train_file holds pairs (query_column, passage_column, and label_column or score_column) or groups
+  (query_column, positive_column, negatives_column: a list; read as groups when the file has negatives_column and
+  no passage_column). Losses: binary cross-entropy on 0/1 labels, squared error on teacher scores, or a listwise
+  softmax cross-entropy over each group (the positive the target; with teacher scores the KL divergence to their
+  softmax). Evaluated by reranking a first stage's top rerank_top_k on the BEIR-layout set in beir_dir, or, without
+  one, on eval_fraction of the training rows (pairs or groups) held out (finetuning.rerank)."""
 
   TASKS: ClassVar[tuple[str, ...]] = TASK_KINDS['rerank']
 
@@ -225,6 +229,15 @@ class RerankConfig(FinetuneConfig):
   passage_column: str = 'passage'
   label_column: str = 'label'  # 0/1 labels: binary cross-entropy on the logit
   score_column: str = ''  # teacher scores (any finite number): squared error on the logit; label_column unread
+  # Groups (experiments/mine.py --layout=negatives): a positive and a list of negatives per query; with score_column
+  # (mine.py --scores writes 'scores') a list of teacher scores per group: the positive's, then each negative's.
+  positive_column: str = 'positive'
+  negatives_column: str = 'negatives'
+  # 'bce' (0/1 labels; groups: the positive 1, each negative 0), 'mse' (teacher scores), 'listwise' (groups: softmax
+  # cross-entropy over each group's logits; with score_column the KL divergence to the teacher's softmax); '' infers
+  # it: groups 'listwise', pairs with score_column 'mse', else 'bce'. With 'listwise' batch_size counts groups.
+  loss: str = ''
+  teacher_temperature: float = 1.0  # listwise with teacher scores: their softmax is over score / this
   max_query_length: int = 64  # the query's tokens at most ([CLS] and its [SEP] included); the passage gets the rest
   # Without beir_dir: this share of the training rows is held out (loss, and accuracy for labels) ...
   eval_fraction: float = 0.1
@@ -240,9 +253,19 @@ class RerankConfig(FinetuneConfig):
   def __post_init__(self):
     """The rerank fields' mesh- and model-free checks."""
     super().__post_init__()
-    for name in ('query_column', 'passage_column') + (() if self.score_column.strip() else ('label_column',)):
+    for name in ('query_column', 'passage_column', 'positive_column', 'negatives_column') + (
+        () if self.score_column.strip() else ('label_column',)):
       if not getattr(self, name).strip():
         raise ConfigError(f'{name} must name a column')
+    if self.loss not in RERANK_LOSSES:
+      raise ConfigError(f"loss={self.loss!r} must be one of {', '.join(map(repr, RERANK_LOSSES))} ('' infers it from "
+                        'the training file: groups listwise, pairs with score_column mse, else bce)')
+    if self.loss == 'mse' and not self.uses_scores():
+      raise ConfigError("loss='mse' trains on teacher scores: set --config.score_column")
+    if self.loss == 'bce' and self.uses_scores():
+      raise ConfigError(f"loss='bce' trains on 0/1 labels, not on score_column={self.score_column!r}: unset one")
+    if not math.isfinite(self.teacher_temperature) or self.teacher_temperature <= 0:
+      raise ConfigError(f'teacher_temperature={self.teacher_temperature} must be a finite number > 0')
     if self.max_query_length < 3:
       raise ConfigError(f'max_query_length={self.max_query_length} must be at least 3')
     if self.max_query_length > self.max_seq_length:
@@ -261,6 +284,9 @@ class RerankConfig(FinetuneConfig):
 
   def uses_scores(self) -> bool:
     return bool(self.score_column.strip())
+
+
+RERANK_LOSSES = ('', 'bce', 'mse', 'listwise')  # RerankConfig.loss ('' inferred from the training file)
 
 
 # One row per config type: FinetuneConfig(task=...) builds the one whose TASKS name the task.

@@ -4,7 +4,9 @@
   kinds           the task kinds (the one extension point) and their registry, KINDS
   head_tasks      the head tasks' kind: an encoder + task head on a task's features (tasks/)
   retrieval       the retrieval kind: a bi-encoder trained contrastively on pairs, evaluated on a BEIR set
-  rerank          the rerank kind: a cross-encoder on labelled or scored pairs, reranking a first stage's top k
+  rerank          the rerank kind: a cross-encoder on labelled or scored pairs or on groups, reranking a first
+                  stage's top k
+  rerank_groups   the reranker's groups (query, positive, negatives): reading, the listwise loss, their ranking
   seeds           each seed's run directory and line, the summary over the seeds
   head_objective  the head models' loss per head kind
   batching        packed/padded rows of features, micro-batches, process blocks

@@ -14,6 +14,10 @@ multi-hot float32)
 or [R, T] int32 (token kind, -100 = no loss); `start_positions`/`end_positions` [E], relative
 to the example's first token (span kind).
 
+Groups (`TrainBatches(group_size=g)`): the features are whole groups of g, one after another; a batch takes
+batch_size groups whole (g * batch_size example slots) and carries `group_ids` [E], each example's group index
+in its (micro-)batch (padding examples: indices past the real groups).
+
 A step's batch is a pure function of (seed, step): the order is a per-epoch permutation, so
 resuming needs only the step. Every process builds the same host batch and feeds its block.
 """
@@ -139,35 +143,44 @@ def interleave(micro: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
   return {k: np.stack([m[k] for m in micro], axis=1).reshape(-1, *micro[0][k].shape[1:]) for k in micro[0]}
 
 
+def with_groups(batch: dict[str, np.ndarray], group_size: int) -> dict[str, np.ndarray]:
+  """`batch` (of whole groups of `group_size` features, in order) with `group_ids`: example slot e's is
+  e // group_size."""
+  return {**batch, 'group_ids': np.arange(len(batch['weights']), dtype=np.int32) // group_size}
+
+
 class TrainBatches:
   """This process's block of each training step's batch, from step `start` on (`train.loop.Batches`).
 
   With `micro_batches` k > 1 (gradient accumulation) the batch is k micro-batches of batch_size / k
-  examples, each packed on its own, interleaved (`interleave`).
+  examples (or groups), each packed on its own, interleaved (`interleave`). With `group_size` g > 1 the features
+  are groups of g in order and batch_size counts groups (`with_groups`).
   """
 
   def __init__(self, features: Sequence[Feature], kind: str, *, batch_size: int, row_length: int, pack: bool,
                rows_multiple: int, seed: int, shuffle: bool, start: int, block: tuple[int, int],
-               micro_batches: int = 1):
+               micro_batches: int = 1, group_size: int = 1):
     self.features, self.kind, self.seed, self.shuffle, self.block = features, kind, seed, shuffle, block
     self.batch_size, self.row_length, self.pack, self.rows_multiple = batch_size, row_length, pack, rows_multiple
-    self.micro_batches = micro_batches
+    self.micro_batches, self.group_size = micro_batches, group_size
     self.position = start
     self.last_sizes: dict[str, int] | None = None  # of the whole (host) batch: see train.loop
 
   def __next__(self) -> dict[str, np.ndarray]:
-    chosen = batch_indices(len(self.features), self.batch_size, self.seed, self.position, self.shuffle)
+    g = self.group_size
+    chosen = batch_indices(len(self.features) // g, self.batch_size, self.seed, self.position, self.shuffle)
     self.position += 1
-    features = [self.features[i] for i in chosen]
+    features = [self.features[i * g + j] for i in chosen for j in range(g)]
     k = self.micro_batches
+    grouped = (lambda b: with_groups(b, g)) if g > 1 else (lambda b: b)  # pylint: disable=unnecessary-lambda-assignment
     if k == 1:
-      host = make_batch(features, self.kind, batch_size=self.batch_size, row_length=self.row_length, pack=self.pack,
-                        rows_multiple=self.rows_multiple)
+      host = grouped(make_batch(features, self.kind, batch_size=self.batch_size * g, row_length=self.row_length,
+                                pack=self.pack, rows_multiple=self.rows_multiple))
     else:
-      size, multiple = self.batch_size // k, self.rows_multiple // k
+      size, multiple = self.batch_size // k * g, self.rows_multiple // k
       parts = [features[i * size:(i + 1) * size] for i in range(k)]
-      pack = lambda p, **rows: make_batch(p, self.kind, batch_size=size, row_length=self.row_length,  # pylint: disable=unnecessary-lambda-assignment
-                                          pack=self.pack, rows_multiple=multiple, **rows)
+      pack = lambda p, **rows: grouped(make_batch(p, self.kind, batch_size=size, row_length=self.row_length,  # pylint: disable=unnecessary-lambda-assignment
+                                                  pack=self.pack, rows_multiple=multiple, **rows))
       micro = [pack(p) for p in parts]
       rows = max(m['input_ids'].shape[0] for m in micro)  # all micro-batches get as many rows: repack the shorter
       host = interleave([m if m['input_ids'].shape[0] == rows else pack(p, num_rows=rows)

@@ -4,8 +4,12 @@
 RerankConfig`): BERT reads a query and a passage together as one sentence pair ([CLS] q [SEP] p [SEP], token types
 0 then 1) and one logit on [CLS] scores the pair (`model.heads`' regression head, num_labels 1). Its training rows
 are the (query, passage, label) or (query, passage, score) rows of train_file (CSV, TSV, JSONL, Parquet; the layout
-`experiments/mine.py --layout=pairs` writes), read by `data.tables`; the loss is binary cross-entropy with logits
-on 0/1 labels (label_column) or squared error on teacher scores (score_column).
+`experiments/mine.py --layout=pairs` writes), read by `data.tables`, or groups (query, positive, [negatives…],
+optionally [teacher scores]: `--layout=negatives`, `finetuning.rerank_groups`; a file with negatives_column and no
+passage_column). The loss (`loss_of`) is binary cross-entropy with logits on 0/1 labels (label_column; a group's
+positive 1, its negatives 0), squared error on teacher scores (score_column), or listwise: softmax cross-entropy over
+each group's logits (with teacher scores the KL divergence to their softmax), every group of a batch whole and
+batch_size counting groups.
 
 Rows are tokenized once into head-task `Feature`s and PACKED into rows of max_seq_length tokens with per-example
 attention (`finetuning.batching`, as every head task): no compute is spent on padding. The query is cut to
@@ -18,7 +22,8 @@ Evaluation:
     (`rerank_first_stage`, which experiments/rerank.py calls too); nDCG@10, MRR@10 and recall@rerank_top_k before
     ('eval_first_stage_*') and after ('eval_*') reranking (`embedding.ranking`); main metric eval_ndcg_at_10.
   without: eval_fraction of the rows held out (split_seed): eval_loss, and eval_accuracy (labels; the main metric)
-    or eval_spearman (scores; the main metric).
+    or eval_spearman (scores; the main metric); groups (held out whole): eval_loss, eval_mrr_at_10 (the positive's
+    rank among its group; the main metric) and eval_top1_accuracy.
 
 A step's batch is `batching.batch_indices(…, step)` of the training features, so a resumed run continues exactly.
 """
@@ -26,6 +31,7 @@ A step's batch is `batching.batch_indices(…, step)` of the training features, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -42,8 +48,9 @@ from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.data import tables
 from bert_jax.embedding import beir, first_stage, ranking, trec
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning import batching, seeds
+from bert_jax.finetuning import batching, rerank_groups, seeds
 from bert_jax.finetuning.head_objective import MODEL_INPUTS
+from bert_jax.finetuning.rerank_groups import RerankGroup
 from bert_jax.finetuning.tasks import inputs
 from bert_jax.finetuning.tasks.base import Feature
 from bert_jax.model.attention import describe_attention
@@ -71,7 +78,9 @@ class RerankPair:
 @dataclasses.dataclass(frozen=True)
 class RerankObjective:
   """The `Objective` of the cross-encoder: binary cross-entropy with logits on 0/1 labels ('bce') or squared error
-  on teacher scores ('mse'), over real examples (weights 1; padding examples 0)."""
+  on teacher scores ('mse'), over real examples (weights 1; padding examples 0); or 'listwise' over whole groups
+  (`rerank_groups.listwise_losses`: labels are target probabilities, `group_ids` each example's group), its count
+  the groups (the targets sum to 1 over each)."""
 
   loss: str = 'bce'
   terms: tuple[str, ...] = ('task',)
@@ -83,16 +92,20 @@ class RerankObjective:
 
   def losses(self, logits, batch) -> jax.Array:
     target = batch['labels'].astype(jnp.float32)
+    if self.loss == 'listwise':
+      return rerank_groups.listwise_losses(logits[:, 0].astype(jnp.float32), target, batch['group_ids'],
+                                           batch['weights'])
     if self.loss == 'mse':
       return jnp.square(logits[:, 0] - target)
     return optax.sigmoid_binary_cross_entropy(logits[:, 0], target)
 
   def sums(self, outputs, batch) -> dict[str, jax.Array]:
     w = batch['weights'].astype(jnp.float32)
-    return {'task_loss_sum': jnp.sum(self.losses(outputs, batch) * w), 'task_count': jnp.sum(w)}
+    return {'task_loss_sum': jnp.sum(self.losses(outputs, batch) * w), 'task_count': self.counts(batch)['task']}
 
   def counts(self, batch) -> dict[str, jax.Array]:
-    return {'task': jnp.sum(batch['weights'].astype(jnp.float32))}
+    w = batch['weights'].astype(jnp.float32)
+    return {'task': jnp.sum(w * batch['labels'].astype(jnp.float32)) if self.loss == 'listwise' else jnp.sum(w)}
 
   def summarize(self, sums) -> dict[str, Any]:
     return {'loss': sums['task_loss_sum'] / jnp.maximum(sums['task_count'], 1.0)}
@@ -102,8 +115,9 @@ class RerankObjective:
     return self.sums(outputs, batch)
 
 
-def loss_of(cfg: FinetuneConfig) -> str:
-  return 'mse' if cfg.uses_scores() else 'bce'
+def loss_of(cfg: FinetuneConfig, groups: bool) -> str:
+  """cfg.loss, or the one its training rows imply: groups 'listwise', pairs with score_column 'mse', else 'bce'."""
+  return cfg.loss or ('listwise' if groups else 'mse' if cfg.uses_scores() else 'bce')
 
 
 @reused  # a run of the same model, loss, optimizer, schedule and mesh in this process reuses its steps
@@ -117,9 +131,9 @@ def _rerank_model(model_cfg: ModelConfig, loss: str, optim_cfg: OptimConfig, tot
                    rules=shd.rules(rules), grad_accum_steps=optim_cfg.grad_accum_steps)
 
 
-def rerank_model(cfg: FinetuneConfig, mesh, total_steps: int) -> StepModel:
-  """StepModel(one-logit sequence head, RerankObjective) of `cfg` (its model the starting checkpoint's)."""
-  return _rerank_model(cfg.model, loss_of(cfg), cfg.optim, total_steps, cfg.mesh.rules, mesh)
+def rerank_model(cfg: FinetuneConfig, loss: str, mesh, total_steps: int) -> StepModel:
+  """StepModel(one-logit sequence head, RerankObjective(loss)) of `cfg` (its model the starting checkpoint's)."""
+  return _rerank_model(cfg.model, loss, cfg.optim, total_steps, cfg.mesh.rules, mesh)
 
 
 # --- the rows ------------------------------------------------------------------------------------------------------
@@ -134,9 +148,16 @@ def _flags(cfg: FinetuneConfig) -> str:
 
 
 def check_columns(path: str, names: Sequence[str], cfg: FinetuneConfig) -> None:
-  for column in _columns(cfg):
+  """DataError for a column of the file's layout (pairs or groups: `rerank_groups.is_groups`) that it lacks, or
+  for loss='listwise' on pairs."""
+  groups = rerank_groups.is_groups(cfg, names)
+  if cfg.loss == 'listwise' and not groups:
+    raise DataError(f"{path}: loss='listwise' scores groups, but the file has no column {cfg.negatives_column!r} "
+                    '(groups: query, positive, negatives; set --config.negatives_column) or has '
+                    f'{cfg.passage_column!r} (pairs)')
+  for column in rerank_groups.columns(cfg) if groups else _columns(cfg):
     if column not in names:
-      raise tables.missing_column(path, column, names, _flags(cfg))
+      raise tables.missing_column(path, column, names, rerank_groups.flags(cfg) if groups else _flags(cfg))
 
 
 def _target(path: str, line: int, value: Any, cfg: FinetuneConfig) -> float:
@@ -156,19 +177,23 @@ def _target(path: str, line: int, value: Any, cfg: FinetuneConfig) -> float:
   return label
 
 
-def read_rows(cfg: FinetuneConfig) -> list[RerankPair]:
-  """The (query, passage, target) rows of train_file; DataError naming the file and line of a bad row."""
+def read_rows(cfg: FinetuneConfig) -> list[RerankPair] | list[RerankGroup]:
+  """The (query, passage, target) rows of train_file, or its groups (`rerank_groups.read_groups`); DataError naming
+  the file and line of a bad row."""
   path = cfg.train_file
   names, records = tables.records(path, 'training file')
   check_columns(path, names, cfg)
+  if rerank_groups.is_groups(cfg, names):
+    return rerank_groups.read_groups(path, records, cfg)
   target = _columns(cfg)[2]
   return [RerankPair(tables.text_at(path, line, r, cfg.query_column), tables.text_at(path, line, r, cfg.passage_column),
                      _target(path, line, tables.value_at(path, line, r, target), cfg), line)
           for line, r in records]
 
 
-def split_rows(rows: Sequence[RerankPair], fraction: float, seed: int) -> tuple[list[RerankPair], list[RerankPair]]:
-  """(training rows, held-out rows): `fraction` of the rows (at least one when > 0) drawn with `seed`."""
+def split_rows(rows: Sequence[Any], fraction: float, seed: int) -> tuple[list[Any], list[Any]]:
+  """(training rows, held-out rows): `fraction` of the rows (pairs or groups; at least one when > 0) drawn with
+  `seed`."""
   if fraction <= 0 or len(rows) < 2:
     return list(rows), []
   held = max(1, int(round(len(rows) * fraction)))
@@ -201,9 +226,15 @@ def pair_feature(tokenizer, query: str, passage: str, target: float, *, max_quer
   return Feature(np.asarray(ids, np.int32), np.asarray(types, np.int32), label=float(target))
 
 
-def features(tokenizer, rows: Sequence[RerankPair], cfg: FinetuneConfig) -> list[Feature]:
-  return [pair_feature(tokenizer, r.query, r.passage, r.target, max_query_length=cfg.max_query_length,
-                       max_seq_length=cfg.max_seq_length) for r in rows]
+def features(tokenizer, rows: Sequence[RerankPair] | Sequence[RerankGroup], cfg: FinetuneConfig,
+             loss: str) -> list[Feature]:
+  """The pairs' features; a group's passages' in order, each with its target (`rerank_groups.targets`)."""
+  pair = functools.partial(pair_feature, tokenizer, max_query_length=cfg.max_query_length,
+                           max_seq_length=cfg.max_seq_length)
+  if rows and isinstance(rows[0], RerankGroup):
+    return [pair(g.query, p, t) for g in rows
+            for p, t in zip(g.passages, rerank_groups.targets(g, loss, cfg.teacher_temperature))]
+  return [pair(r.query, r.passage, r.target) for r in rows]
 
 
 # --- predictions --------------------------------------------------------------------------------------------------
@@ -211,8 +242,8 @@ def features(tokenizer, rows: Sequence[RerankPair], cfg: FinetuneConfig) -> list
 class Predictions:
   """experiments/predict.py on a reranker (`finetuning.predict` asks the kind): a (query, passage) pair per row,
   scored as training and evaluation score it (`pair_feature`, packed). Each row's 'score' is the logit; a model
-  trained on 0/1 labels also gives 'probability', its sigmoid (sentence-transformers' CrossEncoder.predict gives
-  the same two: with an identity activation, and by default)."""
+  trained with binary cross-entropy also gives 'probability', its sigmoid (sentence-transformers'
+  CrossEncoder.predict gives the same two: with an identity activation, and by default)."""
 
   @staticmethod
   def row(text: str | None, text_pair: str | None, where: str = '') -> dict[str, str]:
@@ -257,7 +288,7 @@ class Predictions:
     feats = [pair_feature(tuned.tokenizer, r['query'], r['passage'], 0.0, max_query_length=cfg.max_query_length,
                           max_seq_length=cfg.max_seq_length) for r in rows]
     logits = [float(np.asarray(l).reshape(-1)[0]) for l in Predictor(tuned, batch_size, log, pack=True).logits(feats)]
-    if cfg.uses_scores():
+    if tuned.task.get('loss', 'mse' if cfg.uses_scores() else 'bce') != 'bce':
       return [{'score': l} for l in logits]
     return [{'score': l, 'probability': float(1 / (1 + np.exp(-l)))} for l in logits]
 
@@ -274,11 +305,12 @@ class Predictions:
 
 def _needs_train_file() -> ConfigError:
   return ConfigError('rerank: set --config.train_file to a CSV, TSV, JSONL or Parquet file of (query, passage, label) '
-                     'or (query, passage, score) rows (experiments/mine.py --layout=pairs writes one)')
+                     'or (query, passage, score) rows, or of (query, positive, negatives) groups (experiments/mine.py '
+                     '--layout=pairs or --layout=negatives writes one)')
 
 
 class Rerank:
-  """The task kind of a cross-encoder on labelled or scored pairs (`finetuning.kinds.TaskKind`)."""
+  """The task kind of a cross-encoder on labelled or scored pairs or on groups (`finetuning.kinds.TaskKind`)."""
 
   preparing = 'loading the checkpoint, reading the pairs and retrieving with the first stage'
   predictions = Predictions  # experiments/predict.py scores (query, passage) pairs
@@ -293,8 +325,9 @@ class Rerank:
     if evaluation and not cfg.beir_dir:
       raise ConfigError('rerank: evaluating a workdir again needs --config.beir_dir and --config.first_stage')
     self.evaluation = evaluation
-    self.train: list[RerankPair] = []
-    self.held_out: list[RerankPair] = []
+    self.train: list[RerankPair] | list[RerankGroup] = []
+    self.held_out: list[RerankPair] | list[RerankGroup] = []
+    self.loss = loss_of(cfg, False)
     self.beir_set: beir.BeirSet | None = None
     self.run_ids: np.ndarray | None = None  # a TREC run's ranking, read with the BEIR set (before the weights)
 
@@ -322,11 +355,13 @@ class Rerank:
     scaffold.check_batch_sizes(cfg, mesh)
 
   def read(self, cfg: FinetuneConfig, saved: dict[str, Any] | None) -> None:
-    """The training rows (none when only evaluating; without beir_dir, eval_fraction of them held out) and the BEIR
-    set: read before the starting weights."""
-    del saved
+    """The training rows (none when only evaluating; without beir_dir, eval_fraction of them held out), the loss
+    they imply (evaluating: the run's) and the BEIR set: read before the starting weights."""
+    if self.evaluation and saved:
+      self.loss = saved.get('task', {}).get('loss', self.loss)
     if not self.evaluation:
       rows = read_rows(cfg)
+      self.loss = loss_of(cfg, bool(rows) and isinstance(rows[0], RerankGroup))
       if cfg.max_train_samples > 0:
         rows = rows[:cfg.max_train_samples]
       train, held_out = (rows, []) if cfg.beir_dir else split_rows(rows, cfg.eval_fraction, cfg.split_seed)
@@ -340,12 +375,18 @@ class Rerank:
                                            log=_log)
 
   def prepare(self, cfg: FinetuneConfig, tokenizer, mesh) -> _PreparedRun:
-    return _PreparedRun(cfg, tokenizer, self.train, self.held_out, self.beir_set, self.run_ids, mesh)
+    return _PreparedRun(cfg, tokenizer, self.train, self.held_out, self.beir_set, self.run_ids, mesh, self.loss)
 
   @staticmethod
   def plan(cfg: FinetuneConfig, model: ModelConfig, notes: list[str]) -> tuple[str, Callable[[], Any]]:
     del notes
-    return (f'encoder + one-logit head on [CLS] of (query, passage): a cross-encoder, {loss_of(cfg)} loss',
+    try:
+      names = inputs.column_names(cfg.train_file) if cfg.train_file else None
+    except DataError:
+      names = None
+    loss = cfg.loss or ('(inferred from train_file)' if names is None
+                        else loss_of(cfg, rerank_groups.is_groups(cfg, names)))
+    return (f'encoder + one-logit head on [CLS] of (query, passage): a cross-encoder, {loss} loss',
             lambda: BertForSequenceClassification(model, 1, rngs=nnx.Rngs(0)))
 
 
@@ -390,13 +431,20 @@ def _log(message: str) -> None:
 class _PreparedRun:
   """A rerank run's features and built model, and what reads them."""
 
-  def __init__(self, cfg: FinetuneConfig, tokenizer, train: Sequence[RerankPair], held_out: Sequence[RerankPair],
-               beir_set: beir.BeirSet | None, run_ids: np.ndarray | None, mesh):
-    self.cfg, self.tokenizer, self.beir_set, self.mesh = cfg, tokenizer, beir_set, mesh
+  def __init__(self, cfg: FinetuneConfig, tokenizer, train: Sequence[RerankPair] | Sequence[RerankGroup],
+               held_out: Sequence[RerankPair] | Sequence[RerankGroup], beir_set: beir.BeirSet | None,
+               run_ids: np.ndarray | None, mesh, loss: str):
+    self.cfg, self.tokenizer, self.beir_set, self.mesh, self.loss = cfg, tokenizer, beir_set, mesh, loss
     t0 = time.time()
-    self.train = features(tokenizer, train, cfg)
-    self.held_out = features(tokenizer, held_out, cfg)
-    self.held_out_targets = np.array([r.target for r in held_out], np.float32)
+    # groups: each group's size; the listwise loss batches them whole (`group_size`), the others pair by pair
+    rows = train or held_out
+    self.group_size = len(rows[0].passages) if rows and isinstance(rows[0], RerankGroup) else 1
+    self.train = features(tokenizer, train, cfg, loss)
+    self.held_out = features(tokenizer, held_out, cfg, loss)
+    self.held_out_targets = np.array([f.label for f in self.held_out], np.float32)
+    units = 'pairs' if self.group_size == 1 else f'groups of {self.group_size}'
+    self.batch_unit = units if loss == 'listwise' else 'pairs'
+    self.num_units = len(self.train) // (self.group_size if loss == 'listwise' else 1)
     self.first_stage: np.ndarray | None = None
     if beir_set is not None:
       self.first_stage = run_ids if run_ids is not None else first_stage.ranking(
@@ -405,24 +453,26 @@ class _PreparedRun:
       what = (f'eval: rerank the top {cfg.rerank_top_k} of {cfg.first_stage} for {len(beir_set.queries)} queries '
               f'against {len(beir_set.texts)} passages')
     else:
-      self.main_metric = 'eval_spearman' if cfg.uses_scores() else 'eval_accuracy'
+      self.main_metric = ('eval_mrr_at_10' if self.group_size > 1 else 'eval_spearman' if cfg.uses_scores()
+                          else 'eval_accuracy')
       self.eval_first = False
-      what = f'eval {len(self.held_out)} held-out pairs'
-    reporting.log(f'{TASK}: {len(self.train)} training pairs ({loss_of(cfg)} loss), {what} '
+      what = f'eval {len(held_out)} held-out {units}'
+    reporting.log(f'{TASK}: {len(train)} training {units} ({loss} loss), {what} '
                   f'(featurised in {time.time() - t0:.1f}s)')
-    self.total_steps = cfg.total_steps(len(self.train)) if self.train else 1
+    self.total_steps = cfg.total_steps(self.num_units) if self.train else 1
     reporting.log(describe_attention(cfg.model, hardware.resolve(mesh=mesh)))
-    self.model = rerank_model(cfg, mesh, self.total_steps)
+    self.model = rerank_model(cfg, loss, mesh, self.total_steps)
     self.rows_multiple = 2 * shd.num_batch_shards(mesh) * cfg.optim.grad_accum_steps
     self.block = distributed.process_batch_block(mesh)
 
   def batches(self, seed: int, position: int, step: int) -> batching.TrainBatches:
     cfg = self.cfg
     reporting.log(f'seed {seed}: training {self.total_steps - step} of {self.total_steps} steps, batch '
-                  f'{cfg.batch_size} pairs, {len(self.train)} pairs, packed rows')
+                  f'{cfg.batch_size} {self.batch_unit}, {self.num_units} {self.batch_unit}, packed rows')
     return batching.TrainBatches(self.train, KIND, batch_size=cfg.batch_size, row_length=cfg.max_seq_length,
                                  pack=True, rows_multiple=self.rows_multiple, seed=seed, shuffle=cfg.shuffle,
-                                 start=position, block=self.block, micro_batches=cfg.optim.grad_accum_steps)
+                                 start=position, block=self.block, micro_batches=cfg.optim.grad_accum_steps,
+                                 group_size=self.group_size if self.loss == 'listwise' else 1)
 
   def scores(self, params, feats: Sequence[Feature], label: str = 'scoring pairs') -> np.ndarray:
     """The cross-encoder's logit of each feature, in order [n] (packed rows of eval_batch_size pairs)."""
@@ -457,16 +507,23 @@ class _PreparedRun:
       return {self.main_metric: float('nan'), 'eval_loss': float('nan')}
     logits = self.scores(params, self.held_out, 'evaluating held-out pairs')
     target = self.held_out_targets
-    if self.cfg.uses_scores():
-      return {'eval_loss': float(np.mean((logits - target) ** 2)),
-              'eval_spearman': float(metrics.spearman(logits.tolist(), target.tolist()))}
-    loss = np.mean(np.maximum(logits, 0) - logits * target + np.log1p(np.exp(-np.abs(logits))))
-    return {'eval_loss': float(loss), 'eval_accuracy': float(np.mean((logits > 0) == (target > 0.5)))}
+    if self.loss == 'listwise':
+      loss = float(np.mean(rerank_groups.group_losses(*(a.reshape(-1, self.group_size) for a in (logits, target)))))
+    elif self.loss == 'mse':
+      loss = float(np.mean((logits - target) ** 2))
+    else:
+      loss = float(np.mean(np.maximum(logits, 0) - logits * target + np.log1p(np.exp(-np.abs(logits)))))
+    if self.group_size > 1:
+      ranked = rerank_groups.ranking_metrics(logits.reshape(-1, self.group_size))
+      return {'eval_loss': loss, **_metric_names(ranked, 'eval_')}
+    if self.loss == 'mse':
+      return {'eval_loss': loss, 'eval_spearman': float(metrics.spearman(logits.tolist(), target.tolist()))}
+    return {'eval_loss': loss, 'eval_accuracy': float(np.mean((logits > 0) == (target > 0.5)))}
 
   def saved_config(self) -> dict[str, Any]:
     cfg = self.cfg
     return {'finetune': cfg.to_dict(), 'task': {'name': TASK, 'kind': KIND, 'num_labels': 1, 'label_names': [],
-                                                'loss': loss_of(cfg)}}
+                                                'loss': self.loss}}
 
   def report(self, seed: int, run_dir: str, workdir: Workdir) -> Report:
     keys = ((self.main_metric, 'eval_mrr_at_10', 'eval_first_stage_ndcg_at_10') if self.beir_set is not None
@@ -482,5 +539,5 @@ class _PreparedRun:
     del wall_s
     extra = {'first_stage': self.cfg.first_stage, 'rerank_top_k': self.cfg.rerank_top_k,
              'qrels_absent': dict(self.beir_set.absent)} if self.beir_set is not None else {}
-    return {'task': TASK, 'init_checkpoint': self.cfg.init_checkpoint, 'loss': loss_of(self.cfg), **extra,
+    return {'task': TASK, 'init_checkpoint': self.cfg.init_checkpoint, 'loss': self.loss, **extra,
             **seeds.summarize(per_run, main_metric=self.main_metric)}

