@@ -31,7 +31,7 @@ import numpy as np
 
 from bert_jax import files
 from bert_jax.data import tables
-from bert_jax.embedding import beir, first_stage, ranking
+from bert_jax.embedding import beir, first_stage, ranking, trec
 from bert_jax.errors import ConfigError
 from bert_jax.interop.packaged import packaged_minilm
 
@@ -126,7 +126,7 @@ def _peer(modules, rows: list[tuple[str, str, float]], out: str):
 def _peer_reranked(model, torch, data: beir.BeirSet, ids_qk: np.ndarray) -> tuple[dict, int, float]:
   """The peer's reranking of the first stage `ids_qk` scored as bert_jax's is; (metrics, pairs, seconds)."""
   passages = data.passages()
-  real = ids_qk != -1
+  real = ids_qk != trec.EMPTY
   pairs = [(data.queries[q], passages[ids_qk[q, j]]) for q, j in zip(*np.nonzero(real))]
   t0 = time.perf_counter()
   logits = model.predict(pairs, batch_size=64, activation_fn=torch.nn.Identity())

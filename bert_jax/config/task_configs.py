@@ -108,6 +108,7 @@ TASK_FIELDS = {
 # The retrieval task's losses: InfoNCE over the global batch, or distillation from teacher scores of each row's
 # candidates (its positive, then its negatives): MarginMSE on the score margins, KL between the softmaxes.
 RETRIEVAL_LOSSES = ('contrastive', 'margin_mse', 'kl')
+RERANK_LOSSES = ('', 'bce', 'mse', 'listwise')  # RerankConfig.loss ('' inferred from the training file)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,9 +285,6 @@ class RerankConfig(FinetuneConfig):
 
   def uses_scores(self) -> bool:
     return bool(self.score_column.strip())
-
-
-RERANK_LOSSES = ('', 'bce', 'mse', 'listwise')  # RerankConfig.loss ('' inferred from the training file)
 
 
 # One row per config type: FinetuneConfig(task=...) builds the one whose TASKS name the task.

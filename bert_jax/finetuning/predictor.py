@@ -57,3 +57,7 @@ class Predictor:
         out.extend(batching.rows_of_examples(logits, host, len(chunk)))
       ticker.tick(i // size + 1)
     return out
+
+  def scores(self, features: Sequence[Feature]) -> np.ndarray:
+    """float32 [n]: a one-logit head's logit of each feature (a reranker's score, `logits` flattened)."""
+    return np.array([float(np.asarray(l).reshape(-1)[0]) for l in self.logits(features)], np.float32)

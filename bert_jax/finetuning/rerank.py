@@ -50,6 +50,7 @@ from bert_jax.embedding import beir, first_stage, ranking, trec
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import batching, rerank_groups, seeds
 from bert_jax.finetuning.head_objective import MODEL_INPUTS
+from bert_jax.finetuning.predictor import Predictor
 from bert_jax.finetuning.rerank_groups import RerankGroup
 from bert_jax.finetuning.tasks import inputs
 from bert_jax.finetuning.tasks.base import Feature
@@ -283,11 +284,10 @@ class Predictions:
 
   @staticmethod
   def predict(tuned, rows: Sequence[dict[str, str]], *, batch_size: int, log) -> list[dict[str, float]]:
-    from bert_jax.finetuning.predictor import Predictor  # pylint: disable=g-import-not-at-top  (jax at use)
     cfg = tuned.finetune
     feats = [pair_feature(tuned.tokenizer, r['query'], r['passage'], 0.0, max_query_length=cfg.max_query_length,
                           max_seq_length=cfg.max_seq_length) for r in rows]
-    logits = [float(np.asarray(l).reshape(-1)[0]) for l in Predictor(tuned, batch_size, log, pack=True).logits(feats)]
+    logits = Predictor(tuned, batch_size, log, pack=True).scores(feats).tolist()
     if tuned.task.get('loss', 'mse' if cfg.uses_scores() else 'bce') != 'bce':
       return [{'score': l} for l in logits]
     return [{'score': l, 'probability': float(1 / (1 + np.exp(-l)))} for l in logits]

@@ -92,13 +92,9 @@ def rerank_beir(first: str, reranker: str, beir_dir: str, *, split: str = 'test'
   log(f'rerank: {len(data.query_ids)} queries x top {ids_qk.shape[1]} against {len(data.corpus_ids)} documents; '
       f'pairs of at most {settings.max_seq_length} tokens (queries {settings.max_query_length})')
   predictor = Predictor(tuned, batch_size, log, pack=True)
-
-  def score(feats):
-    return np.array([float(np.asarray(l).reshape(-1)[0]) for l in predictor.logits(feats)], np.float32)
-
   scoring = time.time()
   reranked, scores, metrics = rerank.rerank_first_stage(
-      data, ids_qk, score, tuned.tokenizer, top_k=top_k, max_query_length=settings.max_query_length,
+      data, ids_qk, predictor.scores, tuned.tokenizer, top_k=top_k, max_query_length=settings.max_query_length,
       max_seq_length=settings.max_seq_length)
   scoring = time.time() - scoring
   if output_run:
