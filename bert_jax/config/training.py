@@ -72,11 +72,15 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """Device mesh sizes; -1 means 'all remaining devices'."""
+  """Device mesh sizes; -1 means 'all remaining devices'. With several slices (TPU pods joined over the data-centre
+  network) data/fsdp/tensor are the sizes inside one slice and the data axis spans `slices` x `data`."""
 
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
+  # Data-parallel replicas across slices, outermost on the data axis: -1 = as many as the devices report (their
+  # `slice_index`; 1 where they report none). A value > 1 on devices without slices groups them by process.
+  slices: int = -1
   # Overrides of sharding.LOGICAL_AXIS_RULES, comma-separated name=axis[+axis] (empty: replicated), e.g.
   # 'activation_length=tensor,activation_mlp=' shards activations over the sequence instead of the MLP features.
   rules: str = ''
