@@ -40,6 +40,10 @@ class HeadTaskConfig(FinetuneConfig):
   label_column: str = 'label'
   # classify / multilabel / tag: the labels in order, comma-separated; '' the training file's, sorted
   label_names: str = ''
+  # Imbalanced labels (classification, multi-label, tagging): '' none, 'auto' (inverse frequency) or per label name,
+  # e.g. 'negative=3,positive=1' (finetuning.class_weights says what a weight does for each head kind)
+  class_weights: str = ''
+  label_smoothing: float = 0.0  # classification, multi-label, tagging: targets moved this far towards uniform
   eval_fraction: float = 0.1  # without eval_file: this share of the training file's rows is held out ...
   split_seed: int = 0  # ... drawn with this seed
   # SQuAD
@@ -56,6 +60,8 @@ class HeadTaskConfig(FinetuneConfig):
     super().__post_init__()
     if not 0.0 <= self.eval_fraction < 1.0:
       raise ConfigError(f'eval_fraction={self.eval_fraction} must be in [0, 1)')
+    if not 0.0 <= self.label_smoothing < 1.0:
+      raise ConfigError(f'label_smoothing={self.label_smoothing} must be in [0, 1)')
 
   @classmethod
   def readers(cls, name: str) -> tuple[str, ...]:
@@ -84,6 +90,7 @@ HEAD_SHARED = ('eval_file', 'pack')  # every head task's
 _SHIPPED = GLUE_TASKS + ('conll2003', 'squad', 'squad_v2')  # the files of a data_dir
 _OWN_FILES = ('classify', 'regress', 'multilabel', 'tag', 'qa')  # your files, by columns
 _QA = TASK_KINDS['qa']
+_CLASSES = tuple(t for t in GLUE_TASKS if t != 'stsb') + ('classify', 'multilabel', 'conll2003', 'tag')
 TASK_FIELDS = {
     'data_dir': _SHIPPED,
     # your own files (classify / regress / multilabel, tag, qa): columns, labels, the held-out split
@@ -91,6 +98,9 @@ TASK_FIELDS = {
     'text_pair_column': ('classify', 'regress', 'multilabel', 'qa'),
     'label_column': _OWN_FILES,
     'label_names': ('classify', 'multilabel', 'tag'),
+    # the tasks with classes (not regression: stsb, regress)
+    'class_weights': _CLASSES,
+    'label_smoothing': _CLASSES,
     'eval_fraction': _OWN_FILES,
     'split_seed': _OWN_FILES,
     # QA (SQuAD, own-data qa)
@@ -274,6 +284,8 @@ class RerankConfig(FinetuneConfig):
                         f'{self.max_seq_length} (the pair is cut to max_seq_length, longest first)')
     if not 0.0 <= self.eval_fraction < 1.0:
       raise ConfigError(f'eval_fraction={self.eval_fraction} must be in [0, 1)')
+    if not 0.0 <= self.label_smoothing < 1.0:
+      raise ConfigError(f'label_smoothing={self.label_smoothing} must be in [0, 1)')
     if not self.beir_dir and self.eval_fraction == 0.0:
       raise ConfigError('rerank: nothing to evaluate on: give --config.beir_dir and --config.first_stage, or hold out '
                         '--config.eval_fraction > 0 of the training rows')

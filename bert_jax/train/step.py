@@ -225,8 +225,9 @@ class StepModel:
     key = jax.random.fold_in(state['rng'], state['step'])
     objective = self.objective
     # Each term is normalised by its count over the whole global batch, so accumulated
-    # micro-batches give exactly the gradient of one big batch.
-    counts = {t: jnp.maximum(c, 1.0) for t, c in objective.counts(batch).items()}
+    # micro-batches give exactly the gradient of one big batch. A count is a number of examples or a sum of their
+    # weights (class weights may be < 1): only an empty one (0, its loss sum 0 too) is raised, to keep 0 / 0 out.
+    counts = {t: jnp.where(c > 0, c, 1.0) for t, c in objective.counts(batch).items()}
 
     def loss_fn(params, micro, micro_rest):
       outputs = self.apply(params, micro_rest, micro, deterministic=False)
