@@ -126,3 +126,11 @@ def make_packed_batch(tokenizer, pairs: Sequence[pairs_lib.Pair], ids: tuple[np.
 def real_tokens(batch: dict[str, np.ndarray]) -> int:
   """The tokens of the packed batch's texts (the rest of its rows is padding)."""
   return int(batch['segment_lengths'].sum())
+
+
+def lengths(batch: dict[str, np.ndarray], side: str, micro_batches: int = 1) -> np.ndarray:
+  """The token count of each text of `side` ([B] or [B, K]; a padding pair's are its stand-in's), from a whole
+  (host) packed batch of `micro_batches` interleaved micro-batches."""
+  row, slot = batch[f'{side}_row'], batch[f'{side}_segment']
+  pair = np.arange(len(row)).reshape((-1,) + (1,) * (row.ndim - 1))
+  return batch['segment_lengths'][row * micro_batches + pair % micro_batches, slot]

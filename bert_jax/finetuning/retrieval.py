@@ -214,7 +214,8 @@ class RetrievalBatches:
           max_passage_length=cfg.max_seq_length, batch_size=cfg.batch_size,
           micro_batches=cfg.optim.grad_accum_steps, rows_multiple=self.rows_multiple)
       self.last_sizes = {'rows': host['input_ids'].shape[0], 'examples': len(chosen),
-                         'row_tokens': int(host['input_ids'].size), 'real_tokens': packed_pairs.real_tokens(host)}
+                         'row_tokens': int(host['input_ids'].size), 'real_tokens': packed_pairs.real_tokens(host),
+                         'unpacked_tokens': self._padded_tokens(host, len(chosen))}
       return batching.process_block(host, *self.block)
     host = pairs_lib.make_batch(self.tokenizer, self.train, self.ids, [int(i) for i in chosen],
                                 max_query_length=cfg.max_query_length, max_passage_length=cfg.max_seq_length,
@@ -225,6 +226,15 @@ class RetrievalBatches:
                        'row_tokens': int(sum(m.size for m in masks)),
                        'real_tokens': int(sum(m[:len(chosen)].sum() for m in masks))}
     return batching.process_block(host, *self.block)
+
+  def _padded_tokens(self, host: dict[str, np.ndarray], count: int) -> int:
+    """The tokens of the same batch padded (pack=False): each side's rows at the bucket of its longest text."""
+    total = 0
+    for side, limit in self.limits.items():
+      if f'{side}_row' in host:
+        n = packed_pairs.lengths(host, side, self.cfg.optim.grad_accum_steps)[:count]
+        total += host[f'{side}_row'].size * pairs_lib.bucket_width(int(n.max()), limit)
+    return total
 
   def close(self) -> None:
     pass

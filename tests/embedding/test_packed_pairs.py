@@ -86,6 +86,8 @@ def test_micro_batches_are_packed_apart_and_interleaved():
     assert micro['query_row'].max() < r // 2  # rows of its own micro-batch
     queries = _texts_at(micro, 'query')
     assert queries == [tok.encode_inputs(p.query, None, 8)[0] for p in train[j::2]]
+  want = [len(tok.encode_inputs(p.positive, None, 16)[0]) for p in train]
+  np.testing.assert_array_equal(packed_pairs.lengths(batch, 'passage', micro_batches=2), want)
 
 
 def test_row_counts_come_from_a_few_sizes():

@@ -67,6 +67,7 @@ def test_packed_batches_share_rows_of_max_seq_length_and_pad_less(wordpiece):
   rows = packed.last_sizes['rows']
   assert rows % 8 == 0 and block['input_ids'].shape == (rows // 2, 128) and block['query_row'].shape == (4,)
   assert sizes[True]['real_tokens'] == sizes[False]['real_tokens'] and sizes[True]['examples'] == 8
+  assert sizes[True]['unpacked_tokens'] == sizes[False]['row_tokens']  # the progress line's '(unpacked ..%)'
   fraction = {pack: 1 - n['real_tokens'] / n['row_tokens'] for pack, n in sizes.items()}
   assert fraction[True] < fraction[False] - 0.1, (fraction, sizes)
 
