@@ -263,7 +263,8 @@ class _PreparedRun:
   def batches(self, seed: int, position: int, step: int) -> RetrievalBatches:
     cfg = self.cfg
     reporting.log(f'seed {seed}: training {self.total_steps - step} of {self.total_steps} steps, batch '
-                  f'{cfg.batch_size} pairs ({cfg.optim.grad_accum_steps} micro-batches), {len(self.train)} pairs')
+                  f'{cfg.batch_size} pairs ({cfg.optim.grad_accum_steps} micro-batches), {len(self.train)} pairs, '
+                  f'{"packed" if cfg.pack else "padded"} rows')
     return RetrievalBatches(self.train, self.tokenizer, cfg, seed=seed, start=position, block=self.block,
                             rows_multiple=shd.num_batch_shards(self.mesh))
 
