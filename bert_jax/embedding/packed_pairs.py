@@ -45,16 +45,13 @@ def row_count(needed: int, multiple: int = 1) -> int:
   return max(step, -(-needed // step) * step)
 
 
-def _pack(texts: Sequence[Sequence[int]], rows: int | None, row_length: int, pad_id: int):
-  """(token arrays of `texts` packed into rows, the (row, slot) of each text, the rows needed)."""
-  s = slots(row_length)
-  lengths = [len(t) for t in texts]
-  row, offset, needed = fit_rows(lengths, row_length, max_per_row=s)
-  rows = rows or needed
+def _fill(texts: Sequence[Sequence[int]], row: np.ndarray, offset: np.ndarray, rows: int, row_length: int,
+          pad_id: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+  """(the token arrays of `texts` placed at (`row`, `offset`) in `rows` rows, each text's slot in its row)."""
   out = {'input_ids': np.full((rows, row_length), pad_id, np.int32),
          'segment_ids': np.zeros((rows, row_length), np.int32),
          'position_ids': np.zeros((rows, row_length), np.int32),
-         'segment_lengths': np.zeros((rows, s), np.int32)}
+         'segment_lengths': np.zeros((rows, slots(row_length)), np.int32)}
   slot = np.zeros(len(texts), np.int32)
   used = np.zeros(rows, np.int32)
   for i, (text, r, o) in enumerate(zip(texts, row.tolist(), offset.tolist())):
@@ -65,7 +62,7 @@ def _pack(texts: Sequence[Sequence[int]], rows: int | None, row_length: int, pad
     out['segment_ids'][r, o:o + n] = slot[i] + 1
     out['position_ids'][r, o:o + n] = np.arange(n)
     out['segment_lengths'][r, slot[i]] = n
-  return out, row.astype(np.int32), slot, needed
+  return out, slot
 
 
 def make_packed_batch(tokenizer, pairs: Sequence[pairs_lib.Pair], ids: tuple[np.ndarray, np.ndarray],
@@ -101,11 +98,11 @@ def make_packed_batch(tokenizer, pairs: Sequence[pairs_lib.Pair], ids: tuple[np.
     micro_texts.append([encode(p.query, max_query_length) for p in mine] +
                        [encode(p.positive, max_passage_length) for p in mine] +
                        [encode(t, max_passage_length) for p in mine for t in p.negatives])
-  needed = max(_pack(t, None, row_length, tokenizer.pad_id)[3] for t in micro_texts)
-  num_rows = row_count(max(needed, 1), rows_multiple)
+  fits = [fit_rows([len(t) for t in texts], row_length, max_per_row=slots(row_length)) for texts in micro_texts]
+  num_rows = row_count(max(max(needed for _, _, needed in fits), 1), rows_multiple)  # every micro-batch alike
   micro, size = [], batch_size // k
-  for j, texts in enumerate(micro_texts):
-    tokens, row, slot, _ = _pack(texts, num_rows, row_length, tokenizer.pad_id)
+  for j, (texts, (row, offset, _)) in enumerate(zip(micro_texts, fits)):
+    tokens, slot = _fill(texts, row, offset, num_rows, row_length, tokenizer.pad_id)
     n = len(chosen[j::k])
     where = {}
     for side, start, shape in (('query', 0, (n,)), ('passage', n, (n,)), ('negative', 2 * n, (n, negatives))):
