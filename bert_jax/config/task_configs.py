@@ -131,6 +131,10 @@ class RetrievalConfig(FinetuneConfig):
 
   task: str = 'retrieval'
   max_query_length: int = 64
+  # Packs the texts of a step's batch (queries, positives, negatives) several per row, each attending only to
+  # itself (embedding.packed_pairs): the same vectors and loss as padding each side, with no compute spent on
+  # padding; False pads each side to its longest text.
+  pack: bool = True
   pooling: str = 'mean'  # 'mean' or 'cls'; embeddings are normalised
   temperature: float = 0.05  # fixed, or the learned one's initial value
   learn_temperature: bool = False

@@ -23,8 +23,9 @@ forward pass has two halves, `embed` (per row: the encoder) and `head` (the loss
 whole batch), because its rows are coupled: with `optim.grad_accum_steps = k > 1` the train step does not sum k
 independent micro-batch losses (each with only its micro-batch's negatives: another loss) but runs GradCache
 (`train.gradcache`) over k micro-batches: the exact gradient of the loss of the whole batch, at one micro-batch's
-activation memory. Its batch: query_*, passage_*, negative_* (optional) token ids and attention masks (see
-`model.biencoder`); weights [B] (1 for real pairs); passage_ids [B], negative_ids [B, K], query_ids [B] (optional).
+activation memory. Its batch: query_*, passage_*, negative_* (optional) token ids and attention masks, or the
+packed rows and each text's (row, slot) (see `model.biencoder`); weights [B] (1 for real pairs); passage_ids [B],
+negative_ids [B, K], query_ids [B] (optional).
 """
 
 from __future__ import annotations

@@ -182,7 +182,18 @@ def make_batch(tokenizer, pairs: Sequence[Pair], ids: tuple[np.ndarray, np.ndarr
   for name in ('query', 'passage', 'negative'):
     if f'{name}_attention_mask' in batch:
       batch[f'{name}_attention_mask'][..., 0] = 1  # padding rows: keep every softmax row non-empty
+  return {**batch, **make_labels(pairs, ids, rows, batch_size)}
+
+
+def make_labels(pairs: Sequence[Pair], ids: tuple[np.ndarray, np.ndarray], rows: Sequence[int],
+                batch_size: int) -> dict[str, np.ndarray]:
+  """The batch's arrays other than tokens, per pair (padded to `batch_size` pairs): passage_ids [B],
+  negative_ids [B, K] (with negatives), weights [B] and, with teacher scores, teacher_scores [B, 1 + K]."""
+  chosen = [pairs[r] for r in rows]
+  k = len(chosen[0].negatives) if chosen else 0
+  pad = batch_size - len(chosen)
   positive_n, negative_nk = ids
+  batch = {}
   # Padding rows get ids no real passage has (-1 - row), so they never mask a real row; their weight is 0.
   filler = -1 - np.arange(pad, dtype=np.int32)
   batch['passage_ids'] = np.concatenate([positive_n[list(rows)], filler])

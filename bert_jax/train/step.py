@@ -126,10 +126,6 @@ def reused(build: Callable[..., StepModel]) -> Callable[..., StepModel]:
   return built
 
 
-def _rows(batch) -> int:
-  return jax.tree.leaves(batch)[0].shape[0]
-
-
 class StepModel:
   """Builds sharded train states of a module and holds its jitted train, eval and predict steps.
 
@@ -286,7 +282,7 @@ class StepModel:
       loss = sum(sums[f'{t}_loss_sum'] / counts[t] for t in objective.terms)
       return loss, sums
 
-    return gradcache.grad_cache(embed_fn, loss_fn, params, batch, key, micro_batch_size=_rows(batch) // k)
+    return gradcache.grad_cache(embed_fn, loss_fn, params, batch, key, micro_batches=k)
 
   def _eval_step(self, params, rest, batch, aux):
     return self.objective.eval_sums(self.apply(params, rest, batch), batch, aux)
