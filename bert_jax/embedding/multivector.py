@@ -30,10 +30,9 @@ from bert_jax.embedding import pairs as pairs_lib
 from bert_jax.embedding.contrastive import Contrastive, candidate_masks, softmax_rows
 from bert_jax.embedding.distillation import kl_rows
 from bert_jax.errors import ConfigError
-from bert_jax.model.multivector import MultiVectorSpec, maxsim, paired_maxsim
+from bert_jax.model.multivector import DOCUMENT_MARKER, QUERY_MARKER, MultiVectorSpec, maxsim, paired_maxsim
 from bert_jax.sharding import constrain
 
-QUERY_MARKER, DOCUMENT_MARKER = '[Q] ', '[D] '  # sentence-transformers' ColBERT prompts
 SKIPLIST = tuple(string.punctuation)  # PyLate's and Stanford ColBERT's document-side skiplist
 LOSSES = ('contrastive', 'kl')
 _ROWS = ('activation_batch', None, None)

@@ -33,6 +33,8 @@ from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.layers import Dense, compute_dtype
 from bert_jax.model.pooling import l2_normalize
 
+# The query and document markers, prepended as text: sentence-transformers' ColBERT prompts.
+QUERY_MARKER, DOCUMENT_MARKER = '[Q] ', '[D] '
 DEFAULT_PROJECTION_DIM = 128  # ColBERT's, PyLate's and sentence-transformers' MultiVectorEncoder's
 DEFAULT_TEMPERATURE = 1.0  # MaxSim is a sum of up to query_length cosines: PyLate and sentence-transformers use 1
 
