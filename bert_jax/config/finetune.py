@@ -197,9 +197,9 @@ def _task_words(task: str) -> str:
 def _readers(tasks: Collection[str]) -> str:
   """'the retrieval task', 'the GLUE, conll2003, squad and squad_v2 tasks', 'every task but retrieval'."""
   others = [t for t in TASKS if t not in tasks]
-  if len(others) <= 2:
-    return 'every task but ' + _words(others)
   names = (['GLUE'] if set(GLUE_TASKS) <= set(tasks) else []) + [t for t in tasks if t not in GLUE_TASKS]
+  if len(others) <= 2 or len(others) < len(names):  # the shorter of the two lists
+    return 'every task but ' + _words(others)
   return f'the {_words(names)} task{"s" if len(tasks) > 1 else ""}'
 
 

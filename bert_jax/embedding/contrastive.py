@@ -65,7 +65,7 @@ def _direction(anchors_bd, candidates_cd, mask_bc, temperature):
 
 def softmax_rows(logits_bc, mask_bc):
   """(per-row loss [B], per-row top-1 hit [B]) of logits [B, C] whose row i's positive is candidate i; masked
-  (True) candidates are dropped. Any score's logits: cosines here, MaxSim in `embedding.multivector`."""
+  (True) candidates are dropped. Any score's logits: cosines here, MaxSim in `embedding.late_interaction`."""
   logits_bc = constrain(jnp.where(mask_bc, -jnp.inf, logits_bc), _ROWS)
   b = logits_bc.shape[0]
   positive_b = jnp.take_along_axis(logits_bc, jnp.arange(b)[:, None], axis=1)[:, 0]

@@ -1,7 +1,7 @@
 """Exact MaxSim retrieval evaluation of a multi-vector encoder on a BEIR-layout set, streamed over document blocks.
 
 The queries' token vectors are embedded once ([Q, T_q, D]); the corpus is embedded `block_size` documents at a time,
-each block scored against every query by exact MaxSim (`model.multivector.maxsim`, `query_chunk` queries at a time so
+each block scored against every query by exact MaxSim (`model.colbert.maxsim`, `query_chunk` queries at a time so
 that the [queries, documents, T_q, T_d] similarities stay small) and merged into the running top-k
 (`search.merge_scores`, the dense search's merge: ties keep the lower corpus index). A block's token vectors and the
 running top-k are all it holds of the corpus, whatever its size. On a mesh each block's documents are split over its
@@ -22,7 +22,7 @@ import numpy as np
 from bert_jax.embedding import ranking, search
 from bert_jax.embedding.beir import BeirSet
 from bert_jax.errors import DataError
-from bert_jax.model.multivector import maxsim
+from bert_jax.model.colbert import maxsim
 from bert_jax.runs import reporting
 
 DEFAULT_BLOCK_SIZE = 256  # documents per block: a block holds [block, T_d, D] token vectors

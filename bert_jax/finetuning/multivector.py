@@ -1,12 +1,12 @@
 """The multivector task kind: a ColBERT-style multi-vector encoder trained on pairs, run by the one fine-tuning job.
 
 `MultiVector` is the task kind (`finetuning.kinds`) of `FinetuneConfig(task='multivector')` (`MultiVectorConfig`):
-the starting checkpoint's encoder and a token projection (`model.multivector.MultiVectorEncoder`) under
-`embedding.multivector.MultiVectorObjective` (MaxSim InfoNCE over the global batch, or KL from teacher scores),
+the starting checkpoint's encoder and a token projection (`model.colbert.MultiVectorEncoder`) under
+`embedding.late_interaction.MultiVectorObjective` (MaxSim InfoNCE over the global batch, or KL from teacher scores),
 trained on the pairs of `train_file` (the retrieval kind's reader and columns: `pairs.read_pairs`), evaluated by
 exact MaxSim on the BEIR-layout set in `beir_dir`, streamed over document blocks
 (`embedding.multivector_eval.evaluate_multivector`: recall@1/@10, MRR@10, nDCG@10). Token rows (markers, the query's
-[MASK] filling, the document's unscored punctuation) are `embedding.multivector.MultiVectorInputs`'. config.json's
+[MASK] filling, the document's unscored punctuation) are `embedding.late_interaction.MultiVectorInputs`'. config.json's
 'task' entry records how the token vectors are made, so `export_hf.py` writes the sentence-transformers
 `MultiVectorEncoder` folder of a workdir (`interop.st_multivector`).
 
@@ -27,12 +27,12 @@ import numpy as np
 from bert_jax import distributed, hardware, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.embedding import beir, pairs as pairs_lib
-from bert_jax.embedding.multivector import MultiVectorInputs, MultiVectorObjective, TokenSpec
+from bert_jax.embedding.late_interaction import MultiVectorInputs, MultiVectorObjective, TokenSpec
 from bert_jax.embedding.multivector_eval import evaluate_multivector
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import batching, retrieval, seeds
 from bert_jax.model.attention import describe_attention
-from bert_jax.model.multivector import MultiVectorEncoder, MultiVectorSpec
+from bert_jax.model.colbert import MultiVectorEncoder, MultiVectorSpec
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
 from bert_jax.train import optim, scaffold

@@ -34,7 +34,7 @@ from bert_jax.config import ModelConfig
 from bert_jax.errors import ConfigError
 from bert_jax.interop import families
 from bert_jax.interop.hf import model_dir
-from bert_jax.model.multivector import DOCUMENT_MARKER as DOCUMENT_PROMPT, QUERY_MARKER as QUERY_PROMPT
+from bert_jax.model.colbert import DOCUMENT_MARKER as DOCUMENT_PROMPT, QUERY_MARKER as QUERY_PROMPT
 
 _PREFIX = 'sentence_transformers.'
 _MODULES = (('', 'base.modules.transformer.Transformer'), ('1_Dense', 'base.modules.dense.Dense'),
@@ -48,7 +48,7 @@ def save_multi_vector(directory: str, cfg: ModelConfig, params, tokenizer, setti
   """Writes `directory` as a sentence-transformers MultiVectorEncoder folder (the module doc).
 
   Args:
-    params: the `model.multivector.MultiVectorEncoder`'s ('bert', 'projection').
+    params: the `model.colbert.MultiVectorEncoder`'s ('bert', 'projection').
     settings: the run's token settings (`finetuning.multivector.token_settings`: projection_dim, query_length,
       document_length, markers, skip_punctuation).
 

@@ -3,10 +3,10 @@
 `MultiVectorEncoder` is the encoder (`bert`, so a checkpoint's encoder loads as for every head model) and a linear
 projection without bias (`projection`, hidden size -> `MultiVectorSpec.projection_dim`) of every token's output,
 L2-normalised: sentence-transformers' `MultiVectorEncoder` pipeline (Transformer, a token-level Dense, MultiVectorMask,
-a token-level Normalize), to which `interop.sentence_transformers` exports it.
+a token-level Normalize), to which `interop.st_multivector` exports it.
 
 Each side of a batch holds, besides the encoder's ids and attention mask, a scoring mask (`<side>_score_mask`): which
-token vectors MaxSim reads. It differs from the attention mask on both sides (`embedding.multivector_inputs` makes
+token vectors MaxSim reads. It differs from the attention mask on both sides (`embedding.late_interaction` makes
 them): a query's expansion [MASK] tokens are scored but not attended to, a document's punctuation is attended to but
 not scored.
 

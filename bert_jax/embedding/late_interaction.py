@@ -10,7 +10,7 @@ Token rows (`MultiVectorInputs`), as sentence-transformers' `MultiVectorEncoder`
 - punctuation (its `MultiVectorMask` skiplist, `string.punctuation`): on the document side only, tokens whose id is
   a punctuation character's are attended to but not scored (a marker's brackets included).
 
-The losses read MaxSim scores (`model.multivector.maxsim`, float32) where the dense kind reads cosines, and are the
+The losses read MaxSim scores (`model.colbert.maxsim`, float32) where the dense kind reads cosines, and are the
 dense kind's own: InfoNCE (`contrastive.softmax_rows` over `contrastive.candidate_masks`: in-batch passages and hard
 negatives over the global batch, duplicates masked) and KL (`distillation.kl_rows`, times T^2). The global batch as
 in `embedding.contrastive`: queries stay split over the batch axes, candidates' token vectors are gathered.
@@ -30,7 +30,7 @@ from bert_jax.embedding import pairs as pairs_lib
 from bert_jax.embedding.contrastive import Contrastive, candidate_masks, softmax_rows
 from bert_jax.embedding.distillation import kl_rows
 from bert_jax.errors import ConfigError
-from bert_jax.model.multivector import DOCUMENT_MARKER, QUERY_MARKER, MultiVectorSpec, maxsim, paired_maxsim
+from bert_jax.model.colbert import DOCUMENT_MARKER, QUERY_MARKER, MultiVectorSpec, maxsim, paired_maxsim
 from bert_jax.sharding import constrain
 
 SKIPLIST = tuple(string.punctuation)  # PyLate's and Stanford ColBERT's document-side skiplist
@@ -166,7 +166,7 @@ def maxsim_kl(e: dict[str, Any], teacher_bc: jax.Array, *, temperature, teacher_
 
 @dataclasses.dataclass(frozen=True)
 class MultiVectorObjective(Contrastive):
-  """The `Objective` of a `model.multivector.MultiVectorEncoder`: MaxSim InfoNCE over the global batch ('contrastive',
+  """The `Objective` of a `model.colbert.MultiVectorEncoder`: MaxSim InfoNCE over the global batch ('contrastive',
   rows coupled: GradCache under gradient accumulation) or KL from teacher scores ('kl', independent rows)."""
 
   spec: MultiVectorSpec = MultiVectorSpec()
