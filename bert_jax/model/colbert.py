@@ -76,7 +76,8 @@ def maxsim(query_bqd: jax.Array, query_mask_bq: jax.Array, docs_ntd: jax.Array, 
 def paired_maxsim(query_bqd: jax.Array, query_mask_bq: jax.Array, docs_bctd: jax.Array,
                   docs_mask_bct: jax.Array) -> jax.Array:
   """float32 [B, C]: MaxSim of each query against its own C documents (distillation's candidates)."""
-  return jax.vmap(maxsim)(query_bqd, query_mask_bq, docs_bctd, docs_mask_bct)
+  return jax.vmap(lambda q, qm, d, dm: maxsim(q[None], qm[None], d, dm)[0])(query_bqd, query_mask_bq, docs_bctd,
+                                                                          docs_mask_bct)
 
 
 class MultiVectorEncoder(nnx.Module):
