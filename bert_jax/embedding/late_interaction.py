@@ -125,7 +125,7 @@ def maxsim_info_nce(e: dict[str, Any], *, temperature, passage_ids_b=None, negat
   """Per-row InfoNCE of MaxSim scores over the global batch: query i against every passage and hard negative.
 
   Args:
-    e: `MultiVectorEncoder.embed`'s output ({side: {'vectors', 'mask'}}).
+    e: {side: {'vectors': `MultiVectorEncoder.embed`'s [..., T, D], 'mask': the batch's score mask [..., T]}}.
     temperature, passage_ids_b, negative_ids_bk, query_ids_b, valid_b: as `contrastive.info_nce`'s.
 
   Returns:
@@ -180,7 +180,8 @@ class MultiVectorObjective(Contrastive):
     object.__setattr__(self, 'couples_rows', self.loss == 'contrastive')
 
   def sums(self, outputs, batch) -> dict[str, jax.Array]:
-    e, weights_b = outputs['embeddings'], batch['weights'].astype(jnp.float32)
+    e = {side: {'vectors': v, 'mask': batch[f'{side}_score_mask']} for side, v in outputs['embeddings'].items()}
+    weights_b = batch['weights'].astype(jnp.float32)
     if self.loss == 'kl':
       if 'teacher_scores' not in batch:
         raise ConfigError("loss='kl' needs teacher scores in the batch (teacher_scores [B, 1 + K])")

@@ -192,7 +192,7 @@ class _PreparedRun:
     host = self.rows.rows(texts, side, size, limit)
     batch = self.model.global_batch(batching.process_block(host, *self.block))
     outputs = self.model.predict_step(params, self.model.rest, batch)
-    vectors = np.asarray(jax.device_get(outputs['embeddings'][side]['vectors']))[:len(texts)]
+    vectors = np.asarray(jax.device_get(outputs['embeddings'][side]))[:len(texts)]
     return vectors, host[f'{side}_score_mask'][:len(texts)]
 
   def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:

@@ -97,8 +97,9 @@ class MultiVectorEncoder(nnx.Module):
                            deterministic=deterministic)
     return l2_normalize(self.projection(seq_btd))
 
-  def embed(self, batch: dict[str, jax.Array], *, deterministic: bool) -> dict[str, dict[str, jax.Array]]:
-    """{side: {'vectors': [..., T, D], 'mask': [..., T]}} for each side in `batch` (negatives [B, K, T, D])."""
+  def embed(self, batch: dict[str, jax.Array], *, deterministic: bool) -> dict[str, jax.Array]:
+    """{side: token vectors [..., T, D]} for each side in `batch` (negatives [B, K, T, D]); the score masks stay in
+    the batch (only float outputs: GradCache differentiates them)."""
     out = {}
     for side in SIDES:
       if f'{side}_input_ids' not in batch:
@@ -107,7 +108,7 @@ class MultiVectorEncoder(nnx.Module):
       lead = ids.shape[:-1]
       vectors = self.token_vectors(ids.reshape(-1, ids.shape[-1]), mask.reshape(-1, mask.shape[-1]),
                                    deterministic=deterministic)
-      out[side] = {'vectors': vectors.reshape(*lead, *vectors.shape[-2:]), 'mask': batch[f'{side}_score_mask']}
+      out[side] = vectors.reshape(*lead, *vectors.shape[-2:])
     return out
 
   def temperature_value(self) -> jax.Array:
