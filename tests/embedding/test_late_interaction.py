@@ -3,15 +3,19 @@ punctuation), MaxSim InfoNCE and KL against numpy references, and the InfoNCE on
 
 import dataclasses
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from bert_jax import config, sharding
 from bert_jax.embedding import late_interaction as li
 from bert_jax.errors import ConfigError
+from bert_jax.model.colbert import MultiVectorSpec
 from bert_jax.model.pooling import l2_normalize
+from bert_jax.train.step import StepModel
 
 from harness.numerics import tolerance
 
@@ -74,7 +78,7 @@ def _case(b=8, k=1, tq=4, tp=5, d=6, seed=0):
 def test_maxsim_info_nce_matches_a_numpy_reference():
   e, pid, nid = _case()
   b, k = pid.shape[0], nid.shape[1]
-  out = li.maxsim_info_nce(e, temperature=0.5, passage_ids_b=pid, negative_ids_bk=nid)
+  out = jax.jit(lambda e: li.maxsim_info_nce(e, temperature=0.5, passage_ids_b=pid, negative_ids_bk=nid))(e)
   cands = [(e['passage']['vectors'][c], e['passage']['mask'][c], pid[c]) for c in range(b)]
   cands += [(e['negative']['vectors'][r, j], e['negative']['mask'][r, j], nid[r, j]) for r in range(b) for j in range(k)]
   for i in range(b):
@@ -88,7 +92,7 @@ def test_maxsim_info_nce_matches_a_numpy_reference():
 def test_maxsim_kl_matches_a_numpy_reference():
   e, _, _ = _case(k=2)
   teacher = np.random.default_rng(3).normal(size=(8, 3)).astype(np.float32)
-  out = li.maxsim_kl(e, jnp.asarray(teacher), temperature=2.0, teacher_temperature=0.5)
+  out = jax.jit(lambda e: li.maxsim_kl(e, jnp.asarray(teacher), temperature=2.0, teacher_temperature=0.5))(e)
   for i in range(8):
     docs = [(e['passage']['vectors'][i], e['passage']['mask'][i])] + [
         (e['negative']['vectors'][i, j], e['negative']['mask'][i, j]) for j in range(2)]
@@ -136,3 +140,43 @@ def test_the_loss_on_8_devices_is_the_one_device_loss_of_the_global_batch():
   per_device = np.mean([jax.jit(_linear_loss)(w, jax.tree.map(lambda x, s=s: x[s:s + 2], batch))
                         for s in range(0, b, 2)])
   assert abs(per_device - float(one[0])) > 0.1  # scoring each device's rows alone is another loss
+
+
+class ToyMultiVector(nnx.Module):
+  """MultiVectorEncoder's interface (embed, temperature_value) over token features: dense + tanh, normalised."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.dense = nnx.Linear(6, 8, rngs=rngs)
+
+  def embed(self, batch, *, deterministic):
+    del deterministic
+    return {side: l2_normalize(jnp.tanh(self.dense(batch[f'{side}_x']))) for side in ('query', 'passage')}
+
+  def temperature_value(self):
+    return jnp.float32(0.5)
+
+
+def test_accumulation_is_gradcache_over_the_whole_global_batch():
+  """4 micro-batches on 8 devices report the loss and gradient norm of the whole batch's MaxSim InfoNCE."""
+  rng = np.random.default_rng(2)
+  b = 16
+  batch = {'query_x': rng.normal(size=(b, 4, 6)).astype(np.float32), 'query_score_mask': np.ones((b, 4), np.int32),
+           'passage_x': rng.normal(size=(b, 5, 6)).astype(np.float32),
+           'passage_score_mask': (rng.random((b, 5)) < 0.8).astype(np.int32),
+           'passage_ids': rng.integers(0, b // 2, b).astype(np.int32), 'weights': np.ones(b, np.float32)}
+  batch['passage_score_mask'][:, 0] = 1
+  objective = li.MultiVectorObjective(spec=MultiVectorSpec(temperature=0.5))
+  assert objective.couples_rows and objective.terms == ('contrastive',)
+  model = StepModel(lambda rngs: ToyMultiVector(rngs=rngs), objective, optax.sgd(0.5),
+                    sharding.make_mesh(config.MeshConfig(data=4, fsdp=2)), grad_accum_steps=4)
+  state = model.init_state(seed=0)
+  params = jax.device_get(state['params'])
+
+  def whole_batch_loss(p):
+    sums = objective.sums(objective.forward(model.merge(p, model.rest), batch, deterministic=True), batch)
+    return sums['contrastive_loss_sum'] / sums['contrastive_count']
+
+  value, grads = jax.jit(jax.value_and_grad(whole_batch_loss))(params)
+  _, metrics = model.train_step(state, model.global_batch(batch), model.rest)
+  np.testing.assert_allclose(metrics['loss'], value, rtol=tolerance(np.float32, 2 * b * 20, depth=3))
+  np.testing.assert_allclose(metrics['grad_norm'], optax.tree.norm(grads), rtol=tolerance(np.float32, 2 * b * 20, depth=3))

@@ -42,7 +42,7 @@ def test_a_projection_wider_than_the_model_is_refused():
 def test_token_vectors_are_projected_and_normalised():
   model = MultiVectorEncoder(_tiny(), MultiVectorSpec(projection_dim=8), rngs=nnx.Rngs(0))
   ids = jnp.array([[2, 5, 7, 3, 0]])
-  out = model.token_vectors(ids, jnp.array([[1, 1, 1, 1, 0]]))
+  out = nnx.jit(lambda m, i, a: m.token_vectors(i, a))(model, ids, jnp.array([[1, 1, 1, 1, 0]]))
   assert out.shape == (1, 5, 8) and out.dtype == jnp.float32
   np.testing.assert_allclose(jnp.linalg.norm(out, axis=-1), 1.0, rtol=1e-5)
   assert model.projection.kernel[...].shape == (32, 8) and model.projection.bias is None
