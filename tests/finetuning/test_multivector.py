@@ -62,6 +62,8 @@ def test_trains_evaluates_and_exports_a_multivector_encoder_sentence_transformer
            if line]
   assert all(np.isfinite(row['loss']) for row in train if 'loss' in row)
 
+  assert_one_line_error(run_main('predict.py', f'--workdir={tmp_path / "run"}', '--text=who'),
+                        'is a multivector run (token vectors scored by MaxSim, no task head to predict with)')
   exported = run_main('export_hf.py', f'--checkpoint={tmp_path / "run"}', f'--output={tmp_path / "st"}')
   assert exported.returncode == 0, exported.stderr[-2000:]
   assert json.loads(exported.stdout.strip().splitlines()[-1])['multi_vector'] is True
