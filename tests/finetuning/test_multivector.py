@@ -75,9 +75,11 @@ def test_trains_evaluates_and_exports_a_multivector_encoder_sentence_transformer
   rows = MultiVectorInputs(tuned.tokenizer, TokenSpec.of(tuned.finetune))
   data = beir_lib.read_beir(beir, 'test')
 
+  token_vectors = nnx.jit(lambda m, ids, mask: m.token_vectors(ids, mask))
+
   def ours(texts, side):
     host = rows.rows(texts, side, len(texts), 12 if side == 'query' else 16)
-    vectors = np.asarray(model.token_vectors(host[f'{side}_input_ids'], host[f'{side}_attention_mask']))
+    vectors = np.asarray(token_vectors(model, host[f'{side}_input_ids'], host[f'{side}_attention_mask']))
     return [v[m.astype(bool)] for v, m in zip(vectors, host[f'{side}_score_mask'])]
 
   for side, texts, encode in (('query', data.queries, theirs.encode_query),
