@@ -22,6 +22,9 @@ config_sentence_transformers.json, 1_Pooling/, 2_Normalize/ and a model card; do
   python experiments/export_hf.py --checkpoint=/tmp/retrieval --output=/tmp/retrieval_st
   python experiments/export_hf.py --checkpoint=/tmp/bert_mini --output=/tmp/bert_mini_st --sentence_transformers \
       [--pooling=cls] [--normalize=false] [--max_seq_length=256]
+A multivector workdir (finetune.py:multivector) exports by default as the folder sentence-transformers'
+MultiVectorEncoder loads (1_Dense/, 2_MultiVectorMask/, 3_Normalize/, its query and document lengths and markers;
+interop/st_multivector.py); --nosentence_transformers: the plain encoder (without the projection).
 A retrieval workdir (finetune.py:retrieval) exports as one by default, with its run's pooling, normalisation,
 passage length (max_seq_length) and Matryoshka sizes (--nosentence_transformers: the plain encoder); any other
 encoder with --sentence_transformers (mean pooling, normalised, the model's positions unless given; a
@@ -37,7 +40,7 @@ from absl import flags
 from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.model.pooling import POOLINGS
-from bert_jax.interop import families, sentence_transformers
+from bert_jax.interop import families, sentence_transformers, st_multivector
 from bert_jax.interop.families import bert
 from bert_jax.interop.hf import model_dir
 from bert_jax.interop.pretrained import describe, load_finetuned, load_pretrained
@@ -75,11 +78,15 @@ def main(_):
   if _SEED.value is not None and kind != 'finetuning':
     raise ConfigError(f'--seed applies to fine-tuning workdirs only; {_CHECKPOINT.value} is not one')
   embedding_model = workdir.embeds(found.task)  # a retrieval run's: it records its pooling
-  as_st = embedding_model if _SENTENCE_TRANSFORMERS.value is None else _SENTENCE_TRANSFORMERS.value
+  multi_vector = bool(found.task) and found.task.get('kind') == 'multivector'  # token vectors: its own folder
+  as_st = embedding_model or multi_vector if _SENTENCE_TRANSFORMERS.value is None else _SENTENCE_TRANSFORMERS.value
   given = [f'--{f.name}' for f in _EMBEDDING_FLAGS if f.value is not None]
   if given and not as_st:
     raise ConfigError(f'{", ".join(given)} apply to a sentence-transformers export only: add '
                       '--sentence_transformers (a retrieval workdir exports as one by default)')
+  if given and multi_vector:
+    raise ConfigError(f'{", ".join(given)} set a pooled embedding; a multivector workdir exports its token vectors '
+                      'as a MultiVectorEncoder folder with its run\'s lengths: leave them out')
   task, seed = None, None
   reporting.log(f'export: loading {_CHECKPOINT.value}' + (f' (step {_STEP.value})' if _STEP.value is not None else '')
                 + ' ...')
@@ -87,8 +94,8 @@ def main(_):
     tuned = load_finetuned(_CHECKPOINT.value, seed=_SEED.value, step=_STEP.value)
     config, params, tokenizer, task, source_kind, step, seed = (
         tuned.config, tuned.params, tuned.tokenizer, tuned.task, 'bert_jax', tuned.step, tuned.seed)
-    if workdir.embeds(task) or as_st:  # an embedding model, or a fine-tuned encoder: the encoder alone
-      params = {'bert': params['bert']}
+    if (workdir.embeds(task) or as_st) and not multi_vector:  # an embedding model, or a fine-tuned encoder: the
+      params = {'bert': params['bert']}  # encoder alone
   elif kind == 'export' and bert.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, with its head
     config, params, _, _ = families.load_hf_checkpoint(_CHECKPOINT.value)
     task, tokenizer, source_kind, step = (bert.read_hf_task(_CHECKPOINT.value),
@@ -97,7 +104,12 @@ def main(_):
     pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value, other_heads=True)  # ELECTRA's discriminator too
     config, params, tokenizer, source_kind, step = (pretrained.config, pretrained.params, pretrained.tokenizer,
                                                     pretrained.source, pretrained.step)
-  if as_st:
+  if as_st and multi_vector:
+    reporting.log(f'export: writing a sentence-transformers MultiVectorEncoder folder to {_OUTPUT.value} ...')
+    st_multivector.save_multi_vector(
+        _OUTPUT.value, config, params, tokenizer, task, overwrite=_OVERWRITE.value,
+        description=f'Exported from {_CHECKPOINT.value}' + (f' (step {step})' if step is not None else '') + '.')
+  elif as_st:
     embedding = describe(_CHECKPOINT.value, log=lambda _: None).embedding() or sentence_transformers.Embedding()
     embedding = embedding.given(pooling=_POOLING.value, normalize=_NORMALIZE.value,
                                 max_seq_length=_MAX_SEQ_LENGTH.value).check(config)
@@ -114,14 +126,17 @@ def main(_):
                                 task=None if workdir.embeds(task) else task)
   with open(os.path.join(_OUTPUT.value, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     architecture = json.load(f)['architectures'][0]
-  heads = set() if as_st else set(params) - {'bert'}
+  heads = set() if as_st else set(params) - {'bert', 'projection'}
   if families.hf_model_type(config) != 'bert':
     heads -= {'nsp'}  # ModernBERT, DistilBERT and ELECTRA have no NSP head
   line = {'output': _OUTPUT.value, 'source': source_kind, 'step': step, 'architecture': architecture,
           'heads': sorted(heads), 'tokenizer': type(tokenizer).__name__}
   if task is not None:
     line.update(task=task.get('name', ''), kind=task['kind'], seed=seed)
-  if as_st:
+  if as_st and multi_vector:
+    line.update(sentence_transformers=True, multi_vector=True,
+                **{k: task[k] for k in ('projection_dim', 'query_length', 'document_length')})
+  elif as_st:
     line.update(sentence_transformers=True, pooling=embedding.pooling, normalize=embedding.normalize,
                 max_seq_length=embedding.max_seq_length, matryoshka_dims=list(embedding.matryoshka_dims))
   print(json.dumps(line), flush=True)

@@ -14,6 +14,8 @@ The task is the config's variant (experiments/configs/finetune.py; its variants 
                     (docs/embeddings.md)
   rerank            a cross-encoder (a reranker) trained on labelled or scored (query, passage) pairs, evaluated
                     by reranking a first stage's top k on a BEIR-layout set (docs/reranking.md)
+  multivector       a multi-vector (ColBERT) encoder: token vectors scored by MaxSim, trained on pairs, evaluated
+                    by exact MaxSim on a BEIR-layout set (docs/embeddings.md)
 A field of another task's (--config.temperature on sst2) is an error naming the tasks that read it.
 
 init_checkpoint is a Hugging Face directory of a BERT, RoBERTa (XLM-RoBERTa too), DistilBERT, ELECTRA or

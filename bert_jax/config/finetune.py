@@ -28,6 +28,7 @@ TASK_KINDS = {
     'qa': ('squad', 'squad_v2', 'qa'),
     'retrieval': ('retrieval',),
     'rerank': ('rerank',),
+    'multivector': ('multivector',),
 }
 TASKS = tuple(t for tasks in TASK_KINDS.values() for t in tasks)
 
@@ -58,7 +59,7 @@ class FinetuneConfig(TrainingConfig):
   model: ModelConfig = _f(factory=ModelConfig)
   # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or your own files: 'classify', 'regress', 'multilabel',
   # 'tag', 'qa'; 'retrieval': a bi-encoder on pairs (finetuning.retrieval); 'rerank': a cross-encoder
-  # (finetuning.rerank)
+  # (finetuning.rerank); 'multivector': a ColBERT-style multi-vector encoder (finetuning.multivector)
   task: str = 'sst2'
   train_file: str = _f('', path=True)  # overrides the task's file in data_dir; classify/regress: required
   max_seq_length: int = 128
@@ -196,9 +197,9 @@ def _task_words(task: str) -> str:
 def _readers(tasks: Collection[str]) -> str:
   """'the retrieval task', 'the GLUE, conll2003, squad and squad_v2 tasks', 'every task but retrieval'."""
   others = [t for t in TASKS if t not in tasks]
-  if len(others) <= 2:
-    return 'every task but ' + _words(others)
   names = (['GLUE'] if set(GLUE_TASKS) <= set(tasks) else []) + [t for t in tasks if t not in GLUE_TASKS]
+  if len(others) <= 2 or len(others) < len(names):  # the shorter of the two lists
+    return 'every task but ' + _words(others)
   return f'the {_words(names)} task{"s" if len(tasks) > 1 else ""}'
 
 

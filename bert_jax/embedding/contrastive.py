@@ -61,6 +61,12 @@ def _direction(anchors_bd, candidates_cd, mask_bc, temperature):
   anchors_bd = constrain(anchors_bd, _ROWS)
   candidates_cd = constrain(candidates_cd, _GATHERED)
   logits_bc = jnp.einsum('bd,cd->bc', anchors_bd, candidates_cd, preferred_element_type=jnp.float32) / temperature
+  return softmax_rows(logits_bc, mask_bc)
+
+
+def softmax_rows(logits_bc, mask_bc):
+  """(per-row loss [B], per-row top-1 hit [B]) of logits [B, C] whose row i's positive is candidate i; masked
+  (True) candidates are dropped. Any score's logits: cosines here, MaxSim in `embedding.late_interaction`."""
   logits_bc = constrain(jnp.where(mask_bc, -jnp.inf, logits_bc), _ROWS)
   b = logits_bc.shape[0]
   positive_b = jnp.take_along_axis(logits_bc, jnp.arange(b)[:, None], axis=1)[:, 0]
@@ -70,7 +76,7 @@ def _direction(anchors_bd, candidates_cd, mask_bc, temperature):
   return loss_b, hit_b
 
 
-def _masks(passage_ids_b, negative_ids_bk, query_ids_b, valid_b, b: int, k: int):
+def candidate_masks(passage_ids_b, negative_ids_bk, query_ids_b, valid_b, b: int, k: int):
   """Masks [B, B(1+K)] of the query -> candidate logits and [B, B] of the passage -> query ones (True: dropped)."""
   c = b * (1 + k)
   not_self_bc = jnp.arange(c)[None, :] != jnp.arange(b)[:, None]
@@ -135,7 +141,7 @@ def info_nce(query_bd: jax.Array, passage_bd: jax.Array, negative_bkd: jax.Array
   dims = check_matryoshka_dims(dims, d) if dims is not None else (d,)
   weights = _check_weights(dim_weights, dims)
 
-  q2c_mask_bc, p2q_mask_bb = _masks(passage_ids_b, negative_ids_bk, query_ids_b, valid_b, b, k)
+  q2c_mask_bc, p2q_mask_bb = candidate_masks(passage_ids_b, negative_ids_bk, query_ids_b, valid_b, b, k)
   out, total_b = {}, jnp.zeros((b,), jnp.float32)
   for i, (dim, weight) in enumerate(zip(dims, weights)):
     q_bd, p_bd = truncate(query_bd, dim), truncate(passage_bd, dim)

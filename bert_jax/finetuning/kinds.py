@@ -14,6 +14,7 @@ from typing import Any, Callable, Protocol
 from bert_jax.config import FinetuneConfig, ModelConfig
 from bert_jax.errors import ConfigError
 from bert_jax.finetuning import head_tasks, rerank, retrieval
+from bert_jax.finetuning import multivector
 
 
 class Run(Protocol):
@@ -57,6 +58,7 @@ KINDS: tuple[type, ...] = (
     head_tasks.HeadTasks,
     retrieval.Retrieval,
     rerank.Rerank,
+    multivector.MultiVector,
 )
 
 

@@ -110,22 +110,7 @@ class Retrieval:
   @staticmethod
   def check_inputs(cfg: FinetuneConfig) -> None:
     """The pairs file (its columns), the BEIR directory and the STS file exist and can be read (first lines only)."""
-    if not cfg.train_file:
-      raise ConfigError('retrieval: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
-                        f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
-    if not cfg.beir_dir:
-      raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
-                        'qrels/<split>.tsv) to evaluate on')
-    names = inputs.column_names(cfg.train_file)
-    if names is not None:
-      pairs_lib.check_columns(cfg.train_file, names, pair_columns(cfg))
-    if not files.is_remote(cfg.beir_dir):
-      if not files.isdir(cfg.beir_dir):
-        raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
-                        'qrels/<split>.tsv)')
-      for name, what in (('corpus.jsonl', 'corpus file'), ('queries.jsonl', 'queries file'),
-                         (os.path.join('qrels', f'{cfg.beir_split}.tsv'), f'qrels file of beir_split={cfg.beir_split!r}')):
-        inputs.first_lines(beir.find(os.path.join(cfg.beir_dir, name)), what, 1)
+    check_pairs_and_beir(cfg, TASK)
     names = inputs.column_names(cfg.sts_file) if cfg.sts_file else None
     for column in (c.strip() for c in cfg.sts_columns.split(',')) if names is not None else ():
       tables.find_column(cfg.sts_file, names, column, column, flags='--config.sts_columns')
@@ -164,6 +149,27 @@ class Retrieval:
     del notes
     spec = spec_of(cfg)
     return f'encoder, {cfg.pooling} pooling: a bi-encoder, retrieval', lambda: BiEncoder(model, spec, rngs=nnx.Rngs(0))
+
+
+def check_pairs_and_beir(cfg: FinetuneConfig, task: str) -> None:
+  """The pairs file of a config with the retrieval columns (its columns) and its BEIR directory exist and can be read
+  (first lines only); `task` names the run in the errors."""
+  if not cfg.train_file:
+    raise ConfigError(f'{task}: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
+                      f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
+  if not cfg.beir_dir:
+    raise ConfigError(f'{task}: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
+                      'qrels/<split>.tsv) to evaluate on')
+  names = inputs.column_names(cfg.train_file)
+  if names is not None:
+    pairs_lib.check_columns(cfg.train_file, names, pair_columns(cfg))
+  if not files.is_remote(cfg.beir_dir):
+    if not files.isdir(cfg.beir_dir):
+      raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
+                      'qrels/<split>.tsv)')
+    for name, what in (('corpus.jsonl', 'corpus file'), ('queries.jsonl', 'queries file'),
+                       (os.path.join('qrels', f'{cfg.beir_split}.tsv'), f'qrels file of beir_split={cfg.beir_split!r}')):
+      inputs.first_lines(beir.find(os.path.join(cfg.beir_dir, name)), what, 1)
 
 
 def _sts(cfg: FinetuneConfig) -> sts_lib.ScoredPairs | None:
