@@ -290,8 +290,6 @@ class RerankConfig(FinetuneConfig):
                         f'{self.max_seq_length} (the pair is cut to max_seq_length, longest first)')
     if not 0.0 <= self.eval_fraction < 1.0:
       raise ConfigError(f'eval_fraction={self.eval_fraction} must be in [0, 1)')
-    if not 0.0 <= self.label_smoothing < 1.0:
-      raise ConfigError(f'label_smoothing={self.label_smoothing} must be in [0, 1)')
     if not self.beir_dir and self.eval_fraction == 0.0:
       raise ConfigError('rerank: nothing to evaluate on: give --config.beir_dir and --config.first_stage, or hold out '
                         '--config.eval_fraction > 0 of the training rows')
