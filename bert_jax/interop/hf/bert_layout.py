@@ -143,6 +143,9 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
   heads = frozenset(p[0] for p in flat) - {'bert', 'nsp'}
   num_labels = task_classes.check_task(task, set(heads))
   if task is not None:
+    if task['kind'] in SEQUENCE_KINDS and cfg.pooler_norm:
+      raise CheckpointError(f'model.pooler_norm=True, but {family.name}\'s classification head has no LayerNorm after '
+                            'its activation; nothing written')
     if task['kind'] in SEQUENCE_KINDS and cfg.pooler_activation != family.pooler_activation:
       raise CheckpointError(f'model.pooler_activation={cfg.pooler_activation}, but {family.name}\'s classification '
                             f'head applies {family.pooler_activation}: fine-tune from the {family.name} import (which '

@@ -23,7 +23,8 @@ from bert_jax.interop import pretrained
 from harness.entry_points import assert_one_line_error, finetune_small_sst2, run_main
 from harness.inputs import modernbert_style_tokenizer, write_small_corpus
 from harness.numerics import tolerance
-from harness.references import assert_embed_and_attention_match_transformers, assert_fill_mask_is_the_pipelines
+from harness.references import (assert_embed_and_attention_match_transformers, assert_fill_mask_is_the_pipelines,
+                                assert_reranker_exports_score_as_predict)
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')]
 torch = pytest.importorskip('torch')
@@ -160,3 +161,11 @@ def test_bad_tokenizers_are_one_error_line_and_write_nothing(modernbert, tmp_pat
                       f'--config.data.cache_dir={tmp_path / "cache"}', '--config.num_train_steps=1')
     assert_one_line_error(result, pattern)
     assert not workdir.exists() and not (tmp_path / 'cache').exists()
+
+
+def test_a_reranker_exports_as_a_cross_encoder_that_scores_as_predict(modernbert, tmp_path):
+  """A ModernBERT-shaped reranker ([CLS] q [SEP] p [SEP], no token types; its head the import's: dense, GELU,
+  LayerNorm on [CLS], then the classifier) exports as ModernBertForSequenceClassification, which
+  sentence-transformers' CrossEncoder loads and scores as predict.py."""
+  pytest.importorskip('sentence_transformers')
+  assert_reranker_exports_score_as_predict(modernbert, tmp_path, 'ModernBertForSequenceClassification')
