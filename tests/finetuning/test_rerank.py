@@ -439,3 +439,40 @@ def test_scoring_many_packed_batches_compiles_a_few_row_counts():
   first = batching.make_batch(feats[:size], 'regression', batch_size=size, row_length=32, pack=True, rows_multiple=2)
   alone = np.asarray(predictor._forward(predictor._state, first))[:, 0]  # pylint: disable=protected-access
   np.testing.assert_allclose(scores[:size], alone, rtol=0, atol=tolerance(np.float32, 64, depth=1))
+
+
+@pytest.mark.slow
+def test_listwise_gradient_accumulation_steps_as_the_whole_batch():
+  """Groups of 3 (one-hot and teacher targets), two micro-batches (each group whole in one, packed on its own): the
+  listwise loss and the update are those of the whole batch in one step (plain SGD: the update is the gradient)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from bert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from bert_jax.config import MeshConfig, preset  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import batching  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning.tasks.base import Feature  # pylint: disable=g-import-not-at-top
+  from bert_jax.model.heads import BertForSequenceClassification  # pylint: disable=g-import-not-at-top
+  from bert_jax.train.step import StepModel  # pylint: disable=g-import-not-at-top
+  from harness.numerics import tolerance  # pylint: disable=g-import-not-at-top
+  cfg = preset('tiny', vocab_size=100, num_layers=1, hidden_dropout=0.0, attention_dropout=0.0)
+  g, groups = 3, 8
+  rng = np.random.default_rng(1)
+  targets = np.concatenate([np.tile(np.eye(1, g)[0], (groups // 2, 1)), rng.dirichlet(np.ones(g), size=groups // 2)])
+  feats = [Feature(rng.integers(5, 100, n).astype(np.int32), np.zeros(n, np.int32), label=float(t))
+           for n, t in zip(rng.integers(4, 30, groups * g), targets.reshape(-1))]
+  mesh = shd.make_mesh(MeshConfig())
+  results = {}
+  for k in (1, 2):
+    model = StepModel(lambda rngs: BertForSequenceClassification(cfg, 1, rngs=rngs), rerank.RerankObjective('listwise'),
+                      optax.sgd(0.5), mesh, grad_accum_steps=k)
+    batches = batching.TrainBatches(feats, rerank.KIND, batch_size=groups, row_length=32, pack=True,
+                                    rows_multiple=8 * k, seed=0, shuffle=True, start=0, block=(0, 1), micro_batches=k,
+                                    group_size=g)
+    state = model.init_state(None, seed=0)
+    start = jax.device_get(state['params'])
+    state, metrics = model.train_step(state, model.global_batch(next(batches)), model.rest)
+    results[k] = (jax.device_get(state['params']), float(metrics['loss']))
+  assert results[1][1] == pytest.approx(results[2][1], rel=1e-5) and results[1][1] > 0.1  # whole groups' losses
+  for a, b, s in zip(*(jax.tree.leaves(p) for p in (results[1][0], results[2][0], start))):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=tolerance(np.float32, 256, depth=2))
+  assert any(not np.array_equal(a, s) for a, s in zip(*(jax.tree.leaves(p) for p in (results[1][0], start))))
