@@ -182,6 +182,12 @@ def test_a_transformers_reranker_reranks_in_the_two_stage_command(modernbert, tm
   model.save_pretrained(directory)
   result = assert_hf_reranker_reranks_as_transformers(directory, tmp_path)
   assert result['pairs'] == 40
+  # export_hf.py writes it again as the same classifier (the same tensors; its tokenizer)
+  again = run_main('export_hf.py', f'--checkpoint={directory}', f'--output={tmp_path / "again"}')
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert json.loads(again.stdout.strip().splitlines()[-1])['architecture'] == 'ModernBertForSequenceClassification'
+  original, exported = (st_numpy.load_file(os.path.join(d, 'model.safetensors')) for d in (directory, tmp_path / 'again'))
+  assert sorted(original) == sorted(exported) and all(np.array_equal(original[k], exported[k]) for k in original)
   with open(os.path.join(directory, 'config.json'), encoding='utf-8') as f:
     config = json.load(f)
   with open(os.path.join(directory, 'config.json'), 'w', encoding='utf-8') as f:
