@@ -41,7 +41,6 @@ from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.model.pooling import POOLINGS
 from bert_jax.interop import families, sentence_transformers, st_multivector
-from bert_jax.interop.families import bert
 from bert_jax.interop.hf import model_dir
 from bert_jax.interop.pretrained import describe, load_finetuned, load_pretrained
 from bert_jax.runs import reporting, workdir
@@ -96,9 +95,9 @@ def main(_):
         tuned.config, tuned.params, tuned.tokenizer, tuned.task, 'bert_jax', tuned.step, tuned.seed)
     if (workdir.embeds(task) or as_st) and not multi_vector:  # an embedding model, or a fine-tuned encoder: the
       params = {'bert': params['bert']}  # encoder alone
-  elif kind == 'export' and bert.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, with its head
+  elif kind == 'export' and families.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, its head
     config, params, _, _ = families.load_hf_checkpoint(_CHECKPOINT.value)
-    task, tokenizer, source_kind, step = (bert.read_hf_task(_CHECKPOINT.value),
+    task, tokenizer, source_kind, step = (families.read_hf_task(_CHECKPOINT.value),
                                           model_dir.load_hf_tokenizer(_CHECKPOINT.value), 'hf', None)
   else:
     pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value, other_heads=True)  # ELECTRA's discriminator too
