@@ -18,6 +18,11 @@ normalised, 128 tokens. A flag given explicitly wins, with a line saying so.
 A special token spelled in a text ("[SEP]", "[CLS]", "[MASK]", "[PAD]") is read as that token, as
 Hugging Face's tokenizer (and sentence-transformers) read it; texts longer than --max_length are
 truncated, with one warning.
+
+--precision=int8 (or uint8, binary, ubinary) stores sentence_embedding quantized as sentence-transformers'
+`quantize_embeddings` does (`bert_jax.embedding.quantization`): 4x or 32x smaller; int8/uint8 calibrate each
+dimension on these texts unless --calibration=FILE.npz gives another file's float embeddings, and store the ranges
+as quantization_ranges.
 """
 
 import json
@@ -29,6 +34,8 @@ from absl import flags
 import numpy as np
 
 from bert_jax import files, inference
+from bert_jax.embedding import quantization
+from bert_jax.errors import ConfigError
 from bert_jax.interop import pretrained
 from bert_jax.runs import reporting
 
@@ -48,6 +55,11 @@ _NORMALIZE = flags.DEFINE_boolean('normalize', None, "L2-normalise sentence_embe
                                   'else true).')
 
 
+_PRECISION = flags.DEFINE_enum('precision', 'float32', quantization.PRECISIONS, 'sentence_embedding\'s precision.')
+_CALIBRATION = flags.DEFINE_string('calibration', None, 'int8/uint8: an embed.py .npz (float32) whose '
+                                   'sentence_embedding gives the ranges; default these texts\'.')
+
+
 def main(_):
   reporting.log_to(sys.stderr)  # stdout carries the result lines
   start = time.time()
@@ -58,6 +70,7 @@ def main(_):
                                           normalize=_NORMALIZE.value, max_length=_MAX_LENGTH.value)
   result = inference.embed(model, texts, max_length=settings.max_seq_length, batch_size=_BATCH_SIZE.value,
                            pooling=settings.pooling, normalize=settings.normalize)
+  result.update(_quantized(result['sentence_embedding']))
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
   with open(_OUTPUT.value, 'wb') as f:  # a file object: np.savez would otherwise append '.npz'
     np.savez(f, **result)
@@ -65,8 +78,27 @@ def main(_):
                     'shape': list(result['sentence_embedding'].shape),
                     'max_tokens': int(result['attention_mask'].sum(1).max()),
                     'pooling': settings.pooling, 'normalize': settings.normalize,
-                    'max_length': settings.max_seq_length,
+                    'max_length': settings.max_seq_length, 'precision': _PRECISION.value,
                     'seconds': round(time.time() - start, 2)}), flush=True)
+
+
+def _quantized(embeddings: np.ndarray) -> dict[str, np.ndarray]:
+  """sentence_embedding at --precision (and the int8 ranges used)."""
+  precision = _PRECISION.value
+  if precision == 'float32':
+    return {}
+  ranges = None
+  if precision.endswith('int8'):
+    calibration = embeddings
+    if _CALIBRATION.value:
+      with files.open(_CALIBRATION.value, 'rb') as f:
+        calibration = np.load(f)['sentence_embedding']
+      if calibration.dtype != np.float32 or calibration.shape[1:] != embeddings.shape[1:]:
+        raise ConfigError(f'--calibration={_CALIBRATION.value}: its sentence_embedding is {calibration.dtype} '
+                          f'{list(calibration.shape)}, not float32 [n, {embeddings.shape[1]}]')
+    ranges = quantization.calibration_ranges(calibration)
+  out = {'sentence_embedding': quantization.quantize(embeddings, precision, ranges)}
+  return out if ranges is None else {**out, 'quantization_ranges': ranges}
 
 
 if __name__ == '__main__':

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from bert_jax.embedding import search
+from bert_jax.embedding import quantization, search
 
 from bert_jax.embedding import ranking as metrics
 
@@ -30,7 +30,8 @@ def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarra
                        embed_queries: Callable[[Sequence[str]], np.ndarray] | None = None,
                        batch_size: int | None = None, dims: Sequence[int] | None = None,
                        block_size: int = search.DEFAULT_BLOCK_SIZE, recall_at: Sequence[int] = metrics.RECALL_AT,
-                       cutoff: int = metrics.CUTOFF, mesh=None, label: str = 'evaluating retrieval') -> dict:
+                       cutoff: int = metrics.CUTOFF, mesh=None, label: str = 'evaluating retrieval',
+                       precisions: Sequence[str] = ()) -> dict:
   """recall@k, MRR@cutoff and nDCG@cutoff of `data`'s queries against its corpus (`metrics.ranking_metrics`).
 
   Args:
@@ -39,6 +40,9 @@ def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarra
     embed_queries: the queries' embedding function, where a query is embedded otherwise (e.g. cut shorter).
     batch_size: texts per call of `embed` (default `block_size`): the grain of the progress lines.
     dims: Matryoshka sizes reported besides the full one ('matryoshka': {dim: metrics}).
+    precisions: quantized precisions reported besides float32 ('precision': {name: metrics}), e.g. ('int8',
+      'binary') (`quantization`): queries and passages quantized alike, int8 ranges calibrated on the queries and
+      the first corpus block, binary ranked by Hamming distance.
     block_size: corpus texts searched at a time.
     mesh: search each block with its rows split over this mesh's devices (`search.StreamingTopK`).
     label: the progress lines' label.
@@ -46,6 +50,8 @@ def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarra
   Raises:
     DataError: `embed` returned another number of vectors than texts, or vectors of another width.
   """
+  for p in precisions:
+    quantization.check_precision(p)
   passages = data.passages()
   step = min(batch_size or block_size, block_size)
   ticker = reporting.Ticker(label, len(data.queries) + len(passages), unit='texts')
@@ -69,10 +75,17 @@ def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarra
   sizes = (full,) + tuple(int(d) for d in dims or ())
   k = max(tuple(recall_at) + (cutoff,))
   tops = {d: search.StreamingTopK(_truncate(queries_qd, d), k=k, block_size=block_size, mesh=mesh) for d in sizes}
+  quantized, ranges = {}, None
   for start in range(0, len(passages), block_size):
     block_nd = vectors(embed, passages[start:start + block_size])
     for d, top in tops.items():
       top.add(_truncate(block_nd, d))
+    if precisions and not quantized:  # the first block calibrates the int8 buckets
+      ranges = quantization.calibration_ranges(np.concatenate([queries_qd, block_nd]))
+      quantized = {p: search.StreamingTopK(quantization.search_vectors(queries_qd, p, ranges), k=k,
+                                           block_size=block_size, mesh=mesh) for p in precisions}
+    for p, top in quantized.items():
+      top.add(quantization.search_vectors(block_nd, p, ranges))
 
   def scores(d):
     return metrics.ranking_metrics(tops[d].result()[1], data.qrels, recall_at=recall_at, cutoff=cutoff)
@@ -80,4 +93,7 @@ def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarra
   out = scores(full)
   if dims:
     out['matryoshka'] = {d: scores(d) for d in sizes[1:]}
+  if quantized:
+    out['precision'] = {p: metrics.ranking_metrics(top.result()[1], data.qrels, recall_at=recall_at, cutoff=cutoff)
+                        for p, top in quantized.items()}
   return out

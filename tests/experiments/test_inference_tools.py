@@ -5,6 +5,8 @@ import json
 import numpy as np
 import pytest
 
+from bert_jax.embedding import quantization
+
 # The entry points run in this process (their main: flags, output, exit code); no check here is about a process.
 from harness.entry_points import assert_one_line_error, run_main as run
 from harness.inputs import minilm_dir_or_skip
@@ -42,6 +44,17 @@ def test_embed_writes_rows_in_input_order(workdir, tmp_path):
   assert lengths[2] == lengths.max() == saved['input_ids'].shape[1] and lengths[0] < lengths[2]
   assert saved['token_type_ids'][1].any() and not saved['token_type_ids'][[0, 2]].any()
   np.testing.assert_allclose(np.linalg.norm(saved['sentence_embedding'], axis=1), 1.0, rtol=tolerance(np.float32, 64))
+  floats = saved['sentence_embedding']
+  (tmp_path / 'float.npz').write_bytes(out.read_bytes())
+  for precision, extra in (('int8', []), ('ubinary', []), ('uint8', [f'--calibration={tmp_path / "float.npz"}'])):
+    summary = last_json(run('embed.py', f'--checkpoint={workdir}', f'--input={texts}', f'--output={out}',
+                            '--batch_size=2', f'--precision={precision}', *extra))
+    saved = np.load(out)
+    assert summary['precision'] == precision
+    assert np.array_equal(saved['sentence_embedding'], quantization.quantize(floats, precision))
+    assert ('quantization_ranges' in saved.files) == precision.endswith('int8')
+  assert_one_line_error(run('embed.py', f'--checkpoint={workdir}', f'--input={texts}', f'--output={out}',
+                            '--precision=int8', f'--calibration={out}'), 'not float32')
   cls = last_json(run('embed.py', f'--checkpoint={workdir}', f'--input={texts}', f'--output={out}',
                       '--pooling=cls', '--normalize=false', '--max_length=8'))
   saved = np.load(out)
