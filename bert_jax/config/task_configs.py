@@ -120,6 +120,7 @@ TASK_FIELDS = {
 # The retrieval task's losses: InfoNCE over the global batch, or distillation from teacher scores of each row's
 # candidates (its positive, then its negatives): MarginMSE on the score margins, KL between the softmaxes.
 RETRIEVAL_LOSSES = ('contrastive', 'margin_mse', 'kl')
+_QUANTIZED = ('int8', 'uint8', 'binary', 'ubinary')  # RetrievalConfig.eval_precisions (embedding.quantization)
 RERANK_LOSSES = ('', 'bce', 'mse', 'listwise')  # RerankConfig.loss ('' inferred from the training file)
 
 
@@ -154,6 +155,9 @@ class RetrievalConfig(FinetuneConfig):
   score_columns: str = ''
   teacher_temperature: float = 0.0  # kl: the teacher scores' temperature; 0: `temperature`'s value
   beir_dir: str = _f('', free=True, path=True, evaluation=True)  # corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+  # The evaluation also at these quantized precisions, comma-separated (int8, uint8, binary, ubinary:
+  # embedding.quantization), reported as eval_<metric>_<precision>
+  eval_precisions: str = _f('', free=True, evaluation=True)
   beir_split: str = _f('test', free=True, evaluation=True)
   # Scored pairs (STS): also report Spearman's correlation of the embeddings' cosine with the gold scores.
   sts_file: str = _f('', free=True, path=True, evaluation=True)
@@ -164,6 +168,7 @@ class RetrievalConfig(FinetuneConfig):
     super().__post_init__()
     if self.pooling not in ('mean', 'cls'):
       raise ConfigError(f"pooling must be 'mean' or 'cls', got {self.pooling!r}")
+    self.eval_precision_names()
     for name in ('temperature',) + (('temperature_min', 'temperature_max') if self.learn_temperature else ()):
       value = getattr(self, name)
       if not math.isfinite(value) or value <= 0:
@@ -212,6 +217,15 @@ class RetrievalConfig(FinetuneConfig):
   def retrieval_dims(self) -> tuple[int, ...]:
     """matryoshka_dims as integers (ConfigError when they are not positive integers)."""
     return _int_list('matryoshka_dims', self.matryoshka_dims)
+
+  def eval_precision_names(self) -> tuple[str, ...]:
+    """eval_precisions as names (ConfigError for one that is not int8, uint8, binary or ubinary)."""
+    names = tuple(p.strip() for p in self.eval_precisions.split(',') if p.strip())
+    bad = [p for p in names if p not in _QUANTIZED]
+    if bad:
+      raise ConfigError(f'eval_precisions={self.eval_precisions!r}: {", ".join(bad)} is not one of '
+                        f'{", ".join(_QUANTIZED)}')
+    return names
 
   def retrieval_weights(self) -> tuple[float, ...]:
     try:

@@ -291,7 +291,8 @@ class _PreparedRun:
     return np.concatenate(out) if out else np.zeros((0, self.cfg.model.hidden_size), np.float32)
 
   def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
-    """recall@1/@10, MRR@10 and nDCG@10 ('eval_<metric>', and 'eval_<metric>_dim<d>' per Matryoshka size)."""
+    """recall@1/@10, MRR@10 and nDCG@10 ('eval_<metric>', 'eval_<metric>_dim<d>' per Matryoshka size and
+    'eval_<metric>_<precision>' per quantized precision)."""
     del step, output_dir  # no predictions are written yet
     t0 = time.time()
     hidden = self.cfg.model.hidden_size
@@ -299,10 +300,13 @@ class _PreparedRun:
     scores = evaluate_retrieval(
         self.held_out, lambda texts: self.embed(params, texts, 'passage', self.cfg.max_seq_length),
         embed_queries=lambda texts: self.embed(params, texts, 'query', self.cfg.max_query_length),
-        batch_size=self.cfg.eval_batch_size, dims=tuple(d for d in self.dims if d != hidden), mesh=self.mesh)
-    out = {_name(k): v for k, v in scores.items() if k != 'matryoshka'}
+        batch_size=self.cfg.eval_batch_size, dims=tuple(d for d in self.dims if d != hidden), mesh=self.mesh,
+        precisions=self.cfg.eval_precision_names())
+    out = {_name(k): v for k, v in scores.items() if k not in ('matryoshka', 'precision')}
     for d, per_dim in (scores.get('matryoshka') or {}).items():
       out.update({f'{_name(k)}_dim{d}': v for k, v in per_dim.items()})
+    for p, per_precision in (scores.get('precision') or {}).items():
+      out.update({f'{_name(k)}_{p}': v for k, v in per_precision.items()})
     if self.sts is not None:  # both sentences embedded as passages (one encoder, the passage length)
       out['eval_sts_spearman'] = sts_lib.sts_spearman(
           self.sts, lambda texts: self.embed(params, texts, 'passage', self.cfg.max_seq_length))

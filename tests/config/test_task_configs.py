@@ -62,6 +62,7 @@ def test_fields_at_their_defaults_and_a_tasks_own_fields_pass():
      "teacher_temperature is read by loss='kl' only"),
     (dict(loss='kl', score_columns='scores', negative_columns='negatives', teacher_temperature=-1.0),
      'teacher_temperature=-1.0 must be a finite number > 0'),
+    (dict(eval_precisions='int8,fp16'), "eval_precisions='int8,fp16': fp16 is not one of int8, uint8, binary"),
 ])
 def test_retrieval_fields_are_checked_without_the_model(fields, message):
   with pytest.raises(ConfigError, match=message):

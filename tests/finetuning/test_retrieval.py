@@ -75,11 +75,11 @@ def test_packed_batches_share_rows_of_max_seq_length_and_pad_less(wordpiece):
 @pytest.mark.slow
 def test_retrieval_trains_evaluates_and_resumes_bit_identically(tiny_checkpoint, tmp_path, monkeypatch):
   pairs, beir = _write_data(tmp_path)
-  cfg = _cfg(tiny_checkpoint, pairs, beir)
+  cfg = _cfg(tiny_checkpoint, pairs, beir, eval_precisions='int8,binary')
   straight = finetuning.finetune(cfg, str(tmp_path / 'straight'))
   assert straight['main_metric'] == 'eval_ndcg_at_10' and straight['task'] == 'retrieval'
   for name in ('eval_recall_at_1', 'eval_recall_at_10', 'eval_mrr_at_10', 'eval_ndcg_at_10',
-               'eval_recall_at_1_dim16', 'eval_ndcg_at_10_dim16'):
+               'eval_recall_at_1_dim16', 'eval_ndcg_at_10_dim16', 'eval_ndcg_at_10_int8', 'eval_mrr_at_10_binary'):
     assert 0.0 <= straight[name] <= 1.0, name
   assert 'eval_ndcg_at_10_dim32' not in straight  # 32 is the full size: reported once
   assert straight['eval_recall_at_10'] == 1.0  # 8 passages: every one is in the top 10
@@ -99,7 +99,8 @@ def test_retrieval_trains_evaluates_and_resumes_bit_identically(tiny_checkpoint,
     finetuning.finetune(cfg, str(tmp_path / 'stopped'))
   resumed = finetuning.finetune(cfg, str(tmp_path / 'stopped'))
   assert resumed['step'] == straight['step'] == 6
-  for name in ('eval_recall_at_1', 'eval_mrr_at_10', 'eval_ndcg_at_10', 'eval_ndcg_at_10_dim16'):
+  for name in ('eval_recall_at_1', 'eval_mrr_at_10', 'eval_ndcg_at_10', 'eval_ndcg_at_10_dim16',
+               'eval_ndcg_at_10_int8', 'eval_ndcg_at_10_binary'):
     assert resumed[name] == straight[name], name
   for x, y in zip(_params(cfg, tmp_path / 'straight' / 'seed_0'), _params(cfg, tmp_path / 'stopped' / 'seed_0')):
     np.testing.assert_array_equal(x, y)
