@@ -28,6 +28,7 @@ TASK_KINDS = {
     'qa': ('squad', 'squad_v2', 'qa'),
     'retrieval': ('retrieval',),
     'rerank': ('rerank',),
+    'sparse': ('sparse',),
 }
 TASKS = tuple(t for tasks in TASK_KINDS.values() for t in tasks)
 
@@ -58,7 +59,7 @@ class FinetuneConfig(TrainingConfig):
   model: ModelConfig = _f(factory=ModelConfig)
   # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or your own files: 'classify', 'regress', 'multilabel',
   # 'tag', 'qa'; 'retrieval': a bi-encoder on pairs (finetuning.retrieval); 'rerank': a cross-encoder
-  # (finetuning.rerank)
+  # (finetuning.rerank); 'sparse': a SPLADE encoder on pairs (finetuning.sparse)
   task: str = 'sst2'
   train_file: str = _f('', path=True)  # overrides the task's file in data_dir; classify/regress: required
   max_seq_length: int = 128
