@@ -113,16 +113,7 @@ class Retrieval:
     if not cfg.beir_dir:
       raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
                         'qrels/<split>.tsv) to evaluate on')
-    names = inputs.column_names(cfg.train_file)
-    if names is not None:
-      pairs_lib.check_columns(cfg.train_file, names, pair_columns(cfg))
-    if not files.is_remote(cfg.beir_dir):
-      if not files.isdir(cfg.beir_dir):
-        raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
-                        'qrels/<split>.tsv)')
-      for name, what in (('corpus.jsonl', 'corpus file'), ('queries.jsonl', 'queries file'),
-                         (os.path.join('qrels', f'{cfg.beir_split}.tsv'), f'qrels file of beir_split={cfg.beir_split!r}')):
-        inputs.first_lines(beir.find(os.path.join(cfg.beir_dir, name)), what, 1)
+    check_pairs_and_beir(cfg)
     names = inputs.column_names(cfg.sts_file) if cfg.sts_file else None
     for column in (c.strip() for c in cfg.sts_columns.split(',')) if names is not None else ():
       tables.find_column(cfg.sts_file, names, column, column, flags='--config.sts_columns')
@@ -163,13 +154,46 @@ class Retrieval:
     return f'encoder, {cfg.pooling} pooling: a bi-encoder, retrieval', lambda: BiEncoder(model, spec, rngs=nnx.Rngs(0))
 
 
+def check_pairs_and_beir(cfg: FinetuneConfig) -> None:
+  """The pairs file's columns (`pair_columns`) and the BEIR directory's files exist and can be read (first lines
+  only): the input check of every kind trained on pairs and evaluated on a BEIR set."""
+  names = inputs.column_names(cfg.train_file)
+  if names is not None:
+    pairs_lib.check_columns(cfg.train_file, names, pair_columns(cfg))
+  if not files.is_remote(cfg.beir_dir):
+    if not files.isdir(cfg.beir_dir):
+      raise DataError(f'BEIR directory {cfg.beir_dir} does not exist (it holds corpus.jsonl, queries.jsonl and '
+                      'qrels/<split>.tsv)')
+    for name, what in (('corpus.jsonl', 'corpus file'), ('queries.jsonl', 'queries file'),
+                       (os.path.join('qrels', f'{cfg.beir_split}.tsv'), f'qrels file of beir_split={cfg.beir_split!r}')):
+      inputs.first_lines(beir.find(os.path.join(cfg.beir_dir, name)), what, 1)
+
+
+def embed_texts(model: StepModel, params, tokenizer, texts: Sequence[str], side: str, limit: int, batch_size: int,
+                block: tuple[int, int], width: int) -> np.ndarray:
+  """The predict step's `embeddings[side]` [n, width] of `texts` (as queries or passages, cut at `limit` tokens),
+  `batch_size` at a time, each chunk padded to `pairs.bucket_width` of its longest text."""
+  out = []
+  for i in range(0, len(texts), batch_size):
+    chunk = list(texts[i:i + batch_size])
+    rows = [tokenizer.encode_inputs(t, None, max_length=limit)[0] for t in chunk]
+    rows += [[tokenizer.pad_id]] * (batch_size - len(chunk))
+    bucket = pairs_lib.bucket_width(max(map(len, rows)), limit)
+    ids, mask = pairs_lib._pad(rows, bucket, tokenizer.pad_id)  # pylint: disable=protected-access
+    host = {f'{side}_input_ids': ids, f'{side}_attention_mask': mask}
+    batch = model.global_batch(batching.process_block(host, *block))
+    outputs = model.predict_step(params, model.rest, batch)
+    out.append(np.asarray(jax.device_get(outputs['embeddings'][side]))[:len(chunk)])
+  return np.concatenate(out) if out else np.zeros((0, width), np.float32)
+
+
 def _sts(cfg: FinetuneConfig) -> sts_lib.ScoredPairs | None:
   if not cfg.sts_file:
     return None
   return sts_lib.read_scored_pairs(cfg.sts_file, tuple(c.strip() for c in cfg.sts_columns.split(',')))
 
 
-def _name(metric: str) -> str:
+def metric_name(metric: str) -> str:
   """'ndcg@10' -> 'eval_ndcg_at_10' (names that flags, TensorBoard and JSON readers take as they are)."""
   return 'eval_' + metric.replace('@', '_at_')
 
@@ -246,18 +270,8 @@ class _PreparedRun:
   def embed(self, params, texts: Sequence[str], side: str, limit: int) -> np.ndarray:
     """Normalised embeddings [n, D] of `texts` (as queries or passages, cut at `limit` tokens), eval_batch_size at
     a time, each chunk padded to `pairs.bucket_width` of its longest text."""
-    size, out = self.cfg.eval_batch_size, []
-    for i in range(0, len(texts), size):
-      chunk = list(texts[i:i + size])
-      rows = [self.tokenizer.encode_inputs(t, None, max_length=limit)[0] for t in chunk]
-      rows += [[self.tokenizer.pad_id]] * (size - len(chunk))
-      width = pairs_lib.bucket_width(max(map(len, rows)), limit)
-      ids, mask = pairs_lib._pad(rows, width, self.tokenizer.pad_id)  # pylint: disable=protected-access
-      host = {f'{side}_input_ids': ids, f'{side}_attention_mask': mask}
-      batch = self.model.global_batch(batching.process_block(host, *self.block))
-      outputs = self.model.predict_step(params, self.model.rest, batch)
-      out.append(np.asarray(jax.device_get(outputs['embeddings'][side]))[:len(chunk)])
-    return np.concatenate(out) if out else np.zeros((0, self.cfg.model.hidden_size), np.float32)
+    return embed_texts(self.model, params, self.tokenizer, texts, side, limit, self.cfg.eval_batch_size,
+                       self.block, self.cfg.model.hidden_size)
 
   def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
     """recall@1/@10, MRR@10 and nDCG@10 ('eval_<metric>', and 'eval_<metric>_dim<d>' per Matryoshka size)."""
@@ -269,9 +283,9 @@ class _PreparedRun:
         self.held_out, lambda texts: self.embed(params, texts, 'passage', self.cfg.max_seq_length),
         embed_queries=lambda texts: self.embed(params, texts, 'query', self.cfg.max_query_length),
         batch_size=self.cfg.eval_batch_size, dims=tuple(d for d in self.dims if d != hidden), mesh=self.mesh)
-    out = {_name(k): v for k, v in scores.items() if k != 'matryoshka'}
+    out = {metric_name(k): v for k, v in scores.items() if k != 'matryoshka'}
     for d, per_dim in (scores.get('matryoshka') or {}).items():
-      out.update({f'{_name(k)}_dim{d}': v for k, v in per_dim.items()})
+      out.update({f'{metric_name(k)}_dim{d}': v for k, v in per_dim.items()})
     if self.sts is not None:  # both sentences embedded as passages (one encoder, the passage length)
       out['eval_sts_spearman'] = sts_lib.sts_spearman(
           self.sts, lambda texts: self.embed(params, texts, 'passage', self.cfg.max_seq_length))

@@ -10,6 +10,8 @@
       --config.train_file=pairs.jsonl --config.beir_dir=my_beir_set [--config.negative_columns=negative]
   python experiments/finetune.py --config=experiments/configs/finetune.py:rerank --workdir=/tmp/rerank \
       --config.train_file=mined_pairs.jsonl [--config.beir_dir=my_beir_set --config.first_stage=EMBEDDING_MODEL]
+  python experiments/finetune.py --config=experiments/configs/finetune.py:sparse --workdir=/tmp/sparse \
+      --config.train_file=pairs.jsonl --config.beir_dir=my_beir_set [--config.negative_columns=negative]
 
 Variants:
   sst2, rte       GLUE, the budgets of the README results table (sst2: 300 steps x 32 on the first 9,600
@@ -60,6 +62,12 @@ Variants:
                   reranks its top rerank_top_k (20): nDCG@10 (main), MRR@10, recall@k before and after; without,
                   eval_fraction of the rows is held out (accuracy; groups: MRR@10). 1 epoch x 32 pairs, seq 256,
                   queries 64 tokens, lr 2e-5
+  sparse          a SPLADE encoder (docs/embeddings.md): term weights max-pooled from the masked-LM head (a fresh
+                  one tied to the word embeddings for MiniLM), the ranking loss on their dot products (temperature
+                  1) plus FLOPS regularisers (query 5e-5, document 3e-5; --config.regularizer_warmup_steps) on the
+                  pairs of --config.train_file, evaluated on --config.beir_dir by exact dot products: nDCG@10
+                  (main), MRR@10, recall@k, non-zero terms per query and document. 1 epoch x 32 pairs, passages
+                  128 tokens, queries 32, lr 2e-5
   squad_v2        SQuAD v2.0 (train-v2.0.json / dev-v2.0.json in data_dir), 2 epochs, lr 5e-5, the
                   no-answer threshold tuned on dev
 
@@ -105,6 +113,8 @@ VARIANTS = {
                                                 num_train_epochs=1.0, eval_batch_size=64)),
     'rerank': ('rerank', None, 2e-5, dict(max_seq_length=256, max_query_length=64, batch_size=32,
                                           num_train_epochs=1.0, eval_batch_size=64)),
+    'sparse': ('sparse', None, 2e-5, dict(max_seq_length=128, max_query_length=32, batch_size=32,
+                                          num_train_epochs=1.0, eval_batch_size=32)),
     'qa': ('qa', None, 3e-5, dict(max_seq_length=384, batch_size=16, num_train_epochs=2.0, eval_batch_size=32)),
 }
 
