@@ -15,17 +15,24 @@ over the global batch too: the loss of 8 devices is one device's.
 The factor comes with the batch (`regularizer_factor`, [B], every row the step's value): the data position is the
 step, so a resumed run regularises exactly as an uninterrupted one. The loss couples the batch's rows (both terms),
 so gradient accumulation runs GradCache (`couples_rows`).
+
+`encode` gives a loaded `model.splade.SparseEncoder`'s term weights of texts, and `top_terms` a readable
+{token: weight} of one text's largest ones (experiments/embed.py on a sparse workdir writes them).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, Sequence
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bert_jax.embedding.contrastive import info_nce
+from bert_jax.embedding.encoding import bucket_length
 
 
 def regularizer_factor(step: int, warmup_steps: int) -> float:
@@ -110,3 +117,31 @@ class SparseRanking:
   def eval_sums(self, outputs, batch, aux) -> dict[str, jax.Array]:
     del aux
     return self.sums(outputs, batch)
+
+
+@functools.partial(jax.jit, static_argnames=('graphdef',))
+def _weights(graphdef, state, input_ids_bt, attention_mask_bt):
+  return nnx.merge(graphdef, state).weights(input_ids_bt, attention_mask_bt)
+
+
+def encode(encoder, tokenizer, texts: Sequence[str], *, max_length: int, batch_size: int = 32) -> np.ndarray:
+  """float32 [n, V]: the term weights of `texts` (each cut to `max_length` tokens) by `encoder` (a
+  `model.splade.SparseEncoder` holding its parameters), `batch_size` texts at a time, padded to length buckets."""
+  graphdef, state = nnx.split(encoder)
+  out = []
+  for start in range(0, len(texts), batch_size):
+    rows = [tokenizer.encode_inputs(t, None, max_length=max_length)[0] for t in texts[start:start + batch_size]]
+    width = bucket_length(max(map(len, rows)), max_length)
+    ids = np.full((batch_size, width), tokenizer.pad_id, np.int32)
+    mask = np.zeros((batch_size, width), np.int32)
+    for i, row in enumerate(rows):
+      ids[i, :len(row)], mask[i, :len(row)] = row, 1
+    out.append(np.asarray(_weights(graphdef, state, ids, mask))[:len(rows)])
+  return np.concatenate(out) if out else np.zeros((0, encoder.bert.embeddings.word_embeddings.embedding.shape[0]),
+                                                  np.float32)
+
+
+def top_terms(w_v: np.ndarray, tokenizer, k: int) -> dict[str, float]:
+  """{token: weight} of the `k` largest non-zero weights of one text, largest first (ties: lower id first)."""
+  order = np.argsort(-w_v, kind='stable')[:k]
+  return {tokenizer.id_to_token(int(i)): round(float(w_v[i]), 4) for i in order if w_v[i] > 0}
