@@ -34,7 +34,7 @@ from absl import flags
 import numpy as np
 
 from bert_jax import files, inference
-from bert_jax.embedding import sparse
+from bert_jax.embedding import splade
 from bert_jax.errors import ConfigError
 from bert_jax.interop import pretrained
 from bert_jax.runs import reporting, workdir
@@ -92,14 +92,14 @@ def _sparse(texts, start: float) -> None:
   max_length = _MAX_LENGTH.value or tuned.finetune.max_seq_length
   if any(b is not None for _, b in texts):
     raise ConfigError(f'{_INPUT.value}: a sparse run encodes single texts, not tab-separated pairs')
-  weights = sparse.encode(tuned.sparse_encoder(), tuned.tokenizer, [a for a, _ in texts], max_length=max_length,
+  weights = splade.encode(tuned.sparse_encoder(), tuned.tokenizer, [a for a, _ in texts], max_length=max_length,
                           batch_size=_BATCH_SIZE.value)
   os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
   nonzero = np.count_nonzero(weights, axis=1)
   with open(_OUTPUT.value, 'w', encoding='utf-8') as f:
     for i, w in enumerate(weights):
       f.write(json.dumps({'line': i, 'nonzero': int(nonzero[i]),
-                          'terms': sparse.top_terms(w, tuned.tokenizer, _TOP_TERMS.value)}) + '\n')
+                          'terms': splade.top_terms(w, tuned.tokenizer, _TOP_TERMS.value)}) + '\n')
   print(json.dumps({'output': _OUTPUT.value, 'num_texts': len(texts), 'sparse': True,
                     'vocab_size': int(weights.shape[1]), 'mean_nonzero': float(nonzero.mean()) if len(texts) else 0.0,
                     'max_length': max_length, 'seconds': round(time.time() - start, 2)}), flush=True)

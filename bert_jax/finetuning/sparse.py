@@ -1,8 +1,8 @@
 """The sparse task kind: a SPLADE encoder trained on pairs, run by the one fine-tuning job (`finetuning.job`).
 
 `Sparse` is the task kind (`finetuning.kinds`) of `FinetuneConfig(task='sparse')` (`config.SparseConfig`): the
-starting checkpoint's encoder and masked-LM head (`model.splade.SparseEncoder`; a fresh head tied to the word
-embeddings when the checkpoint has none) under `embedding.sparse.SparseRanking` (the ranking loss on dot products of
+starting checkpoint's encoder and masked-LM head (`model.sparse_encoder.SparseEncoder`; a fresh head tied to the word
+embeddings when the checkpoint has none) under `embedding.splade.SparseRanking` (the ranking loss on dot products of
 term weights over the global batch, plus the FLOPS regularisers of queries and documents with their quadratic
 warm-up), trained on the pairs of `train_file` with the retrieval kind's reader and batches, and evaluated on the
 BEIR-layout set in `beir_dir` by exact dot products of the term weights (`retrieval_eval.evaluate_retrieval`,
@@ -23,11 +23,11 @@ from bert_jax import distributed, hardware, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.embedding import beir, pairs as pairs_lib
 from bert_jax.embedding.retrieval_eval import evaluate_retrieval
-from bert_jax.embedding.sparse import SparseRanking, regularizer_factor
+from bert_jax.embedding.splade import SparseRanking, regularizer_factor
 from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import retrieval, seeds
 from bert_jax.model.attention import describe_attention
-from bert_jax.model.splade import SparseEncoder
+from bert_jax.model.sparse_encoder import SparseEncoder
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
 from bert_jax.train import optim, scaffold

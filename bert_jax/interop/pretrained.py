@@ -31,7 +31,7 @@ from bert_jax.interop.hf import model_dir, task_classes
 from bert_jax.interop.packaged import packaged_minilm  # pylint: disable=unused-import  # its old home
 from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model
-from bert_jax.model.splade import SparseEncoder
+from bert_jax.model.sparse_encoder import SparseEncoder
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer, state_problem
 from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir, embeds, inspect, sparse

@@ -146,7 +146,7 @@ def save_sparse_encoder(directory: str, cfg: ModelConfig, params, tokenizer, *, 
   """Writes `directory` as a folder sentence-transformers' `SparseEncoder` loads: the encoder and its masked-LM head
   (`params['bert']`, `params['mlm']`) as a Hugging Face masked-LM directory at the root (module 0, a `Transformer`
   with transformer_task 'fill-mask'; queries cut to `max_query_length` tokens, documents to `max_seq_length`), then
-  `SpladePooling` (max over tokens of log(1 + ReLU(logits)): `model.splade.splade_pool`). Dot-product similarity.
+  `SpladePooling` (max over tokens of log(1 + ReLU(logits)): `model.sparse_encoder.splade_pool`). Dot products.
 
   Raises:
     ConfigError: a length outside [2, the model's positions]; CheckpointError: no masked-LM head in `params`, a

@@ -3,7 +3,6 @@ head: a fresh tied one) a few steps train, evaluate by exact dot products (MRR@1
 that sentence-transformers' SparseEncoder loads with our term weights, and embed.py writes the same top terms."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -70,7 +69,7 @@ def _last_json(result):
 @pytest.mark.slow
 def test_minilm_trains_evaluates_and_exports_a_sparse_encoder_with_equal_weights(tmp_path):
   sentence_transformers = pytest.importorskip('sentence_transformers')
-  from bert_jax.embedding import sparse  # pylint: disable=g-import-not-at-top
+  from bert_jax.embedding import splade  # pylint: disable=g-import-not-at-top
   from bert_jax.interop.pretrained import load_finetuned  # pylint: disable=g-import-not-at-top
   pairs, beir = write_retrieval_data(tmp_path)
   workdir = tmp_path / 'run'
@@ -101,7 +100,7 @@ def test_minilm_trains_evaluates_and_exports_a_sparse_encoder_with_equal_weights
   assert np.abs(np.asarray(encoder.mlm.bias[...])).max() > 0  # trained: the bias the export must carry moved
   for side, length in (('query', 8), ('document', 16)):
     got = getattr(theirs, f'encode_{side}')(TEXTS, convert_to_tensor=True).to_dense().numpy()
-    ours = sparse.encode(encoder, tuned.tokenizer, TEXTS, max_length=length)
+    ours = splade.encode(encoder, tuned.tokenizer, TEXTS, max_length=length)
     assert (ours > 0).sum() > 100
     np.testing.assert_allclose(got, ours, atol=model_tolerance(tuned.config, float(ours.max())))
 

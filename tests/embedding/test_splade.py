@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config, sharding
-from bert_jax.embedding import contrastive, sparse
+from bert_jax.embedding import contrastive, splade
 from bert_jax.errors import ConfigError
 
 from harness.numerics import tolerance
@@ -16,15 +16,15 @@ from harness.numerics import tolerance
 def test_flops_by_hand():
   w = np.array([[0.0, 1.0, 2.0], [0.0, 3.0, 0.0]], np.float32)
   # means over the 2 rows: (0, 2, 1) -> 0 + 4 + 1
-  assert float(sparse.flops(jnp.asarray(w))) == pytest.approx(5.0)
+  assert float(splade.flops(jnp.asarray(w))) == pytest.approx(5.0)
   # A padding row (valid 0) is left out of the mean: only row 0 counts -> 0 + 1 + 4
   padded = np.concatenate([w[:1], np.full((1, 3), 9.0, np.float32)])
-  assert float(sparse.flops(jnp.asarray(padded), jnp.asarray([1, 0]))) == pytest.approx(5.0)
+  assert float(splade.flops(jnp.asarray(padded), jnp.asarray([1, 0]))) == pytest.approx(5.0)
 
 
 def test_the_warm_up_is_quadratic_then_flat():
-  assert [sparse.regularizer_factor(s, 4) for s in (0, 1, 2, 4, 9)] == [0.0, 1 / 16, 1 / 4, 1.0, 1.0]
-  assert sparse.regularizer_factor(0, 0) == 1.0  # no warm-up: the full weight from the first step
+  assert [splade.regularizer_factor(s, 4) for s in (0, 1, 2, 4, 9)] == [0.0, 1 / 16, 1 / 4, 1.0, 1.0]
+  assert splade.regularizer_factor(0, 0) == 1.0  # no warm-up: the full weight from the first step
 
 
 def _outputs(b=4, k=1, v=6, seed=0):
@@ -59,7 +59,7 @@ def _numpy_loss(e, qw, dw, factor, temperature, valid):
 def test_the_objective_matches_the_loss_by_hand_and_ignores_padding():
   e = _outputs()
   valid = np.array([1, 1, 1, 0], np.float32)
-  obj = sparse.SparseRanking(temperature=0.5, query_weight=0.3, document_weight=0.2)
+  obj = splade.SparseRanking(temperature=0.5, query_weight=0.3, document_weight=0.2)
   batch = {'weights': jnp.asarray(valid), 'regularizer_factor': jnp.full((4,), 0.25, jnp.float32)}
   sums = jax.jit(obj.sums)({'embeddings': jax.tree.map(jnp.asarray, e)}, batch)
   counts = obj.counts(batch)
@@ -100,7 +100,7 @@ def test_the_loss_on_8_devices_is_the_one_device_loss_of_the_global_batch():
                passage_ids=rng.integers(0, b // 2, b).astype(np.int32),  # duplicates across devices
                negative_ids=rng.integers(b // 2, 2 * b, (b, 1)).astype(np.int32))
   params = {'w': rng.normal(size=(d, v)).astype(np.float32)}
-  obj = sparse.SparseRanking(temperature=1.0, query_weight=0.5, document_weight=0.3)
+  obj = splade.SparseRanking(temperature=1.0, query_weight=0.5, document_weight=0.3)
   loss = lambda p, x: _model_loss(p, x, obj)
   one = jax.jit(jax.value_and_grad(loss))(params, batch)
   mesh = sharding.make_mesh(config.MeshConfig(data=4, fsdp=2, tensor=1))
@@ -121,5 +121,5 @@ def test_top_terms_are_the_largest_non_zero_weights_first():
     def id_to_token(i):
       return f't{i}'
   w = np.array([0.0, 0.5, 2.0, 0.0, 0.5], np.float32)
-  assert sparse.top_terms(w, Vocab, 3) == {'t2': 2.0, 't1': 0.5, 't4': 0.5}
-  assert sparse.top_terms(w, Vocab, 10) == {'t2': 2.0, 't1': 0.5, 't4': 0.5}  # zeros are not terms
+  assert splade.top_terms(w, Vocab, 3) == {'t2': 2.0, 't1': 0.5, 't4': 0.5}
+  assert splade.top_terms(w, Vocab, 10) == {'t2': 2.0, 't1': 0.5, 't4': 0.5}  # zeros are not terms

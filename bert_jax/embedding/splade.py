@@ -16,7 +16,7 @@ The factor comes with the batch (`regularizer_factor`, [B], every row the step's
 step, so a resumed run regularises exactly as an uninterrupted one. The loss couples the batch's rows (both terms),
 so gradient accumulation runs GradCache (`couples_rows`).
 
-`encode` gives a loaded `model.splade.SparseEncoder`'s term weights of texts, and `top_terms` a readable
+`encode` gives a loaded `model.sparse_encoder.SparseEncoder`'s term weights of texts, and `top_terms` a readable
 {token: weight} of one text's largest ones (experiments/embed.py on a sparse workdir writes them).
 """
 
@@ -59,7 +59,7 @@ def nonzero(w_nv: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class SparseRanking:
-  """The `train.step.Objective` of a `model.splade.SparseEncoder` (or any module with `embed(batch,
+  """The `train.step.Objective` of a `model.sparse_encoder.SparseEncoder` (or any module with `embed(batch,
   deterministic)` giving term weights)."""
 
   temperature: float = 1.0
@@ -126,7 +126,8 @@ def _weights(graphdef, state, input_ids_bt, attention_mask_bt):
 
 def encode(encoder, tokenizer, texts: Sequence[str], *, max_length: int, batch_size: int = 32) -> np.ndarray:
   """float32 [n, V]: the term weights of `texts` (each cut to `max_length` tokens) by `encoder` (a
-  `model.splade.SparseEncoder` holding its parameters), `batch_size` texts at a time, padded to length buckets."""
+  `model.sparse_encoder.SparseEncoder` holding its parameters), `batch_size` texts at a time, padded to length
+  buckets."""
   graphdef, state = nnx.split(encoder)
   out = []
   for start in range(0, len(texts), batch_size):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import config
-from bert_jax.model.splade import SparseEncoder, splade_pool
+from bert_jax.model.sparse_encoder import SparseEncoder, splade_pool
 
 from harness.numerics import tolerance
 

@@ -13,7 +13,7 @@ import pytest
 from bert_jax import config
 from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.interop import families, sentence_transformers as st_folder
-from bert_jax.model.splade import SparseEncoder
+from bert_jax.model.sparse_encoder import SparseEncoder
 
 
 def _cfg():
