@@ -31,6 +31,7 @@ TASK_KINDS = {
     'sparse': ('sparse',),
 }
 TASKS = tuple(t for tasks in TASK_KINDS.values() for t in tasks)
+HEAD_TASKS = TASK_KINDS['classification'] + TASK_KINDS['tagging'] + TASK_KINDS['qa']  # a head on the encoder
 
 
 def _finetuning_optim() -> OptimConfig:
@@ -195,8 +196,11 @@ def _task_words(task: str) -> str:
 
 
 def _readers(tasks: Collection[str]) -> str:
-  """'the retrieval task', 'the GLUE, conll2003, squad and squad_v2 tasks', 'every task but retrieval'."""
+  """'the retrieval task', 'the GLUE, conll2003, squad and squad_v2 tasks', 'every head task (...)', 'every task
+  but retrieval'."""
   others = [t for t in TASKS if t not in tasks]
+  if set(tasks) == set(HEAD_TASKS) and len(others) > 2:
+    return 'every head task (classification, tagging and QA)'
   if len(others) <= 2:
     return 'every task but ' + _words(others)
   names = (['GLUE'] if set(GLUE_TASKS) <= set(tasks) else []) + [t for t in tasks if t not in GLUE_TASKS]

@@ -44,15 +44,15 @@ def test_finetune_config_builds_the_tasks_type_and_keeps_it_through_copies():
 def test_a_field_of_another_kind_is_one_line_naming_the_tasks_that_read_it():
   with pytest.raises(ConfigError) as e:
     FinetuneConfig(task='sst2', temperature=0.1, matryoshka_dims='64', beir_dir='/nonexistent')
-  assert str(e.value) == ('temperature and matryoshka_dims are fields of the retrieval task; beir_dir is a field of '
-                          'the retrieval and rerank tasks; this run\'s task is sst2 (classification), which does not '
-                          'read them')
+  assert str(e.value) == ('temperature is a field of the retrieval and sparse tasks; matryoshka_dims is a field of '
+                          'the retrieval task; beir_dir is a field of the retrieval, rerank and sparse tasks; this '
+                          'run\'s task is sst2 (classification), which does not read them')
   with pytest.raises(ConfigError, match="pooling is a field of the retrieval task; this run's task is sst2 "
                                         r'\(classification\), which does not read it$'):
     FinetuneConfig(task='sst2', pooling='mean')  # even at its default: it is not sst2's field
   with pytest.raises(ConfigError, match="data_dir is a field of the GLUE, conll2003, squad and squad_v2 tasks; pack "
-                                        "is a field of every task but retrieval and rerank; this run's task is retrieval, "
-                                        'which does not read them'):
+                                        r"is a field of every head task \(classification, tagging and QA\); this run's "
+                                        'task is retrieval, which does not read them'):
     FinetuneConfig.from_dict({'task': 'retrieval', 'data_dir': 'glue/sst2', 'pack': False})
   with pytest.raises(ConfigError, match=r'unknown config key\(s\): pooling_mode'):  # a typo stays a typo
     FinetuneConfig.from_dict({'task': 'retrieval', 'pooling_mode': 'cls'})
