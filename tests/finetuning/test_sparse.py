@@ -103,6 +103,10 @@ def test_minilm_trains_evaluates_and_exports_a_sparse_encoder_with_equal_weights
     assert (ours > 0).sum() > 100
     np.testing.assert_allclose(got, ours, atol=model_tolerance(tuned.config, float(ours.max())))
 
+  # predict.py has no head to run: one line pointing at embed.py.
+  assert_one_line_error(run_main('predict.py', f'--workdir={workdir}', '--text=hello'),
+                        'is a sparse run (an embedding model, no task head to predict with)')
+
   # embed.py: the top terms of each text, as sentence-transformers decodes them.
   texts = tmp_path / 'texts.txt'
   texts.write_text(''.join(t + '\n' for t in TEXTS), encoding='utf-8')
