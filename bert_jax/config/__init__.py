@@ -22,7 +22,8 @@ The package is one module per concern; every name is importable from `bert_jax.c
   phases     the phase plan: a PretrainConfig's phases resolved once (`Plan`, its stages `Phase`, `resolve`)
   finetune   `FinetuneConfig` (the fields every task kind shares; FinetuneConfig(task=...) builds the task's config
              type: `config_type`), `kind_fields` (every type's fields)
-  task_configs  each task kind's config type (`HeadTaskConfig`, `RetrievalConfig`, `RerankConfig`, `SparseConfig`) and their registry `CONFIG_TYPES`
+  task_configs  each task kind's config type (`HeadTaskConfig`, `RetrievalConfig`, `RerankConfig`, `SparseConfig`)
+             and their registry `CONFIG_TYPES`
   migration  configs saved by earlier versions: `upgrade_saved`, `RENAMED`, `REMOVED`
   overrides  FIELD=VALUE text as shell words (`parse_overrides`), set into a ConfigDict by each field's type and
              checked against a config class (`apply_overrides`)
