@@ -93,7 +93,11 @@ def _peer(modules: tuple, train: list, steps: int, out: str) -> tuple[object, fl
                                     callbacks=[scheduler(loss, warmup_ratio=_REG_WARMUP.value)])
   t0 = time.perf_counter()
   trainer.train()
-  return model, time.perf_counter() - t0
+  seconds = time.perf_counter() - t0
+  if trainer.state.global_step != steps:  # its NO_DUPLICATES sampler runs dry on pairs that share few passages
+    raise ConfigError(f'the peer trained {trainer.state.global_step} of {steps} steps (too few distinct passages '
+                      'for its duplicate-free batches): give more pairs or a smaller --batch_size')
+  return model, seconds
 
 
 def _ours(steps: int, out: str) -> dict:
