@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from flax import nnx
 from flax.core import spmd as flax_spmd
 import jax
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 import numpy as np
 
@@ -65,21 +66,58 @@ def rules(overrides: str = '') -> tuple[tuple[str, Any], ...]:
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds the (data, fsdp, tensor) mesh; one size may be -1 to take the remaining devices."""
+  """Builds the (data, fsdp, tensor) mesh; one size may be -1 to take the remaining devices. Devices of several
+  slices get `device_grid`'s hybrid layout: slices split the data axis outermost."""
   devices = list(devices if devices is not None else jax.devices())
+  grid = device_grid(cfg, devices)
+  if grid is None:
+    return jax.make_mesh(_sizes(cfg, len(devices)), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+  return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def _sizes(cfg: MeshConfig, count: int, where: str = '') -> tuple[int, int, int]:
+  """(data, fsdp, tensor) of `count` devices, the -1 resolved."""
   sizes = [cfg.data, cfg.fsdp, cfg.tensor]
   if sizes.count(-1) > 1:
     raise ConfigError(f'at most one mesh axis may be -1, got data={cfg.data} fsdp={cfg.fsdp} '
                       f'tensor={cfg.tensor}')
   known = int(np.prod([s for s in sizes if s != -1]))
   if -1 in sizes:
-    if len(devices) % known:
-      raise ConfigError(f'{len(devices)} devices cannot be split into mesh {sizes}')
-    sizes[sizes.index(-1)] = len(devices) // known
-  if int(np.prod(sizes)) != len(devices):
+    if count % known:
+      raise ConfigError(f'{count} devices{where} cannot be split into mesh {sizes}')
+    sizes[sizes.index(-1)] = count // known
+  if int(np.prod(sizes)) != count:
     raise ConfigError(f'mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} needs '
-                      f'{int(np.prod(sizes))} devices, but {len(devices)} are available')
-  return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+                      f'{int(np.prod(sizes))} devices, but {count} are available{where}')
+  return tuple(sizes)
+
+
+def device_grid(cfg: MeshConfig, devices: Sequence[Any]) -> np.ndarray | None:
+  """The devices as a (data, fsdp, tensor) array for several slices, or None for one (`jax.make_mesh` lays it out).
+
+  Slices are what the devices report (`slice_index`, as TPU multi-slice devices do) or, with `cfg.slices` > 1 on
+  devices that report none (GPU hosts over the data-centre network), the processes. Each slice gets the mesh
+  data x fsdp x tensor inside it (ICI, `mesh_utils.create_hybrid_device_mesh`), and the slices stack along the data
+  axis, outermost: only the data-parallel gradient reduction crosses the slower network, the FSDP gathers and the
+  tensor-parallel collectives stay inside a slice (MaxText's dcn_data_parallelism).
+
+  Raises:
+    ConfigError: `cfg.slices` is not the number of slices, or a slice's devices do not fit the mesh sizes.
+  """
+  reported = {getattr(d, 'slice_index', None) for d in devices} - {None}
+  by_process = not reported and cfg.slices > 1
+  count = len({d.process_index for d in devices}) if by_process else max(1, len(reported))
+  if cfg.slices not in (-1, count):
+    unit = 'processes' if by_process or not reported else 'slices'
+    raise ConfigError(f'mesh.slices={cfg.slices}, but the {len(devices)} devices are in {count} {unit} '
+                      '(-1: as many as they report)')
+  if count == 1:
+    return None
+  if len(devices) % count:
+    raise ConfigError(f'{len(devices)} devices cannot be split into {count} equal slices')
+  inside = _sizes(cfg, len(devices) // count, where=' in each slice')
+  return mesh_utils.create_hybrid_device_mesh(inside, (count, 1, 1), devices, process_is_granule=by_process,
+                                              allow_split_physical_axes=True)
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:

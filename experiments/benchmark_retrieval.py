@@ -12,7 +12,8 @@ negative; bert_jax masks those instead). Both are then evaluated by the same cod
 on the BEIR-layout set. bert_jax runs as `finetune.py:retrieval` in its own process; its train time is the run's
 `train_wall_s` (compilation and the final save included, its evaluation not), the peer's is `trainer.train()`'s.
 --python runs bert_jax under another interpreter (jax 0.12 on Python 3.12 beside the peer's torch on 3.11),
---dtype=bfloat16 and --peer_bf16 give each its bfloat16 compute. bert_jax's run restarts itself with glibc's malloc
+--dtype=bfloat16 and --peer_bf16 give each its bfloat16 compute, --nopack pads bert_jax's batches (each side to its
+longest text) instead of packing them. bert_jax's run restarts itself with glibc's malloc
 on transparent huge pages (bert_jax.hardware.prepare_process; BERT_JAX_HUGE_PAGES=0: not); the peer trains in this
 process, on 4 KiB pages as its users run it unless started with GLIBC_TUNABLES=glibc.malloc.hugetlb=1; the table
 says which. The peer needs sentence-transformers (tests/requirements.txt) and its trainer's `datasets` and
@@ -52,6 +53,8 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Both runs\' seed.')
 _DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
                            'bert_jax\'s compute dtype (--config.model.dtype; parameters and optimizer stay float32).')
 _PEER_BF16 = flags.DEFINE_bool('peer_bf16', False, 'The peer under bfloat16 autocast (its trainer\'s bf16=True).')
+_PACK = flags.DEFINE_bool('pack', True, 'bert_jax packs the texts of each batch into shared rows (--config.pack); '
+                          'False pads each side to its longest text.')
 _PYTHON = flags.DEFINE_string('python', sys.executable,
                               'The interpreter of bert_jax\'s run, e.g. a Python 3.12 with jax 0.12 while the peer\'s '
                               'torch is installed for this one.')
@@ -101,7 +104,7 @@ def _ours(steps: int, out: str) -> dict:
              f'--config.optim.learning_rate={_LR.value}', f'--config.optim.warmup_ratio={_WARMUP.value}',
              f'--config.max_seq_length={_MAX_LENGTH.value}', f'--config.max_query_length={_MAX_LENGTH.value}',
              f'--config.temperature={_TEMPERATURE.value}', f'--config.seed={_SEED.value}',
-             f'--config.model.dtype={_DTYPE.value}']
+             f'--config.model.dtype={_DTYPE.value}', f'--config.pack={_PACK.value}']
   here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   r = subprocess.run(command, cwd=here, capture_output=True, text=True, check=False)
   if r.returncode:
@@ -138,17 +141,20 @@ def main(_):
   # This process keeps the allocator it was started with; bert_jax's run (this environment) restarts itself.
   peer_huge, ours_huge = bool(hardware.given_huge_pages(os.environ)), hardware.runs_on_huge_pages(os.environ)
   pages = lambda huge: 'malloc on huge pages' if huge else 'malloc on 4 KiB pages'
-  versions = {'bert_jax': f'jax {our_jax}, {_DTYPE.value}, {pages(ours_huge)}',
+  versions = {'bert_jax': f'jax {our_jax}, {_DTYPE.value}, {"packed" if _PACK.value else "padded"} rows, '
+                          f'{pages(ours_huge)}',
               'peer': f'sentence-transformers {st.__version__}, torch {torch.__version__}, '
                       f'{"bfloat16 autocast" if _PEER_BF16.value else "float32"}, {pages(peer_huge)}'}
   print(f'{len(train)} pairs, {steps} steps x {_BATCH.value}, lr {_LR.value}, {len(held_out.queries)} queries / '
-        f'{len(held_out.texts)} passages held out; bert_jax: {versions["bert_jax"]}; peer: {versions["peer"]}')
+        f'{len(held_out.texts)} passages held out; bert_jax: {versions["bert_jax"]}, '
+        f'train_padding_fraction {ours.get("train_padding_fraction", float("nan")):.3f}; peer: {versions["peer"]}')
   print('| trainer | MRR@10 | nDCG@10 | recall@10 | train wall |\n|---|---|---|---|---|')
   for name, mrr, ndcg, recall, wall in rows:
     print(f'| {name} | {mrr:.4f} | {ndcg:.4f} | {recall:.4f} | {wall:.0f} s |')
   print(json.dumps({'steps': steps, 'versions': versions, 'peer': {**{k: v for k, v in peer.items() if k != 'matryoshka'},
                                              'train_wall_s': peer_s},
-                    'bert_jax': {k: v for k, v in ours.items() if k.startswith('eval_') or k == 'train_wall_s'},
+                    'bert_jax': {k: v for k, v in ours.items()
+                                 if k.startswith('eval_') or k in ('train_wall_s', 'train_padding_fraction')},
                     'mrr_difference': ours['eval_mrr_at_10'] - peer['mrr@10'],
                     'wall_ratio': ours['train_wall_s'] / peer_s}))
 

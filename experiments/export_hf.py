@@ -22,6 +22,9 @@ config_sentence_transformers.json, 1_Pooling/, 2_Normalize/ and a model card; do
   python experiments/export_hf.py --checkpoint=/tmp/retrieval --output=/tmp/retrieval_st
   python experiments/export_hf.py --checkpoint=/tmp/bert_mini --output=/tmp/bert_mini_st --sentence_transformers \
       [--pooling=cls] [--normalize=false] [--max_seq_length=256]
+A multivector workdir (finetune.py:multivector) exports by default as the folder sentence-transformers'
+MultiVectorEncoder loads (1_Dense/, 2_MultiVectorMask/, 3_Normalize/, its query and document lengths and markers;
+interop/st_multivector.py); --nosentence_transformers: the plain encoder (without the projection).
 A retrieval workdir (finetune.py:retrieval) exports as one by default, with its run's pooling, normalisation,
 passage length (max_seq_length) and Matryoshka sizes (--nosentence_transformers: the plain encoder); any other
 encoder with --sentence_transformers (mean pooling, normalised, the model's positions unless given; a
@@ -40,8 +43,7 @@ from absl import flags
 from bert_jax import files
 from bert_jax.errors import ConfigError
 from bert_jax.model.pooling import POOLINGS
-from bert_jax.interop import families, sentence_transformers
-from bert_jax.interop.families import bert
+from bert_jax.interop import families, sentence_transformers, st_multivector
 from bert_jax.interop.hf import model_dir
 from bert_jax.interop.pretrained import describe, load_finetuned, load_pretrained
 from bert_jax.runs import reporting, workdir
@@ -79,7 +81,9 @@ def main(_):
     raise ConfigError(f'--seed applies to fine-tuning workdirs only; {_CHECKPOINT.value} is not one')
   embedding_model = workdir.embeds(found.task)  # a retrieval run's: it records its pooling
   sparse = workdir.sparse(found.task)  # a sparse run's: the encoder and its masked-LM head
-  as_st = embedding_model or sparse if _SENTENCE_TRANSFORMERS.value is None else _SENTENCE_TRANSFORMERS.value
+  multi_vector = bool(found.task) and found.task.get('kind') == 'multivector'  # token vectors: its own folder
+  as_st = (embedding_model or sparse or multi_vector if _SENTENCE_TRANSFORMERS.value is None
+           else _SENTENCE_TRANSFORMERS.value)
   given = [f'--{f.name}' for f in _EMBEDDING_FLAGS if f.value is not None]
   if given and not as_st:
     raise ConfigError(f'{", ".join(given)} apply to a sentence-transformers export only: add '
@@ -87,6 +91,9 @@ def main(_):
   if sparse and as_st and (_POOLING.value is not None or _NORMALIZE.value is not None):
     raise ConfigError(f'{_CHECKPOINT.value} is a sparse run: its term weights are SPLADE-pooled and not normalised '
                       '(--pooling and --normalize apply to a dense embedding model)')
+  if given and multi_vector:
+    raise ConfigError(f'{", ".join(given)} set a pooled embedding; a multivector workdir exports its token vectors '
+                      'as a MultiVectorEncoder folder with its run\'s lengths: leave them out')
   task, seed = None, None
   reporting.log(f'export: loading {_CHECKPOINT.value}' + (f' (step {_STEP.value})' if _STEP.value is not None else '')
                 + ' ...')
@@ -96,11 +103,11 @@ def main(_):
         tuned.config, tuned.params, tuned.tokenizer, tuned.task, 'bert_jax', tuned.step, tuned.seed)
     if sparse:  # the encoder and its masked-LM head
       params = {'bert': params['bert'], 'mlm': params['mlm']}
-    elif workdir.embeds(task) or as_st:  # an embedding model, or a fine-tuned encoder: the encoder alone
-      params = {'bert': params['bert']}
-  elif kind == 'export' and bert.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, with its head
+    elif (workdir.embeds(task) or as_st) and not multi_vector:  # an embedding model, or a fine-tuned encoder: the
+      params = {'bert': params['bert']}  # encoder alone
+  elif kind == 'export' and families.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, its head
     config, params, _, _ = families.load_hf_checkpoint(_CHECKPOINT.value)
-    task, tokenizer, source_kind, step = (bert.read_hf_task(_CHECKPOINT.value),
+    task, tokenizer, source_kind, step = (families.read_hf_task(_CHECKPOINT.value),
                                           model_dir.load_hf_tokenizer(_CHECKPOINT.value), 'hf', None)
   else:
     pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value, other_heads=True)  # ELECTRA's discriminator too
@@ -114,6 +121,11 @@ def main(_):
     sentence_transformers.save_sparse_encoder(
         _OUTPUT.value, config, params, tokenizer, **lengths, overwrite=_OVERWRITE.value,
         description=f'Exported from {_CHECKPOINT.value} (step {step}).')
+  elif as_st and multi_vector:
+    reporting.log(f'export: writing a sentence-transformers MultiVectorEncoder folder to {_OUTPUT.value} ...')
+    st_multivector.save_multi_vector(
+        _OUTPUT.value, config, params, tokenizer, task, overwrite=_OVERWRITE.value,
+        description=f'Exported from {_CHECKPOINT.value}' + (f' (step {step})' if step is not None else '') + '.')
   elif as_st:
     embedding = describe(_CHECKPOINT.value, log=lambda _: None).embedding() or sentence_transformers.Embedding()
     embedding = embedding.given(pooling=_POOLING.value, normalize=_NORMALIZE.value,
@@ -131,7 +143,7 @@ def main(_):
                                 task=None if workdir.embeds(task) or sparse else task)
   with open(os.path.join(_OUTPUT.value, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     architecture = json.load(f)['architectures'][0]
-  heads = set() if as_st else set(params) - {'bert'}
+  heads = set() if as_st else set(params) - {'bert', 'projection'}
   if families.hf_model_type(config) != 'bert':
     heads -= {'nsp'}  # ModernBERT, DistilBERT and ELECTRA have no NSP head
   line = {'output': _OUTPUT.value, 'source': source_kind, 'step': step, 'architecture': architecture,
@@ -140,6 +152,9 @@ def main(_):
     line.update(task=task.get('name', ''), kind=task['kind'], seed=seed)
   if sparse and as_st:
     line.update(sentence_transformers=True, sparse=True, **lengths)
+  elif as_st and multi_vector:
+    line.update(sentence_transformers=True, multi_vector=True,
+                **{k: task[k] for k in ('projection_dim', 'query_length', 'document_length')})
   elif as_st:
     line.update(sentence_transformers=True, pooling=embedding.pooling, normalize=embedding.normalize,
                 max_seq_length=embedding.max_seq_length, matryoshka_dims=list(embedding.matryoshka_dims))

@@ -17,6 +17,8 @@ The task is the config's variant (experiments/configs/finetune.py; its variants 
                     by reranking a first stage's top k on a BEIR-layout set (docs/reranking.md)
   sparse            a SPLADE encoder (term weights from the masked-LM head) trained on pairs with FLOPS
                     regularisers, evaluated by exact dot products on a BEIR-layout set (docs/embeddings.md)
+  multivector       a multi-vector (ColBERT) encoder: token vectors scored by MaxSim, trained on pairs, evaluated
+                    by exact MaxSim on a BEIR-layout set (docs/embeddings.md)
 A field of another task's (--config.temperature on sst2) is an error naming the tasks that read it.
 
 init_checkpoint is a Hugging Face directory of a BERT, RoBERTa (XLM-RoBERTa too), DistilBERT, ELECTRA or

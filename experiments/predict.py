@@ -74,6 +74,10 @@ def main(_):
     raise ConfigError(f'{_WORKDIR.value} is a {task["kind"]} run (an embedding model, no task head to predict with): '
                       f'embed texts with experiments/embed.py --checkpoint={_WORKDIR.value}, or evaluate it with '
                       'experiments/evaluate.py')
+  if task and task.get('kind') == 'multivector':
+    raise ConfigError(f'{_WORKDIR.value} is a multivector run (token vectors scored by MaxSim, no task head to predict '
+                      f'with): evaluate it with experiments/evaluate.py, or export it with experiments/export_hf.py '
+                      f'--checkpoint={_WORKDIR.value} for sentence-transformers\' MultiVectorEncoder')
   reporting.log_to(sys.stderr)  # stdout carries the results
   reporting.log(f'predict: loading {_WORKDIR.value} (seed {"the first" if _SEED.value is None else _SEED.value}, '
                 f'step {"the latest" if _STEP.value is None else _STEP.value}) ...')

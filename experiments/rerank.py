@@ -8,8 +8,9 @@ metrics before and after.
 --first_stage is an embedding model directory (a retrieval workdir, a Hugging Face or sentence-transformers
 directory: it embeds the queries and the corpus as experiments/embed.py does and searches exactly) or a TREC run file
 of the set's ids (`qid Q0 docid rank score tag` lines, compressed or not: each query's top --top_k by score).
---reranker is a bert_jax rerank workdir (finetune.py:rerank) or a Hugging Face one-logit
-BertForSequenceClassification directory (export_hf.py's export of one, a sentence-transformers CrossEncoder).
+--reranker is a bert_jax rerank workdir (finetune.py:rerank) or a Hugging Face one-logit sequence classifier
+directory of BERT, RoBERTa, XLM-R, DistilBERT, ELECTRA or ModernBERT shape (export_hf.py's export of one, a
+sentence-transformers CrossEncoder).
 --beir_dir holds corpus.jsonl, queries.jsonl and qrels/<--beir_split>.tsv.
 
 Prints one JSON line: eval_ndcg_at_10, eval_mrr_at_10, eval_recall_at_<k> after reranking and eval_first_stage_*
@@ -34,7 +35,7 @@ import cli
 _FIRST_STAGE = flags.DEFINE_string('first_stage', None, 'An embedding model directory or a TREC run file.',
                                    required=True)
 _RERANKER = flags.DEFINE_string('reranker', None, 'A rerank workdir or a Hugging Face one-logit '
-                                'BertForSequenceClassification directory.', required=True)
+                                '<Family>ForSequenceClassification directory.', required=True)
 _BEIR_DIR = flags.DEFINE_string('beir_dir', None, 'A BEIR-layout set: corpus.jsonl, queries.jsonl, '
                                 'qrels/<split>.tsv.', required=True)
 _BEIR_SPLIT = flags.DEFINE_string('beir_split', 'test', 'Which qrels file judges the queries.')

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax import config, sharding
+from bert_jax import config, distributed, sharding
 from bert_jax.errors import ConfigError
 from bert_jax.pretraining.pretrain_run import pretraining_model
 from bert_jax.train import optim
@@ -54,6 +54,41 @@ def test_mesh_sizes_resolve_and_bad_sizes_are_named():
     sharding.make_mesh(config.MeshConfig(data=4, fsdp=4, tensor=1))
   with pytest.raises(ConfigError, match='at most one'):
     sharding.make_mesh(config.MeshConfig(data=-1, fsdp=-1))
+
+
+class _InSlice:
+  """A CPU device that reports a TPU slice (`slice_index`), as multi-slice TPU devices do."""
+
+  def __init__(self, device, slice_index):
+    self.device, self.slice_index = device, slice_index
+
+  def __getattr__(self, name):
+    return getattr(self.device, name)
+
+
+def test_slices_split_the_data_axis_outermost():
+  """Two slices of 4 devices, mesh fsdp=2 inside each: the data axis is slice-major (its first half one slice), so
+  only the data-parallel reduction crosses slices; a batch feeds and a step runs on that mesh as on the plain one."""
+  devices = jax.devices()
+  sliced = [_InSlice(d, i // 4) for i, d in enumerate(devices)]
+  cfg = config.MeshConfig(data=-1, fsdp=2, tensor=1)
+  grid = sharding.device_grid(cfg, sliced)
+  assert grid.shape == (4, 2, 1)
+  assert [{d.slice_index for d in grid[i].flat} for i in range(4)] == [{0}, {0}, {1}, {1}]
+  assert sharding.device_grid(cfg, devices) is None  # one slice: jax.make_mesh's layout, as before
+  with pytest.raises(ConfigError, match='mesh.slices=4, but the 8 devices are in 2 slices'):
+    sharding.device_grid(config.MeshConfig(slices=4), sliced)
+  with pytest.raises(ConfigError, match='in 1 processes'):
+    sharding.make_mesh(config.MeshConfig(slices=2))
+  with pytest.raises(ConfigError, match='in each slice'):
+    sharding.device_grid(config.MeshConfig(data=-1, fsdp=3), sliced)
+  mesh = jax.sharding.Mesh(np.vectorize(lambda d: d.device, otypes=[object])(grid), sharding.MESH_AXES)
+  batch = sharding.global_batch({'x': np.arange(16, dtype=np.int32).reshape(8, 2)}, mesh)['x']
+  slice0 = {d.device for d in sliced[:4]}
+  rows = {int(s.data[0, 0]) // 2 for s in batch.addressable_shards if s.device in slice0}
+  assert rows == {0, 1, 2, 3}  # the first half of the batch (one row per data x fsdp shard) is on slice 0
+  # One controller owning both slices' devices (Pathways-style) supplies the whole global batch itself.
+  assert distributed.process_batch_block(mesh) == (0, 1)
 
 
 @pytest.mark.slow

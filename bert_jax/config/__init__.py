@@ -22,8 +22,8 @@ The package is one module per concern; every name is importable from `bert_jax.c
   phases     the phase plan: a PretrainConfig's phases resolved once (`Plan`, its stages `Phase`, `resolve`)
   finetune   `FinetuneConfig` (the fields every task kind shares; FinetuneConfig(task=...) builds the task's config
              type: `config_type`), `kind_fields` (every type's fields)
-  task_configs  each task kind's config type (`HeadTaskConfig`, `RetrievalConfig`, `RerankConfig`, `SparseConfig`)
-             and their registry `CONFIG_TYPES`
+  task_configs  each task kind's config type (`HeadTaskConfig`, `RetrievalConfig`, `RerankConfig`, `SparseConfig`,
+             `MultiVectorConfig`) and their registry `CONFIG_TYPES`
   migration  configs saved by earlier versions: `upgrade_saved`, `RENAMED`, `REMOVED`
   overrides  FIELD=VALUE text as shell words (`parse_overrides`), set into a ConfigDict by each field's type and
              checked against a config class (`apply_overrides`)
@@ -40,6 +40,7 @@ from bert_jax.config.overrides import apply_overrides, parse_overrides
 from bert_jax.config.phases import Phase, Plan
 from bert_jax.config.pretrain import MASKINGS, OBJECTIVES, DataConfig, PhaseConfig, PretrainConfig
 from bert_jax.config.task_configs import CONFIG_TYPES, HeadTaskConfig, RerankConfig, RetrievalConfig, SparseConfig
+from bert_jax.config.task_configs import MultiVectorConfig
 from bert_jax.config.resume import (architecture_diffs, check_resume, check_resume_allow, config_diffs,
                                     from_checkpoint)
 from bert_jax.config.training import DECAYS, OPTIMIZERS, SCHEDULES, MeshConfig, OptimConfig, TrainingConfig
@@ -48,7 +49,8 @@ __all__ = [
     'ATTENTION_IMPLS', 'DECAYS', 'DROPOUT_IMPLS', 'FUSED_MASKS', 'LOGITS_BACKWARDS', 'MASKINGS', 'MLPS',
     'NORM_POSITIONS', 'OBJECTIVES', 'OPTIMIZERS', 'POSITION_EMBEDDINGS', 'PRESETS', 'REMAT_POLICIES', 'REMOVED',
     'RENAMED', 'SCHEDULES',
-    'CONFIG_TYPES', 'DataConfig', 'FinetuneConfig', 'HeadTaskConfig', 'RetrievalConfig', 'RerankConfig', 'SparseConfig', 'MeshConfig', 'ModelConfig', 'OptimConfig', 'Phase', 'PhaseConfig', 'Plan',
+    'CONFIG_TYPES', 'DataConfig', 'FinetuneConfig', 'HeadTaskConfig', 'RetrievalConfig', 'RerankConfig',
+    'SparseConfig', 'MultiVectorConfig', 'MeshConfig', 'ModelConfig', 'OptimConfig', 'Phase', 'PhaseConfig', 'Plan',
     'PretrainConfig', 'TrainingConfig',
     'apply_overrides', 'architecture_diffs', 'check_resume', 'check_resume_allow', 'config_diffs', 'facts',
     'config_type', 'from_checkpoint', 'kind_fields', 'parse_overrides', 'preset', 'upgrade_saved',

@@ -95,6 +95,9 @@ class ModelConfig:
   # The pooler's activation (POOLER_ACTIVATIONS): what the NSP head and a sequence classifier read is
   # activation(dense([CLS])). Imports set their family's, so a fine-tuned model exports as that family's classifier.
   pooler_activation: str = _f('tanh', free=True, checkpoint='fixed')
+  # A LayerNorm after the pooler's activation: ModernBERT's classification head (ModernBertPredictionHead: dense,
+  # GELU, LayerNorm on [CLS]), which the ModernBERT import sets with pooler_activation='gelu'.
+  pooler_norm: bool = _f(False, free=True, checkpoint='fixed')
   # False: no bias in any dense layer or LayerNorm of the encoder (pooler included) or of the MLM transform. The
   # output layers keep theirs: the MLM decoder's per-token bias, the NSP and task classifiers (as ModernBERT).
   use_bias: bool = _f(True, free=True, checkpoint='fixed')

@@ -278,9 +278,10 @@ class PretrainConfig(TrainingConfig):
     if phases and self.num_train_steps == 0 and self.num_train_epochs == 0:
       object.__setattr__(self, 'num_train_steps', sum(p.steps for p in phases.values()))  # checked below
     # Before the shared checks: keep_best's own need (eval_every > 0) is beside the point with phases.
-    if phases and self.keep_best:
-      raise ConfigError('keep_best ranks checkpoints by one held-out metric, but each phase evaluates on its own '
-                        'records and masking rate: drop keep_best, or compare steps with experiments/evaluate.py')
+    if phases and (self.keep_best or self.early_stopping_patience):
+      what = 'keep_best ranks' if self.keep_best else 'early stopping compares'
+      raise ConfigError(f'{what} checkpoints by one held-out metric, but each phase evaluates on its own '
+                        'records and masking rate: drop it, or compare steps with experiments/evaluate.py')
     super().__post_init__()
     if self.max_eval_batches < 0:
       raise ConfigError(f'max_eval_batches must be >= 0 (0 = the whole held-out split), got {self.max_eval_batches}')

@@ -5,6 +5,8 @@
                    task's files, your own files' columns and labels, SQuAD's windows and answers
   RetrievalConfig  a bi-encoder trained on pairs, contrastively or by distillation from teacher scores: pooling,
                    temperature, Matryoshka sizes, the loss, the pairs' columns, its BEIR and STS evaluation
+  MultiVectorConfig  a multi-vector (ColBERT) encoder scored by MaxSim: projection size, query and document
+                   lengths, markers, the punctuation skiplist, the loss, the pairs' columns, its BEIR evaluation
   RerankConfig     a cross-encoder (one logit on [CLS] q [SEP] p [SEP]) on labelled or scored pairs or on groups:
                    the columns, the loss, the query's length, the held-out split, its BEIR evaluation (rerank a
                    first stage's top k)
@@ -42,6 +44,10 @@ class HeadTaskConfig(FinetuneConfig):
   label_column: str = 'label'
   # classify / multilabel / tag: the labels in order, comma-separated; '' the training file's, sorted
   label_names: str = ''
+  # Imbalanced labels (classification, multi-label, tagging): '' none, 'auto' (inverse frequency) or per label name,
+  # e.g. 'negative=3,positive=1' (finetuning.class_weights says what a weight does for each head kind)
+  class_weights: str = ''
+  label_smoothing: float = 0.0  # classification, multi-label, tagging: targets moved this far towards uniform
   eval_fraction: float = 0.1  # without eval_file: this share of the training file's rows is held out ...
   split_seed: int = 0  # ... drawn with this seed
   # SQuAD
@@ -58,6 +64,8 @@ class HeadTaskConfig(FinetuneConfig):
     super().__post_init__()
     if not 0.0 <= self.eval_fraction < 1.0:
       raise ConfigError(f'eval_fraction={self.eval_fraction} must be in [0, 1)')
+    if not 0.0 <= self.label_smoothing < 1.0:
+      raise ConfigError(f'label_smoothing={self.label_smoothing} must be in [0, 1)')
 
   @classmethod
   def readers(cls, name: str) -> tuple[str, ...]:
@@ -86,6 +94,7 @@ HEAD_SHARED = ('eval_file', 'pack')  # every head task's
 _SHIPPED = GLUE_TASKS + ('conll2003', 'squad', 'squad_v2')  # the files of a data_dir
 _OWN_FILES = ('classify', 'regress', 'multilabel', 'tag', 'qa')  # your files, by columns
 _QA = TASK_KINDS['qa']
+_CLASSES = tuple(t for t in GLUE_TASKS if t != 'stsb') + ('classify', 'multilabel', 'conll2003', 'tag')
 TASK_FIELDS = {
     'data_dir': _SHIPPED,
     # your own files (classify / regress / multilabel, tag, qa): columns, labels, the held-out split
@@ -93,6 +102,9 @@ TASK_FIELDS = {
     'text_pair_column': ('classify', 'regress', 'multilabel', 'qa'),
     'label_column': _OWN_FILES,
     'label_names': ('classify', 'multilabel', 'tag'),
+    # the tasks with classes (not regression: stsb, regress)
+    'class_weights': _CLASSES,
+    'label_smoothing': _CLASSES,
     'eval_fraction': _OWN_FILES,
     'split_seed': _OWN_FILES,
     # QA (SQuAD, own-data qa)
@@ -123,6 +135,10 @@ class RetrievalConfig(FinetuneConfig):
 
   task: str = 'retrieval'
   max_query_length: int = 64
+  # Packs the texts of a step's batch (queries, positives, negatives) several per row, each attending only to
+  # itself (embedding.packed_pairs): the same vectors and loss as padding each side, with no compute spent on
+  # padding; False pads each side to its longest text.
+  pack: bool = True
   pooling: str = 'mean'  # 'mean' or 'cls'; embeddings are normalised
   temperature: float = 0.05  # fixed, or the learned one's initial value
   learn_temperature: bool = False
@@ -337,11 +353,69 @@ class SparseConfig(FinetuneConfig):
     if self.search_block_size < 1:
       raise ConfigError(f'search_block_size={self.search_block_size} must be at least 1')
 
-  def negative_column_names(self) -> tuple[str, ...]:
-    return tuple(c.strip() for c in self.negative_columns.split(',') if c.strip())
+  negative_column_names = RetrievalConfig.negative_column_names
 
   def score_column_names(self) -> tuple[str, ...]:
     return ()  # no distillation yet: pairs_lib.PairColumns reads none
+
+
+MULTIVECTOR_LOSSES = ('contrastive', 'kl')  # MultiVectorConfig.loss
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiVectorConfig(FinetuneConfig):
+  """A multi-vector (ColBERT) encoder: every token's output projected to projection_dim and normalised, queries and
+  documents scored by MaxSim; trained on the pairs of train_file (the retrieval task's columns) by InfoNCE over the
+  global batch or by KL distillation from teacher scores (`loss`), evaluated by exact MaxSim on the BEIR-layout set
+  in beir_dir (finetuning.multivector). Queries are read as '[Q] ' + query and filled with [MASK] to exactly
+  query_length tokens, documents as '[D] ' + document cut to document_length (max_seq_length is not read), their
+  punctuation not scored: sentence-transformers' MultiVectorEncoder, to which it exports."""
+
+  TASKS: ClassVar[tuple[str, ...]] = TASK_KINDS['multivector']
+
+  task: str = 'multivector'
+  projection_dim: int = 128  # the token vectors' size: at most the model's hidden size
+  query_length: int = 32  # every query's tokens ([CLS], marker, [SEP] and [MASK] filling included)
+  document_length: int = 180  # a document's tokens at most ([CLS], marker and [SEP] included)
+  markers: bool = True  # '[Q] ' / '[D] ' before queries / documents
+  skip_punctuation: bool = True  # a document's punctuation tokens are not scored
+  temperature: float = 1.0  # MaxSim scores are divided by it (a sum of up to query_length cosines: 1, as PyLate)
+  query_column: str = 'query'
+  positive_column: str = 'positive'
+  negative_columns: str = ''  # comma-separated hard-negative columns (JSONL/Parquet: a column may hold a list)
+  loss: str = 'contrastive'  # one of MULTIVECTOR_LOSSES
+  score_columns: str = ''  # kl: the teacher scores, 1 + K per row (mine.py --scores writes 'scores')
+  teacher_temperature: float = 0.0  # kl: the teacher scores' temperature; 0: `temperature`'s value
+  beir_dir: str = _f('', free=True, path=True, evaluation=True)  # corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+  beir_split: str = _f('test', free=True, evaluation=True)
+
+  negative_column_names = RetrievalConfig.negative_column_names
+  score_column_names = RetrievalConfig.score_column_names
+
+  def __post_init__(self):
+    """The multivector fields' mesh- and model-free checks (the projection and lengths against the model, and the
+    query length against the markers' tokens: `finetuning.multivector`)."""
+    super().__post_init__()
+    for name in ('query_column', 'positive_column'):
+      if not getattr(self, name).strip():
+        raise ConfigError(f'{name} must name a column')
+    if self.projection_dim < 1:
+      raise ConfigError(f'projection_dim={self.projection_dim} must be at least 1')
+    if self.query_length < 3 or self.document_length < 3:
+      raise ConfigError(f'query_length={self.query_length} and document_length={self.document_length} must be at '
+                        'least 3 ([CLS], a token, [SEP])')
+    for name in ('temperature',) + (('teacher_temperature',) if self.teacher_temperature else ()):
+      value = getattr(self, name)
+      if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f'{name}={value} must be a finite number > 0')
+    if self.loss not in MULTIVECTOR_LOSSES:
+      raise ConfigError(f'loss must be one of {", ".join(MULTIVECTOR_LOSSES)}, got {self.loss!r}')
+    if self.loss == 'contrastive' and (self.score_column_names() or self.teacher_temperature):
+      raise ConfigError("score_columns and teacher_temperature are read by loss='kl' (distillation); the contrastive "
+                        'loss takes no scores: set --config.loss=kl or leave them out')
+    if self.loss == 'kl' and not (self.score_column_names() and self.negative_column_names()):
+      raise ConfigError("loss='kl' distils teacher scores of each row's candidates: set --config.score_columns "
+                        "(mine.py --scores writes 'scores') and --config.negative_columns ('negatives')")
 
 
 # One row per config type: FinetuneConfig(task=...) builds the one whose TASKS name the task.
@@ -350,6 +424,7 @@ CONFIG_TYPES: tuple[type, ...] = (
     RetrievalConfig,
     RerankConfig,
     SparseConfig,
+    MultiVectorConfig,
 )
 
 

@@ -72,11 +72,15 @@ class OptimConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """Device mesh sizes; -1 means 'all remaining devices'."""
+  """Device mesh sizes; -1 means 'all remaining devices'. With several slices (TPU pods joined over the data-centre
+  network) data/fsdp/tensor are the sizes inside one slice and the data axis spans `slices` x `data`."""
 
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
+  # Data-parallel replicas across slices, outermost on the data axis: -1 = as many as the devices report (their
+  # `slice_index`; 1 where they report none). A value > 1 on devices without slices groups them by process.
+  slices: int = -1
   # Overrides of sharding.LOGICAL_AXIS_RULES, comma-separated name=axis[+axis] (empty: replicated), e.g.
   # 'activation_length=tensor,activation_mlp=' shards activations over the sequence instead of the MLP features.
   rules: str = ''
@@ -110,6 +114,12 @@ class TrainingConfig:
   # Also keep the checkpoint with the best held-out main metric (a checkpoint is saved at each evaluation;
   # needs eval_every > 0); the run's final results are then the best step's.
   keep_best: bool = _f(False, free=True)
+  # Early stopping (train.early_stopping): end the run when the held-out metric (early_stopping_metric, '' the main
+  # one) has not improved by more than early_stopping_min_delta for this many evaluations (0: never); it keeps the
+  # best checkpoint (keep_best) and reports where and why it stopped.
+  early_stopping_patience: int = _f(0, free=True)
+  early_stopping_min_delta: float = _f(0.0, free=True)
+  early_stopping_metric: str = _f('', free=True)
   # Also send the run's config and metrics to Weights & Biases and/or MLflow: 'wandb', 'mlflow' or 'wandb,mlflow'
   # (configured by their own environment: WANDB_MODE/WANDB_DIR, MLFLOW_TRACKING_URI); '' the files only.
   tracking: str = _f('', free=True)
@@ -137,6 +147,14 @@ class TrainingConfig:
     if self.num_train_steps <= 0 and self.num_train_epochs <= 0:
       raise ConfigError('set num_train_steps > 0 or num_train_epochs > 0' + (' (or phases)' if hasattr(self, 'phases')
                                                                              else ''))
+    if self.early_stopping_patience < 0 or self.early_stopping_min_delta < 0:
+      raise ConfigError(f'early_stopping_patience ({self.early_stopping_patience}) and early_stopping_min_delta '
+                        f'({self.early_stopping_min_delta}) must be >= 0')
+    if self.early_stopping_patience:
+      if self.eval_every <= 0:
+        raise ConfigError(f'eval_every={self.eval_every}: early stopping counts evaluations; give a positive number '
+                          'of steps between them')
+      object.__setattr__(self, 'keep_best', True)  # the run's results are its best evaluation's
     if self.keep_best and self.eval_every <= 0:
       raise ConfigError(f'eval_every={self.eval_every}: give a positive number of steps between evaluations '
                         '(keep_best ranks the checkpoints saved at each evaluation)')

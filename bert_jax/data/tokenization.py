@@ -19,6 +19,7 @@ import random
 import re
 import shutil
 import tempfile
+import weakref
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
@@ -400,7 +401,11 @@ def load_tokenizer(path: str) -> Tokenizer:
     The tokenizer. DataError when the path holds none.
   """
   if files.is_remote(path):
-    path = _local_copy(path)
+    local = _local_copy(path)
+    tokenizer = load_tokenizer(local)
+    # The copy lives as long as the tokenizer (a SentencePiece tokenizer's `path` points into it), not past it.
+    weakref.finalize(tokenizer, shutil.rmtree, local if files.isdir(local) else os.path.dirname(local), True)
+    return tokenizer
   if files.isdir(path):
     for name in (SPIECE_FILE, HF_SPIECE_FILE):  # an exported directory's tokenizer.json is its conversion
       if files.isfile(os.path.join(path, name)):
@@ -427,7 +432,8 @@ _NAMES = (SPIECE_FILE, HF_SPIECE_FILE, _TOKENIZER_JSON, _VOCAB_TXT, _TOKENIZER_C
 def _local_copy(path: str) -> str:
   """A local copy (SentencePiece and tokenizers read local files only) of a remote tokenizer directory's files, or
   of a remote tokenizer file with the tokenizer files beside it (vocab.txt's tokenizer_config.json): a new
-  temporary directory per load, so a copy never outlives what it copied."""
+  temporary directory per load (removed with the tokenizer: `load_tokenizer`), so a copy never outlives what it
+  copied."""
   is_dir = files.isdir(path)
   source = path.rstrip('/') if is_dir else os.path.dirname(path.rstrip('/'))
   local = tempfile.mkdtemp(prefix='bert_jax-remote-tokenizer-')

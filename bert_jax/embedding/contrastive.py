@@ -23,8 +23,9 @@ forward pass has two halves, `embed` (per row: the encoder) and `head` (the loss
 whole batch), because its rows are coupled: with `optim.grad_accum_steps = k > 1` the train step does not sum k
 independent micro-batch losses (each with only its micro-batch's negatives: another loss) but runs GradCache
 (`train.gradcache`) over k micro-batches: the exact gradient of the loss of the whole batch, at one micro-batch's
-activation memory. Its batch: query_*, passage_*, negative_* (optional) token ids and attention masks (see
-`model.biencoder`); weights [B] (1 for real pairs); passage_ids [B], negative_ids [B, K], query_ids [B] (optional).
+activation memory. Its batch: query_*, passage_*, negative_* (optional) token ids and attention masks, or the
+packed rows and each text's (row, slot) (see `model.biencoder`); weights [B] (1 for real pairs); passage_ids [B],
+negative_ids [B, K], query_ids [B] (optional).
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def _direction(anchors_bd, candidates_cd, mask_bc, temperature):
   anchors_bd = constrain(anchors_bd, _ROWS)
   candidates_cd = constrain(candidates_cd, _GATHERED)
   logits_bc = jnp.einsum('bd,cd->bc', anchors_bd, candidates_cd, preferred_element_type=jnp.float32) / temperature
+  return softmax_rows(logits_bc, mask_bc)
+
+
+def softmax_rows(logits_bc, mask_bc):
+  """(per-row loss [B], per-row top-1 hit [B]) of logits [B, C] whose row i's positive is candidate i; masked
+  (True) candidates are dropped. Any score's logits: cosines here, MaxSim in `embedding.late_interaction`."""
   logits_bc = constrain(jnp.where(mask_bc, -jnp.inf, logits_bc), _ROWS)
   b = logits_bc.shape[0]
   positive_b = jnp.take_along_axis(logits_bc, jnp.arange(b)[:, None], axis=1)[:, 0]
@@ -69,7 +76,7 @@ def _direction(anchors_bd, candidates_cd, mask_bc, temperature):
   return loss_b, hit_b
 
 
-def _masks(passage_ids_b, negative_ids_bk, query_ids_b, valid_b, b: int, k: int):
+def candidate_masks(passage_ids_b, negative_ids_bk, query_ids_b, valid_b, b: int, k: int):
   """Masks [B, B(1+K)] of the query -> candidate logits and [B, B] of the passage -> query ones (True: dropped)."""
   c = b * (1 + k)
   not_self_bc = jnp.arange(c)[None, :] != jnp.arange(b)[:, None]
@@ -140,7 +147,7 @@ def info_nce(query_bd: jax.Array, passage_bd: jax.Array, negative_bkd: jax.Array
   weights = _check_weights(dim_weights, dims)
   cut = truncate if normalize else (lambda x, _: x)
 
-  q2c_mask_bc, p2q_mask_bb = _masks(passage_ids_b, negative_ids_bk, query_ids_b, valid_b, b, k)
+  q2c_mask_bc, p2q_mask_bb = candidate_masks(passage_ids_b, negative_ids_bk, query_ids_b, valid_b, b, k)
   out, total_b = {}, jnp.zeros((b,), jnp.float32)
   for i, (dim, weight) in enumerate(zip(dims, weights)):
     q_bd, p_bd = cut(query_bd, dim), cut(passage_bd, dim)

@@ -149,7 +149,8 @@ def bucket_width(longest: int, limit: int) -> int:
 
 
 def make_batch(tokenizer, pairs: Sequence[Pair], ids: tuple[np.ndarray, np.ndarray], rows: Sequence[int], *,
-               max_query_length: int, max_passage_length: int, batch_size: int | None = None) -> dict[str, np.ndarray]:
+               max_query_length: int, max_passage_length: int, batch_size: int | None = None,
+               encode_side=None) -> dict[str, np.ndarray]:
   """The `Contrastive` (or `Distillation`) objective's batch of `pairs[rows]`, padded to the longest text per side
   (and to `batch_size` rows with weight 0); with the pairs' teacher scores when they have them.
 
@@ -157,16 +158,20 @@ def make_batch(tokenizer, pairs: Sequence[Pair], ids: tuple[np.ndarray, np.ndarr
     tokenizer: has `encode_inputs(text, None, max_length=...) -> (ids, types, truncated)` and `pad_id`.
     ids: `passage_ids(pairs)`.
     rows: which pairs, in batch order.
+    encode_side: (texts, side, limit) -> token id rows, side 'query' or 'passage' (negatives too); None: each text
+      alone (`tokenizer.encode_inputs`). The multi-vector kind prepends its markers this way.
   """
   batch_size = batch_size or len(rows)
   chosen = [pairs[r] for r in rows]
   k = len(chosen[0].negatives) if chosen else 0
 
-  def encode(texts, limit):
+  def encode(texts, limit, side='passage'):
+    if encode_side is not None:
+      return encode_side(texts, side, limit)
     return [tokenizer.encode_inputs(t, None, max_length=limit)[0] for t in texts]
 
   pad = batch_size - len(chosen)
-  query = encode([p.query for p in chosen], max_query_length) + [[tokenizer.pad_id]] * pad
+  query = encode([p.query for p in chosen], max_query_length, 'query') + [[tokenizer.pad_id]] * pad
   passage = encode([p.positive for p in chosen], max_passage_length) + [[tokenizer.pad_id]] * pad
   batch = {}
   batch['query_input_ids'], batch['query_attention_mask'] = _pad(query, max(map(len, query)), tokenizer.pad_id)
@@ -182,7 +187,18 @@ def make_batch(tokenizer, pairs: Sequence[Pair], ids: tuple[np.ndarray, np.ndarr
   for name in ('query', 'passage', 'negative'):
     if f'{name}_attention_mask' in batch:
       batch[f'{name}_attention_mask'][..., 0] = 1  # padding rows: keep every softmax row non-empty
+  return {**batch, **make_labels(pairs, ids, rows, batch_size)}
+
+
+def make_labels(pairs: Sequence[Pair], ids: tuple[np.ndarray, np.ndarray], rows: Sequence[int],
+                batch_size: int) -> dict[str, np.ndarray]:
+  """The batch's arrays other than tokens, per pair (padded to `batch_size` pairs): passage_ids [B],
+  negative_ids [B, K] (with negatives), weights [B] and, with teacher scores, teacher_scores [B, 1 + K]."""
+  chosen = [pairs[r] for r in rows]
+  k = len(chosen[0].negatives) if chosen else 0
+  pad = batch_size - len(chosen)
   positive_n, negative_nk = ids
+  batch = {}
   # Padding rows get ids no real passage has (-1 - row), so they never mask a real row; their weight is 0.
   filler = -1 - np.arange(pad, dtype=np.int32)
   batch['passage_ids'] = np.concatenate([positive_n[list(rows)], filler])

@@ -36,7 +36,14 @@ DEFAULT_BLOCK_SIZE = 8192
 def _merge_block(top_scores_qk, top_ids_qk, queries_qd, block_nd, offset, num_valid, *, k: int):
   """The running top-k merged with one block's scores; rows of the block at or past `num_valid` are padding."""
   scores_qn = jnp.einsum('qd,nd->qn', queries_qd, block_nd, preferred_element_type=jnp.float32)
-  n = block_nd.shape[0]
+  return merge_scores(top_scores_qk, top_ids_qk, scores_qn, offset, num_valid, k=k)
+
+
+def merge_scores(top_scores_qk, top_ids_qk, scores_qn, offset, num_valid, *, k: int):
+  """The running top-k ([Q, k] scores and corpus indices) merged with a block's scores [Q, n] (any scoring: dot
+  products here, MaxSim in `embedding.multivector_eval`), the block's first row at corpus index `offset`; columns
+  at or past `num_valid` are padding. Traceable (call it inside a jitted function)."""
+  n = scores_qn.shape[1]
   scores_qn = jnp.where(jnp.arange(n)[None, :] < num_valid, scores_qn, -jnp.inf)
   ids_qn = jnp.broadcast_to(offset + jnp.arange(n, dtype=jnp.int32), scores_qn.shape)
   scores_qm = jnp.concatenate([top_scores_qk, scores_qn], axis=1)  # running entries first: they win ties

@@ -38,8 +38,19 @@ def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
+def bucket_rows(needed: int, batch_size: int, rows_multiple: int) -> int:
+  """`needed` rows rounded up to `rows_multiple` times a power of two, at most `batch_size` rounded up to
+  `rows_multiple` (a packed batch never needs more): scoring batch after batch of packed pairs then compiles at most
+  1 + log2(batch_size / rows_multiple) shapes, each at most twice the rows it needs."""
+  top, rows = _round_up(max(batch_size, 1), rows_multiple), rows_multiple
+  while rows < needed and rows < top:
+    rows *= 2
+  return max(min(rows, top), _round_up(needed, rows_multiple))
+
+
 def make_batch(features: Sequence[Feature], kind: str, *, batch_size: int, row_length: int, pack: bool,
-               rows_multiple: int = 1, pad_multiple: int = 16, num_rows: int | None = None) -> dict[str, np.ndarray]:
+               rows_multiple: int = 1, pad_multiple: int = 16, num_rows: int | None = None,
+               bucket: bool = False) -> dict[str, np.ndarray]:
   """Arrays for up to `batch_size` features (fewer: the rest are zero-weight padding examples).
 
   Args:
@@ -52,6 +63,8 @@ def make_batch(features: Sequence[Feature], kind: str, *, batch_size: int, row_l
     pad_multiple: unpacked rows are padded to a multiple of this (at most `row_length`).
     num_rows: at least this many rows (the same shapes for several batches); unpacked rows are then
       `row_length` wide.
+    bucket: packed, the number of rows from a few fixed counts (`bucket_rows`): batch after batch of a long
+      scoring run compiles a handful of shapes, not one per packing outcome.
   """
   if len(features) > batch_size:
     raise ValueError(f'{len(features)} features for a batch of {batch_size}')
@@ -64,6 +77,7 @@ def make_batch(features: Sequence[Feature], kind: str, *, batch_size: int, row_l
     placed = [(i, 0) for i in range(len(features))]
     needed = batch_size
     width = row_length if num_rows else min(row_length, _round_up(max(lengths, default=1), pad_multiple))
+  needed = bucket_rows(needed, batch_size, rows_multiple) if bucket and pack else needed
   num_rows = max(_round_up(needed, rows_multiple), num_rows or 0)
   batch = {k: np.zeros((num_rows, width), np.int32)
            for k in ('input_ids', 'token_type_ids', 'segment_ids', 'position_ids')}

@@ -21,7 +21,7 @@ from bert_jax import distributed, files, hardware, metrics, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.config.migration import METRIC_SCALE
 from bert_jax.errors import BertJaxError
-from bert_jax.finetuning import batching, seeds
+from bert_jax.finetuning import batching, class_weights, seeds
 from bert_jax.finetuning.head_objective import Finetuning
 from bert_jax.finetuning.tasks import get_task, inputs, task_names
 from bert_jax.finetuning.tasks.base import Feature
@@ -37,21 +37,23 @@ from bert_jax.train.step import StepModel, reused
 
 
 def finetuning_model(model_cfg: ModelConfig, kind: str, num_labels: int, tx: optax.GradientTransformation, mesh,
-                     schedule=None, rules=shd.LOGICAL_AXIS_RULES, grad_accum_steps: int = 1) -> StepModel:
-  """The head model of `kind` under its fine-tuning objective, as a StepModel (one for every seed)."""
+                     schedule=None, rules=shd.LOGICAL_AXIS_RULES, grad_accum_steps: int = 1,
+                     objective: Finetuning | None = None) -> StepModel:
+  """The head model of `kind` under its fine-tuning objective (default `Finetuning(kind)`), as a StepModel (one for
+  every seed)."""
   platform = hardware.resolve(mesh=mesh)
   return StepModel(lambda rngs: head_model(kind, model_cfg, num_labels, rngs=rngs, platform=platform),
-                   Finetuning(kind), tx, mesh, schedule=schedule,
+                   objective or Finetuning(kind), tx, mesh, schedule=schedule,
                    state_rng=lambda seed: jax.random.fold_in(jax.random.PRNGKey(seed), 1), rules=rules,
                    grad_accum_steps=grad_accum_steps)
 
 
 @reused  # a run of the same model, head, optimizer, schedule and mesh in this process reuses its steps
-def _run_model(model_cfg: ModelConfig, kind: str, num_labels: int, optim_cfg: OptimConfig, total_steps: int,
-               rules: str, mesh) -> StepModel:
-  return finetuning_model(model_cfg, kind, num_labels, optim.make_optimizer(optim_cfg, total_steps), mesh,
+def _run_model(model_cfg: ModelConfig, objective: Finetuning, num_labels: int, optim_cfg: OptimConfig,
+               total_steps: int, rules: str, mesh) -> StepModel:
+  return finetuning_model(model_cfg, objective.kind, num_labels, optim.make_optimizer(optim_cfg, total_steps), mesh,
                           schedule=optim.learning_rate_schedule(optim_cfg, total_steps), rules=shd.rules(rules),
-                          grad_accum_steps=optim_cfg.grad_accum_steps)
+                          grad_accum_steps=optim_cfg.grad_accum_steps, objective=objective)
 
 
 class HeadTasks:
@@ -136,9 +138,23 @@ class _PreparedRun:
     self.main_metric = f'{self.evals[0].name}_{task.main_metric}'
     self.total_steps = cfg.total_steps(len(self.train)) if self.train else 1
     reporting.log(describe_attention(cfg.model, hardware.resolve(mesh=mesh)))
-    self.model = _run_model(cfg.model, task.kind, task.num_labels, cfg.optim, self.total_steps, cfg.mesh.rules, mesh)
+    self.class_weights = () if evaluation else self._class_weights(cfg, task)
+    objective = Finetuning(task.kind, class_weights=self.class_weights,
+                           label_smoothing=getattr(cfg, 'label_smoothing', 0.0))
+    self.model = _run_model(cfg.model, objective, task.num_labels, cfg.optim, self.total_steps, cfg.mesh.rules, mesh)
     self.rows_multiple = 2 * shd.num_batch_shards(mesh) * cfg.optim.grad_accum_steps
     self.block = distributed.process_batch_block(mesh)
+
+  def _class_weights(self, cfg: FinetuneConfig, task) -> tuple[float, ...]:
+    """`cfg.class_weights` resolved against the task's labels and training features (and logged)."""
+    spec = getattr(cfg, 'class_weights', '')
+    if not spec:
+      return ()
+    names = list(getattr(task, 'label_names', None) or [])
+    counts, total = class_weights.label_counts(self.train, task.kind, task.num_labels)
+    weights = class_weights.resolve(spec, task.kind, names, counts, total)
+    reporting.log(class_weights.describe(weights, names, counts))
+    return weights
 
   def batches(self, seed: int, position: int, step: int) -> batching.TrainBatches:
     cfg = self.cfg
@@ -212,5 +228,7 @@ class _PreparedRun:
 
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
     del wall_s  # each seed has its train_wall_s and eval_wall_s
+    weights = {'class_weights': dict(zip(map(str, self.task.label_names), self.class_weights))} \
+        if self.class_weights else {}
     return {'task': self.task.name, 'init_checkpoint': self.cfg.init_checkpoint,
-            **seeds.summarize(per_run, main_metric=self.main_metric), **METRIC_SCALE}
+            **seeds.summarize(per_run, main_metric=self.main_metric), **weights, **METRIC_SCALE}

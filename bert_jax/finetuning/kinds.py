@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol
 
 from bert_jax.config import FinetuneConfig, ModelConfig
 from bert_jax.errors import ConfigError
-from bert_jax.finetuning import head_tasks, rerank, retrieval, sparse
+from bert_jax.finetuning import head_tasks, multivector, rerank, retrieval, sparse
 
 
 class Run(Protocol):
@@ -59,6 +59,7 @@ KINDS: tuple[type, ...] = (
     retrieval.Retrieval,
     rerank.Rerank,
     sparse.Sparse,
+    multivector.MultiVector,
 )
 
 

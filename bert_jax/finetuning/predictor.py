@@ -1,5 +1,6 @@
 """A fine-tuned model on one device, for predictions (`finetuning.predict`, a kind's own): features -> logits in the
-evaluation path's batches, one compile per batch shape, progress with an ETA."""
+evaluation path's batches, one compile per batch shape (packed: a few row counts, `batching.bucket_rows`), progress
+with an ETA."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ class Predictor:
     for i in range(0, len(features), size):
       chunk = features[i:i + size]
       host = batching.make_batch(chunk, self.kind, batch_size=size, row_length=ft.max_seq_length, pack=self.pack,
-                                 rows_multiple=2)
+                                 rows_multiple=2, bucket=True)
       shape = host['input_ids'].shape
       compiles = shape not in self._compiled
       if compiles:

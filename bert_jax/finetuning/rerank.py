@@ -482,7 +482,7 @@ class _PreparedRun:
     for i in range(0, len(feats), size):
       chunk = feats[i:i + size]
       host = batching.make_batch(chunk, KIND, batch_size=size, row_length=self.cfg.max_seq_length, pack=True,
-                                 rows_multiple=self.rows_multiple)
+                                 rows_multiple=self.rows_multiple, bucket=True)  # a few shapes to compile
       batch = self.model.global_batch(batching.process_block(host, *self.block))
       logits = np.asarray(jax.device_get(self.model.predict_step(params, self.model.rest, batch)))
       out.append(logits[:len(chunk), 0])

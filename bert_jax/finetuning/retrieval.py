@@ -11,9 +11,12 @@ seeds, as every fine-tuning run; config.json records the pooling (its 'task' ent
 are reproducible.
 
 Batches: step s's pairs are `finetuning.batching.batch_indices(…, s)` (a fresh permutation every epoch), so the
-data position is the step and a resumed run continues exactly. Each side is padded to `pairs.bucket_width` of its
-longest text (at most max_query_length for queries, max_seq_length for passages and negatives): the train step
-compiles once per width met, and short queries are not padded to a long max_query_length.
+data position is the step and a resumed run continues exactly. With `pack` (the default) every text of the batch is
+packed into rows of max_seq_length tokens, several per row, each attending only to itself (`embedding.packed_pairs`):
+the row count is rounded to a few sizes, so the train step compiles a handful of times. Without, each side is
+padded to `pairs.bucket_width` of its longest text (at most max_query_length for queries, max_seq_length for
+passages and negatives): the train step compiles once per width met, and short queries are not padded to a long
+max_query_length. Either way the run reports train_padding_fraction. Evaluation pads (one side at a time).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 
 from bert_jax import distributed, files, hardware, sharding as shd
 from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
-from bert_jax.embedding import beir, pairs as pairs_lib, sts as sts_lib
+from bert_jax.embedding import beir, packed_pairs, pairs as pairs_lib, sts as sts_lib
 from bert_jax.embedding.retrieval_eval import evaluate_retrieval
 from bert_jax.embedding.contrastive import Contrastive
 from bert_jax.embedding.distillation import Distillation
@@ -107,13 +110,7 @@ class Retrieval:
   @staticmethod
   def check_inputs(cfg: FinetuneConfig) -> None:
     """The pairs file (its columns), the BEIR directory and the STS file exist and can be read (first lines only)."""
-    if not cfg.train_file:
-      raise ConfigError('retrieval: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
-                        f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
-    if not cfg.beir_dir:
-      raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
-                        'qrels/<split>.tsv) to evaluate on')
-    check_pairs_and_beir(cfg)
+    check_pairs_and_beir(cfg, TASK)
     names = inputs.column_names(cfg.sts_file) if cfg.sts_file else None
     for column in (c.strip() for c in cfg.sts_columns.split(',')) if names is not None else ():
       tables.find_column(cfg.sts_file, names, column, column, flags='--config.sts_columns')
@@ -154,9 +151,15 @@ class Retrieval:
     return f'encoder, {cfg.pooling} pooling: a bi-encoder, retrieval', lambda: BiEncoder(model, spec, rngs=nnx.Rngs(0))
 
 
-def check_pairs_and_beir(cfg: FinetuneConfig) -> None:
-  """The pairs file's columns (`pair_columns`) and the BEIR directory's files exist and can be read (first lines
-  only): the input check of every kind trained on pairs and evaluated on a BEIR set."""
+def check_pairs_and_beir(cfg: FinetuneConfig, task: str) -> None:
+  """The pairs file of a config with the retrieval columns (its columns) and its BEIR directory exist and can be read
+  (first lines only); `task` names the run in the errors."""
+  if not cfg.train_file:
+    raise ConfigError(f'{task}: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
+                      f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
+  if not cfg.beir_dir:
+    raise ConfigError(f'{task}: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
+                      'qrels/<split>.tsv) to evaluate on')
   names = inputs.column_names(cfg.train_file)
   if names is not None:
     pairs_lib.check_columns(cfg.train_file, names, pair_columns(cfg))
@@ -212,11 +215,14 @@ def _pad_to(batch: dict[str, np.ndarray], limits: dict[str, int], pad_id: int) -
 
 
 class RetrievalBatches:
-  """This process's block of each training step's batch of pairs, from step `start` on (`train.loop.Batches`)."""
+  """This process's block of each training step's batch of pairs, from step `start` on (`train.loop.Batches`):
+  packed (`pack`, cfg.pack when None: `packed_pairs`, `rows_multiple` the mesh's batch shards) or each side
+  padded."""
 
   def __init__(self, train: Sequence[pairs_lib.Pair], tokenizer, cfg: FinetuneConfig, *, seed: int, start: int,
-               block: tuple[int, int]):
+               block: tuple[int, int], rows_multiple: int = 1, pack: bool | None = None):
     self.train, self.tokenizer, self.cfg, self.seed, self.block = train, tokenizer, cfg, seed, block
+    self.rows_multiple, self.pack = rows_multiple, cfg.pack if pack is None else pack
     self.ids = pairs_lib.passage_ids(train)
     self.limits = {'query': cfg.max_query_length, 'passage': cfg.max_seq_length, 'negative': cfg.max_seq_length}
     self.position = start
@@ -227,6 +233,15 @@ class RetrievalBatches:
     # Through the module (not an imported name): a test can stop the run at a step's batch.
     chosen = batching.batch_indices(len(self.train), cfg.batch_size, self.seed, self.position, cfg.shuffle)
     self.position += 1
+    if self.pack:
+      host = packed_pairs.make_packed_batch(
+          self.tokenizer, self.train, self.ids, [int(i) for i in chosen], max_query_length=cfg.max_query_length,
+          max_passage_length=cfg.max_seq_length, batch_size=cfg.batch_size,
+          micro_batches=cfg.optim.grad_accum_steps, rows_multiple=self.rows_multiple)
+      self.last_sizes = {'rows': host['input_ids'].shape[0], 'examples': len(chosen),
+                         'row_tokens': int(host['input_ids'].size), 'real_tokens': packed_pairs.real_tokens(host),
+                         'unpacked_tokens': self._padded_tokens(host, len(chosen))}
+      return batching.process_block(host, *self.block)
     host = pairs_lib.make_batch(self.tokenizer, self.train, self.ids, [int(i) for i in chosen],
                                 max_query_length=cfg.max_query_length, max_passage_length=cfg.max_seq_length,
                                 batch_size=cfg.batch_size)
@@ -236,6 +251,15 @@ class RetrievalBatches:
                        'row_tokens': int(sum(m.size for m in masks)),
                        'real_tokens': int(sum(m[:len(chosen)].sum() for m in masks))}
     return batching.process_block(host, *self.block)
+
+  def _padded_tokens(self, host: dict[str, np.ndarray], count: int) -> int:
+    """The tokens of the same batch padded (pack=False): each side's rows at the bucket of its longest text."""
+    total = 0
+    for side, limit in self.limits.items():
+      if f'{side}_row' in host:
+        n = packed_pairs.lengths(host, side, self.cfg.optim.grad_accum_steps)[:count]
+        total += host[f'{side}_row'].size * pairs_lib.bucket_width(int(n.max()), limit)
+    return total
 
   def close(self) -> None:
     pass
@@ -264,8 +288,10 @@ class _PreparedRun:
   def batches(self, seed: int, position: int, step: int) -> RetrievalBatches:
     cfg = self.cfg
     reporting.log(f'seed {seed}: training {self.total_steps - step} of {self.total_steps} steps, batch '
-                  f'{cfg.batch_size} pairs ({cfg.optim.grad_accum_steps} micro-batches), {len(self.train)} pairs')
-    return RetrievalBatches(self.train, self.tokenizer, cfg, seed=seed, start=position, block=self.block)
+                  f'{cfg.batch_size} pairs ({cfg.optim.grad_accum_steps} micro-batches), {len(self.train)} pairs, '
+                  f'{"packed" if cfg.pack else "padded"} rows')
+    return RetrievalBatches(self.train, self.tokenizer, cfg, seed=seed, start=position, block=self.block,
+                            rows_multiple=shd.num_batch_shards(self.mesh))
 
   def embed(self, params, texts: Sequence[str], side: str, limit: int) -> np.ndarray:
     """Normalised embeddings [n, D] of `texts` (as queries or passages, cut at `limit` tokens), eval_batch_size at

@@ -87,9 +87,7 @@ class Sparse:
   @staticmethod
   def check_inputs(cfg: FinetuneConfig) -> None:
     """The pairs file (its columns) and the BEIR directory exist and can be read (first lines only)."""
-    _require_train_file(cfg)
-    _require_beir_dir(cfg)
-    retrieval.check_pairs_and_beir(cfg)
+    retrieval.check_pairs_and_beir(cfg, TASK)
 
   @staticmethod
   def check(cfg: FinetuneConfig, mesh) -> None:
@@ -135,8 +133,12 @@ def _require_beir_dir(cfg: FinetuneConfig) -> None:
 
 
 class SparseBatches(retrieval.RetrievalBatches):
-  """The retrieval kind's batches of pairs, each with its step's FLOPS warm-up factor (`regularizer_factor`, one
-  value per row: the batch's rows are what the mesh splits)."""
+  """The retrieval kind's batches of pairs, each side padded (never packed: the SPLADE max-pooling reads one text
+  per row), each with its step's FLOPS warm-up factor (`regularizer_factor`, one value per row: the batch's rows are
+  what the mesh splits)."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, pack=False, **kwargs)
 
   def __next__(self) -> dict[str, np.ndarray]:
     factor = regularizer_factor(self.position, self.cfg.regularizer_warmup_steps)

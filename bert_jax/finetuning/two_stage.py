@@ -3,9 +3,11 @@ after (experiments/rerank.py).
 
 The first stage is an embedding model directory or a TREC run file (`embedding.first_stage`); the cross-encoder is a
 bert_jax rerank workdir (finetune.py:rerank; its query and pair lengths as it trained) or a Hugging Face directory of
-a one-logit BertForSequenceClassification (experiments/export_hf.py's export of one, or a sentence-transformers
+a one-logit sequence classifier of a family bert_jax imports (Bert-, Roberta-, XLMRoberta-, DistilBert-, Electra- or
+ModernBertForSequenceClassification: experiments/export_hf.py's export of one, or a sentence-transformers
 CrossEncoder such as ms-marco-MiniLM-L-6-v2; the pair cut to min(512, the model's positions) tokens, the query not
-cut on its own, as CrossEncoder reads it). The scoring and the metrics are the rerank task's evaluation
+cut on its own, as CrossEncoder reads it); other shapes are one error line (model_type, a ModernBERT with
+classifier_pooling='mean'). The scoring and the metrics are the rerank task's evaluation
 (`rerank.rerank_first_stage`): nDCG@10, MRR@10 and recall@k under the names that task reports.
 """
 
@@ -29,7 +31,9 @@ from bert_jax.runs.workdir import inspect
 
 HF_MAX_LENGTH = 512  # a Hugging Face cross-encoder's pair length at most (transformers' BERT tokenizers' default)
 _RERANKER = ('give a bert_jax rerank workdir (experiments/finetune.py --config=experiments/configs/finetune.py:'
-             'rerank) or a Hugging Face directory of a one-logit BertForSequenceClassification')
+             'rerank) or a Hugging Face directory of a one-logit sequence classifier (BERT, RoBERTa, XLM-R, '
+             'DistilBERT, ELECTRA or ModernBERT)')
+_SEQUENCE_CLASS = 'ForSequenceClassification'  # transformers' <Family>ForSequenceClassification
 
 
 def load_reranker(path: str, log=reporting.log) -> FinetunedBert:
@@ -50,13 +54,13 @@ def load_reranker(path: str, log=reporting.log) -> FinetunedBert:
   hf = model_dir.read_json_config(path)
   arch = (hf.get('architectures') or [''])[0]
   labels = int(hf.get('num_labels') or len(hf.get('id2label') or {}) or 2)
-  if arch != 'BertForSequenceClassification' or labels != 1:
-    what = f'a classifier of {labels} labels' if arch == 'BertForSequenceClassification' else f'a {arch or "model"}'
-    raise ConfigError(f'--reranker {path} is {what}, not a one-logit BertForSequenceClassification: {_RERANKER}')
+  if not arch.endswith(_SEQUENCE_CLASS) or labels != 1:
+    what = f'a classifier of {labels} labels' if arch.endswith(_SEQUENCE_CLASS) else f'a {arch or "model"}'
+    raise ConfigError(f'--reranker {path} is {what}, not a one-logit sequence classifier: {_RERANKER}')
   tokenizer = source.tokenizer()
   cfg, params, _, _ = families.load_hf_checkpoint(path)
   if 'classifier' not in params:
-    raise CheckpointError(f'{path}: a BertForSequenceClassification without classifier weights')
+    raise CheckpointError(f'{path}: a {arch} without classifier weights')
   length = min(HF_MAX_LENGTH, cfg.max_position_embeddings)
   settings = RerankConfig(init_checkpoint=path, model=cfg, max_seq_length=length, max_query_length=length)
   task = {'name': rerank.TASK, 'kind': rerank.KIND, 'num_labels': 1, 'label_names': []}

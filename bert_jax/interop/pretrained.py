@@ -31,6 +31,7 @@ from bert_jax.interop.hf import model_dir, task_classes
 from bert_jax.interop.packaged import packaged_minilm  # pylint: disable=unused-import  # its old home
 from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model
+from bert_jax.model.colbert import MultiVectorEncoder, MultiVectorSpec
 from bert_jax.model.sparse_encoder import SparseEncoder
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer, state_problem
@@ -349,6 +350,8 @@ def load_finetuned(workdir: str, seed: int | None = None, step: int | None = Non
     module_fn = lambda rngs: BiEncoder(cfg, ContrastiveSpec.of(ft), rngs=rngs)
   elif sparse(task):  # a SPLADE encoder: the encoder and its masked-LM head
     module_fn = lambda rngs: SparseEncoder(cfg, rngs=rngs)
+  elif task['kind'] == 'multivector':  # the encoder and its token projection
+    module_fn = lambda rngs: MultiVectorEncoder(cfg, MultiVectorSpec.of(ft), rngs=rngs)
   else:
     module_fn = lambda rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs)
   tokenizer = finetuning_tokenizer(wd, saved, log)  # before the weights: a bad one is refused at once

@@ -11,6 +11,19 @@ The batch holds padded token ids per side (token types are all 0: each text is e
   passage_input_ids, passage_attention_mask    int [B, T_p]
   negative_input_ids, negative_attention_mask  int [B, K, T_p]  (optional: K hard negatives per query)
 
+or, packed (`embedding.packed_pairs`), every text of the batch in rows of T tokens, several per row:
+
+  input_ids, segment_ids, position_ids         int [R, T]  (segment ids 1, 2, ... per text, 0 at padding;
+                                                            positions restart at 0 in each text)
+  segment_lengths                              int [R, S]  (each slot's tokens; S: the most texts a row holds)
+  query_row, query_segment                     int [B]     (the row and slot of each query)
+  passage_row, passage_segment                 int [B]
+  negative_row, negative_segment               int [B, K]  (optional)
+
+The encoder then runs once over the rows (attention inside each text, `BertEncoder`'s segment_ids), each text is
+pooled from its own tokens (`pooling.pool_segments`) and picked out by its (row, slot): the same vectors as the
+padded batch's.
+
 `embed_fn` turns a module into the pure (params, micro_batch, key) -> embeddings function that `gradcache` (and the
 uncached step) differentiate: the dropout streams are reseeded from `key` inside it, so the masks are a function of
 the key alone and a recomputation with the same key draws the same ones.
@@ -30,7 +43,7 @@ import numpy as np
 from bert_jax.config import ModelConfig
 from bert_jax.errors import ConfigError
 from bert_jax.model.encoder import BertEncoder
-from bert_jax.model.pooling import POOLINGS, sentence_embedding
+from bert_jax.model.pooling import POOLINGS, l2_normalize, pool_segments, sentence_embedding
 
 # A learned temperature lives in [TEMPERATURE_MIN, TEMPERATURE_MAX] (CLIP caps its logit scale at 100, i.e. 0.01).
 TEMPERATURE_MIN = 0.01
@@ -103,6 +116,8 @@ def embed_batch(encoder, batch: dict[str, jax.Array], *, pooling: str, normalize
   The encoder runs once per side (query, passage, negatives flattened to [B * K, T]); with dropout each call draws
   its own masks (the module's dropout stream advances between calls).
   """
+  if 'segment_ids' in batch:
+    return _embed_packed(encoder, batch, pooling=pooling, normalize=normalize, deterministic=deterministic)
   out = {}
   for side in SIDES:
     if f'{side}_input_ids' not in batch:
@@ -113,6 +128,21 @@ def embed_batch(encoder, batch: dict[str, jax.Array], *, pooling: str, normalize
     emb = sentence_embedding(encoder, ids, jax.numpy.zeros_like(ids), mask, pooling=pooling, normalize=normalize,
                              deterministic=deterministic)
     out[side] = emb.reshape(*lead, emb.shape[-1])
+  return out
+
+
+def _embed_packed(encoder, batch: dict[str, jax.Array], *, pooling: str, normalize: bool,
+                  deterministic: bool) -> dict[str, jax.Array]:
+  """`embed_batch` of a packed batch: one encoder call over the rows, each text pooled from its own segment."""
+  ids, segments, positions = batch['input_ids'], batch['segment_ids'], batch['position_ids']
+  seq_rtd, _ = encoder(ids, jnp.zeros_like(ids), None, positions, segment_ids_bt=segments,
+                       deterministic=deterministic)
+  pooled_rsd = pool_segments(seq_rtd, segments, positions, batch['segment_lengths'].shape[1], pooling)
+  out = {}
+  for side in SIDES:
+    if f'{side}_row' in batch:
+      emb = pooled_rsd[batch[f'{side}_row'], batch[f'{side}_segment']]  # [B, D] or [B, K, D]
+      out[side] = l2_normalize(emb) if normalize else emb
   return out
 
 

@@ -193,7 +193,7 @@ class EncoderLayer(nnx.Module):
 
 class BertEncoder(nnx.Module):
   """Embeddings, `num_layers` encoder layers (post- or pre-LN, then a final LayerNorm) and the [CLS] pooler
-  (dense + tanh, or model.pooler_activation).
+  (dense + tanh, or model.pooler_activation; + LayerNorm with model.pooler_norm).
 
   `platform`: the one the model is built for ('cpu', 'gpu', 'rocm', 'tpu': `hardware.resolve`, e.g. of the run's
   mesh), kept by every layer: it picks the attention kernel and Dense's backward. None: jax's default devices',
@@ -211,16 +211,22 @@ class BertEncoder(nnx.Module):
                                   use_bias=cfg.use_bias)
     self.pooler = Dense((cfg.hidden_size,), (cfg.hidden_size,), ('embed', 'mlp'), std=cfg.initializer_range,
                         dtype=compute_dtype(cfg), rngs=rngs, use_bias=cfg.use_bias, platform=platform)
+    if cfg.pooler_norm:  # ModernBERT's classification head: dense, GELU, LayerNorm
+      self.pooler_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, dtype=compute_dtype(cfg),
+                                   use_bias=cfg.use_bias)
 
   def pool(self, cls_xd: jax.Array) -> jax.Array:
-    """The pooler on [CLS] vectors [..., D]: model.pooler_activation(dense(x))."""
+    """The pooler on [CLS] vectors [..., D]: model.pooler_activation(dense(x)), then LayerNorm with
+    model.pooler_norm."""
     y_xd = self.pooler(cls_xd)
     activation = self.cfg.pooler_activation
     if activation == 'relu':
-      return jax.nn.relu(y_xd)
-    if activation == 'gelu':
-      return jax.nn.gelu(y_xd, approximate=False)
-    return jnp.tanh(y_xd)
+      y_xd = jax.nn.relu(y_xd)
+    elif activation == 'gelu':
+      y_xd = jax.nn.gelu(y_xd, approximate=False)
+    else:
+      y_xd = jnp.tanh(y_xd)
+    return self.pooler_norm(y_xd) if self.cfg.pooler_norm else y_xd
 
   def layer_contexts(self, mask_b11s, position_ids_bt, attention_mask_bt=None, segment_ids_bt=None,
                      full_masks: bool = False) -> tuple[list[tuple], tuple[int, ...]]:

@@ -35,6 +35,33 @@ def pool(seq_btd: jax.Array, attention_mask_bt: jax.Array, pooling: str) -> jax.
   return (seq_btd * mask_bt1).sum(1) / jnp.maximum(mask_bt1.sum(1), 1.0)
 
 
+def pool_segments(seq_rtd: jax.Array, segment_ids_rt: jax.Array, position_ids_rt: jax.Array, num_segments: int,
+                  pooling: str) -> jax.Array:
+  """float32 [R, S, D]: `pool` of every segment of packed rows, segment s + 1 of row r at [r, s].
+
+  Packed rows hold several texts each (`segment_ids` 1, 2, ... per text, 0 at padding; positions restarting at 0 in
+  each): a text's vector is the mean of its own tokens, or its first token (position 0) for 'cls', the same as
+  `pool` of the text padded alone. One einsum against the one-hot of the segments: no gather of per-text token
+  windows. A slot with no segment (s + 1 past the row's last) is zero.
+
+  Args:
+    seq_rtd: the encoder's sequence output [R, T, D] of the packed rows.
+    segment_ids_rt, position_ids_rt: int [R, T].
+    num_segments: S, at least the most segments a row holds.
+    pooling: 'mean' or 'cls'.
+  """
+  if pooling not in POOLINGS:
+    raise ValueError(f'pooling must be one of {", ".join(POOLINGS)}, got {pooling!r}')
+  onehot_rts = segment_ids_rt[..., None] == jnp.arange(1, num_segments + 1)
+  if pooling == 'cls':
+    onehot_rts = onehot_rts & (position_ids_rt == 0)[..., None]
+  weights_rts = onehot_rts.astype(jnp.float32)
+  # HIGHEST: float32 products on every backend (not TF32 or bfloat16 passes), as `pool`'s elementwise sum.
+  sums_rsd = jnp.einsum('rtd,rts->rsd', seq_rtd.astype(jnp.float32), weights_rts,
+                        precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+  return sums_rsd / jnp.maximum(weights_rts.sum(1), 1.0)[..., None]
+
+
 def l2_normalize(x_bd: jax.Array, eps: float = NORM_EPS) -> jax.Array:
   """x / max(||x||, eps) along the last axis, in float32.
 

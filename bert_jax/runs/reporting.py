@@ -106,13 +106,15 @@ class Progress:
     self.real_tokens = self.row_tokens = 0
 
   def add(self, sizes: dict[str, int], row_width: int, waited_s: float) -> None:
-    """One step's global batch `sizes` (rows, row_tokens, real_tokens, examples), the width of its
-    rows, and the seconds waited for it."""
+    """One step's global batch `sizes` (rows, row_tokens, real_tokens, examples; optionally
+    unpacked_tokens, what its examples take unpacked where that is not one row of `row_width` each),
+    the width of its rows, and the seconds waited for it."""
     w = self._window
     for k in ('rows', 'row_tokens', 'real_tokens', 'examples'):
       w[k] += sizes[k]
     w['steps'] += 1
-    w['example_tokens'] += sizes['examples'] * row_width  # as if every example had a row
+    # As if every example had a row (or as the batch's own unpacked layout would pad them).
+    w['example_tokens'] += sizes.get('unpacked_tokens', sizes['examples'] * row_width)
     w['waited'] += waited_s
     self.real_tokens += sizes['real_tokens']
     self.row_tokens += sizes['row_tokens']

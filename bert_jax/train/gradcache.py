@@ -57,6 +57,19 @@ def num_micro_batches(batch, micro_batch_size: int) -> int:
   return b // micro_batch_size
 
 
+def _count(batch, micro_batch_size: int | None, micro_batches: int | None) -> int:
+  """k, from `micro_batch_size` (a batch whose arrays share their rows) or given as `micro_batches` (each array's
+  rows split in k: a packed batch's token rows and its pairs differ in number)."""
+  if (micro_batch_size is None) == (micro_batches is None):
+    raise ConfigError('give one of micro_batch_size and micro_batches')
+  if micro_batches is None:
+    return num_micro_batches(batch, micro_batch_size)
+  for x in jax.tree.leaves(batch):
+    if micro_batches < 1 or x.shape[0] % micro_batches:
+      raise ConfigError(f'{micro_batches} micro-batches do not divide an array of {x.shape[0]} rows')
+  return micro_batches
+
+
 def split_micro_batches(batch, k: int):
   """[B, ...] -> [k, B / k, ...] with micro-batch j = rows j, j + k, j + 2k, ... (each stays split over the mesh)."""
   def split(x):
@@ -99,7 +112,8 @@ def backprop_micro_batches(embed_fn: EmbedFn, params, chunks, keys, cotangents):
   return grads
 
 
-def grad_cache(embed_fn: EmbedFn, loss_fn: LossFn, params, batch, rng: jax.Array, *, micro_batch_size: int):
+def grad_cache(embed_fn: EmbedFn, loss_fn: LossFn, params, batch, rng: jax.Array, *,
+               micro_batch_size: int | None = None, micro_batches: int | None = None):
   """((loss, aux), grads) of `loss_fn(params, embed(params, batch))` over the whole batch, by GradCache.
 
   Jittable (call it inside the jitted train step). Equal, up to float rounding, to `value_and_grad_uncached` with
@@ -114,11 +128,13 @@ def grad_cache(embed_fn: EmbedFn, loss_fn: LossFn, params, batch, rng: jax.Array
     batch: a pytree of [B, ...] arrays (the global batch).
     rng: the step's dropout key; micro-batch j uses `fold_in(rng, j)`.
     micro_batch_size: rows per micro-batch; must divide B.
+    micro_batches: instead, the number k of micro-batches: every array's rows are split in k (their leading sizes
+      may differ, e.g. a packed batch's token rows and its pairs).
 
   Raises:
     ConfigError: the micro-batch size does not divide the batch.
   """
-  k = num_micro_batches(batch, micro_batch_size)
+  k = _count(batch, micro_batch_size, micro_batches)
   chunks, keys = split_micro_batches(batch, k), micro_batch_keys(rng, k)
   embeddings = join_micro_batches(embed_micro_batches(embed_fn, params, chunks, keys))
   (loss, aux), (loss_param_grads, embedding_grads) = jax.value_and_grad(
@@ -128,10 +144,10 @@ def grad_cache(embed_fn: EmbedFn, loss_fn: LossFn, params, batch, rng: jax.Array
 
 
 def value_and_grad_uncached(embed_fn: EmbedFn, loss_fn: LossFn, params, batch, rng: jax.Array, *,
-                            micro_batch_size: int):
+                            micro_batch_size: int | None = None, micro_batches: int | None = None):
   """The same ((loss, aux), grads) as `grad_cache`, differentiated through one graph of the whole batch (every
   micro-batch's activations kept): the reference, and the plain step whose memory GradCache saves."""
-  k = num_micro_batches(batch, micro_batch_size)
+  k = _count(batch, micro_batch_size, micro_batches)
   chunks, keys = split_micro_batches(batch, k), micro_batch_keys(rng, k)
 
   def total(params):

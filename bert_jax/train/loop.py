@@ -24,6 +24,7 @@ import numpy as np
 from bert_jax.errors import BertJaxError, Preempted
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer, state_problem
+from bert_jax.train.early_stopping import META_KEY, EarlyStopping
 from bert_jax.train.preemption import Preemption
 from bert_jax.train.step import StepModel
 
@@ -91,13 +92,14 @@ class FitResult:
   step: int
   last_eval: dict[str, Any] | None  # the held-out metrics of the last evaluation, if any
   stats: dict[str, float]  # train_steps_this_invocation, train_wall_s, train_padding_fraction (and its row_tokens)
+  stopped_early: bool = False  # the early stopping (fit's `early_stopping`) ended it before total_steps
 
 
 def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
         total_steps: int, ckpt: Checkpointer, preempt: Preemption, report: Report, log_every: int,
         checkpoint_config: dict[str, Any], checkpoint_extra: dict[str, Any] | None = None,
         evaluate: Callable[[Any, int], dict[str, Any]] | None = None, eval_every: int = 0,
-        eval_first: bool = False, eval_last: bool = True) -> FitResult:
+        eval_first: bool = False, eval_last: bool = True, early_stopping: EarlyStopping | None = None) -> FitResult:
   """Trains `state` from its step to `total_steps` on `batches`; see the module docstring.
 
   Args:
@@ -117,6 +119,8 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
     eval_every: see `evaluate`.
     eval_first: evaluate before the first step too (a run continued from other weights).
     eval_last: evaluate at `total_steps` (False: a stage of a run that goes on, e.g. a batch size of a ramp).
+    early_stopping: counts each periodic evaluation; when it says stop, the step is saved (its state in the meta)
+      and fit returns with `stopped_early`.
 
   Returns:
     The final state, step, last evaluation and training statistics.
@@ -181,17 +185,23 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
         t_eval = time.time()
         last_eval = evaluated = writers.evaluation(step, evaluate(state['params'], step))
         eval_s += time.time() - t_eval
+        if early_stopping is not None and not is_last and early_stopping.update(step, evaluated):
+          reporting.log(f'{report.label}stopping early at step {step}: {early_stopping.reason()}')
+          save_now = True
       if save_now or stop:
         # The losses so far are finite; the parameters this step produced must be sane too.
         problem = state_problem(state['params'])
         if problem:
           raise _diverged(report, problem.replace('its parameters', 'the parameters'), step, last_good)
+        extra = {**(checkpoint_extra or {}), **({META_KEY: early_stopping.state()} if early_stopping else {})}
         if ckpt.save(step, state, data_position=batches.position, config=checkpoint_config, force=True,
-                     extra=checkpoint_extra, metrics=_numbers(evaluated)):
+                     extra=extra, metrics=_numbers(evaluated)):
           last_good = step
       if stop:
         ckpt.wait()
         raise Preempted(report.label + preempt.message(step, saved=True))
+      if early_stopping is not None and early_stopping.stopped_at == step:
+        break
     jax.block_until_ready(state)
   except (Preempted, KeyboardInterrupt):
     draw = False
@@ -202,11 +212,11 @@ def fit(model: StepModel, state: dict[str, Any], batches: Batches, *,
     if close:
       close()
     writers.close(draw=draw)
-  stats = {'train_steps_this_invocation': total_steps - start, 'train_wall_s': time.time() - t0 - eval_s}
+  stats = {'train_steps_this_invocation': step - start, 'train_wall_s': time.time() - t0 - eval_s}
   if progress.row_tokens:
     stats['train_padding_fraction'] = 1 - progress.real_tokens / progress.row_tokens
     stats['row_tokens'] = progress.row_tokens  # what stages' padding fractions are weighted by
-  return FitResult(state, step, last_eval, stats)
+  return FitResult(state, step, last_eval, stats, stopped_early=step < total_steps)
 
 
 # No stretch of training is silent for longer than this: between progress lines (log_every steps apart, which on a

@@ -56,7 +56,8 @@ from bert_jax.errors import CheckpointError, ConfigError
 from bert_jax.runs import reporting, tracking
 from bert_jax.runs.checkpoints import Checkpointer
 from bert_jax.runs.workdir import Workdir, check_kind, check_outside, inspect
-from bert_jax.train.loop import Batches, Report, fit
+from bert_jax.train.early_stopping import EarlyStopping
+from bert_jax.train.loop import Batches, FitResult, Report, fit
 from bert_jax.train.preemption import Preemption
 from bert_jax.train.step import StepModel
 
@@ -267,20 +268,28 @@ def _train_run(run: Prepared, seed: int, run_dir: str, preempt: Preemption, star
       return run.evaluate(params, step, final_dir if step == run.total_steps else None)
 
     step, stats = int(jax.device_get(state['step'])), {}
+    stopper = _early_stopping(cfg, run.main_metric, ckpt.meta(step) if resumed else None)
     stages = run.stages
+    if stopper and stopper.stopped_at is not None:  # it stopped early before: finished at that step
+      reporting.log(f'{report.label}stopped early at step {stopper.stopped_at} before: {stopper.reason()}')
+      stages = []
+      fitted = FitResult(state, step, None, {'train_steps_this_invocation': 0, 'train_wall_s': 0.0})
     for stage in [s for s in stages if s.end > step] or stages[-1:]:  # a finished run: the last one, at its end
       batches = run.batches(seed, position, step)
       fitted = fit(stage.model, state, batches, total_steps=stage.end, ckpt=ckpt, preempt=preempt,
                    report=dataclasses.replace(report, label=report.label + stage.label, fields=stage.fields),
                    log_every=cfg.log_every, checkpoint_config=cfg.to_dict(), checkpoint_extra=run.checkpoint_extra,
                    evaluate=held_out, eval_every=cfg.eval_every, eval_first=run.eval_first and not resumed,
-                   eval_last=stage.evaluate_at_end or stage is stages[-1])
+                   eval_last=stage.evaluate_at_end or stage is stages[-1], early_stopping=stopper)
       state, step, position = fitted.state, fitted.step, batches.position
       stats = _add_stats(stats, fitted.stats)
+      if fitted.stopped_early:
+        break
     ckpt.wait()
     stats.pop('row_tokens', None)
     # train_steps: the run's steps (a resumed run's too); this invocation's are train_steps_this_invocation.
-    result = {'seed': seed, 'step': fitted.step, 'train_steps': fitted.step, **stats}
+    result = {'seed': seed, 'step': fitted.step, 'train_steps': fitted.step, **stats,
+              **(stopper.result() if stopper else {})}
     result.update(fitted.last_eval or run.evaluate(fitted.state['params'], fitted.step, final_dir))  # a finished run
     if cfg.keep_best:
       best = ckpt.best_step(run.main_metric)
@@ -291,6 +300,16 @@ def _train_run(run: Prepared, seed: int, run_dir: str, preempt: Preemption, star
     if tracker:  # a run stopped by an error or a preemption is closed too, without final metrics
       tracker.finish(result, {'curves': os.path.join(report.curves_dir, 'curves.png')} if report.curves_dir else {})
   return result
+
+
+def _early_stopping(cfg, main_metric: str, meta: dict[str, Any] | None) -> EarlyStopping | None:
+  """The run's early stopping (None without patience), with the count its latest checkpoint kept."""
+  if not getattr(cfg, 'early_stopping_patience', 0):
+    return None
+  stopper = EarlyStopping(cfg.early_stopping_metric or main_metric, cfg.early_stopping_patience,
+                          cfg.early_stopping_min_delta)
+  stopper.restore(meta)
+  return stopper
 
 
 def _add_stats(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:

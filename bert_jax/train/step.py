@@ -126,10 +126,6 @@ def reused(build: Callable[..., StepModel]) -> Callable[..., StepModel]:
   return built
 
 
-def _rows(batch) -> int:
-  return jax.tree.leaves(batch)[0].shape[0]
-
-
 class StepModel:
   """Builds sharded train states of a module and holds its jitted train, eval and predict steps.
 
@@ -225,8 +221,9 @@ class StepModel:
     key = jax.random.fold_in(state['rng'], state['step'])
     objective = self.objective
     # Each term is normalised by its count over the whole global batch, so accumulated
-    # micro-batches give exactly the gradient of one big batch.
-    counts = {t: jnp.maximum(c, 1.0) for t, c in objective.counts(batch).items()}
+    # micro-batches give exactly the gradient of one big batch. A count is a number of examples or a sum of their
+    # weights (class weights may be < 1): only an empty one (0, its loss sum 0 too) is raised, to keep 0 / 0 out.
+    counts = {t: jnp.where(c > 0, c, 1.0) for t, c in objective.counts(batch).items()}
 
     def loss_fn(params, micro, micro_rest):
       outputs = self.apply(params, micro_rest, micro, deterministic=False)
@@ -285,7 +282,7 @@ class StepModel:
       loss = sum(sums[f'{t}_loss_sum'] / counts[t] for t in objective.terms)
       return loss, sums
 
-    return gradcache.grad_cache(embed_fn, loss_fn, params, batch, key, micro_batch_size=_rows(batch) // k)
+    return gradcache.grad_cache(embed_fn, loss_fn, params, batch, key, micro_batches=k)
 
   def _eval_step(self, params, rest, batch, aux):
     return self.objective.eval_sums(self.apply(params, rest, batch), batch, aux)

@@ -12,6 +12,8 @@
       --config.train_file=mined_pairs.jsonl [--config.beir_dir=my_beir_set --config.first_stage=EMBEDDING_MODEL]
   python experiments/finetune.py --config=experiments/configs/finetune.py:sparse --workdir=/tmp/sparse \
       --config.train_file=pairs.jsonl --config.beir_dir=my_beir_set [--config.negative_columns=negative]
+  python experiments/finetune.py --config=experiments/configs/finetune.py:multivector --workdir=/tmp/colbert \
+      --config.train_file=pairs.jsonl --config.beir_dir=my_beir_set
 
 Variants:
   sst2, rte       GLUE, the budgets of the README results table (sst2: 300 steps x 32 on the first 9,600
@@ -68,6 +70,13 @@ Variants:
                   pairs of --config.train_file, evaluated on --config.beir_dir by exact dot products: nDCG@10
                   (main), MRR@10, recall@k, non-zero terms per query and document. 1 epoch x 32 pairs, passages
                   128 tokens, queries 32, lr 2e-5
+  multivector     a multi-vector (ColBERT) encoder (docs/embeddings.md): every token's vector projected to
+                  projection_dim=128 and normalised, scored by MaxSim; trained on the pairs of --config.train_file
+                  (the retrieval columns) by InfoNCE over the global batch (temperature 1), or with --config.loss=kl
+                  and --config.score_columns by KL from teacher scores; exact MaxSim on --config.beir_dir: nDCG@10
+                  (main), MRR@10, recall@1/@10. Queries '[Q] ' + text filled with [MASK] to 32 tokens, documents
+                  '[D] ' + text cut to 180, their punctuation unscored (sentence-transformers' MultiVectorEncoder,
+                  PyLate); 1 epoch x 32 pairs, lr 3e-5
   squad_v2        SQuAD v2.0 (train-v2.0.json / dev-v2.0.json in data_dir), 2 epochs, lr 5e-5, the
                   no-answer threshold tuned on dev
 
@@ -115,6 +124,8 @@ VARIANTS = {
                                           num_train_epochs=1.0, eval_batch_size=64)),
     'sparse': ('sparse', None, 2e-5, dict(max_seq_length=128, max_query_length=32, batch_size=32,
                                           num_train_epochs=1.0, eval_batch_size=32)),
+    'multivector': ('multivector', None, 3e-5, dict(query_length=32, document_length=180, batch_size=32,
+                                                    num_train_epochs=1.0, eval_batch_size=64)),
     'qa': ('qa', None, 3e-5, dict(max_seq_length=384, batch_size=16, num_train_epochs=2.0, eval_batch_size=32)),
 }
 

@@ -22,7 +22,8 @@ def test_each_task_has_one_config_type_and_the_types_share_only_the_base():
   base = {f.name for f in dataclasses.fields(FinetuneConfig)}
   assert base >= {f.name for f in dataclasses.fields(TrainingConfig)} | {'task', 'train_file', 'max_seq_length'}
   own = [{f.name for f in dataclasses.fields(t)} - base for t in CONFIG_TYPES]
-  assert own[0] & own[1] == {'max_query_length'}  # QA's question length and retrieval's query length
+  # QA's question length and retrieval's query length; packed rows (several texts per row) or padded ones
+  assert own[0] & own[1] == {'max_query_length', 'pack'}
   assert set(kind_fields()) == base.union(*own)
 
 
@@ -36,7 +37,7 @@ def test_finetune_config_builds_the_tasks_type_and_keeps_it_through_copies():
                 dataclasses.replace(cfg, temperature=0.1), FinetuneConfig.from_dict(cfg.to_dict())):
     assert type(again) is RetrievalConfig and again.pooling == 'cls'
   assert type(copy.deepcopy(FinetuneConfig(task='toy'))) is FinetuneConfig
-  assert 'pooling' not in FinetuneConfig(task='sst2').to_dict() and 'pack' not in cfg.to_dict()
+  assert 'pooling' not in FinetuneConfig(task='sst2').to_dict() and 'data_dir' not in cfg.to_dict()
   with pytest.raises(ConfigError, match="task 'sst2' is configured by HeadTaskConfig, not RetrievalConfig"):
     dataclasses.replace(cfg, task='sst2')
 
@@ -44,16 +45,19 @@ def test_finetune_config_builds_the_tasks_type_and_keeps_it_through_copies():
 def test_a_field_of_another_kind_is_one_line_naming_the_tasks_that_read_it():
   with pytest.raises(ConfigError) as e:
     FinetuneConfig(task='sst2', temperature=0.1, matryoshka_dims='64', beir_dir='/nonexistent')
-  assert str(e.value) == ('temperature is a field of the retrieval and sparse tasks; matryoshka_dims is a field of '
-                          'the retrieval task; beir_dir is a field of the retrieval, rerank and sparse tasks; this '
-                          'run\'s task is sst2 (classification), which does not read them')
+  assert str(e.value) == ('temperature is a field of the retrieval, sparse and multivector tasks; matryoshka_dims is '
+                          'a field of the retrieval task; beir_dir is a field of the retrieval, rerank, sparse and '
+                          'multivector tasks; this run\'s task is sst2 (classification), which does not read them')
   with pytest.raises(ConfigError, match="pooling is a field of the retrieval task; this run's task is sst2 "
                                         r'\(classification\), which does not read it$'):
     FinetuneConfig(task='sst2', pooling='mean')  # even at its default: it is not sst2's field
   with pytest.raises(ConfigError, match="data_dir is a field of the GLUE, conll2003, squad and squad_v2 tasks; pack "
-                                        r"is a field of every head task \(classification, tagging and QA\); this run's "
-                                        'task is retrieval, which does not read them'):
-    FinetuneConfig.from_dict({'task': 'retrieval', 'data_dir': 'glue/sst2', 'pack': False})
+                                        "is a field of every task but rerank, sparse and multivector; this run's "
+                                        'task is rerank, which does not read them'):
+    FinetuneConfig.from_dict({'task': 'rerank', 'data_dir': 'glue/sst2', 'pack': False})
+  with pytest.raises(ConfigError, match=r"eval_file is a field of every head task \(classification, tagging and QA\); "
+                                        "this run's task is sparse, which does not read it$"):
+    FinetuneConfig.from_dict({'task': 'sparse', 'eval_file': 'dev.tsv'})
   with pytest.raises(ConfigError, match=r'unknown config key\(s\): pooling_mode'):  # a typo stays a typo
     FinetuneConfig.from_dict({'task': 'retrieval', 'pooling_mode': 'cls'})
   with pytest.raises(ConfigError, match='learning_rate is now optim.learning_rate'):
@@ -71,6 +75,9 @@ def test_a_saved_flat_config_keeps_its_own_kinds_fields():
   assert type(head) is HeadTaskConfig and head.max_query_length == 40 and head.task == 'rte'
   new = {'finetune': FinetuneConfig(task='sst2').to_dict()}
   assert upgrade_saved(new) is new
+  # A retrieval config saved before it had `pack` (its batches were padded then) loads, packed: the same loss.
+  earlier = {k: v for k, v in RetrievalConfig().to_dict().items() if k != 'pack'}
+  assert FinetuneConfig.from_dict(upgrade_saved({'finetune': earlier})['finetune']).pack is True
 
 
 def test_a_config_of_another_kind_with_its_task_changed_is_one_line():

@@ -134,3 +134,19 @@ def test_longest_first_truncation():
       [2, 5, 3, 3], [0, 0, 0, 1], True)
   with pytest.raises(ConfigError, match='max_length=2 leaves no room for text'):
     tk.assemble_inputs([5], None, max_length=2, cls_id=2, sep_id=3)
+
+
+def test_a_remote_tokenizer_local_copy_goes_with_the_tokenizer(tokenizer, fake_bucket, tmp_path, monkeypatch):
+  """Loading from gs:// copies the files to a temporary directory (SentencePiece reads local files only); the copy is
+  removed when the tokenizer is, so loads do not leave directories behind in /tmp."""
+  import gc  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+  remote = tk.save_tokenizer(tokenizer, f'{fake_bucket}/tok')
+  copies = lambda: [n for n in os.listdir(tmp_path) if n.startswith('bert_jax-remote-tokenizer-')]
+  for path in (remote, os.path.dirname(remote)):  # the model file, and its directory
+    loaded = tk.load_tokenizer(path)
+    assert loaded.encode('The castle') == tokenizer.encode('The castle') and len(copies()) == 1
+    del loaded
+    gc.collect()
+    assert not copies()

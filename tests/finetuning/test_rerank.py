@@ -404,3 +404,75 @@ def test_listwise_groups_learn_and_a_resumed_run_equals_a_straight_one(tiny_chec
   assert resumed['step'] == straight['step'] == 12
   for name in ('eval_loss', 'eval_mrr_at_10', 'eval_top1_accuracy'):
     assert resumed[name] == straight[name], name
+
+
+@pytest.mark.slow
+def test_scoring_many_packed_batches_compiles_a_few_row_counts():
+  """Scoring pairs batch after batch (predict.py, experiments/rerank.py) pads each packed batch's rows to a few fixed
+  counts (`batching.bucket_rows`): the jitted forward compiles at most 1 + log2(batch / 2) shapes, where each packing
+  outcome would be a shape of its own; the scores are those of the pairs scored one batch at a time unbucketed."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from bert_jax.config import preset  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import batching  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning.predictor import Predictor  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning.tasks.base import Feature  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop.pretrained import FinetunedBert  # pylint: disable=g-import-not-at-top
+  from bert_jax.model.heads import BertForSequenceClassification  # pylint: disable=g-import-not-at-top
+  from harness.numerics import tolerance  # pylint: disable=g-import-not-at-top
+  assert [batching.bucket_rows(n, 32, 2) for n in (1, 2, 3, 5, 9, 17, 32)] == [2, 2, 4, 8, 16, 32, 32]
+  assert batching.bucket_rows(5, 12, 2) == 8 and batching.bucket_rows(9, 12, 2) == 12  # at most the batch's rows
+  cfg = preset('tiny', vocab_size=64, num_layers=1, hidden_dropout=0.0, attention_dropout=0.0)
+  params = nnx.to_pure_dict(nnx.state(BertForSequenceClassification(cfg, 1, rngs=nnx.Rngs(0)), nnx.Param))
+  settings = RerankConfig(max_seq_length=32, max_query_length=8, model=cfg)
+  tuned = FinetunedBert(cfg, settings, {'name': 'rerank', 'kind': 'regression', 'num_labels': 1}, params, None, 'x',
+                        seed=0, step=0)
+  rng = np.random.default_rng(0)
+  feats = [Feature(rng.integers(5, 64, n).astype(np.int32), np.zeros(n, np.int32), label=0.0)
+           for n in rng.integers(4, 33, 256)]
+  size = 32
+  unbucketed = {batching.make_batch(feats[i:i + size], 'regression', batch_size=size, row_length=32, pack=True,
+                                    rows_multiple=2)['input_ids'].shape for i in range(0, len(feats), size)}
+  predictor = Predictor(tuned, size, log=lambda _: None, pack=True)
+  scores = predictor.scores(feats)
+  bucketed = {batching.bucket_rows(rows, size, 2) for rows, _ in unbucketed}
+  assert predictor._forward._cache_size() == len(bucketed) < len(unbucketed)  # pylint: disable=protected-access
+  first = batching.make_batch(feats[:size], 'regression', batch_size=size, row_length=32, pack=True, rows_multiple=2)
+  alone = np.asarray(predictor._forward(predictor._state, first))[:, 0]  # pylint: disable=protected-access
+  np.testing.assert_allclose(scores[:size], alone, rtol=0, atol=tolerance(np.float32, 64, depth=1))
+
+
+@pytest.mark.slow
+def test_listwise_gradient_accumulation_steps_as_the_whole_batch():
+  """Groups of 3 (one-hot and teacher targets), two micro-batches (each group whole in one, packed on its own): the
+  listwise loss and the update are those of the whole batch in one step (plain SGD: the update is the gradient)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from bert_jax import sharding as shd  # pylint: disable=g-import-not-at-top
+  from bert_jax.config import MeshConfig, preset  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import batching  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning.tasks.base import Feature  # pylint: disable=g-import-not-at-top
+  from bert_jax.model.heads import BertForSequenceClassification  # pylint: disable=g-import-not-at-top
+  from bert_jax.train.step import StepModel  # pylint: disable=g-import-not-at-top
+  from harness.numerics import tolerance  # pylint: disable=g-import-not-at-top
+  cfg = preset('tiny', vocab_size=100, num_layers=1, hidden_dropout=0.0, attention_dropout=0.0)
+  g, groups = 3, 8
+  rng = np.random.default_rng(1)
+  targets = np.concatenate([np.tile(np.eye(1, g)[0], (groups // 2, 1)), rng.dirichlet(np.ones(g), size=groups // 2)])
+  feats = [Feature(rng.integers(5, 100, n).astype(np.int32), np.zeros(n, np.int32), label=float(t))
+           for n, t in zip(rng.integers(4, 30, groups * g), targets.reshape(-1))]
+  mesh = shd.make_mesh(MeshConfig())
+  results = {}
+  for k in (1, 2):
+    model = StepModel(lambda rngs: BertForSequenceClassification(cfg, 1, rngs=rngs), rerank.RerankObjective('listwise'),
+                      optax.sgd(0.5), mesh, grad_accum_steps=k)
+    batches = batching.TrainBatches(feats, rerank.KIND, batch_size=groups, row_length=32, pack=True,
+                                    rows_multiple=8 * k, seed=0, shuffle=True, start=0, block=(0, 1), micro_batches=k,
+                                    group_size=g)
+    state = model.init_state(None, seed=0)
+    start = jax.device_get(state['params'])
+    state, metrics = model.train_step(state, model.global_batch(next(batches)), model.rest)
+    results[k] = (jax.device_get(state['params']), float(metrics['loss']))
+  assert results[1][1] == pytest.approx(results[2][1], rel=1e-5) and results[1][1] > 0.1  # whole groups' losses
+  for a, b, s in zip(*(jax.tree.leaves(p) for p in (results[1][0], results[2][0], start))):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=tolerance(np.float32, 256, depth=2))
+  assert any(not np.array_equal(a, s) for a, s in zip(*(jax.tree.leaves(p) for p in (results[1][0], start))))

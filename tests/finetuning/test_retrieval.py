@@ -39,12 +39,37 @@ def test_batches_pad_each_side_to_its_bucket_not_to_its_limit(wordpiece):
   from bert_jax.embedding import pairs as pairs_lib  # pylint: disable=g-import-not-at-top
   train = [pairs_lib.Pair(f'who wrote book {i}?', 'A passage about a book. ' * (3 + 35 * (i == 5)), (), i)
            for i in range(8)]
-  cfg = types.SimpleNamespace(batch_size=4, shuffle=False, max_query_length=128, max_seq_length=512)
+  cfg = types.SimpleNamespace(batch_size=4, shuffle=False, max_query_length=128, max_seq_length=512, pack=False)
   batches = retrieval.RetrievalBatches(train, wordpiece, cfg, seed=0, start=0, block=(0, 1))
   first, second = next(batches), next(batches)  # rows 0-3, then 4-7 (row 5: a passage of about 230 tokens)
   assert first['query_input_ids'].shape == (4, 32) and first['passage_input_ids'].shape == (4, 32)
   assert second['passage_input_ids'].shape == (4, 256)
   assert second['passage_attention_mask'].sum(1).max() < 256 and first['query_attention_mask'][:, -1].sum() == 0
+
+
+def test_packed_batches_share_rows_of_max_seq_length_and_pad_less(wordpiece):
+  import types  # pylint: disable=g-import-not-at-top
+  from bert_jax.embedding import pairs as pairs_lib  # pylint: disable=g-import-not-at-top
+  train = [pairs_lib.Pair(f'who wrote book {i}?', 'A passage about a book. ' * (3 + 9 * (i % 3)), (), i)
+           for i in range(16)]
+  sizes = {}
+  for pack in (True, False):
+    cfg = types.SimpleNamespace(batch_size=8, shuffle=False, max_query_length=32, max_seq_length=128, pack=pack,
+                                optim=types.SimpleNamespace(grad_accum_steps=2))
+    batches = retrieval.RetrievalBatches(train, wordpiece, cfg, seed=0, start=0, block=(0, 1), rows_multiple=4)
+    batch = next(batches)
+    sizes[pack] = batches.last_sizes
+  assert batch['query_input_ids'].shape == (8, 32)  # padded: its bucket
+  packed = retrieval.RetrievalBatches(train, wordpiece, types.SimpleNamespace(
+      batch_size=8, shuffle=False, max_query_length=32, max_seq_length=128, pack=True,
+      optim=types.SimpleNamespace(grad_accum_steps=2)), seed=0, start=0, block=(1, 2), rows_multiple=4)
+  block = next(packed)  # process 1 of 2: the second half of the rows and of the pairs
+  rows = packed.last_sizes['rows']
+  assert rows % 8 == 0 and block['input_ids'].shape == (rows // 2, 128) and block['query_row'].shape == (4,)
+  assert sizes[True]['real_tokens'] == sizes[False]['real_tokens'] and sizes[True]['examples'] == 8
+  assert sizes[True]['unpacked_tokens'] == sizes[False]['row_tokens']  # the progress line's '(unpacked ..%)'
+  fraction = {pack: 1 - n['real_tokens'] / n['row_tokens'] for pack, n in sizes.items()}
+  assert fraction[True] < fraction[False] - 0.1, (fraction, sizes)
 
 
 @pytest.mark.slow
@@ -58,6 +83,8 @@ def test_retrieval_trains_evaluates_and_resumes_bit_identically(tiny_checkpoint,
     assert 0.0 <= straight[name] <= 1.0, name
   assert 'eval_ndcg_at_10_dim32' not in straight  # 32 is the full size: reported once
   assert straight['eval_recall_at_10'] == 1.0  # 8 passages: every one is in the top 10
+  # Packed (the default): 28 % of the rows' tokens are padding here, each side padded to its bucket 42 %.
+  assert 0 < straight['train_padding_fraction'] < 0.35
   with open(tmp_path / 'straight' / 'final_metrics.json', encoding='utf-8') as f:
     assert json.load(f)['eval_ndcg_at_10'] == straight['eval_ndcg_at_10']
   with open(tmp_path / 'straight' / 'config.json', encoding='utf-8') as f:

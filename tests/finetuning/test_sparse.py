@@ -140,3 +140,19 @@ def test_the_starting_weights_take_a_pretraining_workdirs_masked_lm_head(pretrai
   for ours, theirs in zip(jax.tree.leaves(weights['mlm']), jax.tree.leaves(source)):
     np.testing.assert_array_equal(ours, theirs)
   assert np.abs(np.asarray(source['bias'])).max() > 0  # a trained head, not the fresh zeros
+
+
+def test_sparse_batches_are_padded_with_their_steps_warm_up_factor(wordpiece):
+  """The retrieval kind packs by default (cfg.pack); a sparse batch never is (SPLADE pools one text per row)."""
+  import types  # pylint: disable=g-import-not-at-top
+  from bert_jax.embedding import pairs as pairs_lib  # pylint: disable=g-import-not-at-top
+  from bert_jax.finetuning import sparse  # pylint: disable=g-import-not-at-top
+  train = [pairs_lib.Pair(f'who wrote book {i}?', 'A passage about a book. ' * 3, (), i) for i in range(8)]
+  cfg = types.SimpleNamespace(batch_size=4, shuffle=False, max_query_length=16, max_seq_length=64, pack=True,
+                              regularizer_warmup_steps=2, optim=types.SimpleNamespace(grad_accum_steps=1))
+  batches = sparse.SparseBatches(train, wordpiece, cfg, seed=0, start=0, block=(0, 1))
+  first, second = next(batches), next(batches)
+  assert 'input_ids' not in first and first['query_input_ids'].shape[0] == 4
+  assert first['passage_input_ids'].shape[0] == 4
+  np.testing.assert_array_equal(first['regularizer_factor'], np.zeros(4, np.float32))
+  np.testing.assert_array_equal(second['regularizer_factor'], np.full(4, 0.25, np.float32))

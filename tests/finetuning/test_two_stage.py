@@ -86,7 +86,7 @@ def test_the_two_stage_command_reports_what_the_task_evaluates_from_a_model_or_i
     (('--first_stage=/nonexistent/run.trec',), 'first_stage /nonexistent/run.trec does not exist; give an embedding'),
     (('--beir_dir=/nonexistent',), 'BEIR directory /nonexistent does not exist'),
     (('--first_stage={bad_run}',), "1 document id that corpus.jsonl lacks, on 1 line ('d99' line 2)"),
-    (('--first_stage={run}',), 'is a BertModel, not a one-logit BertForSequenceClassification'),
+    (('--first_stage={run}',), 'is a BertModel, not a one-logit sequence classifier'),
     (('--first_stage={run}', '--output_run={checkpoint}/run.trec'), 'which is only read'),
 ])
 def test_bad_input_is_one_error_line(tiny_checkpoint, tmp_path, args, message):

@@ -1,6 +1,7 @@
 """Checks against references: transformers' models, pipelines and exports (`assert_task_exports_match_transformers`,
 `assert_embed_and_attention_match_transformers`, `assert_export_classifies_as_predict`,
-`assert_fill_mask_is_the_pipelines`, `assert_reranker_exports_score_as_predict`, `export_again`, `save_perturbed`, `FAMILY_TASKS`), and the reference
+`assert_fill_mask_is_the_pipelines`, `assert_reranker_exports_score_as_predict`,
+`assert_hf_reranker_reranks_as_transformers`, `export_again`, `save_perturbed`, `FAMILY_TASKS`), and the reference
 implementation a faster one is tested against (`reference_first_fit_decreasing`).
 
 Production behaviour changed: none beyond `entry_points.run_main`'s (the entry points checked run through it).
@@ -126,6 +127,42 @@ def assert_reranker_exports_score_as_predict(checkpoint: str, tmp_path, architec
                              rtol=0, atol=atol)
   np.testing.assert_allclose(peer.predict(RERANK_PAIRS), [r['probability'] for r in ours], rtol=0, atol=atol)
   return workdir
+
+
+def assert_hf_reranker_reranks_as_transformers(directory: str, tmp_path) -> dict:
+  """experiments/rerank.py with the Hugging Face one-logit sequence classifier `directory` as --reranker and, as the
+  first stage, a TREC run of 5 documents per query of the bundled BEIR sample: the reranked run's scores are
+  transformers' logits of those (query, passage) pairs (the tokenizer's pair template, longest-first truncation to
+  min(512, the model's positions)), up to float32 rounding (`model_tolerance`) and the run's 6 decimals. Returns
+  the command's result line."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from bert_jax.embedding import beir, trec  # pylint: disable=g-import-not-at-top
+  from bert_jax.interop import families  # pylint: disable=g-import-not-at-top
+  beir_dir = os.path.join(REPO, 'data', 'samples', 'retrieval', 'beir')
+  data = beir.read_beir(beir_dir)
+  ids = (np.arange(5)[None, :] + 3 * np.arange(len(data.query_ids))[:, None]) % len(data.corpus_ids)
+  first, reranked = str(tmp_path / 'first.trec'), str(tmp_path / 'reranked.trec')
+  trec.write_run(first, data, ids, np.tile(-np.arange(5, dtype=np.float32), (len(ids), 1)))
+  result = run_main('rerank.py', f'--first_stage={first}', f'--reranker={directory}', f'--beir_dir={beir_dir}',
+                    '--top_k=5', '--batch_size=16', f'--output_run={reranked}')
+  assert result.returncode == 0, result.stderr[-3000:]
+  with open(reranked, encoding='utf-8') as f:
+    ours = {(q, d): float(score) for q, _, d, _, score, _ in (line.split() for line in f)}
+  assert len(ours) == ids.size
+  text = dict(zip(data.query_ids, data.queries))
+  passage = dict(zip(data.corpus_ids, data.passages()))
+  pairs = sorted(ours)
+  length = min(512, families.read_hf_config(directory).max_position_embeddings)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(directory).eval()
+  batch = tokenizer([text[q] for q, _ in pairs], [passage[d] for _, d in pairs], truncation='longest_first',
+                    max_length=length, padding=True, return_tensors='pt')
+  with torch.no_grad():
+    theirs = model(**batch).logits[:, 0].numpy()
+  np.testing.assert_allclose([ours[p] for p in pairs], theirs, rtol=0,
+                             atol=model_tolerance(model.config, np.abs(theirs).max()) + 1e-6)
+  return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def assert_fill_mask_is_the_pipelines(checkpoint: str, text: str, tokenizer) -> list:

@@ -138,6 +138,22 @@ def test_a_micro_batch_that_does_not_divide_the_batch_is_refused():
     gradcache.grad_cache(linear_embed, loss_fn, params, batch, jax.random.key(0), micro_batch_size=5)
 
 
+def test_micro_batches_split_arrays_of_different_row_counts():
+  # A packed batch: its token rows and its pairs differ in number; each array's rows are split in k (its micro-batch
+  # j: every k-th row from j, of each array). The whole step over such a batch: tests/embedding/test_packed_pairs.py.
+  params, batch = _case(b=16, negatives=0)
+  rows = {**batch, 'rows': np.arange(8 * 3).reshape(8, 3)}
+  chunks = gradcache.split_micro_batches(rows, 4)
+  assert chunks['query'].shape == (4, 4, FEATURES) and chunks['rows'].shape == (4, 2, 3)
+  np.testing.assert_array_equal(chunks['rows'][1], rows['rows'][1::4])
+  with pytest.raises(ConfigError, match='3 micro-batches do not divide an array of 16 rows'):
+    gradcache.grad_cache(linear_embed, loss_fn, params, rows, jax.random.key(0), micro_batches=3)
+  with pytest.raises(ConfigError, match='give one of micro_batch_size and micro_batches'):
+    gradcache.grad_cache(linear_embed, loss_fn, params, rows, jax.random.key(0), micro_batches=4, micro_batch_size=4)
+  with pytest.raises(ConfigError, match='disagree on the number of rows'):  # a batch size names one row count
+    gradcache.grad_cache(linear_embed, loss_fn, params, rows, jax.random.key(0), micro_batch_size=4)
+
+
 def test_on_8_devices_it_equals_one_device():
   params, batch = _case(b=64)
   rng = jax.random.key(3)

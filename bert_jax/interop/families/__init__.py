@@ -57,6 +57,14 @@ def load_hf_checkpoint(directory: str) -> tuple[ModelConfig, dict, bool, bool]:
   return family.load_checkpoint(directory, cfg)
 
 
+def read_hf_task(directory: str) -> dict[str, Any] | None:
+  """The task of a fine-tuned Hugging Face directory whose family names it (`bert.read_hf_task`,
+  `modernbert.read_hf_task`); None for other classes and families."""
+  family = FAMILIES.get(model_dir.read_json_config(directory).get('model_type', 'bert'))
+  read = getattr(family, 'read_hf_task', None)
+  return read(directory) if read else None
+
+
 def hf_model_type(cfg: ModelConfig) -> str:
   """The Hugging Face model_type `cfg` exports as: a BERT-shaped config is 'bert', 'distilbert' without token
   types, 'electra' with an embedding_size, 'roberta' with a position_offset (`roberta.save_checkpoint` writes

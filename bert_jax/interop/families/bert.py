@@ -239,9 +239,10 @@ def save_checkpoint(directory: str, cfg: ModelConfig, params, tokenizer=None, *,
   heads = {p[0] for p in flat} - {'bert'}
   num_labels = task_classes.check_task(task, heads)
   groups = {'bert'} | heads | ({'pooler'} if task is None or task['kind'] in SEQUENCE_KINDS else set())
-  if 'pooler' in groups and cfg.pooler_activation != 'tanh':
-    raise CheckpointError(f'model.pooler_activation={cfg.pooler_activation}: BERT\'s pooler applies tanh, so its '
-                          'pooled output would differ in transformers; nothing written')
+  if 'pooler' in groups and (cfg.pooler_activation != 'tanh' or cfg.pooler_norm):
+    what = 'model.pooler_norm=True' if cfg.pooler_norm else f'model.pooler_activation={cfg.pooler_activation}'
+    raise CheckpointError(f'{what}: BERT\'s pooler applies tanh (no LayerNorm), so its pooled output would differ '
+                          'in transformers; nothing written')
   table = [e for e in _name_table(cfg.num_layers) if e.group in groups]
   shapes = model_dir.param_shapes(cfg, num_labels)
   exported = {e.path for e in table}

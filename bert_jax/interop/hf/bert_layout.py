@@ -82,10 +82,14 @@ class Family:
 
 def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig, dict, bool, bool]:
   """Reads a checkpoint of `family` whose config.json gave `cfg`; returns as `families.load_hf_checkpoint`:
-  (config, params, has_mlm_head, False), params with 'bert' (its pooler zeros) and the heads it holds."""
+  (config, params, has_mlm_head, False), params with 'bert' (its pooler drawn where the checkpoint has none) and
+  the heads it holds; a <stem>ForSequenceClassification's two dense layers are our pooler and 'classifier'."""
   tensors = model_dir.read_tensors(directory)
   prefix = family.prefix if any(n.startswith(family.prefix) for n in tensors) else ''
   table, shapes = family.table(cfg), family.shapes(cfg)
+  if family.stem and all(f'{name}.weight' in tensors for name in family.sequence_head):  # a sequence classifier
+    table = table + family.task_table('classification')
+    shapes = family.shapes(cfg, int(tensors[f'{family.sequence_head[1]}.weight'].shape[0]))
   words, decoder = tensors.get(prefix + family.words), tensors.get(family.decoder)
   if decoder is not None and (words is None or decoder.shape != words.shape or not np.array_equal(decoder, words)):
     raise CheckpointError(f'{directory}: {family.decoder} differs from {prefix}{family.words}; bert_jax ties the MLM '
@@ -114,7 +118,7 @@ def load(directory: str, cfg: ModelConfig, family: Family) -> tuple[ModelConfig,
       raise CheckpointError(f'{directory}: tensor {family.hf_name(e, prefix)} has shape {theirs.shape} but '
                             f'config.json implies {expected}')
     flat[e.path] = np.ascontiguousarray(e.rule.from_hf(theirs, shapes[e.path]))
-  if 'pooler' not in heads:
+  if 'pooler' not in heads and 'task' not in heads:
     # Drawn as transformers draws the fresh dense layer of its classification heads (normal, std
     # initializer_range; bias 0), from a fixed seed: zeros would never train under DistilBERT's ReLU.
     reporting.log(f'warning: {directory} holds a {family.name} checkpoint without a pooler: its pooler is drawn at '
@@ -143,6 +147,9 @@ def save(directory: str, cfg: ModelConfig, params, tokenizer, family: Family,
   heads = frozenset(p[0] for p in flat) - {'bert', 'nsp'}
   num_labels = task_classes.check_task(task, set(heads))
   if task is not None:
+    if task['kind'] in SEQUENCE_KINDS and cfg.pooler_norm:
+      raise CheckpointError(f'model.pooler_norm=True, but {family.name}\'s classification head has no LayerNorm after '
+                            'its activation; nothing written')
     if task['kind'] in SEQUENCE_KINDS and cfg.pooler_activation != family.pooler_activation:
       raise CheckpointError(f'model.pooler_activation={cfg.pooler_activation}, but {family.name}\'s classification '
                             f'head applies {family.pooler_activation}: fine-tune from the {family.name} import (which '

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import numpy as np
 import pytest
@@ -205,10 +206,14 @@ def test_own_csv_fine_tunes_predicts_and_exports_label_names(tiny_checkpoint, tm
       'finetune.py', '--config=experiments/configs/finetune.py:classify', f'--workdir={workdir}',
       f'--config.init_checkpoint={tiny_checkpoint}', f'--config.train_file={train}', '--config.text_column=review',
       '--config.label_column=sentiment', '--config.num_train_steps=3', '--config.batch_size=8',
-      '--config.max_seq_length=32', '--config.eval_fraction=0.2')
+      '--config.max_seq_length=32', '--config.eval_fraction=0.2', '--config.class_weights=neutral=2,positive=0.5',
+      '--config.label_smoothing=0.1')
   assert trained.returncode == 0, trained.stderr[-3000:]
   result = json.loads(trained.stdout.strip().splitlines()[-1])
   assert result['main_metric'] == 'dev_accuracy' and 0 <= result['dev_macro_f1'] <= 1
+  assert result['class_weights'] == {'negative': 1.0, 'neutral': 2.0, 'positive': 0.5}
+  assert re.search(r'class weights: negative 1 \(\d+ in training\), neutral 2 \(\d+ in training\), positive 0.5 ',
+                   trained.stdout)
   assert '6 of the 30 rows of' in trained.stdout + trained.stderr
   names = ['negative', 'neutral', 'positive']
   with open(workdir / 'config.json', encoding='utf-8') as f:
@@ -256,3 +261,21 @@ def test_a_gzipped_and_a_remote_training_file_train_as_the_plain_one(tiny_checkp
   assert results[0]['main_metric'] == 'dev_accuracy'
   assert [r['dev_accuracy'] for r in results] == [results[0]['dev_accuracy']] * 2
   assert [r['dev_macro_f1'] for r in results] == [results[0]['dev_macro_f1']] * 2
+
+
+def test_class_weights_of_unknown_labels_or_on_regression_are_one_error_line(tiny_checkpoint, tmp_path):
+  from harness.entry_points import assert_one_line_error, run_main  # pylint: disable=g-import-not-at-top
+  rows = [(text, label) for label, texts in _REVIEWS.items() for text in texts]
+  train = _csv(tmp_path, 'reviews.csv', rows=rows, header='review,sentiment')
+  common = [f'--config.init_checkpoint={tiny_checkpoint}', f'--config.train_file={train}',
+            '--config.text_column=review', '--config.label_column=sentiment', '--config.num_train_steps=1']
+  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:classify', f'--workdir={tmp_path / "a"}',
+                    *common, '--config.class_weights=happy=2')
+  assert_one_line_error(result, "class_weights entry 'happy=2': give auto or label=weight,... with labels of "
+                                'negative, neutral, positive')
+  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:regress', f'--workdir={tmp_path / "b"}',
+                    *common, '--config.class_weights=auto')
+  assert_one_line_error(result, '--config.class_weights')
+  result = run_main('finetune.py', '--config=experiments/configs/finetune.py:classify', f'--workdir={tmp_path / "c"}',
+                    *common, '--config.label_smoothing=1.0')
+  assert_one_line_error(result, 'label_smoothing=1.0 must be in [0, 1)')

@@ -5,6 +5,7 @@ logits on a padded batch (data/make_hf_modernbert_reference.py), checked where t
 absent; the tests that load our exports in transformers run only where it is installed.
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -126,7 +127,10 @@ def test_modernbert_matches_transformers(explicit_mask, record_property):
   assert (cfg.norm_position, cfg.position_embedding, cfg.mlp, cfg.type_vocab_size, cfg.use_bias) == (
       'pre', 'rotary', 'geglu', 0, False)
   assert cfg.layer_windows == (0, 8, 0) and (cfg.rope_theta, cfg.local_rope_theta) == (160000.0, 10000.0)
-  assert not np.any(params['bert']['pooler']['kernel'])  # ModernBERT has none: zeros
+  # No pooler: the MLM head's dense and LayerNorm, where transformers starts a sequence classifier's head
+  assert (cfg.pooler_activation, cfg.pooler_norm) == ('gelu', True)
+  assert np.array_equal(params['bert']['pooler']['kernel'], params['mlm']['transform']['kernel'])
+  assert np.array_equal(params['bert']['pooler_norm']['scale'], params['mlm']['layer_norm']['scale'])
   with np.load(os.path.join(FIXTURE, 'reference.npz')) as f:
     ref = dict(f)
   mask = ref['attention_mask']
@@ -166,16 +170,21 @@ def test_random_model_round_trip_with_a_tokenizer(tmp_path, use_bias):
   out = str(tmp_path / 'export')
   families.save_hf_checkpoint(out, cfg, params, tokenizer)  # the NSP head and the pooler are left out, with a warning
   cfg2, params2, has_mlm, has_nsp = families.load_hf_checkpoint(out)
-  assert cfg2 == cfg and has_mlm and not has_nsp
+  # the import's pooler is ModernBERT's classification head, started from the MLM head (ours is not exported)
+  assert cfg2 == dataclasses.replace(cfg, pooler_activation='gelu', pooler_norm=True) and has_mlm and not has_nsp
   params.pop('nsp')
-  params['bert']['pooler'] = jax.tree.map(np.zeros_like, params['bert']['pooler'])
+  params['bert']['pooler'] = params['mlm']['transform']
+  params['bert']['pooler_norm'] = params['mlm']['layer_norm']
   _assert_trees_identical(params, params2)
   assert model_dir.load_hf_tokenizer(out).encode('the cats') == tokenizer.encode('the cats')
-  # An encoder alone exports as ModernBertModel and imports without the head.
+  # An encoder alone exports as ModernBertModel and imports without the head: the pooler drawn (seed 0)
   families.save_hf_checkpoint(str(tmp_path / 'encoder'), cfg, {'bert': params['bert']})
   _, encoder, has_mlm, _ = families.load_hf_checkpoint(str(tmp_path / 'encoder'))
   assert not has_mlm and set(encoder) == {'bert'}
-  _assert_trees_identical({'bert': params['bert']}, encoder)
+  drawn = {k: encoder['bert'].pop(k) for k in ('pooler', 'pooler_norm')}
+  assert np.std(drawn['pooler']['kernel']) == pytest.approx(cfg.initializer_range, rel=0.1)
+  assert (drawn['pooler_norm']['scale'] == 1).all()
+  _assert_trees_identical({'bert': {k: v for k, v in params['bert'].items() if k not in drawn}}, encoder)
 
 
 @pytest.mark.parametrize('overrides', [
@@ -335,3 +344,82 @@ def test_transformers_modernbert_with_biases_imports(tmp_path):
   real = mask == 1
   assert np.abs(theirs[real] - _all_logits(cfg, params, ids, mask)[real]).max() <= model_tolerance(
       cfg, np.abs(theirs[real]).max())
+
+
+def _classifier_logits(cfg, params, ids):
+  """Our sequence classifier's logits [B, num_labels] of padded rows (the mask from [PAD])."""
+  model = heads.BertForSequenceClassification(cfg, params['classifier']['kernel'].shape[1], rngs=nnx.Rngs(0))
+  state = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+  nnx.update(model, state)
+  return np.asarray(model(jnp.asarray(ids)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('use_bias', [False, True])
+def test_a_sequence_classifier_is_transformers_and_round_trips(tmp_path, use_bias):
+  """ModernBertForSequenceClassification (num_labels 1, classifier_pooling 'cls'; its head dense, GELU, LayerNorm on
+  [CLS] after the final norm) is our sequence classifier with the ModernBERT import's pooler: a random one imports
+  with transformers' logits, exports back to the same tensors (config: the class, 'cls', one label) and reimports
+  bit-exactly; one started from a masked-LM checkpoint starts from its MLM head in both. 'mean' pooling and
+  a classifier exported from a model without that pooler are one line each."""
+  torch, transformers = _transformers()
+  torch.manual_seed(2)
+  hf_config = transformers.ModernBertConfig(
+      vocab_size=64, hidden_size=64, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+      max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=8, pad_token_id=0, num_labels=1,
+      attention_bias=use_bias, mlp_bias=use_bias, norm_bias=use_bias, classifier_bias=use_bias)
+  mlm = transformers.ModernBertForMaskedLM(hf_config).eval()
+  with torch.no_grad():
+    for name, p in mlm.named_parameters():
+      if 'norm' in name or name.endswith('bias'):
+        p.add_(0.1 * torch.randn_like(p))
+  mlm.save_pretrained(str(tmp_path / 'mlm'))
+  model = transformers.ModernBertForSequenceClassification.from_pretrained(str(tmp_path / 'mlm')).eval()
+  assert torch.equal(model.head.dense.weight, mlm.head.dense.weight)  # the MLM head, by its shared names
+  model.save_pretrained(str(tmp_path / 'hf'))
+  ids, mask = _padded_batch(lengths=(30, 17, 9, 24), seq=32)
+  with torch.no_grad():
+    theirs = model(input_ids=torch.from_numpy(ids.astype(np.int64)),
+                   attention_mask=torch.from_numpy(mask.astype(np.int64))).logits.numpy()
+  cfg, params, has_mlm, _ = families.load_hf_checkpoint(str(tmp_path / 'hf'))
+  assert set(params) == {'bert', 'classifier'} and not has_mlm and cfg.pooler_norm
+  assert modernbert.read_hf_task(str(tmp_path / 'hf'))['kind'] == 'regression'
+  atol = model_tolerance(cfg, np.abs(theirs).max())
+  np.testing.assert_allclose(_classifier_logits(cfg, params, ids), theirs, rtol=0, atol=atol)
+  # the masked-LM import: our pooler is its head, transformers' classifier's start (the classifier: theirs)
+  _, from_mlm, _, _ = families.load_hf_checkpoint(str(tmp_path / 'mlm'))
+  from_mlm = {'bert': from_mlm['bert'], 'classifier': params['classifier']}
+  np.testing.assert_allclose(_classifier_logits(cfg, from_mlm, ids), theirs, rtol=0, atol=atol)
+
+  task = dict(name='rerank', kind='regression', num_labels=1, label_names=[])
+  out = str(tmp_path / 'export')
+  families.save_hf_checkpoint(out, cfg, params, task=task)
+  original, exported = (st_numpy.load_file(os.path.join(d, model_dir.WEIGHTS_FILE)) for d in (tmp_path / 'hf', out))
+  assert sorted(exported) == sorted(original)
+  for name in original:
+    assert np.array_equal(exported[name], original[name]), name
+  with open(os.path.join(out, model_dir.CONFIG_FILE), encoding='utf-8') as f:
+    written = json.load(f)
+  assert (written['architectures'], written['classifier_pooling'], len(written['id2label'])) == (
+      ['ModernBertForSequenceClassification'], 'cls', 1)
+  cfg2, params2, _, _ = families.load_hf_checkpoint(out)
+  assert cfg2 == cfg
+  _assert_trees_identical(params, params2)
+
+  mean = str(tmp_path / 'mean')
+  shutil.copytree(out, mean)
+  with open(os.path.join(mean, model_dir.CONFIG_FILE), 'w', encoding='utf-8') as f:
+    json.dump({**written, 'classifier_pooling': 'mean'}, f)
+  with pytest.raises(CheckpointError, match="classifier_pooling='mean'; bert_jax's sequence classifier reads"):
+    families.load_hf_checkpoint(mean)
+  with pytest.raises(CheckpointError, match=r'model.pooler_activation=tanh, model.pooler_norm=False, but '
+                                            "ModernBERT's classification head is dense, GELU, LayerNorm"):
+    plain = dataclasses.replace(cfg, pooler_activation='tanh', pooler_norm=False)
+    bert = {k: v for k, v in params['bert'].items() if k != 'pooler_norm'}
+    families.save_hf_checkpoint(str(tmp_path / 'x'), plain, {'bert': bert, 'classifier': params['classifier']},
+                                task=task)
+  with pytest.raises(CheckpointError, match='a fine-tuned modernbert token model exports as bert_jax only'):
+    families.save_hf_checkpoint(str(tmp_path / 'y'), cfg, {'bert': params['bert'], 'classifier': params['classifier']},
+                                task=dict(task, kind='token'))
+  assert not os.path.exists(tmp_path / 'x') and not os.path.exists(tmp_path / 'y')

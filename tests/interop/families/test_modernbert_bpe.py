@@ -23,7 +23,8 @@ from bert_jax.interop import pretrained
 from harness.entry_points import assert_one_line_error, finetune_small_sst2, run_main
 from harness.inputs import modernbert_style_tokenizer, write_small_corpus
 from harness.numerics import tolerance
-from harness.references import assert_embed_and_attention_match_transformers, assert_fill_mask_is_the_pipelines
+from harness.references import (assert_embed_and_attention_match_transformers, assert_fill_mask_is_the_pipelines,
+                                assert_hf_reranker_reranks_as_transformers, assert_reranker_exports_score_as_predict)
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings('ignore::DeprecationWarning:transformers.*')]
 torch = pytest.importorskip('torch')
@@ -160,3 +161,38 @@ def test_bad_tokenizers_are_one_error_line_and_write_nothing(modernbert, tmp_pat
                       f'--config.data.cache_dir={tmp_path / "cache"}', '--config.num_train_steps=1')
     assert_one_line_error(result, pattern)
     assert not workdir.exists() and not (tmp_path / 'cache').exists()
+
+
+def test_a_reranker_exports_as_a_cross_encoder_that_scores_as_predict(modernbert, tmp_path):
+  """A ModernBERT-shaped reranker ([CLS] q [SEP] p [SEP], no token types; its head the import's: dense, GELU,
+  LayerNorm on [CLS], then the classifier) exports as ModernBertForSequenceClassification, which
+  sentence-transformers' CrossEncoder loads and scores as predict.py."""
+  pytest.importorskip('sentence_transformers')
+  assert_reranker_exports_score_as_predict(modernbert, tmp_path, 'ModernBertForSequenceClassification')
+
+
+def test_a_transformers_reranker_reranks_in_the_two_stage_command(modernbert, tmp_path):
+  """A one-logit ModernBertForSequenceClassification started by transformers from the masked-LM checkpoint (its head
+  the MLM head's dense and LayerNorm, a random classifier) imports and experiments/rerank.py scores its pairs as
+  transformers; with classifier_pooling='mean' (a mean over tokens that bert_jax's classifier does not compute) the
+  command refuses it in one line."""
+  directory = str(tmp_path / 'hf')
+  shutil.copytree(modernbert, directory)
+  model = transformers.ModernBertForSequenceClassification.from_pretrained(modernbert, num_labels=1)
+  model.save_pretrained(directory)
+  result = assert_hf_reranker_reranks_as_transformers(directory, tmp_path)
+  assert result['pairs'] == 40
+  # export_hf.py writes it again as the same classifier (the same tensors; its tokenizer)
+  again = run_main('export_hf.py', f'--checkpoint={directory}', f'--output={tmp_path / "again"}')
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert json.loads(again.stdout.strip().splitlines()[-1])['architecture'] == 'ModernBertForSequenceClassification'
+  original, exported = (st_numpy.load_file(os.path.join(d, 'model.safetensors')) for d in (directory, tmp_path / 'again'))
+  assert sorted(original) == sorted(exported) and all(np.array_equal(original[k], exported[k]) for k in original)
+  with open(os.path.join(directory, 'config.json'), encoding='utf-8') as f:
+    config = json.load(f)
+  with open(os.path.join(directory, 'config.json'), 'w', encoding='utf-8') as f:
+    json.dump({**config, 'classifier_pooling': 'mean'}, f)
+  beir_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))), 'data', 'samples', 'retrieval', 'beir')
+  assert_one_line_error(run_main('rerank.py', f'--first_stage={tmp_path / "first.trec"}', f'--reranker={directory}',
+                                 f'--beir_dir={beir_dir}'), "classifier_pooling='mean'; bert_jax's sequence classifier")

@@ -27,6 +27,7 @@ from harness.references import (
   assert_embed_and_attention_match_transformers,
   assert_export_classifies_as_predict,
   assert_fill_mask_is_the_pipelines,
+  assert_hf_reranker_reranks_as_transformers,
   assert_reranker_exports_score_as_predict,
   assert_task_exports_match_transformers,
   export_again,
@@ -297,3 +298,19 @@ def test_a_reranker_exports_as_a_cross_encoder_that_scores_as_predict(built, tmp
   sentence-transformers' CrossEncoder gives predict.py's scores."""
   pytest.importorskip('sentence_transformers')
   assert_reranker_exports_score_as_predict(built['roberta'], tmp_path, 'RobertaForSequenceClassification')
+
+
+@pytest.mark.slow
+def test_a_transformers_reranker_reranks_in_the_two_stage_command(roberta_tokenizer, tmp_path):
+  """A random one-logit RobertaForSequenceClassification (<s> q </s></s> p </s>; classifier.dense + tanh +
+  out_proj on <s>, our pooler and classifier) imports and experiments/rerank.py scores its pairs as transformers."""
+  directory = str(tmp_path / 'hf')
+  shutil.copytree(roberta_tokenizer, directory)
+  tok = transformers.AutoTokenizer.from_pretrained(directory)
+  config = transformers.RobertaConfig(
+      vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+      max_position_embeddings=MAX_POSITIONS + 2, type_vocab_size=1, layer_norm_eps=1e-5, num_labels=1,
+      pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
+  save_perturbed('RobertaForSequenceClassification', config, directory, seed=3)
+  result = assert_hf_reranker_reranks_as_transformers(directory, tmp_path)
+  assert result['pairs'] == 40 and 0 <= result['eval_ndcg_at_10'] <= 1
