@@ -23,6 +23,11 @@ truncated, with one warning.
 `quantize_embeddings` does (`bert_jax.embedding.quantization`): 4x or 32x smaller; int8/uint8 calibrate each
 dimension on these texts unless --calibration=FILE.npz gives another file's float embeddings, and store the ranges
 as quantization_ranges.
+
+A sparse workdir (finetune.py:sparse) gives term weights instead, written as JSONL (--output must end in .jsonl):
+line i is {"line": i, "nonzero": its number of non-zero terms, "terms": {token: weight} of its --top_terms largest}.
+Texts are cut to the run's passage length (max_seq_length) unless --max_length says otherwise.
+  python experiments/embed.py --checkpoint=/tmp/sparse --input=texts.txt --output=/tmp/terms.jsonl --top_terms=20
 """
 
 import json
@@ -34,10 +39,10 @@ from absl import flags
 import numpy as np
 
 from bert_jax import files, inference
-from bert_jax.embedding import quantization
+from bert_jax.embedding import quantization, splade
 from bert_jax.errors import ConfigError
 from bert_jax.interop import pretrained
-from bert_jax.runs import reporting
+from bert_jax.runs import reporting, workdir
 
 import cli
 
@@ -53,8 +58,7 @@ _POOLING = flags.DEFINE_enum('pooling', None, inference.POOLINGS, "mean: over re
                              "checkpoint's, else mean).")
 _NORMALIZE = flags.DEFINE_boolean('normalize', None, "L2-normalise sentence_embedding (default: the checkpoint's, "
                                   'else true).')
-
-
+_TOP_TERMS = flags.DEFINE_integer('top_terms', 32, 'A sparse workdir: the largest term weights written per text.')
 _PRECISION = flags.DEFINE_enum('precision', 'float32', quantization.PRECISIONS, 'sentence_embedding\'s precision.')
 _CALIBRATION = flags.DEFINE_string('calibration', None, 'int8/uint8: an embed.py .npz (float32) whose '
                                    'sentence_embedding gives the ranges; default these texts\'.')
@@ -65,6 +69,8 @@ def main(_):
   start = time.time()
   texts = inference.read_texts(_INPUT.value)  # bad input fails before the (slow) checkpoint load
   files.check_output(_OUTPUT.value, 'file')
+  if workdir.sparse(workdir.inspect(_CHECKPOINT.value).task):
+    return _sparse(texts, start)
   model = pretrained.load_encoder(_CHECKPOINT.value)
   settings = inference.embedding_settings(_CHECKPOINT.value, model, pooling=_POOLING.value,
                                           normalize=_NORMALIZE.value, max_length=_MAX_LENGTH.value)
@@ -99,6 +105,34 @@ def _quantized(embeddings: np.ndarray) -> dict[str, np.ndarray]:
     ranges = quantization.calibration_ranges(calibration)
   out = {'sentence_embedding': quantization.quantize(embeddings, precision, ranges)}
   return out if ranges is None else {**out, 'quantization_ranges': ranges}
+
+
+def _sparse(texts, start: float) -> None:
+  """A sparse run's term weights of `texts`, the largest --top_terms of each as one JSON line per text."""
+  if _POOLING.value is not None or _NORMALIZE.value is not None:
+    raise ConfigError(f'{_CHECKPOINT.value} is a sparse run: its term weights are SPLADE-pooled and not normalised '
+                      '(--pooling and --normalize apply to a dense embedding model)')
+  if _PRECISION.value != 'float32':
+    raise ConfigError(f'--precision={_PRECISION.value} quantizes dense embeddings; a sparse run writes term weights')
+  if not _OUTPUT.value.endswith('.jsonl'):
+    raise ConfigError(f'--output={_OUTPUT.value}: a sparse run writes its term weights as JSONL; name a .jsonl file')
+  if _TOP_TERMS.value < 1:
+    raise ConfigError(f'--top_terms={_TOP_TERMS.value} must be at least 1')
+  tuned = pretrained.load_finetuned(_CHECKPOINT.value)
+  max_length = _MAX_LENGTH.value or tuned.finetune.max_seq_length
+  if any(b is not None for _, b in texts):
+    raise ConfigError(f'{_INPUT.value}: a sparse run encodes single texts, not tab-separated pairs')
+  weights = splade.encode(tuned.sparse_encoder(), tuned.tokenizer, [a for a, _ in texts], max_length=max_length,
+                          batch_size=_BATCH_SIZE.value)
+  os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
+  nonzero = np.count_nonzero(weights, axis=1)
+  with open(_OUTPUT.value, 'w', encoding='utf-8') as f:
+    for i, w in enumerate(weights):
+      f.write(json.dumps({'line': i, 'nonzero': int(nonzero[i]),
+                          'terms': splade.top_terms(w, tuned.tokenizer, _TOP_TERMS.value)}) + '\n')
+  print(json.dumps({'output': _OUTPUT.value, 'num_texts': len(texts), 'sparse': True,
+                    'vocab_size': int(weights.shape[1]), 'mean_nonzero': float(nonzero.mean()) if len(texts) else 0.0,
+                    'max_length': max_length, 'seconds': round(time.time() - start, 2)}), flush=True)
 
 
 if __name__ == '__main__':

@@ -29,6 +29,9 @@ A retrieval workdir (finetune.py:retrieval) exports as one by default, with its 
 passage length (max_seq_length) and Matryoshka sizes (--nosentence_transformers: the plain encoder); any other
 encoder with --sentence_transformers (mean pooling, normalised, the model's positions unless given; a
 sentence-transformers folder keeps its own). A flag given explicitly wins over the run's, with a line saying so.
+A sparse workdir (finetune.py:sparse) exports as a folder sentence-transformers' SparseEncoder loads: the encoder and
+its masked-LM head (BertForMaskedLM) and 1_SpladePooling/, queries cut to the run's max_query_length, documents to
+its max_seq_length (--max_seq_length: another); --nosentence_transformers: the BertForMaskedLM directory alone.
 """
 
 import json
@@ -77,12 +80,17 @@ def main(_):
   if _SEED.value is not None and kind != 'finetuning':
     raise ConfigError(f'--seed applies to fine-tuning workdirs only; {_CHECKPOINT.value} is not one')
   embedding_model = workdir.embeds(found.task)  # a retrieval run's: it records its pooling
+  sparse = workdir.sparse(found.task)  # a sparse run's: the encoder and its masked-LM head
   multi_vector = bool(found.task) and found.task.get('kind') == 'multivector'  # token vectors: its own folder
-  as_st = embedding_model or multi_vector if _SENTENCE_TRANSFORMERS.value is None else _SENTENCE_TRANSFORMERS.value
+  as_st = (embedding_model or sparse or multi_vector if _SENTENCE_TRANSFORMERS.value is None
+           else _SENTENCE_TRANSFORMERS.value)
   given = [f'--{f.name}' for f in _EMBEDDING_FLAGS if f.value is not None]
   if given and not as_st:
     raise ConfigError(f'{", ".join(given)} apply to a sentence-transformers export only: add '
-                      '--sentence_transformers (a retrieval workdir exports as one by default)')
+                      '--sentence_transformers (a retrieval or sparse workdir exports as one by default)')
+  if sparse and as_st and (_POOLING.value is not None or _NORMALIZE.value is not None):
+    raise ConfigError(f'{_CHECKPOINT.value} is a sparse run: its term weights are SPLADE-pooled and not normalised '
+                      '(--pooling and --normalize apply to a dense embedding model)')
   if given and multi_vector:
     raise ConfigError(f'{", ".join(given)} set a pooled embedding; a multivector workdir exports its token vectors '
                       'as a MultiVectorEncoder folder with its run\'s lengths: leave them out')
@@ -93,7 +101,9 @@ def main(_):
     tuned = load_finetuned(_CHECKPOINT.value, seed=_SEED.value, step=_STEP.value)
     config, params, tokenizer, task, source_kind, step, seed = (
         tuned.config, tuned.params, tuned.tokenizer, tuned.task, 'bert_jax', tuned.step, tuned.seed)
-    if (workdir.embeds(task) or as_st) and not multi_vector:  # an embedding model, or a fine-tuned encoder: the
+    if sparse:  # the encoder and its masked-LM head
+      params = {'bert': params['bert'], 'mlm': params['mlm']}
+    elif (workdir.embeds(task) or as_st) and not multi_vector:  # an embedding model, or a fine-tuned encoder: the
       params = {'bert': params['bert']}  # encoder alone
   elif kind == 'export' and families.read_hf_task(_CHECKPOINT.value) is not None:  # a fine-tuned HF model, its head
     config, params, _, _ = families.load_hf_checkpoint(_CHECKPOINT.value)
@@ -103,7 +113,15 @@ def main(_):
     pretrained = load_pretrained(_CHECKPOINT.value, _STEP.value, other_heads=True)  # ELECTRA's discriminator too
     config, params, tokenizer, source_kind, step = (pretrained.config, pretrained.params, pretrained.tokenizer,
                                                     pretrained.source, pretrained.step)
-  if as_st and multi_vector:
+  if sparse and as_st:
+    tuned_cfg = tuned.finetune
+    lengths = dict(max_query_length=tuned_cfg.max_query_length,
+                   max_seq_length=_MAX_SEQ_LENGTH.value or tuned_cfg.max_seq_length)
+    reporting.log(f'export: writing a sentence-transformers SparseEncoder folder to {_OUTPUT.value} ...')
+    sentence_transformers.save_sparse_encoder(
+        _OUTPUT.value, config, params, tokenizer, **lengths, overwrite=_OVERWRITE.value,
+        description=f'Exported from {_CHECKPOINT.value} (step {step}).')
+  elif as_st and multi_vector:
     reporting.log(f'export: writing a sentence-transformers MultiVectorEncoder folder to {_OUTPUT.value} ...')
     st_multivector.save_multi_vector(
         _OUTPUT.value, config, params, tokenizer, task, overwrite=_OVERWRITE.value,
@@ -122,7 +140,7 @@ def main(_):
   else:
     reporting.log(f'export: writing a Hugging Face directory to {_OUTPUT.value} ...')
     families.save_hf_checkpoint(_OUTPUT.value, config, params, tokenizer, overwrite=_OVERWRITE.value,
-                                task=None if workdir.embeds(task) else task)
+                                task=None if workdir.embeds(task) or sparse else task)
   with open(os.path.join(_OUTPUT.value, model_dir.CONFIG_FILE), encoding='utf-8') as f:
     architecture = json.load(f)['architectures'][0]
   heads = set() if as_st else set(params) - {'bert', 'projection'}
@@ -132,7 +150,9 @@ def main(_):
           'heads': sorted(heads), 'tokenizer': type(tokenizer).__name__}
   if task is not None:
     line.update(task=task.get('name', ''), kind=task['kind'], seed=seed)
-  if as_st and multi_vector:
+  if sparse and as_st:
+    line.update(sentence_transformers=True, sparse=True, **lengths)
+  elif as_st and multi_vector:
     line.update(sentence_transformers=True, multi_vector=True,
                 **{k: task[k] for k in ('projection_dim', 'query_length', 'document_length')})
   elif as_st:

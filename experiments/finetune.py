@@ -1,4 +1,5 @@
-"""Fine-tunes a pretrained encoder on a task, or trains an embedding model for retrieval or a reranker.
+"""Fine-tunes a pretrained encoder on a task, or trains an embedding model for retrieval (dense or sparse) or a
+reranker.
 
   python experiments/finetune.py --config=experiments/configs/finetune.py:sst2 --workdir=DIR
   python experiments/finetune.py --config=experiments/configs/finetune.py:classify --workdir=DIR \\
@@ -14,6 +15,8 @@ The task is the config's variant (experiments/configs/finetune.py; its variants 
                     (docs/embeddings.md)
   rerank            a cross-encoder (a reranker) trained on labelled or scored (query, passage) pairs, evaluated
                     by reranking a first stage's top k on a BEIR-layout set (docs/reranking.md)
+  sparse            a SPLADE encoder (term weights from the masked-LM head) trained on pairs with FLOPS
+                    regularisers, evaluated by exact dot products on a BEIR-layout set (docs/embeddings.md)
   multivector       a multi-vector (ColBERT) encoder: token vectors scored by MaxSim, trained on pairs, evaluated
                     by exact MaxSim on a BEIR-layout set (docs/embeddings.md)
 A field of another task's (--config.temperature on sst2) is an error naming the tasks that read it.

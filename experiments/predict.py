@@ -70,8 +70,8 @@ def _check_flags() -> None:
 def main(_):
   _check_flags()
   task = workdir.inspect(_WORKDIR.value).task
-  if workdir.embeds(task):  # before the (slow) checkpoint load
-    raise ConfigError(f'{_WORKDIR.value} is a retrieval run (an embedding model, no task head to predict with): '
+  if workdir.embeds(task) or workdir.sparse(task):  # before the (slow) checkpoint load
+    raise ConfigError(f'{_WORKDIR.value} is a {task["kind"]} run (an embedding model, no task head to predict with): '
                       f'embed texts with experiments/embed.py --checkpoint={_WORKDIR.value}, or evaluate it with '
                       'experiments/evaluate.py')
   if task and task.get('kind') == 'multivector':

@@ -3,7 +3,7 @@
 One schema: `TrainingConfig` is what every run shares (optimizer, mesh, seed, batch sizes, steps or
 epochs, log/eval/checkpoint cadence, checkpoints kept, resume rules, the checkpoint to start from);
 `PretrainConfig` adds the model and the corpus, `FinetuneConfig` the task and its data, each task kind's own
-fields in its config type (`HeadTaskConfig`, `RetrievalConfig`, `RerankConfig`). The
+fields in its config type (`HeadTaskConfig`, `RetrievalConfig`, `RerankConfig`, `SparseConfig`). The
 dataclasses are the one source of truth for defaults and for the facts about each field, kept as
 field metadata (`facts`): free on resume, free on a branch, a path, fixed by a checkpoint, an evaluation
 setting, shaping the prepared records, covered by the data fingerprint.
@@ -22,7 +22,7 @@ The package is one module per concern; every name is importable from `bert_jax.c
   phases     the phase plan: a PretrainConfig's phases resolved once (`Plan`, its stages `Phase`, `resolve`)
   finetune   `FinetuneConfig` (the fields every task kind shares; FinetuneConfig(task=...) builds the task's config
              type: `config_type`), `kind_fields` (every type's fields)
-  task_configs  each task kind's config type (`HeadTaskConfig`, `RetrievalConfig`, `RerankConfig`,
+  task_configs  each task kind's config type (`HeadTaskConfig`, `RetrievalConfig`, `RerankConfig`, `SparseConfig`,
              `MultiVectorConfig`) and their registry `CONFIG_TYPES`
   migration  configs saved by earlier versions: `upgrade_saved`, `RENAMED`, `REMOVED`
   overrides  FIELD=VALUE text as shell words (`parse_overrides`), set into a ConfigDict by each field's type and
@@ -39,7 +39,7 @@ from bert_jax.config.model_config import (ATTENTION_IMPLS, DROPOUT_IMPLS, FUSED_
 from bert_jax.config.overrides import apply_overrides, parse_overrides
 from bert_jax.config.phases import Phase, Plan
 from bert_jax.config.pretrain import MASKINGS, OBJECTIVES, DataConfig, PhaseConfig, PretrainConfig
-from bert_jax.config.task_configs import CONFIG_TYPES, HeadTaskConfig, RerankConfig, RetrievalConfig
+from bert_jax.config.task_configs import CONFIG_TYPES, HeadTaskConfig, RerankConfig, RetrievalConfig, SparseConfig
 from bert_jax.config.task_configs import MultiVectorConfig
 from bert_jax.config.resume import (architecture_diffs, check_resume, check_resume_allow, config_diffs,
                                     from_checkpoint)
@@ -50,7 +50,7 @@ __all__ = [
     'NORM_POSITIONS', 'OBJECTIVES', 'OPTIMIZERS', 'POSITION_EMBEDDINGS', 'PRESETS', 'REMAT_POLICIES', 'REMOVED',
     'RENAMED', 'SCHEDULES',
     'CONFIG_TYPES', 'DataConfig', 'FinetuneConfig', 'HeadTaskConfig', 'RetrievalConfig', 'RerankConfig',
-    'MultiVectorConfig', 'MeshConfig', 'ModelConfig', 'OptimConfig', 'Phase', 'PhaseConfig', 'Plan',
+    'SparseConfig', 'MultiVectorConfig', 'MeshConfig', 'ModelConfig', 'OptimConfig', 'Phase', 'PhaseConfig', 'Plan',
     'PretrainConfig', 'TrainingConfig',
     'apply_overrides', 'architecture_diffs', 'check_resume', 'check_resume_allow', 'config_diffs', 'facts',
     'config_type', 'from_checkpoint', 'kind_fields', 'parse_overrides', 'preset', 'upgrade_saved',

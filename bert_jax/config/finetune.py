@@ -28,9 +28,11 @@ TASK_KINDS = {
     'qa': ('squad', 'squad_v2', 'qa'),
     'retrieval': ('retrieval',),
     'rerank': ('rerank',),
+    'sparse': ('sparse',),
     'multivector': ('multivector',),
 }
 TASKS = tuple(t for tasks in TASK_KINDS.values() for t in tasks)
+HEAD_TASKS = TASK_KINDS['classification'] + TASK_KINDS['tagging'] + TASK_KINDS['qa']  # a head on the encoder
 
 
 def _finetuning_optim() -> OptimConfig:
@@ -59,7 +61,8 @@ class FinetuneConfig(TrainingConfig):
   model: ModelConfig = _f(factory=ModelConfig)
   # a GLUE task name, 'conll2003', 'squad', 'squad_v2', or your own files: 'classify', 'regress', 'multilabel',
   # 'tag', 'qa'; 'retrieval': a bi-encoder on pairs (finetuning.retrieval); 'rerank': a cross-encoder
-  # (finetuning.rerank); 'multivector': a ColBERT-style multi-vector encoder (finetuning.multivector)
+  # (finetuning.rerank); 'sparse': a SPLADE encoder on pairs (finetuning.sparse); 'multivector': a ColBERT-style
+  # multi-vector encoder (finetuning.multivector)
   task: str = 'sst2'
   train_file: str = _f('', path=True)  # overrides the task's file in data_dir; classify/regress: required
   max_seq_length: int = 128
@@ -195,8 +198,11 @@ def _task_words(task: str) -> str:
 
 
 def _readers(tasks: Collection[str]) -> str:
-  """'the retrieval task', 'the GLUE, conll2003, squad and squad_v2 tasks', 'every task but retrieval'."""
+  """'every head task (classification, tagging and QA)' for the head tasks; else the shorter of the tasks named
+  ('the retrieval task', 'the GLUE, conll2003, squad and squad_v2 tasks') and 'every task but retrieval'."""
   others = [t for t in TASKS if t not in tasks]
+  if set(tasks) == set(HEAD_TASKS):  # the head tasks' own fields: one name however many kinds there are
+    return 'every head task (classification, tagging and QA)'
   names = (['GLUE'] if set(GLUE_TASKS) <= set(tasks) else []) + [t for t in tasks if t not in GLUE_TASKS]
   if len(others) <= 2 or len(others) < len(names):  # the shorter of the two lists
     return 'every task but ' + _words(others)

@@ -10,6 +10,8 @@
   RerankConfig     a cross-encoder (one logit on [CLS] q [SEP] p [SEP]) on labelled or scored pairs or on groups:
                    the columns, the loss, the query's length, the held-out split, its BEIR evaluation (rerank a
                    first stage's top k)
+  SparseConfig     a SPLADE encoder (term weights from the masked-LM head) trained on pairs: the ranking loss's
+                   temperature, the FLOPS regularisers' weights and warm-up, the pairs' columns, its BEIR evaluation
 A new kind with fields of its own adds its type here and one row of CONFIG_TYPES (a kind without any runs on
 FinetuneConfig itself).
 """
@@ -317,6 +319,60 @@ class RerankConfig(FinetuneConfig):
     return bool(self.score_column.strip())
 
 
+@dataclasses.dataclass(frozen=True)
+class SparseConfig(FinetuneConfig):
+  """A SPLADE encoder: each text's vocabulary-sized term weights are the max over its tokens of log(1 + ReLU) of the
+  masked-LM head's logits (a checkpoint without that head gets one tied to its word embeddings). Trained on the
+  pairs of train_file (query_column, positive_column, any negative_columns) by the ranking loss over the global
+  batch (softmax cross-entropy of each query's dot products with every positive and hard negative, divided by
+  `temperature`) plus the FLOPS regulariser of the queries' and of the documents' weights (sum over the vocabulary
+  of the squared mean weight), each with its own weight reached quadratically over regularizer_warmup_steps
+  (sentence-transformers' SpladeLoss). Evaluated on the BEIR-layout set in beir_dir by exact sparse dot products
+  (finetuning.sparse)."""
+
+  TASKS: ClassVar[tuple[str, ...]] = TASK_KINDS['sparse']
+
+  task: str = 'sparse'
+  max_query_length: int = 64
+  query_column: str = 'query'
+  positive_column: str = 'positive'
+  negative_columns: str = ''  # comma-separated hard-negative columns (JSONL/Parquet: a column may hold a list)
+  temperature: float = 1.0  # dot products / temperature (sentence-transformers' sparse ranking loss: scale 1)
+  # The FLOPS regularisers' weights (SPLADE's lambda_q, lambda_d; documents: the positives and hard negatives) ...
+  query_regularizer_weight: float = 5e-5
+  document_regularizer_weight: float = 3e-5
+  # ... reached as weight * min(1, step / regularizer_warmup_steps)^2 (0: from the first step)
+  regularizer_warmup_steps: int = 0
+  beir_dir: str = _f('', free=True, path=True, evaluation=True)  # corpus.jsonl, queries.jsonl, qrels/<split>.tsv
+  beir_split: str = _f('test', free=True, evaluation=True)
+  # Corpus texts embedded and searched at a time: a block holds block x vocabulary float32 weights.
+  search_block_size: int = _f(1024, free=True, evaluation=True)
+
+  def __post_init__(self):
+    """The sparse fields' mesh- and model-free checks (the vocabulary against the tokenizer: finetuning.sparse)."""
+    super().__post_init__()
+    for name in ('query_column', 'positive_column'):
+      if not getattr(self, name).strip():
+        raise ConfigError(f'{name} must name a column')
+    if not math.isfinite(self.temperature) or self.temperature <= 0:
+      raise ConfigError(f'temperature={self.temperature} must be a finite number > 0')
+    for name in ('query_regularizer_weight', 'document_regularizer_weight'):
+      value = getattr(self, name)
+      if not math.isfinite(value) or value < 0:
+        raise ConfigError(f'{name}={value} must be a finite number >= 0 (0: no FLOPS regulariser)')
+    if self.regularizer_warmup_steps < 0:
+      raise ConfigError(f'regularizer_warmup_steps={self.regularizer_warmup_steps} must be >= 0')
+    if self.max_query_length < 3:
+      raise ConfigError(f'max_query_length={self.max_query_length} must be at least 3')
+    if self.search_block_size < 1:
+      raise ConfigError(f'search_block_size={self.search_block_size} must be at least 1')
+
+  negative_column_names = RetrievalConfig.negative_column_names
+
+  def score_column_names(self) -> tuple[str, ...]:
+    return ()  # no distillation yet: pairs_lib.PairColumns reads none
+
+
 MULTIVECTOR_LOSSES = ('contrastive', 'kl')  # MultiVectorConfig.loss
 
 
@@ -381,6 +437,7 @@ CONFIG_TYPES: tuple[type, ...] = (
     HeadTaskConfig,
     RetrievalConfig,
     RerankConfig,
+    SparseConfig,
     MultiVectorConfig,
 )
 

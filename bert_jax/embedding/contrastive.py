@@ -101,7 +101,8 @@ def candidate_masks(passage_ids_b, negative_ids_bk, query_ids_b, valid_b, b: int
 def info_nce(query_bd: jax.Array, passage_bd: jax.Array, negative_bkd: jax.Array | None = None, *,
              temperature, passage_ids_b: jax.Array | None = None, negative_ids_bk: jax.Array | None = None,
              query_ids_b: jax.Array | None = None, valid_b: jax.Array | None = None, symmetric: bool = False,
-             dims: Sequence[int] | None = None, dim_weights: Sequence[float] | None = None) -> dict[str, jax.Array]:
+             dims: Sequence[int] | None = None, dim_weights: Sequence[float] | None = None,
+             normalize: bool = True) -> dict[str, jax.Array]:
   """Per-pair InfoNCE losses of a global batch of (query, positive passage, hard negatives).
 
   Args:
@@ -119,6 +120,8 @@ def info_nce(query_bd: jax.Array, passage_bd: jax.Array, negative_bkd: jax.Array
       (truncated and normalised again); None: the full size only.
     dim_weights: one weight per dim (default equal): the loss is sum_d w_d L_d / sum_d w_d (sentence-transformers'
       MatryoshkaLoss sums instead: multiply by sum_d w_d to match its scale).
+    normalize: score by cosine (vectors normalised, after any truncation); False: by the plain dot product of the
+      vectors as given (sparse term weights), with no Matryoshka dims.
 
   Returns:
     float32 [B] arrays: 'loss' (the weighted Matryoshka mean, symmetric directions averaged; 0 at padding),
@@ -138,17 +141,20 @@ def info_nce(query_bd: jax.Array, passage_bd: jax.Array, negative_bkd: jax.Array
                       '(else a negative equal to a positive would count as a negative)')
   if isinstance(temperature, (int, float)):
     temperature = check_temperature(temperature)
+  if not normalize and dims is not None:
+    raise ConfigError('Matryoshka dims truncate normalised embeddings; normalize=False scores the vectors as given')
   dims = check_matryoshka_dims(dims, d) if dims is not None else (d,)
   weights = _check_weights(dim_weights, dims)
+  cut = truncate if normalize else (lambda x, _: x)
 
   q2c_mask_bc, p2q_mask_bb = candidate_masks(passage_ids_b, negative_ids_bk, query_ids_b, valid_b, b, k)
   out, total_b = {}, jnp.zeros((b,), jnp.float32)
   for i, (dim, weight) in enumerate(zip(dims, weights)):
-    q_bd, p_bd = truncate(query_bd, dim), truncate(passage_bd, dim)
+    q_bd, p_bd = cut(query_bd, dim), cut(passage_bd, dim)
     # Each part gathered before they are joined (gathering the joined array makes XLA replicate and re-split it).
     candidates_cd = constrain(p_bd, _GATHERED)
     if k:
-      negatives_cd = constrain(truncate(negative_bkd, dim).reshape(b * k, dim), _GATHERED)
+      negatives_cd = constrain(cut(negative_bkd, dim).reshape(b * k, dim), _GATHERED)
       candidates_cd = jnp.concatenate([candidates_cd, negatives_cd])
     loss_b, hit_b = _direction(q_bd, candidates_cd, q2c_mask_bc, temperature)
     if symmetric:

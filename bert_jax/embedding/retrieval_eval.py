@@ -20,7 +20,7 @@ from bert_jax.embedding import ranking as metrics
 
 from bert_jax.model import pooling
 from bert_jax.embedding.beir import BeirSet
-from bert_jax.errors import DataError
+from bert_jax.errors import ConfigError, DataError
 from bert_jax.runs import reporting
 
 _truncate = jax.jit(pooling.truncate, static_argnums=1)
@@ -31,7 +31,7 @@ def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarra
                        batch_size: int | None = None, dims: Sequence[int] | None = None,
                        block_size: int = search.DEFAULT_BLOCK_SIZE, recall_at: Sequence[int] = metrics.RECALL_AT,
                        cutoff: int = metrics.CUTOFF, mesh=None, label: str = 'evaluating retrieval',
-                       precisions: Sequence[str] = ()) -> dict:
+                       normalize: bool = True, precisions: Sequence[str] = ()) -> dict:
   """recall@k, MRR@cutoff and nDCG@cutoff of `data`'s queries against its corpus (`metrics.ranking_metrics`).
 
   Args:
@@ -46,6 +46,8 @@ def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarra
     block_size: corpus texts searched at a time.
     mesh: search each block with its rows split over this mesh's devices (`search.StreamingTopK`).
     label: the progress lines' label.
+    normalize: score by cosine (the vectors normalised); False: by the dot product of the vectors as given (sparse
+      term weights: a block of vocabulary-sized vectors at a time), with no Matryoshka dims.
 
   Raises:
     DataError: `embed` returned another number of vectors than texts, or vectors of another width.
@@ -70,16 +72,19 @@ def evaluate_retrieval(data: BeirSet, embed: Callable[[Sequence[str]], np.ndarra
       ticker.tick(done)
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
+  if not normalize and dims:
+    raise ConfigError('Matryoshka dims truncate normalised embeddings; normalize=False scores the vectors as given')
+  cut = _truncate if normalize else (lambda x, _: x)
   queries_qd = vectors(embed_queries or embed, data.queries)
   full = queries_qd.shape[1]
   sizes = (full,) + tuple(int(d) for d in dims or ())
   k = max(tuple(recall_at) + (cutoff,))
-  tops = {d: search.StreamingTopK(_truncate(queries_qd, d), k=k, block_size=block_size, mesh=mesh) for d in sizes}
+  tops = {d: search.StreamingTopK(cut(queries_qd, d), k=k, block_size=block_size, mesh=mesh) for d in sizes}
   quantized, ranges = {}, None
   for start in range(0, len(passages), block_size):
     block_nd = vectors(embed, passages[start:start + block_size])
     for d, top in tops.items():
-      top.add(_truncate(block_nd, d))
+      top.add(cut(block_nd, d))
     if precisions and not quantized:  # the first block calibrates the int8 buckets
       ranges = quantization.calibration_ranges(np.concatenate([queries_qd, block_nd]))
       quantized = {p: search.StreamingTopK(quantization.search_vectors(queries_qd, p, ranges), k=k,

@@ -6,6 +6,7 @@
   retrieval       the retrieval kind: a bi-encoder trained contrastively on pairs, evaluated on a BEIR set
   rerank          the rerank kind: a cross-encoder on labelled or scored pairs or on groups, reranking a first
                   stage's top k
+  sparse          the sparse kind: a SPLADE encoder (term weights from the masked-LM head) trained on pairs
   multivector     the multivector kind: a ColBERT-style encoder (token vectors, MaxSim) trained on pairs
   rerank_groups   the reranker's groups (query, positive, negatives): reading, the listwise loss, their ranking
   seeds           each seed's run directory and line, the summary over the seeds

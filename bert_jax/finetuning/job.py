@@ -105,8 +105,15 @@ class FinetuningJob:
                                                                  meta['step']),
         report=lambda seed, run_dir: run.report(seed, run_dir, workdir),
         results=run.results, run_done=lambda seed, run_dir, result: run.done(seed, run_dir, result, workdir),
-        weights=None if params is None else (lambda: {'bert': params['bert']}),
+        weights=None if params is None else (lambda: _starting_weights(run, params)),
         eval_first=run.eval_first and params is not None)
+
+
+def _starting_weights(run, params: dict[str, Any]) -> dict[str, Any]:
+  """What a run's model takes from the starting checkpoint: the encoder, or what its `starting_weights` chooses
+  (the sparse kind: the masked-LM head too)."""
+  choose = getattr(run, 'starting_weights', None)
+  return choose(params) if choose else {'bert': params['bert']}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,7 @@ from typing import Any, Callable, Protocol
 
 from bert_jax.config import FinetuneConfig, ModelConfig
 from bert_jax.errors import ConfigError
-from bert_jax.finetuning import head_tasks, rerank, retrieval
-from bert_jax.finetuning import multivector
+from bert_jax.finetuning import head_tasks, multivector, rerank, retrieval, sparse
 
 
 class Run(Protocol):
@@ -31,6 +30,7 @@ class Run(Protocol):
   def done(self, seed: int, run_dir: str, result: dict[str, Any], workdir) -> None: ...
   def results(self, per_run: list[dict[str, Any]], wall_s: float) -> dict[str, Any]: ...
   def saved_config(self) -> dict[str, Any]: ...  # the workdir's config.json: {'finetune': ..., 'task': ...}
+  # Optional: starting_weights(params) -> the starting checkpoint's subtrees its model takes (default: {'bert'}).
 
 
 class TaskKind(Protocol):
@@ -58,6 +58,7 @@ KINDS: tuple[type, ...] = (
     head_tasks.HeadTasks,
     retrieval.Retrieval,
     rerank.Rerank,
+    sparse.Sparse,
     multivector.MultiVector,
 )
 

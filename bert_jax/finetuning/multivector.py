@@ -201,8 +201,7 @@ class _PreparedRun:
     t0 = time.time()
     scores = evaluate_multivector(self.held_out, lambda texts, side: self.token_vectors(params, texts, side),
                                   batch_size=self.cfg.eval_batch_size, mesh=self.mesh)
-    return {retrieval._name(k): v for k, v in scores.items()} | {  # pylint: disable=protected-access
-        'eval_wall_s': time.time() - t0}
+    return {retrieval.metric_name(k): v for k, v in scores.items()} | {'eval_wall_s': time.time() - t0}
 
   def saved_config(self) -> dict[str, Any]:
     """The workdir's config.json: the config, and how its token vectors are made."""

@@ -172,13 +172,31 @@ def check_pairs_and_beir(cfg: FinetuneConfig, task: str) -> None:
       inputs.first_lines(beir.find(os.path.join(cfg.beir_dir, name)), what, 1)
 
 
+def embed_texts(model: StepModel, params, tokenizer, texts: Sequence[str], side: str, limit: int, batch_size: int,
+                block: tuple[int, int], width: int) -> np.ndarray:
+  """The predict step's `embeddings[side]` [n, width] of `texts` (as queries or passages, cut at `limit` tokens),
+  `batch_size` at a time, each chunk padded to `pairs.bucket_width` of its longest text."""
+  out = []
+  for i in range(0, len(texts), batch_size):
+    chunk = list(texts[i:i + batch_size])
+    rows = [tokenizer.encode_inputs(t, None, max_length=limit)[0] for t in chunk]
+    rows += [[tokenizer.pad_id]] * (batch_size - len(chunk))
+    bucket = pairs_lib.bucket_width(max(map(len, rows)), limit)
+    ids, mask = pairs_lib._pad(rows, bucket, tokenizer.pad_id)  # pylint: disable=protected-access
+    host = {f'{side}_input_ids': ids, f'{side}_attention_mask': mask}
+    batch = model.global_batch(batching.process_block(host, *block))
+    outputs = model.predict_step(params, model.rest, batch)
+    out.append(np.asarray(jax.device_get(outputs['embeddings'][side]))[:len(chunk)])
+  return np.concatenate(out) if out else np.zeros((0, width), np.float32)
+
+
 def _sts(cfg: FinetuneConfig) -> sts_lib.ScoredPairs | None:
   if not cfg.sts_file:
     return None
   return sts_lib.read_scored_pairs(cfg.sts_file, tuple(c.strip() for c in cfg.sts_columns.split(',')))
 
 
-def _name(metric: str) -> str:
+def metric_name(metric: str) -> str:
   """'ndcg@10' -> 'eval_ndcg_at_10' (names that flags, TensorBoard and JSON readers take as they are)."""
   return 'eval_' + metric.replace('@', '_at_')
 
@@ -198,12 +216,13 @@ def _pad_to(batch: dict[str, np.ndarray], limits: dict[str, int], pad_id: int) -
 
 class RetrievalBatches:
   """This process's block of each training step's batch of pairs, from step `start` on (`train.loop.Batches`):
-  packed (cfg.pack: `packed_pairs`, `rows_multiple` the mesh's batch shards) or each side padded."""
+  packed (`pack`, cfg.pack when None: `packed_pairs`, `rows_multiple` the mesh's batch shards) or each side
+  padded."""
 
   def __init__(self, train: Sequence[pairs_lib.Pair], tokenizer, cfg: FinetuneConfig, *, seed: int, start: int,
-               block: tuple[int, int], rows_multiple: int = 1):
+               block: tuple[int, int], rows_multiple: int = 1, pack: bool | None = None):
     self.train, self.tokenizer, self.cfg, self.seed, self.block = train, tokenizer, cfg, seed, block
-    self.rows_multiple = rows_multiple
+    self.rows_multiple, self.pack = rows_multiple, cfg.pack if pack is None else pack
     self.ids = pairs_lib.passage_ids(train)
     self.limits = {'query': cfg.max_query_length, 'passage': cfg.max_seq_length, 'negative': cfg.max_seq_length}
     self.position = start
@@ -214,7 +233,7 @@ class RetrievalBatches:
     # Through the module (not an imported name): a test can stop the run at a step's batch.
     chosen = batching.batch_indices(len(self.train), cfg.batch_size, self.seed, self.position, cfg.shuffle)
     self.position += 1
-    if cfg.pack:
+    if self.pack:
       host = packed_pairs.make_packed_batch(
           self.tokenizer, self.train, self.ids, [int(i) for i in chosen], max_query_length=cfg.max_query_length,
           max_passage_length=cfg.max_seq_length, batch_size=cfg.batch_size,
@@ -277,18 +296,8 @@ class _PreparedRun:
   def embed(self, params, texts: Sequence[str], side: str, limit: int) -> np.ndarray:
     """Normalised embeddings [n, D] of `texts` (as queries or passages, cut at `limit` tokens), eval_batch_size at
     a time, each chunk padded to `pairs.bucket_width` of its longest text."""
-    size, out = self.cfg.eval_batch_size, []
-    for i in range(0, len(texts), size):
-      chunk = list(texts[i:i + size])
-      rows = [self.tokenizer.encode_inputs(t, None, max_length=limit)[0] for t in chunk]
-      rows += [[self.tokenizer.pad_id]] * (size - len(chunk))
-      width = pairs_lib.bucket_width(max(map(len, rows)), limit)
-      ids, mask = pairs_lib._pad(rows, width, self.tokenizer.pad_id)  # pylint: disable=protected-access
-      host = {f'{side}_input_ids': ids, f'{side}_attention_mask': mask}
-      batch = self.model.global_batch(batching.process_block(host, *self.block))
-      outputs = self.model.predict_step(params, self.model.rest, batch)
-      out.append(np.asarray(jax.device_get(outputs['embeddings'][side]))[:len(chunk)])
-    return np.concatenate(out) if out else np.zeros((0, self.cfg.model.hidden_size), np.float32)
+    return embed_texts(self.model, params, self.tokenizer, texts, side, limit, self.cfg.eval_batch_size,
+                       self.block, self.cfg.model.hidden_size)
 
   def evaluate(self, params, step: int, output_dir: str | None) -> dict[str, Any]:
     """recall@1/@10, MRR@10 and nDCG@10 ('eval_<metric>', 'eval_<metric>_dim<d>' per Matryoshka size and
@@ -302,11 +311,11 @@ class _PreparedRun:
         embed_queries=lambda texts: self.embed(params, texts, 'query', self.cfg.max_query_length),
         batch_size=self.cfg.eval_batch_size, dims=tuple(d for d in self.dims if d != hidden), mesh=self.mesh,
         precisions=self.cfg.eval_precision_names())
-    out = {_name(k): v for k, v in scores.items() if k not in ('matryoshka', 'precision')}
+    out = {metric_name(k): v for k, v in scores.items() if k not in ('matryoshka', 'precision')}
     for d, per_dim in (scores.get('matryoshka') or {}).items():
-      out.update({f'{_name(k)}_dim{d}': v for k, v in per_dim.items()})
+      out.update({f'{metric_name(k)}_dim{d}': v for k, v in per_dim.items()})
     for p, per_precision in (scores.get('precision') or {}).items():
-      out.update({f'{_name(k)}_{p}': v for k, v in per_precision.items()})
+      out.update({f'{metric_name(k)}_{p}': v for k, v in per_precision.items()})
     if self.sts is not None:  # both sentences embedded as passages (one encoder, the passage length)
       out['eval_sts_spearman'] = sts_lib.sts_spearman(
           self.sts, lambda texts: self.embed(params, texts, 'passage', self.cfg.max_seq_length))

@@ -32,9 +32,10 @@ from bert_jax.interop.packaged import packaged_minilm  # pylint: disable=unused-
 from bert_jax.model.encoder import BertEncoder
 from bert_jax.model.heads import BertForPreTraining, head_model
 from bert_jax.model.colbert import MultiVectorEncoder, MultiVectorSpec
+from bert_jax.model.sparse_encoder import SparseEncoder
 from bert_jax.runs import reporting
 from bert_jax.runs.checkpoints import Checkpointer, state_problem
-from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir, embeds, inspect
+from bert_jax.runs.workdir import CONFIG_FILE, TOKENIZER_FILES, Workdir, embeds, inspect, sparse
 
 
 # A fine-tuning run without init_checkpoint: the fine-tuning configs default to all-MiniLM-L6-v2 from the
@@ -137,11 +138,17 @@ class FinetunedBert:
   def head_model(self) -> nnx.Module:
     """The head model (BertForSequenceClassification, ...) as an nnx module holding these parameters."""
     task = self.task
-    if embeds(task):
-      raise CheckpointError(f'{self.path} is a retrieval run (an embedding model, no task head): embed texts with '
-                            'experiments/embed.py, or export it with experiments/export_hf.py')
+    if embeds(task) or sparse(task):
+      raise CheckpointError(f'{self.path} is a {task["kind"]} run (an embedding model, no task head): embed texts '
+                            'with experiments/embed.py, or export it with experiments/export_hf.py')
     return _build(lambda cfg, rngs: head_model(task['kind'], cfg, task['num_labels'], rngs=rngs), self.config,
                   self.params)
+
+  def sparse_encoder(self) -> SparseEncoder:
+    """A sparse run's SPLADE encoder (its encoder and masked-LM head) as an nnx module holding these parameters."""
+    if not sparse(self.task):
+      raise CheckpointError(f'{self.path} is a {self.task["kind"]} run, not a sparse one (finetune.py:sparse)')
+    return _build(SparseEncoder, self.config, self.params)
 
   def as_pretrained(self) -> PretrainedBert:
     """Its encoder alone, for the tools that take any BERT (embeddings, attention)."""
@@ -341,6 +348,8 @@ def load_finetuned(workdir: str, seed: int | None = None, step: int | None = Non
                           f'{", ".join(f"seed_{n}" for n in wd.seeds()) or "none"})')
   if embeds(task):  # a bi-encoder: the encoder, and the temperature when it was learned
     module_fn = lambda rngs: BiEncoder(cfg, ContrastiveSpec.of(ft), rngs=rngs)
+  elif sparse(task):  # a SPLADE encoder: the encoder and its masked-LM head
+    module_fn = lambda rngs: SparseEncoder(cfg, rngs=rngs)
   elif task['kind'] == 'multivector':  # the encoder and its token projection
     module_fn = lambda rngs: MultiVectorEncoder(cfg, MultiVectorSpec.of(ft), rngs=rngs)
   else:

@@ -135,6 +135,59 @@ def save_sentence_transformers(directory: str, cfg: ModelConfig, params, tokeniz
   _write_json(os.path.join(directory, MODULES_FILE), modules)  # last: a folder without it is not loadable
 
 
+# A SparseEncoder folder (sentence-transformers >= 5): the masked-LM model at the root, then SPLADE pooling.
+SPLADE_POOLING_DIR = '1_SpladePooling'
+_SPARSE_TYPES = {'transformer': 'sentence_transformers.base.modules.transformer.Transformer',
+                 'pooling': 'sentence_transformers.sparse_encoder.modules.splade_pooling.SpladePooling'}
+
+
+def save_sparse_encoder(directory: str, cfg: ModelConfig, params, tokenizer, *, max_query_length: int,
+                        max_seq_length: int, overwrite: bool = False, description: str = '') -> None:
+  """Writes `directory` as a folder sentence-transformers' `SparseEncoder` loads: the encoder and its masked-LM head
+  (`params['bert']`, `params['mlm']`) as a Hugging Face masked-LM directory at the root (module 0, a `Transformer`
+  with transformer_task 'fill-mask'; queries cut to `max_query_length` tokens, documents to `max_seq_length`), then
+  `SpladePooling` (max over tokens of log(1 + ReLU(logits)): `model.sparse_encoder.splade_pool`). Dot products.
+
+  Raises:
+    ConfigError: a length outside [2, the model's positions]; CheckpointError: no masked-LM head in `params`, a
+      non-empty directory without `overwrite`, or what `families.save_hf_checkpoint` refuses.
+  """
+  if 'mlm' not in params:
+    raise CheckpointError('a SparseEncoder export needs the masked-LM head (params["mlm"]): export a sparse run')
+  for name, length in (('max_query_length', max_query_length), ('max_seq_length', max_seq_length)):
+    if not 2 <= length <= cfg.max_position_embeddings:
+      raise ConfigError(f'{name}={length} must be between 2 and the model\'s max_position_embeddings='
+                        f'{cfg.max_position_embeddings}')
+  families.save_hf_checkpoint(directory, cfg, {'bert': params['bert'], 'mlm': params['mlm']}, tokenizer,
+                              overwrite=overwrite)
+  os.makedirs(os.path.join(directory, SPLADE_POOLING_DIR), exist_ok=True)
+  _write_json(os.path.join(directory, SPLADE_POOLING_DIR, model_dir.CONFIG_FILE),
+              {'pooling_strategy': 'max', 'activation_function': 'relu', 'embedding_dimension': cfg.vocab_size})
+  _write_json(os.path.join(directory, SBERT_CONFIG_FILE),
+              {'transformer_task': 'fill-mask',
+               'modality_config': {'text': {'method': 'forward', 'method_output_name': 'logits'}},
+               'module_output_name': 'token_embeddings', 'query_length': max_query_length,
+               'document_length': max_seq_length, 'max_seq_length': max_seq_length, 'do_lower_case': False})
+  _write_json(os.path.join(directory, ST_CONFIG_FILE),
+              {'model_type': 'SparseEncoder', 'prompts': {'query': '', 'document': ''}, 'default_prompt_name': None,
+               'similarity_fn_name': 'dot', 'bert_jax': {'term_weights': 'splade_max'}})
+  with files.open(os.path.join(directory, CARD_FILE), 'w', encoding='utf-8') as f:
+    f.write('\n'.join([
+        '---', 'library_name: sentence-transformers', 'pipeline_tag: feature-extraction',
+        'tags: [sentence-transformers, sparse-encoder, splade, bert_jax]', '---', '',
+        '# A SPLADE sparse encoder exported by bert_jax', '', *([description, ''] if description else []),
+        f'- One weight per vocabulary term ({cfg.vocab_size}): the max over tokens of log(1 + ReLU(MLM logits))',
+        f'- Queries are cut to {max_query_length} tokens, documents to {max_seq_length}; similarity: dot product',
+        '', '```python', 'from sentence_transformers import SparseEncoder',
+        'model = SparseEncoder("path/to/this/folder")',
+        'queries = model.encode_query(["what is SPLADE?"])',
+        'documents = model.encode_document(["SPLADE expands texts into weighted vocabulary terms."])',
+        'scores = model.similarity(queries, documents)', '```', '']))
+  modules = [{'idx': 0, 'name': '0', 'path': '', 'type': _SPARSE_TYPES['transformer']},
+             {'idx': 1, 'name': '1', 'path': SPLADE_POOLING_DIR, 'type': _SPARSE_TYPES['pooling']}]
+  _write_json(os.path.join(directory, MODULES_FILE), modules)  # last: a folder without it is not loadable
+
+
 def _write_json(path: str, value: Any) -> None:
   with files.open(path, 'w', encoding='utf-8') as f:
     json.dump(value, f, indent=2)

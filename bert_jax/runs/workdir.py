@@ -104,6 +104,12 @@ def embeds(task: dict[str, Any] | None) -> bool:
   return bool(task) and 'pooling' in task
 
 
+def sparse(task: dict[str, Any] | None) -> bool:
+  """Whether a fine-tuning workdir's recorded task is a sparse (SPLADE) encoder's: term weights from its encoder and
+  masked-LM head, no task head and no pooled embedding."""
+  return bool(task) and task.get('kind') == 'sparse'
+
+
 def inspect(path: str) -> Found:
   """Reads `path` once and says what it is (`Found`). Decided by its config.json when it has a readable one (a
   fine-tuning config, a Hugging Face config, a pretraining config), else by what it holds (seed_<n>/,

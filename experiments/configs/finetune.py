@@ -10,6 +10,8 @@
       --config.train_file=pairs.jsonl --config.beir_dir=my_beir_set [--config.negative_columns=negative]
   python experiments/finetune.py --config=experiments/configs/finetune.py:rerank --workdir=/tmp/rerank \
       --config.train_file=mined_pairs.jsonl [--config.beir_dir=my_beir_set --config.first_stage=EMBEDDING_MODEL]
+  python experiments/finetune.py --config=experiments/configs/finetune.py:sparse --workdir=/tmp/sparse \
+      --config.train_file=pairs.jsonl --config.beir_dir=my_beir_set [--config.negative_columns=negative]
   python experiments/finetune.py --config=experiments/configs/finetune.py:multivector --workdir=/tmp/colbert \
       --config.train_file=pairs.jsonl --config.beir_dir=my_beir_set
 
@@ -62,6 +64,12 @@ Variants:
                   reranks its top rerank_top_k (20): nDCG@10 (main), MRR@10, recall@k before and after; without,
                   eval_fraction of the rows is held out (accuracy; groups: MRR@10). 1 epoch x 32 pairs, seq 256,
                   queries 64 tokens, lr 2e-5
+  sparse          a SPLADE encoder (docs/embeddings.md): term weights max-pooled from the masked-LM head (a fresh
+                  one tied to the word embeddings for MiniLM), the ranking loss on their dot products (temperature
+                  1) plus FLOPS regularisers (query 5e-5, document 3e-5; --config.regularizer_warmup_steps) on the
+                  pairs of --config.train_file, evaluated on --config.beir_dir by exact dot products: nDCG@10
+                  (main), MRR@10, recall@k, non-zero terms per query and document. 1 epoch x 32 pairs, passages
+                  128 tokens, queries 32, lr 2e-5
   multivector     a multi-vector (ColBERT) encoder (docs/embeddings.md): every token's vector projected to
                   projection_dim=128 and normalised, scored by MaxSim; trained on the pairs of --config.train_file
                   (the retrieval columns) by InfoNCE over the global batch (temperature 1), or with --config.loss=kl
@@ -114,6 +122,8 @@ VARIANTS = {
                                                 num_train_epochs=1.0, eval_batch_size=64)),
     'rerank': ('rerank', None, 2e-5, dict(max_seq_length=256, max_query_length=64, batch_size=32,
                                           num_train_epochs=1.0, eval_batch_size=64)),
+    'sparse': ('sparse', None, 2e-5, dict(max_seq_length=128, max_query_length=32, batch_size=32,
+                                          num_train_epochs=1.0, eval_batch_size=32)),
     'multivector': ('multivector', None, 3e-5, dict(query_length=32, document_length=180, batch_size=32,
                                                     num_train_epochs=1.0, eval_batch_size=64)),
     'qa': ('qa', None, 3e-5, dict(max_seq_length=384, batch_size=16, num_train_epochs=2.0, eval_batch_size=32)),

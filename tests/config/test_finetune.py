@@ -45,16 +45,19 @@ def test_finetune_config_builds_the_tasks_type_and_keeps_it_through_copies():
 def test_a_field_of_another_kind_is_one_line_naming_the_tasks_that_read_it():
   with pytest.raises(ConfigError) as e:
     FinetuneConfig(task='sst2', temperature=0.1, matryoshka_dims='64', beir_dir='/nonexistent')
-  assert str(e.value) == ('temperature is a field of the retrieval and multivector tasks; matryoshka_dims is a field '
-                          'of the retrieval task; beir_dir is a field of the retrieval, rerank and multivector tasks; '
-                          'this run\'s task is sst2 (classification), which does not read them')
+  assert str(e.value) == ('temperature is a field of the retrieval, sparse and multivector tasks; matryoshka_dims is '
+                          'a field of the retrieval task; beir_dir is a field of the retrieval, rerank, sparse and '
+                          'multivector tasks; this run\'s task is sst2 (classification), which does not read them')
   with pytest.raises(ConfigError, match="pooling is a field of the retrieval task; this run's task is sst2 "
                                         r'\(classification\), which does not read it$'):
     FinetuneConfig(task='sst2', pooling='mean')  # even at its default: it is not sst2's field
   with pytest.raises(ConfigError, match="data_dir is a field of the GLUE, conll2003, squad and squad_v2 tasks; pack "
-                                        "is a field of every task but rerank and multivector; this run's task is rerank, "
-                                        'which does not read them'):
+                                        "is a field of every task but rerank, sparse and multivector; this run's "
+                                        'task is rerank, which does not read them'):
     FinetuneConfig.from_dict({'task': 'rerank', 'data_dir': 'glue/sst2', 'pack': False})
+  with pytest.raises(ConfigError, match=r"eval_file is a field of every head task \(classification, tagging and QA\); "
+                                        "this run's task is sparse, which does not read it$"):
+    FinetuneConfig.from_dict({'task': 'sparse', 'eval_file': 'dev.tsv'})
   with pytest.raises(ConfigError, match=r'unknown config key\(s\): pooling_mode'):  # a typo stays a typo
     FinetuneConfig.from_dict({'task': 'retrieval', 'pooling_mode': 'cls'})
   with pytest.raises(ConfigError, match='learning_rate is now optim.learning_rate'):

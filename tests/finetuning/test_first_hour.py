@@ -43,9 +43,9 @@ def test_a_field_of_another_task_is_one_error_line_and_writes_nothing(tmp_path):
   workdir, before = _workdir(tmp_path)
   result = run_main('finetune.py', '--config=experiments/configs/finetune.py:sst2', f'--workdir={workdir}',
                     '--config.temperature=0.1', '--config.matryoshka_dims=64', '--config.beir_dir=/nonexistent')
-  assert_one_line_error(result, '--config.temperature is a field of the retrieval and multivector tasks; '
+  assert_one_line_error(result, '--config.temperature is a field of the retrieval, sparse and multivector tasks; '
                                 '--config.matryoshka_dims is a field of the retrieval task; --config.beir_dir is a '
-                                "field of the retrieval, rerank and multivector tasks; this run's task is sst2 "
+                                "field of the retrieval, rerank, sparse and multivector tasks; this run's task is sst2 "
                                 '(classification)')
   assert tree_digest(str(workdir)) == before
 
@@ -197,8 +197,8 @@ def test_evaluating_again_refuses_another_tasks_setting_and_old_workdirs_still_l
     saved = json.load(f)  # an sst2 workdir of an earlier version: every field of its day, at its defaults
   (workdir / 'config.json').write_text(json.dumps(saved), encoding='utf-8')
   before = tree_digest(str(workdir))
-  with pytest.raises(ConfigError, match="beir_dir is a field of the retrieval, rerank and multivector tasks; this "
-                                        "run's task is sst2"):
+  with pytest.raises(ConfigError, match="beir_dir is a field of the retrieval, rerank, sparse and multivector tasks; "
+                                        "this run's task is sst2"):
     finetuning.evaluate_again(str(workdir), overrides={'beir_dir': '/x'})
   assert tree_digest(str(workdir)) == before
   from bert_jax.config import upgrade_saved  # pylint: disable=g-import-not-at-top
