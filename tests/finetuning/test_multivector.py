@@ -41,7 +41,8 @@ def test_bad_input_is_one_line_and_writes_nothing(extra, pattern, tiny_checkpoin
 
 
 @pytest.mark.slow
-def test_trains_evaluates_and_exports_a_multivector_encoder_sentence_transformers_loads(tiny_checkpoint, tmp_path):
+def test_trains_evaluates_and_exports_a_multivector_encoder_sentence_transformers_loads(tiny_checkpoint, tmp_path,
+                                                                                        monkeypatch):
   """From the shared tiny checkpoint (MiniLM's vocabulary; MiniLM itself was 3 times as long here, all compiling):
   train, evaluate, export, and sentence-transformers' MultiVectorEncoder gives the same token vectors and ranking."""
   st = pytest.importorskip('sentence_transformers')
@@ -62,6 +63,14 @@ def test_trains_evaluates_and_exports_a_multivector_encoder_sentence_transformer
   train = [json.loads(line) for line in (tmp_path / 'run' / 'seed_0' / 'metrics_train.jsonl').read_text().split('\n')
            if line]
   assert all(np.isfinite(row['loss']) for row in train if 'loss' in row)
+  # SIGTERM as step 1 trains: step 1 is saved, and the same call again trains step 2 and ends as the straight run did.
+  from bert_jax.train import preemption  # pylint: disable=g-import-not-at-top
+  from harness.faults import signal_at_finetuning_batch  # pylint: disable=g-import-not-at-top
+  with signal_at_finetuning_batch(monkeypatch, 0), pytest.raises(preemption.Preempted, match='saved step 1'):
+    finetune_run.finetune(cfg, str(tmp_path / 'stopped'))
+  resumed = finetune_run.finetune(cfg, str(tmp_path / 'stopped'))
+  assert {k: v for k, v in resumed.items() if k.startswith('eval_') and 'wall' not in k} == \
+      {k: v for k, v in result.items() if k.startswith('eval_') and 'wall' not in k}
 
   assert_one_line_error(run_main('predict.py', f'--workdir={tmp_path / "run"}', '--text=who'),
                         'is a multivector run (token vectors scored by MaxSim, no task head to predict with)')

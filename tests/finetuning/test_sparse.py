@@ -67,7 +67,7 @@ def _last_json(result):
 
 
 @pytest.mark.slow
-def test_trains_evaluates_and_exports_a_sparse_encoder_with_equal_weights(tiny_checkpoint, tmp_path):
+def test_trains_evaluates_and_exports_a_sparse_encoder_with_equal_weights(tiny_checkpoint, tmp_path, monkeypatch):
   """From the shared tiny checkpoint (MiniLM's vocabulary, no MLM head: a fresh tied one, as from MiniLM itself,
   which took 3 times as long here, mostly compiling)."""
   sentence_transformers = pytest.importorskip('sentence_transformers')
@@ -75,11 +75,19 @@ def test_trains_evaluates_and_exports_a_sparse_encoder_with_equal_weights(tiny_c
   from bert_jax.interop.pretrained import load_finetuned  # pylint: disable=g-import-not-at-top
   pairs, beir = write_retrieval_data(tmp_path)
   workdir = tmp_path / 'run'
-  r = run_main('finetune.py', *_flags(tiny_checkpoint, pairs, beir, workdir, '--config.num_train_steps=3',
-                                      '--config.log_every=1', '--config.optim.learning_rate=1e-4',
-                                      '--config.negative_columns=negative',
-                                      '--config.regularizer_warmup_steps=2'))
+  flags = ('--config.num_train_steps=3', '--config.log_every=1', '--config.optim.learning_rate=1e-4',
+           '--config.negative_columns=negative', '--config.regularizer_warmup_steps=2')
+  r = run_main('finetune.py', *_flags(tiny_checkpoint, pairs, beir, workdir, *flags))
   result = _last_json(r)
+  # SIGTERM as step 2 trains (inside the FLOPS warm-up): step 2 is saved (exit 75), and the same command again ends
+  # with the straight run's metrics.
+  from harness.faults import signal_at_finetuning_batch  # pylint: disable=g-import-not-at-top
+  with signal_at_finetuning_batch(monkeypatch, 1):
+    stopped = run_main('finetune.py', *_flags(tiny_checkpoint, pairs, beir, tmp_path / 'stopped', *flags))
+  assert stopped.returncode == 75 and 'saved step 2' in stopped.stderr + stopped.stdout, stopped.stderr[-2000:]
+  resumed = _last_json(run_main('finetune.py', *_flags(tiny_checkpoint, pairs, beir, tmp_path / 'stopped', *flags)))
+  assert {k: v for k, v in resumed.items() if k.startswith('eval_') and 'wall' not in k} == \
+      {k: v for k, v in result.items() if k.startswith('eval_') and 'wall' not in k}
   assert result['task'] == 'sparse' and result['main_metric'] == 'eval_ndcg_at_10'
   for name in ('eval_mrr_at_10', 'eval_ndcg_at_10', 'eval_recall_at_1'):
     assert 0.0 <= result[name] <= 1.0, name
