@@ -29,13 +29,12 @@ from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.embedding import beir, pairs as pairs_lib
 from bert_jax.embedding.late_interaction import MultiVectorInputs, MultiVectorObjective, TokenSpec
 from bert_jax.embedding.multivector_eval import evaluate_multivector
-from bert_jax.errors import ConfigError, DataError
 from bert_jax.finetuning import batching, retrieval, seeds
 from bert_jax.model.attention import describe_attention
 from bert_jax.model.colbert import MultiVectorEncoder, MultiVectorSpec
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
-from bert_jax.train import optim, scaffold
+from bert_jax.train import optim
 from bert_jax.train.loop import Report
 from bert_jax.train.step import StepModel, reused
 
@@ -80,12 +79,7 @@ class MultiVector:
     return task == TASK
 
   def __init__(self, cfg: FinetuneConfig, evaluation: bool = False):
-    if not evaluation and not cfg.train_file:
-      raise ConfigError(f'{TASK}: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
-                        f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
-    if not cfg.beir_dir:
-      raise ConfigError(f'{TASK}: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
-                        'qrels/<split>.tsv) to evaluate on')
+    retrieval.require_inputs(cfg, TASK, evaluation)
     self.evaluation = evaluation
     self.train: list[pairs_lib.Pair] = []
     self.held_out: beir.BeirSet | None = None
@@ -98,24 +92,12 @@ class MultiVector:
   def check(cfg: FinetuneConfig, mesh) -> None:
     """The projection and the lengths against the model, the batch sizes against the mesh."""
     MultiVectorSpec.of(cfg).check(cfg.model.hidden_size)
-    for name in ('query_length', 'document_length'):
-      scaffold.check_sequence_length(cfg, name, getattr(cfg, name), cfg.model)
-    scaffold.check_batch_sizes(cfg, mesh)
-    if cfg.batch_size % cfg.optim.grad_accum_steps:
-      raise ConfigError(f'batch_size={cfg.batch_size} must divide into optim.grad_accum_steps='
-                        f'{cfg.optim.grad_accum_steps} micro-batches')
+    retrieval.check_lengths_and_batches(cfg, mesh, ('query_length', 'document_length'))
 
   def read(self, cfg: FinetuneConfig, saved: dict[str, Any] | None) -> None:
     """The training pairs (none when only evaluating) and the held-out BEIR set, before the starting weights."""
     del saved
-    if not self.evaluation:
-      train = pairs_lib.read_pairs(cfg.train_file, retrieval.pair_columns(cfg))
-      if cfg.max_train_samples > 0:
-        train = train[:cfg.max_train_samples]
-      if not train:
-        raise DataError(f'{cfg.train_file}: no training pairs')
-      self.train = train
-    self.held_out = beir.read_beir(cfg.beir_dir, cfg.beir_split)
+    self.train, self.held_out = retrieval.read_pairs_and_beir(cfg, self.evaluation)
 
   def prepare(self, cfg: FinetuneConfig, tokenizer, mesh) -> _PreparedRun:
     return _PreparedRun(cfg, tokenizer, self.train, self.held_out, mesh)

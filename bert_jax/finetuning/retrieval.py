@@ -96,12 +96,7 @@ class Retrieval:
     return task == TASK
 
   def __init__(self, cfg: FinetuneConfig, evaluation: bool = False):
-    if not evaluation and not cfg.train_file:
-      raise ConfigError('retrieval: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
-                        f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
-    if not cfg.beir_dir:
-      raise ConfigError('retrieval: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
-                        'qrels/<split>.tsv) to evaluate on')
+    require_inputs(cfg, TASK, evaluation)
     self.evaluation = evaluation
     self.train: list[pairs_lib.Pair] = []
     self.held_out: beir.BeirSet | None = None
@@ -119,25 +114,13 @@ class Retrieval:
   def check(cfg: FinetuneConfig, mesh) -> None:
     """The config against its model and the mesh."""
     spec_of(cfg).check(cfg.model.hidden_size)  # Matryoshka dims against the hidden size, the temperature's bounds
-    for name in ('max_seq_length', 'max_query_length'):
-      scaffold.check_sequence_length(cfg, name, getattr(cfg, name), cfg.model)
-    scaffold.check_batch_sizes(cfg, mesh)
-    if cfg.batch_size % cfg.optim.grad_accum_steps:
-      raise ConfigError(f'batch_size={cfg.batch_size} must divide into optim.grad_accum_steps='
-                        f'{cfg.optim.grad_accum_steps} micro-batches')
+    check_lengths_and_batches(cfg, mesh, ('max_seq_length', 'max_query_length'))
 
   def read(self, cfg: FinetuneConfig, saved: dict[str, Any] | None) -> None:
     """The training pairs (none when only evaluating), the held-out BEIR set and the scored pairs (STS), if any:
     read before the starting weights."""
     del saved
-    if not self.evaluation:
-      train = pairs_lib.read_pairs(cfg.train_file, pair_columns(cfg))
-      if cfg.max_train_samples > 0:
-        train = train[:cfg.max_train_samples]
-      if not train:
-        raise DataError(f'{cfg.train_file}: no training pairs')
-      self.train = train
-    self.held_out = beir.read_beir(cfg.beir_dir, cfg.beir_split)
+    self.train, self.held_out = read_pairs_and_beir(cfg, self.evaluation)
     self.sts = _sts(cfg)
 
   def prepare(self, cfg: FinetuneConfig, tokenizer, mesh) -> _PreparedRun:
@@ -151,15 +134,46 @@ class Retrieval:
     return f'encoder, {cfg.pooling} pooling: a bi-encoder, retrieval', lambda: BiEncoder(model, spec, rngs=nnx.Rngs(0))
 
 
-def check_pairs_and_beir(cfg: FinetuneConfig, task: str) -> None:
-  """The pairs file of a config with the retrieval columns (its columns) and its BEIR directory exist and can be read
-  (first lines only); `task` names the run in the errors."""
-  if not cfg.train_file:
+# What every kind trained on pairs and evaluated on a BEIR set shares (retrieval, sparse, multivector): its inputs
+# required, checked, read, and its lengths and batch sizes checked against the model and the mesh.
+
+
+def require_inputs(cfg: FinetuneConfig, task: str, evaluation: bool = False) -> None:
+  """ConfigError without a train_file (unless only evaluating) or a beir_dir; `task` names the run."""
+  if not evaluation and not cfg.train_file:
     raise ConfigError(f'{task}: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
                       f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
   if not cfg.beir_dir:
     raise ConfigError(f'{task}: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
                       'qrels/<split>.tsv) to evaluate on')
+
+
+def check_lengths_and_batches(cfg: FinetuneConfig, mesh, lengths: Sequence[str]) -> None:
+  """The `lengths` fields against the model's positions, the batch sizes against the mesh and the accumulation."""
+  for name in lengths:
+    scaffold.check_sequence_length(cfg, name, getattr(cfg, name), cfg.model)
+  scaffold.check_batch_sizes(cfg, mesh)
+  if cfg.batch_size % cfg.optim.grad_accum_steps:
+    raise ConfigError(f'batch_size={cfg.batch_size} must divide into optim.grad_accum_steps='
+                      f'{cfg.optim.grad_accum_steps} micro-batches')
+
+
+def read_pairs_and_beir(cfg: FinetuneConfig, evaluation: bool) -> tuple[list[pairs_lib.Pair], beir.BeirSet]:
+  """The training pairs (none when only evaluating; at most max_train_samples) and the held-out BEIR set."""
+  train = []
+  if not evaluation:
+    train = pairs_lib.read_pairs(cfg.train_file, pair_columns(cfg))
+    if cfg.max_train_samples > 0:
+      train = train[:cfg.max_train_samples]
+    if not train:
+      raise DataError(f'{cfg.train_file}: no training pairs')
+  return train, beir.read_beir(cfg.beir_dir, cfg.beir_split)
+
+
+def check_pairs_and_beir(cfg: FinetuneConfig, task: str) -> None:
+  """The pairs file of a config with the retrieval columns (its columns) and its BEIR directory exist and can be read
+  (first lines only); `task` names the run in the errors."""
+  require_inputs(cfg, task)
   names = inputs.column_names(cfg.train_file)
   if names is not None:
     pairs_lib.check_columns(cfg.train_file, names, pair_columns(cfg))

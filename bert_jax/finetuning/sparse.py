@@ -24,13 +24,13 @@ from bert_jax.config import FinetuneConfig, ModelConfig, OptimConfig
 from bert_jax.embedding import beir, pairs as pairs_lib
 from bert_jax.embedding.retrieval_eval import evaluate_retrieval
 from bert_jax.embedding.splade import SparseRanking, regularizer_factor
-from bert_jax.errors import ConfigError, DataError
+from bert_jax.errors import ConfigError
 from bert_jax.finetuning import retrieval, seeds
 from bert_jax.model.attention import describe_attention
 from bert_jax.model.sparse_encoder import SparseEncoder
 from bert_jax.runs import reporting
 from bert_jax.runs.workdir import Workdir
-from bert_jax.train import optim, scaffold
+from bert_jax.train import optim
 from bert_jax.train.loop import Report
 from bert_jax.train.step import StepModel, reused
 
@@ -77,9 +77,7 @@ class Sparse:
     return task == TASK
 
   def __init__(self, cfg: FinetuneConfig, evaluation: bool = False):
-    if not evaluation:
-      _require_train_file(cfg)
-    _require_beir_dir(cfg)
+    retrieval.require_inputs(cfg, TASK, evaluation)
     self.evaluation = evaluation
     self.train: list[pairs_lib.Pair] = []
     self.held_out: beir.BeirSet | None = None
@@ -91,23 +89,11 @@ class Sparse:
 
   @staticmethod
   def check(cfg: FinetuneConfig, mesh) -> None:
-    for name in ('max_seq_length', 'max_query_length'):
-      scaffold.check_sequence_length(cfg, name, getattr(cfg, name), cfg.model)
-    scaffold.check_batch_sizes(cfg, mesh)
-    if cfg.batch_size % cfg.optim.grad_accum_steps:
-      raise ConfigError(f'batch_size={cfg.batch_size} must divide into optim.grad_accum_steps='
-                        f'{cfg.optim.grad_accum_steps} micro-batches')
+    retrieval.check_lengths_and_batches(cfg, mesh, ('max_seq_length', 'max_query_length'))
 
   def read(self, cfg: FinetuneConfig, saved: dict[str, Any] | None) -> None:
     del saved
-    if not self.evaluation:
-      train = pairs_lib.read_pairs(cfg.train_file, retrieval.pair_columns(cfg))
-      if cfg.max_train_samples > 0:
-        train = train[:cfg.max_train_samples]
-      if not train:
-        raise DataError(f'{cfg.train_file}: no training pairs')
-      self.train = train
-    self.held_out = beir.read_beir(cfg.beir_dir, cfg.beir_split)
+    self.train, self.held_out = retrieval.read_pairs_and_beir(cfg, self.evaluation)
 
   def prepare(self, cfg: FinetuneConfig, tokenizer, mesh) -> _PreparedRun:
     check_vocabulary(tokenizer, cfg.model, cfg.init_checkpoint)
@@ -119,17 +105,6 @@ class Sparse:
     return ('encoder + masked-LM head, SPLADE max pooling: a sparse encoder',
             lambda: SparseEncoder(model, rngs=nnx.Rngs(0)))
 
-
-def _require_train_file(cfg: FinetuneConfig) -> None:
-  if not cfg.train_file:
-    raise ConfigError('sparse: set --config.train_file to a CSV, TSV, JSONL or Parquet file of pairs '
-                      f'(columns {cfg.query_column!r}, {cfg.positive_column!r})')
-
-
-def _require_beir_dir(cfg: FinetuneConfig) -> None:
-  if not cfg.beir_dir:
-    raise ConfigError('sparse: set --config.beir_dir to a BEIR-layout directory (corpus.jsonl, queries.jsonl, '
-                      'qrels/<split>.tsv) to evaluate on')
 
 
 class SparseBatches(retrieval.RetrievalBatches):

@@ -122,7 +122,7 @@ def test_a_trial_below_the_median_is_pruned(tmp_path, trial_script, monkeypatch)
 
 @pytest.mark.slow
 def test_kill_9_mid_trial_and_the_rerun_completes_the_study_once(tmp_path, trial_script):
-  """The sweep and its trial killed together (a preempted node): the rerun resumes trial 1 with its parameters, as
+  """The sweep (a process: it is what is killed) and its trial killed together (a preempted node): the rerun resumes trial 1 with its parameters, as
   the same Optuna trial, and the study ends with exactly the trials asked for."""
   out = tmp_path / 'study'
   argv = _sweep(out, trial_script, trials=3, trial_args=[f'--hang={tmp_path / "hung"}'])
@@ -136,7 +136,7 @@ def test_kill_9_mid_trial_and_the_rerun_completes_the_study_once(tmp_path, trial
     time.sleep(0.1)
   os.killpg(proc.pid, signal.SIGKILL)
   proc.wait()
-  rerun = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+  rerun = _run(argv)  # the same command again, in this process
   assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
   assert 'trial_001 resumed' in rerun.stdout
   study = optuna.load_study(study_name=search.STUDY_NAME, storage=optuna.storages.JournalStorage(
